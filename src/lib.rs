@@ -1,0 +1,14 @@
+//! fovea: runs DeepSeek-V4-Flash-Vision on a CPU reference lane and a wgpu lane (Vulkan, Metal,
+//! DX12, or Mesa lavapipe); a native CUDA lane comes later.
+//!
+//! Data flows one way: file → weights → device tensors → graph → outputs.
+//! - [`config`]: config.json → typed, validated config (errors name the key)
+//! - [`weights`]: safetensors (mmap, shards) and the tensor accounting
+//! - [`processor`]: image decode, Pillow-exact resize/pad, size solver, N-layout block
+//! - [`backend`]: the `Backend` contract and its lanes
+//! - [`model`]: the graph, written once against `Backend`
+
+pub mod backend;
+pub mod error;
+
+pub use error::{Error, Result};
