@@ -422,3 +422,96 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new_f32(vec![oh * ow, feat], out))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(b: &CpuBackend, shape: &[usize], v: Vec<f32>) -> CpuTensor {
+        b.upload(&HostTensor::f32(shape.to_vec(), v).unwrap()).unwrap()
+    }
+    fn get(b: &CpuBackend, x: &CpuTensor) -> Vec<f32> {
+        b.download(x).unwrap().into_f32("test").unwrap()
+    }
+
+    #[test]
+    fn unfold_orders_features_channel_then_dy_then_dx_and_zero_pads() {
+        // 2x4 grid, 2 channels, value = 100·ch + 10·y + x; r = 3 → 1x2 cells, 18 features.
+        let b = CpuBackend::new();
+        let (h, w, c) = (2, 4, 2);
+        let v = (0..h * w).flat_map(|p| (0..c).map(move |ch| (100 * ch + 10 * (p / w) + p % w) as f32)).collect();
+        let out = get(&b, &b.unfold(&t(&b, &[h * w, c], v), h, w, 3).unwrap());
+        assert_eq!(out.len(), 2 * 18);
+        // cell 1 (bx = 1) covers x = 3..6; only x = 3 exists, rows y = 0, 1.
+        let cell1 = &out[18..];
+        for ch in 0..2 {
+            for dy in 0..3 {
+                for dx in 0..3 {
+                    let want = if dy < 2 && dx == 0 { (100 * ch + 10 * dy + 3) as f32 } else { 0.0 };
+                    assert_eq!(cell1[ch * 9 + dy * 3 + dx], want, "ch {ch} dy {dy} dx {dx}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_is_the_exact_erf_form() {
+        let b = CpuBackend::new();
+        let out = get(&b, &b.gelu_erf(&t(&b, &[1, 3], vec![1.0, -0.5, 3.0])).unwrap());
+        // x/2·(1+erf(x/√2)) from Python's math.erf (correctly rounded f64).
+        let want = [0.841_344_746_068_542_9f32, -0.154_268_769_362_993_44, 2.995_950_305_905_11];
+        for (o, w) in out.iter().zip(want) {
+            assert!((o - w).abs() <= 1e-7 * w.abs().max(1.0), "{o} vs {w}");
+        }
+    }
+
+    #[test]
+    fn rope_2d_uses_rows_for_the_first_quarter_and_columns_for_the_second() {
+        // One head of 8 dims on a 2x3 grid, θ = 100: pairs (d, d+4); d = 0,1 rows, d = 2,3 cols.
+        let b = CpuBackend::new();
+        let x: Vec<f32> = (0..6).flat_map(|_| [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]).collect();
+        let out = get(&b, &b.rope_2d(&t(&b, &[6, 8], x), 1, 3, 100.0).unwrap());
+        let inv = [1.0f32, 1.0 / 10.0]; // 1/100^(2j/4)
+        for p in 0..6 {
+            let (row, col) = ((p / 3) as f32, (p % 3) as f32);
+            for d in 0..4 {
+                let angle = if d < 2 { row * inv[d] } else { col * inv[d - 2] };
+                assert!((out[p * 8 + d] - angle.cos()).abs() < 1e-6);
+                assert!((out[p * 8 + d + 4] - angle.sin()).abs() < 1e-6);
+            }
+        }
+    }
+
+    #[test]
+    fn attention_with_identical_keys_averages_values() {
+        let b = CpuBackend::new();
+        let q = t(&b, &[3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let k = t(&b, &[3, 2], vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+        let v = t(&b, &[3, 2], vec![0.0, 3.0, 6.0, 9.0, 3.0, 0.0]);
+        let out = get(&b, &b.attention(&q, &k, &v, 1).unwrap());
+        for row in out.chunks(2) {
+            assert!((row[0] - 3.0).abs() < 1e-6 && (row[1] - 4.0).abs() < 1e-6, "{row:?}");
+        }
+    }
+
+    #[test]
+    fn linear_decodes_bf16_rows() {
+        let b = CpuBackend::new();
+        let w: Vec<u8> = [1.0f32, 2.0, -1.0, 0.5].iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+        let w = b
+            .upload_weight(&HostWeight { name: "w".into(), format: WeightFormat::BF16, rows: 2, cols: 2, bytes: w.into() })
+            .unwrap();
+        let bias = t(&b, &[2], vec![0.25, -0.25]);
+        let out = get(&b, &b.linear(&t(&b, &[1, 2], vec![3.0, 4.0]), &w, Some(&bias)).unwrap());
+        assert_eq!(out, vec![3.0 + 8.0 + 0.25, -3.0 + 2.0 - 0.25]);
+    }
+
+    #[test]
+    fn gather_rows_refuses_an_out_of_range_index() {
+        let b = CpuBackend::new();
+        let src = t(&b, &[2, 1], vec![1.0, 2.0]);
+        let idx = b.upload(&HostTensor::i32([1], vec![2]).unwrap()).unwrap();
+        let err = b.gather_rows(&src, &idx).unwrap_err().to_string();
+        assert!(err.contains("gather_rows") && err.contains("out of"), "{err}");
+    }
+}
