@@ -202,6 +202,15 @@ impl fmt::Display for VisionConfig {
     }
 }
 
+/// "a string (\"16\")"-style description of a JSON value for error messages.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".to_string(),
+        Value::Array(_) | Value::Object(_) => type_name(v).to_string(),
+        _ => format!("{} ({v})", type_name(v)),
+    }
+}
+
 fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -217,7 +226,7 @@ fn type_name(v: &Value) -> &'static str {
 fn positive_int<'a>(get: impl Fn(&str) -> Option<&'a Value>, key: &str) -> Result<usize> {
     let v = get(key).ok_or_else(|| Error::config(key, "missing"))?;
     let Value::Number(n) = v else {
-        return Err(Error::config(key, format!("expected a positive integer, found {} ({v})", type_name(v))));
+        return Err(Error::config(key, format!("expected a positive integer, found {}", describe(v))));
     };
     let int = if let Some(u) = n.as_u64() {
         u
@@ -246,7 +255,7 @@ fn positive_int<'a>(get: impl Fn(&str) -> Option<&'a Value>, key: &str) -> Resul
 fn positive_float<'a>(get: impl Fn(&str) -> Option<&'a Value>, key: &str) -> Result<f64> {
     let v = get(key).ok_or_else(|| Error::config(key, "missing"))?;
     let Value::Number(n) = v else {
-        return Err(Error::config(key, format!("expected a positive number, found {} ({v})", type_name(v))));
+        return Err(Error::config(key, format!("expected a positive number, found {}", describe(v))));
     };
     let f = n.as_f64().ok_or_else(|| Error::config(key, format!("not representable as a number: {n}")))?;
     if !f.is_finite() || f <= 0.0 {

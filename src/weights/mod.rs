@@ -492,10 +492,8 @@ fn header_error(path: &Path, buf: &[u8], n: usize, e: SafeTensorError) -> Error 
         other => format!("invalid safetensors header: {other:?}"),
     };
     let detail = diagnose(buf.get(8..8 + n).unwrap_or(&[]), buf.len().saturating_sub(8 + n));
-    match detail {
-        Some(d) => Error::file(path, format!("{generic}: {d}")),
-        None => Error::file(path, generic),
-    }
+    // The diagnosis names the tensor and the numbers; fall back to the crate's verdict.
+    Error::file(path, detail.unwrap_or(generic))
 }
 
 /// Second look at a header the crate refused, to name the offending tensor. `header` is in
