@@ -108,7 +108,10 @@ impl VisionConfig {
             ));
         }
         if norm_eps >= 1.0 {
-            return Err(Error::config("vision_norm_eps", format!("{norm_eps} is not a plausible epsilon (must be < 1)")));
+            return Err(Error::config(
+                "vision_norm_eps",
+                format!("{norm_eps} is not a plausible epsilon (must be < 1)"),
+            ));
         }
         // Derived sizes must not overflow (the manifest and byte counts multiply them).
         let too_large = |key: &str| Error::config(key, "value too large: derived tensor sizes overflow");

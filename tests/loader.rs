@@ -100,10 +100,8 @@ fn all_tensors() -> Vec<T> {
 }
 
 fn write_st(path: &Path, tensors: &[T]) {
-    let views: Vec<(String, StView<'_>)> = tensors
-        .iter()
-        .map(|t| (t.name.clone(), StView::new(t.dtype, t.shape.clone(), &t.data).unwrap()))
-        .collect();
+    let views: Vec<(String, StView<'_>)> =
+        tensors.iter().map(|t| (t.name.clone(), StView::new(t.dtype, t.shape.clone(), &t.data).unwrap())).collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
@@ -349,7 +347,9 @@ fn refuses_wrong_shape() {
 
 #[test]
 fn refuses_wrong_dtype() {
-    for (name, dtype, shown) in [("image_pad", Dtype::I32, "I32"), ("vision.blocks.1.attn.wo.weight", Dtype::F64, "F64")] {
+    for (name, dtype, shown) in
+        [("image_pad", Dtype::I32, "I32"), ("vision.blocks.1.attn.wo.weight", Dtype::F64, "F64")]
+    {
         let mut v = all_tensors();
         let i = v.iter().position(|t| t.name == name).unwrap();
         let shape = v[i].shape.clone();
@@ -431,11 +431,7 @@ fn refuses_overlapping_and_out_of_range_offsets() {
             24,
             vec!["`b`", "truncated"],
         ),
-        (
-            json!({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}),
-            12,
-            vec!["`a`", "needs 16 bytes"],
-        ),
+        (json!({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}), 12, vec!["`a`", "needs 16 bytes"]),
         (
             json!({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [20, 24]}}),

@@ -511,7 +511,7 @@ fn diagnose(header: &[u8], data_len: usize) -> Option<String> {
             Err(e) => return Some(format!("tensor `{name}`: bad entry: {e}")),
         }
     }
-    infos.sort_by(|a, b| a.1.data_offsets.cmp(&b.1.data_offsets));
+    infos.sort_by_key(|a| a.1.data_offsets);
     let mut prev_end = 0usize;
     let mut prev_name: Option<&str> = None;
     for (name, info) in &infos {
@@ -524,7 +524,9 @@ fn diagnose(header: &[u8], data_len: usize) -> Option<String> {
                 Some(p) if s < prev_end => {
                     format!("tensor `{name}`: data_offsets [{s}, {e}] overlap tensor `{p}` ending at {prev_end}")
                 }
-                Some(p) => format!("tensor `{name}`: data_offsets [{s}, {e}] leave a gap after tensor `{p}` ending at {prev_end}"),
+                Some(p) => format!(
+                    "tensor `{name}`: data_offsets [{s}, {e}] leave a gap after tensor `{p}` ending at {prev_end}"
+                ),
                 None => format!("tensor `{name}`: data_offsets [{s}, {e}] do not start at 0"),
             });
         }

@@ -102,7 +102,11 @@ impl fmt::Display for VisionAccounting {
         for (d, s) in &self.by_dtype {
             writeln!(f, "  {d:>5}: {:>6} tensors, {:>14} bytes", s.count, s.bytes)?;
         }
-        write!(f, "  not vision: {} tensors, {} bytes (not checked here)", self.not_vision_tensors, self.not_vision_bytes)
+        write!(
+            f,
+            "  not vision: {} tensors, {} bytes (not checked here)",
+            self.not_vision_tensors, self.not_vision_bytes
+        )
     }
 }
 
@@ -158,12 +162,7 @@ pub fn check_vision(ckpt: &Checkpoint, cfg: &VisionConfig) -> Result<VisionAccou
         if !ACCEPTED_DTYPES.contains(&meta.dtype) {
             problems.push((
                 exp.name.clone(),
-                format!(
-                    "unsupported dtype {} (accepted: {}) in {}",
-                    meta.dtype,
-                    accepted_list(),
-                    meta.file.display()
-                ),
+                format!("unsupported dtype {} (accepted: {}) in {}", meta.dtype, accepted_list(), meta.file.display()),
             ));
             continue;
         }
@@ -211,9 +210,8 @@ mod tests {
         assert_eq!(names.len(), 267, "duplicate names in manifest");
         assert!(m.iter().all(|e| is_vision_name(&e.name)));
         // Spec §1.3: ViT 411,842,560; aligner 54,534,144; sentinels 16,384.
-        let count = |pred: &dyn Fn(&str) -> bool| -> usize {
-            m.iter().filter(|e| pred(&e.name)).map(Expected::numel).sum()
-        };
+        let count =
+            |pred: &dyn Fn(&str) -> bool| -> usize { m.iter().filter(|e| pred(&e.name)).map(Expected::numel).sum() };
         assert_eq!(count(&|n| n.starts_with("vision.")), 411_842_560);
         assert_eq!(count(&|n| n.starts_with("aligner.")), 54_534_144);
         assert_eq!(count(&|n| n.starts_with("image_")), 16_384);
