@@ -27,6 +27,7 @@ use crate::backend::{HostTensor, HostWeight, WeightFormat, decode_row};
 use crate::config::VisionConfig;
 use crate::error::{Error, Result};
 
+pub use safetensors::Dtype as SafetensorsDtype;
 pub use vision::{Expected, VisionAccounting, check_vision, vision_manifest};
 
 /// File name of a single-file checkpoint.
