@@ -9,6 +9,8 @@
 //! - [`model`]: the graph, written once against `Backend`
 
 pub mod backend;
+pub mod config;
 pub mod error;
+pub mod weights;
 
 pub use error::{Error, Result};
