@@ -10,5 +10,6 @@
 
 pub mod backend;
 pub mod error;
+pub mod processor;
 
 pub use error::{Error, Result};
