@@ -12,5 +12,6 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod weights;
+pub mod processor;
 
 pub use error::{Error, Result};
