@@ -1,0 +1,43 @@
+// rms_norm: x [n, d], weight [d] → out [n, d], out = (x · rsqrt(mean(x²) + eps)) · weight.
+// One workgroup (256 threads) per row; row = wg.y·gx + wg.x; tree reduction in workgroup memory.
+
+struct P {
+    n: u32,
+    d: u32,
+    eps: f32,
+    _a: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> wt: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256, 1, 1)
+fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) li: u32) {
+    let row = wg.y * nwg.x + wg.x; // uniform across the workgroup
+    let base = row * p.d;
+    var s = 0.0;
+    if (row < p.n) {
+        for (var c = li; c < p.d; c += 256u) {
+            let v = x[base + c];
+            s = fma(v, v, s);
+        }
+    }
+    red[li] = s;
+    workgroupBarrier();
+    for (var w = 128u; w > 0u; w >>= 1u) {
+        if (li < w) {
+            red[li] += red[li + w];
+        }
+        workgroupBarrier();
+    }
+    if (row >= p.n) { return; }
+    let inv = inverseSqrt(red[0] / f32(p.d) + p.eps);
+    for (var c = li; c < p.d; c += 256u) {
+        out[base + c] = (x[base + c] * inv) * wt[c];
+    }
+}
