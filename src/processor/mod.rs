@@ -14,6 +14,7 @@ use image::{DynamicImage, RgbImage};
 use crate::error::{Error, Result};
 
 pub use layout::{block_len, build_image_block};
+pub use resample::{pad as pillow_pad, resize_bicubic as pillow_resize};
 pub use solver::{COMPRESS_PAD_TO, Plan, plan};
 
 /// Token types of the image block (`IMAGE_START, IMAGE_PAD, IMAGE, IMAGE_NEW_LINE, IMAGE_END =
