@@ -224,3 +224,32 @@ fn real_size_images_match_reference_load_image() {
         assert_eq!(fnv1a64(r.as_raw()), e[6] as u64, "{wh:?}: resized image differs from Pillow");
     }
 }
+
+/// `load_rgb` against Pillow's `Image.open(f).convert("RGB")` over PNG modes (L, LA, RGBA,
+/// 1-bit, P, P+tRNS, I;16, 16-bit RGB/RGBA/LA) and lossless WebP: exact. Lossy WebP and JPEG
+/// use different decoders (image-webp / zune-jpeg vs libwebp / libjpeg-turbo): only bounded.
+#[test]
+fn load_rgb_matches_pillow_convert_rgb() {
+    let dir = goldens();
+    let bytes = std::fs::read(dir.join("decode.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let files = meta.metadata().as_ref().unwrap().get("files").unwrap().clone();
+    let mut report = Vec::new();
+    for (i, entry) in files.split(',').enumerate() {
+        let (name, exact) = entry.split_once(':').unwrap();
+        let want = image(&st, &format!("dec_{i}"));
+        let got = load_rgb(&dir.join(name)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.dimensions(), want.dimensions(), "{name}");
+        let diffs: Vec<i32> =
+            got.as_raw().iter().zip(want.as_raw()).map(|(&a, &b)| (a as i32 - b as i32).abs()).collect();
+        let (nbad, max) = (diffs.iter().filter(|&&d| d != 0).count(), diffs.iter().copied().max().unwrap());
+        report.push(format!("{name}: {nbad}/{} differ, max {max}", diffs.len()));
+        if exact == "1" {
+            assert_eq!(nbad, 0, "{name}: {nbad} values differ from Pillow (max {max})");
+        } else {
+            assert!(max <= 3, "{name}: decoder difference too large (max {max})");
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+}
