@@ -59,9 +59,9 @@ fn precompute_coeffs(in_size: usize, in0: f32, in1: f32, out_size: usize) -> Coe
         let xmax = ((center + support + 0.5) as i64).min(in_size as i64) - xmin;
         let xmax = xmax.max(0) as usize;
         let xmin = xmin as usize;
-        for x in 0..xmax {
+        for (x, kx) in k.iter_mut().enumerate().take(xmax) {
             let w = bicubic((((x + xmin) as f64) - center + 0.5) * inv_filterscale);
-            k[x] = w;
+            *kx = w;
             ww += w;
         }
         if ww != 0.0 {
@@ -70,9 +70,13 @@ fn precompute_coeffs(in_size: usize, in0: f32, in1: f32, out_size: usize) -> Coe
             }
         }
         let row = &mut kk[xx * ksize..(xx + 1) * ksize];
-        for x in 0..xmax {
-            let v = k[x] * (1i64 << PRECISION_BITS) as f64;
-            row[x] = if k[x] < 0.0 { (-0.5 + v) as i32 } else { (0.5 + v) as i32 };
+        for (r, &kx) in row.iter_mut().zip(&k).take(xmax) {
+            let v = kx * (1i64 << PRECISION_BITS) as f64;
+            *r = if kx < 0.0 {
+                (-0.5 + v) as i32
+            } else {
+                (0.5 + v) as i32
+            };
         }
         bounds.push((xmin, xmax));
     }
@@ -227,9 +231,13 @@ pub fn pad(src: &RgbImage, w: usize, h: usize, fill: [u8; 3]) -> RgbImage {
         } else {
             (0, py_round((h as f64 - rh as f64) * 0.5) as usize)
         };
-        for y in 0..rh.min(h - y0) {
-            for x in 0..rw.min(w - x0) {
-                out.put_pixel((x + x0) as u32, (y + y0) as u32, *r.get_pixel(x as u32, y as u32));
+        for y in 0..rh.min(h.saturating_sub(y0)) {
+            for x in 0..rw.min(w.saturating_sub(x0)) {
+                out.put_pixel(
+                    (x + x0) as u32,
+                    (y + y0) as u32,
+                    *r.get_pixel(x as u32, y as u32),
+                );
             }
         }
     }
