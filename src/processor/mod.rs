@@ -14,6 +14,7 @@ use image::{DynamicImage, RgbImage};
 use crate::error::{Error, Result};
 
 pub use layout::{block_len, build_image_block};
+pub use resample::{pad as pillow_pad, resize_bicubic as pillow_resize};
 pub use solver::{COMPRESS_PAD_TO, Plan, plan};
 
 /// Token types of the image block (`IMAGE_START, IMAGE_PAD, IMAGE, IMAGE_NEW_LINE, IMAGE_END =
@@ -82,31 +83,49 @@ pub struct ImageBlock {
 /// the high byte, 16-bit grey clamped to 255 (Pillow opens it as `I;16`; `I16_RGB` clips).
 /// EXIF orientation is not applied (Pillow does not either).
 pub fn load_rgb(path: &Path) -> Result<RgbImage> {
-    let err = |msg: String| Error::Image { path: path.to_path_buf(), msg };
+    let err = |msg: String| Error::Image {
+        path: path.to_path_buf(),
+        msg,
+    };
     let reader = image::ImageReader::open(path)
         .map_err(|e| err(format!("cannot open: {e}")))?
         .with_guessed_format()
         .map_err(|e| err(format!("cannot read: {e}")))?;
-    let img = reader.decode().map_err(|e| err(format!("cannot decode: {e}")))?;
+    let img = reader
+        .decode()
+        .map_err(|e| err(format!("cannot decode: {e}")))?;
     Ok(match img {
         DynamicImage::ImageRgb8(i) => i,
-        DynamicImage::ImageRgba8(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [p[0], p[1], p[2]])),
+        DynamicImage::ImageRgba8(i) => map_px(
+            i.width(),
+            i.height(),
+            i.pixels().map(|p| [p[0], p[1], p[2]]),
+        ),
         DynamicImage::ImageLuma8(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [p[0]; 3])),
-        DynamicImage::ImageLumaA8(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [p[0]; 3])),
-        DynamicImage::ImageRgb16(i) => {
-            map_px(i.width(), i.height(), i.pixels().map(|p| p.0.map(|v| (v >> 8) as u8)))
+        DynamicImage::ImageLumaA8(i) => {
+            map_px(i.width(), i.height(), i.pixels().map(|p| [p[0]; 3]))
         }
+        DynamicImage::ImageRgb16(i) => map_px(
+            i.width(),
+            i.height(),
+            i.pixels().map(|p| p.0.map(|v| (v >> 8) as u8)),
+        ),
         DynamicImage::ImageRgba16(i) => map_px(
             i.width(),
             i.height(),
-            i.pixels().map(|p| [(p[0] >> 8) as u8, (p[1] >> 8) as u8, (p[2] >> 8) as u8]),
+            i.pixels()
+                .map(|p| [(p[0] >> 8) as u8, (p[1] >> 8) as u8, (p[2] >> 8) as u8]),
         ),
-        DynamicImage::ImageLuma16(i) => {
-            map_px(i.width(), i.height(), i.pixels().map(|p| [p[0].min(255) as u8; 3]))
-        }
-        DynamicImage::ImageLumaA16(i) => {
-            map_px(i.width(), i.height(), i.pixels().map(|p| [(p[0] >> 8) as u8; 3]))
-        }
+        DynamicImage::ImageLuma16(i) => map_px(
+            i.width(),
+            i.height(),
+            i.pixels().map(|p| [p[0].min(255) as u8; 3]),
+        ),
+        DynamicImage::ImageLumaA16(i) => map_px(
+            i.width(),
+            i.height(),
+            i.pixels().map(|p| [(p[0] >> 8) as u8; 3]),
+        ),
         other => other.to_rgb8(), // float images: not produced by the PNG/JPEG/WebP decoders
     })
 }
@@ -160,5 +179,12 @@ pub fn prepare(img: &RgbImage, cfg: &PreprocessConfig) -> Result<PreparedImage> 
             }
         }
     }
-    Ok(PreparedImage { patches, n_vit_h, n_vit_w, n_llm_h: pl.n_llm_h, n_llm_w: pl.n_llm_w, resized })
+    Ok(PreparedImage {
+        patches,
+        n_vit_h,
+        n_vit_w,
+        n_llm_h: pl.n_llm_h,
+        n_llm_w: pl.n_llm_w,
+        resized,
+    })
 }

@@ -57,7 +57,7 @@ fn ceil_div(a: i64, b: i64) -> i64 {
 fn solve_resize_ratio(h: f64, w: f64, p: i64, r: i64, budget: i64) -> Result<(i64, i64)> {
     let ratio = h / w;
     let arg = (budget - 2) as f64 / ratio + 0.25;
-    if !(arg >= 0.0) {
+    if arg.is_nan() || arg < 0.0 {
         // Python's math.sqrt raises "math domain error" here.
         return Err(Error::Invalid(format!(
             "image size solver: token budget {budget} cannot hold a {w}x{h} image"
@@ -131,10 +131,21 @@ fn safe_resize(
 /// size, then `safe_resize`.
 pub fn plan(width: u32, height: u32, cfg: &PreprocessConfig) -> Result<Plan> {
     if width == 0 || height == 0 {
-        return Err(Error::Invalid(format!("image has an empty size {width}x{height}")));
+        return Err(Error::Invalid(format!(
+            "image has an empty size {width}x{height}"
+        )));
     }
     if cfg.patch_size == 0 || cfg.downsample_ratio == 0 {
-        return Err(Error::Invalid("patch_size and downsample_ratio must be positive".into()));
+        return Err(Error::Invalid(
+            "patch_size and downsample_ratio must be positive".into(),
+        ));
+    }
+    if let Some(ratio) = cfg.max_wh_ratio {
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return Err(Error::Invalid(format!(
+                "max_wh_ratio must be a positive number, got {ratio}"
+            )));
+        }
     }
     let p = cfg.patch_size as i64;
     let r = cfg.downsample_ratio as i64;
@@ -159,7 +170,12 @@ pub fn plan(width: u32, height: u32, cfg: &PreprocessConfig) -> Result<Plan> {
             "image size solver gave an empty target {bw}x{bh} for a {width}x{height} image"
         )));
     }
-    Ok(Plan { bw: bw as usize, bh: bh as usize, n_llm_h: n_llm_h as usize, n_llm_w: n_llm_w as usize })
+    Ok(Plan {
+        bw: bw as usize,
+        bh: bh as usize,
+        n_llm_h: n_llm_h as usize,
+        n_llm_w: n_llm_w as usize,
+    })
 }
 
 #[cfg(test)]
@@ -182,7 +198,11 @@ mod tests {
     #[test]
     fn spec_table() {
         // (W, H) -> (bw, bh, n_vit_h, n_vit_w, n_llm_h, n_llm_w, tokens@≡3, tokens@≡0)
-        let table: &[((u32, u32), (usize, usize, usize, usize, usize, usize, usize, usize))] = &[
+        type Row = (
+            (u32, u32),
+            (usize, usize, usize, usize, usize, usize, usize, usize),
+        );
+        let table: &[Row] = &[
             ((384, 384), (392, 392, 28, 28, 10, 10, 114, 117)),
             ((100, 100), (392, 392, 28, 28, 10, 10, 114, 117)),
             ((672, 672), (672, 672, 48, 48, 16, 16, 274, 277)),
@@ -236,5 +256,16 @@ mod tests {
         assert!(plan(0, 10, &c).is_err());
         c.max_n_token = 4;
         assert!(plan(1000, 1000, &c).is_err());
+        let mut c = cfg();
+        c.max_wh_ratio = Some(f64::NAN);
+        assert!(plan(10, 10, &c).is_err());
+        // Tiny budgets: errors (Python: AssertionError / math domain error), never a panic.
+        for m in 0..40 {
+            c = cfg();
+            c.max_n_token = m;
+            for (w, h) in [(1, 1), (5000, 3), (3, 5000), (640, 480)] {
+                let _ = plan(w, h, &c);
+            }
+        }
     }
 }
