@@ -11,7 +11,9 @@
 pub mod backend;
 pub mod config;
 pub mod error;
-pub mod weights;
+pub mod model;
+pub mod pipeline;
 pub mod processor;
+pub mod weights;
 
 pub use error::{Error, Result};

@@ -88,26 +88,25 @@ pub fn preprocess_config(cfg: &VisionConfig) -> PreprocessConfig {
         patch_size: cfg.patch_size,
         downsample_ratio: cfg.downsample_ratio,
         max_n_token: cfg.max_n_token,
-        min_pixels: cfg.min_pixels,
+        min_pixels: cfg.min_pixels as u64,
         max_wh_ratio: cfg.max_wh_ratio,
     }
 }
 
-/// Run the vision path for one image and return every stage.
+/// Run the vision path for one image on the requested lane and return every stage.
 pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
     let ckpt = Checkpoint::open(&req.model_dir)?;
-    let cfg = VisionConfig::from_checkpoint_dir(&req.model_dir)?;
-    crate::weights::check_vision(&ckpt, &cfg)?;
-    let img = processor::load_rgb(&req.image)?;
-    let prepared = processor::prepare(&img, &preprocess_config(&cfg))?;
     match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => dump_on(&CpuBackend::new(), &ckpt, &cfg, prepared, req.start_pos),
-        LaneChoice::Wgpu => dump_on(&WgpuBackend::new(adapter_from_env().as_deref())?, &ckpt, &cfg, prepared, req.start_pos),
+        LaneChoice::Cpu => VisionRunner::load(&CpuBackend::new(), &ckpt)?.run(&req.image, req.start_pos),
+        LaneChoice::Wgpu => {
+            let b = WgpuBackend::new(adapter_from_env().as_deref())?;
+            VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos)
+        }
         LaneChoice::Auto => match WgpuBackend::new(adapter_from_env().as_deref()) {
-            Ok(b) => dump_on(&b, &ckpt, &cfg, prepared, req.start_pos),
+            Ok(b) => VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos),
             Err(e) => {
                 eprintln!("fovea: no usable wgpu adapter ({e}); using the CPU lane");
-                dump_on(&CpuBackend::new(), &ckpt, &cfg, prepared, req.start_pos)
+                VisionRunner::load(&CpuBackend::new(), &ckpt)?.run(&req.image, req.start_pos)
             }
         },
     }
@@ -118,37 +117,55 @@ pub fn adapter_from_env() -> Option<String> {
     std::env::var("FOVEA_ADAPTER").ok().filter(|s| !s.is_empty())
 }
 
-fn dump_on<B: Backend>(
-    b: &B,
-    ckpt: &Checkpoint,
-    cfg: &VisionConfig,
-    prepared: processor::PreparedImage,
-    start_pos: usize,
-) -> Result<VisionDump> {
-    let model = VisionModel::load(b, ckpt, cfg)?;
-    let n = prepared.n_vit_h * prepared.n_vit_w;
-    let patch_dim = 3 * cfg.patch_size * cfg.patch_size;
-    let patches = b.upload(&HostTensor::f32([n, patch_dim], prepared.patches.clone())?)?;
-    let stages = model.encode(b, &patches, prepared.n_vit_h, prepared.n_vit_w)?;
-    let layout = processor::build_image_block(prepared.n_llm_h, prepared.n_llm_w, start_pos);
-    let block = model.image_block(b, &stages.aligner, &layout.rows)?;
-    Ok(VisionDump {
-        lane: b.lane(),
-        device: b.device_name(),
-        n_vit_h: prepared.n_vit_h,
-        n_vit_w: prepared.n_vit_w,
-        n_llm_h: prepared.n_llm_h,
-        n_llm_w: prepared.n_llm_w,
-        hidden: cfg.hidden_size,
-        patch_dim,
-        vision_dim: cfg.dim,
-        patches: prepared.patches,
-        vit: b.download(&stages.vit)?.into_f32("vit")?,
-        aligner: b.download(&stages.aligner)?.into_f32("aligner")?,
-        block: b.download(&block)?.into_f32("block")?,
-        block_types: layout.types,
-        perm: layout.perm,
-    })
+/// A checkpoint's vision model resident on one lane, reusable across images.
+pub struct VisionRunner<'b, B: Backend> {
+    b: &'b B,
+    cfg: VisionConfig,
+    model: VisionModel<B>,
+}
+
+impl<'b, B: Backend> VisionRunner<'b, B> {
+    /// Check the checkpoint's vision tensors (names, shapes, dtypes) and upload them.
+    pub fn load(b: &'b B, ckpt: &Checkpoint) -> Result<Self> {
+        let cfg = ckpt.config().clone();
+        crate::weights::check_vision(ckpt, &cfg)?;
+        let model = VisionModel::load(b, ckpt, &cfg)?;
+        Ok(VisionRunner { b, cfg, model })
+    }
+
+    /// Decode, preprocess and encode one image file; `start_pos` is the placeholder's position.
+    pub fn run(&self, image: &Path, start_pos: usize) -> Result<VisionDump> {
+        let img = processor::load_rgb(image)?;
+        let prepared = processor::prepare(&img, &preprocess_config(&self.cfg))?;
+        self.run_prepared(prepared, start_pos)
+    }
+
+    fn run_prepared(&self, prepared: processor::PreparedImage, start_pos: usize) -> Result<VisionDump> {
+        let (b, cfg) = (self.b, &self.cfg);
+        let n = prepared.n_vit_h * prepared.n_vit_w;
+        let patch_dim = cfg.patch_dim();
+        let patches = b.upload(&HostTensor::f32([n, patch_dim], prepared.patches.clone())?)?;
+        let stages = self.model.encode(b, &patches, prepared.n_vit_h, prepared.n_vit_w)?;
+        let layout = processor::build_image_block(prepared.n_llm_h, prepared.n_llm_w, start_pos);
+        let block = self.model.image_block(b, &stages.aligner, &layout.rows)?;
+        Ok(VisionDump {
+            lane: b.lane(),
+            device: b.device_name(),
+            n_vit_h: prepared.n_vit_h,
+            n_vit_w: prepared.n_vit_w,
+            n_llm_h: prepared.n_llm_h,
+            n_llm_w: prepared.n_llm_w,
+            hidden: cfg.hidden_size,
+            patch_dim,
+            vision_dim: cfg.dim,
+            patches: prepared.patches,
+            vit: b.download(&stages.vit)?.into_f32("vit")?,
+            aligner: b.download(&stages.aligner)?.into_f32("aligner")?,
+            block: b.download(&block)?.into_f32("block")?,
+            block_types: layout.types,
+            perm: layout.perm,
+        })
+    }
 }
 
 impl VisionDump {
@@ -186,4 +203,11 @@ impl VisionDump {
         .collect();
         safetensors::serialize_to_file(views, Some(meta), path).map_err(|e| Error::file(path, e.to_string()))
     }
+}
+
+/// `fovea inspect`: the config, the tensor accounting, the dtypes and the bytes.
+pub fn inspect(model_dir: &Path) -> Result<String> {
+    let ckpt = Checkpoint::open(model_dir)?;
+    let accounting = crate::weights::check_vision(&ckpt, ckpt.config())?;
+    Ok(format!("{}\n{ckpt}\n{accounting}\n", ckpt.config()))
 }

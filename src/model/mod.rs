@@ -13,3 +13,12 @@ pub trait ParamSource {
     /// A 1-D parameter (bias, norm weight, sentinel) converted to f32.
     fn vector(&self, name: &str) -> Result<Vec<f32>>;
 }
+
+impl ParamSource for crate::weights::Checkpoint {
+    fn matrix(&self, name: &str) -> Result<HostWeight<'_>> {
+        self.tensor(name)?.into_weight(name)
+    }
+    fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        self.tensor(name)?.to_f32_vec()
+    }
+}
