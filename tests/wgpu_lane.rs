@@ -453,25 +453,74 @@ fn buffer_reuse_keeps_results_right() {
     assert_close(&down(b, &cur), &want, 0.0, 0.0);
 }
 
-/// Timing of one mid-size linear (run with `--ignored --nocapture`).
+#[test]
+fn threads_sharing_one_backend() {
+    // Submissions from several threads must reach the queue in encoding order (a download on one
+    // thread must never overtake the op another thread encoded before it).
+    let b = be();
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            sc.spawn(move || {
+                for round in 0..8 {
+                    let base = (t * 100 + round) as f32;
+                    let x = up(b, &[4, 33], vec![base; 132]);
+                    let mut cur = b.add(&x, &x).unwrap();
+                    for _ in 0..5 {
+                        cur = b.add(&cur, &x).unwrap();
+                    }
+                    assert_eq!(down(b, &cur), vec![7.0 * base; 132], "thread {t} round {round}");
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn attention_rejects_unsupported_head_dim() {
+    let b = be();
+    let q = up(b, &[3, 6], vec![0.0; 18]);
+    assert!(matches!(b.attention(&q, &q, &q, 1), Err(Error::Unsupported { .. })));
+}
+
+/// Timing of one mid-size linear and, with FOVEA_BENCH_BIG=1 (real GPUs), ViT-size linear and
+/// attention (run with `--ignored --nocapture`).
 #[test]
 #[ignore]
 fn linear_timing() {
     let b = be();
-    let (n, k, out) = (256, 1024, 1024);
-    for f in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
-        let wv = vec![0.01f32; out * k];
-        let w = b.upload_weight(&HostWeight { name: "w".into(), format: f, rows: out, cols: k, bytes: Cow::Owned(encode(f, &wv)) }).unwrap();
-        let x = up(b, &[n, k], vec![1.0; n * k]);
-        b.linear(&x, &w, None).unwrap();
-        b.sync().unwrap();
-        let reps = 3;
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            let _y = b.linear(&x, &w, None).unwrap();
-        }
-        b.sync().unwrap();
-        let s = t.elapsed().as_secs_f64() / reps as f64;
-        eprintln!("linear {f:?} [{n}x{k}]·[{out}x{k}]ᵀ: {:.1} ms, {:.2} GFLOP/s", s * 1e3, 2.0 * (n * k * out) as f64 / s / 1e9);
+    eprintln!("device: {}", b.device_name());
+    let big = std::env::var_os("FOVEA_BENCH_BIG").is_some();
+    let mut shapes = vec![(256, 1024, 1024)];
+    if big {
+        shapes.extend([(3456, 1024, 3072), (3456, 1024, 5632), (3456, 2816, 1024), (384, 9216, 4096)]);
     }
+    for (n, k, out) in shapes {
+        for f in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
+            let wv = vec![0.01f32; out * k];
+            let w = b.upload_weight(&HostWeight { name: "w".into(), format: f, rows: out, cols: k, bytes: Cow::Owned(encode(f, &wv)) }).unwrap();
+            let x = up(b, &[n, k], vec![1.0; n * k]);
+            let y = b.linear(&x, &w, None).unwrap();
+            assert!((down(b, &y)[0] - 0.01 * k as f32).abs() < 1e-3 * k as f32);
+            let reps = if big { 10 } else { 2 };
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                let _y = b.linear(&x, &w, None).unwrap();
+            }
+            b.sync().unwrap();
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            eprintln!("linear {f:?} [{n}x{k}]·[{out}x{k}]ᵀ: {:.2} ms, {:.1} GFLOP/s", s * 1e3, 2.0 * (n * k * out) as f64 / s / 1e9);
+        }
+    }
+    let (n, heads, hd) = if big { (3456, 16, 64) } else { (256, 4, 64) };
+    let q = up(b, &[n, heads * hd], vec![0.01; n * heads * hd]);
+    let y = b.attention(&q, &q, &q, heads).unwrap();
+    b.download(&y).unwrap();
+    let reps = 3;
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        let _y = b.attention(&q, &q, &q, heads).unwrap();
+    }
+    b.sync().unwrap();
+    let s = t.elapsed().as_secs_f64() / reps as f64;
+    eprintln!("attention n={n} heads={heads} hd={hd}: {:.2} ms, {:.1} GFLOP/s", s * 1e3, 4.0 * (n * n * hd * heads) as f64 / s / 1e9);
 }

@@ -450,13 +450,12 @@ impl WgpuBackend {
         Err(Error::Device(format!("wgpu reported: {msg}")))
     }
 
+    /// Submit the pending encoder. The lock is held across `submit` so that submissions from
+    /// several threads reach the queue in the order their commands were encoded.
     fn submit_pending(&self) {
-        let enc = {
-            let mut p = self.pending.lock().unwrap();
-            p.dispatches = 0;
-            p.encoder.take()
-        };
-        if let Some(enc) = enc {
+        let mut p = self.pending.lock().unwrap();
+        p.dispatches = 0;
+        if let Some(enc) = p.encoder.take() {
             self.queue.submit([enc.finish()]);
         }
     }
@@ -1161,8 +1160,8 @@ impl Backend for WgpuBackend {
             return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
         }
         let hd = cols / n_heads;
-        if hd > ATTENTION_MAX_HD {
-            return Err(Self::unsupported(Op::Attention, format!("head dim {hd} (at most {ATTENTION_MAX_HD})")));
+        if hd > ATTENTION_MAX_HD || hd % 4 != 0 {
+            return Err(Self::unsupported(Op::Attention, format!("head dim {hd} (a multiple of 4, at most {ATTENTION_MAX_HD})")));
         }
         if !self.supports(Op::Attention, WeightFormat::F32) {
             return Err(Self::unsupported(
