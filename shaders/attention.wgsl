@@ -1,9 +1,12 @@
 // attention (non-causal, flash style): q, k, v [n, heads·hd] → out [n, heads·hd], scale 1/√hd.
+// hd must be a multiple of 4 and at most 128.
 // One workgroup per (block of 16 queries, head): dispatch (ceil(n/16), heads, 1).
 // Workgroup 16×16 threads: lid.y = query in the block, lid.x = lane. Keys are walked in tiles of
 // 32 with an online softmax (running max m, running sum l); the n×n score matrix never exists.
-// Each lane owns output dims lane + 16·t (t < 8), so hd ≤ 128.
-// Workgroup memory: Q block [16][hd], K-then-V tile [32][hd], probabilities [16][32] = 26 KiB.
+// Scores: lane computes keys lane and lane + 16 of the tile. Output: lane owns the vec4 columns
+// lane and lane + 16 of its query's head row.
+// Workgroup memory: Q block [16][hd/4] vec4, K-then-V tile [32][hd/4] vec4, probabilities
+// [16][32] f32 = 26 KiB.
 
 struct P {
     n: u32,
@@ -20,60 +23,65 @@ struct P {
 
 const BQ: u32 = 16u;
 const BKEY: u32 = 32u;
-const MAXD: u32 = 128u;
 const NEG: f32 = -1.0e30;
 
-var<workgroup> qs: array<f32, 2048>;  // [BQ][hd]
-var<workgroup> kv: array<f32, 4096>;  // [BKEY][hd]
-var<workgroup> ps: array<f32, 512>;   // [BQ][BKEY]
+var<workgroup> qs: array<vec4<f32>, 512>;  // [BQ][hd/4]
+var<workgroup> kv: array<vec4<f32>, 1024>; // [BKEY][hd/4]
+var<workgroup> ps: array<f32, 512>;        // [BQ][BKEY]
+
+// Four consecutive elements of `row` (zero past n), columns 4c.. of this head.
+fn load_q(row: u32, base: u32) -> vec4<f32> {
+    if (row >= p.n) { return vec4<f32>(0.0); }
+    return vec4<f32>(q[base], q[base + 1u], q[base + 2u], q[base + 3u]);
+}
+fn load_k(row: u32, base: u32) -> vec4<f32> {
+    if (row >= p.n) { return vec4<f32>(0.0); }
+    return vec4<f32>(k[base], k[base + 1u], k[base + 2u], k[base + 3u]);
+}
+fn load_v(row: u32, base: u32) -> vec4<f32> {
+    if (row >= p.n) { return vec4<f32>(0.0); }
+    return vec4<f32>(v[base], v[base + 1u], v[base + 2u], v[base + 3u]);
+}
 
 @compute @workgroup_size(16, 16, 1)
 fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
              @builtin(local_invocation_index) li: u32) {
-    let hd = p.hd;
-    let cols = p.heads * hd;
-    let head_off = wg.y * hd;
+    let hd4 = p.hd / 4u;
+    let cols = p.heads * p.hd;
+    let head_off = wg.y * p.hd;
     let q0 = wg.x * BQ;
     let qi = lid.y;
     let lane = lid.x;
 
-    for (var e = li; e < BQ * hd; e += 256u) {
-        let r = e / hd;
-        let dd = e % hd;
-        var val = 0.0;
-        if (q0 + r < p.n) {
-            val = q[(q0 + r) * cols + head_off + dd];
-        }
-        qs[e] = val;
+    for (var e = li; e < BQ * hd4; e += 256u) {
+        let r = e / hd4;
+        let c = e % hd4;
+        qs[e] = load_q(q0 + r, (q0 + r) * cols + head_off + 4u * c);
     }
 
-    var acc: array<f32, 8>;
-    for (var t = 0u; t < 8u; t++) { acc[t] = 0.0; }
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
     var m = NEG;
     var l = 0.0;
 
     for (var k0 = 0u; k0 < p.n; k0 += BKEY) {
         // K tile.
-        for (var e = li; e < BKEY * hd; e += 256u) {
-            let r = e / hd;
-            let dd = e % hd;
-            var val = 0.0;
-            if (k0 + r < p.n) {
-                val = k[(k0 + r) * cols + head_off + dd];
-            }
-            kv[e] = val;
+        for (var e = li; e < BKEY * hd4; e += 256u) {
+            let r = e / hd4;
+            let c = e % hd4;
+            kv[e] = load_k(k0 + r, (k0 + r) * cols + head_off + 4u * c);
         }
         workgroupBarrier();
-        // Scores: this thread does keys lane and lane + 16 for query qi.
+        // Scores for keys lane and lane + 16 of query qi.
         for (var j = 0u; j < 2u; j++) {
             let key = lane + 16u * j;
             var s = NEG;
             if (k0 + key < p.n) {
-                var dot = 0.0;
-                for (var dd = 0u; dd < hd; dd++) {
-                    dot = fma(qs[qi * hd + dd], kv[key * hd + dd], dot);
+                var d4 = vec4<f32>(0.0);
+                for (var c = 0u; c < hd4; c++) {
+                    d4 = fma(qs[qi * hd4 + c], kv[key * hd4 + c], d4);
                 }
-                s = dot * p.scale;
+                s = (d4.x + d4.y + d4.z + d4.w) * p.scale;
             }
             ps[qi * BKEY + key] = s;
         }
@@ -83,14 +91,10 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         for (var j = 0u; j < BKEY; j++) {
             mt = max(mt, ps[qi * BKEY + j]);
         }
-        for (var e = li; e < BKEY * hd; e += 256u) {
-            let r = e / hd;
-            let dd = e % hd;
-            var val = 0.0;
-            if (k0 + r < p.n) {
-                val = v[(k0 + r) * cols + head_off + dd];
-            }
-            kv[e] = val;
+        for (var e = li; e < BKEY * hd4; e += 256u) {
+            let r = e / hd4;
+            let c = e % hd4;
+            kv[e] = load_v(k0 + r, (k0 + r) * cols + head_off + 4u * c);
         }
         workgroupBarrier();
         // Each thread turns its own two scores into probabilities.
@@ -103,30 +107,43 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         let alpha = exp(m - mt);
         m = mt;
         var lsum = 0.0;
+        acc0 *= alpha;
+        acc1 *= alpha;
+        let has0 = lane < hd4;
+        let has1 = lane + 16u < hd4;
         for (var j = 0u; j < BKEY; j++) {
-            lsum += ps[qi * BKEY + j];
-        }
-        l = l * alpha + lsum;
-        for (var t = 0u; t < 8u; t++) {
-            let dd = lane + 16u * t;
-            if (dd < hd) {
-                var a = acc[t] * alpha;
-                for (var j = 0u; j < BKEY; j++) {
-                    a = fma(ps[qi * BKEY + j], kv[j * hd + dd], a);
-                }
-                acc[t] = a;
+            let pj = ps[qi * BKEY + j];
+            lsum += pj;
+            if (has0) {
+                acc0 = fma(vec4<f32>(pj), kv[j * hd4 + lane], acc0);
+            }
+            if (has1) {
+                acc1 = fma(vec4<f32>(pj), kv[j * hd4 + lane + 16u], acc1);
             }
         }
+        l = l * alpha + lsum;
         workgroupBarrier();
     }
 
-    if (q0 + qi < p.n) {
+    let row = q0 + qi;
+    if (row < p.n) {
         let inv = 1.0 / l;
-        for (var t = 0u; t < 8u; t++) {
-            let dd = lane + 16u * t;
-            if (dd < hd) {
-                out[(q0 + qi) * cols + head_off + dd] = acc[t] * inv;
-            }
+        let base = row * cols + head_off;
+        if (lane < hd4) {
+            let o = acc0 * inv;
+            let b = base + 4u * lane;
+            out[b] = o.x;
+            out[b + 1u] = o.y;
+            out[b + 2u] = o.z;
+            out[b + 3u] = o.w;
+        }
+        if (lane + 16u < hd4) {
+            let o = acc1 * inv;
+            let b = base + 4u * (lane + 16u);
+            out[b] = o.x;
+            out[b + 1u] = o.y;
+            out[b + 2u] = o.z;
+            out[b + 3u] = o.w;
         }
     }
 }

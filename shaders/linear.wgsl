@@ -6,8 +6,9 @@
 //            Exact, subnormals included; unpack2x16float would need naga's
 //            SHADER_FLOAT16_IN_FLOAT32 capability, which not every backend has, and may flush
 //            subnormals.
-// Tiling: workgroup 16×16 threads computes a 64×64 output tile (4×4 per thread, strided by 16),
-// K is walked in steps of 16 through workgroup memory (x tile [16][64], W tile [16][64]).
+// Tiling: workgroup 16×16 threads computes a 64×64 output tile (4×4 per thread, strided by 16, held
+// in four vec4 accumulators), K is walked in steps of 16 through workgroup memory
+// (x tile [16][64], W tile [16][64]).
 // Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
 override FMT: u32 = 0u;
 
@@ -73,8 +74,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         @builtin(local_invocation_index) li: u32) {
     let row0 = wg.y * BM;
     let col0 = wg.x * BN;
-    var acc: array<f32, 16>;
-    for (var i = 0u; i < 16u; i++) { acc[i] = 0.0; }
+    // Row i of this thread's 4×4 block in acc_i, columns lid.x + 16·j in its components.
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         // x tile: 64 rows × 16 k, 4 elements per thread, consecutive threads walk k.
@@ -106,33 +110,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            var a: array<f32, 4>;
-            var b: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                a[i] = xs[kk * BM + lid.y + 16u * i];
-                b[i] = ws[kk * BN + lid.x + 16u * i];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i * 4u + j] = fma(a[i], b[j], acc[i * 4u + j]);
-                }
-            }
+            let xo = kk * BM + lid.y;
+            let wo = kk * BN + lid.x;
+            let b = vec4<f32>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]);
+            acc0 = fma(vec4<f32>(xs[xo]), b, acc0);
+            acc1 = fma(vec4<f32>(xs[xo + 16u]), b, acc1);
+            acc2 = fma(vec4<f32>(xs[xo + 32u]), b, acc2);
+            acc3 = fma(vec4<f32>(xs[xo + 48u]), b, acc3);
         }
         workgroupBarrier();
     }
 
-    for (var i = 0u; i < 4u; i++) {
-        let gr = row0 + lid.y + 16u * i;
-        if (gr >= p.n) { continue; }
-        for (var j = 0u; j < 4u; j++) {
-            let gc = col0 + lid.x + 16u * j;
-            if (gc >= p.chunk_rows) { continue; }
-            let oc = p.col_off + gc;
-            var v = acc[i * 4u + j];
-            if (p.has_bias != 0u) {
-                v += bias[oc];
-            }
-            y[gr * p.out_cols + oc] = v;
+    store_row(row0 + lid.y, col0 + lid.x, acc0);
+    store_row(row0 + lid.y + 16u, col0 + lid.x, acc1);
+    store_row(row0 + lid.y + 32u, col0 + lid.x, acc2);
+    store_row(row0 + lid.y + 48u, col0 + lid.x, acc3);
+}
+
+// y[gr, col_off + gc + 16·j] = acc[j] (+ bias) for the columns inside this chunk.
+fn store_row(gr: u32, gc: u32, acc: vec4<f32>) {
+    if (gr >= p.n) { return; }
+    for (var j = 0u; j < 4u; j++) {
+        let c = gc + 16u * j;
+        if (c >= p.chunk_rows) { return; }
+        let oc = p.col_off + c;
+        var v = acc[j];
+        if (p.has_bias != 0u) {
+            v += bias[oc];
         }
+        y[gr * p.out_cols + oc] = v;
     }
 }

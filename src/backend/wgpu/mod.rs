@@ -1,1 +1,1212 @@
-//! wgpu lane.
+//! wgpu lane: the model graph on WGSL compute shaders (Vulkan, Metal, DX12, or Mesa lavapipe).
+//!
+//! - Ops encode compute passes into one pending command encoder; only `download` (and the
+//!   diagnostics) submit and wait. The encoder is also submitted, without waiting, every
+//!   `FLUSH_EVERY` dispatches so command buffers stay small.
+//! - Pipelines are created lazily, once per (shader, entry point, weight format), and cached.
+//! - Weights keep their checkpoint format on the device (f32, f16, bf16) and are sub-allocated
+//!   from pool buffers at offsets aligned to `min_storage_buffer_offset_alignment`. Rows of 16-bit
+//!   formats are padded to an even element count (one zero element for odd `cols`) so every row
+//!   starts on a 32-bit word; the pad is counted in the memory report. A matrix larger than the
+//!   binding limit is split into row chunks, each bound on its own and written into its own
+//!   output columns by `linear`.
+//! - Activations are buffers of their own (recycled through a free list by exact size); an
+//!   activation larger than the binding limit is an `Error::Device` naming the op.
+//! - Guard bands (`Options::guard_words`): every activation output gets extra words filled with
+//!   `GUARD_SENTINEL` before the op; `check_guards` / `download` report a write past the end.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use crate::backend::{
+    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, WeightFormat,
+};
+use crate::error::{Error, Result};
+
+const LANE: &str = "wgpu";
+/// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
+pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
+/// Submit the pending encoder (without waiting) after this many dispatches.
+const FLUSH_EVERY: u32 = 128;
+/// Bytes of the uniform parameter block every dispatch gets.
+const PARAM_BYTES: usize = 64;
+/// Workgroup memory the attention kernel needs (see shaders/attention.wgsl).
+const ATTENTION_SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
+const ATTENTION_MAX_HD: usize = 128;
+
+/// Construction options. `Default` is what the CLI uses.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Adapter whose name contains this (case-insensitive); `None` picks the best GPU.
+    pub adapter_name: Option<String>,
+    /// Cap on the bytes of one storage binding, below the adapter's
+    /// `max_storage_buffer_binding_size` (tests use tiny values to force weight chunking).
+    pub max_binding_bytes: Option<u64>,
+    /// Guard words appended to every activation output (0 = off). Diagnostic.
+    pub guard_words: u32,
+    /// Use the integer-decode f16 kernel even when the device has SHADER_F16.
+    pub force_f16_fallback: bool,
+    /// Size of one weight pool buffer; matrices (or chunks) over half of it get their own buffer.
+    pub weight_pool_bytes: u64,
+    /// Recycle freed activation buffers of the same size.
+    pub reuse_buffers: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            adapter_name: None,
+            max_binding_bytes: None,
+            guard_words: 0,
+            force_f16_fallback: false,
+            weight_pool_bytes: 32 << 20,
+            reuse_buffers: true,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    weight: AtomicU64,
+    activation: AtomicU64,
+    peak: AtomicU64,
+    cached: AtomicU64,
+}
+
+impl Counters {
+    fn add_activation(&self, bytes: u64) {
+        let now = self.activation.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+/// State shared between the backend and its tensors (so a dropped tensor can give its buffer
+/// back and be uncounted).
+struct Shared {
+    counters: Counters,
+    free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+    reuse: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Own buffer, counted as activation memory, returned to the free list on drop.
+    Activation,
+    /// Sub-allocated from a weight pool (params); the pool is counted as weight memory.
+    Pooled,
+    /// Own buffer holding a constant table (rope cos/sin); counted as weight memory until dropped.
+    Table,
+}
+
+/// A device tensor: a buffer range plus shape and dtype. Activations are freed (recycled) on drop.
+pub struct WgpuTensor {
+    buf: wgpu::Buffer,
+    offset: u64,
+    /// Bytes of the elements (numel · 4).
+    bytes: u64,
+    /// Guard words after the elements (activations only).
+    guard_words: u32,
+    /// Bytes counted in the memory report for this tensor (activations: the buffer size).
+    counted: u64,
+    role: Role,
+    shape: Vec<usize>,
+    dtype: DType,
+    /// Op that produced this tensor (for guard-band messages).
+    producer: &'static str,
+    shared: Arc<Shared>,
+}
+
+impl WgpuTensor {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// The op that wrote this tensor ("upload", "linear", ...).
+    pub fn producer(&self) -> &'static str {
+        self.producer
+    }
+    /// Bytes the binding of this tensor covers (elements plus guard band).
+    fn bind_bytes(&self) -> u64 {
+        (self.bytes + self.guard_words as u64 * 4).max(4)
+    }
+    fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buf,
+            offset: self.offset,
+            size: NonZeroU64::new(self.bind_bytes()),
+        })
+    }
+}
+
+impl Drop for WgpuTensor {
+    fn drop(&mut self) {
+        let c = &self.shared.counters;
+        match self.role {
+            Role::Pooled => return,
+            Role::Table => {
+                c.weight.fetch_sub(self.counted, Ordering::Relaxed);
+                return;
+            }
+            Role::Activation => {}
+        }
+        c.activation.fetch_sub(self.counted, Ordering::Relaxed);
+        if self.shared.reuse {
+            c.cached.fetch_add(self.buf.size(), Ordering::Relaxed);
+            let mut free = self.shared.free.lock().unwrap();
+            free.entry(self.buf.size()).or_default().push(self.buf.clone());
+        }
+    }
+}
+
+impl std::fmt::Debug for WgpuTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuTensor({} {:?} from {})", self.dtype, self.shape, self.producer)
+    }
+}
+
+impl DeviceTensor for WgpuTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+/// One row chunk of a weight matrix: rows `row0..row0+rows` at `offset` in `buf`.
+struct WeightChunk {
+    buf: wgpu::Buffer,
+    offset: u64,
+    bytes: u64,
+    row0: usize,
+    rows: usize,
+}
+
+/// A weight matrix `[rows, cols]` in its storage format, possibly split into row chunks.
+pub struct WgpuWeight {
+    name: String,
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    /// 32-bit words per (padded) row.
+    stride_words: usize,
+    chunks: Vec<WeightChunk>,
+}
+
+impl WgpuWeight {
+    /// Number of separately bound row chunks (1 unless the matrix exceeds the binding limit).
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+    /// Device bytes of the (row-padded) matrix.
+    pub fn device_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.bytes).sum()
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl DeviceWeight for WgpuWeight {
+    fn format(&self) -> WeightFormat {
+        self.format
+    }
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+struct Pool {
+    buf: wgpu::Buffer,
+    used: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Shader {
+    Linear,
+    LinearF16,
+    Elementwise,
+    Copy,
+    Norm,
+    Rope,
+    Attention,
+    Debug,
+}
+
+impl Shader {
+    fn source(self) -> (&'static str, &'static str) {
+        match self {
+            Shader::Linear => ("linear.wgsl", include_str!("../../../shaders/linear.wgsl")),
+            Shader::LinearF16 => ("linear_f16.wgsl", include_str!("../../../shaders/linear_f16.wgsl")),
+            Shader::Elementwise => ("elementwise.wgsl", include_str!("../../../shaders/elementwise.wgsl")),
+            Shader::Copy => ("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
+            Shader::Norm => ("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
+            Shader::Rope => ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
+            Shader::Attention => ("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
+            Shader::Debug => ("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
+        }
+    }
+}
+
+type PipelineKey = (Shader, &'static str, u32);
+
+#[derive(Default)]
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    dispatches: u32,
+}
+
+/// The wgpu lane.
+pub struct WgpuBackend {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    opts: Options,
+    /// Effective per-binding byte limit.
+    max_binding: u64,
+    native_f16: bool,
+    modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    pending: Mutex<Pending>,
+    shared: Arc<Shared>,
+    pools: Mutex<Vec<Pool>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    /// Source of guard-band fills (guard_words sentinels), when guards are on.
+    sentinel: Option<wgpu::Buffer>,
+    /// Bound in place of an absent bias.
+    dummy: wgpu::Buffer,
+    /// cos/sin tables of rope_2d keyed by (n, grid_w, hd, theta bits).
+    rope_tables: Mutex<HashMap<(usize, usize, usize, u32), Arc<WgpuTensor>>>,
+}
+
+fn device_err(e: impl std::fmt::Display) -> Error {
+    Error::Device(e.to_string())
+}
+
+fn type_rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        _ => 3,
+    }
+}
+
+fn describe(info: &wgpu::AdapterInfo) -> String {
+    format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
+}
+
+/// Names of the adapters wgpu finds on this machine (for error messages and `--list`).
+pub fn list_adapters() -> Vec<String> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(|a| describe(&a.get_info()))
+        .collect()
+}
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+fn groups_1d(threads: usize) -> (u32, u32) {
+    let g = threads.div_ceil(256).max(1);
+    let gx = g.min(32768);
+    (gx as u32, g.div_ceil(gx) as u32)
+}
+
+impl WgpuBackend {
+    /// Open an adapter: the first whose name contains `adapter_name` (case-insensitive), else the
+    /// best one (discrete > integrated > virtual > CPU such as lavapipe).
+    pub fn new(adapter_name: Option<&str>) -> Result<Self> {
+        Self::with_options(Options { adapter_name: adapter_name.map(str::to_owned), ..Options::default() })
+    }
+
+    pub fn with_options(opts: Options) -> Result<Self> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            return Err(Error::Device(
+                "no wgpu adapter found; install a Vulkan driver or Mesa lavapipe (mesa-vulkan-drivers)".into(),
+            ));
+        }
+        let adapter = match &opts.adapter_name {
+            Some(want) => {
+                let w = want.to_lowercase();
+                match adapters.iter().find(|a| a.get_info().name.to_lowercase().contains(&w)) {
+                    Some(a) => a.clone(),
+                    None => {
+                        let found: Vec<String> = adapters.iter().map(|a| describe(&a.get_info())).collect();
+                        return Err(Error::Device(format!(
+                            "no wgpu adapter name contains `{want}`; found: {}",
+                            found.join(", ")
+                        )));
+                    }
+                }
+            }
+            None => adapters.iter().min_by_key(|a| type_rank(a.get_info().device_type)).unwrap().clone(),
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let mut features = wgpu::Features::empty();
+        if adapter.features().contains(wgpu::Features::SHADER_F16) {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("fovea"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::Device(format!("{}: request_device failed: {e}", describe(&info))))?;
+
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| sink.lock().unwrap().push(e.to_string())));
+
+        let mut max_binding = limits.max_storage_buffer_binding_size as u64;
+        if let Some(cap) = opts.max_binding_bytes {
+            max_binding = max_binding.min(cap.max(4));
+        }
+        let native_f16 = features.contains(wgpu::Features::SHADER_F16) && !opts.force_f16_fallback;
+        let sentinel = (opts.guard_words > 0).then(|| {
+            let words = vec![GUARD_SENTINEL; opts.guard_words as usize];
+            device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("guard sentinel"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::COPY_SRC,
+            })
+        });
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dummy"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let shared = Arc::new(Shared { counters: Counters::default(), free: Mutex::default(), reuse: opts.reuse_buffers });
+        Ok(Self {
+            device,
+            queue,
+            info,
+            limits,
+            max_binding,
+            native_f16,
+            opts,
+            modules: Mutex::default(),
+            pipelines: Mutex::default(),
+            pending: Mutex::default(),
+            shared,
+            pools: Mutex::default(),
+            errors,
+            sentinel,
+            dummy,
+            rope_tables: Mutex::default(),
+        })
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+    /// Effective per-binding byte limit (adapter limit, capped by `Options::max_binding_bytes`).
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.max_binding
+    }
+    /// Whether F16 weights use the native `array<vec2<f16>>` kernel (SHADER_F16 and not forced off).
+    pub fn native_f16(&self) -> bool {
+        self.native_f16
+    }
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+    /// Bytes of freed activation buffers kept for reuse (not in `memory().activation_bytes`).
+    pub fn cached_bytes(&self) -> u64 {
+        self.shared.counters.cached.load(Ordering::Relaxed)
+    }
+    /// Release the recycled activation buffers.
+    pub fn trim(&self) {
+        let mut free = self.shared.free.lock().unwrap();
+        free.clear();
+        self.shared.counters.cached.store(0, Ordering::Relaxed);
+    }
+
+    // ---- errors, submission ---------------------------------------------------------------
+
+    fn take_errors(&self) -> Result<()> {
+        let mut errs = self.errors.lock().unwrap();
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let msg = errs.join("; ");
+        errs.clear();
+        Err(Error::Device(format!("wgpu reported: {msg}")))
+    }
+
+    /// Submit the pending encoder. The lock is held across `submit` so that submissions from
+    /// several threads reach the queue in the order their commands were encoded.
+    fn submit_pending(&self) {
+        let mut p = self.pending.lock().unwrap();
+        p.dispatches = 0;
+        if let Some(enc) = p.encoder.take() {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// Submit pending work without waiting.
+    pub fn flush(&self) -> Result<()> {
+        self.submit_pending();
+        self.take_errors()
+    }
+
+    /// Submit pending work and wait for the device to finish it.
+    pub fn sync(&self) -> Result<()> {
+        self.submit_pending();
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(device_err)?;
+        self.take_errors()
+    }
+
+    fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let flush = {
+            let mut p = self.pending.lock().unwrap();
+            let enc = p
+                .encoder
+                .get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fovea ops") }));
+            f(enc);
+            p.dispatches += 1;
+            p.dispatches >= FLUSH_EVERY
+        };
+        if flush {
+            self.submit_pending();
+            let _ = self.device.poll(wgpu::PollType::Poll);
+        }
+    }
+
+    // ---- pipelines ---------------------------------------------------------------------------
+
+    fn pipeline(&self, shader: Shader, entry: &'static str, fmt: u32) -> Result<wgpu::ComputePipeline> {
+        let key = (shader, entry, fmt);
+        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
+            return Ok(p.clone());
+        }
+        let (file, src) = shader.source();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = {
+            let mut modules = self.modules.lock().unwrap();
+            modules
+                .entry(shader)
+                .or_insert_with(|| {
+                    self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(file),
+                        source: wgpu::ShaderSource::Wgsl(src.into()),
+                    })
+                })
+                .clone()
+        };
+        let constants: &[(&str, f64)] = if shader == Shader::Linear { &[("FMT", fmt as f64)] } else { &[] };
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions { constants, zero_initialize_workgroup_memory: false },
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Device(format!("{file}:{entry}: pipeline creation failed: {e}")));
+        }
+        self.pipelines.lock().unwrap().insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Encode one dispatch of `shader::entry` with a uniform parameter block at binding 0.
+    fn dispatch(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        fmt: u32,
+        params: &[u32],
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        let pipeline = self.pipeline(shader, entry, fmt)?;
+        let mut block = [0u32; PARAM_BYTES / 4];
+        block[..params.len()].copy_from_slice(params);
+        let ubuf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("params"),
+            contents: bytemuck::cast_slice(&block),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
+        entries.extend(bindings.iter().map(|(b, r)| wgpu::BindGroupEntry { binding: *b, resource: r.clone() }));
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        self.with_encoder(|enc| {
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+        });
+        Ok(())
+    }
+
+    // ---- allocation ----------------------------------------------------------------------------
+
+    fn check_binding(&self, op: &'static str, what: &str, bytes: u64) -> Result<()> {
+        if bytes > self.max_binding {
+            return Err(Error::Device(format!(
+                "op `{op}`: {what} of {bytes} bytes exceeds the storage binding limit of {} bytes on {}",
+                self.max_binding, self.info.name
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_input(&self, op: &'static str, what: &str, t: &WgpuTensor, dtype: DType) -> Result<()> {
+        if t.dtype != dtype {
+            return Err(Error::shape(op, format!("{what} must be {dtype}, found {}", t.dtype)));
+        }
+        if t.shape.is_empty() {
+            return Err(Error::shape(op, format!("{what} must have at least one dimension")));
+        }
+        self.check_binding(op, what, t.bytes)
+    }
+
+    fn make_tensor(&self, buf: wgpu::Buffer, shape: Vec<usize>, dtype: DType, producer: &'static str) -> WgpuTensor {
+        let counted = buf.size();
+        self.shared.counters.add_activation(counted);
+        let bytes = shape.iter().product::<usize>() as u64 * 4;
+        WgpuTensor {
+            buf,
+            offset: 0,
+            bytes,
+            guard_words: self.opts.guard_words,
+            counted,
+            role: Role::Activation,
+            shape,
+            dtype,
+            producer,
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// A new activation output of `shape` (contents undefined; guard band filled when on).
+    fn alloc(&self, op: &'static str, shape: Vec<usize>, dtype: DType) -> Result<WgpuTensor> {
+        let bytes = shape.iter().product::<usize>() as u64 * 4;
+        self.check_binding(op, "output", bytes)?;
+        let guard = self.opts.guard_words as u64 * 4;
+        let size = (bytes + guard).max(4);
+        let reused = if self.shared.reuse {
+            let mut free = self.shared.free.lock().unwrap();
+            free.get_mut(&size).and_then(Vec::pop)
+        } else {
+            None
+        };
+        let buf = match reused {
+            Some(b) => {
+                self.shared.counters.cached.fetch_sub(size, Ordering::Relaxed);
+                b
+            }
+            None => self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(op),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        };
+        if let Some(s) = &self.sentinel {
+            self.with_encoder(|enc| enc.copy_buffer_to_buffer(s, 0, &buf, bytes, guard));
+        }
+        Ok(self.make_tensor(buf, shape, dtype, op))
+    }
+
+    /// Sub-allocate `bytes` of weight memory: from a pool (first fit), or a buffer of its own when
+    /// larger than half a pool. Returns the buffer and the aligned offset.
+    fn alloc_weight(&self, bytes: u64) -> (wgpu::Buffer, u64) {
+        let size = bytes.max(4).next_multiple_of(4);
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let pool_bytes = self.opts.weight_pool_bytes.min(self.limits.max_buffer_size).max(4);
+        let counters = &self.shared.counters;
+        if size > pool_bytes / 2 {
+            let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("weight"),
+                size,
+                usage,
+                mapped_at_creation: false,
+            });
+            counters.weight.fetch_add(size, Ordering::Relaxed);
+            return (buf, 0);
+        }
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        let mut pools = self.pools.lock().unwrap();
+        for pool in pools.iter_mut() {
+            let off = pool.used.next_multiple_of(align);
+            if off + size <= pool.buf.size() {
+                pool.used = off + size;
+                return (pool.buf.clone(), off);
+            }
+        }
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("weight pool"),
+            size: pool_bytes.next_multiple_of(4),
+            usage,
+            mapped_at_creation: false,
+        });
+        counters.weight.fetch_add(buf.size(), Ordering::Relaxed);
+        pools.push(Pool { buf: buf.clone(), used: size });
+        (buf, 0)
+    }
+
+    fn pooled_tensor(&self, host_bytes: &[u8], shape: Vec<usize>, dtype: DType, producer: &'static str) -> Result<WgpuTensor> {
+        let bytes = host_bytes.len() as u64;
+        self.check_binding(producer, "parameter", bytes)?;
+        let (buf, offset) = self.alloc_weight(bytes);
+        if !host_bytes.is_empty() {
+            self.queue.write_buffer(&buf, offset, host_bytes);
+        }
+        Ok(WgpuTensor {
+            buf,
+            offset,
+            bytes,
+            guard_words: 0,
+            counted: 0,
+            role: Role::Pooled,
+            shape,
+            dtype,
+            producer,
+            shared: self.shared.clone(),
+        })
+    }
+
+    // ---- diagnostics ---------------------------------------------------------------------------
+
+    fn read_back(&self, t: &WgpuTensor, from: u64, len: u64) -> Result<Vec<u8>> {
+        let size = len.max(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("download"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if len > 0 {
+            self.with_encoder(|enc| enc.copy_buffer_to_buffer(&t.buf, t.offset + from, &staging, 0, len));
+        }
+        self.submit_pending();
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(device_err)?;
+        self.take_errors()?;
+        rx.recv()
+            .map_err(device_err)?
+            .map_err(|e| Error::Device(format!("mapping the download buffer failed: {e}")))?;
+        let out = staging.get_mapped_range(..).map_err(device_err)?[..len as usize].to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Check that nothing wrote past the end of `t` (its guard band still holds the sentinel).
+    /// Ok when guards are off or `t` has none.
+    pub fn check_guards(&self, t: &WgpuTensor) -> Result<()> {
+        if t.guard_words == 0 {
+            return Ok(());
+        }
+        let raw = self.read_back(t, t.bytes, t.guard_words as u64 * 4)?;
+        let words: &[u32] = bytemuck::cast_slice(&raw);
+        let bad: Vec<usize> = words.iter().enumerate().filter(|(_, w)| **w != GUARD_SENTINEL).map(|(i, _)| i).collect();
+        if bad.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Device(format!(
+            "op `{}` wrote past the end of its {:?} output: guard words {:?} of {} overwritten (first value {:#010x})",
+            t.producer,
+            t.shape,
+            bad,
+            words.len(),
+            words[bad[0]]
+        )))
+    }
+
+    /// Test hook: a kernel writes `value` at element `index` of `t`'s buffer, guard band included
+    /// (`index >= numel` simulates an out-of-bounds write).
+    #[doc(hidden)]
+    pub fn debug_poke(&self, t: &WgpuTensor, index: u32, value: u32) -> Result<()> {
+        if index as u64 * 4 >= t.bind_bytes() {
+            return Err(Error::Invalid(format!("debug_poke: index {index} is outside the buffer of {t:?}")));
+        }
+        self.dispatch(Shader::Debug, "poke", 0, &[index, value], &[(1, t.binding())], (1, 1, 1))
+    }
+
+    fn rope_table(&self, n: usize, grid_w: usize, hd: usize, theta: f32) -> Result<Arc<WgpuTensor>> {
+        let key = (n, grid_w, hd, theta.to_bits());
+        if let Some(t) = self.rope_tables.lock().unwrap().get(&key) {
+            return Ok(t.clone());
+        }
+        // Same f32 arithmetic as the reference: inv_freq = 1/θ^(2j/half), angle = pos·inv_freq.
+        let half = hd / 2;
+        let quarter = hd / 4;
+        let inv_freq: Vec<f32> = (0..quarter).map(|j| 1.0 / theta.powf((2 * j) as f32 / half as f32)).collect();
+        let mut tab = vec![0f32; 2 * n * half];
+        for r in 0..n {
+            let (row, col) = ((r / grid_w) as f32, (r % grid_w) as f32);
+            for d in 0..half {
+                let a = if d < quarter { row * inv_freq[d] } else { col * inv_freq[d - quarter] };
+                tab[r * half + d] = a.cos();
+                tab[n * half + r * half + d] = a.sin();
+            }
+        }
+        let buf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("rope table"),
+            contents: f32_bytes(&tab),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let counted = buf.size();
+        self.shared.counters.weight.fetch_add(counted, Ordering::Relaxed);
+        let t = Arc::new(WgpuTensor {
+            buf,
+            offset: 0,
+            bytes: counted,
+            guard_words: 0,
+            counted,
+            role: Role::Table,
+            shape: vec![2 * n * half],
+            dtype: DType::F32,
+            producer: "rope_2d",
+            shared: self.shared.clone(),
+        });
+        let mut tables = self.rope_tables.lock().unwrap();
+        if tables.len() >= 8 {
+            tables.clear();
+        }
+        tables.insert(key, t.clone());
+        Ok(t)
+    }
+
+    fn unsupported(op: Op, what: impl Into<String>) -> Error {
+        Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
+    }
+}
+
+impl Backend for WgpuBackend {
+    type Tensor = WgpuTensor;
+    type Weight = WgpuWeight;
+
+    fn lane(&self) -> &'static str {
+        LANE
+    }
+
+    fn device_name(&self) -> String {
+        let i = &self.info;
+        format!("{} ({:?}, {:?}; driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
+    }
+
+    fn supports(&self, op: Op, _format: WeightFormat) -> bool {
+        match op {
+            Op::Attention => self.limits.max_compute_workgroup_storage_size >= ATTENTION_SHARED_BYTES,
+            _ => true,
+        }
+    }
+
+    fn memory(&self) -> MemoryReport {
+        let c = &self.shared.counters;
+        MemoryReport {
+            weight_bytes: c.weight.load(Ordering::Relaxed),
+            activation_bytes: c.activation.load(Ordering::Relaxed),
+            peak_activation_bytes: c.peak.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Any host tensor → a fresh buffer (elements, then the guard band when on).
+    fn upload(&self, host: &HostTensor) -> Result<WgpuTensor> {
+        let (raw, dtype): (&[u8], DType) = match &host.data {
+            HostData::F32(v) => (bytemuck::cast_slice(v), DType::F32),
+            HostData::I32(v) => (bytemuck::cast_slice(v), DType::I32),
+        };
+        if host.shape.is_empty() {
+            return Err(Error::shape("upload", "a tensor needs at least one dimension"));
+        }
+        self.check_binding("upload", "tensor", raw.len() as u64)?;
+        let mut contents = raw.to_vec();
+        for _ in 0..self.opts.guard_words {
+            contents.extend_from_slice(&GUARD_SENTINEL.to_le_bytes());
+        }
+        if contents.is_empty() {
+            contents.extend_from_slice(&[0; 4]);
+        }
+        let buf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("upload"),
+            contents: &contents,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        });
+        Ok(self.make_tensor(buf, host.shape.clone(), dtype, "upload"))
+    }
+
+    /// A model parameter → a weight pool (counted as weight memory, no guard band).
+    fn upload_param(&self, host: &HostTensor) -> Result<WgpuTensor> {
+        let (raw, dtype): (&[u8], DType) = match &host.data {
+            HostData::F32(v) => (bytemuck::cast_slice(v), DType::F32),
+            HostData::I32(v) => (bytemuck::cast_slice(v), DType::I32),
+        };
+        if host.shape.is_empty() {
+            return Err(Error::shape("upload_param", "a tensor needs at least one dimension"));
+        }
+        self.pooled_tensor(raw, host.shape.clone(), dtype, "upload_param")
+    }
+
+    /// W `[rows, cols]` → row chunks in weight pools, 16-bit rows padded to an even length.
+    fn upload_weight(&self, w: &HostWeight<'_>) -> Result<WgpuWeight> {
+        w.validate()?;
+        let row_bytes = w.format.row_bytes(w.cols);
+        let stride_words = match w.format {
+            WeightFormat::F32 => w.cols,
+            WeightFormat::F16 | WeightFormat::BF16 => w.cols.div_ceil(2),
+        };
+        let padded_row = (stride_words * 4) as u64;
+        if padded_row > self.max_binding {
+            return Err(Self::unsupported(
+                Op::Linear,
+                format!("weight `{}`: one row of {padded_row} bytes exceeds the binding limit of {} bytes", w.name, self.max_binding),
+            ));
+        }
+        let mut per_chunk = ((self.max_binding / padded_row.max(1)) as usize).max(1);
+        if per_chunk >= 64 {
+            per_chunk -= per_chunk % 64; // whole output tiles per chunk
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        while row0 < w.rows || (w.rows == 0 && chunks.is_empty()) {
+            let rows = per_chunk.min(w.rows - row0);
+            let src = &w.bytes[row0 * row_bytes..(row0 + rows) * row_bytes];
+            let bytes = rows as u64 * padded_row;
+            let (buf, offset) = self.alloc_weight(bytes);
+            if bytes > 0 {
+                if padded_row as usize == row_bytes {
+                    self.queue.write_buffer(&buf, offset, src);
+                } else {
+                    let mut data = vec![0u8; bytes as usize];
+                    for (dst, s) in data.chunks_exact_mut(padded_row as usize).zip(src.chunks_exact(row_bytes)) {
+                        dst[..row_bytes].copy_from_slice(s);
+                    }
+                    self.queue.write_buffer(&buf, offset, &data);
+                }
+            }
+            chunks.push(WeightChunk { buf, offset, bytes, row0, rows });
+            row0 += rows;
+            if w.rows == 0 {
+                break;
+            }
+        }
+        Ok(WgpuWeight { name: w.name.clone(), format: w.format, rows: w.rows, cols: w.cols, stride_words, chunks })
+    }
+
+    fn download(&self, t: &WgpuTensor) -> Result<HostTensor> {
+        let raw = self.read_back(t, 0, t.bytes)?;
+        self.check_guards(t)?;
+        match t.dtype {
+            DType::F32 => HostTensor::f32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
+            DType::I32 => HostTensor::i32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
+        }
+    }
+
+    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]`, one dispatch per weight chunk.
+    fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
+        const OP: &str = "linear";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, k) = (x.rows(), x.cols());
+        if k != w.cols {
+            return Err(Error::shape(OP, format!("x {:?} has {k} columns, weight `{}` has {} (in_features)", x.shape, w.name, w.cols)));
+        }
+        if let Some(b) = bias {
+            self.check_input(OP, "bias", b, DType::F32)?;
+            if b.numel() != w.rows {
+                return Err(Error::shape(OP, format!("bias {:?} for weight `{}` with {} rows", b.shape, w.name, w.rows)));
+            }
+        }
+        let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        if n == 0 || w.rows == 0 {
+            return Ok(y);
+        }
+        let gy = n.div_ceil(64);
+        if gy > self.limits.max_compute_workgroups_per_dimension as usize {
+            return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
+        }
+        let (shader, fmt) = match w.format {
+            WeightFormat::F32 => (Shader::Linear, 0),
+            WeightFormat::BF16 => (Shader::Linear, 1),
+            WeightFormat::F16 if self.native_f16 => (Shader::LinearF16, 0),
+            WeightFormat::F16 => (Shader::Linear, 2),
+        };
+        let bias_res = match bias {
+            Some(b) => b.binding(),
+            None => self.dummy.as_entire_binding(),
+        };
+        for c in &w.chunks {
+            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &c.buf,
+                offset: c.offset,
+                size: NonZeroU64::new(c.bytes.max(4)),
+            });
+            let params = [n as u32, k as u32, w.rows as u32, c.row0 as u32, c.rows as u32, w.stride_words as u32, bias.is_some() as u32];
+            self.dispatch(
+                shader,
+                "main",
+                fmt,
+                &params,
+                &[(1, x.binding()), (2, wres), (3, bias_res.clone()), (4, y.binding())],
+                (c.rows.div_ceil(64) as u32, gy as u32, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// x `[n, d]`, weight `[d]` → `[n, d]`.
+    fn rms_norm(&self, x: &WgpuTensor, weight: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
+        const OP: &str = "rms_norm";
+        self.check_input(OP, "x", x, DType::F32)?;
+        self.check_input(OP, "weight", weight, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        if weight.numel() != d {
+            return Err(Error::shape(OP, format!("weight {:?} for x {:?}", weight.shape, x.shape)));
+        }
+        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        if n == 0 || d == 0 {
+            return Ok(y);
+        }
+        let gx = n.min(32768);
+        self.dispatch(
+            Shader::Norm,
+            OP,
+            0,
+            &[n as u32, d as u32, eps.to_bits()],
+            &[(1, x.binding()), (2, weight.binding()), (3, y.binding())],
+            (gx as u32, n.div_ceil(gx) as u32, 1),
+        )?;
+        Ok(y)
+    }
+
+    /// a, b `[n, d]` → `[n, d]`.
+    fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "add";
+        self.check_input(OP, "a", a, DType::F32)?;
+        self.check_input(OP, "b", b, DType::F32)?;
+        if a.shape != b.shape {
+            return Err(Error::shape(OP, format!("a {:?} and b {:?} differ", a.shape, b.shape)));
+        }
+        let y = self.alloc(OP, a.shape.clone(), DType::F32)?;
+        let n = a.numel();
+        if n > 0 {
+            let (gx, gy) = groups_1d(n);
+            self.dispatch(Shader::Elementwise, OP, 0, &[n as u32], &[(1, a.binding()), (2, b.binding()), (3, y.binding())], (gx, gy, 1))?;
+        }
+        Ok(y)
+    }
+
+    /// x `[n, d]` → `[n, len]`.
+    fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor> {
+        const OP: &str = "slice_cols";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        if start + len > d {
+            return Err(Error::shape(OP, format!("columns {start}..{} of x {:?}", start + len, x.shape)));
+        }
+        let y = self.alloc(OP, vec![n, len], DType::F32)?;
+        let total = n * len;
+        if total > 0 {
+            let (gx, gy) = groups_1d(total);
+            self.dispatch(
+                Shader::Copy,
+                OP,
+                0,
+                &[total as u32, len as u32, d as u32, start as u32],
+                &[(1, x.binding()), (3, y.binding())],
+                (gx, gy, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// `[n, d]`, `[m, d]` → `[n+m, d]` by two buffer copies.
+    fn concat_rows(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "concat_rows";
+        if a.dtype != b.dtype {
+            return Err(Error::shape(OP, format!("a is {}, b is {}", a.dtype, b.dtype)));
+        }
+        self.check_input(OP, "a", a, a.dtype)?;
+        self.check_input(OP, "b", b, b.dtype)?;
+        if a.cols() != b.cols() {
+            return Err(Error::shape(OP, format!("a {:?} and b {:?} differ in columns", a.shape, b.shape)));
+        }
+        let y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
+        self.with_encoder(|enc| {
+            if a.bytes > 0 {
+                enc.copy_buffer_to_buffer(&a.buf, a.offset, &y.buf, 0, a.bytes);
+            }
+            if b.bytes > 0 {
+                enc.copy_buffer_to_buffer(&b.buf, b.offset, &y.buf, a.bytes, b.bytes);
+            }
+        });
+        Ok(y)
+    }
+
+    /// src `[m, d]`, idx i32 `[n]` → `[n, d]`; an index outside `0..m` yields a row of NaN.
+    fn gather_rows(&self, src: &WgpuTensor, idx: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "gather_rows";
+        self.check_input(OP, "src", src, DType::F32)?;
+        self.check_input(OP, "idx", idx, DType::I32)?;
+        let (m, d) = (src.rows(), src.cols());
+        let n = idx.numel();
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let total = n * d;
+        if total > 0 {
+            let (gx, gy) = groups_1d(total);
+            self.dispatch(
+                Shader::Copy,
+                OP,
+                0,
+                &[total as u32, d as u32, m as u32],
+                &[(1, src.binding()), (2, idx.binding()), (3, y.binding())],
+                (gx, gy, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// x `[n, 2h]` → `[n, h]`, gate = first half.
+    fn swiglu(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "swiglu";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        if d % 2 != 0 {
+            return Err(Error::shape(OP, format!("x {:?} has an odd number of columns", x.shape)));
+        }
+        let h = d / 2;
+        let y = self.alloc(OP, vec![n, h], DType::F32)?;
+        let total = n * h;
+        if total > 0 {
+            let (gx, gy) = groups_1d(total);
+            self.dispatch(Shader::Elementwise, OP, 0, &[total as u32, h as u32], &[(1, x.binding()), (3, y.binding())], (gx, gy, 1))?;
+        }
+        Ok(y)
+    }
+
+    /// `[n, d]` → `[n, d]`, exact (erf) GELU.
+    fn gelu_erf(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "gelu_erf";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let total = x.numel();
+        if total > 0 {
+            let (gx, gy) = groups_1d(total);
+            self.dispatch(Shader::Elementwise, OP, 0, &[total as u32], &[(1, x.binding()), (3, y.binding())], (gx, gy, 1))?;
+        }
+        Ok(y)
+    }
+
+    /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
+    fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
+        const OP: &str = "rope_2d";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
+        }
+        let hd = cols / n_heads;
+        if hd % 4 != 0 {
+            return Err(Error::shape(OP, format!("head dim {hd} is not a multiple of 4")));
+        }
+        if grid_w == 0 || n % grid_w != 0 {
+            return Err(Error::shape(OP, format!("{n} rows are not a whole grid of width {grid_w}")));
+        }
+        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let total = n * n_heads * hd / 2;
+        if total > 0 {
+            let tab = self.rope_table(n, grid_w, hd, theta)?;
+            let (gx, gy) = groups_1d(total);
+            self.dispatch(
+                Shader::Rope,
+                OP,
+                0,
+                &[n as u32, n_heads as u32, hd as u32],
+                &[(1, x.binding()), (2, tab.binding()), (3, y.binding())],
+                (gx, gy, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`, flash-style (no n×n matrix).
+    fn attention(&self, q: &WgpuTensor, k: &WgpuTensor, v: &WgpuTensor, n_heads: usize) -> Result<WgpuTensor> {
+        const OP: &str = "attention";
+        self.check_input(OP, "q", q, DType::F32)?;
+        self.check_input(OP, "k", k, DType::F32)?;
+        self.check_input(OP, "v", v, DType::F32)?;
+        if q.shape != k.shape || q.shape != v.shape {
+            return Err(Error::shape(OP, format!("q {:?}, k {:?}, v {:?} differ", q.shape, k.shape, v.shape)));
+        }
+        let (n, cols) = (q.rows(), q.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
+        }
+        let hd = cols / n_heads;
+        if hd > ATTENTION_MAX_HD || hd % 4 != 0 {
+            return Err(Self::unsupported(Op::Attention, format!("head dim {hd} (a multiple of 4, at most {ATTENTION_MAX_HD})")));
+        }
+        if !self.supports(Op::Attention, WeightFormat::F32) {
+            return Err(Self::unsupported(
+                Op::Attention,
+                format!("{} bytes of workgroup memory (device has {})", ATTENTION_SHARED_BYTES, self.limits.max_compute_workgroup_storage_size),
+            ));
+        }
+        let y = self.alloc(OP, q.shape.clone(), DType::F32)?;
+        if n == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        self.dispatch(
+            Shader::Attention,
+            OP,
+            0,
+            &[n as u32, n_heads as u32, hd as u32, scale.to_bits()],
+            &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
+            (n.div_ceil(16) as u32, n_heads as u32, 1),
+        )?;
+        Ok(y)
+    }
+
+    /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.
+    fn unfold(&self, x: &WgpuTensor, h: usize, w: usize, r: usize) -> Result<WgpuTensor> {
+        const OP: &str = "unfold";
+        self.check_input(OP, "x", x, DType::F32)?;
+        if x.rows() != h * w || r == 0 {
+            return Err(Error::shape(OP, format!("x {:?} is not a {h}x{w} grid (r = {r})", x.shape)));
+        }
+        let c = x.cols();
+        let (gh, gw) = (h.div_ceil(r), w.div_ceil(r));
+        let y = self.alloc(OP, vec![gh * gw, c * r * r], DType::F32)?;
+        let total = gh * gw * c * r * r;
+        if total > 0 {
+            let (gx, gy) = groups_1d(total);
+            self.dispatch(
+                Shader::Copy,
+                OP,
+                0,
+                &[total as u32, c as u32, h as u32, w as u32, r as u32, gw as u32],
+                &[(1, x.binding()), (3, y.binding())],
+                (gx, gy, 1),
+            )?;
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,526 @@
+//! wgpu lane op tests against small host references (tiny shapes: lavapipe is slow).
+//! These run on whatever adapter wgpu finds (Mesa lavapipe in CI) and FAIL if there is none.
+//! The shared backend has guard bands on, so every `download` also checks for writes past the end.
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+use fovea::backend::wgpu::{Options, WgpuBackend, WgpuTensor};
+use fovea::backend::{Backend, DeviceTensor, DeviceWeight, HostTensor, HostWeight, Op, WeightFormat};
+use fovea::Error;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn env_setup() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+            let dir = std::env::temp_dir().join(format!("fovea-xdg-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+            }
+            // SAFETY: set once, before any backend (and its threads) exists in this process.
+            unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
+        }
+    });
+}
+
+fn make(opts: Options) -> WgpuBackend {
+    env_setup();
+    WgpuBackend::with_options(opts).unwrap_or_else(|e| panic!("wgpu backend unavailable (tests must not skip): {e}"))
+}
+
+/// Shared backend: guard bands on (4 words), default binding limit.
+fn be() -> &'static WgpuBackend {
+    static B: OnceLock<WgpuBackend> = OnceLock::new();
+    B.get_or_init(|| make(Options { guard_words: 4, ..Options::default() }))
+}
+
+fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+fn randv(r: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
+}
+
+fn up(b: &WgpuBackend, shape: &[usize], v: Vec<f32>) -> WgpuTensor {
+    b.upload(&HostTensor::f32(shape.to_vec(), v).unwrap()).unwrap()
+}
+
+fn down(b: &WgpuBackend, t: &WgpuTensor) -> Vec<f32> {
+    let h = b.download(t).unwrap();
+    assert_eq!(h.shape, t.shape());
+    h.into_f32("test").unwrap()
+}
+
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f64], atol: f64, rtol: f64) {
+    assert_eq!(got.len(), want.len(), "length");
+    let mut worst = (0usize, 0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs();
+        let tol = atol + rtol * w.abs();
+        if !(err <= tol) {
+            panic!("element {i}: got {g}, want {w} (err {err:e}, tol {tol:e})");
+        }
+        if err > worst.1 {
+            worst = (i, err);
+        }
+    }
+    eprintln!("max abs err {:e} at {}", worst.1, worst.0);
+}
+
+fn encode(format: WeightFormat, v: &[f32]) -> Vec<u8> {
+    match format {
+        WeightFormat::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        WeightFormat::F16 => v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
+        WeightFormat::BF16 => v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
+    }
+}
+
+/// Checks `linear` on `b` for one format and shape against an f64 host reference.
+fn check_linear(b: &WgpuBackend, format: WeightFormat, n: usize, k: usize, out: usize, with_bias: bool, seed: u64) -> usize {
+    let mut r = rng(seed);
+    let x = randv(&mut r, n * k);
+    let mut wv = randv(&mut r, out * k);
+    if format == WeightFormat::F16 {
+        wv[0] = 3.0e-6; // an f16 subnormal: the fallback decode must be exact
+    }
+    let bias = randv(&mut r, out);
+    let hw = HostWeight { name: "w".into(), format, rows: out, cols: k, bytes: Cow::Owned(encode(format, &wv)) };
+    let w = b.upload_weight(&hw).unwrap();
+    assert_eq!((w.rows(), w.cols(), w.format()), (out, k, format));
+    let xt = up(b, &[n, k], x.clone());
+    let bt = with_bias.then(|| b.upload_param(&HostTensor::f32([out], bias.clone()).unwrap()).unwrap());
+    let y = b.linear(&xt, &w, bt.as_ref()).unwrap();
+    assert_eq!(y.shape(), &[n, out]);
+    let got = down(b, &y);
+    let mut row = vec![0f32; k];
+    let mut want = vec![0f64; n * out];
+    for o in 0..out {
+        hw.row_f32(o, &mut row);
+        for i in 0..n {
+            let mut s: f64 = if with_bias { bias[o] as f64 } else { 0.0 };
+            for j in 0..k {
+                s += x[i * k + j] as f64 * row[j] as f64;
+            }
+            want[i * out + o] = s;
+        }
+    }
+    assert_close(&got, &want, 1e-5, 1e-5);
+    w.chunk_count()
+}
+
+#[test]
+fn adapter_and_capabilities() {
+    let b = be();
+    let name = b.device_name();
+    eprintln!("device: {name}; native f16: {}; binding limit {}", b.native_f16(), b.max_binding_bytes());
+    assert!(!name.is_empty());
+    assert_eq!(b.lane(), "wgpu");
+    for op in Op::ALL {
+        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+            assert!(b.supports(op, f), "{op:?} {f:?}");
+        }
+    }
+}
+
+#[test]
+fn adapter_name_not_found_lists_adapters() {
+    env_setup();
+    let err = WgpuBackend::new(Some("no-such-adapter-xyz")).err().expect("must fail");
+    let msg = err.to_string();
+    assert!(msg.contains("no-such-adapter-xyz") && msg.contains("found:"), "{msg}");
+}
+
+#[test]
+fn linear_f32() {
+    check_linear(be(), WeightFormat::F32, 70, 37, 67, true, 1);
+    check_linear(be(), WeightFormat::F32, 1, 16, 5, false, 2);
+}
+
+#[test]
+fn linear_bf16() {
+    check_linear(be(), WeightFormat::BF16, 70, 37, 67, true, 3);
+    check_linear(be(), WeightFormat::BF16, 3, 32, 64, false, 4);
+}
+
+#[test]
+fn linear_f16_native_and_fallback() {
+    let native = be();
+    check_linear(native, WeightFormat::F16, 70, 37, 67, true, 5);
+    let fallback = make(Options { force_f16_fallback: true, guard_words: 4, ..Options::default() });
+    assert!(!fallback.native_f16());
+    check_linear(&fallback, WeightFormat::F16, 70, 37, 67, true, 5);
+    check_linear(&fallback, WeightFormat::F16, 2, 18, 3, false, 6);
+}
+
+#[test]
+fn linear_chunked_weights() {
+    // 256-byte bindings: an f32 row of 19 is 76 B → 3 rows per chunk; a 16-bit row of 19
+    // (padded to 20) is 40 B → 6 rows per chunk. 13 rows → ≥ 3 chunks.
+    let b = make(Options { max_binding_bytes: Some(256), guard_words: 2, weight_pool_bytes: 4096, ..Options::default() });
+    assert_eq!(b.max_binding_bytes(), 256);
+    for (i, f) in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16].into_iter().enumerate() {
+        let chunks = check_linear(&b, f, 3, 19, 13, true, 10 + i as u64);
+        assert!(chunks >= 3, "{f:?}: {chunks} chunks");
+    }
+    let chunks = check_linear(&b, WeightFormat::BF16, 2, 19, 7, false, 20);
+    assert!(chunks >= 2);
+    // An activation over the binding limit is a clear device error naming the op.
+    let err = b.upload(&HostTensor::f32([2, 64], vec![0.5; 128]).unwrap()).err().expect("512 B > 256 B");
+    assert!(matches!(err, Error::Device(_)) && err.to_string().contains("upload"), "{err}");
+    let a = up(&b, &[1, 40], vec![0.5; 40]); // 160 B each, 320 B concatenated
+    let err = b.concat_rows(&a, &a).err().expect("must fail");
+    assert!(matches!(err, Error::Device(_)) && err.to_string().contains("concat_rows"), "{err}");
+}
+
+#[test]
+fn rms_norm() {
+    let b = be();
+    let mut r = rng(30);
+    let (n, d) = (5, 300);
+    let x = randv(&mut r, n * d);
+    let w = randv(&mut r, d);
+    let xt = up(b, &[n, d], x.clone());
+    let wt = b.upload_param(&HostTensor::f32([d], w.clone()).unwrap()).unwrap();
+    let got = down(b, &b.rms_norm(&xt, &wt, 1e-6).unwrap());
+    let mut want = vec![0f64; n * d];
+    for i in 0..n {
+        let row = &x[i * d..][..d];
+        let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
+        let inv = 1.0 / (ms + 1e-6).sqrt();
+        for j in 0..d {
+            want[i * d + j] = row[j] as f64 * inv * w[j] as f64;
+        }
+    }
+    assert_close(&got, &want, 1e-6, 1e-5);
+}
+
+#[test]
+fn add_slice_concat() {
+    let b = be();
+    let mut r = rng(40);
+    let (n, d) = (3, 11);
+    let a = randv(&mut r, n * d);
+    let c = randv(&mut r, n * d);
+    let at = up(b, &[n, d], a.clone());
+    let ct = up(b, &[n, d], c.clone());
+    let sum = down(b, &b.add(&at, &ct).unwrap());
+    let want: Vec<f64> = a.iter().zip(&c).map(|(x, y)| (x + y) as f64).collect();
+    assert_close(&sum, &want, 0.0, 0.0);
+
+    let s = b.slice_cols(&at, 4, 5).unwrap();
+    assert_eq!(s.shape(), &[n, 5]);
+    let want: Vec<f64> = (0..n).flat_map(|i| (4..9).map(move |j| (i, j))).map(|(i, j)| a[i * d + j] as f64).collect();
+    assert_close(&down(b, &s), &want, 0.0, 0.0);
+    assert!(b.slice_cols(&at, 8, 4).is_err());
+
+    let m = 2;
+    let e = randv(&mut r, m * d);
+    let et = up(b, &[m, d], e.clone());
+    let cat = b.concat_rows(&at, &et).unwrap();
+    assert_eq!(cat.shape(), &[n + m, d]);
+    let want: Vec<f64> = a.iter().chain(&e).map(|v| *v as f64).collect();
+    assert_close(&down(b, &cat), &want, 0.0, 0.0);
+    let bad = up(b, &[1, d + 1], vec![0.0; d + 1]);
+    assert!(matches!(b.concat_rows(&at, &bad), Err(Error::Shape { .. })));
+    assert!(matches!(b.add(&at, &et), Err(Error::Shape { .. })));
+}
+
+#[test]
+fn gather_rows_repeated_and_out_of_range() {
+    let b = be();
+    let mut r = rng(50);
+    let (m, d) = (4, 6);
+    let src = randv(&mut r, m * d);
+    let st = up(b, &[m, d], src.clone());
+    let idx = vec![3, 0, 3, 3, 1, 0, 2];
+    let it = b.upload(&HostTensor::i32([idx.len()], idx.clone()).unwrap()).unwrap();
+    let got = down(b, &b.gather_rows(&st, &it).unwrap());
+    let want: Vec<f64> = idx.iter().flat_map(|&i| src[i as usize * d..][..d].iter().map(|v| *v as f64)).collect();
+    assert_close(&got, &want, 0.0, 0.0);
+    // Out-of-range indices are bounds-checked in the shader and give a NaN row.
+    let it = b.upload(&HostTensor::i32([3], vec![1, 4, -1]).unwrap()).unwrap();
+    let got = down(b, &b.gather_rows(&st, &it).unwrap());
+    assert!(got[..d].iter().zip(&src[d..2 * d]).all(|(g, s)| g == s));
+    assert!(got[d..].iter().all(|v| v.is_nan()));
+}
+
+#[test]
+fn swiglu() {
+    let b = be();
+    let mut r = rng(60);
+    let (n, h) = (3, 9);
+    let x: Vec<f32> = randv(&mut r, n * 2 * h).into_iter().map(|v| v * 8.0).collect();
+    let got = down(b, &b.swiglu(&up(b, &[n, 2 * h], x.clone())).unwrap());
+    let mut want = vec![0f64; n * h];
+    for i in 0..n {
+        for j in 0..h {
+            let g = x[i * 2 * h + j] as f64;
+            let u = x[i * 2 * h + h + j] as f64;
+            want[i * h + j] = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+    assert_close(&got, &want, 1e-6, 1e-5);
+}
+
+/// erf in f64: Taylor series below 3, continued fraction for erfc above.
+fn erf64(x: f64) -> f64 {
+    let a = x.abs();
+    let v = if a < 3.0 {
+        let (mut term, mut sum, mut n) = (a, a, 0.0);
+        loop {
+            n += 1.0;
+            term *= -a * a / n;
+            let t = term / (2.0 * n + 1.0);
+            sum += t;
+            if t.abs() <= 1e-17 * sum.abs() || n > 200.0 {
+                break;
+            }
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        let mut t = a;
+        for k in (1..=80).rev() {
+            t = a + (k as f64 / 2.0) / t;
+        }
+        1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * t)
+    };
+    v.copysign(x)
+}
+
+#[test]
+fn gelu_erf() {
+    let b = be();
+    assert!((erf64(0.5) - 0.520_499_877_813_046_5).abs() < 1e-15);
+    assert!((erf64(3.5) - 0.999_999_256_901_627_7).abs() < 1e-15);
+    let mut x: Vec<f32> = (0..=400).map(|i| -10.0 + i as f32 * 0.05).collect();
+    x.extend([0.0, -0.0, 1e-30, -1e-8, 0.927_734_4, -0.927_734_4, 30.0, -30.0]);
+    let got = down(b, &b.gelu_erf(&up(b, &[1, x.len()], x.clone())).unwrap());
+    let want: Vec<f64> =
+        x.iter().map(|&v| 0.5 * v as f64 * (1.0 + erf64(v as f64 / std::f64::consts::SQRT_2))).collect();
+    assert_close(&got, &want, 2e-7, 2e-6);
+}
+
+#[test]
+fn rope_2d() {
+    let b = be();
+    let mut r = rng(70);
+    let (gh, gw, heads, hd, theta) = (3, 5, 2, 16, 10000.0f32);
+    let n = gh * gw;
+    let cols = heads * hd;
+    let x = randv(&mut r, n * cols);
+    let got = down(b, &b.rope_2d(&up(b, &[n, cols], x.clone()), heads, gw, theta).unwrap());
+    // The reference's recipe: inv_freq = 1/θ^(arange(0, half, 2)/half) in f32, freqs = [row·inv | col·inv].
+    let half = hd / 2;
+    let inv: Vec<f32> = (0..half).step_by(2).map(|j| 1.0 / theta.powf(j as f32 / half as f32)).collect();
+    let mut want = vec![0f64; n * cols];
+    for p in 0..n {
+        let (row, col) = ((p / gw) as f32, (p % gw) as f32);
+        let freqs: Vec<f32> = inv.iter().map(|f| row * f).chain(inv.iter().map(|f| col * f)).collect();
+        for h in 0..heads {
+            for d in 0..half {
+                let (c, s) = (freqs[d].cos() as f64, freqs[d].sin() as f64);
+                let x1 = x[p * cols + h * hd + d] as f64;
+                let x2 = x[p * cols + h * hd + d + half] as f64;
+                want[p * cols + h * hd + d] = x1 * c - x2 * s;
+                want[p * cols + h * hd + d + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+    assert_close(&got, &want, 1e-6, 1e-5);
+    assert!(b.rope_2d(&up(b, &[n, cols], x.clone()), heads, 4, theta).is_err());
+}
+
+fn attention_ref(q: &[f32], k: &[f32], v: &[f32], n: usize, heads: usize, hd: usize) -> Vec<f64> {
+    let cols = heads * hd;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut out = vec![0f64; n * cols];
+    for h in 0..heads {
+        for i in 0..n {
+            let s: Vec<f64> = (0..n)
+                .map(|j| (0..hd).map(|d| q[i * cols + h * hd + d] as f64 * k[j * cols + h * hd + d] as f64).sum::<f64>() * scale)
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..hd {
+                out[i * cols + h * hd + d] = (0..n).map(|j| e[j] * v[j * cols + h * hd + d] as f64).sum::<f64>() / z;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention() {
+    let b = be();
+    // n not a multiple of the query block (16) or the key tile (32); hd 8, 64 and 24.
+    for (seed, n, heads, hd, amp) in [(80, 37, 2, 8, 1.0f32), (81, 33, 1, 64, 3.0), (82, 5, 3, 24, 1.0), (83, 70, 2, 16, 4.0)] {
+        let mut r = rng(seed);
+        let cols = heads * hd;
+        let q: Vec<f32> = randv(&mut r, n * cols).into_iter().map(|v| v * amp).collect();
+        let k: Vec<f32> = randv(&mut r, n * cols).into_iter().map(|v| v * amp).collect();
+        let v = randv(&mut r, n * cols);
+        let (qt, kt, vt) = (up(b, &[n, cols], q.clone()), up(b, &[n, cols], k.clone()), up(b, &[n, cols], v.clone()));
+        let got = down(b, &b.attention(&qt, &kt, &vt, heads).unwrap());
+        assert_close(&got, &attention_ref(&q, &k, &v, n, heads, hd), 2e-6, 1e-5);
+    }
+}
+
+#[test]
+fn unfold() {
+    let b = be();
+    let mut r = rng(90);
+    for (h, w, rr, c) in [(5, 7, 3, 2), (6, 3, 3, 1), (4, 4, 2, 3)] {
+        let x = randv(&mut r, h * w * c);
+        let y = b.unfold(&up(b, &[h * w, c], x.clone()), h, w, rr).unwrap();
+        let (gh, gw) = (h.div_ceil(rr), w.div_ceil(rr));
+        assert_eq!(y.shape(), &[gh * gw, c * rr * rr]);
+        let mut want = vec![0f64; gh * gw * c * rr * rr];
+        for by in 0..gh {
+            for bx in 0..gw {
+                for ch in 0..c {
+                    for dy in 0..rr {
+                        for dx in 0..rr {
+                            let (yy, xx) = (by * rr + dy, bx * rr + dx);
+                            let v = if yy < h && xx < w { x[(yy * w + xx) * c + ch] as f64 } else { 0.0 };
+                            want[(by * gw + bx) * c * rr * rr + ch * rr * rr + dy * rr + dx] = v;
+                        }
+                    }
+                }
+            }
+        }
+        assert_close(&down(b, &y), &want, 0.0, 0.0);
+    }
+}
+
+#[test]
+fn guard_band_catches_write_past_end() {
+    let b = make(Options { guard_words: 4, ..Options::default() });
+    let x = up(&b, &[2, 3], vec![1.0; 6]);
+    let y = b.gelu_erf(&x).unwrap();
+    b.check_guards(&y).unwrap();
+    b.debug_poke(&y, 5, 0x3f80_0000).unwrap(); // last element: in bounds
+    b.check_guards(&y).unwrap();
+    b.debug_poke(&y, 6, 0x1234_5678).unwrap(); // one past the end
+    let err = b.check_guards(&y).err().expect("guard must trip");
+    assert!(err.to_string().contains("gelu_erf") && err.to_string().contains("past the end"), "{err}");
+    assert!(b.download(&y).is_err());
+    // Beyond the guard band is refused rather than written.
+    assert!(b.debug_poke(&y, 10, 0).is_err());
+}
+
+#[test]
+fn memory_report_counts_weights_and_activations() {
+    let b = make(Options { weight_pool_bytes: 4096, reuse_buffers: false, ..Options::default() });
+    assert_eq!(b.memory(), Default::default());
+    // bf16 [64, 128] = 16 KiB stays bf16: its own buffer of exactly that size.
+    let bytes = encode(WeightFormat::BF16, &vec![0.25; 64 * 128]);
+    let w = b.upload_weight(&HostWeight { name: "w".into(), format: WeightFormat::BF16, rows: 64, cols: 128, bytes: Cow::Owned(bytes) }).unwrap();
+    assert_eq!(b.memory().weight_bytes, 64 * 128 * 2);
+    assert_eq!(w.device_bytes(), 64 * 128 * 2);
+    // odd columns: each row padded by one element, counted.
+    let bytes = encode(WeightFormat::BF16, &vec![0.25; 3 * 5]);
+    let w2 = b.upload_weight(&HostWeight { name: "w2".into(), format: WeightFormat::BF16, rows: 3, cols: 5, bytes: Cow::Owned(bytes) }).unwrap();
+    assert_eq!(w2.device_bytes(), 3 * 6 * 2);
+    let x = up(&b, &[4, 128], vec![1.0; 512]);
+    let y = b.linear(&x, &w, None).unwrap();
+    let m = b.memory();
+    assert_eq!(m.activation_bytes, 4 * 128 * 4 + 4 * 64 * 4);
+    assert_eq!(down(&b, &y), vec![32.0f32; 4 * 64]);
+    drop((x, y));
+    let m = b.memory();
+    assert_eq!(m.activation_bytes, 0);
+    assert_eq!(m.peak_activation_bytes, 4 * 128 * 4 + 4 * 64 * 4);
+}
+
+#[test]
+fn buffer_reuse_keeps_results_right() {
+    let b = be();
+    let x = up(b, &[8, 8], (0..64).map(|i| i as f32).collect());
+    let mut cur = b.add(&x, &x).unwrap();
+    for _ in 0..20 {
+        let next = b.add(&cur, &x).unwrap();
+        cur = next; // the old buffer goes back to the free list while work is pending
+    }
+    let want: Vec<f64> = (0..64).map(|i| 22.0 * i as f64).collect();
+    assert_close(&down(b, &cur), &want, 0.0, 0.0);
+}
+
+#[test]
+fn threads_sharing_one_backend() {
+    // Submissions from several threads must reach the queue in encoding order (a download on one
+    // thread must never overtake the op another thread encoded before it).
+    let b = be();
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            sc.spawn(move || {
+                for round in 0..8 {
+                    let base = (t * 100 + round) as f32;
+                    let x = up(b, &[4, 33], vec![base; 132]);
+                    let mut cur = b.add(&x, &x).unwrap();
+                    for _ in 0..5 {
+                        cur = b.add(&cur, &x).unwrap();
+                    }
+                    assert_eq!(down(b, &cur), vec![7.0 * base; 132], "thread {t} round {round}");
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn attention_rejects_unsupported_head_dim() {
+    let b = be();
+    let q = up(b, &[3, 6], vec![0.0; 18]);
+    assert!(matches!(b.attention(&q, &q, &q, 1), Err(Error::Unsupported { .. })));
+}
+
+/// Timing of one mid-size linear and, with FOVEA_BENCH_BIG=1 (real GPUs), ViT-size linear and
+/// attention (run with `--ignored --nocapture`).
+#[test]
+#[ignore]
+fn linear_timing() {
+    let b = be();
+    eprintln!("device: {}", b.device_name());
+    let big = std::env::var_os("FOVEA_BENCH_BIG").is_some();
+    let mut shapes = vec![(256, 1024, 1024)];
+    if big {
+        shapes.extend([(3456, 1024, 3072), (3456, 1024, 5632), (3456, 2816, 1024), (384, 9216, 4096)]);
+    }
+    for (n, k, out) in shapes {
+        for f in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
+            let wv = vec![0.01f32; out * k];
+            let w = b.upload_weight(&HostWeight { name: "w".into(), format: f, rows: out, cols: k, bytes: Cow::Owned(encode(f, &wv)) }).unwrap();
+            let x = up(b, &[n, k], vec![1.0; n * k]);
+            let y = b.linear(&x, &w, None).unwrap();
+            assert!((down(b, &y)[0] - 0.01 * k as f32).abs() < 1e-3 * k as f32);
+            let reps = if big { 10 } else { 2 };
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                let _y = b.linear(&x, &w, None).unwrap();
+            }
+            b.sync().unwrap();
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            eprintln!("linear {f:?} [{n}x{k}]·[{out}x{k}]ᵀ: {:.2} ms, {:.1} GFLOP/s", s * 1e3, 2.0 * (n * k * out) as f64 / s / 1e9);
+        }
+    }
+    let (n, heads, hd) = if big { (3456, 16, 64) } else { (256, 4, 64) };
+    let q = up(b, &[n, heads * hd], vec![0.01; n * heads * hd]);
+    let y = b.attention(&q, &q, &q, heads).unwrap();
+    b.download(&y).unwrap();
+    let reps = 3;
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        let _y = b.attention(&q, &q, &q, heads).unwrap();
+    }
+    b.sync().unwrap();
+    let s = t.elapsed().as_secs_f64() / reps as f64;
+    eprintln!("attention n={n} heads={heads} hd={hd}: {:.2} ms, {:.1} GFLOP/s", s * 1e3, 4.0 * (n * n * hd * heads) as f64 / s / 1e9);
+}
