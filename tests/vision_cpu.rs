@@ -9,7 +9,7 @@ use fovea::weights::Checkpoint;
 
 #[test]
 fn cpu_lane_matches_every_vision_golden() {
-    let report = common::check_lane(&CpuBackend::new(), 1.0);
+    let report = common::check_lane(&CpuBackend::new());
     assert!(report.len() >= 7);
 }
 

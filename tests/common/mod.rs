@@ -116,7 +116,7 @@ pub fn tolerance(g: &Golden) -> Tolerance {
 }
 
 /// Run every golden on lane `b` and check each stage; returns a report line per golden.
-pub fn check_lane<B: Backend>(b: &B, scale: f64) -> Vec<String> {
+pub fn check_lane<B: Backend>(b: &B) -> Vec<String> {
     let mut report = Vec::new();
     let mut failures = Vec::new();
     let mut last_model = String::new();
@@ -130,7 +130,7 @@ pub fn check_lane<B: Backend>(b: &B, scale: f64) -> Vec<String> {
         let runner = VisionRunner::load(b, ckpt).unwrap_or_else(|e| panic!("{}: load: {e}", g.file));
         let dump = runner.run(&image_path(&g.image), g.start_pos).unwrap_or_else(|e| panic!("{}: run: {e}", g.file));
         let tol = tolerance(&g);
-        let line = compare(&g, &dump, tol.stages * scale, &mut failures);
+        let line = compare(&g, &dump, tol.stages, &mut failures);
         report.push(line);
     }
     for line in &report {
@@ -175,4 +175,33 @@ fn compare(g: &Golden, d: &VisionDump, tol: f64, failures: &mut Vec<String>) -> 
 /// The resized image must be Pillow's, byte for byte.
 pub fn golden_resized_matches(g: &Golden, ours: &[u8], ours_hw: (usize, usize)) -> bool {
     ours_hw == g.resized_hw && ours == g.resized.as_slice()
+}
+
+/// The wgpu lane for a test. Without an adapter the test fails under CI (lavapipe is installed
+/// there, so a missing adapter is a broken setup) and is skipped, loudly, elsewhere.
+pub fn wgpu_lane(opts: fovea::backend::wgpu::Options) -> Option<fovea::backend::wgpu::WgpuBackend> {
+    ensure_runtime_dir();
+    match fovea::backend::wgpu::WgpuBackend::with_options(opts) {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var_os("CI").is_some() => panic!("wgpu lane unavailable under CI (must not skip): {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED: wgpu lane unavailable ({e}); install a Vulkan driver or mesa-vulkan-drivers");
+            None
+        }
+    }
+}
+
+/// Mesa wants a private XDG_RUNTIME_DIR; give the test process one if the environment has none.
+pub fn ensure_runtime_dir() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+            let dir = std::env::temp_dir().join(format!("fovea-xdg-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+            // SAFETY: called before any backend (and its threads) exists in this test process.
+            unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
+        }
+    });
 }
