@@ -209,5 +209,11 @@ impl VisionDump {
 pub fn inspect(model_dir: &Path) -> Result<String> {
     let ckpt = Checkpoint::open(model_dir)?;
     let accounting = crate::weights::check_vision(&ckpt, ckpt.config())?;
-    Ok(format!("{}\n{ckpt}\n{accounting}\n", ckpt.config()))
+    let mut text = format!("{ckpt}\n");
+    for file in ckpt.files() {
+        let bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        text += &format!("  file {} ({bytes} bytes)\n", file.display());
+    }
+    text += &format!("{accounting}\n");
+    Ok(text)
 }
