@@ -54,6 +54,8 @@ pub struct Options {
     pub weight_pool_bytes: u64,
     /// Recycle freed activation buffers of the same size.
     pub reuse_buffers: bool,
+    /// How long `download`/`sync` wait for the device before reporting an error.
+    pub wait_timeout: std::time::Duration,
 }
 
 impl Default for Options {
@@ -65,6 +67,7 @@ impl Default for Options {
             force_f16_fallback: false,
             weight_pool_bytes: 32 << 20,
             reuse_buffers: true,
+            wait_timeout: std::time::Duration::from_secs(600),
         }
     }
 }
@@ -275,6 +278,8 @@ pub struct WgpuBackend {
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     pending: Mutex<Pending>,
+    /// Held while a thread blocks on the device (download, sync).
+    sync_lock: Mutex<()>,
     shared: Arc<Shared>,
     pools: Mutex<Vec<Pool>>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -404,6 +409,7 @@ impl WgpuBackend {
             modules: Mutex::default(),
             pipelines: Mutex::default(),
             pending: Mutex::default(),
+            sync_lock: Mutex::default(),
             shared,
             pools: Mutex::default(),
             errors,
@@ -460,6 +466,25 @@ impl WgpuBackend {
         }
     }
 
+    /// Poll in bounded waits until `done` says so or `Options::wait_timeout` passes. Callers hold
+    /// `sync_lock`, so one thread at a time blocks on the device.
+    fn wait_until(&self, what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
+        let start = std::time::Instant::now();
+        loop {
+            match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(std::time::Duration::from_millis(500)) }) {
+                Ok(_) | Err(wgpu::PollError::Timeout) => {}
+                Err(e) => return Err(Error::Device(format!("{what}: {e}"))),
+            }
+            self.take_errors()?;
+            if done() {
+                return Ok(());
+            }
+            if start.elapsed() > self.opts.wait_timeout {
+                return Err(Error::Device(format!("{what}: the device did not finish within {:?}", self.opts.wait_timeout)));
+            }
+        }
+    }
+
     /// Submit pending work without waiting.
     pub fn flush(&self) -> Result<()> {
         self.submit_pending();
@@ -468,9 +493,13 @@ impl WgpuBackend {
 
     /// Submit pending work and wait for the device to finish it.
     pub fn sync(&self) -> Result<()> {
+        let _one = self.sync_lock.lock().unwrap();
         self.submit_pending();
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(device_err)?;
-        self.take_errors()
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.queue.on_submitted_work_done(move || {
+            let _ = tx.send(());
+        });
+        self.wait_until("sync", || rx.try_recv().is_ok())
     }
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
@@ -702,16 +731,18 @@ impl WgpuBackend {
         if len > 0 {
             self.with_encoder(|enc| enc.copy_buffer_to_buffer(&t.buf, t.offset + from, &staging, 0, len));
         }
+        let _one = self.sync_lock.lock().unwrap();
         self.submit_pending();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(device_err)?;
-        self.take_errors()?;
-        rx.recv()
-            .map_err(device_err)?
-            .map_err(|e| Error::Device(format!("mapping the download buffer failed: {e}")))?;
+        let mut mapped = None;
+        self.wait_until("download", || {
+            mapped = rx.try_recv().ok();
+            mapped.is_some()
+        })?;
+        mapped.unwrap().map_err(|e| Error::Device(format!("mapping the download buffer failed: {e}")))?;
         let out = staging.get_mapped_range(..).map_err(device_err)?[..len as usize].to_vec();
         staging.unmap();
         Ok(out)
