@@ -335,6 +335,10 @@ impl WgpuBackend {
     }
 
     pub fn with_options(opts: Options) -> Result<Self> {
+        // One device creation at a time in this process (driver creation paths are not all
+        // thread-safe against each other).
+        static CREATE: Mutex<()> = Mutex::new(());
+        let _one = CREATE.lock().unwrap_or_else(|e| e.into_inner());
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         if adapters.is_empty() {
