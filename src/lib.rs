@@ -9,6 +9,11 @@
 //! - [`model`]: the graph, written once against `Backend`
 
 pub mod backend;
+pub mod config;
 pub mod error;
+pub mod model;
+pub mod pipeline;
+pub mod processor;
+pub mod weights;
 
 pub use error::{Error, Result};

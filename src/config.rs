@@ -1,0 +1,384 @@
+//! `config.json` → typed, validated configuration. Every refusal names the offending key.
+//!
+//! The released checkpoint stores its vision settings as flat top-level `vision_*` keys (spec
+//! vision.md §1.1) next to the language model's keys. [`VisionConfig`] reads the vision keys plus
+//! the LM's `hidden_size` (the aligner's output width) and keeps the whole parsed document in
+//! [`VisionConfig::raw`] so the language-model config can be read from the same file later.
+
+use std::fmt;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Default RMSNorm epsilon of the vision tower (spec §3.2: PyTorch default, not the LM's 1e-20).
+pub const DEFAULT_VISION_NORM_EPS: f64 = 1e-6;
+
+/// Vision-side configuration (spec vision.md §1.1), validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VisionConfig {
+    /// `vision_n_layers`: transformer blocks in the ViT.
+    pub n_layers: usize,
+    /// `vision_dim`: ViT width.
+    pub dim: usize,
+    /// `vision_n_heads`: attention heads (`dim % n_heads == 0`, head_dim divisible by 4).
+    pub n_heads: usize,
+    /// `vision_inter_dim`: SwiGLU hidden width (w1 has `2 * inter_dim` rows).
+    pub inter_dim: usize,
+    /// `vision_patch_size`: square patch side in pixels.
+    pub patch_size: usize,
+    /// `vision_rope_theta`: 2-D RoPE base.
+    pub rope_theta: f64,
+    /// `vision_downsample_ratio`: aligner unfold side `r` (r×r ViT cells → one LM token).
+    pub downsample_ratio: usize,
+    /// `vision_max_n_token`: token budget of one image block (leading pads included).
+    pub max_n_token: usize,
+    /// `vision_min_pixels`: images below this pixel count are upscaled.
+    pub min_pixels: usize,
+    /// `vision_max_wh_ratio`: width/height clamp; `None` when the key is `null`.
+    pub max_wh_ratio: Option<f64>,
+    /// `vision_norm_eps` (optional, default 1e-6): RMSNorm epsilon of the ViT.
+    pub norm_eps: f64,
+    /// `hidden_size`: the language model's width = aligner output width = sentinel width.
+    pub hidden_size: usize,
+    /// The whole parsed config.json (the language-model keys are read from it later).
+    pub raw: Value,
+}
+
+impl VisionConfig {
+    /// Read and validate `path` (a config.json). File-level problems name the file; key-level
+    /// problems name the key.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, format!("cannot read config: {e}")))?;
+        let raw: Value =
+            serde_json::from_str(&text).map_err(|e| Error::file(path, format!("config is not valid JSON: {e}")))?;
+        if !raw.is_object() {
+            return Err(Error::file(path, "config must be a JSON object"));
+        }
+        Self::from_value(raw)
+    }
+
+    /// Parse from JSON text.
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        let raw: Value =
+            serde_json::from_str(text).map_err(|e| Error::Invalid(format!("config is not valid JSON: {e}")))?;
+        Self::from_value(raw)
+    }
+
+    /// Validate an already-parsed config document (must be a JSON object with flat keys).
+    pub fn from_value(raw: Value) -> Result<Self> {
+        let obj = raw.as_object().ok_or_else(|| Error::Invalid("config must be a JSON object".into()))?;
+        let get = |key: &str| obj.get(key);
+
+        let n_layers = positive_int(get, "vision_n_layers")?;
+        let dim = positive_int(get, "vision_dim")?;
+        let n_heads = positive_int(get, "vision_n_heads")?;
+        let inter_dim = positive_int(get, "vision_inter_dim")?;
+        let patch_size = positive_int(get, "vision_patch_size")?;
+        let rope_theta = positive_float(get, "vision_rope_theta")?;
+        let downsample_ratio = positive_int(get, "vision_downsample_ratio")?;
+        let max_n_token = positive_int(get, "vision_max_n_token")?;
+        let min_pixels = positive_int(get, "vision_min_pixels")?;
+        let max_wh_ratio = match get("vision_max_wh_ratio") {
+            None => return Err(Error::config("vision_max_wh_ratio", "missing (use null for no limit)")),
+            Some(Value::Null) => None,
+            Some(_) => Some(positive_float(get, "vision_max_wh_ratio")?),
+        };
+        let norm_eps = match get("vision_norm_eps") {
+            None | Some(Value::Null) => DEFAULT_VISION_NORM_EPS,
+            Some(_) => positive_float(get, "vision_norm_eps")?,
+        };
+        let hidden_size = positive_int(get, "hidden_size")?;
+
+        if dim % n_heads != 0 {
+            return Err(Error::config(
+                "vision_n_heads",
+                format!("vision_dim {dim} is not divisible by vision_n_heads {n_heads}"),
+            ));
+        }
+        let head_dim = dim / n_heads;
+        if head_dim % 4 != 0 {
+            return Err(Error::config(
+                "vision_n_heads",
+                format!(
+                    "head_dim = vision_dim {dim} / vision_n_heads {n_heads} = {head_dim} is not divisible by 4 \
+                     (2-D RoPE needs head_dim/4 frequencies per axis)"
+                ),
+            ));
+        }
+        if norm_eps >= 1.0 {
+            return Err(Error::config(
+                "vision_norm_eps",
+                format!("{norm_eps} is not a plausible epsilon (must be < 1)"),
+            ));
+        }
+        // Derived sizes must not overflow (the manifest and byte counts multiply them).
+        let too_large = |key: &str| Error::config(key, "value too large: derived tensor sizes overflow");
+        dim.checked_mul(3).and_then(|x| x.checked_mul(dim)).ok_or_else(|| too_large("vision_dim"))?;
+        inter_dim.checked_mul(2).and_then(|x| x.checked_mul(dim)).ok_or_else(|| too_large("vision_inter_dim"))?;
+        patch_size
+            .checked_mul(patch_size)
+            .and_then(|x| x.checked_mul(3))
+            .and_then(|x| x.checked_mul(dim))
+            .ok_or_else(|| too_large("vision_patch_size"))?;
+        downsample_ratio
+            .checked_mul(downsample_ratio)
+            .and_then(|x| x.checked_mul(dim))
+            .and_then(|x| x.checked_mul(hidden_size))
+            .ok_or_else(|| too_large("vision_downsample_ratio"))?;
+        hidden_size.checked_mul(hidden_size).ok_or_else(|| too_large("hidden_size"))?;
+
+        Ok(Self {
+            n_layers,
+            dim,
+            n_heads,
+            inter_dim,
+            patch_size,
+            rope_theta,
+            downsample_ratio,
+            max_n_token,
+            min_pixels,
+            max_wh_ratio,
+            norm_eps,
+            hidden_size,
+            raw,
+        })
+    }
+
+    /// Per-head width: `dim / n_heads`.
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.n_heads
+    }
+
+    /// Length of a flattened patch: `3 * p * p` (order channel, dy, dx).
+    pub fn patch_dim(&self) -> usize {
+        3 * self.patch_size * self.patch_size
+    }
+
+    /// Aligner input width: `dim * r * r`.
+    pub fn aligner_in_dim(&self) -> usize {
+        self.dim * self.downsample_ratio * self.downsample_ratio
+    }
+
+    /// RoPE frequencies per spatial axis: `head_dim / 4`.
+    pub fn rope_freqs_per_axis(&self) -> usize {
+        self.head_dim() / 4
+    }
+}
+
+impl fmt::Display for VisionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "vision config:")?;
+        writeln!(
+            f,
+            "  ViT: {} layers, dim {}, {} heads (head_dim {}), inter_dim {}, norm eps {:e}",
+            self.n_layers,
+            self.dim,
+            self.n_heads,
+            self.head_dim(),
+            self.inter_dim,
+            self.norm_eps
+        )?;
+        writeln!(
+            f,
+            "  patches: {}x{} px ({} values), 2-D RoPE theta {} ({} freqs/axis)",
+            self.patch_size,
+            self.patch_size,
+            self.patch_dim(),
+            self.rope_theta,
+            self.rope_freqs_per_axis()
+        )?;
+        writeln!(
+            f,
+            "  aligner: {}x{} unfold, {} -> {} (LM hidden_size)",
+            self.downsample_ratio,
+            self.downsample_ratio,
+            self.aligner_in_dim(),
+            self.hidden_size
+        )?;
+        let ratio = match self.max_wh_ratio {
+            Some(r) => format!("{r}"),
+            None => "none".to_string(),
+        };
+        write!(f, "  image: max {} tokens, min {} pixels, max w/h ratio {}", self.max_n_token, self.min_pixels, ratio)
+    }
+}
+
+/// "a string (\"16\")"-style description of a JSON value for error messages.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".to_string(),
+        Value::Array(_) | Value::Object(_) => type_name(v).to_string(),
+        _ => format!("{} ({v})", type_name(v)),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A required positive integer; integral floats (`32.0`) are accepted.
+fn positive_int<'a>(get: impl Fn(&str) -> Option<&'a Value>, key: &str) -> Result<usize> {
+    let v = get(key).ok_or_else(|| Error::config(key, "missing"))?;
+    let Value::Number(n) = v else {
+        return Err(Error::config(key, format!("expected a positive integer, found {}", describe(v))));
+    };
+    let int = if let Some(u) = n.as_u64() {
+        u
+    } else if let Some(i) = n.as_i64() {
+        return Err(Error::config(key, format!("must be positive, found {i}")));
+    } else {
+        let f = n.as_f64().unwrap_or(f64::NAN);
+        if !f.is_finite() || f.fract() != 0.0 {
+            return Err(Error::config(key, format!("expected an integer, found {n}")));
+        }
+        if f <= 0.0 {
+            return Err(Error::config(key, format!("must be positive, found {n}")));
+        }
+        if f > u64::MAX as f64 / 2.0 {
+            return Err(Error::config(key, format!("value {n} too large")));
+        }
+        f as u64
+    };
+    if int == 0 {
+        return Err(Error::config(key, "must be positive, found 0"));
+    }
+    usize::try_from(int).map_err(|_| Error::config(key, format!("value {int} too large for this platform")))
+}
+
+/// A required positive finite number (ints or floats).
+fn positive_float<'a>(get: impl Fn(&str) -> Option<&'a Value>, key: &str) -> Result<f64> {
+    let v = get(key).ok_or_else(|| Error::config(key, "missing"))?;
+    let Value::Number(n) = v else {
+        return Err(Error::config(key, format!("expected a positive number, found {}", describe(v))));
+    };
+    let f = n.as_f64().ok_or_else(|| Error::config(key, format!("not representable as a number: {n}")))?;
+    if !f.is_finite() || f <= 0.0 {
+        return Err(Error::config(key, format!("must be positive and finite, found {n}")));
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn released() -> Value {
+        json!({
+            "vision_n_layers": 32, "vision_dim": 1024, "vision_n_heads": 16, "vision_inter_dim": 2816,
+            "vision_patch_size": 14, "vision_rope_theta": 10000, "vision_downsample_ratio": 3,
+            "vision_max_n_token": 384, "vision_min_pixels": 147456, "vision_max_wh_ratio": 8,
+            "hidden_size": 4096, "vocab_size": 129280
+        })
+    }
+
+    fn err_of(v: Value) -> String {
+        VisionConfig::from_value(v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn released_config_parses() {
+        let c = VisionConfig::from_value(released()).unwrap();
+        assert_eq!(c.head_dim(), 64);
+        assert_eq!(c.patch_dim(), 588);
+        assert_eq!(c.aligner_in_dim(), 9216);
+        assert_eq!(c.rope_freqs_per_axis(), 16);
+        assert_eq!(c.rope_theta, 10000.0);
+        assert_eq!(c.max_wh_ratio, Some(8.0));
+        assert_eq!(c.norm_eps, 1e-6);
+        assert_eq!(c.raw["vocab_size"], 129280);
+        let s = c.to_string();
+        assert!(s.contains("32 layers") && s.contains("9216 -> 4096"), "{s}");
+    }
+
+    #[test]
+    fn floats_and_nulls_accepted() {
+        let mut v = released();
+        v["vision_rope_theta"] = json!(10000.0);
+        v["vision_dim"] = json!(1024.0);
+        v["vision_max_wh_ratio"] = Value::Null;
+        v["vision_norm_eps"] = json!(1e-5);
+        let c = VisionConfig::from_value(v).unwrap();
+        assert_eq!(c.dim, 1024);
+        assert_eq!(c.max_wh_ratio, None);
+        assert_eq!(c.norm_eps, 1e-5);
+    }
+
+    #[test]
+    fn refusals_name_the_key() {
+        let keys = [
+            "vision_n_layers",
+            "vision_dim",
+            "vision_n_heads",
+            "vision_inter_dim",
+            "vision_patch_size",
+            "vision_rope_theta",
+            "vision_downsample_ratio",
+            "vision_max_n_token",
+            "vision_min_pixels",
+            "vision_max_wh_ratio",
+            "hidden_size",
+        ];
+        for key in keys {
+            let mut v = released();
+            v.as_object_mut().unwrap().remove(key);
+            let e = err_of(v);
+            assert!(e.contains(&format!("`{key}`")) && e.contains("missing"), "{e}");
+
+            let mut v = released();
+            v[key] = json!("16");
+            let e = err_of(v);
+            assert!(e.contains(&format!("`{key}`")) && e.contains("a string"), "{e}");
+
+            let mut v = released();
+            v[key] = json!(0);
+            let e = err_of(v);
+            assert!(e.contains(&format!("`{key}`")) && e.contains("positive"), "{e}");
+
+            let mut v = released();
+            v[key] = json!(-3);
+            let e = err_of(v);
+            assert!(e.contains(&format!("`{key}`")) && e.contains("positive"), "{e}");
+        }
+        let mut v = released();
+        v["vision_dim"] = json!(1024.5);
+        assert!(err_of(v).contains("`vision_dim`"));
+        let mut v = released();
+        v["vision_norm_eps"] = json!(true);
+        assert!(err_of(v).contains("`vision_norm_eps`"));
+        let mut v = released();
+        v["vision_norm_eps"] = json!(0.0);
+        assert!(err_of(v).contains("`vision_norm_eps`"));
+    }
+
+    #[test]
+    fn inconsistent_heads_refused() {
+        let mut v = released();
+        v["vision_n_heads"] = json!(10);
+        let e = err_of(v);
+        assert!(e.contains("`vision_n_heads`") && e.contains("not divisible by vision_n_heads"), "{e}");
+        // dim 1024 / 512 heads = head_dim 2: not divisible by 4.
+        let mut v = released();
+        v["vision_n_heads"] = json!(512);
+        let e = err_of(v);
+        assert!(e.contains("`vision_n_heads`") && e.contains("divisible by 4"), "{e}");
+    }
+
+    #[test]
+    fn overflow_refused() {
+        let mut v = released();
+        v["vision_dim"] = json!(1u64 << 40);
+        v["vision_n_heads"] = json!(1);
+        let e = err_of(v);
+        assert!(e.contains("`vision_dim`") && e.contains("overflow"), "{e}");
+    }
+}
