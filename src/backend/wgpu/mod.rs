@@ -14,6 +14,18 @@
 //!   activation larger than the binding limit is an `Error::Device` naming the op.
 //! - Guard bands (`Options::guard_words`): every activation output gets extra words filled with
 //!   `GUARD_SENTINEL` before the op; `check_guards` / `download` report a write past the end.
+//! - F16 weights: `shaders/linear_f16.wgsl` (`array<vec2<f16>>`) when the device has SHADER_F16,
+//!   else `linear.wgsl` with an exact integer half→f32 decode (not `unpack2x16float`, which needs
+//!   naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals). BF16: `u << 16`.
+//! - `gather_rows` bounds-checks every index in the shader: an index outside `0..m` yields a row
+//!   of NaN (loud downstream) and never reads out of bounds.
+//! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
+//!   grid and counted as weight memory while cached.
+//! - Threads: the backend is `Sync`; submissions keep encoding order across threads and blocking
+//!   waits are serialised. Validation errors surface at the next `download`/`sync`/`flush` of any
+//!   thread. On the NVIDIA driver, creating a second device while another thread works on a first
+//!   one was seen to deadlock, so device creation is serialised here and tests that open extra
+//!   devices run alone.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
