@@ -3,7 +3,7 @@
 //! The shared backend has guard bands on, so every `download` also checks for writes past the end.
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use fovea::backend::wgpu::{Options, WgpuBackend, WgpuTensor};
 use fovea::backend::{Backend, DeviceTensor, DeviceWeight, HostTensor, HostWeight, Op, WeightFormat};
@@ -26,6 +26,19 @@ fn env_setup() {
             unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
         }
     });
+}
+
+/// Tests on the shared backend run in parallel (`shared()`); a test that opens a device of its
+/// own runs alone (`exclusive()`): on the NVIDIA Vulkan driver, creating a second device while
+/// another thread works on the first was seen to deadlock (all threads parked in futex waits).
+static DEVICES: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    DEVICES.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    DEVICES.write().unwrap_or_else(|e| e.into_inner())
 }
 
 fn make(opts: Options) -> WgpuBackend {
@@ -117,6 +130,7 @@ fn check_linear(b: &WgpuBackend, format: WeightFormat, n: usize, k: usize, out: 
 
 #[test]
 fn adapter_and_capabilities() {
+    let _devices = shared();
     let b = be();
     let name = b.device_name();
     eprintln!("device: {name}; native f16: {}; binding limit {}", b.native_f16(), b.max_binding_bytes());
@@ -131,6 +145,7 @@ fn adapter_and_capabilities() {
 
 #[test]
 fn adapter_name_not_found_lists_adapters() {
+    let _devices = exclusive();
     env_setup();
     let err = WgpuBackend::new(Some("no-such-adapter-xyz")).err().expect("must fail");
     let msg = err.to_string();
@@ -139,18 +154,21 @@ fn adapter_name_not_found_lists_adapters() {
 
 #[test]
 fn linear_f32() {
+    let _devices = shared();
     check_linear(be(), WeightFormat::F32, 70, 37, 67, true, 1);
     check_linear(be(), WeightFormat::F32, 1, 16, 5, false, 2);
 }
 
 #[test]
 fn linear_bf16() {
+    let _devices = shared();
     check_linear(be(), WeightFormat::BF16, 70, 37, 67, true, 3);
     check_linear(be(), WeightFormat::BF16, 3, 32, 64, false, 4);
 }
 
 #[test]
 fn linear_f16_native_and_fallback() {
+    let _devices = exclusive();
     let native = be();
     check_linear(native, WeightFormat::F16, 70, 37, 67, true, 5);
     let fallback = make(Options { force_f16_fallback: true, guard_words: 4, ..Options::default() });
@@ -161,6 +179,7 @@ fn linear_f16_native_and_fallback() {
 
 #[test]
 fn linear_chunked_weights() {
+    let _devices = exclusive();
     // 256-byte bindings: an f32 row of 19 is 76 B → 3 rows per chunk; a 16-bit row of 19
     // (padded to 20) is 40 B → 6 rows per chunk. 13 rows → ≥ 3 chunks.
     let b = make(Options { max_binding_bytes: Some(256), guard_words: 2, weight_pool_bytes: 4096, ..Options::default() });
@@ -181,6 +200,7 @@ fn linear_chunked_weights() {
 
 #[test]
 fn rms_norm() {
+    let _devices = shared();
     let b = be();
     let mut r = rng(30);
     let (n, d) = (5, 300);
@@ -203,6 +223,7 @@ fn rms_norm() {
 
 #[test]
 fn add_slice_concat() {
+    let _devices = shared();
     let b = be();
     let mut r = rng(40);
     let (n, d) = (3, 11);
@@ -234,6 +255,7 @@ fn add_slice_concat() {
 
 #[test]
 fn gather_rows_repeated_and_out_of_range() {
+    let _devices = shared();
     let b = be();
     let mut r = rng(50);
     let (m, d) = (4, 6);
@@ -253,6 +275,7 @@ fn gather_rows_repeated_and_out_of_range() {
 
 #[test]
 fn swiglu() {
+    let _devices = shared();
     let b = be();
     let mut r = rng(60);
     let (n, h) = (3, 9);
@@ -296,6 +319,7 @@ fn erf64(x: f64) -> f64 {
 
 #[test]
 fn gelu_erf() {
+    let _devices = shared();
     let b = be();
     assert!((erf64(0.5) - 0.520_499_877_813_046_5).abs() < 1e-15);
     assert!((erf64(3.5) - 0.999_999_256_901_627_7).abs() < 1e-15);
@@ -309,6 +333,7 @@ fn gelu_erf() {
 
 #[test]
 fn rope_2d() {
+    let _devices = shared();
     let b = be();
     let mut r = rng(70);
     let (gh, gw, heads, hd, theta) = (3, 5, 2, 16, 10000.0f32);
@@ -359,6 +384,7 @@ fn attention_ref(q: &[f32], k: &[f32], v: &[f32], n: usize, heads: usize, hd: us
 
 #[test]
 fn attention() {
+    let _devices = shared();
     let b = be();
     // n not a multiple of the query block (16) or the key tile (32); hd 8, 64 and 24.
     for (seed, n, heads, hd, amp) in [(80, 37, 2, 8, 1.0f32), (81, 33, 1, 64, 3.0), (82, 5, 3, 24, 1.0), (83, 70, 2, 16, 4.0)] {
@@ -375,6 +401,7 @@ fn attention() {
 
 #[test]
 fn unfold() {
+    let _devices = shared();
     let b = be();
     let mut r = rng(90);
     for (h, w, rr, c) in [(5, 7, 3, 2), (6, 3, 3, 1), (4, 4, 2, 3)] {
@@ -402,6 +429,7 @@ fn unfold() {
 
 #[test]
 fn guard_band_catches_write_past_end() {
+    let _devices = exclusive();
     let b = make(Options { guard_words: 4, ..Options::default() });
     let x = up(&b, &[2, 3], vec![1.0; 6]);
     let y = b.gelu_erf(&x).unwrap();
@@ -418,6 +446,7 @@ fn guard_band_catches_write_past_end() {
 
 #[test]
 fn memory_report_counts_weights_and_activations() {
+    let _devices = exclusive();
     let b = make(Options { weight_pool_bytes: 4096, reuse_buffers: false, ..Options::default() });
     assert_eq!(b.memory(), Default::default());
     // bf16 [64, 128] = 16 KiB stays bf16: its own buffer of exactly that size.
@@ -442,6 +471,7 @@ fn memory_report_counts_weights_and_activations() {
 
 #[test]
 fn buffer_reuse_keeps_results_right() {
+    let _devices = shared();
     let b = be();
     let x = up(b, &[8, 8], (0..64).map(|i| i as f32).collect());
     let mut cur = b.add(&x, &x).unwrap();
@@ -455,6 +485,7 @@ fn buffer_reuse_keeps_results_right() {
 
 #[test]
 fn threads_sharing_one_backend() {
+    let _devices = shared();
     // Submissions from several threads must reach the queue in encoding order (a download on one
     // thread must never overtake the op another thread encoded before it).
     let b = be();
@@ -477,6 +508,7 @@ fn threads_sharing_one_backend() {
 
 #[test]
 fn attention_rejects_unsupported_head_dim() {
+    let _devices = shared();
     let b = be();
     let q = up(b, &[3, 6], vec![0.0; 18]);
     assert!(matches!(b.attention(&q, &q, &q, 1), Err(Error::Unsupported { .. })));
@@ -487,6 +519,7 @@ fn attention_rejects_unsupported_head_dim() {
 #[test]
 #[ignore]
 fn linear_timing() {
+    let _devices = shared();
     let b = be();
     eprintln!("device: {}", b.device_name());
     let big = std::env::var_os("FOVEA_BENCH_BIG").is_some();

@@ -14,6 +14,18 @@
 //!   activation larger than the binding limit is an `Error::Device` naming the op.
 //! - Guard bands (`Options::guard_words`): every activation output gets extra words filled with
 //!   `GUARD_SENTINEL` before the op; `check_guards` / `download` report a write past the end.
+//! - F16 weights: `shaders/linear_f16.wgsl` (`array<vec2<f16>>`) when the device has SHADER_F16,
+//!   else `linear.wgsl` with an exact integer half→f32 decode (not `unpack2x16float`, which needs
+//!   naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals). BF16: `u << 16`.
+//! - `gather_rows` bounds-checks every index in the shader: an index outside `0..m` yields a row
+//!   of NaN (loud downstream) and never reads out of bounds.
+//! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
+//!   grid and counted as weight memory while cached.
+//! - Threads: the backend is `Sync`; submissions keep encoding order across threads and blocking
+//!   waits are serialised. Validation errors surface at the next `download`/`sync`/`flush` of any
+//!   thread. On the NVIDIA driver, creating a second device while another thread works on a first
+//!   one was seen to deadlock, so device creation is serialised here and tests that open extra
+//!   devices run alone.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -54,6 +66,8 @@ pub struct Options {
     pub weight_pool_bytes: u64,
     /// Recycle freed activation buffers of the same size.
     pub reuse_buffers: bool,
+    /// How long `download`/`sync` wait for the device before reporting an error.
+    pub wait_timeout: std::time::Duration,
 }
 
 impl Default for Options {
@@ -65,6 +79,7 @@ impl Default for Options {
             force_f16_fallback: false,
             weight_pool_bytes: 32 << 20,
             reuse_buffers: true,
+            wait_timeout: std::time::Duration::from_secs(600),
         }
     }
 }
@@ -275,6 +290,8 @@ pub struct WgpuBackend {
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     pending: Mutex<Pending>,
+    /// Held while a thread blocks on the device (download, sync).
+    sync_lock: Mutex<()>,
     shared: Arc<Shared>,
     pools: Mutex<Vec<Pool>>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -330,6 +347,10 @@ impl WgpuBackend {
     }
 
     pub fn with_options(opts: Options) -> Result<Self> {
+        // One device creation at a time in this process (driver creation paths are not all
+        // thread-safe against each other).
+        static CREATE: Mutex<()> = Mutex::new(());
+        let _one = CREATE.lock().unwrap_or_else(|e| e.into_inner());
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         if adapters.is_empty() {
@@ -404,6 +425,7 @@ impl WgpuBackend {
             modules: Mutex::default(),
             pipelines: Mutex::default(),
             pending: Mutex::default(),
+            sync_lock: Mutex::default(),
             shared,
             pools: Mutex::default(),
             errors,
@@ -460,6 +482,25 @@ impl WgpuBackend {
         }
     }
 
+    /// Poll in bounded waits until `done` says so or `Options::wait_timeout` passes. Callers hold
+    /// `sync_lock`, so one thread at a time blocks on the device.
+    fn wait_until(&self, what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
+        let start = std::time::Instant::now();
+        loop {
+            match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(std::time::Duration::from_millis(500)) }) {
+                Ok(_) | Err(wgpu::PollError::Timeout) => {}
+                Err(e) => return Err(Error::Device(format!("{what}: {e}"))),
+            }
+            self.take_errors()?;
+            if done() {
+                return Ok(());
+            }
+            if start.elapsed() > self.opts.wait_timeout {
+                return Err(Error::Device(format!("{what}: the device did not finish within {:?}", self.opts.wait_timeout)));
+            }
+        }
+    }
+
     /// Submit pending work without waiting.
     pub fn flush(&self) -> Result<()> {
         self.submit_pending();
@@ -468,9 +509,13 @@ impl WgpuBackend {
 
     /// Submit pending work and wait for the device to finish it.
     pub fn sync(&self) -> Result<()> {
+        let _one = self.sync_lock.lock().unwrap();
         self.submit_pending();
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(device_err)?;
-        self.take_errors()
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.queue.on_submitted_work_done(move || {
+            let _ = tx.send(());
+        });
+        self.wait_until("sync", || rx.try_recv().is_ok())
     }
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
@@ -702,16 +747,18 @@ impl WgpuBackend {
         if len > 0 {
             self.with_encoder(|enc| enc.copy_buffer_to_buffer(&t.buf, t.offset + from, &staging, 0, len));
         }
+        let _one = self.sync_lock.lock().unwrap();
         self.submit_pending();
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(device_err)?;
-        self.take_errors()?;
-        rx.recv()
-            .map_err(device_err)?
-            .map_err(|e| Error::Device(format!("mapping the download buffer failed: {e}")))?;
+        let mut mapped = None;
+        self.wait_until("download", || {
+            mapped = rx.try_recv().ok();
+            mapped.is_some()
+        })?;
+        mapped.unwrap().map_err(|e| Error::Device(format!("mapping the download buffer failed: {e}")))?;
         let out = staging.get_mapped_range(..).map_err(device_err)?[..len as usize].to_vec();
         staging.unmap();
         Ok(out)
