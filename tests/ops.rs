@@ -247,17 +247,17 @@ fn compare_with_cpu<L: LaneUnderTest>(lane: &L, cases: Vec<Case>) -> std::collec
     covered
 }
 
+/// One test, so the two devices are never created while the other works (the NVIDIA Vulkan
+/// driver was seen to deadlock on that).
 #[test]
 fn wgpu_ops_match_cpu() {
     let Some(lane) = common::wgpu_lane(Options { guard_words: 8, ..Options::default() }) else { return };
     let covered = compare_with_cpu(&lane, cases());
     let missing: Vec<_> = Op::ALL.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
     assert!(missing.is_empty(), "ops without a harness case: {missing:?}");
-}
+    drop(lane);
 
-#[test]
-fn wgpu_linear_matches_cpu_with_chunked_weights_and_f16_fallback() {
-    // A 1 KiB binding cap splits every weight into many row chunks; f16 via the unpack path.
+    // A 1 KiB binding cap splits every weight into many row chunks; f16 via the integer decode.
     let opts = Options { guard_words: 8, max_binding_bytes: Some(1024), force_f16_fallback: true, ..Options::default() };
     let Some(lane) = common::wgpu_lane(opts) else { return };
     compare_with_cpu(&lane, chunked_linear_cases());

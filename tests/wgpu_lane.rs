@@ -41,6 +41,25 @@ fn exclusive() -> RwLockWriteGuard<'static, ()> {
     DEVICES.write().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Whether any wgpu adapter exists. None: under CI (lavapipe is installed there) that is a broken
+/// setup and fails; elsewhere the test is skipped with a message saying why.
+fn adapter_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        env_setup();
+        let found = !fovea::backend::wgpu::list_adapters().is_empty();
+        if !found && std::env::var_os("CI").is_some() {
+            panic!("no wgpu adapter under CI: the wgpu tests must run (install mesa-vulkan-drivers)");
+        }
+        if !found {
+            // Written past the test harness's capture so the skip is visible in a normal run.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED wgpu_lane tests: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
+        }
+        found
+    })
+}
+
 fn make(opts: Options) -> WgpuBackend {
     env_setup();
     WgpuBackend::with_options(opts).unwrap_or_else(|e| panic!("wgpu backend unavailable (tests must not skip): {e}"))
@@ -130,6 +149,9 @@ fn check_linear(b: &WgpuBackend, format: WeightFormat, n: usize, k: usize, out: 
 
 #[test]
 fn adapter_and_capabilities() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let name = b.device_name();
@@ -145,6 +167,9 @@ fn adapter_and_capabilities() {
 
 #[test]
 fn adapter_name_not_found_lists_adapters() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = exclusive();
     env_setup();
     let err = WgpuBackend::new(Some("no-such-adapter-xyz")).err().expect("must fail");
@@ -154,6 +179,9 @@ fn adapter_name_not_found_lists_adapters() {
 
 #[test]
 fn linear_f32() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     check_linear(be(), WeightFormat::F32, 70, 37, 67, true, 1);
     check_linear(be(), WeightFormat::F32, 1, 16, 5, false, 2);
@@ -161,6 +189,9 @@ fn linear_f32() {
 
 #[test]
 fn linear_bf16() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     check_linear(be(), WeightFormat::BF16, 70, 37, 67, true, 3);
     check_linear(be(), WeightFormat::BF16, 3, 32, 64, false, 4);
@@ -168,6 +199,9 @@ fn linear_bf16() {
 
 #[test]
 fn linear_f16_native_and_fallback() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = exclusive();
     let native = be();
     check_linear(native, WeightFormat::F16, 70, 37, 67, true, 5);
@@ -179,6 +213,9 @@ fn linear_f16_native_and_fallback() {
 
 #[test]
 fn linear_chunked_weights() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = exclusive();
     // 256-byte bindings: an f32 row of 19 is 76 B → 3 rows per chunk; a 16-bit row of 19
     // (padded to 20) is 40 B → 6 rows per chunk. 13 rows → ≥ 3 chunks.
@@ -200,6 +237,9 @@ fn linear_chunked_weights() {
 
 #[test]
 fn rms_norm() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let mut r = rng(30);
@@ -223,6 +263,9 @@ fn rms_norm() {
 
 #[test]
 fn add_slice_concat() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let mut r = rng(40);
@@ -255,6 +298,9 @@ fn add_slice_concat() {
 
 #[test]
 fn gather_rows_repeated_and_out_of_range() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let mut r = rng(50);
@@ -275,6 +321,9 @@ fn gather_rows_repeated_and_out_of_range() {
 
 #[test]
 fn swiglu() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let mut r = rng(60);
@@ -319,6 +368,9 @@ fn erf64(x: f64) -> f64 {
 
 #[test]
 fn gelu_erf() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     assert!((erf64(0.5) - 0.520_499_877_813_046_5).abs() < 1e-15);
@@ -333,6 +385,9 @@ fn gelu_erf() {
 
 #[test]
 fn rope_2d() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let mut r = rng(70);
@@ -384,6 +439,9 @@ fn attention_ref(q: &[f32], k: &[f32], v: &[f32], n: usize, heads: usize, hd: us
 
 #[test]
 fn attention() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     // n not a multiple of the query block (16) or the key tile (32); hd 8, 64 and 24.
@@ -401,6 +459,9 @@ fn attention() {
 
 #[test]
 fn unfold() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let mut r = rng(90);
@@ -429,6 +490,9 @@ fn unfold() {
 
 #[test]
 fn guard_band_catches_write_past_end() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = exclusive();
     let b = make(Options { guard_words: 4, ..Options::default() });
     let x = up(&b, &[2, 3], vec![1.0; 6]);
@@ -446,6 +510,9 @@ fn guard_band_catches_write_past_end() {
 
 #[test]
 fn memory_report_counts_weights_and_activations() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = exclusive();
     let b = make(Options { weight_pool_bytes: 4096, reuse_buffers: false, ..Options::default() });
     assert_eq!(b.memory(), Default::default());
@@ -471,6 +538,9 @@ fn memory_report_counts_weights_and_activations() {
 
 #[test]
 fn buffer_reuse_keeps_results_right() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let x = up(b, &[8, 8], (0..64).map(|i| i as f32).collect());
@@ -485,6 +555,9 @@ fn buffer_reuse_keeps_results_right() {
 
 #[test]
 fn threads_sharing_one_backend() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     // Submissions from several threads must reach the queue in encoding order (a download on one
     // thread must never overtake the op another thread encoded before it).
@@ -508,6 +581,9 @@ fn threads_sharing_one_backend() {
 
 #[test]
 fn attention_rejects_unsupported_head_dim() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     let q = up(b, &[3, 6], vec![0.0; 18]);
@@ -519,6 +595,9 @@ fn attention_rejects_unsupported_head_dim() {
 #[test]
 #[ignore]
 fn linear_timing() {
+    if !adapter_available() {
+        return;
+    }
     let _devices = shared();
     let b = be();
     eprintln!("device: {}", b.device_name());
