@@ -63,6 +63,7 @@ pub struct Options {
     /// Use the integer-decode f16 kernel even when the device has SHADER_F16.
     pub force_f16_fallback: bool,
     /// Size of one weight pool buffer; matrices (or chunks) over half of it get their own buffer.
+    /// Small (4 MiB) so the unused tail of the last pool stays a negligible share of the weights.
     pub weight_pool_bytes: u64,
     /// Recycle freed activation buffers of the same size.
     pub reuse_buffers: bool,
@@ -77,7 +78,7 @@ impl Default for Options {
             max_binding_bytes: None,
             guard_words: 0,
             force_f16_fallback: false,
-            weight_pool_bytes: 32 << 20,
+            weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
             wait_timeout: std::time::Duration::from_secs(600),
         }
