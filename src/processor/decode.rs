@@ -143,7 +143,10 @@ fn decode_raw(data: &[u8]) -> Result<(u32, u32, usize, Vec<u8>), String> {
             }
             let stride = w as usize * oc;
             let mut px = vec![0u8; stride * h as usize];
-            let mut rows: Vec<*mut u8> = px.chunks_exact_mut(stride).map(|r| r.as_mut_ptr()).collect();
+            let mut rows: Vec<*mut u8> = px
+                .chunks_exact_mut(stride)
+                .map(|r| r.as_mut_ptr())
+                .collect();
             while cinfo.output_scanline < h {
                 let y = cinfo.output_scanline;
                 let got =
