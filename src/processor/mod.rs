@@ -3,6 +3,7 @@
 //! block. Pure CPU; mirrors the reference `inference/image_processor.py` (`load_image`,
 //! `build_image_block`) as known through its public ports (see `solver.rs`, `layout.rs`).
 
+mod decode;
 mod layout;
 mod resample;
 mod solver;
@@ -81,14 +82,19 @@ pub struct ImageBlock {
 /// Decodes PNG/JPEG/WebP and converts to RGB8 like Pillow's `Image.open(p).convert("RGB")`:
 /// alpha dropped (not composited), grey replicated, 16-bit RGB(A)/grey+alpha PNG reduced to
 /// the high byte, 16-bit grey clamped to 255 (Pillow opens it as `I;16`; `I16_RGB` clips).
-/// EXIF orientation is not applied (Pillow does not either).
+/// EXIF orientation is not applied (Pillow does not either). JPEG (detected by its `FF D8 FF`
+/// magic, not the extension) goes through libjpeg-turbo with Pillow's settings and is
+/// bit-exact with Pillow (`decode.rs`); everything else through the `image` crate.
 pub fn load_rgb(path: &Path) -> Result<RgbImage> {
     let err = |msg: String| Error::Image {
         path: path.to_path_buf(),
         msg,
     };
-    let reader = image::ImageReader::open(path)
-        .map_err(|e| err(format!("cannot open: {e}")))?
+    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot open: {e}")))?;
+    if decode::is_jpeg(&bytes) {
+        return decode::decode_jpeg(&bytes).map_err(|m| err(format!("cannot decode JPEG: {m}")));
+    }
+    let reader = image::ImageReader::new(std::io::Cursor::new(&bytes[..]))
         .with_guessed_format()
         .map_err(|e| err(format!("cannot read: {e}")))?;
     let img = reader
