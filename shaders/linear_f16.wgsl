@@ -1,108 +1,10 @@
-// linear with native f16 weights (device has SHADER_F16): y[n, out] = x[n, k] · W[out, k]ᵀ + b.
+// linear with native f16 weights (device has SHADER_F16); the body is linear_tile.wgsl.
 // W rows hold f16 elements padded to an even count and are read as vec2<f16> pairs.
-// Same tiling as linear.wgsl: workgroup 16×16 threads, 64×64 output tile (4×4 per thread in vec4
-// accumulators), K step 16.
-// Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
 enable f16;
 
-struct P {
-    n: u32,          // rows of x
-    k: u32,          // in_features (unpadded)
-    out_cols: u32,   // columns of y (= total out_features)
-    col_off: u32,    // first output column of this chunk
-    chunk_rows: u32, // W rows in this chunk
-    w_stride: u32,   // words per W row
-    has_bias: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<vec2<f16>>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-const BM: u32 = 64u;
-const BN: u32 = 64u;
-const BK: u32 = 16u;
-
-var<workgroup> xs: array<f32, 1024>; // [BK][BM]
-var<workgroup> ws: array<f32, 1024>; // [BK][BN]
 
 // Elements (k, k+1) of W row `r` (k even); the pad element of an odd row is zero.
 fn load_pair(r: u32, k: u32) -> vec2<f32> {
     return vec2<f32>(w[r * p.w_stride + k / 2u]);
-}
-
-@compute @workgroup_size(16, 16, 1)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let row0 = wg.y * BM;
-    let col0 = wg.x * BN;
-    // Row i of this thread's 4×4 block in acc_i, columns lid.x + 16·j in its components.
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        // x tile: 64 rows × 16 k, 4 elements per thread, consecutive threads walk k.
-        for (var e = 0u; e < 4u; e++) {
-            let idx = li + e * 256u;
-            let m = idx / BK;
-            let kk = idx % BK;
-            let gr = row0 + m;
-            let gk = k0 + kk;
-            var v = 0.0;
-            if (gr < p.n && gk < p.k) {
-                v = x[gr * p.k + gk];
-            }
-            xs[kk * BM + m] = v;
-        }
-        // W tile: 64 rows × 8 pairs of k, 2 pairs per thread.
-        for (var e = 0u; e < 2u; e++) {
-            let idx = li + e * 256u;
-            let nn = idx / (BK / 2u);
-            let kp = idx % (BK / 2u);
-            let gc = col0 + nn;
-            let gk = k0 + 2u * kp;
-            var v = vec2<f32>(0.0, 0.0);
-            if (gc < p.chunk_rows && gk < p.k) {
-                v = load_pair(gc, gk);
-            }
-            ws[(2u * kp) * BN + nn] = v.x;
-            ws[(2u * kp + 1u) * BN + nn] = v.y;
-        }
-        workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk++) {
-            let xo = kk * BM + lid.y;
-            let wo = kk * BN + lid.x;
-            let b = vec4<f32>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]);
-            acc0 = fma(vec4<f32>(xs[xo]), b, acc0);
-            acc1 = fma(vec4<f32>(xs[xo + 16u]), b, acc1);
-            acc2 = fma(vec4<f32>(xs[xo + 32u]), b, acc2);
-            acc3 = fma(vec4<f32>(xs[xo + 48u]), b, acc3);
-        }
-        workgroupBarrier();
-    }
-
-    store_row(row0 + lid.y, col0 + lid.x, acc0);
-    store_row(row0 + lid.y + 16u, col0 + lid.x, acc1);
-    store_row(row0 + lid.y + 32u, col0 + lid.x, acc2);
-    store_row(row0 + lid.y + 48u, col0 + lid.x, acc3);
-}
-
-// y[gr, col_off + gc + 16·j] = acc[j] (+ bias) for the columns inside this chunk.
-fn store_row(gr: u32, gc: u32, acc: vec4<f32>) {
-    if (gr >= p.n) { return; }
-    for (var j = 0u; j < 4u; j++) {
-        let c = gc + 16u * j;
-        if (c >= p.chunk_rows) { return; }
-        let oc = p.col_off + c;
-        var v = acc[j];
-        if (p.has_bias != 0u) {
-            v += bias[oc];
-        }
-        y[gr * p.out_cols + oc] = v;
-    }
 }

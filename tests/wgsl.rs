@@ -1,19 +1,41 @@
 //! Validates every `shaders/*.wgsl` with naga (parse + full validation, f16 and subgroups
-//! allowed). New files are picked up automatically; errors print as `file:line`.
+//! allowed). New files are picked up automatically; errors print as `file:line`. A few files are
+//! parts that the lane concatenates into one shader (`COMPOSED`, the same order as in
+//! `src/backend/wgpu`): those are validated as the composed shader, and an error line is mapped
+//! back to the part it falls in.
 
 use std::path::Path;
 
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
-fn validate(path: &Path) -> Result<(), String> {
-    let src = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let shown = path.display().to_string();
-    let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string_with_path(&src, &shown))?;
+/// Shaders the lane builds from several files, in concatenation order.
+const COMPOSED: &[&[&str]] = &[&["linear_packed.wgsl", "linear_tile.wgsl"], &["linear_f16.wgsl", "linear_tile.wgsl"]];
+
+/// Validate the concatenation of `parts`; on error name `part:line` of the offending line.
+fn validate(parts: &[&Path]) -> Result<(), String> {
+    let mut src = String::new();
+    let mut starts = Vec::new(); // (first line of the part in `src`, 1-based; its path)
+    for p in parts {
+        starts.push((src.lines().count() + 1, p.display().to_string()));
+        src += &std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    let locate = |line: Option<u32>| -> String {
+        match line {
+            Some(l) => {
+                let l = l as usize;
+                let (first, path) = starts.iter().rev().find(|(first, _)| *first <= l).unwrap();
+                format!("{path}:{}", l - first + 1)
+            }
+            None => starts.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>().join(" + "),
+        }
+    };
+    let module = naga::front::wgsl::parse_str(&src)
+        .map_err(|e| format!("{}: {}", locate(e.location(&src).map(|l| l.line_number)), e.emit_to_string(&src)))?;
     Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16 | Capabilities::SUBGROUP)
         .validate(&module)
-        .map_err(|e| e.emit_to_string_with_path(&src, &shown))?;
+        .map_err(|e| format!("{}: {}", locate(e.location(&src).map(|l| l.line_number)), e.emit_to_string(&src)))?;
     if module.entry_points.is_empty() {
-        return Err(format!("{shown}: no entry points"));
+        return Err(format!("{}: no entry points", locate(None)));
     }
     Ok(())
 }
@@ -28,9 +50,13 @@ fn every_shader_validates() {
         .collect();
     files.sort();
     assert!(!files.is_empty(), "no shaders found in {}", dir.display());
-    let errors: Vec<String> = files.iter().filter_map(|p| validate(p).err()).collect();
+    let in_composed = |p: &Path| COMPOSED.iter().any(|c| c.iter().any(|name| p.ends_with(name)));
+    let mut shaders: Vec<Vec<&Path>> = files.iter().filter(|p| !in_composed(p)).map(|p| vec![p.as_path()]).collect();
+    let composed: Vec<Vec<std::path::PathBuf>> = COMPOSED.iter().map(|c| c.iter().map(|n| dir.join(n)).collect()).collect();
+    shaders.extend(composed.iter().map(|c| c.iter().map(|p| p.as_path()).collect()));
+    let errors: Vec<String> = shaders.iter().filter_map(|parts| validate(parts).err()).collect();
     for f in &files {
         eprintln!("checked {}", f.display());
     }
-    assert!(errors.is_empty(), "{} of {} shaders failed:\n{}", errors.len(), files.len(), errors.join("\n"));
+    assert!(errors.is_empty(), "{} of {} shaders failed:\n{}", errors.len(), shaders.len(), errors.join("\n"));
 }

@@ -258,8 +258,15 @@ enum Shader {
 impl Shader {
     fn source(self) -> (&'static str, &'static str) {
         match self {
-            Shader::Linear => ("linear.wgsl", include_str!("../../../shaders/linear.wgsl")),
-            Shader::LinearF16 => ("linear_f16.wgsl", include_str!("../../../shaders/linear_f16.wgsl")),
+            // The format file first (it may hold `enable f16;`, which must lead), then the shared body.
+            Shader::Linear => (
+                "linear_packed.wgsl + linear_tile.wgsl",
+                concat!(include_str!("../../../shaders/linear_packed.wgsl"), include_str!("../../../shaders/linear_tile.wgsl")),
+            ),
+            Shader::LinearF16 => (
+                "linear_f16.wgsl + linear_tile.wgsl",
+                concat!(include_str!("../../../shaders/linear_f16.wgsl"), include_str!("../../../shaders/linear_tile.wgsl")),
+            ),
             Shader::Elementwise => ("elementwise.wgsl", include_str!("../../../shaders/elementwise.wgsl")),
             Shader::Copy => ("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
             Shader::Norm => ("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),

@@ -1,16 +1,12 @@
-// linear: y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row-chunk of W per dispatch.
-// Weights are read as packed u32 words; the format is a pipeline-override constant:
-//   FMT = 0: f32 (one word per element, row stride = k words)
-//   FMT = 1: bf16 (two elements per word, low half first; rows padded to an even element count)
-//   FMT = 2: f16 decoded with integer ops (same packing as bf16; used when SHADER_F16 is absent).
-//            Exact, subnormals included; unpack2x16float would need naga's
-//            SHADER_FLOAT16_IN_FLOAT32 capability, which not every backend has, and may flush
-//            subnormals.
+// The tiled body of linear, shared by every weight format. Not a complete shader: the lane
+// appends it to a format file (linear_packed.wgsl or linear_f16.wgsl) that declares binding 2
+// (`w`) and defines `load_pair(r, k) -> vec2<f32>` (elements k, k+1 of W row r, zero past the row).
+//
+// y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row-chunk of W per dispatch.
 // Tiling: workgroup 16×16 threads computes a 64×64 output tile (4×4 per thread, strided by 16, held
 // in four vec4 accumulators), K is walked in steps of 16 through workgroup memory
 // (x tile [16][64], W tile [16][64]).
 // Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
-override FMT: u32 = 0u;
 
 struct P {
     n: u32,          // rows of x
@@ -25,7 +21,6 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
@@ -35,39 +30,6 @@ const BK: u32 = 16u;
 
 var<workgroup> xs: array<f32, 1024>; // [BK][BM]
 var<workgroup> ws: array<f32, 1024>; // [BK][BN]
-
-// IEEE half bits (low 16 bits of h) → f32, exact.
-fn half_to_f32(h: u32) -> f32 {
-    let sign = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    if (e == 0u) {
-        let mag = f32(m) * 5.9604644775390625e-8; // m · 2^-24
-        return select(mag, -mag, sign != 0u);
-    }
-    if (e == 31u) {
-        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
-    }
-    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
-}
-
-// Elements (k, k+1) of W row `r` (k even), zero past the end of the row.
-fn load_pair(r: u32, k: u32) -> vec2<f32> {
-    if (FMT == 0u) {
-        let base = r * p.w_stride + k;
-        let a = bitcast<f32>(w[base]);
-        var b = 0.0;
-        if (k + 1u < p.k) {
-            b = bitcast<f32>(w[base + 1u]);
-        }
-        return vec2<f32>(a, b);
-    }
-    let u = w[r * p.w_stride + k / 2u];
-    if (FMT == 1u) {
-        return vec2<f32>(bitcast<f32>(u << 16u), bitcast<f32>(u & 0xffff0000u));
-    }
-    return vec2<f32>(half_to_f32(u & 0xffffu), half_to_f32(u >> 16u));
-}
 
 @compute @workgroup_size(16, 16, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
