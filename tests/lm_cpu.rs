@@ -7,7 +7,8 @@
 //! reductions each, plus 20 Sinkhorn rounds, errors of a few hundred u are expected. The
 //! spec-literal f64 forward (`spec_check.py`) lands at max |Δlogit| 1.9e-5 from the golden, i.e.
 //! the golden's own f32 error is ~1e-6 relative. Measured here: hidden 3.6e-7 (layer 0) growing to
-//! 1.3e-6 (layer 4), logits 1.3e-6 (text) / 8.5e-7 (vision). `REL_L2` = 1e-5 leaves ~8× headroom;
+//! 1.3e-6 (layer 4), logits 1.3e-6 (text) / 8.5e-7 (vision), decode steps <= 3.8e-6. `REL_L2` =
+//! 1e-5 leaves >= 2.5× headroom (8× for prefill);
 //! a real bug (a dropped sink, a wrong RoPE pair, a missed clamp) moves these numbers to 1e-2 or
 //! more. Router and indexer selections are compared exactly (the generator guaranteed margins
 //! > 1e-4 at every selection boundary).
@@ -162,6 +163,38 @@ fn compare(name: &str, b: &CpuBackend, cfg: &LmConfig, out: &LmOutput<CpuBackend
     fails
 }
 
+/// Greedy decode on the cache: token 0 = argmax of the prefill's last logits, step s feeds token
+/// s−1 at position T+s−1; its logits must match `greedy_step_logits[s−1]` and its argmax token s.
+fn greedy(name: &str, b: &CpuBackend, model: &LmModel<CpuBackend>, out: LmOutput<CpuBackend>, g: &Golden) -> Vec<String> {
+    let mut fails = Vec::new();
+    let v = model.config().vocab_size;
+    let argmax = |r: &[f32]| r.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
+    let want = &g.i["greedy_tokens"].1;
+    let step_logits = &g.f["greedy_step_logits"].1;
+    let logits = f32s(b, &out.logits);
+    let t = logits.len() / v;
+    let mut tok = argmax(&logits[(t - 1) * v..]) as i64;
+    if tok != want[0] {
+        fails.push(format!("greedy token 0: {tok} vs {}", want[0]));
+    }
+    let mut cache = out.cache;
+    let mut worst = 0f64;
+    for s in 1..want.len() {
+        let l = f32s(b, &model.decode(b, &mut cache, want[s - 1] as i32).unwrap());
+        let e = rel_l2(&l, &step_logits[(s - 1) * v..s * v]);
+        worst = worst.max(e);
+        if !(e <= REL_L2) {
+            fails.push(format!("decode step {s}: logits rel L2 {e:.3e}"));
+        }
+        tok = argmax(&l) as i64;
+        if tok != want[s] {
+            fails.push(format!("decode step {s}: token {tok} vs {}", want[s]));
+        }
+    }
+    eprintln!("{name}: greedy decode {} steps, worst step logits rel L2 {worst:.2e}", want.len() - 1);
+    fails
+}
+
 fn ids_of(g: &Golden) -> Vec<i32> {
     g.i["input_ids"].1.iter().map(|&x| x as i32).collect()
 }
@@ -172,7 +205,8 @@ fn lm_text_matches_transformers() {
     let g = golden("lm-text");
     let out = model.prefill(&b, &LmInput { ids: ids_of(&g), window: None }, None).unwrap();
     assert_eq!(out.indexer.keys().copied().collect::<Vec<_>>(), vec![1, 3], "CSA layers");
-    let fails = compare("lm-text", &b, &cfg, &out, &g);
+    let mut fails = compare("lm-text", &b, &cfg, &out, &g);
+    fails.extend(greedy("lm-text", &b, &model, out, &g));
     assert!(fails.is_empty(), "lm-text:\n{}", fails.join("\n"));
 }
 
@@ -194,7 +228,8 @@ fn lm_vision_matches_transformers_with_vision_ext() {
     assert!(e == 0.0, "the merge is a copy; inputs_embeds must be bit-exact (rel L2 {e:.3e})");
     let window = visible_bounds(&ids, v, cfg.sliding_window, MAX_IMAGE_TOKENS);
     let out = model.prefill(&b, &LmInput { ids, window: Some(window) }, Some(embeds)).unwrap();
-    let fails = compare("lm-vision", &b, &cfg, &out, &g);
+    let mut fails = compare("lm-vision", &b, &cfg, &out, &g);
+    fails.extend(greedy("lm-vision", &b, &model, out, &g));
     assert!(fails.is_empty(), "lm-vision:\n{}", fails.join("\n"));
 }
 

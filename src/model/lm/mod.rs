@@ -1,7 +1,7 @@
 //! The DeepSeek-V4-Flash language model (language.md §2-4) plus the Vision-Exp behaviours
 //! (vision.md §5: embedding merge, `bias_vl` routing, image-span visibility), written once
-//! against [`Backend`]. Prefill over a whole prompt from position 0; the per-layer state it
-//! returns ([`LayerState`]) is what an incremental decode will extend.
+//! against [`Backend`]. [`LmModel::prefill`] runs a whole prompt from position 0 and returns an
+//! [`LmCache`]; [`LmModel::decode`] extends it one token at a time.
 //!
 //! Per layer: `hc_split → hc_pre → attn_norm → attention → hc_post`, then
 //! `hc_split → hc_pre → ffn_norm → MoE → hc_post`; then the HC head → `norm` → `head`.
@@ -104,14 +104,30 @@ pub struct LmInput {
     pub window: Option<Vec<(usize, usize)>>,
 }
 
-/// Per-layer state a prefill leaves behind (the seed of a decode cache).
-pub struct LayerState<B: Backend> {
-    /// Raw K = V latents `[T, hd]` (roped).
+/// A compressor's decode state: its emitted entries plus the raw projected rows it still needs
+/// (the incomplete block, and with overlap the previous complete block).
+pub struct CompState<B: Backend> {
+    /// Emitted entries `[⌊P/r⌋, width]` (normed, roped at `r·i`).
+    pub entries: B::Tensor,
+    /// Buffered `wkv` / `wgate` rows `[P − buf_start, w]`; `buf_start` is a block boundary.
+    pub rows_kv: B::Tensor,
+    pub rows_gate: B::Tensor,
+}
+
+/// One layer's decode cache.
+pub struct LayerCache<B: Backend> {
+    /// Raw K = V latents `[P, hd]` (roped). The whole history is kept (a W−1 ring later).
     pub kv: B::Tensor,
-    /// Compressed entries `[⌊T/r⌋, hd]` (normed, roped), compressed layers only.
-    pub comp: Option<B::Tensor>,
-    /// Indexer keys `[⌊T/4⌋, index_head_dim]`, CSA layers only.
-    pub index_keys: Option<B::Tensor>,
+    /// The attention compressor (ratio ≠ 0 layers).
+    pub comp: Option<CompState<B>>,
+    /// The indexer's compressor (CSA layers).
+    pub index: Option<CompState<B>>,
+}
+
+/// Decode state after `pos` tokens.
+pub struct LmCache<B: Backend> {
+    pub pos: usize,
+    pub layers: Vec<LayerCache<B>>,
 }
 
 /// Everything a prefill produces, still on the device.
@@ -128,7 +144,8 @@ pub struct LmOutput<B: Backend> {
     pub router_weights: Vec<B::Tensor>,
     /// Per CSA layer, the indexer's picks i32 `[T, index_topk]` (descending score, −1 = empty).
     pub indexer: BTreeMap<usize, B::Tensor>,
-    pub state: Vec<LayerState<B>>,
+    /// The cache a decode continues from.
+    pub cache: LmCache<B>,
 }
 
 fn param<B: Backend>(b: &B, src: &impl ParamSource, name: &str) -> Result<B::Tensor> {
@@ -326,7 +343,7 @@ impl<B: Backend> LmModel<B> {
         let mut router_ids = Vec::with_capacity(self.layers.len());
         let mut router_weights = Vec::with_capacity(self.layers.len());
         let mut indexer = BTreeMap::new();
-        let mut state = Vec::with_capacity(self.layers.len());
+        let mut caches = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate() {
             let x = out_hidden.last().unwrap_or(&x0);
             // attention sublayer
@@ -336,12 +353,12 @@ impl<B: Backend> LmModel<B> {
             if let Some(p) = picks {
                 indexer.insert(l, p);
             }
-            state.push(st);
+            caches.push(st);
             let x = b.hc_post(x, &att, &post, &comb)?;
             // MoE sublayer
             let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_ffn)?;
             let xf = b.rms_norm(&b.hc_pre(&x, &pre)?, &layer.ffn_norm, eps)?;
-            let (m, sel, w) = self.moe(b, l, &layer.moe, &xf, &ids, &kind)?;
+            let (m, sel, w) = self.moe(b, &layer.moe, &xf, &ids, &kind)?;
             out_hidden.push(b.hc_post(&x, &m, &post, &comb)?);
             router_ids.push(sel);
             router_weights.push(w);
@@ -352,7 +369,70 @@ impl<B: Backend> LmModel<B> {
         let w = b.hc_head_weights(&mix, &self.hc_head.scale, &self.hc_head.base, cfg.hc_eps as f32)?;
         let final_hidden = b.rms_norm(&b.hc_pre(x, &w)?, &self.norm, eps)?;
         let logits = b.linear(&final_hidden, &self.head, None)?;
-        Ok(LmOutput { logits, final_hidden, hidden: out_hidden, router_ids, router_weights, indexer, state })
+        let cache = LmCache { pos: t, layers: caches };
+        Ok(LmOutput { logits, final_hidden, hidden: out_hidden, router_ids, router_weights, indexer, cache })
+    }
+
+    /// One decode step: feed `id` at position `cache.pos`, extend the cache, return the logits
+    /// `[1, vocab]`. Text tokens only (image blocks are prefilled in one chunk, vision.md §5.1).
+    pub fn decode(&self, b: &B, cache: &mut LmCache<B>, id: i32) -> Result<B::Tensor> {
+        let cfg = &self.cfg;
+        if id < 0 || id as usize >= cfg.vocab_size {
+            return Err(Error::Invalid(format!("decode: token id {id} outside the text vocabulary 0..{}", cfg.vocab_size)));
+        }
+        if cache.layers.len() != self.layers.len() {
+            return Err(Error::Invalid(format!("decode: cache has {} layers, model {}", cache.layers.len(), self.layers.len())));
+        }
+        let (eps, nh, p) = (cfg.rms_norm_eps as f32, cfg.num_attention_heads, cache.pos);
+        let ids = b.upload(&HostTensor::i32([1], vec![id])?)?;
+        let kind = b.upload(&HostTensor::i32([1], vec![0])?)?;
+        let window = b.upload(&HostTensor::i32([1, 2], vec![(p + 1).saturating_sub(cfg.sliding_window) as i32, p as i32])?)?;
+        let mut x = b.hc_expand(&b.embed_rows(&self.embed, &ids)?, cfg.hc_mult)?;
+        for (layer, lc) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            let a = &layer.attn;
+            let f = if layer.ratio == 0 { &self.inv_freq_main } else { &self.inv_freq_comp };
+            let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_attn)?;
+            let xa = b.rms_norm(&b.hc_pre(&x, &pre)?, &layer.attn_norm, eps)?;
+            let qr = b.rms_norm(&b.linear(&xa, &a.wq_a, None)?, &a.q_norm, eps)?;
+            let q = b.rope_tail(&b.rms_norm_heads(&b.linear(&qr, &a.wq_b, None)?, nh, eps)?, nh, f, p, 1, false)?;
+            let kv = b.rope_tail(&b.rms_norm(&b.linear(&xa, &a.wkv, None)?, &a.kv_norm, eps)?, 1, f, p, 1, false)?;
+            lc.kv = b.concat_rows(&lc.kv, &kv)?;
+            if let (Some(c), Some(st)) = (&a.compressor, lc.comp.as_mut()) {
+                self.compress_step(b, c, st, &xa, p)?;
+            }
+            let comp_idx = match (&a.indexer, lc.index.as_mut(), lc.comp.as_ref()) {
+                (Some(ix), Some(st), Some(_)) => {
+                    self.compress_step(b, &ix.compressor, st, &xa, p)?;
+                    let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
+                    let qi = b.rope_tail(&b.linear(&qr, &ix.wq_b, None)?, ih, f, p, 1, false)?;
+                    let w = b.linear(&xa, &ix.weights_proj, None)?;
+                    let scale = 1.0 / ((ih * ihd) as f32).sqrt();
+                    let scores = b.indexer_scores(&qi, &st.entries, &w, ih, scale, p, 4)?;
+                    Some(b.topk_rows(&scores, cfg.index_topk)?)
+                }
+                (None, _, Some(st)) => {
+                    // HCA: every emitted entry is complete, hence visible
+                    let n = st.entries.rows();
+                    Some(b.upload(&HostTensor::i32([1, n], (0..n as i32).collect())?)?)
+                }
+                _ => None,
+            };
+            let o = match (lc.comp.as_ref(), comp_idx.as_ref()) {
+                (Some(st), Some(i)) => b.sink_attention(&q, &lc.kv, &window, Some((&st.entries, i)), &a.sinks, nh)?,
+                _ => b.sink_attention(&q, &lc.kv, &window, None, &a.sinks, nh)?,
+            };
+            let att = self.attn_output(b, a, &o, p)?;
+            x = b.hc_post(&x, &att, &post, &comb)?;
+            let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_ffn)?;
+            let xf = b.rms_norm(&b.hc_pre(&x, &pre)?, &layer.ffn_norm, eps)?;
+            let (m, _, _) = self.moe(b, &layer.moe, &xf, &ids, &kind)?;
+            x = b.hc_post(&x, &m, &post, &comb)?;
+        }
+        cache.pos += 1;
+        let mix = b.linear(&b.rms_norm_heads(&x, 1, eps)?, &self.hc_head.mix, None)?;
+        let w = b.hc_head_weights(&mix, &self.hc_head.scale, &self.hc_head.base, cfg.hc_eps as f32)?;
+        let y = b.rms_norm(&b.hc_pre(&x, &w)?, &self.norm, eps)?;
+        b.linear(&y, &self.head, None)
     }
 
     /// `(pre, post, comb)` of one HC sublayer from the residual X `[T, hc·d]`.
@@ -363,13 +443,47 @@ impl<B: Backend> LmModel<B> {
         Ok((b.slice_cols(&s, 0, hc)?, b.slice_cols(&s, hc, hc)?, b.slice_cols(&s, 2 * hc, hc * hc)?))
     }
 
-    /// Compressed entries `[⌊T/r⌋, width]` of one compressor: pool, RMSNorm, RoPE at `r·i`.
-    fn compress(&self, b: &B, c: &Compressor<B>, x: &B::Tensor) -> Result<B::Tensor> {
+    /// One compressor over a prompt from position 0: its entries `[⌊T/r⌋, width]` (pool,
+    /// RMSNorm, RoPE at `r·i`) and the raw rows a decode still needs.
+    fn compress(&self, b: &B, c: &Compressor<B>, x: &B::Tensor) -> Result<CompState<B>> {
+        let t = x.rows();
         let kv = b.linear(x, &c.wkv, None)?;
         let gate = b.linear(x, &c.wgate, None)?;
         let pooled = b.compress_pool(&kv, &gate, &c.ape, c.ratio, c.overlap)?;
-        let normed = b.rms_norm(&pooled, &c.norm, self.cfg.rms_norm_eps as f32)?;
-        b.rope_tail(&normed, 1, &self.inv_freq_comp, 0, c.ratio, false)
+        let entries = self.finish_entries(b, c, &pooled, 0)?;
+        // keep rows from the start of the previous complete block (overlap) or the current one
+        let done = t / c.ratio;
+        let buf_start = if c.overlap { done.saturating_sub(1) * c.ratio } else { done * c.ratio };
+        let keep = b.upload(&HostTensor::i32([t - buf_start], (buf_start as i32..t as i32).collect())?)?;
+        Ok(CompState { entries, rows_kv: b.gather_rows(&kv, &keep)?, rows_gate: b.gather_rows(&gate, &keep)? })
+    }
+
+    /// RMSNorm + RoPE of pooled entries whose first one is entry `first`.
+    fn finish_entries(&self, b: &B, c: &Compressor<B>, pooled: &B::Tensor, first: usize) -> Result<B::Tensor> {
+        let normed = b.rms_norm(pooled, &c.norm, self.cfg.rms_norm_eps as f32)?;
+        b.rope_tail(&normed, 1, &self.inv_freq_comp, first * c.ratio, c.ratio, false)
+    }
+
+    /// Decode: buffer one token's rows (x `[1, d]` at position `p`); when its block completes,
+    /// emit the block's entry and drop the rows no longer needed.
+    fn compress_step(&self, b: &B, c: &Compressor<B>, st: &mut CompState<B>, x: &B::Tensor, p: usize) -> Result<()> {
+        st.rows_kv = b.concat_rows(&st.rows_kv, &b.linear(x, &c.wkv, None)?)?;
+        st.rows_gate = b.concat_rows(&st.rows_gate, &b.linear(x, &c.wgate, None)?)?;
+        if (p + 1) % c.ratio != 0 {
+            return Ok(());
+        }
+        // the buffer starts at a block boundary: [previous block (overlap, if any) | this block]
+        let pooled = b.compress_pool(&st.rows_kv, &st.rows_gate, &c.ape, c.ratio, c.overlap)?;
+        let n = pooled.rows();
+        let last = b.gather_rows(&pooled, &b.upload(&HostTensor::i32([1], vec![n as i32 - 1])?)?)?;
+        let entry = self.finish_entries(b, c, &last, (p + 1) / c.ratio - 1)?;
+        st.entries = b.concat_rows(&st.entries, &entry)?;
+        let len = st.rows_kv.rows();
+        let keep: Vec<i32> = if c.overlap { (len - c.ratio) as i32..len as i32 } else { 0..0 }.collect();
+        let keep = b.upload(&HostTensor::i32([keep.len()], keep)?)?;
+        st.rows_kv = b.gather_rows(&st.rows_kv, &keep)?;
+        st.rows_gate = b.gather_rows(&st.rows_gate, &keep)?;
+        Ok(())
     }
 
     /// Attention sublayer output `[T, d]`, its state, and the indexer picks on CSA layers.
@@ -381,7 +495,7 @@ impl<B: Backend> LmModel<B> {
         x: &B::Tensor,
         window: &B::Tensor,
         t: usize,
-    ) -> Result<(B::Tensor, LayerState<B>, Option<B::Tensor>)> {
+    ) -> Result<(B::Tensor, LayerCache<B>, Option<B::Tensor>)> {
         let cfg = &self.cfg;
         let a = &layer.attn;
         let eps = cfg.rms_norm_eps as f32;
@@ -393,20 +507,22 @@ impl<B: Backend> LmModel<B> {
         let kv = b.rms_norm(&b.linear(x, &a.wkv, None)?, &a.kv_norm, eps)?;
         let kv = b.rope_tail(&kv, 1, f, 0, 1, false)?;
 
-        let comp = match &a.compressor {
+        let comp_state = match &a.compressor {
             Some(c) => Some(self.compress(b, c, x)?),
             None => None,
         };
-        let (hca_idx, index_keys, picks) = match (&a.indexer, &comp) {
+        let comp = comp_state.as_ref().map(|c| &c.entries);
+        let (hca_idx, index_state, picks) = match (&a.indexer, comp) {
             (Some(ix), Some(_)) => {
-                let keys = self.compress(b, &ix.compressor, x)?;
+                let st = self.compress(b, &ix.compressor, x)?;
+                let keys = &st.entries;
                 let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
                 let qi = b.rope_tail(&b.linear(&qr, &ix.wq_b, None)?, ih, f, 0, 1, false)?;
                 let w = b.linear(x, &ix.weights_proj, None)?;
                 let scale = 1.0 / ((ih * ihd) as f32).sqrt();
-                let scores = b.indexer_scores(&qi, &keys, &w, ih, scale, 0, 4)?;
+                let scores = b.indexer_scores(&qi, keys, &w, ih, scale, 0, 4)?;
                 let picks = b.topk_rows(&scores, cfg.index_topk)?;
-                (None, Some(keys), Some(picks))
+                (None, Some(st), Some(picks))
             }
             (None, Some(c)) => {
                 // HCA: every complete entry is visible: i < (t+1)/r
@@ -417,14 +533,20 @@ impl<B: Backend> LmModel<B> {
             }
             _ => (None, None, None),
         };
-        let o = match (&comp, picks.as_ref().or(hca_idx.as_ref())) {
+        let o = match (comp, picks.as_ref().or(hca_idx.as_ref())) {
             (Some(c), Some(i)) => b.sink_attention(&q, &kv, window, Some((c, i)), &a.sinks, nh)?,
             _ => b.sink_attention(&q, &kv, window, None, &a.sinks, nh)?,
         };
-        let o = b.rope_tail(&o, nh, f, 0, 1, true)?;
-        let z = b.grouped_linear(&o, &a.wo_a, cfg.o_groups)?;
-        let out = b.linear(&z, &a.wo_b, None)?;
-        Ok((out, LayerState { kv, comp, index_keys }, picks))
+        let out = self.attn_output(b, a, &o, 0)?;
+        Ok((out, LayerCache { kv, comp: comp_state, index: index_state }, picks))
+    }
+
+    /// Inverse RoPE at the query positions, grouped `wo_a`, `wo_b`: o `[n, heads·hd]` → `[n, d]`.
+    fn attn_output(&self, b: &B, a: &Attention<B>, o: &B::Tensor, pos0: usize) -> Result<B::Tensor> {
+        let f = if a.compressor.is_none() { &self.inv_freq_main } else { &self.inv_freq_comp };
+        let o = b.rope_tail(o, self.cfg.num_attention_heads, f, pos0, 1, true)?;
+        let z = b.grouped_linear(&o, &a.wo_a, self.cfg.o_groups)?;
+        b.linear(&z, &a.wo_b, None)
     }
 
     /// MoE sublayer output `[T, d]`, the selected experts and their weights.
@@ -432,7 +554,6 @@ impl<B: Backend> LmModel<B> {
     fn moe(
         &self,
         b: &B,
-        l: usize,
         m: &Moe<B>,
         x: &B::Tensor,
         ids: &B::Tensor,
@@ -445,7 +566,6 @@ impl<B: Backend> LmModel<B> {
         let biased = b.add(&scores, &b.gather_rows(&m.bias, kind)?)?;
         let mut sel = b.topk_rows(&biased, cfg.num_experts_per_tok)?;
         if let Some(table) = &m.tid2eid {
-            debug_assert!(l < cfg.num_hash_layers);
             sel = b.hash_route(table, ids, &sel)?;
         }
         let w = b.route_weights(&scores, &sel, cfg.routed_scaling_factor as f32)?;
