@@ -643,6 +643,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn lm_inv_freq_main_and_yarn() {
         let c = LmConfig::from_value(&lm_tiny()).unwrap();
         let main = c.inv_freq(0);

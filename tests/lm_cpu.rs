@@ -249,3 +249,16 @@ fn lanes_without_lm_ops_refuse_them_by_name() {
     let err = lane.sqrt_softplus(&x).err().expect("wgpu has no sqrt_softplus yet").to_string();
     assert!(err.contains("sqrt_softplus"), "{err}");
 }
+
+/// lm-tiny has no vision keys: the vision loader refuses it by key, the LM path opens it.
+#[test]
+fn text_only_checkpoint_opens_without_a_vision_config() {
+    let dir = root().join("fixtures/models/lm-tiny");
+    let err = Checkpoint::open(&dir).unwrap_err().to_string();
+    assert!(err.contains("vision_"), "{err}");
+    let ckpt = Checkpoint::open_without_vision(&dir).unwrap();
+    assert!(ckpt.vision_config().is_none());
+    let (shape, vals) = fovea::model::ParamSource::integers(&ckpt, "layers.0.ffn.gate.tid2eid").unwrap();
+    assert_eq!(shape, vec![512, 3]);
+    assert!(vals.iter().all(|&e| (0..8).contains(&e)));
+}
