@@ -600,4 +600,39 @@ mod tests {
         let silu = |g: f32| g / (1.0 + (-g).exp());
         assert!((out[0] - silu(1.5) * 1.5).abs() < 1e-6 && (out[1] - silu(-3.0) * -1.5).abs() < 1e-6, "{out:?}");
     }
+    fn weight(b: &CpuBackend, rows: usize, cols: usize, v: &[f32]) -> super::CpuWeight {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        b.upload_weight(&crate::backend::HostWeight { name: "w".into(), format: crate::backend::WeightFormat::F32, rows, cols, bytes: bytes.into() }).unwrap()
+    }
+
+    #[test]
+    fn embed_rows_gives_zero_rows_for_sentinel_ids() {
+        let b = CpuBackend::new();
+        let table = weight(&b, 2, 2, &[1.0, 2.0, 3.0, 4.0]);
+        let out = get(&b, &b.embed_rows(&table, &ti(&b, &[3], vec![1, 2, 0])).unwrap());
+        assert_eq!(out, vec![3.0, 4.0, 0.0, 0.0, 1.0, 2.0]);
+    }
+
+    #[test]
+    fn grouped_linear_maps_each_group_through_its_rows() {
+        let b = CpuBackend::new();
+        // 2 groups, k = 2, r = 1: row 0 sees x[0..2], row 1 sees x[2..4]
+        let w = weight(&b, 2, 2, &[1.0, 10.0, 100.0, 1000.0]);
+        let out = get(&b, &b.grouped_linear(&t(&b, &[1, 4], vec![1.0, 2.0, 3.0, 4.0]), &w, 2).unwrap());
+        assert_eq!(out, vec![21.0, 4300.0]);
+    }
+
+    #[test]
+    fn indexer_scores_hide_incomplete_blocks_and_relu_each_head() {
+        let b = CpuBackend::new();
+        // 2 heads of 1 dim; keys 1 and −1; weights 1 and 2; queries at positions 2..5, ratio 2
+        let q = t(&b, &[3, 2], vec![1.0, -1.0, 1.0, -1.0, 1.0, -1.0]);
+        let k = t(&b, &[2, 1], vec![1.0, -1.0]);
+        let w = t(&b, &[3, 2], vec![1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+        let out = get(&b, &b.indexer_scores(&q, &k, &w, 2, 0.5, 2, 2).unwrap());
+        // position 2: (2+1)/2 = 1 visible; position 3, 4: 2 visible
+        assert_eq!(out[0], 0.5 * 1.0);
+        assert_eq!(out[1], f32::NEG_INFINITY);
+        assert_eq!(&out[2..4], &[0.5, 0.5 * 2.0]);
+    }
 }
