@@ -205,6 +205,248 @@ impl fmt::Display for VisionConfig {
     }
 }
 
+/// YaRN settings of `rope_scaling` (language.md §2.6); applied only on compressed layers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// `rope_scaling.factor`.
+    pub factor: f64,
+    /// `rope_scaling.original_max_position_embeddings`.
+    pub original_max_position_embeddings: f64,
+    /// `rope_scaling.beta_fast`.
+    pub beta_fast: f64,
+    /// `rope_scaling.beta_slow`.
+    pub beta_slow: f64,
+}
+
+/// Language-model configuration (DeepSeek-V4, language.md §1), validated. Keys are the official
+/// config.json names; every refusal names the key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LmConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    /// Width of q heads and of the single shared K = V latent.
+    pub head_dim: usize,
+    /// RoPE on the last `qk_rope_head_dim` dims of each head (interleaved pairs).
+    pub qk_rope_head_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    pub n_routed_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub n_shared_experts: usize,
+    pub moe_intermediate_size: usize,
+    /// Layers `0..num_hash_layers` route by `tid2eid`.
+    pub num_hash_layers: usize,
+    /// Only `"sqrtsoftplus"` is accepted.
+    pub scoring_func: String,
+    pub routed_scaling_factor: f64,
+    pub swiglu_limit: f64,
+    pub sliding_window: usize,
+    /// One ratio per decoder layer (0 = sliding window only, 4 = CSA with indexer, other = HCA);
+    /// the config array may carry extra trailing MTP entries, which are dropped here.
+    pub compress_ratios: Vec<usize>,
+    pub compress_rope_theta: f64,
+    pub rope_theta: f64,
+    /// `rope_scaling` with type yarn, or `None` when the key is absent/null.
+    pub yarn: Option<Yarn>,
+    pub index_n_heads: usize,
+    pub index_head_dim: usize,
+    pub index_topk: usize,
+    pub hc_mult: usize,
+    pub hc_sinkhorn_iters: usize,
+    pub hc_eps: f64,
+    pub rms_norm_eps: f64,
+}
+
+impl LmConfig {
+    /// Read and validate `path` (a config.json).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, format!("cannot read config: {e}")))?;
+        let raw: Value =
+            serde_json::from_str(&text).map_err(|e| Error::file(path, format!("config is not valid JSON: {e}")))?;
+        Self::from_value(&raw)
+    }
+
+    /// Validate an already-parsed config document (flat official keys).
+    pub fn from_value(raw: &Value) -> Result<Self> {
+        let obj = raw.as_object().ok_or_else(|| Error::Invalid("config must be a JSON object".into()))?;
+        let get = |key: &str| obj.get(key);
+        let int = |key: &str| positive_int(get, key);
+        let float = |key: &str| positive_float(get, key);
+
+        let num_hidden_layers = int("num_hidden_layers")?;
+        let num_attention_heads = int("num_attention_heads")?;
+        let head_dim = int("head_dim")?;
+        let qk_rope_head_dim = int("qk_rope_head_dim")?;
+        let hidden_size = int("hidden_size")?;
+        let o_groups = int("o_groups")?;
+        let num_hash_layers = match get("num_hash_layers") {
+            Some(Value::Number(n)) if n.as_u64() == Some(0) => 0,
+            _ => int("num_hash_layers")?,
+        };
+        let scoring_func = match get("scoring_func") {
+            Some(Value::String(s)) if s == "sqrtsoftplus" => s.clone(),
+            Some(v) => return Err(Error::config("scoring_func", format!("only \"sqrtsoftplus\" is supported, found {}", describe(v)))),
+            None => return Err(Error::config("scoring_func", "missing")),
+        };
+        let ratios_v = get("compress_ratios").ok_or_else(|| Error::config("compress_ratios", "missing"))?;
+        let Value::Array(arr) = ratios_v else {
+            return Err(Error::config("compress_ratios", format!("expected an array, found {}", describe(ratios_v))));
+        };
+        if arr.len() < num_hidden_layers {
+            return Err(Error::config(
+                "compress_ratios",
+                format!("{} entries for {num_hidden_layers} layers (num_hidden_layers)", arr.len()),
+            ));
+        }
+        let mut compress_ratios = Vec::with_capacity(num_hidden_layers);
+        for (i, v) in arr.iter().take(num_hidden_layers).enumerate() {
+            let r = v.as_u64().ok_or_else(|| {
+                Error::config("compress_ratios", format!("entry {i} is {}, expected a non-negative integer", describe(v)))
+            })? as usize;
+            if r == 1 {
+                return Err(Error::config("compress_ratios", format!("entry {i} is 1 (a ratio must be 0 or >= 2)")));
+            }
+            compress_ratios.push(r);
+        }
+        let yarn = match get("rope_scaling") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(o)) => {
+                let ty = o.get("type").or_else(|| o.get("rope_type")).and_then(Value::as_str);
+                if ty != Some("yarn") {
+                    return Err(Error::config("rope_scaling", format!("only type \"yarn\" is supported, found {ty:?}")));
+                }
+                let sub = |k: &str| -> Result<f64> {
+                    positive_float(|key: &str| o.get(key), k).map_err(|_| {
+                        Error::config(format!("rope_scaling.{k}"), "missing or not a positive number")
+                    })
+                };
+                Some(Yarn {
+                    factor: sub("factor")?,
+                    original_max_position_embeddings: sub("original_max_position_embeddings")?,
+                    beta_fast: sub("beta_fast")?,
+                    beta_slow: sub("beta_slow")?,
+                })
+            }
+            Some(v) => return Err(Error::config("rope_scaling", format!("expected an object, found {}", describe(v)))),
+        };
+        let c = LmConfig {
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            num_hidden_layers,
+            num_attention_heads,
+            head_dim,
+            qk_rope_head_dim,
+            q_lora_rank: int("q_lora_rank")?,
+            o_groups,
+            o_lora_rank: int("o_lora_rank")?,
+            n_routed_experts: int("n_routed_experts")?,
+            num_experts_per_tok: int("num_experts_per_tok")?,
+            n_shared_experts: int("n_shared_experts")?,
+            moe_intermediate_size: int("moe_intermediate_size")?,
+            num_hash_layers,
+            scoring_func,
+            routed_scaling_factor: float("routed_scaling_factor")?,
+            swiglu_limit: float("swiglu_limit")?,
+            sliding_window: int("sliding_window")?,
+            compress_ratios,
+            compress_rope_theta: float("compress_rope_theta")?,
+            rope_theta: float("rope_theta")?,
+            yarn,
+            index_n_heads: int("index_n_heads")?,
+            index_head_dim: int("index_head_dim")?,
+            index_topk: int("index_topk")?,
+            hc_mult: int("hc_mult")?,
+            hc_sinkhorn_iters: int("hc_sinkhorn_iters")?,
+            hc_eps: float("hc_eps")?,
+            rms_norm_eps: float("rms_norm_eps")?,
+        };
+        c.check()?;
+        Ok(c)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.qk_rope_head_dim > self.head_dim || self.qk_rope_head_dim % 2 != 0 {
+            return Err(Error::config(
+                "qk_rope_head_dim",
+                format!("{} must be even and at most head_dim {}", self.qk_rope_head_dim, self.head_dim),
+            ));
+        }
+        if self.num_attention_heads % self.o_groups != 0 {
+            return Err(Error::config(
+                "o_groups",
+                format!("{} does not divide num_attention_heads {}", self.o_groups, self.num_attention_heads),
+            ));
+        }
+        if self.num_experts_per_tok > self.n_routed_experts {
+            return Err(Error::config(
+                "num_experts_per_tok",
+                format!("{} exceeds n_routed_experts {}", self.num_experts_per_tok, self.n_routed_experts),
+            ));
+        }
+        if self.num_hash_layers > self.num_hidden_layers {
+            return Err(Error::config(
+                "num_hash_layers",
+                format!("{} exceeds num_hidden_layers {}", self.num_hash_layers, self.num_hidden_layers),
+            ));
+        }
+        if self.qk_rope_head_dim > self.index_head_dim {
+            return Err(Error::config(
+                "index_head_dim",
+                format!("{} is smaller than qk_rope_head_dim {}", self.index_head_dim, self.qk_rope_head_dim),
+            ));
+        }
+        for (key, v) in [("hc_eps", self.hc_eps), ("rms_norm_eps", self.rms_norm_eps)] {
+            if v >= 1.0 {
+                return Err(Error::config(key, format!("{v} is not a plausible epsilon (must be < 1)")));
+            }
+        }
+        if let Some(y) = &self.yarn
+            && y.beta_fast <= y.beta_slow
+        {
+            return Err(Error::config("rope_scaling.beta_fast", format!("{} must exceed beta_slow {}", y.beta_fast, y.beta_slow)));
+        }
+        Ok(())
+    }
+
+    /// Compression ratio of layer `l` (0 = sliding window only).
+    pub fn ratio(&self, l: usize) -> usize {
+        self.compress_ratios[l]
+    }
+
+    /// RoPE inverse frequencies `[qk_rope_head_dim / 2]` for a layer of compression `ratio`:
+    /// ratio 0 → `rope_theta^(−2j/rd)`; otherwise `compress_rope_theta` with YaRN (language.md §2.6,
+    /// transformers `_compute_yarn_parameters`; no mscale). Computed in f64, rounded to f32.
+    pub fn inv_freq(&self, ratio: usize) -> Vec<f32> {
+        let rd = self.qk_rope_head_dim;
+        let theta = if ratio == 0 { self.rope_theta } else { self.compress_rope_theta };
+        let base: Vec<f64> = (0..rd / 2).map(|j| theta.powf(-(2.0 * j as f64) / rd as f64)).collect();
+        match (&self.yarn, ratio) {
+            (Some(y), r) if r != 0 => {
+                let dcorr = |n: f64| {
+                    rd as f64 * (y.original_max_position_embeddings / (2.0 * std::f64::consts::PI * n)).ln()
+                        / (2.0 * theta.ln())
+                };
+                let low = dcorr(y.beta_fast).floor().max(0.0);
+                let mut high = dcorr(y.beta_slow).ceil().min(rd as f64 - 1.0);
+                if high == low {
+                    high += 0.001; // transformers' linear_ramp_factor guard
+                }
+                base.iter()
+                    .enumerate()
+                    .map(|(j, f)| {
+                        let ramp = ((j as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        (f * (1.0 - ramp) + f / y.factor * ramp) as f32
+                    })
+                    .collect()
+            }
+            _ => base.iter().map(|&f| f as f32).collect(),
+        }
+    }
+}
+
 /// "a string (\"16\")"-style description of a JSON value for error messages.
 fn describe(v: &Value) -> String {
     match v {
@@ -380,5 +622,64 @@ mod tests {
         v["vision_n_heads"] = json!(1);
         let e = err_of(v);
         assert!(e.contains("`vision_dim`") && e.contains("overflow"), "{e}");
+    }
+    fn lm_tiny() -> Value {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/lm-tiny/config.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn lm_err(v: Value) -> String {
+        LmConfig::from_value(&v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn lm_tiny_config_parses() {
+        let c = LmConfig::from_value(&lm_tiny()).unwrap();
+        assert_eq!((c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.head_dim), (64, 5, 4, 32));
+        assert_eq!(c.compress_ratios, vec![0, 4, 16, 4, 0], "the MTP slot is dropped");
+        assert_eq!((c.index_n_heads, c.index_head_dim, c.index_topk), (16, 32, 8));
+        let y = c.yarn.unwrap();
+        assert_eq!((y.factor, y.original_max_position_embeddings, y.beta_fast, y.beta_slow), (4.0, 4096.0, 32.0, 1.0));
+    }
+
+    #[test]
+    #[allow(clippy::needless_range_loop)]
+    fn lm_inv_freq_main_and_yarn() {
+        let c = LmConfig::from_value(&lm_tiny()).unwrap();
+        let main = c.inv_freq(0);
+        assert_eq!(main.len(), 8);
+        assert!((main[1] - 5000f32.powf(-2.0 / 16.0)).abs() < 1e-7);
+        // README: the YaRN ramp covers frequency indices 2..5 of 8: j ≤ 2 unscaled, j ≥ 5 divided by 4.
+        let comp = c.inv_freq(4);
+        let base = |j: usize| 80000f64.powf(-(2.0 * j as f64) / 16.0);
+        for j in 0..=2 {
+            assert!(((comp[j] as f64) - base(j)).abs() <= 1e-7 * base(j));
+        }
+        for j in 5..8 {
+            assert!(((comp[j] as f64) - base(j) / 4.0).abs() <= 1e-7 * base(j));
+        }
+        assert!((comp[3] as f64) < base(3) && (comp[3] as f64) > base(3) / 4.0);
+    }
+
+    #[test]
+    fn lm_refusals_name_the_key() {
+        let mut v = lm_tiny();
+        v.as_object_mut().unwrap().remove("index_topk");
+        assert!(lm_err(v).contains("`index_topk`"));
+        let mut v = lm_tiny();
+        v["scoring_func"] = json!("sigmoid");
+        assert!(lm_err(v).contains("`scoring_func`"));
+        let mut v = lm_tiny();
+        v["compress_ratios"] = json!([0, 4]);
+        assert!(lm_err(v).contains("`compress_ratios`"));
+        let mut v = lm_tiny();
+        v["o_groups"] = json!(3);
+        assert!(lm_err(v).contains("`o_groups`"));
+        let mut v = lm_tiny();
+        v["rope_scaling"] = json!({"type": "yarn", "factor": 4});
+        assert!(lm_err(v).contains("rope_scaling.original_max_position_embeddings"));
+        let mut v = lm_tiny();
+        v["hidden_size"] = json!("64");
+        assert!(lm_err(v).contains("`hidden_size`"));
     }
 }

@@ -191,9 +191,31 @@ pub enum Op {
     Rope2d,
     Attention,
     Unfold,
+    // language model (see the trait's language-model sections)
+    EmbedRows,
+    HcExpand,
+    RmsNormHeads,
+    HcSplit,
+    HcPre,
+    HcPost,
+    HcHeadWeights,
+    RopeTail,
+    SinkAttention,
+    GroupedLinear,
+    CompressPool,
+    IndexerScores,
+    TopkRows,
+    SqrtSoftplus,
+    HashRoute,
+    RouteWeights,
+    SwigluClamp,
+    MoeExperts,
 }
 
 impl Op {
+    /// The ops every lane implements today (shared + vision). The language-model ops are listed
+    /// in [`Op::LM`] and join `ALL` once the wgpu lane reports them honestly in `supports` and
+    /// its harness (`tests/ops.rs`, which asserts a case for every op in `ALL`) covers them.
     pub const ALL: [Op; 11] = [
         Op::Linear,
         Op::RmsNorm,
@@ -207,6 +229,32 @@ impl Op {
         Op::Attention,
         Op::Unfold,
     ];
+    /// The language-model ops (not yet in [`Op::ALL`], see there); a lane without them answers
+    /// `Error::Unsupported` from the trait's default implementations.
+    pub const LM: [Op; 18] = [
+        Op::EmbedRows,
+        Op::HcExpand,
+        Op::RmsNormHeads,
+        Op::HcSplit,
+        Op::HcPre,
+        Op::HcPost,
+        Op::HcHeadWeights,
+        Op::RopeTail,
+        Op::SinkAttention,
+        Op::GroupedLinear,
+        Op::CompressPool,
+        Op::IndexerScores,
+        Op::TopkRows,
+        Op::SqrtSoftplus,
+        Op::HashRoute,
+        Op::RouteWeights,
+        Op::SwigluClamp,
+        Op::MoeExperts,
+    ];
+    /// Whether this op belongs to the language-model sections of the contract.
+    pub fn is_lm(self) -> bool {
+        Op::LM.contains(&self)
+    }
     pub fn name(self) -> &'static str {
         match self {
             Op::Linear => "linear",
@@ -220,6 +268,24 @@ impl Op {
             Op::Rope2d => "rope_2d",
             Op::Attention => "attention",
             Op::Unfold => "unfold",
+            Op::EmbedRows => "embed_rows",
+            Op::HcExpand => "hc_expand",
+            Op::RmsNormHeads => "rms_norm_heads",
+            Op::HcSplit => "hc_split",
+            Op::HcPre => "hc_pre",
+            Op::HcPost => "hc_post",
+            Op::HcHeadWeights => "hc_head_weights",
+            Op::RopeTail => "rope_tail",
+            Op::SinkAttention => "sink_attention",
+            Op::GroupedLinear => "grouped_linear",
+            Op::CompressPool => "compress_pool",
+            Op::IndexerScores => "indexer_scores",
+            Op::TopkRows => "topk_rows",
+            Op::SqrtSoftplus => "sqrt_softplus",
+            Op::HashRoute => "hash_route",
+            Op::RouteWeights => "route_weights",
+            Op::SwigluClamp => "swiglu_clamp",
+            Op::MoeExperts => "moe_experts",
         }
     }
 }
@@ -310,4 +376,197 @@ pub trait Backend {
     /// r×r cells: `[ceil(h/r)·ceil(w/r), c·r·r]`, feature index `ch·r² + dy·r + dx`, cells
     /// row-major.
     fn unfold(&self, x: &Self::Tensor, h: usize, w: usize, r: usize) -> Result<Self::Tensor>;
+
+    // ==== language model ===================================================================
+    // Sections mirror the model (language.md §2-4, antirez/ds4 `ds4_gpu.h`): embeddings,
+    // hyper-connections, attention, compressor & indexer, router & MoE; the head reuses
+    // `hc_head_weights`, `hc_pre`, `rms_norm` and `linear`. Shapes: `n` tokens (queries), `d`
+    // hidden, `hc` residual streams, `hd` head width. A 4-stream residual `X` is `[n, hc·d]` with
+    // stream i at columns `[i·d, (i+1)·d)`. Index tensors are i32. Every default returns
+    // `Error::Unsupported`, so a lane that lacks an op refuses it by name.
+
+    // ---- LM: embeddings --------------------------------------------------------------------
+    /// `out[i] = table[ids[i]]` decoded to f32; an id ≥ `table.rows()` (a vision sentinel id,
+    /// vision.md §5.1) gives a zero row: table `[vocab, d]`, ids i32 `[n]` → `[n, d]`.
+    fn embed_rows(&self, table: &Self::Weight, ids: &Self::Tensor) -> Result<Self::Tensor> {
+        let _ = (table, ids);
+        Err(self.lm_unsupported(Op::EmbedRows))
+    }
+
+    // ---- LM: hyper-connections (mHC, language.md §4.1) ---------------------------------------
+    /// Copy every row into `hc` streams: x `[n, d]` → X `[n, hc·d]`.
+    fn hc_expand(&self, x: &Self::Tensor, hc: usize) -> Result<Self::Tensor> {
+        let _ = (x, hc);
+        Err(self.lm_unsupported(Op::HcExpand))
+    }
+    /// Unweighted RMS norm of each head: x `[n, heads·hd]` → `x_h · rsqrt(mean(x_h²) + eps)`
+    /// (`heads = 1` normalises whole rows, e.g. the flattened residual before the HC mix).
+    fn rms_norm_heads(&self, x: &Self::Tensor, n_heads: usize, eps: f32) -> Result<Self::Tensor> {
+        let _ = (x, n_heads, eps);
+        Err(self.lm_unsupported(Op::RmsNormHeads))
+    }
+    /// mHC split with Sinkhorn: mix `[n, (2+hc)·hc]` (= `fn · rms(vec X)`), scale `[3]`, base
+    /// `[(2+hc)·hc]` → `[n, (2+hc)·hc]` laid out `[pre (hc) | post (hc) | comb (hc·hc)]`:
+    /// `pre = σ(m·s0 + b) + eps`, `post = 2σ(m·s1 + b)`, `comb[src·hc + dst]` = softmax over dst of
+    /// `m·s2 + b`, `+ eps`, divided by its column (src) sum + eps, then `iters − 1` rounds of
+    /// {row (dst) normalisation, column (src) normalisation}, each `/ (sum + eps)`.
+    fn hc_split(
+        &self,
+        mix: &Self::Tensor,
+        scale: &Self::Tensor,
+        base: &Self::Tensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        let _ = (mix, scale, base, hc, iters, eps);
+        Err(self.lm_unsupported(Op::HcSplit))
+    }
+    /// Collapse the streams: X `[n, hc·d]`, w `[n, hc]` → `Σ_i w_i · X_i` `[n, d]`.
+    fn hc_pre(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor> {
+        let _ = (x, w);
+        Err(self.lm_unsupported(Op::HcPre))
+    }
+    /// Write a sublayer output back: X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb
+    /// `[n, hc·hc]` (index `src·hc + dst`) → X' `[n, hc·d]`,
+    /// `X'_dst = post_dst · f + Σ_src comb[src, dst] · X_src`.
+    fn hc_post(&self, x: &Self::Tensor, f: &Self::Tensor, post: &Self::Tensor, comb: &Self::Tensor) -> Result<Self::Tensor> {
+        let _ = (x, f, post, comb);
+        Err(self.lm_unsupported(Op::HcPost))
+    }
+    /// Final-head stream weights (no Sinkhorn, §4.2): mix `[n, hc]`, scale `[1]`, base `[hc]` →
+    /// `σ(mix · scale + base) + eps` `[n, hc]`.
+    fn hc_head_weights(&self, mix: &Self::Tensor, scale: &Self::Tensor, base: &Self::Tensor, eps: f32) -> Result<Self::Tensor> {
+        let _ = (mix, scale, base, eps);
+        Err(self.lm_unsupported(Op::HcHeadWeights))
+    }
+
+    // ---- LM: attention (§2.1, §2.4-2.6) --------------------------------------------------------
+    /// Interleaved RoPE on the last `rd = 2·inv_freq.len()` dims of every head: x
+    /// `[n, heads·hd]`, inv_freq `[rd/2]`; row i sits at position `p = pos0 + i·stride`; pair
+    /// `(2j, 2j+1)` of the tail rotates by `a = f32(p) · inv_freq[j]` (f32), or by `−a` when
+    /// `inverse` (the output de-rotation) → `[n, heads·hd]`.
+    fn rope_tail(
+        &self,
+        x: &Self::Tensor,
+        n_heads: usize,
+        inv_freq: &Self::Tensor,
+        pos0: usize,
+        stride: usize,
+        inverse: bool,
+    ) -> Result<Self::Tensor> {
+        let _ = (x, n_heads, inv_freq, pos0, stride, inverse);
+        Err(self.lm_unsupported(Op::RopeTail))
+    }
+    /// One joint softmax over raw window keys ∪ compressed entries, with a per-head sink logit
+    /// (no value) and K = V (one shared latent): q `[n, heads·hd]`, kv `[m, hd]` raw keys,
+    /// window i32 `[n, 2]` = inclusive raw-key range `lo..=hi` of each query (`lo > hi`: none),
+    /// comp `[c, hd]` compressed entries with comp_idx i32 `[n, k]` (entries each query sees,
+    /// −1 = empty slot), sinks `[heads]` → `[n, heads·hd]`. Logits `q·kᵀ / √hd`.
+    #[allow(clippy::too_many_arguments)]
+    fn sink_attention(
+        &self,
+        q: &Self::Tensor,
+        kv: &Self::Tensor,
+        window: &Self::Tensor,
+        comp: Option<(&Self::Tensor, &Self::Tensor)>,
+        sinks: &Self::Tensor,
+        n_heads: usize,
+    ) -> Result<Self::Tensor> {
+        let _ = (q, kv, window, comp, sinks, n_heads);
+        Err(self.lm_unsupported(Op::SinkAttention))
+    }
+    /// Grouped low-rank projection (§2.5): x `[n, g·k]`, w `[g·r, k]` → `[n, g·r]`; group j
+    /// maps columns `[j·k, (j+1)·k)` of x through rows `[j·r, (j+1)·r)` of w.
+    fn grouped_linear(&self, x: &Self::Tensor, w: &Self::Weight, groups: usize) -> Result<Self::Tensor> {
+        let _ = (x, w, groups);
+        Err(self.lm_unsupported(Op::GroupedLinear))
+    }
+
+    // ---- LM: compressor & indexer (§2.2, §2.3) -------------------------------------------------
+    /// Gated pooling of ratio-r blocks, rows starting at a block boundary: kv, gate `[T, w]`,
+    /// ape `[r, w]` → `[⌊T/r⌋, d]` (a trailing incomplete block emits nothing; decode keeps
+    /// those rows in its cache). Without overlap (w = d) entry i is, per
+    /// channel, `Σ_t softmax_t(gate_t + ape[t mod r]) · kv_t` over block i. With overlap
+    /// (w = 2d, CSA) the softmax runs over 2r rows: the first halves `[0, d)` of block i−1 (none
+    /// for i = 0) and the second halves `[d, 2d)` of block i.
+    fn compress_pool(
+        &self,
+        kv: &Self::Tensor,
+        gate: &Self::Tensor,
+        ape: &Self::Tensor,
+        ratio: usize,
+        overlap: bool,
+    ) -> Result<Self::Tensor> {
+        let _ = (kv, gate, ape, ratio, overlap);
+        Err(self.lm_unsupported(Op::CompressPool))
+    }
+    /// Lightning-indexer scores: q `[n, heads·hd]`, k `[m, hd]`, w `[n, heads]` → `[n, m]`,
+    /// `score = scale · Σ_h w_h · ReLU(q_h · k)`; entry j of query i is −inf unless
+    /// `j < (pos0 + i + 1) / ratio` (only complete blocks are visible).
+    #[allow(clippy::too_many_arguments)]
+    fn indexer_scores(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        w: &Self::Tensor,
+        n_heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    ) -> Result<Self::Tensor> {
+        let _ = (q, k, w, n_heads, scale, pos0, ratio);
+        Err(self.lm_unsupported(Op::IndexerScores))
+    }
+    /// Top-k per row: x `[n, m]` → i32 `[n, k]`, the columns of the k largest finite values in
+    /// descending order (ties: lower column first); −1 fills the slots a row lacks.
+    fn topk_rows(&self, x: &Self::Tensor, k: usize) -> Result<Self::Tensor> {
+        let _ = (x, k);
+        Err(self.lm_unsupported(Op::TopkRows))
+    }
+
+    // ---- LM: router & MoE (§3) ----------------------------------------------------------------
+    /// `sqrt(softplus(x))` elementwise (router scores): `[n, e]` → `[n, e]`.
+    fn sqrt_softplus(&self, x: &Self::Tensor) -> Result<Self::Tensor> {
+        let _ = x;
+        Err(self.lm_unsupported(Op::SqrtSoftplus))
+    }
+    /// Hash routing: table i32 `[vocab, k]` (`tid2eid`), ids i32 `[n]`, fallback i32 `[n, k]` →
+    /// i32 `[n, k]`: `table[id]` for `id < vocab`, the fallback row otherwise (image tokens).
+    fn hash_route(&self, table: &Self::Tensor, ids: &Self::Tensor, fallback: &Self::Tensor) -> Result<Self::Tensor> {
+        let _ = (table, ids, fallback);
+        Err(self.lm_unsupported(Op::HashRoute))
+    }
+    /// Routing weights: scores `[n, e]`, ids i32 `[n, k]` → `[n, k]`,
+    /// `scale · s[ids] / (Σ_k s[ids] + 1e-20)`.
+    fn route_weights(&self, scores: &Self::Tensor, ids: &Self::Tensor, scale: f32) -> Result<Self::Tensor> {
+        let _ = (scores, ids, scale);
+        Err(self.lm_unsupported(Op::RouteWeights))
+    }
+    /// Clamped SwiGLU: x `[n, 2h]` (gate, then up) → `silu(min(g, limit)) · clamp(u, ±limit)`
+    /// `[n, h]`.
+    fn swiglu_clamp(&self, x: &Self::Tensor, limit: f32) -> Result<Self::Tensor> {
+        let _ = (x, limit);
+        Err(self.lm_unsupported(Op::SwigluClamp))
+    }
+    /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e: `w13[e]`
+    /// `[2h, d]` (w1 rows then w3 rows) and `w2[e]` `[d, h]` → `[n, d]`,
+    /// `Σ_k weights_k · w2_e(swiglu_clamp(w13_e · x))` (weight applied after w2).
+    fn moe_experts(
+        &self,
+        x: &Self::Tensor,
+        ids: &Self::Tensor,
+        weights: &Self::Tensor,
+        w13: &[Self::Weight],
+        w2: &[Self::Weight],
+        limit: f32,
+    ) -> Result<Self::Tensor> {
+        let _ = (x, ids, weights, w13, w2, limit);
+        Err(self.lm_unsupported(Op::MoeExperts))
+    }
+
+    /// The `Unsupported` error of a language-model op this lane does not implement.
+    fn lm_unsupported(&self, op: Op) -> Error {
+        Error::Unsupported { lane: self.lane(), op: op.name(), what: "any operands (language-model op not implemented on this lane)".into() }
+    }
 }

@@ -81,7 +81,8 @@ pub struct DtypeStat {
 /// An opened checkpoint directory.
 pub struct Checkpoint {
     dir: PathBuf,
-    config: VisionConfig,
+    /// `None` only for checkpoints opened with [`Checkpoint::open_without_vision`].
+    config: Option<VisionConfig>,
     shards: Vec<Shard>,
     tensors: BTreeMap<String, Entry>,
     /// The index's `metadata` object, when the checkpoint is sharded.
@@ -142,6 +143,15 @@ impl<'a> TensorView<'a> {
         Ok(out)
     }
 
+    /// All elements of an I64 or I32 tensor (e.g. `tid2eid`) as i64.
+    pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
+        match self.dtype {
+            Dtype::I64 => Ok(self.bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
+            Dtype::I32 => Ok(self.bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect()),
+            d => Err(Error::tensor(self.name, format!("dtype {d} is not an integer dtype (accepted: I64, I32)"))),
+        }
+    }
+
     /// The tensor as an f32 host tensor of the same shape (for biases, norm weights, sentinels).
     pub fn to_host_tensor(&self) -> Result<HostTensor> {
         HostTensor::f32(self.shape.clone(), self.to_f32_vec()?)
@@ -195,6 +205,18 @@ impl Checkpoint {
     /// `model.safetensors` if present, otherwise `model.safetensors.index.json` and its shards.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         let config = VisionConfig::from_file(&dir.join(CONFIG_FILE))?;
+        Self::open_with(dir, Some(config))
+    }
+
+    /// Open the tensors of a checkpoint directory without validating a vision config (a
+    /// text-only language-model checkpoint such as `lm-tiny`); the caller validates config.json
+    /// itself (e.g. with [`crate::config::LmConfig`]). [`Checkpoint::config`] panics on such a
+    /// checkpoint; use [`Checkpoint::vision_config`].
+    pub fn open_without_vision(dir: &Path) -> Result<Checkpoint> {
+        Self::open_with(dir, None)
+    }
+
+    fn open_with(dir: &Path, config: Option<VisionConfig>) -> Result<Checkpoint> {
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
         if single.is_file() {
@@ -209,7 +231,7 @@ impl Checkpoint {
         }
     }
 
-    fn open_sharded(dir: &Path, index_path: &Path, config: VisionConfig) -> Result<Checkpoint> {
+    fn open_sharded(dir: &Path, index_path: &Path, config: Option<VisionConfig>) -> Result<Checkpoint> {
         let text = std::fs::read_to_string(index_path)
             .map_err(|e| Error::file(index_path, format!("cannot read shard index: {e}")))?;
         let root: Value = serde_json::from_str(&text)
@@ -317,8 +339,15 @@ impl Checkpoint {
     }
 
     /// The validated vision configuration (its `raw` field holds the whole config.json).
+    ///
+    /// Panics on a checkpoint opened with [`Checkpoint::open_without_vision`].
     pub fn config(&self) -> &VisionConfig {
-        &self.config
+        self.config.as_ref().expect("checkpoint opened without a vision config (open_without_vision)")
+    }
+
+    /// The vision configuration, `None` when opened with [`Checkpoint::open_without_vision`].
+    pub fn vision_config(&self) -> Option<&VisionConfig> {
+        self.config.as_ref()
     }
 
     /// The index's `metadata` object (sharded checkpoints only).
@@ -414,7 +443,10 @@ impl fmt::Display for Checkpoint {
         for (d, s) in self.dtype_stats() {
             writeln!(f, "  {d:>5}: {:>6} tensors, {:>14} bytes", s.count, s.bytes)?;
         }
-        write!(f, "{}", self.config)
+        match &self.config {
+            Some(c) => write!(f, "{c}"),
+            None => write!(f, "(no vision config)"),
+        }
     }
 }
 

@@ -3,6 +3,8 @@
 //! concession to speed is splitting independent rows over threads in the two heavy ops
 //! (`linear`, `attention`), which changes no arithmetic.
 
+mod lm;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -420,6 +422,70 @@ impl Backend for CpuBackend {
             }
         }
         Ok(CpuTensor::new_f32(vec![oh * ow, feat], out))
+    }
+
+    // ---- language model (implementations in `lm.rs`) ----------------------------------------
+    fn embed_rows(&self, table: &CpuWeight, ids: &CpuTensor) -> Result<CpuTensor> {
+        lm::embed_rows(table, ids)
+    }
+    fn hc_expand(&self, x: &CpuTensor, hc: usize) -> Result<CpuTensor> {
+        lm::hc_expand(x, hc)
+    }
+    fn rms_norm_heads(&self, x: &CpuTensor, n_heads: usize, eps: f32) -> Result<CpuTensor> {
+        lm::rms_norm_heads(x, n_heads, eps)
+    }
+    fn hc_split(&self, mix: &CpuTensor, scale: &CpuTensor, base: &CpuTensor, hc: usize, iters: usize, eps: f32) -> Result<CpuTensor> {
+        lm::hc_split(mix, scale, base, hc, iters, eps)
+    }
+    fn hc_pre(&self, x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor> {
+        lm::hc_pre(x, w)
+    }
+    fn hc_post(&self, x: &CpuTensor, f: &CpuTensor, post: &CpuTensor, comb: &CpuTensor) -> Result<CpuTensor> {
+        lm::hc_post(x, f, post, comb)
+    }
+    fn hc_head_weights(&self, mix: &CpuTensor, scale: &CpuTensor, base: &CpuTensor, eps: f32) -> Result<CpuTensor> {
+        lm::hc_head_weights(mix, scale, base, eps)
+    }
+    fn rope_tail(&self, x: &CpuTensor, n_heads: usize, inv_freq: &CpuTensor, pos0: usize, stride: usize, inverse: bool) -> Result<CpuTensor> {
+        lm::rope_tail(x, n_heads, inv_freq, pos0, stride, inverse)
+    }
+    fn sink_attention(
+        &self,
+        q: &CpuTensor,
+        kv: &CpuTensor,
+        window: &CpuTensor,
+        comp: Option<(&CpuTensor, &CpuTensor)>,
+        sinks: &CpuTensor,
+        n_heads: usize,
+    ) -> Result<CpuTensor> {
+        lm::sink_attention(self, q, kv, window, comp, sinks, n_heads)
+    }
+    fn grouped_linear(&self, x: &CpuTensor, w: &CpuWeight, groups: usize) -> Result<CpuTensor> {
+        lm::grouped_linear(x, w, groups)
+    }
+    fn compress_pool(&self, kv: &CpuTensor, gate: &CpuTensor, ape: &CpuTensor, ratio: usize, overlap: bool) -> Result<CpuTensor> {
+        lm::compress_pool(kv, gate, ape, ratio, overlap)
+    }
+    fn indexer_scores(&self, q: &CpuTensor, k: &CpuTensor, w: &CpuTensor, n_heads: usize, scale: f32, pos0: usize, ratio: usize) -> Result<CpuTensor> {
+        lm::indexer_scores(q, k, w, n_heads, scale, pos0, ratio)
+    }
+    fn topk_rows(&self, x: &CpuTensor, k: usize) -> Result<CpuTensor> {
+        lm::topk_rows(x, k)
+    }
+    fn sqrt_softplus(&self, x: &CpuTensor) -> Result<CpuTensor> {
+        lm::sqrt_softplus(x)
+    }
+    fn hash_route(&self, table: &CpuTensor, ids: &CpuTensor, fallback: &CpuTensor) -> Result<CpuTensor> {
+        lm::hash_route(table, ids, fallback)
+    }
+    fn route_weights(&self, scores: &CpuTensor, ids: &CpuTensor, scale: f32) -> Result<CpuTensor> {
+        lm::route_weights(scores, ids, scale)
+    }
+    fn swiglu_clamp(&self, x: &CpuTensor, limit: f32) -> Result<CpuTensor> {
+        lm::swiglu_clamp(x, limit)
+    }
+    fn moe_experts(&self, x: &CpuTensor, ids: &CpuTensor, weights: &CpuTensor, w13: &[CpuWeight], w2: &[CpuWeight], limit: f32) -> Result<CpuTensor> {
+        lm::moe_experts(self, x, ids, weights, w13, w2, limit)
     }
 }
 
