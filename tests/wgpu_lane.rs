@@ -158,11 +158,17 @@ fn adapter_and_capabilities() {
     eprintln!("device: {name}; native f16: {}; binding limit {}", b.native_f16(), b.max_binding_bytes());
     assert!(!name.is_empty());
     assert_eq!(b.lane(), "wgpu");
-    for op in Op::ALL {
+    for op in Op::VISION {
         for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
             assert!(b.supports(op, f), "{op:?} {f:?}");
         }
     }
+    for op in Op::LM {
+        assert!(!b.supports(op, WeightFormat::F32), "{op:?} has no wgpu kernel yet and must say so");
+    }
+    let x = up(b, &[2, 3], vec![0.5; 6]);
+    let err = b.sqrt_softplus(&x).err().expect("no wgpu kernel for sqrt_softplus yet");
+    assert!(matches!(err, Error::Unsupported { .. }) && err.to_string().contains("sqrt_softplus"), "{err}");
 }
 
 #[test]

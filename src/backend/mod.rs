@@ -213,10 +213,9 @@ pub enum Op {
 }
 
 impl Op {
-    /// The ops every lane implements today (shared + vision). The language-model ops are listed
-    /// in [`Op::LM`] and join `ALL` once the wgpu lane reports them honestly in `supports` and
-    /// its harness (`tests/ops.rs`, which asserts a case for every op in `ALL`) covers them.
-    pub const ALL: [Op; 11] = [
+    /// The shared and vision ops: every lane implements them, and the op harness
+    /// (`tests/ops.rs`) asserts a case for each.
+    pub const VISION: [Op; 11] = [
         Op::Linear,
         Op::RmsNorm,
         Op::Add,
@@ -229,8 +228,8 @@ impl Op {
         Op::Attention,
         Op::Unfold,
     ];
-    /// The language-model ops (not yet in [`Op::ALL`], see there); a lane without them answers
-    /// `Error::Unsupported` from the trait's default implementations.
+    /// The language-model ops. The CPU lane implements them; a lane without them says so in
+    /// `supports` and answers `Error::Unsupported` from the trait's default implementations.
     pub const LM: [Op; 18] = [
         Op::EmbedRows,
         Op::HcExpand,

@@ -870,6 +870,8 @@ impl Backend for WgpuBackend {
     fn supports(&self, op: Op, _format: WeightFormat) -> bool {
         match op {
             Op::Attention => self.limits.max_compute_workgroup_storage_size >= ATTENTION_SHARED_BYTES,
+            // The language-model ops have no WGSL kernels yet (the trait's defaults refuse them).
+            op if op.is_lm() => false,
             _ => true,
         }
     }
