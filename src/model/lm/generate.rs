@@ -116,6 +116,7 @@ pub enum StopReason {
 
 /// Prefill `input` (with merged `embeds` if given), then decode up to `max_tokens` tokens,
 /// calling `on_token` with each as it is produced. An EOS id in `eos` is emitted, then stops.
+#[allow(clippy::too_many_arguments)]
 pub fn generate<B: Backend>(
     model: &LmModel<B>,
     b: &B,
