@@ -7,9 +7,12 @@ use std::str::FromStr;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::wgpu::WgpuBackend;
-use crate::backend::{Backend, HostTensor};
-use crate::config::VisionConfig;
+use crate::backend::{Backend, HostTensor, Op, WeightFormat};
+use crate::config::{LmConfig, VisionConfig};
 use crate::error::{Error, Result};
+use crate::model::lm::generate::{self, Sampling, StopReason};
+use crate::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
+use crate::model::lm::{LmInput, LmModel};
 use crate::model::vision::VisionModel;
 use crate::processor::{self, PreprocessConfig};
 use crate::weights::Checkpoint;
@@ -216,4 +219,222 @@ pub fn inspect(model_dir: &Path) -> Result<String> {
     }
     text += &format!("{accounting}\n");
     Ok(text)
+}
+
+// ---- language model (token ids in, logits / token ids out) ---------------------------------
+
+/// One entry of a `--token-ids` list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptToken {
+    Id(u32),
+    /// `IMG`: where the image block of `--image` goes.
+    Image,
+}
+
+/// Parse `--token-ids`: comma-separated non-negative integers, and `IMG` for the image block.
+pub fn parse_token_ids(text: &str) -> Result<Vec<PromptToken>> {
+    if text.trim().is_empty() {
+        return Err(Error::Invalid("--token-ids: empty prompt".into()));
+    }
+    text
+        .split(',')
+        .map(str::trim)
+        .map(|t| match t {
+            "IMG" | "img" => Ok(PromptToken::Image),
+            _ => t.parse::<u32>().map(PromptToken::Id).map_err(|_| {
+                Error::Invalid(format!("--token-ids: `{t}` is not a token id (expected comma-separated integers >= 0, or IMG)"))
+            }),
+        })
+        .collect()
+}
+
+/// What a language-model job runs on.
+#[derive(Clone, Debug)]
+pub struct LmRequest {
+    /// A text-only LM checkpoint, or (with `image`) one with both the vision and the LM tensors.
+    pub model_dir: PathBuf,
+    pub tokens: Vec<PromptToken>,
+    /// The image for the single `IMG` placeholder in `tokens`.
+    pub image: Option<PathBuf>,
+    pub lane: LaneChoice,
+}
+
+/// Generation settings.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+}
+
+/// One prefill's result on the host (what `fovea dump --token-ids` writes).
+#[derive(Clone, Debug)]
+pub struct LmDump {
+    pub lane: &'static str,
+    pub device: String,
+    /// The ids fed to the model (`IMG` expanded to the block's sentinel ids `vocab + type`).
+    pub input_ids: Vec<i64>,
+    /// `[T, vocab]`
+    pub logits: Vec<f32>,
+    pub vocab_size: usize,
+    /// Start of the image block, if there is one.
+    pub image_start: Option<usize>,
+}
+
+/// The result of `fovea generate`.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub lane: &'static str,
+    pub prompt_len: usize,
+    pub ids: Vec<i32>,
+    pub stop: StopReason,
+}
+
+enum LmJob<'a> {
+    Dump,
+    Generate(&'a GenerateOptions, &'a mut dyn FnMut(i32) -> Result<()>),
+}
+
+enum LmOutcome {
+    Dump(LmDump),
+    Generated(Generated),
+}
+
+/// Run one prefill over the prompt and return its logits.
+pub fn dump_lm(req: &LmRequest) -> Result<LmDump> {
+    match run_lm(req, LmJob::Dump)? {
+        LmOutcome::Dump(d) => Ok(d),
+        LmOutcome::Generated(_) => unreachable!("dump job"),
+    }
+}
+
+/// Prefill, then decode token by token; `on_token` sees each id as it is produced.
+pub fn generate_lm(req: &LmRequest, opts: &GenerateOptions, on_token: &mut dyn FnMut(i32) -> Result<()>) -> Result<Generated> {
+    opts.sampling.validate()?;
+    match run_lm(req, LmJob::Generate(opts, on_token))? {
+        LmOutcome::Generated(g) => Ok(g),
+        LmOutcome::Dump(_) => unreachable!("generate job"),
+    }
+}
+
+/// The first language-model op a lane lacks, if any.
+fn missing_lm_op<B: Backend>(b: &B) -> Option<Op> {
+    Op::LM.into_iter().find(|&op| !b.supports(op, WeightFormat::F32))
+}
+
+fn run_lm(req: &LmRequest, job: LmJob<'_>) -> Result<LmOutcome> {
+    match LaneChoice::resolve(Some(req.lane))? {
+        LaneChoice::Cpu => lm_job(&CpuBackend::new(), req, job, None),
+        LaneChoice::Wgpu => {
+            let b = WgpuBackend::new(adapter_from_env().as_deref())?;
+            if let Some(op) = missing_lm_op(&b) {
+                return Err(Error::Unsupported {
+                    lane: b.lane(),
+                    op: op.name(),
+                    what: "the language model (it runs on the CPU lane so far: --backend cpu)".into(),
+                });
+            }
+            lm_job(&b, req, job, None)
+        }
+        // No GPU lane has the LM ops yet; don't spend time starting one.
+        LaneChoice::Auto => lm_job(&CpuBackend::new(), req, job, Some("the language model runs on the CPU lane only so far; using it")),
+    }
+}
+
+/// `eos_token_id` of config.json: an integer, a list of integers, or absent.
+fn eos_ids(config: &Path) -> Result<Vec<i32>> {
+    let text = std::fs::read_to_string(config).map_err(|e| Error::file(config, format!("cannot read config: {e}")))?;
+    let raw: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::file(config, format!("config is not valid JSON: {e}")))?;
+    let bad = || Error::config("eos_token_id", "expected an integer or a list of integers");
+    let one = |v: &serde_json::Value| v.as_i64().and_then(|x| i32::try_from(x).ok()).ok_or_else(bad);
+    match raw.get("eos_token_id") {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => a.iter().map(one).collect(),
+        Some(v) => Ok(vec![one(v)?]),
+    }
+}
+
+fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>) -> Result<LmOutcome> {
+    let config_path = req.model_dir.join("config.json");
+    let cfg = LmConfig::from_file(&config_path)?;
+    let v = cfg.vocab_size;
+    // validate the prompt before loading anything heavy
+    let n_img = req.tokens.iter().filter(|t| **t == PromptToken::Image).count();
+    match (n_img, &req.image) {
+        (0, Some(img)) => return Err(Error::Invalid(format!("--image {} given but --token-ids has no IMG placeholder", img.display()))),
+        (1.., None) => return Err(Error::Invalid("--token-ids has an IMG placeholder but no --image was given".into())),
+        (2.., Some(_)) => return Err(Error::Invalid(format!("--token-ids has {n_img} IMG placeholders; one image per prompt is supported"))),
+        _ => {}
+    }
+    for (pos, t) in req.tokens.iter().enumerate() {
+        if let PromptToken::Id(id) = *t {
+            if id as usize >= v {
+                return Err(Error::Invalid(format!("token id {id} (position {pos}) is outside the vocabulary: vocab_size is {v}")));
+            }
+        }
+    }
+    let eos = eos_ids(&config_path)?;
+    let ckpt = if req.image.is_some() { Checkpoint::open(&req.model_dir)? } else { Checkpoint::open_without_vision(&req.model_dir)? };
+    let model = LmModel::load(b, &ckpt, &cfg)?;
+    let (input, embeds, image_start) = match &req.image {
+        None => {
+            let ids = req.tokens.iter().map(|t| if let PromptToken::Id(i) = t { *i as i32 } else { unreachable!("checked") }).collect();
+            (LmInput { ids, window: None }, None, None)
+        }
+        Some(image) => {
+            let start = req.tokens.iter().position(|t| *t == PromptToken::Image).expect("checked");
+            let vis = VisionRunner::load(b, &ckpt)?.run(image, start)?;
+            let mut ids = Vec::with_capacity(req.tokens.len() + vis.block_types.len());
+            for t in &req.tokens {
+                match t {
+                    PromptToken::Id(i) => ids.push(*i as i32),
+                    PromptToken::Image => ids.extend(vis.block_types.iter().map(|&ty| (v + ty as usize) as i32)),
+                }
+            }
+            let types: Vec<i32> = vis.block_types.iter().map(|&t| t as i32).collect();
+            let perm: Vec<usize> = vis.perm.iter().map(|&p| p as usize).collect();
+            let aligner = b.upload(&HostTensor::f32([vis.n_llm_h * vis.n_llm_w, vis.hidden], vis.aligner)?)?;
+            let embeds = model.merge_image(b, &ids, start, &types, &perm, &aligner)?;
+            let window = visible_bounds(&ids, v, cfg.sliding_window, MAX_IMAGE_TOKENS);
+            (LmInput { ids, window: Some(window) }, Some(embeds), Some(start))
+        }
+    };
+    if let Some(n) = note {
+        eprintln!("fovea: {n}");
+    }
+    match job {
+        LmJob::Dump => {
+            let out = model.prefill(b, &input, embeds)?;
+            Ok(LmOutcome::Dump(LmDump {
+                lane: b.lane(),
+                device: b.device_name(),
+                input_ids: input.ids.iter().map(|&i| i as i64).collect(),
+                logits: b.download(&out.logits)?.into_f32("logits")?,
+                vocab_size: v,
+                image_start,
+            }))
+        }
+        LmJob::Generate(opts, on_token) => {
+            let (ids, stop) = generate::generate(&model, b, &input, embeds, opts.max_tokens, &eos, &opts.sampling, on_token)?;
+            Ok(LmOutcome::Generated(Generated { lane: b.lane(), prompt_len: input.ids.len(), ids, stop }))
+        }
+    }
+}
+
+impl LmDump {
+    /// Write `input_ids` (i64 `[T]`) and `logits` (f32 `[T, vocab]`) as a safetensors file.
+    pub fn write_safetensors(&self, path: &Path) -> Result<()> {
+        use safetensors::tensor::{Dtype, TensorView};
+        let t = self.input_ids.len();
+        let ids: Vec<u8> = self.input_ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let logits: Vec<u8> = self.logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let view = |dtype, shape: Vec<usize>, bytes| TensorView::new(dtype, shape, bytes).map_err(|e| Error::file(path, e.to_string()));
+        let views = vec![("input_ids", view(Dtype::I64, vec![t], &ids)?), ("logits", view(Dtype::F32, vec![t, self.vocab_size], &logits)?)];
+        let mut meta: HashMap<String, String> =
+            [("lane".to_string(), self.lane.to_string()), ("device".to_string(), self.device.clone())].into_iter().collect();
+        if let Some(s) = self.image_start {
+            meta.insert("image_start".into(), s.to_string());
+        }
+        safetensors::serialize_to_file(views, Some(meta), path).map_err(|e| Error::file(path, e.to_string()))
+    }
 }

@@ -6,6 +6,7 @@
 //! Per layer: `hc_split → hc_pre → attn_norm → attention → hc_post`, then
 //! `hc_split → hc_pre → ffn_norm → MoE → hc_post`; then the HC head → `norm` → `head`.
 
+pub mod generate;
 pub mod vision;
 
 use std::collections::BTreeMap;

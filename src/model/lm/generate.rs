@@ -1,0 +1,179 @@
+//! Token generation on top of [`LmModel::prefill`] / [`LmModel::decode`]: greedy at temperature
+//! 0, otherwise temperature → top-k → top-p sampling from a seeded, self-contained PRNG
+//! (SplitMix64, so a seed gives the same ids on every platform and crate version).
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+
+use super::{LmInput, LmModel};
+
+/// How the next token is picked from a row of logits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// 0 = greedy (argmax; the lowest id wins a tie).
+    pub temperature: f32,
+    /// Keep the `k` most likely tokens (0 = no limit).
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `p` (1 = no limit).
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+    }
+}
+
+impl Sampling {
+    /// Reject settings that have no meaning (negative or NaN temperature, top-p outside (0, 1]).
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(Error::Invalid(format!("temperature {} must be a finite number >= 0", self.temperature)));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::Invalid(format!("top-p {} must be in (0, 1]", self.top_p)));
+        }
+        Ok(())
+    }
+}
+
+/// SplitMix64 (Steele, Lea & Flood 2014): tiny, seedable, good enough for sampling.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Index of the largest logit (the lowest index on ties; NaN never wins).
+pub fn argmax(logits: &[f32]) -> usize {
+    logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0
+}
+
+/// Pick the next token from one row of logits.
+pub fn pick(logits: &[f32], s: &Sampling, rng: &mut Rng) -> usize {
+    if s.temperature == 0.0 || logits.len() <= 1 {
+        return argmax(logits);
+    }
+    // candidates by descending logit (stable: lower id first among equals)
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+    if order.is_empty() {
+        return 0;
+    }
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if s.top_k > 0 {
+        order.truncate(s.top_k);
+    }
+    let t = s.temperature as f64;
+    let top = logits[order[0]] as f64;
+    let mut probs: Vec<f64> = order.iter().map(|&i| ((logits[i] as f64 - top) / t).exp()).collect();
+    let sum: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= sum);
+    if s.top_p < 1.0 {
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (n, p) in probs.iter().enumerate() {
+            acc += p;
+            if acc >= s.top_p as f64 {
+                keep = n + 1;
+                break;
+            }
+        }
+        probs.truncate(keep);
+        order.truncate(keep);
+    }
+    let total: f64 = probs.iter().sum();
+    let mut u = rng.next_f64() * total;
+    for (n, p) in probs.iter().enumerate() {
+        if u < *p {
+            return order[n];
+        }
+        u -= p;
+    }
+    order[probs.len() - 1]
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    MaxTokens,
+    Eos,
+}
+
+/// Prefill `input` (with merged `embeds` if given), then decode up to `max_tokens` tokens,
+/// calling `on_token` with each as it is produced. An EOS id in `eos` is emitted, then stops.
+#[allow(clippy::too_many_arguments)]
+pub fn generate<B: Backend>(
+    model: &LmModel<B>,
+    b: &B,
+    input: &LmInput,
+    embeds: Option<B::Tensor>,
+    max_tokens: usize,
+    eos: &[i32],
+    sampling: &Sampling,
+    on_token: &mut dyn FnMut(i32) -> Result<()>,
+) -> Result<(Vec<i32>, StopReason)> {
+    sampling.validate()?;
+    let mut out = Vec::with_capacity(max_tokens);
+    if max_tokens == 0 {
+        return Ok((out, StopReason::MaxTokens));
+    }
+    let v = model.config().vocab_size;
+    let mut rng = Rng::new(sampling.seed);
+    let pre = model.prefill(b, input, embeds)?;
+    let logits = b.download(&pre.logits)?.into_f32("logits")?;
+    let t = logits.len() / v;
+    let mut cache = pre.cache;
+    let mut tok = pick(&logits[(t - 1) * v..t * v], sampling, &mut rng) as i32;
+    loop {
+        out.push(tok);
+        on_token(tok)?;
+        if eos.contains(&tok) {
+            return Ok((out, StopReason::Eos));
+        }
+        if out.len() >= max_tokens {
+            return Ok((out, StopReason::MaxTokens));
+        }
+        let l = b.download(&model.decode(b, &mut cache, tok)?)?.into_f32("logits")?;
+        tok = pick(&l, sampling, &mut rng) as i32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_sampling_topk1_and_seeds() {
+        let logits = [0.1f32, 2.0, 1.9, -1.0];
+        let mut rng = Rng::new(7);
+        assert_eq!(pick(&logits, &Sampling::default(), &mut rng), 1);
+        let k1 = Sampling { temperature: 5.0, top_k: 1, ..Sampling::default() };
+        assert!((0..50).all(|_| pick(&logits, &k1, &mut rng) == 1));
+        let hot = Sampling { temperature: 100.0, seed: 3, ..Sampling::default() };
+        let draw = |seed| {
+            let mut r = Rng::new(seed);
+            (0..64).map(|_| pick(&logits, &hot, &mut r)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(3), draw(3));
+        assert_ne!(draw(3), draw(4));
+        assert!((0..4).all(|i| draw(3).contains(&i)), "a hot distribution visits every token");
+        // top-p small enough keeps only the best token
+        let p = Sampling { temperature: 1.0, top_p: 0.01, ..Sampling::default() };
+        assert!((0..50).all(|_| pick(&logits, &p, &mut rng) == 1));
+    }
+}
