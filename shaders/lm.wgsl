@@ -2,7 +2,8 @@
 // entry point mirrors its reference in src/backend/cpu/lm.rs).
 // One fixed binding layout for every entry point (each binds only what it uses):
 //   0 uniform P (16 words; f32 parameters are bit patterns), 1-3 f32 inputs a, b, c,
-//   4-5 i32 inputs ia, ib, 6 f32 output out, 7 i32 output iout, 8 weight words w.
+//   4-5 i32 inputs ia, ib, 6 f32 output out, 7 i32 output iout, 8 weight words w, 9 f32 input
+//   comb, 10 i32 input fallback.
 // Weights: u0-style fields name the format (0 f32, 1 bf16, 2 f16 by integer decode), the row
 // stride in words and the chunk's first row (a weight may be split into row chunks).
 // Elementwise kernels: workgroup 256, element = (wg.y·gx + wg.x)·256 + lid.
@@ -23,6 +24,8 @@ struct P {
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 @group(0) @binding(7) var<storage, read_write> iout: array<i32>;
 @group(0) @binding(8) var<storage, read> w: array<u32>;
+// a fourth f32 input (hc_post: comb, sink_attention: sinks)
+@group(0) @binding(9) var<storage, read> comb: array<f32>;
 
 fn flat(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
     return (wg.y * nwg.x + wg.x) * 256u + li;
@@ -163,7 +166,7 @@ fn hc_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
 // hc_post: a = X [n, hc·d], b = f [n, d], c = post [n, hc], comb (binding 9) [n, hc·hc] → out
 // [n, hc·d],
 // X'_dst = post_dst·f + Σ_src comb[src·hc + dst]·X_src.   u0 = n·hc·d, u1 = d, u2 = hc
-@group(0) @binding(9) var<storage, read> comb: array<f32>;
+
 
 @compute @workgroup_size(256, 1, 1)
 fn hc_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -503,5 +506,90 @@ fn topk_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
             }
             return;
         }
+    }
+}
+
+// grouped_linear (one weight chunk per dispatch): a = x [n, g·k], w = rows row0.. of W [g·r, k]
+// → out [n, g·r]; output column o reads x columns [(o / r)·k, +k).
+//   u0 = n·rows, u1 = rows, u2 = row0, u3 = k, u4 = r, u5 = g·k, u6 = g·r, u7 = fmt, u8 = stride
+@compute @workgroup_size(256, 1, 1)
+fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let ol = x % p.u1;
+    let o = p.u2 + ol;
+    let k = p.u3;
+    let xb = i * p.u5 + (o / p.u4) * k;
+    var s = 0.0;
+    for (var e = 0u; e < k; e++) {
+        s += a[xb + e] * wload(p.u7, p.u8, ol, e);
+    }
+    out[i * p.u6 + o] = s;
+}
+
+// sink_attention: a = q [n, heads·hd], b = kv [m, hd], c = comp [c, hd], ia = window [n, 2],
+// ib = comp_idx [n, kk], comb = sinks [heads] → out [n, heads·hd]; one thread per (query, head),
+// three passes over the keys (max, denominator, weighted sum) in the reference's order. A window
+// or compressed index out of range gives a NaN head (never an out-of-bounds read).
+//   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd
+fn sa_logit(qo: u32, key: u32, from_comp: bool) -> f32 {
+    var s = 0.0;
+    if (from_comp) {
+        for (var e = 0u; e < p.u2; e++) { s += a[qo + e] * c[key * p.u2 + e]; }
+    } else {
+        for (var e = 0u; e < p.u2; e++) { s += a[qo + e] * b[key * p.u2 + e]; }
+    }
+    return s * bitcast<f32>(p.u6);
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let x = (wg.y * nwg.x + wg.x) * 64u + li;
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let h = x % p.u1;
+    let hd = p.u2;
+    let kk = p.u4;
+    let qo = i * p.u1 * hd + h * hd;
+    let lo = ia[2u * i];
+    let hi = ia[2u * i + 1u];
+    var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        bad = bad || e < -1 || e >= i32(p.u5);
+    }
+    if (bad) {
+        for (var e = 0u; e < hd; e++) { out[qo + e] = nan(); }
+        return;
+    }
+    let nwin = u32(max(hi - lo + 1, 0));
+    let sink = comb[h];
+    var mx = sink;
+    for (var j = 0u; j < nwin; j++) { mx = max(mx, sa_logit(qo, u32(lo) + j, false)); }
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        if (e >= 0) { mx = max(mx, sa_logit(qo, u32(e), true)); }
+    }
+    var den = exp(sink - mx);
+    for (var j = 0u; j < nwin; j++) { den += exp(sa_logit(qo, u32(lo) + j, false) - mx); }
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        if (e >= 0) { den += exp(sa_logit(qo, u32(e), true) - mx); }
+    }
+    for (var e = 0u; e < hd; e++) { out[qo + e] = 0.0; }
+    for (var j = 0u; j < nwin; j++) {
+        let key = u32(lo) + j;
+        let wgt = exp(sa_logit(qo, key, false) - mx) / den;
+        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * b[key * hd + e]; }
+    }
+    for (var s = 0u; s < kk; s++) {
+        let ei = ib[i * kk + s];
+        if (ei < 0) { continue; }
+        let key = u32(ei);
+        let wgt = exp(sa_logit(qo, key, true) - mx) / den;
+        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * c[key * hd + e]; }
     }
 }

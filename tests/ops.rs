@@ -81,6 +81,8 @@ enum Call {
     CompressPool { kv: usize, gate: usize, ape: usize, ratio: usize, overlap: bool },
     IndexerScores { q: usize, k: usize, w: usize, heads: usize, scale: f32, pos0: usize, ratio: usize },
     TopkRows(usize, usize),
+    GroupedLinear(usize, usize),
+    SinkAttention { q: usize, kv: usize, window: usize, comp: Option<(usize, usize)>, sinks: usize, heads: usize },
 }
 
 fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
@@ -122,6 +124,10 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
         Call::CompressPool { kv, gate, ape, ratio, overlap } => b.compress_pool(&ts[kv], &ts[gate], &ts[ape], ratio, overlap),
         Call::IndexerScores { q, k, w, heads, scale, pos0, ratio } => b.indexer_scores(&ts[q], &ts[k], &ts[w], heads, scale, pos0, ratio),
         Call::TopkRows(x, k) => b.topk_rows(&ts[x], k),
+        Call::GroupedLinear(x, g) => b.grouped_linear(&ts[x], weight.as_ref().unwrap(), g),
+        Call::SinkAttention { q, kv, window, comp, sinks, heads } => {
+            b.sink_attention(&ts[q], &ts[kv], &ts[window], comp.map(|(c, i)| (&ts[c], &ts[i])), &ts[sinks], heads)
+        }
     }
 }
 
@@ -377,7 +383,55 @@ fn lm_cases() -> Vec<Case> {
         }
         out.push(case("topk_rows [6,300] k=40 ties, -inf, short row", Op::TopkRows, EXACT, vec![HostTensor::f32([n, m], v).unwrap()], |_| Call::TopkRows(0, 40), Args::default()));
     }
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        out.push(grouped_case(&mut r, format, 9, 3, 21, 5, ""));
+    }
+    // sink_attention: windows of varying length (one empty), compressed entries with −1 slots
+    // and repeats; and a case without compressed entries.
+    {
+        let (n, heads, hd, m, c, k) = (7, 3, 20, 12, 5, 4);
+        let window: Vec<i32> = (0..n as i32).flat_map(|i| if i == 2 { [5, 4] } else { [(i - 3).max(0), i + 4] }).collect();
+        let idx: Vec<i32> = (0..n * k).map(|j| if j % 5 == 1 { -1 } else { r.random_range(0..c as i32) }).collect();
+        out.push(case(
+            format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k}"),
+            Op::SinkAttention,
+            REDUCTION,
+            vec![
+                randn(&mut r, &[n, heads * hd], 1.5),
+                randn(&mut r, &[m, hd], 1.5),
+                ints(&[n, 2], window.clone()),
+                randn(&mut r, &[c, hd], 1.5),
+                ints(&[n, k], idx),
+                randn(&mut r, &[heads], 2.0),
+            ],
+            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: 3 },
+            Args::default(),
+        ));
+        let window: Vec<i32> = (0..n as i32).flat_map(|i| [(i - 3).max(0), i + 4]).collect();
+        out.push(case(
+            format!("sink_attention n={n} 1x{hd} m={m} window only"),
+            Op::SinkAttention,
+            REDUCTION,
+            vec![randn(&mut r, &[n, hd], 1.5), randn(&mut r, &[m, hd], 1.5), ints(&[n, 2], window), randn(&mut r, &[1], 2.0)],
+            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: None, sinks: 3, heads: 1 },
+            Args::default(),
+        ));
+    }
     out
+}
+
+/// grouped_linear: x `[n, g·k]`, W `[g·r, k]` in `format`.
+fn grouped_case(r: &mut StdRng, format: WeightFormat, n: usize, g: usize, k: usize, rr: usize, tag: &str) -> Case {
+    let mut c = case(
+        format!("grouped_linear {format} x[{n},{g}x{k}] W[{g}x{rr},{k}]{tag}"),
+        Op::GroupedLinear,
+        REDUCTION,
+        vec![randn(r, &[n, g * k], 1.0)],
+        |a| Call::GroupedLinear(0, a.a),
+        Args { a: g, ..Default::default() },
+    );
+    c.weight = Some((format, g * rr, k, weight_bytes(r, format, g * rr, k)));
+    c
 }
 
 fn nmse(a: &[f32], b: &[f32]) -> f64 {
@@ -404,6 +458,19 @@ fn chunked_linear_cases() -> Vec<Case> {
             c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
             out.push(c);
         }
+        // LM ops with a weight operand, over many row chunks (activations stay under the 1 KiB cap)
+        out.push(grouped_case(&mut r, format, 2, 4, 30, 11, " chunked"));
+        let (vocab, d) = (40, 60);
+        let mut c = case(
+            format!("embed_rows {format} [{vocab},{d}] chunked"),
+            Op::EmbedRows,
+            EXACT,
+            vec![ints(&[4], vec![39, 40, 17, 2])],
+            |_| Call::EmbedRows(0),
+            Args::default(),
+        );
+        c.weight = Some((format, vocab, d, weight_bytes(&mut r, format, vocab, d)));
+        out.push(c);
     }
     out
 }

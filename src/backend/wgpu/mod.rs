@@ -58,6 +58,8 @@ const LM_SUPPORTED: &[Op] = &[
     Op::CompressPool,
     Op::IndexerScores,
     Op::TopkRows,
+    Op::GroupedLinear,
+    Op::SinkAttention,
 ];
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
@@ -1586,6 +1588,87 @@ impl Backend for WgpuBackend {
                 &[n as u32, m as u32, k as u32],
                 &[(1, x.binding()), (7, y.binding())],
                 (gx as u32, n.div_ceil(gx) as u32, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// x `[n, g·k]`, W `[g·r, k]` (any format, possibly row-chunked) → `[n, g·r]`.
+    fn grouped_linear(&self, x: &WgpuTensor, w: &WgpuWeight, groups: usize) -> Result<WgpuTensor> {
+        const OP: &str = "grouped_linear";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if groups == 0 || cols != groups * w.cols || w.rows % groups != 0 {
+            return Err(Error::shape(OP, format!("x {:?} and weight `{}` [{}, {}] do not split into {groups} groups", x.shape, w.name, w.rows, w.cols)));
+        }
+        let (k, r) = (w.cols, w.rows / groups);
+        let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        let fmt = match w.format {
+            WeightFormat::F32 => 0,
+            WeightFormat::BF16 => 1,
+            WeightFormat::F16 => 2,
+        };
+        for c in &w.chunks {
+            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &c.buf, offset: c.offset, size: NonZeroU64::new(c.bytes.max(4)) });
+            let params = [(n * c.rows) as u32, c.rows as u32, c.row0 as u32, k as u32, r as u32, cols as u32, w.rows as u32, fmt, w.stride_words as u32];
+            self.lm_1d(OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, wres)])?;
+        }
+        Ok(y)
+    }
+
+    /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
+    /// thread per (query, head). A window or index out of range gives a NaN head.
+    fn sink_attention(
+        &self,
+        q: &WgpuTensor,
+        kv: &WgpuTensor,
+        window: &WgpuTensor,
+        comp: Option<(&WgpuTensor, &WgpuTensor)>,
+        sinks: &WgpuTensor,
+        n_heads: usize,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "sink_attention";
+        self.check_input(OP, "q", q, DType::F32)?;
+        self.check_input(OP, "kv", kv, DType::F32)?;
+        self.check_input(OP, "window", window, DType::I32)?;
+        self.check_input(OP, "sinks", sinks, DType::F32)?;
+        let (n, cols) = (q.rows(), q.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
+        }
+        let hd = cols / n_heads;
+        let (m, kd) = (kv.rows(), kv.cols());
+        if kd != hd || window.numel() != 2 * n || sinks.numel() != n_heads {
+            return Err(Error::shape(OP, format!("q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit", q.shape, kv.shape, window.shape, sinks.shape)));
+        }
+        let (c_rows, kk) = match comp {
+            Some((c, idx)) => {
+                self.check_input(OP, "comp", c, DType::F32)?;
+                self.check_input(OP, "comp_idx", idx, DType::I32)?;
+                if c.cols() != hd || idx.rows() != n {
+                    return Err(Error::shape(OP, format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape)));
+                }
+                (c.rows(), idx.cols())
+            }
+            None => (0, 0),
+        };
+        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
+        let total = n * n_heads;
+        if total > 0 && hd > 0 {
+            let (cres, ires) = match comp {
+                Some((c, idx)) => (c.binding(), idx.binding()),
+                None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
+            };
+            let g = total.div_ceil(64);
+            let gx = g.min(32768);
+            let scale = 1.0 / (hd as f32).sqrt();
+            self.dispatch(
+                Shader::Lm,
+                OP,
+                0,
+                &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
+                &[(1, q.binding()), (2, kv.binding()), (3, cres), (4, window.binding()), (5, ires), (9, sinks.binding()), (6, y.binding())],
+                (gx as u32, g.div_ceil(gx) as u32, 1),
             )?;
         }
         Ok(y)
