@@ -593,3 +593,66 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * c[key * hd + e]; }
     }
 }
+
+// moe_experts, per expert e (one dispatch pair each; weights bound one expert at a time):
+// moe_up: a = x [n, d], ia = ids [n·k slots], w = w13_e [2h, d] → out = hid [n·k, h] for the slots
+//   routed to e: silu(min(w1·x, lim)) · clamp(w3·x, ±lim).
+//   u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u5 = fmt, u6 = stride, u7 = limit
+@compute @workgroup_size(256, 1, 1)
+fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let t = x / p.u1;
+    let j = x % p.u1;
+    if (ia[t] != i32(p.u4)) { return; }
+    let xo = (t / p.u3) * p.u2;
+    var g = 0.0;
+    var u = 0.0;
+    for (var e = 0u; e < p.u2; e++) {
+        g += a[xo + e] * wload(p.u5, p.u6, j, e);
+        u += a[xo + e] * wload(p.u5, p.u6, p.u1 + j, e);
+    }
+    let lim = bitcast<f32>(p.u7);
+    g = min(g, lim);
+    out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
+}
+
+// moe_down: b = hid [n·k, h], ia = ids, w = w2_e [d, h] → out = y [n·k, d] for slots routed to e.
+//   u0 = n·k·d, u1 = d, u2 = h, u4 = e, u5 = fmt, u6 = stride
+@compute @workgroup_size(256, 1, 1)
+fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let t = x / p.u1;
+    let o = x % p.u1;
+    if (ia[t] != i32(p.u4)) { return; }
+    var s = 0.0;
+    for (var e = 0u; e < p.u2; e++) {
+        s += b[t * p.u2 + e] * wload(p.u5, p.u6, o, e);
+    }
+    out[x] = s;
+}
+
+// moe_sum: a = y [n·k, d], b = weights [n, k], ia = ids → out [n, d] = Σ_s weights_s · y_s (slot
+// order); a slot whose id is outside 0..experts makes the element NaN.
+//   u0 = n·d, u1 = d, u2 = k, u3 = experts
+@compute @workgroup_size(256, 1, 1)
+fn moe_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let o = x % p.u1;
+    var s = 0.0;
+    for (var q = 0u; q < p.u2; q++) {
+        let id = ia[i * p.u2 + q];
+        if (id < 0 || u32(id) >= p.u3) {
+            out[x] = nan();
+            return;
+        }
+        s += b[i * p.u2 + q] * a[(i * p.u2 + q) * p.u1 + o];
+    }
+    out[x] = s;
+}

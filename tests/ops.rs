@@ -40,6 +40,8 @@ struct Case {
     bound: f64,
     tensors: Vec<HostTensor>,
     weight: Option<(WeightFormat, usize, usize, Vec<u8>)>,
+    /// Several weights (moe_experts: every w13, then every w2).
+    experts: Vec<(WeightFormat, usize, usize, Vec<u8>)>,
     run: fn(&Args) -> Call,
     args: Args,
 }
@@ -82,6 +84,7 @@ enum Call {
     IndexerScores { q: usize, k: usize, w: usize, heads: usize, scale: f32, pos0: usize, ratio: usize },
     TopkRows(usize, usize),
     GroupedLinear(usize, usize),
+    MoeExperts { x: usize, ids: usize, weights: usize, limit: f32 },
     SinkAttention { q: usize, kv: usize, window: usize, comp: Option<(usize, usize)>, sinks: usize, heads: usize },
 }
 
@@ -97,6 +100,13 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
         })?),
         None => None,
     };
+    let experts: Vec<B::Weight> = case
+        .experts
+        .iter()
+        .map(|(format, rows, cols, bytes)| {
+            b.upload_weight(&HostWeight { name: case.name.clone(), format: *format, rows: *rows, cols: *cols, bytes: Cow::Borrowed(bytes) })
+        })
+        .collect::<fovea::Result<_>>()?;
     match (case.run)(&case.args) {
         Call::Linear { x, bias } => b.linear(&ts[x], weight.as_ref().unwrap(), bias.map(|i| &ts[i])),
         Call::RmsNorm { x, w, eps } => b.rms_norm(&ts[x], &ts[w], eps),
@@ -124,6 +134,10 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
         Call::CompressPool { kv, gate, ape, ratio, overlap } => b.compress_pool(&ts[kv], &ts[gate], &ts[ape], ratio, overlap),
         Call::IndexerScores { q, k, w, heads, scale, pos0, ratio } => b.indexer_scores(&ts[q], &ts[k], &ts[w], heads, scale, pos0, ratio),
         Call::TopkRows(x, k) => b.topk_rows(&ts[x], k),
+        Call::MoeExperts { x, ids, weights, limit } => {
+            let (w13, w2) = experts.split_at(experts.len() / 2);
+            b.moe_experts(&ts[x], &ts[ids], &ts[weights], w13, w2, limit)
+        }
         Call::GroupedLinear(x, g) => b.grouped_linear(&ts[x], weight.as_ref().unwrap(), g),
         Call::SinkAttention { q, kv, window, comp, sinks, heads } => {
             b.sink_attention(&ts[q], &ts[kv], &ts[window], comp.map(|(c, i)| (&ts[c], &ts[i])), &ts[sinks], heads)
@@ -151,7 +165,7 @@ fn weight_bytes(r: &mut StdRng, format: WeightFormat, rows: usize, cols: usize) 
 }
 
 fn case(name: impl Into<String>, op: Op, bound: f64, tensors: Vec<HostTensor>, run: fn(&Args) -> Call, args: Args) -> Case {
-    Case { name: name.into(), op, bound, tensors, weight: None, run, args }
+    Case { name: name.into(), op, bound, tensors, weight: None, experts: Vec::new(), run, args }
 }
 
 /// Every op, with shapes that are not multiples of any tile size.
@@ -416,6 +430,26 @@ fn lm_cases() -> Vec<Case> {
             |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: None, sinks: 3, heads: 1 },
             Args::default(),
         ));
+    }
+    // moe_experts: 5 experts (one unused), k = 3 slots, in every format; limit cuts some values.
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        let (n, d, h, e, k) = (6, 19, 13, 5, 3);
+        let ids: Vec<i32> = (0..n * k).map(|j| [0, 2, 3, 1, 2, 0, 3, 1, 2][j % 9]).collect();
+        let mut c = case(
+            format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k}"),
+            Op::MoeExperts,
+            REDUCTION,
+            vec![randn(&mut r, &[n, d], 3.0), ints(&[n, k], ids), randn(&mut r, &[n, k], 1.0)],
+            |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
+            Args::default(),
+        );
+        for _ in 0..e {
+            c.experts.push((format, 2 * h, d, weight_bytes(&mut r, format, 2 * h, d)));
+        }
+        for _ in 0..e {
+            c.experts.push((format, d, h, weight_bytes(&mut r, format, d, h)));
+        }
+        out.push(c);
     }
     out
 }

@@ -60,6 +60,7 @@ const LM_SUPPORTED: &[Op] = &[
     Op::TopkRows,
     Op::GroupedLinear,
     Op::SinkAttention,
+    Op::MoeExperts,
 ];
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
@@ -1671,6 +1672,63 @@ impl Backend for WgpuBackend {
                 (gx as u32, g.div_ceil(gx) as u32, 1),
             )?;
         }
+        Ok(y)
+    }
+
+    /// Routed experts, one (up, down) dispatch pair per expert over the slots routed to it, then a
+    /// weighted sum over the slots in order. Each expert matrix must fit one binding.
+    fn moe_experts(&self, x: &WgpuTensor, ids: &WgpuTensor, weights: &WgpuTensor, w13: &[WgpuWeight], w2: &[WgpuWeight], limit: f32) -> Result<WgpuTensor> {
+        const OP: &str = "moe_experts";
+        self.check_input(OP, "x", x, DType::F32)?;
+        self.check_input(OP, "ids", ids, DType::I32)?;
+        self.check_input(OP, "weights", weights, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        let k = ids.cols();
+        if ids.rows() != n || weights.shape != ids.shape || w13.len() != w2.len() {
+            return Err(Error::shape(OP, format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len())));
+        }
+        let h = w13.first().map_or(0, |w| w.rows / 2);
+        for (a, b) in w13.iter().zip(w2) {
+            if a.rows != 2 * h || a.cols != d || b.rows != d || b.cols != h {
+                return Err(Error::shape(OP, format!("expert `{}` [{}, {}] / `{}` [{}, {}] for d = {d}, h = {h}", a.name, a.rows, a.cols, b.name, b.rows, b.cols)));
+            }
+            if a.chunks.len() != 1 || b.chunks.len() != 1 {
+                return Err(Self::unsupported(Op::MoeExperts, format!("expert `{}` split into row chunks (larger than one binding)", a.name)));
+            }
+        }
+        let fmt_of = |w: &WgpuWeight| match w.format {
+            WeightFormat::F32 => 0u32,
+            WeightFormat::BF16 => 1,
+            WeightFormat::F16 => 2,
+        };
+        fn bind(w: &WgpuWeight) -> wgpu::BindingResource<'_> {
+            let c = &w.chunks[0];
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &c.buf, offset: c.offset, size: NonZeroU64::new(c.bytes.max(4)) })
+        }
+        let slots = n * k;
+        let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
+        let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
+        for (e, (a, b)) in w13.iter().zip(w2).enumerate() {
+            self.lm_1d(
+                "moe_up",
+                slots * h,
+                &[(slots * h) as u32, h as u32, d as u32, k as u32, e as u32, fmt_of(a), a.stride_words as u32, limit.to_bits()],
+                &[(1, x.binding()), (4, ids.binding()), (8, bind(a)), (6, hid.binding())],
+            )?;
+            self.lm_1d(
+                "moe_down",
+                slots * d,
+                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, fmt_of(b), b.stride_words as u32],
+                &[(2, hid.binding()), (4, ids.binding()), (8, bind(b)), (6, ys.binding())],
+            )?;
+        }
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        self.lm_1d(
+            "moe_sum",
+            n * d,
+            &[(n * d) as u32, d as u32, k as u32, w13.len() as u32],
+            &[(1, ys.binding()), (2, weights.binding()), (4, ids.binding()), (6, y.binding())],
+        )?;
         Ok(y)
     }
 }
