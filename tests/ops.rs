@@ -14,7 +14,7 @@ use std::borrow::Cow;
 
 use fovea::backend::cpu::CpuBackend;
 use fovea::backend::wgpu::{Options, WgpuBackend};
-use fovea::backend::{Backend, HostTensor, HostWeight, Op, WeightFormat};
+use fovea::backend::{Backend, HostData, HostTensor, HostWeight, Op, WeightFormat};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -40,6 +40,8 @@ struct Case {
     bound: f64,
     tensors: Vec<HostTensor>,
     weight: Option<(WeightFormat, usize, usize, Vec<u8>)>,
+    /// Several weights (moe_experts: every w13, then every w2).
+    experts: Vec<(WeightFormat, usize, usize, Vec<u8>)>,
     run: fn(&Args) -> Call,
     args: Args,
 }
@@ -65,6 +67,25 @@ enum Call {
     Rope2d { x: usize, heads: usize, grid_w: usize, theta: f32 },
     Attention { q: usize, k: usize, v: usize, heads: usize },
     Unfold { x: usize, h: usize, w: usize, r: usize },
+    // language model
+    EmbedRows(usize),
+    HcExpand(usize, usize),
+    RmsNormHeads { x: usize, heads: usize, eps: f32 },
+    HcPre(usize, usize),
+    HcPost { x: usize, f: usize, post: usize, comb: usize },
+    HcHeadWeights { mix: usize, scale: usize, base: usize, eps: f32 },
+    SqrtSoftplus(usize),
+    HashRoute { table: usize, ids: usize, fallback: usize },
+    RouteWeights { scores: usize, ids: usize, scale: f32 },
+    SwigluClamp(usize, f32),
+    RopeTail { x: usize, heads: usize, inv_freq: usize, pos0: usize, stride: usize, inverse: bool },
+    HcSplit { mix: usize, scale: usize, base: usize, hc: usize, iters: usize, eps: f32 },
+    CompressPool { kv: usize, gate: usize, ape: usize, ratio: usize, overlap: bool },
+    IndexerScores { q: usize, k: usize, w: usize, heads: usize, scale: f32, pos0: usize, ratio: usize },
+    TopkRows(usize, usize),
+    GroupedLinear(usize, usize),
+    MoeExperts { x: usize, ids: usize, weights: usize, limit: f32 },
+    SinkAttention { q: usize, kv: usize, window: usize, comp: Option<(usize, usize)>, sinks: usize, heads: usize },
 }
 
 fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
@@ -79,6 +100,13 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
         })?),
         None => None,
     };
+    let experts: Vec<B::Weight> = case
+        .experts
+        .iter()
+        .map(|(format, rows, cols, bytes)| {
+            b.upload_weight(&HostWeight { name: case.name.clone(), format: *format, rows: *rows, cols: *cols, bytes: Cow::Borrowed(bytes) })
+        })
+        .collect::<fovea::Result<_>>()?;
     match (case.run)(&case.args) {
         Call::Linear { x, bias } => b.linear(&ts[x], weight.as_ref().unwrap(), bias.map(|i| &ts[i])),
         Call::RmsNorm { x, w, eps } => b.rms_norm(&ts[x], &ts[w], eps),
@@ -91,6 +119,29 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
         Call::Rope2d { x, heads, grid_w, theta } => b.rope_2d(&ts[x], heads, grid_w, theta),
         Call::Attention { q, k, v, heads } => b.attention(&ts[q], &ts[k], &ts[v], heads),
         Call::Unfold { x, h, w, r } => b.unfold(&ts[x], h, w, r),
+        Call::EmbedRows(ids) => b.embed_rows(weight.as_ref().unwrap(), &ts[ids]),
+        Call::HcExpand(x, hc) => b.hc_expand(&ts[x], hc),
+        Call::RmsNormHeads { x, heads, eps } => b.rms_norm_heads(&ts[x], heads, eps),
+        Call::HcPre(x, w) => b.hc_pre(&ts[x], &ts[w]),
+        Call::HcPost { x, f, post, comb } => b.hc_post(&ts[x], &ts[f], &ts[post], &ts[comb]),
+        Call::HcHeadWeights { mix, scale, base, eps } => b.hc_head_weights(&ts[mix], &ts[scale], &ts[base], eps),
+        Call::SqrtSoftplus(x) => b.sqrt_softplus(&ts[x]),
+        Call::HashRoute { table, ids, fallback } => b.hash_route(&ts[table], &ts[ids], &ts[fallback]),
+        Call::RouteWeights { scores, ids, scale } => b.route_weights(&ts[scores], &ts[ids], scale),
+        Call::SwigluClamp(x, limit) => b.swiglu_clamp(&ts[x], limit),
+        Call::RopeTail { x, heads, inv_freq, pos0, stride, inverse } => b.rope_tail(&ts[x], heads, &ts[inv_freq], pos0, stride, inverse),
+        Call::HcSplit { mix, scale, base, hc, iters, eps } => b.hc_split(&ts[mix], &ts[scale], &ts[base], hc, iters, eps),
+        Call::CompressPool { kv, gate, ape, ratio, overlap } => b.compress_pool(&ts[kv], &ts[gate], &ts[ape], ratio, overlap),
+        Call::IndexerScores { q, k, w, heads, scale, pos0, ratio } => b.indexer_scores(&ts[q], &ts[k], &ts[w], heads, scale, pos0, ratio),
+        Call::TopkRows(x, k) => b.topk_rows(&ts[x], k),
+        Call::MoeExperts { x, ids, weights, limit } => {
+            let (w13, w2) = experts.split_at(experts.len() / 2);
+            b.moe_experts(&ts[x], &ts[ids], &ts[weights], w13, w2, limit)
+        }
+        Call::GroupedLinear(x, g) => b.grouped_linear(&ts[x], weight.as_ref().unwrap(), g),
+        Call::SinkAttention { q, kv, window, comp, sinks, heads } => {
+            b.sink_attention(&ts[q], &ts[kv], &ts[window], comp.map(|(c, i)| (&ts[c], &ts[i])), &ts[sinks], heads)
+        }
     }
 }
 
@@ -114,7 +165,7 @@ fn weight_bytes(r: &mut StdRng, format: WeightFormat, rows: usize, cols: usize) 
 }
 
 fn case(name: impl Into<String>, op: Op, bound: f64, tensors: Vec<HostTensor>, run: fn(&Args) -> Call, args: Args) -> Case {
-    Case { name: name.into(), op, bound, tensors, weight: None, run, args }
+    Case { name: name.into(), op, bound, tensors, weight: None, experts: Vec::new(), run, args }
 }
 
 /// Every op, with shapes that are not multiples of any tile size.
@@ -183,6 +234,240 @@ fn cases() -> Vec<Case> {
     out
 }
 
+fn ints(shape: &[usize], v: Vec<i32>) -> HostTensor {
+    HostTensor::i32(shape.to_vec(), v).unwrap()
+}
+
+/// The language-model ops the wgpu lane implements (shapes not multiples of any tile size).
+fn lm_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0x1a4);
+    let mut out = Vec::new();
+    // embed_rows: every format; ids include repeats, the last row, and sentinels ≥ vocab.
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        let (vocab, d) = (23, 37);
+        let mut c = case(
+            format!("embed_rows {format} [{vocab},{d}] sentinels"),
+            Op::EmbedRows,
+            EXACT,
+            vec![ints(&[9], vec![3, 22, 0, 23, 3, 1000, 7, 22, 5])],
+            |_| Call::EmbedRows(0),
+            Args::default(),
+        );
+        c.weight = Some((format, vocab, d, weight_bytes(&mut r, format, vocab, d)));
+        out.push(c);
+    }
+    out.push(case("hc_expand [7,19] hc=4", Op::HcExpand, EXACT, vec![randn(&mut r, &[7, 19], 1.0)], |_| Call::HcExpand(0, 4), Args::default()));
+    for (n, heads, hd) in [(5, 3, 29), (3, 1, 300)] {
+        out.push(case(
+            format!("rms_norm_heads [{n},{heads}x{hd}]"),
+            Op::RmsNormHeads,
+            REDUCTION,
+            vec![randn(&mut r, &[n, heads * hd], 3.0)],
+            |a| Call::RmsNormHeads { x: 0, heads: a.a, eps: 1e-6 },
+            Args { a: heads, ..Default::default() },
+        ));
+    }
+    out.push(case(
+        "hc_pre [9,4x21]",
+        Op::HcPre,
+        REDUCTION,
+        vec![randn(&mut r, &[9, 84], 2.0), randn(&mut r, &[9, 4], 1.0)],
+        |_| Call::HcPre(0, 1),
+        Args::default(),
+    ));
+    out.push(case(
+        "hc_post [6,4x13]",
+        Op::HcPost,
+        REDUCTION,
+        vec![randn(&mut r, &[6, 52], 2.0), randn(&mut r, &[6, 13], 2.0), randn(&mut r, &[6, 4], 2.0), randn(&mut r, &[6, 16], 1.0)],
+        |_| Call::HcPost { x: 0, f: 1, post: 2, comb: 3 },
+        Args::default(),
+    ));
+    out.push(case(
+        "hc_head_weights [11,4]",
+        Op::HcHeadWeights,
+        ELEMENTWISE,
+        vec![randn(&mut r, &[11, 4], 3.0), randn(&mut r, &[1], 2.0), randn(&mut r, &[4], 1.0)],
+        |_| Call::HcHeadWeights { mix: 0, scale: 1, base: 2, eps: 1e-6 },
+        Args::default(),
+    ));
+    // wide range: ln1p of tiny eˣ and the linear branch above 20
+    out.push(case("sqrt_softplus [13,29]", Op::SqrtSoftplus, ELEMENTWISE, vec![randn(&mut r, &[13, 29], 30.0)], |_| Call::SqrtSoftplus(0), Args::default()));
+    {
+        let (vocab, k, n, e) = (10, 3, 8, 16);
+        let table: Vec<i32> = (0..vocab * k).map(|_| r.random_range(0..e as i32)).collect();
+        let fallback: Vec<i32> = (0..n * k).map(|_| r.random_range(0..e as i32)).collect();
+        out.push(case(
+            "hash_route vocab 10 k=3 with image ids",
+            Op::HashRoute,
+            EXACT,
+            vec![ints(&[vocab, k], table), ints(&[n], vec![0, 9, 10, 4, 12345, 9, 3, 10]), ints(&[n, k], fallback)],
+            |_| Call::HashRoute { table: 0, ids: 1, fallback: 2 },
+            Args::default(),
+        ));
+    }
+    {
+        let (n, e, k) = (7, 19, 6);
+        let scores = HostTensor::f32([n, e], (0..n * e).map(|_| r.random_range(0.01f32..3.0)).collect()).unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            let mut row: Vec<i32> = Vec::new();
+            while row.len() < k {
+                let x = r.random_range(0..e as i32);
+                if !row.contains(&x) {
+                    row.push(x);
+                }
+            }
+            ids.extend(row);
+        }
+        out.push(case(
+            "route_weights [7,19] k=6 scale 2.5",
+            Op::RouteWeights,
+            REDUCTION,
+            vec![scores, ints(&[n, k], ids)],
+            |_| Call::RouteWeights { scores: 0, ids: 1, scale: 2.5 },
+            Args::default(),
+        ));
+    }
+    out.push(case("swiglu_clamp [15,2x23] limit 7", Op::SwigluClamp, ELEMENTWISE, vec![randn(&mut r, &[15, 46], 12.0)], |_| Call::SwigluClamp(0, 7.0), Args::default()));
+    // rope_tail: rd = 2·6 of hd = 22, inv_freq spanning 1 … 1e-4; positions up to ~9000 rad.
+    let inv_freq = |r: &mut StdRng| {
+        let v: Vec<f32> = (0..6).map(|j| 10000f32.powf(-(j as f32) / 6.0) * r.random_range(0.9f32..1.1)).collect();
+        HostTensor::f32([6], v).unwrap()
+    };
+    for (pos0, stride, inverse) in [(0, 1, false), (8191, 3, true)] {
+        out.push(case(
+            format!("rope_tail [9,3x22] rd=12 pos {pos0}+{stride}i{}", if inverse { " inverse" } else { "" }),
+            Op::RopeTail,
+            ELEMENTWISE,
+            vec![randn(&mut r, &[9, 66], 1.0), inv_freq(&mut r)],
+            |a| Call::RopeTail { x: 0, heads: 3, inv_freq: 1, pos0: a.a, stride: a.b, inverse: a.c == 1 },
+            Args { a: pos0, b: stride, c: inverse as usize, f: 0.0 },
+        ));
+    }
+    for (n, iters) in [(1, 1), (13, 20)] {
+        out.push(case(
+            format!("hc_split [{n},24] hc=4 iters {iters}"),
+            Op::HcSplit,
+            REDUCTION,
+            vec![randn(&mut r, &[n, 24], 2.0), randn(&mut r, &[3], 1.5), randn(&mut r, &[24], 1.0)],
+            |a| Call::HcSplit { mix: 0, scale: 1, base: 2, hc: 4, iters: a.a, eps: 1e-6 },
+            Args { a: iters, ..Default::default() },
+        ));
+    }
+    // compress_pool: trailing partial block (T = 4·3 + 2), with and without overlap.
+    for (overlap, ratio, d) in [(false, 4, 13), (true, 3, 11)] {
+        let (t, w) = (14, if overlap { 2 * d } else { d });
+        out.push(case(
+            format!("compress_pool T={t} r={ratio} w={w}{}", if overlap { " overlap" } else { "" }),
+            Op::CompressPool,
+            REDUCTION,
+            vec![randn(&mut r, &[t, w], 2.0), randn(&mut r, &[t, w], 3.0), randn(&mut r, &[ratio, w], 1.0)],
+            |a| Call::CompressPool { kv: 0, gate: 1, ape: 2, ratio: a.a, overlap: a.b == 1 },
+            Args { a: ratio, b: overlap as usize, ..Default::default() },
+        ));
+    }
+    // indexer_scores: queries at 5.., ratio 4 → 1..=4 visible of 5 entries (future ones −inf).
+    out.push(case(
+        "indexer_scores n=11 m=5 3x17 pos0 5 r=4",
+        Op::IndexerScores,
+        REDUCTION,
+        vec![randn(&mut r, &[11, 51], 1.0), randn(&mut r, &[5, 17], 1.0), randn(&mut r, &[11, 3], 1.0)],
+        |_| Call::IndexerScores { q: 0, k: 1, w: 2, heads: 3, scale: 0.37, pos0: 5, ratio: 4 },
+        Args::default(),
+    ));
+    // topk_rows: ties (quantised values), −inf / NaN entries, rows with fewer than k finite values,
+    // m beyond one workgroup pass.
+    {
+        let (n, m) = (6, 300);
+        let mut v: Vec<f32> = (0..n * m).map(|_| (r.random_range(-8i32..8) as f32) * 0.25).collect();
+        for (j, x) in v.iter_mut().enumerate() {
+            if j % 7 == 3 {
+                *x = f32::NEG_INFINITY;
+            }
+            if j % 53 == 11 {
+                *x = f32::NAN;
+            }
+        }
+        // row 5: only 3 finite values
+        for (j, x) in v[5 * m..].iter_mut().enumerate() {
+            if j > 2 {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        out.push(case("topk_rows [6,300] k=40 ties, -inf, short row", Op::TopkRows, EXACT, vec![HostTensor::f32([n, m], v).unwrap()], |_| Call::TopkRows(0, 40), Args::default()));
+    }
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        out.push(grouped_case(&mut r, format, 9, 3, 21, 5, ""));
+    }
+    // sink_attention: windows of varying length (one empty), compressed entries with −1 slots
+    // and repeats; and a case without compressed entries.
+    {
+        let (n, heads, hd, m, c, k) = (7, 3, 20, 12, 5, 4);
+        let window: Vec<i32> = (0..n as i32).flat_map(|i| if i == 2 { [5, 4] } else { [(i - 3).max(0), i + 4] }).collect();
+        let idx: Vec<i32> = (0..n * k).map(|j| if j % 5 == 1 { -1 } else { r.random_range(0..c as i32) }).collect();
+        out.push(case(
+            format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k}"),
+            Op::SinkAttention,
+            REDUCTION,
+            vec![
+                randn(&mut r, &[n, heads * hd], 1.5),
+                randn(&mut r, &[m, hd], 1.5),
+                ints(&[n, 2], window.clone()),
+                randn(&mut r, &[c, hd], 1.5),
+                ints(&[n, k], idx),
+                randn(&mut r, &[heads], 2.0),
+            ],
+            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: 3 },
+            Args::default(),
+        ));
+        let window: Vec<i32> = (0..n as i32).flat_map(|i| [(i - 3).max(0), i + 4]).collect();
+        out.push(case(
+            format!("sink_attention n={n} 1x{hd} m={m} window only"),
+            Op::SinkAttention,
+            REDUCTION,
+            vec![randn(&mut r, &[n, hd], 1.5), randn(&mut r, &[m, hd], 1.5), ints(&[n, 2], window), randn(&mut r, &[1], 2.0)],
+            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: None, sinks: 3, heads: 1 },
+            Args::default(),
+        ));
+    }
+    // moe_experts: 5 experts (one unused), k = 3 slots, in every format; limit cuts some values.
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        let (n, d, h, e, k) = (6, 19, 13, 5, 3);
+        let ids: Vec<i32> = (0..n * k).map(|j| [0, 2, 3, 1, 2, 0, 3, 1, 2][j % 9]).collect();
+        let mut c = case(
+            format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k}"),
+            Op::MoeExperts,
+            REDUCTION,
+            vec![randn(&mut r, &[n, d], 3.0), ints(&[n, k], ids), randn(&mut r, &[n, k], 1.0)],
+            |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
+            Args::default(),
+        );
+        for _ in 0..e {
+            c.experts.push((format, 2 * h, d, weight_bytes(&mut r, format, 2 * h, d)));
+        }
+        for _ in 0..e {
+            c.experts.push((format, d, h, weight_bytes(&mut r, format, d, h)));
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// grouped_linear: x `[n, g·k]`, W `[g·r, k]` in `format`.
+fn grouped_case(r: &mut StdRng, format: WeightFormat, n: usize, g: usize, k: usize, rr: usize, tag: &str) -> Case {
+    let mut c = case(
+        format!("grouped_linear {format} x[{n},{g}x{k}] W[{g}x{rr},{k}]{tag}"),
+        Op::GroupedLinear,
+        REDUCTION,
+        vec![randn(r, &[n, g * k], 1.0)],
+        |a| Call::GroupedLinear(0, a.a),
+        Args { a: g, ..Default::default() },
+    );
+    c.weight = Some((format, g * rr, k, weight_bytes(r, format, g * rr, k)));
+    c
+}
+
 fn nmse(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
@@ -207,6 +492,19 @@ fn chunked_linear_cases() -> Vec<Case> {
             c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
             out.push(c);
         }
+        // LM ops with a weight operand, over many row chunks (activations stay under the 1 KiB cap)
+        out.push(grouped_case(&mut r, format, 2, 4, 30, 11, " chunked"));
+        let (vocab, d) = (40, 60);
+        let mut c = case(
+            format!("embed_rows {format} [{vocab},{d}] chunked"),
+            Op::EmbedRows,
+            EXACT,
+            vec![ints(&[4], vec![39, 40, 17, 2])],
+            |_| Call::EmbedRows(0),
+            Args::default(),
+        );
+        c.weight = Some((format, vocab, d, weight_bytes(&mut r, format, vocab, d)));
+        out.push(c);
     }
     out
 }
@@ -233,11 +531,29 @@ fn compare_with_cpu<L: LaneUnderTest>(lane: &L, cases: Vec<Case>) -> std::collec
             failures.push(format!("{}: shape {:?} vs cpu {:?}", c.name, got.shape, want.shape));
             continue;
         }
-        let (g, w) = (got.as_f32().unwrap(), want.as_f32().unwrap());
-        if let Some(i) = g.iter().position(|v| !v.is_finite()) {
-            failures.push(format!("{}: non-finite value {} at {i}", c.name, g[i]));
+        if let (HostData::I32(g), HostData::I32(w)) = (&got.data, &want.data) {
+            // index outputs are exact
+            let diff = g.iter().zip(w).filter(|(a, b)| a != b).count();
+            eprintln!("{:<44} {diff} index(es) differ", c.name);
+            if diff != 0 {
+                failures.push(format!("{}: {diff} index(es) differ: {g:?} vs cpu {w:?}", c.name));
+            }
+            continue;
         }
-        let e = nmse(g, w);
+        let (Some(g), Some(w)) = (got.as_f32(), want.as_f32()) else {
+            failures.push(format!("{}: dtype {} vs cpu {}", c.name, got.dtype(), want.dtype()));
+            continue;
+        };
+        // Non-finite values only where the reference has the same one (−inf masks); NMSE over the rest.
+        if let Some(i) = (0..g.len()).find(|&i| !g[i].is_finite() && g[i].to_bits() != w[i].to_bits()) {
+            failures.push(format!("{}: non-finite value {} at {i} (cpu {})", c.name, g[i], w[i]));
+        }
+        if let Some(i) = (0..g.len()).find(|&i| !w[i].is_finite() && g[i].to_bits() != w[i].to_bits()) {
+            failures.push(format!("{}: {} at {i} where cpu has {}", c.name, g[i], w[i]));
+        }
+        let keep: Vec<usize> = (0..g.len()).filter(|&i| w[i].is_finite()).collect();
+        let (g, w): (Vec<f32>, Vec<f32>) = keep.iter().map(|&i| (g[i], w[i])).unzip();
+        let e = nmse(&g, &w);
         eprintln!("{:<44} nmse {e:.2e} (bound {:.0e})", c.name, c.bound);
         if !(e <= c.bound) {
             failures.push(format!("{}: nmse {e:.3e} > {:.0e}", c.name, c.bound));
@@ -252,9 +568,15 @@ fn compare_with_cpu<L: LaneUnderTest>(lane: &L, cases: Vec<Case>) -> std::collec
 #[test]
 fn wgpu_ops_match_cpu() {
     let Some(lane) = common::wgpu_lane(Options { guard_words: 8, ..Options::default() }) else { return };
-    let covered = compare_with_cpu(&lane, cases());
+    let mut all = cases();
+    all.extend(lm_cases());
+    let covered = compare_with_cpu(&lane, all);
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
     assert!(missing.is_empty(), "ops without a harness case: {missing:?}");
+    // Every language-model op the lane claims must be compared with the CPU lane here.
+    let missing: Vec<_> =
+        Op::LM.iter().filter(|op| lane.supports(**op, WeightFormat::F32) && !covered.contains(op)).map(|op| op.name()).collect();
+    assert!(missing.is_empty(), "LM ops the wgpu lane supports without a harness case: {missing:?}");
     drop(lane);
 
     // A 1 KiB binding cap splits every weight into many row chunks; f16 via the integer decode.

@@ -40,6 +40,28 @@ use crate::backend::{
 use crate::error::{Error, Result};
 
 const LANE: &str = "wgpu";
+/// The language-model ops with a WGSL kernel (shaders/lm.wgsl); the others keep the trait's
+/// `Unsupported` default.
+const LM_SUPPORTED: &[Op] = &[
+    Op::SqrtSoftplus,
+    Op::SwigluClamp,
+    Op::HcExpand,
+    Op::HcHeadWeights,
+    Op::HcPre,
+    Op::HcPost,
+    Op::HashRoute,
+    Op::RouteWeights,
+    Op::EmbedRows,
+    Op::RmsNormHeads,
+    Op::RopeTail,
+    Op::HcSplit,
+    Op::CompressPool,
+    Op::IndexerScores,
+    Op::TopkRows,
+    Op::GroupedLinear,
+    Op::SinkAttention,
+    Op::MoeExperts,
+];
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 /// Submit the pending encoder (without waiting) after this many dispatches.
@@ -253,6 +275,7 @@ enum Shader {
     Rope,
     Attention,
     Debug,
+    Lm,
 }
 
 impl Shader {
@@ -273,6 +296,7 @@ impl Shader {
             Shader::Rope => ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
             Shader::Attention => ("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
             Shader::Debug => ("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
+            Shader::Lm => ("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
         }
     }
 }
@@ -849,6 +873,15 @@ impl WgpuBackend {
         Ok(t)
     }
 
+    /// One elementwise dispatch of `lm.wgsl::entry` over `total` threads (no-op when 0).
+    fn lm_1d(&self, entry: &'static str, total: usize, params: &[u32], bindings: &[(u32, wgpu::BindingResource<'_>)]) -> Result<()> {
+        if total == 0 {
+            return Ok(());
+        }
+        let (gx, gy) = groups_1d(total);
+        self.dispatch(Shader::Lm, entry, 0, params, bindings, (gx, gy, 1))
+    }
+
     fn unsupported(op: Op, what: impl Into<String>) -> Error {
         Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
     }
@@ -870,8 +903,7 @@ impl Backend for WgpuBackend {
     fn supports(&self, op: Op, _format: WeightFormat) -> bool {
         match op {
             Op::Attention => self.limits.max_compute_workgroup_storage_size >= ATTENTION_SHARED_BYTES,
-            // The language-model ops have no WGSL kernels yet (the trait's defaults refuse them).
-            op if op.is_lm() => false,
+            op if op.is_lm() => LM_SUPPORTED.contains(&op),
             _ => true,
         }
     }
@@ -1264,6 +1296,439 @@ impl Backend for WgpuBackend {
                 (gx, gy, 1),
             )?;
         }
+        Ok(y)
+    }
+
+    // ==== language model (shaders/lm.wgsl) ======================================================
+
+    /// table `[vocab, d]` (any format, possibly row-chunked), ids i32 `[n]` → `[n, d]`; ids ≥ vocab
+    /// give a zero row, a negative id a row of NaN.
+    fn embed_rows(&self, table: &WgpuWeight, ids: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "embed_rows";
+        self.check_input(OP, "ids", ids, DType::I32)?;
+        let (n, d) = (ids.numel(), table.cols);
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let fmt = match table.format {
+            WeightFormat::F32 => 0,
+            WeightFormat::BF16 => 1,
+            WeightFormat::F16 => 2,
+        };
+        for (ci, c) in table.chunks.iter().enumerate() {
+            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &c.buf, offset: c.offset, size: NonZeroU64::new(c.bytes.max(4)) });
+            let params = [(n * d) as u32, d as u32, table.rows as u32, c.row0 as u32, c.rows as u32, fmt, table.stride_words as u32, (ci == 0) as u32];
+            self.lm_1d(OP, n * d, &params, &[(4, ids.binding()), (6, y.binding()), (8, wres)])?;
+        }
+        Ok(y)
+    }
+
+    /// x `[n, d]` → `[n, hc·d]`.
+    fn hc_expand(&self, x: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
+        const OP: &str = "hc_expand";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        let y = self.alloc(OP, vec![n, hc * d], DType::F32)?;
+        self.lm_1d(OP, n * hc * d, &[(n * hc * d) as u32, d as u32, hc as u32], &[(1, x.binding()), (6, y.binding())])?;
+        Ok(y)
+    }
+
+    /// x `[n, heads·hd]` → per-head unweighted RMS norm; one workgroup per (row, head).
+    fn rms_norm_heads(&self, x: &WgpuTensor, n_heads: usize, eps: f32) -> Result<WgpuTensor> {
+        const OP: &str = "rms_norm_heads";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
+        }
+        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let segs = n * n_heads;
+        if segs > 0 && cols > 0 {
+            let gx = segs.min(32768);
+            self.dispatch(
+                Shader::Lm,
+                OP,
+                0,
+                &[segs as u32, (cols / n_heads) as u32, eps.to_bits()],
+                &[(1, x.binding()), (6, y.binding())],
+                (gx as u32, segs.div_ceil(gx) as u32, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
+    fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "hc_pre";
+        self.check_input(OP, "x", x, DType::F32)?;
+        self.check_input(OP, "w", w, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        let hc = w.cols();
+        if w.rows() != n || hc == 0 || cols % hc != 0 {
+            return Err(Error::shape(OP, format!("x {:?} and w {:?} do not fit", x.shape, w.shape)));
+        }
+        let d = cols / hc;
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        self.lm_1d(OP, n * d, &[(n * d) as u32, d as u32, hc as u32], &[(1, x.binding()), (2, w.binding()), (6, y.binding())])?;
+        Ok(y)
+    }
+
+    /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
+    fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, post: &WgpuTensor, comb: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "hc_post";
+        for (what, t) in [("x", x), ("f", f), ("post", post), ("comb", comb)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (n, cols) = (x.rows(), x.cols());
+        let (d, hc) = (f.cols(), post.cols());
+        if f.rows() != n || post.rows() != n || comb.rows() != n || hc * d != cols || comb.cols() != hc * hc {
+            return Err(Error::shape(OP, format!("x {:?}, f {:?}, post {:?}, comb {:?} do not fit", x.shape, f.shape, post.shape, comb.shape)));
+        }
+        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
+        self.lm_1d(
+            OP,
+            n * cols,
+            &[(n * cols) as u32, d as u32, hc as u32],
+            &[(1, x.binding()), (2, f.binding()), (3, post.binding()), (9, comb.binding()), (6, y.binding())],
+        )?;
+        Ok(y)
+    }
+
+    /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `σ(mix·scale + base) + eps`.
+    fn hc_head_weights(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
+        const OP: &str = "hc_head_weights";
+        for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (n, hc) = (mix.rows(), mix.cols());
+        if scale.numel() != 1 || base.numel() != hc {
+            return Err(Error::shape(OP, format!("mix {:?}, scale {:?}, base {:?} do not fit", mix.shape, scale.shape, base.shape)));
+        }
+        let y = self.alloc(OP, mix.shape.clone(), DType::F32)?;
+        self.lm_1d(
+            OP,
+            n * hc,
+            &[(n * hc) as u32, hc as u32, eps.to_bits()],
+            &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding())],
+        )?;
+        Ok(y)
+    }
+
+    /// `sqrt(softplus(x))` elementwise.
+    fn sqrt_softplus(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "sqrt_softplus";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        self.lm_1d(OP, x.numel(), &[x.numel() as u32], &[(1, x.binding()), (6, y.binding())])?;
+        Ok(y)
+    }
+
+    /// table i32 `[vocab, k]`, ids i32 `[n]`, fallback i32 `[n, k]` → i32 `[n, k]`.
+    fn hash_route(&self, table: &WgpuTensor, ids: &WgpuTensor, fallback: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "hash_route";
+        self.check_input(OP, "table", table, DType::I32)?;
+        self.check_input(OP, "ids", ids, DType::I32)?;
+        self.check_input(OP, "fallback", fallback, DType::I32)?;
+        let (vocab, k) = (table.rows(), table.cols());
+        let n = fallback.rows();
+        if fallback.cols() != k || ids.numel() != n {
+            return Err(Error::shape(OP, format!("table {:?}, ids {:?}, fallback {:?} do not fit", table.shape, ids.shape, fallback.shape)));
+        }
+        let y = self.alloc(OP, vec![n, k], DType::I32)?;
+        self.lm_1d(
+            OP,
+            n * k,
+            &[(n * k) as u32, k as u32, vocab as u32],
+            &[(4, table.binding()), (5, ids.binding()), (10, fallback.binding()), (7, y.binding())],
+        )?;
+        Ok(y)
+    }
+
+    /// scores `[n, e]`, ids i32 `[n, k]` → `[n, k]`; a row with an id outside `0..e` is NaN.
+    fn route_weights(&self, scores: &WgpuTensor, ids: &WgpuTensor, scale: f32) -> Result<WgpuTensor> {
+        const OP: &str = "route_weights";
+        self.check_input(OP, "scores", scores, DType::F32)?;
+        self.check_input(OP, "ids", ids, DType::I32)?;
+        let (n, e) = (scores.rows(), scores.cols());
+        let k = ids.cols();
+        if ids.rows() != n {
+            return Err(Error::shape(OP, format!("ids {:?} do not index scores {:?}", ids.shape, scores.shape)));
+        }
+        let y = self.alloc(OP, vec![n, k], DType::F32)?;
+        self.lm_1d(
+            OP,
+            n * k,
+            &[(n * k) as u32, k as u32, e as u32, scale.to_bits()],
+            &[(1, scores.binding()), (4, ids.binding()), (6, y.binding())],
+        )?;
+        Ok(y)
+    }
+
+    /// x `[n, 2h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
+    fn swiglu_clamp(&self, x: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
+        const OP: &str = "swiglu_clamp";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        if d % 2 != 0 {
+            return Err(Error::shape(OP, format!("x {:?} has an odd number of columns", x.shape)));
+        }
+        let h = d / 2;
+        let y = self.alloc(OP, vec![n, h], DType::F32)?;
+        self.lm_1d(OP, n * h, &[(n * h) as u32, h as u32, limit.to_bits()], &[(1, x.binding()), (6, y.binding())])?;
+        Ok(y)
+    }
+
+    /// Interleaved RoPE on the last `2·inv_freq.len()` dims of every head.
+    fn rope_tail(&self, x: &WgpuTensor, n_heads: usize, inv_freq: &WgpuTensor, pos0: usize, stride: usize, inverse: bool) -> Result<WgpuTensor> {
+        const OP: &str = "rope_tail";
+        self.check_input(OP, "x", x, DType::F32)?;
+        self.check_input(OP, "inv_freq", inv_freq, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
+        }
+        let (hd, rd) = (cols / n_heads, 2 * inv_freq.numel());
+        if rd > hd {
+            return Err(Error::shape(OP, format!("{rd} rotary dims exceed head_dim {hd}")));
+        }
+        let last = pos0 + n.saturating_sub(1) * stride;
+        if last > u32::MAX as usize {
+            return Err(Self::unsupported(Op::RopeTail, format!("position {last} beyond u32")));
+        }
+        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        self.lm_1d(
+            OP,
+            n * cols,
+            &[(n * cols) as u32, cols as u32, hd as u32, rd as u32, pos0 as u32, stride as u32, inverse as u32],
+            &[(1, x.binding()), (2, inv_freq.binding()), (6, y.binding())],
+        )?;
+        Ok(y)
+    }
+
+    /// mHC split with Sinkhorn; one thread per row.
+    fn hc_split(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, hc: usize, iters: usize, eps: f32) -> Result<WgpuTensor> {
+        const OP: &str = "hc_split";
+        for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (n, w) = (mix.rows(), mix.cols());
+        if w != (2 + hc) * hc || scale.numel() != 3 || base.numel() != w {
+            return Err(Error::shape(OP, format!("mix {:?}, scale {:?}, base {:?} do not fit hc = {hc}", mix.shape, scale.shape, base.shape)));
+        }
+        let y = self.alloc(OP, vec![n, w], DType::F32)?;
+        if n > 0 {
+            let g = n.div_ceil(64);
+            if g > self.limits.max_compute_workgroups_per_dimension as usize {
+                return Err(Error::Device(format!("op `{OP}`: {n} rows exceed the dispatch limit")));
+            }
+            self.dispatch(
+                Shader::Lm,
+                OP,
+                0,
+                &[n as u32, hc as u32, iters as u32, eps.to_bits()],
+                &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding())],
+                (g as u32, 1, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// Gated pooling of ratio-r blocks (overlap: w = 2d, 2r rows).
+    fn compress_pool(&self, kv: &WgpuTensor, gate: &WgpuTensor, ape: &WgpuTensor, ratio: usize, overlap: bool) -> Result<WgpuTensor> {
+        const OP: &str = "compress_pool";
+        for (what, t) in [("kv", kv), ("gate", gate), ("ape", ape)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (t, w) = (kv.rows(), kv.cols());
+        if gate.shape != kv.shape || ratio == 0 || ape.rows() != ratio || ape.cols() != w || (overlap && w % 2 != 0) {
+            return Err(Error::shape(OP, format!("kv {:?}, gate {:?}, ape {:?}, ratio {ratio}", kv.shape, gate.shape, ape.shape)));
+        }
+        let d = if overlap { w / 2 } else { w };
+        let n = t / ratio;
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        self.lm_1d(
+            OP,
+            n * d,
+            &[(n * d) as u32, d as u32, w as u32, ratio as u32, overlap as u32],
+            &[(1, kv.binding()), (2, gate.binding()), (3, ape.binding()), (6, y.binding())],
+        )?;
+        Ok(y)
+    }
+
+    /// Lightning-indexer scores `[n, m]`, −inf for entries not yet complete.
+    fn indexer_scores(&self, q: &WgpuTensor, k: &WgpuTensor, w: &WgpuTensor, n_heads: usize, scale: f32, pos0: usize, ratio: usize) -> Result<WgpuTensor> {
+        const OP: &str = "indexer_scores";
+        for (what, t) in [("q", q), ("k", k), ("w", w)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (n, cols) = (q.rows(), q.cols());
+        let (m, hd) = (k.rows(), k.cols());
+        if n_heads == 0 || cols != n_heads * hd || w.rows() != n || w.cols() != n_heads || ratio == 0 {
+            return Err(Error::shape(OP, format!("q {:?}, k {:?}, w {:?} do not fit ({n_heads} heads, ratio {ratio})", q.shape, k.shape, w.shape)));
+        }
+        let y = self.alloc(OP, vec![n, m], DType::F32)?;
+        self.lm_1d(
+            OP,
+            n * m,
+            &[(n * m) as u32, m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32],
+            &[(1, q.binding()), (2, k.binding()), (3, w.binding()), (6, y.binding())],
+        )?;
+        Ok(y)
+    }
+
+    /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per row.
+    fn topk_rows(&self, x: &WgpuTensor, k: usize) -> Result<WgpuTensor> {
+        const OP: &str = "topk_rows";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, m) = (x.rows(), x.cols());
+        let y = self.alloc(OP, vec![n, k], DType::I32)?;
+        if n > 0 && k > 0 {
+            let gx = n.min(32768);
+            self.dispatch(
+                Shader::Lm,
+                OP,
+                0,
+                &[n as u32, m as u32, k as u32],
+                &[(1, x.binding()), (7, y.binding())],
+                (gx as u32, n.div_ceil(gx) as u32, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// x `[n, g·k]`, W `[g·r, k]` (any format, possibly row-chunked) → `[n, g·r]`.
+    fn grouped_linear(&self, x: &WgpuTensor, w: &WgpuWeight, groups: usize) -> Result<WgpuTensor> {
+        const OP: &str = "grouped_linear";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if groups == 0 || cols != groups * w.cols || w.rows % groups != 0 {
+            return Err(Error::shape(OP, format!("x {:?} and weight `{}` [{}, {}] do not split into {groups} groups", x.shape, w.name, w.rows, w.cols)));
+        }
+        let (k, r) = (w.cols, w.rows / groups);
+        let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        let fmt = match w.format {
+            WeightFormat::F32 => 0,
+            WeightFormat::BF16 => 1,
+            WeightFormat::F16 => 2,
+        };
+        for c in &w.chunks {
+            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &c.buf, offset: c.offset, size: NonZeroU64::new(c.bytes.max(4)) });
+            let params = [(n * c.rows) as u32, c.rows as u32, c.row0 as u32, k as u32, r as u32, cols as u32, w.rows as u32, fmt, w.stride_words as u32];
+            self.lm_1d(OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, wres)])?;
+        }
+        Ok(y)
+    }
+
+    /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
+    /// thread per (query, head). A window or index out of range gives a NaN head.
+    fn sink_attention(
+        &self,
+        q: &WgpuTensor,
+        kv: &WgpuTensor,
+        window: &WgpuTensor,
+        comp: Option<(&WgpuTensor, &WgpuTensor)>,
+        sinks: &WgpuTensor,
+        n_heads: usize,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "sink_attention";
+        self.check_input(OP, "q", q, DType::F32)?;
+        self.check_input(OP, "kv", kv, DType::F32)?;
+        self.check_input(OP, "window", window, DType::I32)?;
+        self.check_input(OP, "sinks", sinks, DType::F32)?;
+        let (n, cols) = (q.rows(), q.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
+        }
+        let hd = cols / n_heads;
+        let (m, kd) = (kv.rows(), kv.cols());
+        if kd != hd || window.numel() != 2 * n || sinks.numel() != n_heads {
+            return Err(Error::shape(OP, format!("q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit", q.shape, kv.shape, window.shape, sinks.shape)));
+        }
+        let (c_rows, kk) = match comp {
+            Some((c, idx)) => {
+                self.check_input(OP, "comp", c, DType::F32)?;
+                self.check_input(OP, "comp_idx", idx, DType::I32)?;
+                if c.cols() != hd || idx.rows() != n {
+                    return Err(Error::shape(OP, format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape)));
+                }
+                (c.rows(), idx.cols())
+            }
+            None => (0, 0),
+        };
+        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
+        let total = n * n_heads;
+        if total > 0 && hd > 0 {
+            let (cres, ires) = match comp {
+                Some((c, idx)) => (c.binding(), idx.binding()),
+                None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
+            };
+            let g = total.div_ceil(64);
+            let gx = g.min(32768);
+            let scale = 1.0 / (hd as f32).sqrt();
+            self.dispatch(
+                Shader::Lm,
+                OP,
+                0,
+                &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
+                &[(1, q.binding()), (2, kv.binding()), (3, cres), (4, window.binding()), (5, ires), (9, sinks.binding()), (6, y.binding())],
+                (gx as u32, g.div_ceil(gx) as u32, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// Routed experts, one (up, down) dispatch pair per expert over the slots routed to it, then a
+    /// weighted sum over the slots in order. Each expert matrix must fit one binding.
+    fn moe_experts(&self, x: &WgpuTensor, ids: &WgpuTensor, weights: &WgpuTensor, w13: &[WgpuWeight], w2: &[WgpuWeight], limit: f32) -> Result<WgpuTensor> {
+        const OP: &str = "moe_experts";
+        self.check_input(OP, "x", x, DType::F32)?;
+        self.check_input(OP, "ids", ids, DType::I32)?;
+        self.check_input(OP, "weights", weights, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        let k = ids.cols();
+        if ids.rows() != n || weights.shape != ids.shape || w13.len() != w2.len() {
+            return Err(Error::shape(OP, format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len())));
+        }
+        let h = w13.first().map_or(0, |w| w.rows / 2);
+        for (a, b) in w13.iter().zip(w2) {
+            if a.rows != 2 * h || a.cols != d || b.rows != d || b.cols != h {
+                return Err(Error::shape(OP, format!("expert `{}` [{}, {}] / `{}` [{}, {}] for d = {d}, h = {h}", a.name, a.rows, a.cols, b.name, b.rows, b.cols)));
+            }
+            if a.chunks.len() != 1 || b.chunks.len() != 1 {
+                return Err(Self::unsupported(Op::MoeExperts, format!("expert `{}` split into row chunks (larger than one binding)", a.name)));
+            }
+        }
+        let fmt_of = |w: &WgpuWeight| match w.format {
+            WeightFormat::F32 => 0u32,
+            WeightFormat::BF16 => 1,
+            WeightFormat::F16 => 2,
+        };
+        fn bind(w: &WgpuWeight) -> wgpu::BindingResource<'_> {
+            let c = &w.chunks[0];
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &c.buf, offset: c.offset, size: NonZeroU64::new(c.bytes.max(4)) })
+        }
+        let slots = n * k;
+        let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
+        let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
+        for (e, (a, b)) in w13.iter().zip(w2).enumerate() {
+            self.lm_1d(
+                "moe_up",
+                slots * h,
+                &[(slots * h) as u32, h as u32, d as u32, k as u32, e as u32, fmt_of(a), a.stride_words as u32, limit.to_bits()],
+                &[(1, x.binding()), (4, ids.binding()), (8, bind(a)), (6, hid.binding())],
+            )?;
+            self.lm_1d(
+                "moe_down",
+                slots * d,
+                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, fmt_of(b), b.stride_words as u32],
+                &[(2, hid.binding()), (4, ids.binding()), (8, bind(b)), (6, ys.binding())],
+            )?;
+        }
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        self.lm_1d(
+            "moe_sum",
+            n * d,
+            &[(n * d) as u32, d as u32, k as u32, w13.len() as u32],
+            &[(1, ys.binding()), (2, weights.binding()), (4, ids.binding()), (6, y.binding())],
+        )?;
         Ok(y)
     }
 }

@@ -1,0 +1,658 @@
+// Language-model ops (see the LM section of src/backend/mod.rs for shapes and semantics; each
+// entry point mirrors its reference in src/backend/cpu/lm.rs).
+// One fixed binding layout for every entry point (each binds only what it uses):
+//   0 uniform P (16 words; f32 parameters are bit patterns), 1-3 f32 inputs a, b, c,
+//   4-5 i32 inputs ia, ib, 6 f32 output out, 7 i32 output iout, 8 weight words w, 9 f32 input
+//   comb, 10 i32 input fallback.
+// Weights: u0-style fields name the format (0 f32, 1 bf16, 2 f16 by integer decode), the row
+// stride in words and the chunk's first row (a weight may be split into row chunks).
+// Elementwise kernels: workgroup 256, element = (wg.y·gx + wg.x)·256 + lid.
+
+struct P {
+    u0: u32, u1: u32, u2: u32, u3: u32,
+    u4: u32, u5: u32, u6: u32, u7: u32,
+    u8: u32, u9: u32, u10: u32, u11: u32,
+    u12: u32, u13: u32, u14: u32, u15: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read> c: array<f32>;
+@group(0) @binding(4) var<storage, read> ia: array<i32>;
+@group(0) @binding(5) var<storage, read> ib: array<i32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> iout: array<i32>;
+@group(0) @binding(8) var<storage, read> w: array<u32>;
+// a fourth f32 input (hc_post: comb, sink_attention: sinks)
+@group(0) @binding(9) var<storage, read> comb: array<f32>;
+
+fn flat(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
+    return (wg.y * nwg.x + wg.x) * 256u + li;
+}
+
+fn sigmoid(x: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+fn nan() -> f32 {
+    return bitcast<f32>(0x7fc00000u);
+}
+
+// ln(1 + y) for y ≥ 0 to a few ulps. For y ≤ 1 through 2·atanh(s), s = y/(2+y) ≤ 1/3, as an odd
+// series in basic arithmetic (GPU log near 1 is only absolutely accurate, 2⁻²¹ in Vulkan); above,
+// log(1 + y) (relative 3 ulp away from 1).
+fn log1p_pos(y: f32) -> f32 {
+    if (y > 1.0) {
+        return log(1.0 + y);
+    }
+    let s = y / (2.0 + y);
+    let t = s * s;
+    var q = 1.0 / 23.0;
+    q = fma(q, t, 1.0 / 21.0);
+    q = fma(q, t, 1.0 / 19.0);
+    q = fma(q, t, 1.0 / 17.0);
+    q = fma(q, t, 1.0 / 15.0);
+    q = fma(q, t, 1.0 / 13.0);
+    q = fma(q, t, 1.0 / 11.0);
+    q = fma(q, t, 1.0 / 9.0);
+    q = fma(q, t, 1.0 / 7.0);
+    q = fma(q, t, 1.0 / 5.0);
+    q = fma(q, t, 1.0 / 3.0);
+    q = fma(q, t, 1.0);
+    return 2.0 * s * q;
+}
+
+fn is_finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+// IEEE half bits (low 16 bits of h) → f32, exact (as linear_packed.wgsl).
+fn half_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        let mag = f32(m) * 5.9604644775390625e-8;
+        return select(mag, -mag, sign != 0u);
+    }
+    if (e == 31u) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// Element `col` of weight row `r` (relative to the bound chunk), format fmt, stride words/row.
+fn wload(fmt: u32, stride: u32, r: u32, col: u32) -> f32 {
+    if (fmt == 0u) {
+        return bitcast<f32>(w[r * stride + col]);
+    }
+    let u = w[r * stride + col / 2u];
+    let h = select(u & 0xffffu, u >> 16u, (col & 1u) == 1u);
+    if (fmt == 1u) {
+        return bitcast<f32>(h << 16u);
+    }
+    return half_to_f32(h);
+}
+
+// sqrt_softplus: a [n] → out [n], sqrt(x > 20 ? x : ln(1 + eˣ)).   u0 = n
+@compute @workgroup_size(256, 1, 1)
+fn sqrt_softplus(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let v = a[i];
+    var s = v;
+    if (!(v > 20.0)) {
+        s = log1p_pos(exp(v));
+    }
+    out[i] = sqrt(s);
+}
+
+// swiglu_clamp: a [rows, 2h] → out [rows, h].   u0 = rows·h, u1 = h, u2 = limit
+@compute @workgroup_size(256, 1, 1)
+fn swiglu_clamp(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let h = p.u1;
+    let lim = bitcast<f32>(p.u2);
+    let r = i / h;
+    let col = i % h;
+    let g = min(a[r * 2u * h + col], lim);
+    let u = clamp(a[r * 2u * h + h + col], -lim, lim);
+    out[i] = g / (1.0 + exp(-g)) * u;
+}
+
+// hc_expand: a [n, d] → out [n, hc·d].   u0 = n·hc·d, u1 = d, u2 = hc
+@compute @workgroup_size(256, 1, 1)
+fn hc_expand(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let d = p.u1;
+    let row = i / (p.u2 * d);
+    out[i] = a[row * d + i % d];
+}
+
+// hc_head_weights: a = mix [n, hc], b = scale [1], c = base [hc] → σ(m·s + base) + eps.
+//   u0 = n·hc, u1 = hc, u2 = eps
+@compute @workgroup_size(256, 1, 1)
+fn hc_head_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    out[i] = sigmoid(a[i] * b[0] + c[i % p.u1]) + bitcast<f32>(p.u2);
+}
+
+// hc_pre: a = X [n, hc·d], b = w [n, hc] → out [n, d], Σ_i w_i X_i (i ascending).
+//   u0 = n·d, u1 = d, u2 = hc
+@compute @workgroup_size(256, 1, 1)
+fn hc_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let d = p.u1;
+    let hc = p.u2;
+    let t = i / d;
+    let j = i % d;
+    var s = 0.0;
+    for (var k = 0u; k < hc; k++) {
+        s += b[t * hc + k] * a[t * hc * d + k * d + j];
+    }
+    out[i] = s;
+}
+
+// hc_post: a = X [n, hc·d], b = f [n, d], c = post [n, hc], comb (binding 9) [n, hc·hc] → out
+// [n, hc·d],
+// X'_dst = post_dst·f + Σ_src comb[src·hc + dst]·X_src.   u0 = n·hc·d, u1 = d, u2 = hc
+
+
+@compute @workgroup_size(256, 1, 1)
+fn hc_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let d = p.u1;
+    let hc = p.u2;
+    let t = i / (hc * d);
+    let dst = (i / d) % hc;
+    let j = i % d;
+    var s = c[t * hc + dst] * b[t * d + j];
+    for (var src = 0u; src < hc; src++) {
+        s += comb[t * hc * hc + src * hc + dst] * a[t * hc * d + src * d + j];
+    }
+    out[i] = s;
+}
+
+// hash_route: ia = table [vocab, k], ib = ids [n], iout [n, k]; fallback via binding 10.
+//   u0 = n·k, u1 = k, u2 = vocab
+@group(0) @binding(10) var<storage, read> fallback: array<i32>;
+
+@compute @workgroup_size(256, 1, 1)
+fn hash_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let k = p.u1;
+    let t = ib[i / k];
+    if (t >= 0 && u32(t) < p.u2) {
+        iout[i] = ia[u32(t) * k + i % k];
+    } else {
+        iout[i] = fallback[i];
+    }
+}
+
+// route_weights: a = scores [n, e], ia = ids [n, k] → out [n, k], scale·s/(Σ s + 1e-20).
+// An id outside 0..e gives NaN. u0 = n·k, u1 = k, u2 = e, u3 = scale
+@compute @workgroup_size(256, 1, 1)
+fn route_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let k = p.u1;
+    let e = p.u2;
+    let t = i / k;
+    var sum = 0.0;
+    var mine = 0.0;
+    var bad = false;
+    for (var j = 0u; j < k; j++) {
+        let id = ia[t * k + j];
+        if (id < 0 || u32(id) >= e) {
+            bad = true;
+            continue;
+        }
+        let v = a[t * e + u32(id)];
+        sum += v;
+        if (j == i % k) {
+            mine = v;
+        }
+    }
+    sum += 1e-20;
+    out[i] = select(mine / sum * bitcast<f32>(p.u3), nan(), bad);
+}
+
+// embed_rows (one weight chunk per dispatch): ia = ids [n], w = rows row0..row0+rows of the
+// table → out [n, d]. The chunk holding the id writes the row; the first chunk writes zeros for
+// ids ≥ vocab, NaN for negative ids.
+//   u0 = n·d, u1 = d, u2 = vocab, u3 = row0, u4 = rows, u5 = fmt, u6 = stride words, u7 = first
+@compute @workgroup_size(256, 1, 1)
+fn embed_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let d = p.u1;
+    let id = ia[i / d];
+    if (id < 0) {
+        if (p.u7 == 1u) { out[i] = nan(); }
+        return;
+    }
+    let r = u32(id);
+    if (r >= p.u2) {
+        if (p.u7 == 1u) { out[i] = 0.0; }
+        return;
+    }
+    if (r >= p.u3 && r < p.u3 + p.u4) {
+        out[i] = wload(p.u5, p.u6, r - p.u3, i % d);
+    }
+}
+
+// rms_norm_heads: one workgroup per (row, head) segment of hd elements.
+//   u0 = segments, u1 = hd, u2 = eps
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256, 1, 1)
+fn rms_norm_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let seg = wg.y * nwg.x + wg.x; // uniform across the workgroup
+    let hd = p.u1;
+    let base = seg * hd;
+    var s = 0.0;
+    if (seg < p.u0) {
+        for (var k = li; k < hd; k += 256u) {
+            let v = a[base + k];
+            s = fma(v, v, s);
+        }
+    }
+    red[li] = s;
+    workgroupBarrier();
+    for (var m = 128u; m > 0u; m >>= 1u) {
+        if (li < m) {
+            red[li] += red[li + m];
+        }
+        workgroupBarrier();
+    }
+    if (seg >= p.u0) { return; }
+    let inv = 1.0 / sqrt(red[0] / f32(hd) + bitcast<f32>(p.u2));
+    for (var k = li; k < hd; k += 256u) {
+        out[base + k] = a[base + k] * inv;
+    }
+}
+
+// x − k·2π with 2π split Cody–Waite style into an 8-bit, two 12-bit and a rest part, so that
+// k·C1 is exact for k < 2¹⁶ and k·C2, k·C3 for k < 2¹² (|x| < ~25 700 rad: error ~1 ulp of the
+// result) without relying on fma being fused (lavapipe's is not exact); sin/cos then see |r| ≤ π
+// (GPU sin/cos are only specified there).
+fn reduce_2pi(x: f32) -> f32 {
+    let k = round(x * 0.15915494309189535);
+    var r = x - k * 6.28125;
+    r = r - k * 0.0019350051879882812;
+    r = r - k * 3.019813448190689e-07;
+    r = r - k * 1.0253376273028358e-11;
+    return r;
+}
+
+// rope_tail: a = x [n, cols], b = inv_freq [rd/2] → out [n, cols]; one thread per element.
+//   u0 = n·cols, u1 = cols, u2 = hd, u3 = rd, u4 = pos0, u5 = stride, u6 = inverse
+@compute @workgroup_size(256, 1, 1)
+fn rope_tail(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let hd = p.u2;
+    let rd = p.u3;
+    let row = i / p.u1;
+    let hc = (i % p.u1) % hd;
+    if (hc < hd - rd) {
+        out[i] = a[i];
+        return;
+    }
+    let t = hc - (hd - rd);
+    let ang = f32(p.u4 + row * p.u5) * b[t / 2u];
+    let r = reduce_2pi(ang);
+    let cs = cos(r);
+    var sn = sin(r);
+    if (p.u6 == 1u) { sn = -sn; }
+    if ((t & 1u) == 0u) {
+        out[i] = a[i] * cs - a[i + 1u] * sn;
+    } else {
+        out[i] = a[i] * cs + a[i - 1u] * sn;
+    }
+}
+
+// hc_split: a = mix [n, (2+hc)·hc], b = scale [3], c = base [(2+hc)·hc] → out (same shape); one
+// thread per row, Sinkhorn in place in `out` in the reference's order.
+//   u0 = n, u1 = hc, u2 = iters, u3 = eps
+@compute @workgroup_size(64, 1, 1)
+fn hc_split(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let t = gid.x;
+    if (t >= p.u0) { return; }
+    let hc = p.u1;
+    let wd = (2u + hc) * hc;
+    let eps = bitcast<f32>(p.u3);
+    let o = t * wd;
+    for (var i = 0u; i < hc; i++) {
+        out[o + i] = sigmoid(a[o + i] * b[0] + c[i]) + eps;
+        out[o + hc + i] = 2.0 * sigmoid(a[o + hc + i] * b[1] + c[hc + i]);
+    }
+    let cb = o + 2u * hc;
+    for (var src = 0u; src < hc; src++) {
+        var mx = bitcast<f32>(0xff800000u);
+        for (var dst = 0u; dst < hc; dst++) {
+            let q = src * hc + dst;
+            let v = a[cb + q] * b[2] + c[2u * hc + q];
+            out[cb + q] = v;
+            mx = max(mx, v);
+        }
+        var sum = 0.0;
+        for (var dst = 0u; dst < hc; dst++) {
+            let e = exp(out[cb + src * hc + dst] - mx);
+            out[cb + src * hc + dst] = e;
+            sum += e;
+        }
+        for (var dst = 0u; dst < hc; dst++) {
+            out[cb + src * hc + dst] = out[cb + src * hc + dst] / sum + eps;
+        }
+    }
+    for (var it = 0u; it < p.u2; it++) {
+        if (it > 0u) {
+            // rows (dst normalisation over each src row)
+            for (var src = 0u; src < hc; src++) {
+                var sum = 0.0;
+                for (var dst = 0u; dst < hc; dst++) { sum += out[cb + src * hc + dst]; }
+                sum += eps;
+                for (var dst = 0u; dst < hc; dst++) { out[cb + src * hc + dst] /= sum; }
+            }
+        }
+        // columns (src normalisation for each dst)
+        for (var dst = 0u; dst < hc; dst++) {
+            var sum = 0.0;
+            for (var src = 0u; src < hc; src++) { sum += out[cb + src * hc + dst]; }
+            sum += eps;
+            for (var src = 0u; src < hc; src++) { out[cb + src * hc + dst] /= sum; }
+        }
+    }
+}
+
+// compress_pool: a = kv, b = gate [T, wd], c = ape [r, wd] → out [⌊T/r⌋, d]; one thread per
+// (entry, channel).   u0 = n·d, u1 = d, u2 = wd, u3 = ratio, u4 = overlap
+fn pool_row(q: u32, i: u32, ch: u32) -> vec2<f32> {
+    // (value, logit) of pooled row q of entry i
+    let r = p.u3;
+    let wd = p.u2;
+    var tt: u32;
+    var col: u32;
+    if (p.u4 == 1u && i > 0u && q < r) {
+        tt = (i - 1u) * r + q;
+        col = ch;
+    } else {
+        let q2 = select(q, q - r, p.u4 == 1u && i > 0u);
+        tt = i * r + q2;
+        col = select(ch, p.u1 + ch, p.u4 == 1u);
+    }
+    return vec2<f32>(a[tt * wd + col], b[tt * wd + col] + c[(tt % r) * wd + col]);
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn compress_pool(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let ch = x % p.u1;
+    let len = select(p.u3, 2u * p.u3, p.u4 == 1u && i > 0u);
+    var mx = bitcast<f32>(0xff800000u);
+    for (var q = 0u; q < len; q++) { mx = max(mx, pool_row(q, i, ch).y); }
+    var den = 0.0;
+    for (var q = 0u; q < len; q++) { den += exp(pool_row(q, i, ch).y - mx); }
+    var s = 0.0;
+    for (var q = 0u; q < len; q++) {
+        let v = pool_row(q, i, ch);
+        s += exp(v.y - mx) / den * v.x;
+    }
+    out[x] = s;
+}
+
+// indexer_scores: a = q [n, heads·hd], b = k [m, hd], c = w [n, heads] → out [n, m];
+// −inf unless j < min((pos0 + i + 1) / ratio, m).
+//   u0 = n·m, u1 = m, u2 = heads, u3 = hd, u4 = scale, u5 = pos0, u6 = ratio
+@compute @workgroup_size(256, 1, 1)
+fn indexer_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let j = x % p.u1;
+    let heads = p.u2;
+    let hd = p.u3;
+    if (j >= (p.u5 + i + 1u) / p.u6) {
+        out[x] = bitcast<f32>(0xff800000u);
+        return;
+    }
+    var s = 0.0;
+    for (var h = 0u; h < heads; h++) {
+        var dot = 0.0;
+        for (var e = 0u; e < hd; e++) {
+            dot += a[(i * heads + h) * hd + e] * b[j * hd + e];
+        }
+        s += c[i * heads + h] * max(dot, 0.0);
+    }
+    out[x] = s * bitcast<f32>(p.u4);
+}
+
+// topk_rows: a = x [n, m] → iout [n, k]; one workgroup per row, k rounds of an argmax over the
+// finite values ranked after the previous pick (value descending, then column ascending).
+//   u0 = n, u1 = m, u2 = k
+var<workgroup> redc: array<u32, 256>;
+
+fn ranks_before(v1: f32, c1: u32, v2: f32, c2: u32) -> bool {
+    return v1 > v2 || (v1 == v2 && c1 < c2);
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn topk_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) li: u32) {
+    let row = wg.y * nwg.x + wg.x; // uniform across the workgroup
+    if (row >= p.u0) { return; }
+    let m = p.u1;
+    let none = 0xffffffffu;
+    var pv = bitcast<f32>(0x7f800000u); // +inf: every finite value ranks after it
+    var pc = none;
+    for (var s = 0u; s < p.u2; s++) {
+        var bv = 0.0;
+        var bc = none;
+        for (var j = li; j < m; j += 256u) {
+            let v = a[row * m + j];
+            if (!is_finite(v)) { continue; }
+            let after = pc == none || ranks_before(pv, pc, v, j);
+            if (after && (bc == none || ranks_before(v, j, bv, bc))) {
+                bv = v;
+                bc = j;
+            }
+        }
+        red[li] = bv;
+        redc[li] = bc;
+        workgroupBarrier();
+        for (var w2 = 128u; w2 > 0u; w2 >>= 1u) {
+            if (li < w2) {
+                let oc = redc[li + w2];
+                let ov = red[li + w2];
+                if (oc != none && (redc[li] == none || ranks_before(ov, oc, red[li], redc[li]))) {
+                    red[li] = ov;
+                    redc[li] = oc;
+                }
+            }
+            workgroupBarrier();
+        }
+        pv = red[0];
+        pc = workgroupUniformLoad(&redc[0]); // also a barrier: every thread has read red[0]
+        if (li == 0u) {
+            iout[row * p.u2 + s] = select(i32(pc), -1, pc == none);
+        }
+        if (pc == none) {
+            // nothing left: fill the remaining slots
+            for (var s2 = s + 1u + li; s2 < p.u2; s2 += 256u) {
+                iout[row * p.u2 + s2] = -1;
+            }
+            return;
+        }
+    }
+}
+
+// grouped_linear (one weight chunk per dispatch): a = x [n, g·k], w = rows row0.. of W [g·r, k]
+// → out [n, g·r]; output column o reads x columns [(o / r)·k, +k).
+//   u0 = n·rows, u1 = rows, u2 = row0, u3 = k, u4 = r, u5 = g·k, u6 = g·r, u7 = fmt, u8 = stride
+@compute @workgroup_size(256, 1, 1)
+fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let ol = x % p.u1;
+    let o = p.u2 + ol;
+    let k = p.u3;
+    let xb = i * p.u5 + (o / p.u4) * k;
+    var s = 0.0;
+    for (var e = 0u; e < k; e++) {
+        s += a[xb + e] * wload(p.u7, p.u8, ol, e);
+    }
+    out[i * p.u6 + o] = s;
+}
+
+// sink_attention: a = q [n, heads·hd], b = kv [m, hd], c = comp [c, hd], ia = window [n, 2],
+// ib = comp_idx [n, kk], comb = sinks [heads] → out [n, heads·hd]; one thread per (query, head),
+// three passes over the keys (max, denominator, weighted sum) in the reference's order. A window
+// or compressed index out of range gives a NaN head (never an out-of-bounds read).
+//   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd
+fn sa_logit(qo: u32, key: u32, from_comp: bool) -> f32 {
+    var s = 0.0;
+    if (from_comp) {
+        for (var e = 0u; e < p.u2; e++) { s += a[qo + e] * c[key * p.u2 + e]; }
+    } else {
+        for (var e = 0u; e < p.u2; e++) { s += a[qo + e] * b[key * p.u2 + e]; }
+    }
+    return s * bitcast<f32>(p.u6);
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let x = (wg.y * nwg.x + wg.x) * 64u + li;
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let h = x % p.u1;
+    let hd = p.u2;
+    let kk = p.u4;
+    let qo = i * p.u1 * hd + h * hd;
+    let lo = ia[2u * i];
+    let hi = ia[2u * i + 1u];
+    var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        bad = bad || e < -1 || e >= i32(p.u5);
+    }
+    if (bad) {
+        for (var e = 0u; e < hd; e++) { out[qo + e] = nan(); }
+        return;
+    }
+    let nwin = u32(max(hi - lo + 1, 0));
+    let sink = comb[h];
+    var mx = sink;
+    for (var j = 0u; j < nwin; j++) { mx = max(mx, sa_logit(qo, u32(lo) + j, false)); }
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        if (e >= 0) { mx = max(mx, sa_logit(qo, u32(e), true)); }
+    }
+    var den = exp(sink - mx);
+    for (var j = 0u; j < nwin; j++) { den += exp(sa_logit(qo, u32(lo) + j, false) - mx); }
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        if (e >= 0) { den += exp(sa_logit(qo, u32(e), true) - mx); }
+    }
+    for (var e = 0u; e < hd; e++) { out[qo + e] = 0.0; }
+    for (var j = 0u; j < nwin; j++) {
+        let key = u32(lo) + j;
+        let wgt = exp(sa_logit(qo, key, false) - mx) / den;
+        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * b[key * hd + e]; }
+    }
+    for (var s = 0u; s < kk; s++) {
+        let ei = ib[i * kk + s];
+        if (ei < 0) { continue; }
+        let key = u32(ei);
+        let wgt = exp(sa_logit(qo, key, true) - mx) / den;
+        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * c[key * hd + e]; }
+    }
+}
+
+// moe_experts, per expert e (one dispatch pair each; weights bound one expert at a time):
+// moe_up: a = x [n, d], ia = ids [n·k slots], w = w13_e [2h, d] → out = hid [n·k, h] for the slots
+//   routed to e: silu(min(w1·x, lim)) · clamp(w3·x, ±lim).
+//   u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u5 = fmt, u6 = stride, u7 = limit
+@compute @workgroup_size(256, 1, 1)
+fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let t = x / p.u1;
+    let j = x % p.u1;
+    if (ia[t] != i32(p.u4)) { return; }
+    let xo = (t / p.u3) * p.u2;
+    var g = 0.0;
+    var u = 0.0;
+    for (var e = 0u; e < p.u2; e++) {
+        g += a[xo + e] * wload(p.u5, p.u6, j, e);
+        u += a[xo + e] * wload(p.u5, p.u6, p.u1 + j, e);
+    }
+    let lim = bitcast<f32>(p.u7);
+    g = min(g, lim);
+    out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
+}
+
+// moe_down: b = hid [n·k, h], ia = ids, w = w2_e [d, h] → out = y [n·k, d] for slots routed to e.
+//   u0 = n·k·d, u1 = d, u2 = h, u4 = e, u5 = fmt, u6 = stride
+@compute @workgroup_size(256, 1, 1)
+fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let t = x / p.u1;
+    let o = x % p.u1;
+    if (ia[t] != i32(p.u4)) { return; }
+    var s = 0.0;
+    for (var e = 0u; e < p.u2; e++) {
+        s += b[t * p.u2 + e] * wload(p.u5, p.u6, o, e);
+    }
+    out[x] = s;
+}
+
+// moe_sum: a = y [n·k, d], b = weights [n, k], ia = ids → out [n, d] = Σ_s weights_s · y_s (slot
+// order); a slot whose id is outside 0..experts makes the element NaN.
+//   u0 = n·d, u1 = d, u2 = k, u3 = experts
+@compute @workgroup_size(256, 1, 1)
+fn moe_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let o = x % p.u1;
+    var s = 0.0;
+    for (var q = 0u; q < p.u2; q++) {
+        let id = ia[i * p.u2 + q];
+        if (id < 0 || u32(id) >= p.u3) {
+            out[x] = nan();
+            return;
+        }
+        s += b[i * p.u2 + q] * a[(i * p.u2 + q) * p.u1 + o];
+    }
+    out[x] = s;
+}
