@@ -330,13 +330,16 @@ fn run_lm(req: &LmRequest, job: LmJob<'_>) -> Result<LmOutcome> {
                 return Err(Error::Unsupported {
                     lane: b.lane(),
                     op: op.name(),
-                    what: "the language model (it runs on the CPU lane so far: --backend cpu)".into(),
+                    what: "the language model (use --backend cpu)".into(),
                 });
             }
             lm_job(&b, req, job, None)
         }
-        // No GPU lane has the LM ops yet; don't spend time starting one.
-        LaneChoice::Auto => lm_job(&CpuBackend::new(), req, job, Some("the language model runs on the CPU lane only so far; using it")),
+        LaneChoice::Auto => match WgpuBackend::new(adapter_from_env().as_deref()) {
+            Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, None),
+            Ok(_) => lm_job(&CpuBackend::new(), req, job, Some("this wgpu adapter lacks a language-model op; using the CPU lane")),
+            Err(_) => lm_job(&CpuBackend::new(), req, job, Some("no usable wgpu adapter; using the CPU lane")),
+        },
     }
 }
 

@@ -41,8 +41,12 @@ fn argmax(r: &[f32]) -> usize {
 }
 
 fn generate(prompt: &str, extra: &[&str]) -> Vec<i64> {
+    generate_on("cpu", prompt, extra)
+}
+
+fn generate_on(lane: &str, prompt: &str, extra: &[&str]) -> Vec<i64> {
     let out = fovea()
-        .args(["generate", "--backend", "cpu", "--print-ids", "--token-ids", prompt, "--model"])
+        .args(["generate", "--backend", lane, "--print-ids", "--token-ids", prompt, "--model"])
         .arg(lm_tiny())
         .args(extra)
         .output()
@@ -137,20 +141,18 @@ fn bad_lm_inputs_are_one_line_errors_with_exit_code_2() {
     }
 }
 
-/// The wgpu lane has no LM kernels yet: asking for it names the missing op (skipped without an
-/// adapter, where the error is the adapter's instead).
+/// The wgpu lane runs the whole language model too: its greedy continuation (prefill, then 31
+/// incremental decode steps) is the transformers one, token for token. Without an adapter this
+/// fails under CI (lavapipe is installed there) and is skipped, loudly, elsewhere.
 #[test]
-fn wgpu_lane_refuses_the_language_model_by_op() {
-    let o = fovea()
-        .args(["generate", "--print-ids", "--backend", "wgpu", "--token-ids", "0,5", "--model"])
-        .arg(lm_tiny())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    if err.contains("does not support op") {
-        assert!(err.contains("wgpu") && err.contains("`embed_rows`") && err.contains("--backend cpu"), "{err}");
-    } else {
-        eprintln!("SKIPPED: wgpu lane unavailable ({})", err.trim());
+fn wgpu_generate_greedy_reproduces_the_golden_continuation() {
+    if fovea::backend::wgpu::list_adapters().is_empty() {
+        assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI: the wgpu tests must run");
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "SKIPPED: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
+        return;
     }
+    let (ids, _, greedy) = golden();
+    let got = generate_on("wgpu", &ids_arg(&ids), &["--temperature", "0", "--max-tokens", "32"]);
+    assert_eq!(got, greedy);
 }

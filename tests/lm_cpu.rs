@@ -233,23 +233,6 @@ fn lm_vision_matches_transformers_with_vision_ext() {
     assert!(fails.is_empty(), "lm-vision:\n{}", fails.join("\n"));
 }
 
-/// The trait's defaults: a lane without the language-model ops (wgpu, today) refuses each by name.
-#[test]
-fn lanes_without_lm_ops_refuse_them_by_name() {
-    let lane = match fovea::backend::wgpu::WgpuBackend::with_options(fovea::backend::wgpu::Options::default()) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("SKIPPED: wgpu lane unavailable ({e})");
-            return;
-        }
-    };
-    let x = lane.upload(&HostTensor::f32([2, 4], vec![0.5; 8]).unwrap()).unwrap();
-    let err = lane.hc_expand(&x, 4).err().expect("wgpu has no hc_expand yet").to_string();
-    assert!(err.contains("wgpu") && err.contains("hc_expand"), "{err}");
-    let err = lane.sqrt_softplus(&x).err().expect("wgpu has no sqrt_softplus yet").to_string();
-    assert!(err.contains("sqrt_softplus"), "{err}");
-}
-
 /// lm-tiny has no vision keys: the vision loader refuses it by key, the LM path opens it.
 #[test]
 fn text_only_checkpoint_opens_without_a_vision_config() {
