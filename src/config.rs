@@ -288,7 +288,12 @@ impl LmConfig {
         };
         let scoring_func = match get("scoring_func") {
             Some(Value::String(s)) if s == "sqrtsoftplus" => s.clone(),
-            Some(v) => return Err(Error::config("scoring_func", format!("only \"sqrtsoftplus\" is supported, found {}", describe(v)))),
+            Some(v) => {
+                return Err(Error::config(
+                    "scoring_func",
+                    format!("only \"sqrtsoftplus\" is supported, found {}", describe(v)),
+                ));
+            }
             None => return Err(Error::config("scoring_func", "missing")),
         };
         let ratios_v = get("compress_ratios").ok_or_else(|| Error::config("compress_ratios", "missing"))?;
@@ -304,7 +309,10 @@ impl LmConfig {
         let mut compress_ratios = Vec::with_capacity(num_hidden_layers);
         for (i, v) in arr.iter().take(num_hidden_layers).enumerate() {
             let r = v.as_u64().ok_or_else(|| {
-                Error::config("compress_ratios", format!("entry {i} is {}, expected a non-negative integer", describe(v)))
+                Error::config(
+                    "compress_ratios",
+                    format!("entry {i} is {}, expected a non-negative integer", describe(v)),
+                )
             })? as usize;
             if r == 1 {
                 return Err(Error::config("compress_ratios", format!("entry {i} is 1 (a ratio must be 0 or >= 2)")));
@@ -316,12 +324,14 @@ impl LmConfig {
             Some(Value::Object(o)) => {
                 let ty = o.get("type").or_else(|| o.get("rope_type")).and_then(Value::as_str);
                 if ty != Some("yarn") {
-                    return Err(Error::config("rope_scaling", format!("only type \"yarn\" is supported, found {ty:?}")));
+                    return Err(Error::config(
+                        "rope_scaling",
+                        format!("only type \"yarn\" is supported, found {ty:?}"),
+                    ));
                 }
                 let sub = |k: &str| -> Result<f64> {
-                    positive_float(|key: &str| o.get(key), k).map_err(|_| {
-                        Error::config(format!("rope_scaling.{k}"), "missing or not a positive number")
-                    })
+                    positive_float(|key: &str| o.get(key), k)
+                        .map_err(|_| Error::config(format!("rope_scaling.{k}"), "missing or not a positive number"))
                 };
                 Some(Yarn {
                     factor: sub("factor")?,
@@ -406,7 +416,10 @@ impl LmConfig {
         if let Some(y) = &self.yarn
             && y.beta_fast <= y.beta_slow
         {
-            return Err(Error::config("rope_scaling.beta_fast", format!("{} must exceed beta_slow {}", y.beta_fast, y.beta_slow)));
+            return Err(Error::config(
+                "rope_scaling.beta_fast",
+                format!("{} must exceed beta_slow {}", y.beta_fast, y.beta_slow),
+            ));
         }
         Ok(())
     }
@@ -624,7 +637,8 @@ mod tests {
         assert!(e.contains("`vision_dim`") && e.contains("overflow"), "{e}");
     }
     fn lm_tiny() -> Value {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/lm-tiny/config.json")).unwrap();
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/lm-tiny/config.json"))
+            .unwrap();
         serde_json::from_str(&text).unwrap()
     }
 

@@ -191,7 +191,9 @@ impl VisionDump {
         let views = owned
             .iter()
             .map(|(name, dtype, shape, bytes)| {
-                TensorView::new(*dtype, shape.clone(), bytes).map(|v| (*name, v)).map_err(|e| Error::file(path, e.to_string()))
+                TensorView::new(*dtype, shape.clone(), bytes)
+                    .map(|v| (*name, v))
+                    .map_err(|e| Error::file(path, e.to_string()))
             })
             .collect::<Result<Vec<_>>>()?;
         let meta: HashMap<String, String> = [
@@ -236,13 +238,14 @@ pub fn parse_token_ids(text: &str) -> Result<Vec<PromptToken>> {
     if text.trim().is_empty() {
         return Err(Error::Invalid("--token-ids: empty prompt".into()));
     }
-    text
-        .split(',')
+    text.split(',')
         .map(str::trim)
         .map(|t| match t {
             "IMG" | "img" => Ok(PromptToken::Image),
             _ => t.parse::<u32>().map(PromptToken::Id).map_err(|_| {
-                Error::Invalid(format!("--token-ids: `{t}` is not a token id (expected comma-separated integers >= 0, or IMG)"))
+                Error::Invalid(format!(
+                    "--token-ids: `{t}` is not a token id (expected comma-separated integers >= 0, or IMG)"
+                ))
             }),
         })
         .collect()
@@ -308,7 +311,11 @@ pub fn dump_lm(req: &LmRequest) -> Result<LmDump> {
 }
 
 /// Prefill, then decode token by token; `on_token` sees each id as it is produced.
-pub fn generate_lm(req: &LmRequest, opts: &GenerateOptions, on_token: &mut dyn FnMut(i32) -> Result<()>) -> Result<Generated> {
+pub fn generate_lm(
+    req: &LmRequest,
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(i32) -> Result<()>,
+) -> Result<Generated> {
     opts.sampling.validate()?;
     match run_lm(req, LmJob::Generate(opts, on_token))? {
         LmOutcome::Generated(g) => Ok(g),
@@ -337,7 +344,12 @@ fn run_lm(req: &LmRequest, job: LmJob<'_>) -> Result<LmOutcome> {
         }
         LaneChoice::Auto => match WgpuBackend::new(adapter_from_env().as_deref()) {
             Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, None),
-            Ok(_) => lm_job(&CpuBackend::new(), req, job, Some("this wgpu adapter lacks a language-model op; using the CPU lane")),
+            Ok(_) => lm_job(
+                &CpuBackend::new(),
+                req,
+                job,
+                Some("this wgpu adapter lacks a language-model op; using the CPU lane"),
+            ),
             Err(_) => lm_job(&CpuBackend::new(), req, job, Some("no usable wgpu adapter; using the CPU lane")),
         },
     }
@@ -364,24 +376,45 @@ fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>
     // validate the prompt before loading anything heavy
     let n_img = req.tokens.iter().filter(|t| **t == PromptToken::Image).count();
     match (n_img, &req.image) {
-        (0, Some(img)) => return Err(Error::Invalid(format!("--image {} given but --token-ids has no IMG placeholder", img.display()))),
-        (1.., None) => return Err(Error::Invalid("--token-ids has an IMG placeholder but no --image was given".into())),
-        (2.., Some(_)) => return Err(Error::Invalid(format!("--token-ids has {n_img} IMG placeholders; one image per prompt is supported"))),
+        (0, Some(img)) => {
+            return Err(Error::Invalid(format!(
+                "--image {} given but --token-ids has no IMG placeholder",
+                img.display()
+            )));
+        }
+        (1.., None) => {
+            return Err(Error::Invalid("--token-ids has an IMG placeholder but no --image was given".into()));
+        }
+        (2.., Some(_)) => {
+            return Err(Error::Invalid(format!(
+                "--token-ids has {n_img} IMG placeholders; one image per prompt is supported"
+            )));
+        }
         _ => {}
     }
     for (pos, t) in req.tokens.iter().enumerate() {
         if let PromptToken::Id(id) = *t {
             if id as usize >= v {
-                return Err(Error::Invalid(format!("token id {id} (position {pos}) is outside the vocabulary: vocab_size is {v}")));
+                return Err(Error::Invalid(format!(
+                    "token id {id} (position {pos}) is outside the vocabulary: vocab_size is {v}"
+                )));
             }
         }
     }
     let eos = eos_ids(&config_path)?;
-    let ckpt = if req.image.is_some() { Checkpoint::open(&req.model_dir)? } else { Checkpoint::open_without_vision(&req.model_dir)? };
+    let ckpt = if req.image.is_some() {
+        Checkpoint::open(&req.model_dir)?
+    } else {
+        Checkpoint::open_without_vision(&req.model_dir)?
+    };
     let model = LmModel::load(b, &ckpt, &cfg)?;
     let (input, embeds, image_start) = match &req.image {
         None => {
-            let ids = req.tokens.iter().map(|t| if let PromptToken::Id(i) = t { *i as i32 } else { unreachable!("checked") }).collect();
+            let ids = req
+                .tokens
+                .iter()
+                .map(|t| if let PromptToken::Id(i) = t { *i as i32 } else { unreachable!("checked") })
+                .collect();
             (LmInput { ids, window: None }, None, None)
         }
         Some(image) => {
@@ -418,7 +451,8 @@ fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>
             }))
         }
         LmJob::Generate(opts, on_token) => {
-            let (ids, stop) = generate::generate(&model, b, &input, embeds, opts.max_tokens, &eos, &opts.sampling, on_token)?;
+            let (ids, stop) =
+                generate::generate(&model, b, &input, embeds, opts.max_tokens, &eos, &opts.sampling, on_token)?;
             Ok(LmOutcome::Generated(Generated { lane: b.lane(), prompt_len: input.ids.len(), ids, stop }))
         }
     }
@@ -431,10 +465,17 @@ impl LmDump {
         let t = self.input_ids.len();
         let ids: Vec<u8> = self.input_ids.iter().flat_map(|x| x.to_le_bytes()).collect();
         let logits: Vec<u8> = self.logits.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let view = |dtype, shape: Vec<usize>, bytes| TensorView::new(dtype, shape, bytes).map_err(|e| Error::file(path, e.to_string()));
-        let views = vec![("input_ids", view(Dtype::I64, vec![t], &ids)?), ("logits", view(Dtype::F32, vec![t, self.vocab_size], &logits)?)];
+        let view = |dtype, shape: Vec<usize>, bytes| {
+            TensorView::new(dtype, shape, bytes).map_err(|e| Error::file(path, e.to_string()))
+        };
+        let views = vec![
+            ("input_ids", view(Dtype::I64, vec![t], &ids)?),
+            ("logits", view(Dtype::F32, vec![t, self.vocab_size], &logits)?),
+        ];
         let mut meta: HashMap<String, String> =
-            [("lane".to_string(), self.lane.to_string()), ("device".to_string(), self.device.clone())].into_iter().collect();
+            [("lane".to_string(), self.lane.to_string()), ("device".to_string(), self.device.clone())]
+                .into_iter()
+                .collect();
         if let Some(s) = self.image_start {
             meta.insert("image_start".into(), s.to_string());
         }

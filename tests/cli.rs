@@ -61,12 +61,37 @@ fn bad_inputs_are_one_line_errors_with_exit_code_2() {
     let garbage = tmp.path().join("garbage.png");
     std::fs::write(&garbage, b"not an image").unwrap();
     let cases: Vec<(Vec<std::ffi::OsString>, &str)> = vec![
-        (vec!["--model".into(), tmp.path().join("nope").into(), "--image".into(), common::image_path("odd.png").into()], "nope"),
-        (vec!["--model".into(), common::model_dir("vit-b").into(), "--image".into(), tmp.path().join("missing.png").into()], "missing.png"),
-        (vec!["--model".into(), common::model_dir("vit-b").into(), "--image".into(), garbage.clone().into()], "garbage.png"),
+        (
+            vec![
+                "--model".into(),
+                tmp.path().join("nope").into(),
+                "--image".into(),
+                common::image_path("odd.png").into(),
+            ],
+            "nope",
+        ),
+        (
+            vec![
+                "--model".into(),
+                common::model_dir("vit-b").into(),
+                "--image".into(),
+                tmp.path().join("missing.png").into(),
+            ],
+            "missing.png",
+        ),
+        (
+            vec!["--model".into(), common::model_dir("vit-b").into(), "--image".into(), garbage.clone().into()],
+            "garbage.png",
+        ),
     ];
     for (args, needle) in cases {
-        let out = fovea().arg("dump").args(&args).args(["--backend", "cpu", "--out"]).arg(tmp.path().join("o.st")).output().unwrap();
+        let out = fovea()
+            .arg("dump")
+            .args(&args)
+            .args(["--backend", "cpu", "--out"])
+            .arg(tmp.path().join("o.st"))
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains(needle) && !err.contains("panicked"), "{err}");

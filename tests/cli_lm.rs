@@ -27,8 +27,16 @@ fn lm_tiny() -> PathBuf {
 fn golden() -> (Vec<i64>, Vec<f32>, Vec<i64>) {
     let bytes = std::fs::read(common::root().join("fixtures/goldens/lm/lm-text.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let i64s = |n: &str| st.tensor(n).unwrap().data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-    let logits = st.tensor("logits").unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let i64s = |n: &str| {
+        st.tensor(n).unwrap().data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+    };
+    let logits = st
+        .tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     (i64s("input_ids"), logits, i64s("greedy_tokens"))
 }
 
@@ -84,7 +92,8 @@ fn dump_token_ids_matches_the_transformers_logits() {
     let e = common::rel_l2(&logits, &gl);
     eprintln!("dump --token-ids: logits rel L2 {e:.2e}");
     assert!(e <= REL_L2, "logits rel L2 {e:.3e} > {REL_L2:.0e}");
-    let bad: Vec<usize> = (0..t).filter(|&i| argmax(&logits[i * 512..(i + 1) * 512]) != argmax(&gl[i * 512..(i + 1) * 512])).collect();
+    let bad: Vec<usize> =
+        (0..t).filter(|&i| argmax(&logits[i * 512..(i + 1) * 512]) != argmax(&gl[i * 512..(i + 1) * 512])).collect();
     assert!(bad.is_empty(), "top-1 differs at positions {bad:?}");
 }
 
@@ -107,7 +116,10 @@ fn seeded_sampling_is_reproducible_and_not_greedy() {
     assert_eq!(a.len(), 16, "lm-tiny's eos (1) could stop early, but not with this seed: {a:?}");
     assert_eq!(a, b, "same seed, same ids");
     assert_ne!(a, greedy_short, "temperature 5 should leave the greedy path");
-    let c = generate(&prompt, &["--temperature", "5", "--top-k", "100", "--top-p", "0.95", "--seed", "99", "--max-tokens", "16"]);
+    let c = generate(
+        &prompt,
+        &["--temperature", "5", "--top-k", "100", "--top-p", "0.95", "--seed", "99", "--max-tokens", "16"],
+    );
     assert_ne!(a, c, "another seed, other ids");
     assert!(greedy.len() == 32);
 }
@@ -119,15 +131,89 @@ fn bad_lm_inputs_are_one_line_errors_with_exit_code_2() {
     let nope = tmp.path().join("nope").into_os_string();
     let out = tmp.path().join("o.st").into_os_string();
     let cases: Vec<(Vec<std::ffi::OsString>, Vec<&str>)> = vec![
-        (vec!["dump".into(), "--model".into(), model.clone(), "--token-ids".into(), "0,5,512,7".into(), "--out".into(), out.clone()], vec!["512", "vocab_size is 512"]),
-        (vec!["generate".into(), "--print-ids".into(), "--model".into(), model.clone(), "--token-ids".into(), "0,900".into()], vec!["900", "512"]),
-        (vec!["generate".into(), "--print-ids".into(), "--model".into(), nope.clone(), "--token-ids".into(), "0,5".into()], vec!["nope"]),
-        (vec!["dump".into(), "--model".into(), nope, "--token-ids".into(), "0,5".into(), "--out".into(), out.clone()], vec!["nope"]),
-        (vec!["generate".into(), "--print-ids".into(), "--model".into(), model.clone(), "--token-ids".into(), "0,x".into()], vec!["`x`"]),
-        (vec!["generate".into(), "--model".into(), model.clone(), "--token-ids".into(), "0,5".into()], vec!["--print-ids"]),
-        (vec!["generate".into(), "--print-ids".into(), "--model".into(), model.clone(), "--token-ids".into(), "0,IMG".into()], vec!["IMG", "--image"]),
         (
-            vec!["generate".into(), "--print-ids".into(), "--model".into(), model, "--token-ids".into(), "0,5".into(), "--top-p".into(), "0".into()],
+            vec![
+                "dump".into(),
+                "--model".into(),
+                model.clone(),
+                "--token-ids".into(),
+                "0,5,512,7".into(),
+                "--out".into(),
+                out.clone(),
+            ],
+            vec!["512", "vocab_size is 512"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--print-ids".into(),
+                "--model".into(),
+                model.clone(),
+                "--token-ids".into(),
+                "0,900".into(),
+            ],
+            vec!["900", "512"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--print-ids".into(),
+                "--model".into(),
+                nope.clone(),
+                "--token-ids".into(),
+                "0,5".into(),
+            ],
+            vec!["nope"],
+        ),
+        (
+            vec![
+                "dump".into(),
+                "--model".into(),
+                nope,
+                "--token-ids".into(),
+                "0,5".into(),
+                "--out".into(),
+                out.clone(),
+            ],
+            vec!["nope"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--print-ids".into(),
+                "--model".into(),
+                model.clone(),
+                "--token-ids".into(),
+                "0,x".into(),
+            ],
+            vec!["`x`"],
+        ),
+        (
+            vec!["generate".into(), "--model".into(), model.clone(), "--token-ids".into(), "0,5".into()],
+            vec!["--print-ids"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--print-ids".into(),
+                "--model".into(),
+                model.clone(),
+                "--token-ids".into(),
+                "0,IMG".into(),
+            ],
+            vec!["IMG", "--image"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--print-ids".into(),
+                "--model".into(),
+                model,
+                "--token-ids".into(),
+                "0,5".into(),
+                "--top-p".into(),
+                "0".into(),
+            ],
             vec!["top-p"],
         ),
     ];

@@ -17,13 +17,7 @@ fn cases() -> Vec<(String, image::RgbImage)> {
     let bytes = std::fs::read(fixtures().join("goldens/jpeg/cases.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-    let files = meta
-        .metadata()
-        .as_ref()
-        .unwrap()
-        .get("files")
-        .unwrap()
-        .clone();
+    let files = meta.metadata().as_ref().unwrap().get("files").unwrap().clone();
     files
         .split(',')
         .map(|f| {
@@ -40,21 +34,14 @@ fn cases() -> Vec<(String, image::RgbImage)> {
 
 /// `(values that differ, max abs difference)`.
 fn diff(a: &image::RgbImage, b: &image::RgbImage) -> (usize, i32) {
-    let d = a
-        .as_raw()
-        .iter()
-        .zip(b.as_raw())
-        .map(|(&x, &y)| (x as i32 - y as i32).abs());
+    let d = a.as_raw().iter().zip(b.as_raw()).map(|(&x, &y)| (x as i32 - y as i32).abs());
     d.fold((0, 0), |(n, m), v| (n + (v != 0) as usize, m.max(v)))
 }
 
 #[test]
 fn every_case_bit_exact_with_pillow() {
     let cases = cases();
-    assert!(
-        cases.len() >= 16,
-        "expected the generated cases plus photo.jpg and five.jpg"
-    );
+    assert!(cases.len() >= 16, "expected the generated cases plus photo.jpg and five.jpg");
     let mut bad = Vec::new();
     for (f, want) in &cases {
         let got = load_rgb(&fixtures().join(f)).unwrap_or_else(|e| panic!("{e}"));
@@ -65,20 +52,13 @@ fn every_case_bit_exact_with_pillow() {
             bad.push(format!("{f}: {n} values differ (max {max})"));
         }
     }
-    assert!(
-        bad.is_empty(),
-        "not bit-exact with Pillow:\n{}",
-        bad.join("\n")
-    );
+    assert!(bad.is_empty(), "not bit-exact with Pillow:\n{}", bad.join("\n"));
 }
 
 /// JPEG is recognised by its magic bytes, not the extension.
 #[test]
 fn jpeg_detected_by_magic_not_extension() {
-    let (f, want) = cases()
-        .into_iter()
-        .find(|(f, _)| f.contains("s101x67_420_q75"))
-        .unwrap();
+    let (f, want) = cases().into_iter().find(|(f, _)| f.contains("s101x67_420_q75")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("actually_a_jpeg.png");
     std::fs::copy(fixtures().join(&f), &p).unwrap();
@@ -89,15 +69,10 @@ fn jpeg_detected_by_magic_not_extension() {
 fn expect_image_error(p: &Path) -> String {
     match load_rgb(p) {
         Err(e @ Error::Image { .. }) => {
-            let Error::Image { path, .. } = &e else {
-                unreachable!()
-            };
+            let Error::Image { path, .. } = &e else { unreachable!() };
             assert_eq!(path, p);
             let s = e.to_string();
-            assert!(
-                s.contains(&p.display().to_string()),
-                "message must name the file: {s}"
-            );
+            assert!(s.contains(&p.display().to_string()), "message must name the file: {s}");
             s
         }
         Err(e) => panic!("{}: wrong error kind: {e}", p.display()),
@@ -123,13 +98,7 @@ fn truncated_jpeg_is_a_clear_error() {
 fn prefixes_accepted_exactly_when_pillow_accepts_them() {
     let bytes = std::fs::read(fixtures().join("goldens/jpeg/cases.safetensors")).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-    let cuts = meta
-        .metadata()
-        .as_ref()
-        .unwrap()
-        .get("cuts_ok")
-        .unwrap()
-        .clone();
+    let cuts = meta.metadata().as_ref().unwrap().get("cuts_ok").unwrap().clone();
     let all = cases();
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("bad.jpg");
@@ -142,9 +111,7 @@ fn prefixes_accepted_exactly_when_pillow_accepts_them() {
         let data = std::fs::read(fixtures().join(&f)).unwrap();
         let mut accepted = Vec::new();
         // All prefixes in the headers and near the end, every 7th in between (keeps it fast).
-        let tried: Vec<usize> = (1..=data.len())
-            .filter(|&n| n < 400 || n + 64 > data.len() || n % 7 == 0)
-            .collect();
+        let tried: Vec<usize> = (1..=data.len()).filter(|&n| n < 400 || n + 64 > data.len() || n % 7 == 0).collect();
         for &n in &tried {
             std::fs::write(&p, &data[..n]).unwrap();
             if data[..n].starts_with(&[0xFF, 0xD8, 0xFF]) {
@@ -163,10 +130,7 @@ fn prefixes_accepted_exactly_when_pillow_accepts_them() {
             }
         }
         let ok: Vec<usize> = ok.into_iter().filter(|n| tried.contains(n)).collect();
-        assert_eq!(
-            accepted, ok,
-            "{f}: prefix lengths accepted (left) vs Pillow's (right)"
-        );
+        assert_eq!(accepted, ok, "{f}: prefix lengths accepted (left) vs Pillow's (right)");
         n_files += 1;
     }
     assert!(n_files >= 4);

@@ -44,10 +44,16 @@ fn golden(name: &str) -> Golden {
         let shape = v.shape().to_vec();
         match v.dtype() {
             Dtype::F32 => {
-                f.insert(k, (shape, v.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()));
+                f.insert(
+                    k,
+                    (shape, v.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+                );
             }
             Dtype::I64 => {
-                i.insert(k, (shape, v.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()));
+                i.insert(
+                    k,
+                    (shape, v.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
+                );
             }
             d => panic!("{k}: unexpected dtype {d}"),
         }
@@ -111,8 +117,10 @@ fn compare(name: &str, b: &CpuBackend, cfg: &LmConfig, out: &LmOutput<CpuBackend
         fails.push(format!("logits rel L2 {e:.3e}"));
     }
     // top-1 at every position
-    let argmax = |r: &[f32]| r.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
-    let bad: Vec<usize> = (0..t).filter(|&i| argmax(&logits[i * v..(i + 1) * v]) != argmax(&gl[i * v..(i + 1) * v])).collect();
+    let argmax =
+        |r: &[f32]| r.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
+    let bad: Vec<usize> =
+        (0..t).filter(|&i| argmax(&logits[i * v..(i + 1) * v]) != argmax(&gl[i * v..(i + 1) * v])).collect();
     if !bad.is_empty() {
         fails.push(format!("top-1 differs at positions {bad:?}"));
     }
@@ -165,10 +173,17 @@ fn compare(name: &str, b: &CpuBackend, cfg: &LmConfig, out: &LmOutput<CpuBackend
 
 /// Greedy decode on the cache: token 0 = argmax of the prefill's last logits, step s feeds token
 /// s−1 at position T+s−1; its logits must match `greedy_step_logits[s−1]` and its argmax token s.
-fn greedy(name: &str, b: &CpuBackend, model: &LmModel<CpuBackend>, out: LmOutput<CpuBackend>, g: &Golden) -> Vec<String> {
+fn greedy(
+    name: &str,
+    b: &CpuBackend,
+    model: &LmModel<CpuBackend>,
+    out: LmOutput<CpuBackend>,
+    g: &Golden,
+) -> Vec<String> {
     let mut fails = Vec::new();
     let v = model.config().vocab_size;
-    let argmax = |r: &[f32]| r.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
+    let argmax =
+        |r: &[f32]| r.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
     let want = &g.i["greedy_tokens"].1;
     let step_logits = &g.f["greedy_step_logits"].1;
     let logits = f32s(b, &out.logits);

@@ -104,7 +104,13 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
         .experts
         .iter()
         .map(|(format, rows, cols, bytes)| {
-            b.upload_weight(&HostWeight { name: case.name.clone(), format: *format, rows: *rows, cols: *cols, bytes: Cow::Borrowed(bytes) })
+            b.upload_weight(&HostWeight {
+                name: case.name.clone(),
+                format: *format,
+                rows: *rows,
+                cols: *cols,
+                bytes: Cow::Borrowed(bytes),
+            })
         })
         .collect::<fovea::Result<_>>()?;
     match (case.run)(&case.args) {
@@ -129,10 +135,18 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
         Call::HashRoute { table, ids, fallback } => b.hash_route(&ts[table], &ts[ids], &ts[fallback]),
         Call::RouteWeights { scores, ids, scale } => b.route_weights(&ts[scores], &ts[ids], scale),
         Call::SwigluClamp(x, limit) => b.swiglu_clamp(&ts[x], limit),
-        Call::RopeTail { x, heads, inv_freq, pos0, stride, inverse } => b.rope_tail(&ts[x], heads, &ts[inv_freq], pos0, stride, inverse),
-        Call::HcSplit { mix, scale, base, hc, iters, eps } => b.hc_split(&ts[mix], &ts[scale], &ts[base], hc, iters, eps),
-        Call::CompressPool { kv, gate, ape, ratio, overlap } => b.compress_pool(&ts[kv], &ts[gate], &ts[ape], ratio, overlap),
-        Call::IndexerScores { q, k, w, heads, scale, pos0, ratio } => b.indexer_scores(&ts[q], &ts[k], &ts[w], heads, scale, pos0, ratio),
+        Call::RopeTail { x, heads, inv_freq, pos0, stride, inverse } => {
+            b.rope_tail(&ts[x], heads, &ts[inv_freq], pos0, stride, inverse)
+        }
+        Call::HcSplit { mix, scale, base, hc, iters, eps } => {
+            b.hc_split(&ts[mix], &ts[scale], &ts[base], hc, iters, eps)
+        }
+        Call::CompressPool { kv, gate, ape, ratio, overlap } => {
+            b.compress_pool(&ts[kv], &ts[gate], &ts[ape], ratio, overlap)
+        }
+        Call::IndexerScores { q, k, w, heads, scale, pos0, ratio } => {
+            b.indexer_scores(&ts[q], &ts[k], &ts[w], heads, scale, pos0, ratio)
+        }
         Call::TopkRows(x, k) => b.topk_rows(&ts[x], k),
         Call::MoeExperts { x, ids, weights, limit } => {
             let (w13, w2) = experts.split_at(experts.len() / 2);
@@ -164,7 +178,14 @@ fn weight_bytes(r: &mut StdRng, format: WeightFormat, rows: usize, cols: usize) 
         .collect()
 }
 
-fn case(name: impl Into<String>, op: Op, bound: f64, tensors: Vec<HostTensor>, run: fn(&Args) -> Call, args: Args) -> Case {
+fn case(
+    name: impl Into<String>,
+    op: Op,
+    bound: f64,
+    tensors: Vec<HostTensor>,
+    run: fn(&Args) -> Call,
+    args: Args,
+) -> Case {
     Case { name: name.into(), op, bound, tensors, weight: None, experts: Vec::new(), run, args }
 }
 
@@ -187,10 +208,38 @@ fn cases() -> Vec<Case> {
             out.push(c);
         }
     }
-    out.push(case("rms_norm [33,50]", Op::RmsNorm, REDUCTION, vec![randn(&mut r, &[33, 50], 2.0), randn(&mut r, &[50], 1.5)], |_| Call::RmsNorm { x: 0, w: 1, eps: 1e-6 }, Args::default()));
-    out.push(case("add [17,23]", Op::Add, EXACT, vec![randn(&mut r, &[17, 23], 1.0), randn(&mut r, &[17, 23], 1.0)], |_| Call::Add(0, 1), Args::default()));
-    out.push(case("slice_cols [19,30] 7..20", Op::SliceCols, EXACT, vec![randn(&mut r, &[19, 30], 1.0)], |_| Call::SliceCols(0, 7, 13), Args::default()));
-    out.push(case("concat_rows [5,9]+[3,9]", Op::ConcatRows, EXACT, vec![randn(&mut r, &[5, 9], 1.0), randn(&mut r, &[3, 9], 1.0)], |_| Call::ConcatRows(0, 1), Args::default()));
+    out.push(case(
+        "rms_norm [33,50]",
+        Op::RmsNorm,
+        REDUCTION,
+        vec![randn(&mut r, &[33, 50], 2.0), randn(&mut r, &[50], 1.5)],
+        |_| Call::RmsNorm { x: 0, w: 1, eps: 1e-6 },
+        Args::default(),
+    ));
+    out.push(case(
+        "add [17,23]",
+        Op::Add,
+        EXACT,
+        vec![randn(&mut r, &[17, 23], 1.0), randn(&mut r, &[17, 23], 1.0)],
+        |_| Call::Add(0, 1),
+        Args::default(),
+    ));
+    out.push(case(
+        "slice_cols [19,30] 7..20",
+        Op::SliceCols,
+        EXACT,
+        vec![randn(&mut r, &[19, 30], 1.0)],
+        |_| Call::SliceCols(0, 7, 13),
+        Args::default(),
+    ));
+    out.push(case(
+        "concat_rows [5,9]+[3,9]",
+        Op::ConcatRows,
+        EXACT,
+        vec![randn(&mut r, &[5, 9], 1.0), randn(&mut r, &[3, 9], 1.0)],
+        |_| Call::ConcatRows(0, 1),
+        Args::default(),
+    ));
     out.push(case(
         "gather_rows [6,11] with repeats",
         Op::GatherRows,
@@ -199,8 +248,22 @@ fn cases() -> Vec<Case> {
         |_| Call::GatherRows(0, 1),
         Args::default(),
     ));
-    out.push(case("swiglu [21,2x27]", Op::Swiglu, ELEMENTWISE, vec![randn(&mut r, &[21, 54], 4.0)], |_| Call::Swiglu(0), Args::default()));
-    out.push(case("gelu_erf [13,41]", Op::GeluErf, ELEMENTWISE, vec![randn(&mut r, &[13, 41], 6.0)], |_| Call::GeluErf(0), Args::default()));
+    out.push(case(
+        "swiglu [21,2x27]",
+        Op::Swiglu,
+        ELEMENTWISE,
+        vec![randn(&mut r, &[21, 54], 4.0)],
+        |_| Call::Swiglu(0),
+        Args::default(),
+    ));
+    out.push(case(
+        "gelu_erf [13,41]",
+        Op::GeluErf,
+        ELEMENTWISE,
+        vec![randn(&mut r, &[13, 41], 6.0)],
+        |_| Call::GeluErf(0),
+        Args::default(),
+    ));
     for (heads, hd, gh, gw, theta) in [(2, 16, 5, 7, 500.0f32), (3, 64, 4, 9, 10000.0)] {
         out.push(case(
             format!("rope_2d {heads}x{hd} grid {gh}x{gw} θ={theta}"),
@@ -216,7 +279,11 @@ fn cases() -> Vec<Case> {
             format!("attention n={n} {heads}x{hd}"),
             Op::Attention,
             REDUCTION,
-            vec![randn(&mut r, &[n, heads * hd], 1.5), randn(&mut r, &[n, heads * hd], 1.5), randn(&mut r, &[n, heads * hd], 1.0)],
+            vec![
+                randn(&mut r, &[n, heads * hd], 1.5),
+                randn(&mut r, &[n, heads * hd], 1.5),
+                randn(&mut r, &[n, heads * hd], 1.0),
+            ],
             |a| Call::Attention { q: 0, k: 1, v: 2, heads: a.a },
             Args { a: heads, ..Default::default() },
         ));
@@ -256,7 +323,14 @@ fn lm_cases() -> Vec<Case> {
         c.weight = Some((format, vocab, d, weight_bytes(&mut r, format, vocab, d)));
         out.push(c);
     }
-    out.push(case("hc_expand [7,19] hc=4", Op::HcExpand, EXACT, vec![randn(&mut r, &[7, 19], 1.0)], |_| Call::HcExpand(0, 4), Args::default()));
+    out.push(case(
+        "hc_expand [7,19] hc=4",
+        Op::HcExpand,
+        EXACT,
+        vec![randn(&mut r, &[7, 19], 1.0)],
+        |_| Call::HcExpand(0, 4),
+        Args::default(),
+    ));
     for (n, heads, hd) in [(5, 3, 29), (3, 1, 300)] {
         out.push(case(
             format!("rms_norm_heads [{n},{heads}x{hd}]"),
@@ -279,7 +353,12 @@ fn lm_cases() -> Vec<Case> {
         "hc_post [6,4x13]",
         Op::HcPost,
         REDUCTION,
-        vec![randn(&mut r, &[6, 52], 2.0), randn(&mut r, &[6, 13], 2.0), randn(&mut r, &[6, 4], 2.0), randn(&mut r, &[6, 16], 1.0)],
+        vec![
+            randn(&mut r, &[6, 52], 2.0),
+            randn(&mut r, &[6, 13], 2.0),
+            randn(&mut r, &[6, 4], 2.0),
+            randn(&mut r, &[6, 16], 1.0),
+        ],
         |_| Call::HcPost { x: 0, f: 1, post: 2, comb: 3 },
         Args::default(),
     ));
@@ -292,7 +371,14 @@ fn lm_cases() -> Vec<Case> {
         Args::default(),
     ));
     // wide range: ln1p of tiny eˣ and the linear branch above 20
-    out.push(case("sqrt_softplus [13,29]", Op::SqrtSoftplus, ELEMENTWISE, vec![randn(&mut r, &[13, 29], 30.0)], |_| Call::SqrtSoftplus(0), Args::default()));
+    out.push(case(
+        "sqrt_softplus [13,29]",
+        Op::SqrtSoftplus,
+        ELEMENTWISE,
+        vec![randn(&mut r, &[13, 29], 30.0)],
+        |_| Call::SqrtSoftplus(0),
+        Args::default(),
+    ));
     {
         let (vocab, k, n, e) = (10, 3, 8, 16);
         let table: Vec<i32> = (0..vocab * k).map(|_| r.random_range(0..e as i32)).collect();
@@ -329,7 +415,14 @@ fn lm_cases() -> Vec<Case> {
             Args::default(),
         ));
     }
-    out.push(case("swiglu_clamp [15,2x23] limit 7", Op::SwigluClamp, ELEMENTWISE, vec![randn(&mut r, &[15, 46], 12.0)], |_| Call::SwigluClamp(0, 7.0), Args::default()));
+    out.push(case(
+        "swiglu_clamp [15,2x23] limit 7",
+        Op::SwigluClamp,
+        ELEMENTWISE,
+        vec![randn(&mut r, &[15, 46], 12.0)],
+        |_| Call::SwigluClamp(0, 7.0),
+        Args::default(),
+    ));
     // rope_tail: rd = 2·6 of hd = 22, inv_freq spanning 1 … 1e-4; positions up to ~9000 rad.
     let inv_freq = |r: &mut StdRng| {
         let v: Vec<f32> = (0..6).map(|j| 10000f32.powf(-(j as f32) / 6.0) * r.random_range(0.9f32..1.1)).collect();
@@ -395,7 +488,14 @@ fn lm_cases() -> Vec<Case> {
                 *x = f32::NEG_INFINITY;
             }
         }
-        out.push(case("topk_rows [6,300] k=40 ties, -inf, short row", Op::TopkRows, EXACT, vec![HostTensor::f32([n, m], v).unwrap()], |_| Call::TopkRows(0, 40), Args::default()));
+        out.push(case(
+            "topk_rows [6,300] k=40 ties, -inf, short row",
+            Op::TopkRows,
+            EXACT,
+            vec![HostTensor::f32([n, m], v).unwrap()],
+            |_| Call::TopkRows(0, 40),
+            Args::default(),
+        ));
     }
     for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
         out.push(grouped_case(&mut r, format, 9, 3, 21, 5, ""));
@@ -404,7 +504,8 @@ fn lm_cases() -> Vec<Case> {
     // and repeats; and a case without compressed entries.
     {
         let (n, heads, hd, m, c, k) = (7, 3, 20, 12, 5, 4);
-        let window: Vec<i32> = (0..n as i32).flat_map(|i| if i == 2 { [5, 4] } else { [(i - 3).max(0), i + 4] }).collect();
+        let window: Vec<i32> =
+            (0..n as i32).flat_map(|i| if i == 2 { [5, 4] } else { [(i - 3).max(0), i + 4] }).collect();
         let idx: Vec<i32> = (0..n * k).map(|j| if j % 5 == 1 { -1 } else { r.random_range(0..c as i32) }).collect();
         out.push(case(
             format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k}"),
@@ -426,7 +527,12 @@ fn lm_cases() -> Vec<Case> {
             format!("sink_attention n={n} 1x{hd} m={m} window only"),
             Op::SinkAttention,
             REDUCTION,
-            vec![randn(&mut r, &[n, hd], 1.5), randn(&mut r, &[m, hd], 1.5), ints(&[n, 2], window), randn(&mut r, &[1], 2.0)],
+            vec![
+                randn(&mut r, &[n, hd], 1.5),
+                randn(&mut r, &[m, hd], 1.5),
+                ints(&[n, 2], window),
+                randn(&mut r, &[1], 2.0),
+            ],
             |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: None, sinks: 3, heads: 1 },
             Args::default(),
         ));
@@ -559,7 +665,13 @@ fn compare_with_cpu<L: LaneUnderTest>(lane: &L, cases: Vec<Case>) -> std::collec
             failures.push(format!("{}: nmse {e:.3e} > {:.0e}", c.name, c.bound));
         }
     }
-    assert!(failures.is_empty(), "{} case(s) failed on the {} lane:\n{}", failures.len(), lane.lane(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed on the {} lane:\n{}",
+        failures.len(),
+        lane.lane(),
+        failures.join("\n")
+    );
     covered
 }
 
@@ -574,13 +686,17 @@ fn wgpu_ops_match_cpu() {
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
     assert!(missing.is_empty(), "ops without a harness case: {missing:?}");
     // Every language-model op the lane claims must be compared with the CPU lane here.
-    let missing: Vec<_> =
-        Op::LM.iter().filter(|op| lane.supports(**op, WeightFormat::F32) && !covered.contains(op)).map(|op| op.name()).collect();
+    let missing: Vec<_> = Op::LM
+        .iter()
+        .filter(|op| lane.supports(**op, WeightFormat::F32) && !covered.contains(op))
+        .map(|op| op.name())
+        .collect();
     assert!(missing.is_empty(), "LM ops the wgpu lane supports without a harness case: {missing:?}");
     drop(lane);
 
     // A 1 KiB binding cap splits every weight into many row chunks; f16 via the integer decode.
-    let opts = Options { guard_words: 8, max_binding_bytes: Some(1024), force_f16_fallback: true, ..Options::default() };
+    let opts =
+        Options { guard_words: 8, max_binding_bytes: Some(1024), force_f16_fallback: true, ..Options::default() };
     let Some(lane) = common::wgpu_lane(opts) else { return };
     compare_with_cpu(&lane, chunked_linear_cases());
 }

@@ -20,25 +20,15 @@ fn get<'a>(st: &'a SafeTensors, name: &str, dtype: Dtype) -> (Vec<usize>, &'a [u
 fn ints(st: &SafeTensors, name: &str) -> Vec<i64> {
     let t = st.tensor(name).unwrap();
     match t.dtype() {
-        Dtype::I32 => t
-            .data()
-            .chunks(4)
-            .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as i64)
-            .collect(),
-        Dtype::I64 => t
-            .data()
-            .chunks(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
+        Dtype::I32 => t.data().chunks(4).map(|b| i32::from_le_bytes(b.try_into().unwrap()) as i64).collect(),
+        Dtype::I64 => t.data().chunks(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect(),
         d => panic!("{name}: dtype {d:?}"),
     }
 }
 
 fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
     let (_, d) = get(st, name, Dtype::F32);
-    d.chunks(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
+    d.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
 }
 
 fn image(st: &SafeTensors, name: &str) -> image::RgbImage {
@@ -67,11 +57,7 @@ fn pillow_resize_and_pad_bit_exact() {
     assert!(n > 90, "only {n} cases");
     let mut bad = Vec::new();
     for i in 0..n {
-        let (si, w, h) = (
-            cases[3 * i],
-            cases[3 * i + 1] as usize,
-            cases[3 * i + 2] as usize,
-        );
+        let (si, w, h) = (cases[3 * i], cases[3 * i + 1] as usize, cases[3 * i + 2] as usize);
         let src = image(&st, &format!("src_{si}"));
         let want_pad = image(&st, &format!("pad_{i}"));
         let want_resize = image(&st, &format!("resize_{i}"));
@@ -85,12 +71,7 @@ fn pillow_resize_and_pad_bit_exact() {
             bad.push(format!("resize {sz:?} -> {w}x{h}"));
         }
     }
-    assert!(
-        bad.is_empty(),
-        "{} of {} mismatches: {bad:?}",
-        bad.len(),
-        2 * n
-    );
+    assert!(bad.is_empty(), "{} of {} mismatches: {bad:?}", bad.len(), 2 * n);
 }
 
 #[test]
@@ -142,13 +123,7 @@ fn pipeline_png_matches_reference_load_image() {
     let bytes = std::fs::read(dir.join("pipeline.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-    let files = meta
-        .metadata()
-        .as_ref()
-        .unwrap()
-        .get("files")
-        .unwrap()
-        .clone();
+    let files = meta.metadata().as_ref().unwrap().get("files").unwrap().clone();
     let torch_lut = {
         let b = std::fs::read(dir.join("cases.safetensors")).unwrap();
         f32s(&SafeTensors::deserialize(&b).unwrap(), "norm_lut")
@@ -170,11 +145,7 @@ fn pipeline_png_matches_reference_load_image() {
         if st.names().iter().any(|n| *n == format!("patches_{i}")) {
             let want = f32s(&st, &format!("patches_{i}"));
             assert_eq!(want.len(), got.patches.len(), "{name}");
-            let nbad = want
-                .iter()
-                .zip(&got.patches)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
+            let nbad = want.iter().zip(&got.patches).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
             assert_eq!(nbad, 0, "{name}: {nbad} patch values differ");
         } else {
             // Patches too large to store: rebuild them from the golden resized image and torch's
@@ -198,11 +169,7 @@ fn block_of_a_prepared_image() {
     let got = prepare(&img, &PreprocessConfig::released()).unwrap();
     let b = build_image_block(got.n_llm_h, got.n_llm_w, 3);
     assert_eq!(b.types.len(), 338); // spec §2.1 table: 800x600 -> 338 tokens at start_pos ≡ 3
-    assert!(
-        got.patches
-            .iter()
-            .all(|v| v.is_finite() && (-1.0..=1.0).contains(v))
-    );
+    assert!(got.patches.iter().all(|v| v.is_finite() && (-1.0..=1.0).contains(v)));
 }
 
 #[test]
@@ -223,8 +190,7 @@ fn pattern(w: u32, h: u32) -> image::RgbImage {
         let (x, y) = (x as u64, y as u64);
         image::Rgb(std::array::from_fn(|c| {
             let c = c as u64;
-            let hsh =
-                x.wrapping_mul(73856093) ^ y.wrapping_mul(19349663) ^ c.wrapping_mul(83492791);
+            let hsh = x.wrapping_mul(73856093) ^ y.wrapping_mul(19349663) ^ c.wrapping_mul(83492791);
             let noise = (hsh.wrapping_mul(2654435761) >> 13) & 31;
             let smooth = (x * 3 + y * 2 + c * 50) % 256;
             ((smooth + noise) & 255) as u8
@@ -234,9 +200,7 @@ fn pattern(w: u32, h: u32) -> image::RgbImage {
 
 /// FNV-1a 64.
 fn fnv1a64(b: &[u8]) -> u64 {
-    b.iter().fold(0xCBF29CE484222325u64, |h, &v| {
-        (h ^ v as u64).wrapping_mul(0x100000001B3)
-    })
+    b.iter().fold(0xCBF29CE484222325u64, |h, &v| (h ^ v as u64).wrapping_mul(0x100000001B3))
 }
 
 #[test]
@@ -251,25 +215,12 @@ fn real_size_images_match_reference_load_image() {
         let got = prepare(&img, &cfg).unwrap();
         let r = &got.resized;
         assert_eq!(
-            [
-                r.width() as i64,
-                r.height() as i64,
-                got.n_vit_h as i64,
-                got.n_vit_w as i64
-            ],
+            [r.width() as i64, r.height() as i64, got.n_vit_h as i64, got.n_vit_w as i64],
             [e[0], e[1], e[2], e[3]],
             "{wh:?}"
         );
-        assert_eq!(
-            [got.n_llm_h as i64, got.n_llm_w as i64],
-            [e[4], e[5]],
-            "{wh:?}"
-        );
-        assert_eq!(
-            fnv1a64(r.as_raw()),
-            e[6] as u64,
-            "{wh:?}: resized image differs from Pillow"
-        );
+        assert_eq!([got.n_llm_h as i64, got.n_llm_w as i64], [e[4], e[5]], "{wh:?}");
+        assert_eq!(fnv1a64(r.as_raw()), e[6] as u64, "{wh:?}: resized image differs from Pillow");
     }
 }
 
@@ -282,35 +233,19 @@ fn load_rgb_matches_pillow_convert_rgb() {
     let bytes = std::fs::read(dir.join("decode.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-    let files = meta
-        .metadata()
-        .as_ref()
-        .unwrap()
-        .get("files")
-        .unwrap()
-        .clone();
+    let files = meta.metadata().as_ref().unwrap().get("files").unwrap().clone();
     let mut report = Vec::new();
     for (i, entry) in files.split(',').enumerate() {
         let (name, exact) = entry.split_once(':').unwrap();
         let want = image(&st, &format!("dec_{i}"));
         let got = load_rgb(&dir.join(name)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got.dimensions(), want.dimensions(), "{name}");
-        let diffs: Vec<i32> = got
-            .as_raw()
-            .iter()
-            .zip(want.as_raw())
-            .map(|(&a, &b)| (a as i32 - b as i32).abs())
-            .collect();
-        let (nbad, max) = (
-            diffs.iter().filter(|&&d| d != 0).count(),
-            diffs.iter().copied().max().unwrap(),
-        );
+        let diffs: Vec<i32> =
+            got.as_raw().iter().zip(want.as_raw()).map(|(&a, &b)| (a as i32 - b as i32).abs()).collect();
+        let (nbad, max) = (diffs.iter().filter(|&&d| d != 0).count(), diffs.iter().copied().max().unwrap());
         report.push(format!("{name}: {nbad}/{} differ, max {max}", diffs.len()));
         if exact == "1" {
-            assert_eq!(
-                nbad, 0,
-                "{name}: {nbad} values differ from Pillow (max {max})"
-            );
+            assert_eq!(nbad, 0, "{name}: {nbad} values differ from Pillow (max {max})");
         } else {
             assert!(max <= 3, "{name}: decoder difference too large (max {max})");
         }

@@ -23,7 +23,11 @@ fn resized_images_are_bit_exact_with_pillow() {
         let img = processor::load_rgb(&common::image_path(&g.image)).unwrap();
         let prep = processor::prepare(&img, &preprocess_config(ckpt.config())).unwrap();
         let hw = (prep.resized.height() as usize, prep.resized.width() as usize);
-        assert!(common::golden_resized_matches(&g, prep.resized.as_raw(), hw), "{}: resized image differs from Pillow's", g.file);
+        assert!(
+            common::golden_resized_matches(&g, prep.resized.as_raw(), hw),
+            "{}: resized image differs from Pillow's",
+            g.file
+        );
         checked += 1;
     }
     assert!(checked >= 7, "only {checked} goldens");

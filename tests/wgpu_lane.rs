@@ -5,9 +5,9 @@
 use std::borrow::Cow;
 use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use fovea::Error;
 use fovea::backend::wgpu::{Options, WgpuBackend, WgpuTensor};
 use fovea::backend::{Backend, DeviceTensor, DeviceWeight, HostTensor, HostWeight, Op, WeightFormat};
-use fovea::Error;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -54,7 +54,10 @@ fn adapter_available() -> bool {
         if !found {
             // Written past the test harness's capture so the skip is visible in a normal run.
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED wgpu_lane tests: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED wgpu_lane tests: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers"
+            );
         }
         found
     })
@@ -115,7 +118,15 @@ fn encode(format: WeightFormat, v: &[f32]) -> Vec<u8> {
 }
 
 /// Checks `linear` on `b` for one format and shape against an f64 host reference.
-fn check_linear(b: &WgpuBackend, format: WeightFormat, n: usize, k: usize, out: usize, with_bias: bool, seed: u64) -> usize {
+fn check_linear(
+    b: &WgpuBackend,
+    format: WeightFormat,
+    n: usize,
+    k: usize,
+    out: usize,
+    with_bias: bool,
+    seed: u64,
+) -> usize {
     let mut r = rng(seed);
     let x = randv(&mut r, n * k);
     let mut wv = randv(&mut r, out * k);
@@ -223,7 +234,8 @@ fn linear_chunked_weights() {
     let _devices = exclusive();
     // 256-byte bindings: an f32 row of 19 is 76 B → 3 rows per chunk; a 16-bit row of 19
     // (padded to 20) is 40 B → 6 rows per chunk. 13 rows → ≥ 3 chunks.
-    let b = make(Options { max_binding_bytes: Some(256), guard_words: 2, weight_pool_bytes: 4096, ..Options::default() });
+    let b =
+        make(Options { max_binding_bytes: Some(256), guard_words: 2, weight_pool_bytes: 4096, ..Options::default() });
     assert_eq!(b.max_binding_bytes(), 256);
     for (i, f) in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16].into_iter().enumerate() {
         let chunks = check_linear(&b, f, 3, 19, 13, true, 10 + i as u64);
@@ -428,7 +440,10 @@ fn attention_ref(q: &[f32], k: &[f32], v: &[f32], n: usize, heads: usize, hd: us
     for h in 0..heads {
         for i in 0..n {
             let s: Vec<f64> = (0..n)
-                .map(|j| (0..hd).map(|d| q[i * cols + h * hd + d] as f64 * k[j * cols + h * hd + d] as f64).sum::<f64>() * scale)
+                .map(|j| {
+                    (0..hd).map(|d| q[i * cols + h * hd + d] as f64 * k[j * cols + h * hd + d] as f64).sum::<f64>()
+                        * scale
+                })
                 .collect();
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
@@ -449,7 +464,9 @@ fn attention() {
     let _devices = shared();
     let b = be();
     // n not a multiple of the query block (16) or the key tile (32); hd 8, 64 and 24.
-    for (seed, n, heads, hd, amp) in [(80, 37, 2, 8, 1.0f32), (81, 33, 1, 64, 3.0), (82, 5, 3, 24, 1.0), (83, 70, 2, 16, 4.0)] {
+    for (seed, n, heads, hd, amp) in
+        [(80, 37, 2, 8, 1.0f32), (81, 33, 1, 64, 3.0), (82, 5, 3, 24, 1.0), (83, 70, 2, 16, 4.0)]
+    {
         let mut r = rng(seed);
         let cols = heads * hd;
         let q: Vec<f32> = randv(&mut r, n * cols).into_iter().map(|v| v * amp).collect();
@@ -522,12 +539,28 @@ fn memory_report_counts_weights_and_activations() {
     assert_eq!(b.memory(), Default::default());
     // bf16 [64, 128] = 16 KiB stays bf16: its own buffer of exactly that size.
     let bytes = encode(WeightFormat::BF16, &vec![0.25; 64 * 128]);
-    let w = b.upload_weight(&HostWeight { name: "w".into(), format: WeightFormat::BF16, rows: 64, cols: 128, bytes: Cow::Owned(bytes) }).unwrap();
+    let w = b
+        .upload_weight(&HostWeight {
+            name: "w".into(),
+            format: WeightFormat::BF16,
+            rows: 64,
+            cols: 128,
+            bytes: Cow::Owned(bytes),
+        })
+        .unwrap();
     assert_eq!(b.memory().weight_bytes, 64 * 128 * 2);
     assert_eq!(w.device_bytes(), 64 * 128 * 2);
     // odd columns: each row padded by one element, counted.
     let bytes = encode(WeightFormat::BF16, &vec![0.25; 3 * 5]);
-    let w2 = b.upload_weight(&HostWeight { name: "w2".into(), format: WeightFormat::BF16, rows: 3, cols: 5, bytes: Cow::Owned(bytes) }).unwrap();
+    let w2 = b
+        .upload_weight(&HostWeight {
+            name: "w2".into(),
+            format: WeightFormat::BF16,
+            rows: 3,
+            cols: 5,
+            bytes: Cow::Owned(bytes),
+        })
+        .unwrap();
     assert_eq!(w2.device_bytes(), 3 * 6 * 2);
     let x = up(&b, &[4, 128], vec![1.0; 512]);
     let y = b.linear(&x, &w, None).unwrap();
@@ -597,7 +630,7 @@ fn attention_rejects_unsupported_head_dim() {
 /// Timing of one mid-size linear and, with FOVEA_BENCH_BIG=1 (real GPUs), ViT-size linear and
 /// attention (run with `--ignored --nocapture`).
 #[test]
-#[ignore]
+#[ignore = "a timing report, not a check; run by hand with --ignored --nocapture on a real GPU"]
 fn linear_timing() {
     if !adapter_available() {
         return;
@@ -613,7 +646,15 @@ fn linear_timing() {
     for (n, k, out) in shapes {
         for f in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
             let wv = vec![0.01f32; out * k];
-            let w = b.upload_weight(&HostWeight { name: "w".into(), format: f, rows: out, cols: k, bytes: Cow::Owned(encode(f, &wv)) }).unwrap();
+            let w = b
+                .upload_weight(&HostWeight {
+                    name: "w".into(),
+                    format: f,
+                    rows: out,
+                    cols: k,
+                    bytes: Cow::Owned(encode(f, &wv)),
+                })
+                .unwrap();
             let x = up(b, &[n, k], vec![1.0; n * k]);
             let y = b.linear(&x, &w, None).unwrap();
             assert!((down(b, &y)[0] - 0.01 * k as f32).abs() < 1e-3 * k as f32);
@@ -624,7 +665,11 @@ fn linear_timing() {
             }
             b.sync().unwrap();
             let s = t.elapsed().as_secs_f64() / reps as f64;
-            eprintln!("linear {f:?} [{n}x{k}]·[{out}x{k}]ᵀ: {:.2} ms, {:.1} GFLOP/s", s * 1e3, 2.0 * (n * k * out) as f64 / s / 1e9);
+            eprintln!(
+                "linear {f:?} [{n}x{k}]·[{out}x{k}]ᵀ: {:.2} ms, {:.1} GFLOP/s",
+                s * 1e3,
+                2.0 * (n * k * out) as f64 / s / 1e9
+            );
         }
     }
     let (n, heads, hd) = if big { (3456, 16, 64) } else { (256, 4, 64) };
@@ -638,5 +683,9 @@ fn linear_timing() {
     }
     b.sync().unwrap();
     let s = t.elapsed().as_secs_f64() / reps as f64;
-    eprintln!("attention n={n} heads={heads} hd={hd}: {:.2} ms, {:.1} GFLOP/s", s * 1e3, 4.0 * (n * n * hd * heads) as f64 / s / 1e9);
+    eprintln!(
+        "attention n={n} heads={heads} hd={hd}: {:.2} ms, {:.1} GFLOP/s",
+        s * 1e3,
+        4.0 * (n * n * hd * heads) as f64 / s / 1e9
+    );
 }

@@ -52,7 +52,8 @@ fn every_shader_validates() {
     assert!(!files.is_empty(), "no shaders found in {}", dir.display());
     let in_composed = |p: &Path| COMPOSED.iter().any(|c| c.iter().any(|name| p.ends_with(name)));
     let mut shaders: Vec<Vec<&Path>> = files.iter().filter(|p| !in_composed(p)).map(|p| vec![p.as_path()]).collect();
-    let composed: Vec<Vec<std::path::PathBuf>> = COMPOSED.iter().map(|c| c.iter().map(|n| dir.join(n)).collect()).collect();
+    let composed: Vec<Vec<std::path::PathBuf>> =
+        COMPOSED.iter().map(|c| c.iter().map(|n| dir.join(n)).collect()).collect();
     shaders.extend(composed.iter().map(|c| c.iter().map(|p| p.as_path()).collect()));
     let errors: Vec<String> = shaders.iter().filter_map(|parts| validate(parts).err()).collect();
     for f in &files {

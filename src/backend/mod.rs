@@ -144,7 +144,13 @@ impl HostWeight<'_> {
         if self.bytes.len() != want {
             return Err(Error::tensor(
                 &self.name,
-                format!("{} bytes for a {}x{} {} matrix, expected {want}", self.bytes.len(), self.rows, self.cols, self.format),
+                format!(
+                    "{} bytes for a {}x{} {} matrix, expected {want}",
+                    self.bytes.len(),
+                    self.rows,
+                    self.cols,
+                    self.format
+                ),
             ));
         }
         Ok(())
@@ -152,7 +158,11 @@ impl HostWeight<'_> {
 
     /// Row `r` converted to f32 (used by the CPU lane and by tests).
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
-        decode_row(self.format, &self.bytes[r * self.format.row_bytes(self.cols)..][..self.format.row_bytes(self.cols)], out);
+        decode_row(
+            self.format,
+            &self.bytes[r * self.format.row_bytes(self.cols)..][..self.format.row_bytes(self.cols)],
+            out,
+        );
     }
 }
 
@@ -429,13 +439,25 @@ pub trait Backend {
     /// Write a sublayer output back: X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb
     /// `[n, hc·hc]` (index `src·hc + dst`) → X' `[n, hc·d]`,
     /// `X'_dst = post_dst · f + Σ_src comb[src, dst] · X_src`.
-    fn hc_post(&self, x: &Self::Tensor, f: &Self::Tensor, post: &Self::Tensor, comb: &Self::Tensor) -> Result<Self::Tensor> {
+    fn hc_post(
+        &self,
+        x: &Self::Tensor,
+        f: &Self::Tensor,
+        post: &Self::Tensor,
+        comb: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
         let _ = (x, f, post, comb);
         Err(self.lm_unsupported(Op::HcPost))
     }
     /// Final-head stream weights (no Sinkhorn, §4.2): mix `[n, hc]`, scale `[1]`, base `[hc]` →
     /// `σ(mix · scale + base) + eps` `[n, hc]`.
-    fn hc_head_weights(&self, mix: &Self::Tensor, scale: &Self::Tensor, base: &Self::Tensor, eps: f32) -> Result<Self::Tensor> {
+    fn hc_head_weights(
+        &self,
+        mix: &Self::Tensor,
+        scale: &Self::Tensor,
+        base: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
         let _ = (mix, scale, base, eps);
         Err(self.lm_unsupported(Op::HcHeadWeights))
     }
@@ -566,6 +588,10 @@ pub trait Backend {
 
     /// The `Unsupported` error of a language-model op this lane does not implement.
     fn lm_unsupported(&self, op: Op) -> Error {
-        Error::Unsupported { lane: self.lane(), op: op.name(), what: "any operands (language-model op not implemented on this lane)".into() }
+        Error::Unsupported {
+            lane: self.lane(),
+            op: op.name(),
+            what: "any operands (language-model op not implemented on this lane)".into(),
+        }
     }
 }

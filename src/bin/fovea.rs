@@ -138,7 +138,8 @@ fn run(cli: Cli) -> fovea::Result<()> {
         } => {
             if !print_ids {
                 return Err(fovea::Error::Invalid(
-                    "generate: pass --print-ids (no tokenizer yet, so generated tokens can only be printed as ids)".into(),
+                    "generate: pass --print-ids (no tokenizer yet, so generated tokens can only be printed as ids)"
+                        .into(),
                 ));
             }
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
@@ -148,7 +149,9 @@ fn run(cli: Cli) -> fovea::Result<()> {
             let mut first = true;
             let mut emit = |id: i32| -> fovea::Result<()> {
                 let sep = if std::mem::take(&mut first) { "" } else { " " };
-                write!(stdout, "{sep}{id}").and_then(|_| stdout.flush()).map_err(|e| fovea::Error::Invalid(format!("stdout: {e}")))
+                write!(stdout, "{sep}{id}")
+                    .and_then(|_| stdout.flush())
+                    .map_err(|e| fovea::Error::Invalid(format!("stdout: {e}")))
             };
             let g = pipeline::generate_lm(&LmRequest { model_dir: model, tokens, image, lane }, &opts, &mut emit)?;
             writeln!(stdout).map_err(|e| fovea::Error::Invalid(format!("stdout: {e}")))?;

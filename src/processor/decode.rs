@@ -48,8 +48,7 @@ unsafe fn message(cinfo: &mut ffi::jpeg_common_struct) -> String {
         // format_message writes up to JMSG_LENGTH_MAX (200) bytes incl. NUL; the binding
         // declares a shared `&[u8; 80]`, so call it through a pointer-typed signature.
         let mut buf = [0u8; 200];
-        let f: unsafe extern "C-unwind" fn(*mut ffi::jpeg_common_struct, *mut u8) =
-            std::mem::transmute(fmt);
+        let f: unsafe extern "C-unwind" fn(*mut ffi::jpeg_common_struct, *mut u8) = std::mem::transmute(fmt);
         f(cinfo, buf.as_mut_ptr());
         let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         String::from_utf8_lossy(&buf[..end]).into_owned()
@@ -66,9 +65,7 @@ extern "C-unwind" fn error_exit(cinfo: &mut ffi::jpeg_common_struct) {
 extern "C-unwind" fn emit_message(cinfo: &mut ffi::jpeg_common_struct, level: c_int) {
     let code = unsafe { (*cinfo.err).msg_code };
     if level < 0 && code == ffi::JWRN_JPEG_EOF as c_int {
-        resume_unwind(Box::new(JpegFailure(
-            "premature end of JPEG data (file is truncated)".into(),
-        )));
+        resume_unwind(Box::new(JpegFailure("premature end of JPEG data (file is truncated)".into())));
     }
 }
 
@@ -143,14 +140,10 @@ fn decode_raw(data: &[u8]) -> Result<(u32, u32, usize, Vec<u8>), String> {
             }
             let stride = w as usize * oc;
             let mut px = vec![0u8; stride * h as usize];
-            let mut rows: Vec<*mut u8> = px
-                .chunks_exact_mut(stride)
-                .map(|r| r.as_mut_ptr())
-                .collect();
+            let mut rows: Vec<*mut u8> = px.chunks_exact_mut(stride).map(|r| r.as_mut_ptr()).collect();
             while cinfo.output_scanline < h {
                 let y = cinfo.output_scanline;
-                let got =
-                    ffi::jpeg_read_scanlines(&mut cinfo, rows[y as usize..].as_mut_ptr(), h - y);
+                let got = ffi::jpeg_read_scanlines(&mut cinfo, rows[y as usize..].as_mut_ptr(), h - y);
                 if got == 0 {
                     return Err("libjpeg returned no scanlines".into());
                 }

@@ -62,11 +62,7 @@ pub fn build_image_block(n_llm_h: usize, n_llm_w: usize, start_pos: usize) -> Im
             }
         })
         .collect();
-    ImageBlock {
-        types,
-        perm,
-        rows: rows_idx,
-    }
+    ImageBlock { types, perm, rows: rows_idx }
 }
 
 #[cfg(test)]
@@ -108,12 +104,7 @@ mod tests {
                 image_idx[r * row_len + c] = (r * w + c) as i64;
             }
         }
-        let perm: Vec<u32> = order
-            .iter()
-            .map(|&o| image_idx[o])
-            .filter(|&v| v >= 0)
-            .map(|v| v as u32)
-            .collect();
+        let perm: Vec<u32> = order.iter().map(|&o| image_idx[o]).filter(|&v| v >= 0).map(|v| v as u32).collect();
         let mut types = vec![P; compress_pad];
         types.push(S);
         types.extend(order.iter().map(|&o| grid_types[o]));
@@ -146,10 +137,7 @@ mod tests {
     #[test]
     fn spec_examples() {
         let b = build_image_block(3, 2, 0);
-        assert_eq!(
-            b.types,
-            vec![P, P, P, S, I, I, I, I, NL, NL, I, P, I, P, NL, P, E]
-        );
+        assert_eq!(b.types, vec![P, P, P, S, I, I, I, I, NL, NL, I, P, I, P, NL, P, E]);
         assert_eq!(b.perm, vec![0, 2, 1, 3, 4, 5]);
         let b = build_image_block(2, 2, 0);
         assert_eq!(b.types, vec![P, P, P, S, I, I, I, I, NL, NL, P, P, E]);
@@ -174,10 +162,7 @@ mod tests {
                     assert_eq!((sp + s) % 4, 3);
                     let (_, rows, row_len, pad_last) = dims(h, w, sp);
                     assert_eq!((rows * row_len + pad_last) % 4, 0);
-                    assert_eq!(
-                        b.types.len(),
-                        (3 - sp % 4) + 1 + rows * row_len + pad_last + 1
-                    );
+                    assert_eq!(b.types.len(), (3 - sp % 4) + 1 + rows * row_len + pad_last + 1);
                     // The grid part agrees with llama.cpp's layout_idx (its sentinel order
                     // is start, end, newline, pad; ours is start, pad, pad, newline, end).
                     let n = h * w;

@@ -86,10 +86,7 @@ pub struct ImageBlock {
 /// magic, not the extension) goes through libjpeg-turbo with Pillow's settings and is
 /// bit-exact with Pillow (`decode.rs`); everything else through the `image` crate.
 pub fn load_rgb(path: &Path) -> Result<RgbImage> {
-    let err = |msg: String| Error::Image {
-        path: path.to_path_buf(),
-        msg,
-    };
+    let err = |msg: String| Error::Image { path: path.to_path_buf(), msg };
     let bytes = std::fs::read(path).map_err(|e| err(format!("cannot open: {e}")))?;
     if decode::is_jpeg(&bytes) {
         return decode::decode_jpeg(&bytes).map_err(|m| err(format!("cannot decode JPEG: {m}")));
@@ -97,41 +94,18 @@ pub fn load_rgb(path: &Path) -> Result<RgbImage> {
     let reader = image::ImageReader::new(std::io::Cursor::new(&bytes[..]))
         .with_guessed_format()
         .map_err(|e| err(format!("cannot read: {e}")))?;
-    let img = reader
-        .decode()
-        .map_err(|e| err(format!("cannot decode: {e}")))?;
+    let img = reader.decode().map_err(|e| err(format!("cannot decode: {e}")))?;
     Ok(match img {
         DynamicImage::ImageRgb8(i) => i,
-        DynamicImage::ImageRgba8(i) => map_px(
-            i.width(),
-            i.height(),
-            i.pixels().map(|p| [p[0], p[1], p[2]]),
-        ),
+        DynamicImage::ImageRgba8(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [p[0], p[1], p[2]])),
         DynamicImage::ImageLuma8(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [p[0]; 3])),
-        DynamicImage::ImageLumaA8(i) => {
-            map_px(i.width(), i.height(), i.pixels().map(|p| [p[0]; 3]))
+        DynamicImage::ImageLumaA8(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [p[0]; 3])),
+        DynamicImage::ImageRgb16(i) => map_px(i.width(), i.height(), i.pixels().map(|p| p.0.map(|v| (v >> 8) as u8))),
+        DynamicImage::ImageRgba16(i) => {
+            map_px(i.width(), i.height(), i.pixels().map(|p| [(p[0] >> 8) as u8, (p[1] >> 8) as u8, (p[2] >> 8) as u8]))
         }
-        DynamicImage::ImageRgb16(i) => map_px(
-            i.width(),
-            i.height(),
-            i.pixels().map(|p| p.0.map(|v| (v >> 8) as u8)),
-        ),
-        DynamicImage::ImageRgba16(i) => map_px(
-            i.width(),
-            i.height(),
-            i.pixels()
-                .map(|p| [(p[0] >> 8) as u8, (p[1] >> 8) as u8, (p[2] >> 8) as u8]),
-        ),
-        DynamicImage::ImageLuma16(i) => map_px(
-            i.width(),
-            i.height(),
-            i.pixels().map(|p| [p[0].min(255) as u8; 3]),
-        ),
-        DynamicImage::ImageLumaA16(i) => map_px(
-            i.width(),
-            i.height(),
-            i.pixels().map(|p| [(p[0] >> 8) as u8; 3]),
-        ),
+        DynamicImage::ImageLuma16(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [p[0].min(255) as u8; 3])),
+        DynamicImage::ImageLumaA16(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [(p[0] >> 8) as u8; 3])),
         other => other.to_rgb8(), // float images: not produced by the PNG/JPEG/WebP decoders
     })
 }
@@ -161,11 +135,7 @@ pub fn prepare(img: &RgbImage, cfg: &PreprocessConfig) -> Result<PreparedImage> 
     let p = cfg.patch_size;
     let (bw, bh) = (pl.bw, pl.bh);
     let stretch = cfg.max_wh_ratio.is_some_and(|r| w as f64 >= r * h as f64);
-    let resized = if stretch {
-        resample::resize_bicubic(img, bw, bh)
-    } else {
-        resample::pad(img, bw, bh, PAD_FILL)
-    };
+    let resized = if stretch { resample::resize_bicubic(img, bw, bh) } else { resample::pad(img, bw, bh, PAD_FILL) };
     let (n_vit_h, n_vit_w) = (bh / p, bw / p);
     let lut = norm_lut();
     let raw = resized.as_raw();
@@ -185,12 +155,5 @@ pub fn prepare(img: &RgbImage, cfg: &PreprocessConfig) -> Result<PreparedImage> 
             }
         }
     }
-    Ok(PreparedImage {
-        patches,
-        n_vit_h,
-        n_vit_w,
-        n_llm_h: pl.n_llm_h,
-        n_llm_w: pl.n_llm_w,
-        resized,
-    })
+    Ok(PreparedImage { patches, n_vit_h, n_vit_w, n_llm_h: pl.n_llm_h, n_llm_w: pl.n_llm_w, resized })
 }

@@ -72,11 +72,7 @@ fn precompute_coeffs(in_size: usize, in0: f32, in1: f32, out_size: usize) -> Coe
         let row = &mut kk[xx * ksize..(xx + 1) * ksize];
         for (r, &kx) in row.iter_mut().zip(&k).take(xmax) {
             let v = kx * (1i64 << PRECISION_BITS) as f64;
-            *r = if kx < 0.0 {
-                (-0.5 + v) as i32
-            } else {
-                (0.5 + v) as i32
-            };
+            *r = if kx < 0.0 { (-0.5 + v) as i32 } else { (0.5 + v) as i32 };
         }
         bounds.push((xmin, xmax));
     }
@@ -233,11 +229,7 @@ pub fn pad(src: &RgbImage, w: usize, h: usize, fill: [u8; 3]) -> RgbImage {
         };
         for y in 0..rh.min(h.saturating_sub(y0)) {
             for x in 0..rw.min(w.saturating_sub(x0)) {
-                out.put_pixel(
-                    (x + x0) as u32,
-                    (y + y0) as u32,
-                    *r.get_pixel(x as u32, y as u32),
-                );
+                out.put_pixel((x + x0) as u32, (y + y0) as u32, *r.get_pixel(x as u32, y as u32));
             }
         }
     }

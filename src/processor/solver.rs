@@ -59,9 +59,7 @@ fn solve_resize_ratio(h: f64, w: f64, p: i64, r: i64, budget: i64) -> Result<(i6
     let arg = (budget - 2) as f64 / ratio + 0.25;
     if arg.is_nan() || arg < 0.0 {
         // Python's math.sqrt raises "math domain error" here.
-        return Err(Error::Invalid(format!(
-            "image size solver: token budget {budget} cannot hold a {w}x{h} image"
-        )));
+        return Err(Error::Invalid(format!("image size solver: token budget {budget} cannot hold a {w}x{h} image")));
     }
     let mwf = arg.sqrt() - 0.5;
     let mhf = mwf * ratio;
@@ -114,10 +112,7 @@ fn safe_resize(
     while n > max_n_token {
         // Python would run on into degenerate (negative) sizes or loop forever; stop instead.
         if budget < 3 {
-            return Err(Error::Invalid(format!(
-                "image size solver: no size fits max_n_token={}",
-                max_n_token + 3
-            )));
+            return Err(Error::Invalid(format!("image size solver: no size fits max_n_token={}", max_n_token + 3)));
         }
         (bh, bw) = solve_resize_ratio(h, w, p, r, budget)?;
         (n_llm_h, n_llm_w, n) = grid_tokens(bh, bw, p, r);
@@ -131,20 +126,14 @@ fn safe_resize(
 /// size, then `safe_resize`.
 pub fn plan(width: u32, height: u32, cfg: &PreprocessConfig) -> Result<Plan> {
     if width == 0 || height == 0 {
-        return Err(Error::Invalid(format!(
-            "image has an empty size {width}x{height}"
-        )));
+        return Err(Error::Invalid(format!("image has an empty size {width}x{height}")));
     }
     if cfg.patch_size == 0 || cfg.downsample_ratio == 0 {
-        return Err(Error::Invalid(
-            "patch_size and downsample_ratio must be positive".into(),
-        ));
+        return Err(Error::Invalid("patch_size and downsample_ratio must be positive".into()));
     }
     if let Some(ratio) = cfg.max_wh_ratio {
         if !(ratio.is_finite() && ratio > 0.0) {
-            return Err(Error::Invalid(format!(
-                "max_wh_ratio must be a positive number, got {ratio}"
-            )));
+            return Err(Error::Invalid(format!("max_wh_ratio must be a positive number, got {ratio}")));
         }
     }
     let p = cfg.patch_size as i64;
@@ -170,12 +159,7 @@ pub fn plan(width: u32, height: u32, cfg: &PreprocessConfig) -> Result<Plan> {
             "image size solver gave an empty target {bw}x{bh} for a {width}x{height} image"
         )));
     }
-    Ok(Plan {
-        bw: bw as usize,
-        bh: bh as usize,
-        n_llm_h: n_llm_h as usize,
-        n_llm_w: n_llm_w as usize,
-    })
+    Ok(Plan { bw: bw as usize, bh: bh as usize, n_llm_h: n_llm_h as usize, n_llm_w: n_llm_w as usize })
 }
 
 #[cfg(test)]
@@ -198,10 +182,7 @@ mod tests {
     #[test]
     fn spec_table() {
         // (W, H) -> (bw, bh, n_vit_h, n_vit_w, n_llm_h, n_llm_w, tokens@≡3, tokens@≡0)
-        type Row = (
-            (u32, u32),
-            (usize, usize, usize, usize, usize, usize, usize, usize),
-        );
+        type Row = ((u32, u32), (usize, usize, usize, usize, usize, usize, usize, usize));
         let table: &[Row] = &[
             ((384, 384), (392, 392, 28, 28, 10, 10, 114, 117)),
             ((100, 100), (392, 392, 28, 28, 10, 10, 114, 117)),

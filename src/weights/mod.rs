@@ -147,7 +147,9 @@ impl<'a> TensorView<'a> {
     pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
         match self.dtype {
             Dtype::I64 => Ok(self.bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
-            Dtype::I32 => Ok(self.bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect()),
+            Dtype::I32 => {
+                Ok(self.bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect())
+            }
             d => Err(Error::tensor(self.name, format!("dtype {d} is not an integer dtype (accepted: I64, I32)"))),
         }
     }

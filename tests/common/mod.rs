@@ -47,7 +47,8 @@ fn i64s(st: &SafeTensors, name: &str) -> Vec<i64> {
 pub fn goldens() -> Vec<Golden> {
     let dir = root().join("fixtures/goldens/vision");
     let index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).expect("golden index")).expect("index json");
+        serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).expect("golden index"))
+            .expect("index json");
     let list = index["goldens"].as_array().expect("goldens array");
     assert!(list.len() >= 7, "expected at least 7 goldens, found {}", list.len());
     list.iter()
@@ -123,7 +124,8 @@ pub fn check_lane<B: Backend>(b: &B) -> Vec<String> {
     let mut ckpt_runner: Option<(Checkpoint, String)> = None;
     for g in goldens() {
         if g.model != last_model {
-            ckpt_runner = Some((Checkpoint::open(&model_dir(&g.model)).expect("open fixture checkpoint"), g.model.clone()));
+            ckpt_runner =
+                Some((Checkpoint::open(&model_dir(&g.model)).expect("open fixture checkpoint"), g.model.clone()));
             last_model = g.model.clone();
         }
         let (ckpt, _) = ckpt_runner.as_ref().unwrap();
@@ -160,8 +162,11 @@ fn compare(g: &Golden, d: &VisionDump, tol: f64, failures: &mut Vec<String>) -> 
     if !patches_exact && g.dtype == "f32" {
         failures.push(format!("{}: patches not bit-exact (rel L2 {patches_err:.2e})", g.file));
     }
-    let mut line = format!("{}: patches {}", g.file, if patches_exact { "exact".into() } else { format!("{patches_err:.2e}") });
-    for (name, ours, gold) in [("vit", &d.vit, &g.vit), ("aligner", &d.aligner, &g.aligner), ("block", &d.block, &g.block)] {
+    let mut line =
+        format!("{}: patches {}", g.file, if patches_exact { "exact".into() } else { format!("{patches_err:.2e}") });
+    for (name, ours, gold) in
+        [("vit", &d.vit, &g.vit), ("aligner", &d.aligner, &g.aligner), ("block", &d.block, &g.block)]
+    {
         let e = rel_l2(ours, gold);
         line += &format!(", {name} {e:.2e}");
         if !(e <= tol) {
@@ -186,7 +191,10 @@ pub fn wgpu_lane(opts: fovea::backend::wgpu::Options) -> Option<fovea::backend::
         Err(e) => {
             // Written past the test harness's capture so the skip is visible in a normal run.
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED: wgpu lane unavailable ({e}); install a Vulkan driver or mesa-vulkan-drivers");
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: wgpu lane unavailable ({e}); install a Vulkan driver or mesa-vulkan-drivers"
+            );
             None
         }
     }

@@ -65,7 +65,14 @@ pub(super) fn rms_norm_heads(x: &CpuTensor, n_heads: usize, eps: f32) -> Result<
 }
 
 // mix [n, (2+hc)·hc], scale [3], base [(2+hc)·hc] → [n, pre hc | post hc | comb hc·hc (src·hc+dst)]
-pub(super) fn hc_split(mix: &CpuTensor, scale: &CpuTensor, base: &CpuTensor, hc: usize, iters: usize, eps: f32) -> Result<CpuTensor> {
+pub(super) fn hc_split(
+    mix: &CpuTensor,
+    scale: &CpuTensor,
+    base: &CpuTensor,
+    hc: usize,
+    iters: usize,
+    eps: f32,
+) -> Result<CpuTensor> {
     let (n, w) = check_2d("hc_split", "mix", mix)?;
     if w != (2 + hc) * hc {
         return Err(Error::shape("hc_split", format!("mix has {w} columns, expected (2+{hc})·{hc}")));
@@ -177,7 +184,14 @@ pub(super) fn hc_head_weights(mix: &CpuTensor, scale: &CpuTensor, base: &CpuTens
 }
 
 // x [n, heads·hd] → tail pairs (2j, 2j+1) rotated by ±(pos0 + i·stride)·inv_freq[j]  [n, heads·hd]
-pub(super) fn rope_tail(x: &CpuTensor, n_heads: usize, inv_freq: &CpuTensor, pos0: usize, stride: usize, inverse: bool) -> Result<CpuTensor> {
+pub(super) fn rope_tail(
+    x: &CpuTensor,
+    n_heads: usize,
+    inv_freq: &CpuTensor,
+    pos0: usize,
+    stride: usize,
+    inverse: bool,
+) -> Result<CpuTensor> {
     let (n, cols) = check_2d("rope_tail", "x", x)?;
     let hd = check_heads("rope_tail", cols, n_heads)?;
     let f = inv_freq.f32("rope_tail")?;
@@ -220,14 +234,23 @@ pub(super) fn sink_attention(
     let win = window.i32(OP)?;
     let sk = sinks.f32(OP)?;
     if kd != hd || win.len() != 2 * n || sk.len() != n_heads {
-        return Err(Error::shape(OP, format!("q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit", q.shape, kv.shape, window.shape, sinks.shape)));
+        return Err(Error::shape(
+            OP,
+            format!(
+                "q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit",
+                q.shape, kv.shape, window.shape, sinks.shape
+            ),
+        ));
     }
     let (cs, c_rows, idx, k) = match comp {
         Some((c, idx)) => {
             let (cr, cd) = check_2d(OP, "comp", c)?;
             let (ni, k) = check_2d(OP, "comp_idx", idx)?;
             if cd != hd || ni != n {
-                return Err(Error::shape(OP, format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape)));
+                return Err(Error::shape(
+                    OP,
+                    format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape),
+                ));
             }
             (c.f32(OP)?, cr, idx.i32(OP)?, k)
         }
@@ -281,7 +304,10 @@ pub(super) fn sink_attention(
 pub(super) fn grouped_linear(x: &CpuTensor, w: &CpuWeight, groups: usize) -> Result<CpuTensor> {
     let (n, cols) = check_2d("grouped_linear", "x", x)?;
     if groups == 0 || cols != groups * w.cols || w.rows % groups != 0 {
-        return Err(Error::shape("grouped_linear", format!("x {:?} and weight [{}, {}] do not split into {groups} groups", x.shape, w.rows, w.cols)));
+        return Err(Error::shape(
+            "grouped_linear",
+            format!("x {:?} and weight [{}, {}] do not split into {groups} groups", x.shape, w.rows, w.cols),
+        ));
     }
     let (k, r) = (w.cols, w.rows / groups);
     let xs = x.f32("grouped_linear")?;
@@ -300,12 +326,21 @@ pub(super) fn grouped_linear(x: &CpuTensor, w: &CpuWeight, groups: usize) -> Res
 }
 
 // kv, gate [T, w], ape [r, w] → [⌊T/r⌋, d] gated softmax pooling per block (overlap: w = 2d, 2r rows)
-pub(super) fn compress_pool(kv: &CpuTensor, gate: &CpuTensor, ape: &CpuTensor, ratio: usize, overlap: bool) -> Result<CpuTensor> {
+pub(super) fn compress_pool(
+    kv: &CpuTensor,
+    gate: &CpuTensor,
+    ape: &CpuTensor,
+    ratio: usize,
+    overlap: bool,
+) -> Result<CpuTensor> {
     const OP: &str = "compress_pool";
     let (t, w) = check_2d(OP, "kv", kv)?;
     let (ra, wa) = check_2d(OP, "ape", ape)?;
     if gate.shape != kv.shape || ratio == 0 || ra != ratio || wa != w || (overlap && w % 2 != 0) {
-        return Err(Error::shape(OP, format!("kv {:?}, gate {:?}, ape {:?}, ratio {ratio}", kv.shape, gate.shape, ape.shape)));
+        return Err(Error::shape(
+            OP,
+            format!("kv {:?}, gate {:?}, ape {:?}, ratio {ratio}", kv.shape, gate.shape, ape.shape),
+        ));
     }
     let d = if overlap { w / 2 } else { w };
     let (a, g, pe) = (kv.f32(OP)?, gate.f32(OP)?, ape.f32(OP)?);
@@ -335,14 +370,25 @@ pub(super) fn compress_pool(kv: &CpuTensor, gate: &CpuTensor, ape: &CpuTensor, r
 
 // q [n, heads·hd], k [m, hd], w [n, heads] → [n, m] scale·Σ_h w_h ReLU(q_h·k), future entries −inf
 #[allow(clippy::too_many_arguments)]
-pub(super) fn indexer_scores(q: &CpuTensor, k: &CpuTensor, w: &CpuTensor, n_heads: usize, scale: f32, pos0: usize, ratio: usize) -> Result<CpuTensor> {
+pub(super) fn indexer_scores(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    w: &CpuTensor,
+    n_heads: usize,
+    scale: f32,
+    pos0: usize,
+    ratio: usize,
+) -> Result<CpuTensor> {
     const OP: &str = "indexer_scores";
     let (n, cols) = check_2d(OP, "q", q)?;
     let hd = check_heads(OP, cols, n_heads)?;
     let (m, kd) = check_2d(OP, "k", k)?;
     let (nw, hw) = check_2d(OP, "w", w)?;
     if kd != hd || nw != n || hw != n_heads || ratio == 0 {
-        return Err(Error::shape(OP, format!("q {:?}, k {:?}, w {:?} do not fit ({n_heads} heads, ratio {ratio})", q.shape, k.shape, w.shape)));
+        return Err(Error::shape(
+            OP,
+            format!("q {:?}, k {:?}, w {:?} do not fit ({n_heads} heads, ratio {ratio})", q.shape, k.shape, w.shape),
+        ));
     }
     let (qs, ks, ws) = (q.f32(OP)?, k.f32(OP)?, w.f32(OP)?);
     let mut out = vec![f32::NEG_INFINITY; n * m];
@@ -392,7 +438,10 @@ pub(super) fn hash_route(table: &CpuTensor, ids: &CpuTensor, fallback: &CpuTenso
     let (n, k2) = check_2d(OP, "fallback", fallback)?;
     let (tb, id, fb) = (table.i32(OP)?, ids.i32(OP)?, fallback.i32(OP)?);
     if k2 != k || id.len() != n {
-        return Err(Error::shape(OP, format!("table {:?}, ids {:?}, fallback {:?} do not fit", table.shape, ids.shape, fallback.shape)));
+        return Err(Error::shape(
+            OP,
+            format!("table {:?}, ids {:?}, fallback {:?} do not fit", table.shape, ids.shape, fallback.shape),
+        ));
     }
     let mut out = Vec::with_capacity(n * k);
     for (i, &t) in id.iter().enumerate() {
@@ -459,8 +508,15 @@ pub(super) fn moe_experts(
     let (n, d) = check_2d(OP, "x", x)?;
     let (n2, k) = check_2d(OP, "ids", ids)?;
     let (id, wt) = (ids.i32(OP)?, weights.f32(OP)?);
-    if n2 != n || weights.shape != ids.shape || w13.len() != w2.len() || id.iter().any(|&e| e < 0 || e as usize >= w13.len()) {
-        return Err(Error::shape(OP, format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len())));
+    if n2 != n
+        || weights.shape != ids.shape
+        || w13.len() != w2.len()
+        || id.iter().any(|&e| e < 0 || e as usize >= w13.len())
+    {
+        return Err(Error::shape(
+            OP,
+            format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len()),
+        ));
     }
     let xs = x.f32(OP)?;
     let mut out = vec![0f32; n * d];
@@ -510,7 +566,11 @@ mod tests {
         let hc = 4;
         let mix: Vec<f32> = (0..24).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect();
         let base: Vec<f32> = (0..24).map(|i| (i % 5) as f32 * 0.1).collect();
-        let out = get(&b, &b.hc_split(&t(&b, &[1, 24], mix), &t(&b, &[3], vec![0.5, 1.0, 2.0]), &t(&b, &[24], base), hc, 20, 1e-6).unwrap());
+        let out = get(
+            &b,
+            &b.hc_split(&t(&b, &[1, 24], mix), &t(&b, &[3], vec![0.5, 1.0, 2.0]), &t(&b, &[24], base), hc, 20, 1e-6)
+                .unwrap(),
+        );
         let c = &out[8..];
         for k in 0..hc {
             let row: f32 = (0..hc).map(|j| c[k * hc + j]).sum();
@@ -577,7 +637,10 @@ mod tests {
         // a compressed entry joins the same softmax; −1 slots are skipped
         let comp = t(&b, &[1, 2], vec![4.0, 4.0]);
         let idx = ti(&b, &[1, 2], vec![-1, 0]);
-        let out = get(&b, &b.sink_attention(&q, &kv, &w, Some((&comp, &idx)), &t(&b, &[1], vec![f32::NEG_INFINITY]), 1).unwrap());
+        let out = get(
+            &b,
+            &b.sink_attention(&q, &kv, &w, Some((&comp, &idx)), &t(&b, &[1], vec![f32::NEG_INFINITY]), 1).unwrap(),
+        );
         assert!((out[0] - 2.0).abs() < 1e-6 && (out[1] - 8.0 / 3.0).abs() < 1e-6, "{out:?}");
     }
 
@@ -602,7 +665,14 @@ mod tests {
     }
     fn weight(b: &CpuBackend, rows: usize, cols: usize, v: &[f32]) -> super::CpuWeight {
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        b.upload_weight(&crate::backend::HostWeight { name: "w".into(), format: crate::backend::WeightFormat::F32, rows, cols, bytes: bytes.into() }).unwrap()
+        b.upload_weight(&crate::backend::HostWeight {
+            name: "w".into(),
+            format: crate::backend::WeightFormat::F32,
+            rows,
+            cols,
+            bytes: bytes.into(),
+        })
+        .unwrap()
     }
 
     #[test]

@@ -326,7 +326,10 @@ impl Backend for CpuBackend {
     // x [n, d] → x/2 · (1 + erf(x/√2))  [n, d]
     fn gelu_erf(&self, x: &CpuTensor) -> Result<CpuTensor> {
         let xs = x.f32("gelu_erf")?;
-        let out = xs.iter().map(|&v| (0.5 * v as f64 * (1.0 + libm::erf(v as f64 / std::f64::consts::SQRT_2))) as f32).collect();
+        let out = xs
+            .iter()
+            .map(|&v| (0.5 * v as f64 * (1.0 + libm::erf(v as f64 / std::f64::consts::SQRT_2))) as f32)
+            .collect();
         Ok(CpuTensor::new_f32(x.shape.clone(), out))
     }
 
@@ -335,7 +338,10 @@ impl Backend for CpuBackend {
         let (n, cols) = check_2d("rope_2d", "x", x)?;
         let hd = check_heads("rope_2d", cols, n_heads)?;
         if hd % 4 != 0 || grid_w == 0 || n % grid_w != 0 {
-            return Err(Error::shape("rope_2d", format!("head_dim {hd} must be a multiple of 4 and {n} rows a multiple of grid_w {grid_w}")));
+            return Err(Error::shape(
+                "rope_2d",
+                format!("head_dim {hd} must be a multiple of 4 and {n} rows a multiple of grid_w {grid_w}"),
+            ));
         }
         let half = hd / 2;
         let (cos, sin) = rope_2d_tables(n, grid_w, hd, theta);
@@ -434,7 +440,15 @@ impl Backend for CpuBackend {
     fn rms_norm_heads(&self, x: &CpuTensor, n_heads: usize, eps: f32) -> Result<CpuTensor> {
         lm::rms_norm_heads(x, n_heads, eps)
     }
-    fn hc_split(&self, mix: &CpuTensor, scale: &CpuTensor, base: &CpuTensor, hc: usize, iters: usize, eps: f32) -> Result<CpuTensor> {
+    fn hc_split(
+        &self,
+        mix: &CpuTensor,
+        scale: &CpuTensor,
+        base: &CpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<CpuTensor> {
         lm::hc_split(mix, scale, base, hc, iters, eps)
     }
     fn hc_pre(&self, x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor> {
@@ -446,7 +460,15 @@ impl Backend for CpuBackend {
     fn hc_head_weights(&self, mix: &CpuTensor, scale: &CpuTensor, base: &CpuTensor, eps: f32) -> Result<CpuTensor> {
         lm::hc_head_weights(mix, scale, base, eps)
     }
-    fn rope_tail(&self, x: &CpuTensor, n_heads: usize, inv_freq: &CpuTensor, pos0: usize, stride: usize, inverse: bool) -> Result<CpuTensor> {
+    fn rope_tail(
+        &self,
+        x: &CpuTensor,
+        n_heads: usize,
+        inv_freq: &CpuTensor,
+        pos0: usize,
+        stride: usize,
+        inverse: bool,
+    ) -> Result<CpuTensor> {
         lm::rope_tail(x, n_heads, inv_freq, pos0, stride, inverse)
     }
     fn sink_attention(
@@ -463,10 +485,26 @@ impl Backend for CpuBackend {
     fn grouped_linear(&self, x: &CpuTensor, w: &CpuWeight, groups: usize) -> Result<CpuTensor> {
         lm::grouped_linear(x, w, groups)
     }
-    fn compress_pool(&self, kv: &CpuTensor, gate: &CpuTensor, ape: &CpuTensor, ratio: usize, overlap: bool) -> Result<CpuTensor> {
+    fn compress_pool(
+        &self,
+        kv: &CpuTensor,
+        gate: &CpuTensor,
+        ape: &CpuTensor,
+        ratio: usize,
+        overlap: bool,
+    ) -> Result<CpuTensor> {
         lm::compress_pool(kv, gate, ape, ratio, overlap)
     }
-    fn indexer_scores(&self, q: &CpuTensor, k: &CpuTensor, w: &CpuTensor, n_heads: usize, scale: f32, pos0: usize, ratio: usize) -> Result<CpuTensor> {
+    fn indexer_scores(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        w: &CpuTensor,
+        n_heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    ) -> Result<CpuTensor> {
         lm::indexer_scores(q, k, w, n_heads, scale, pos0, ratio)
     }
     fn topk_rows(&self, x: &CpuTensor, k: usize) -> Result<CpuTensor> {
@@ -484,7 +522,15 @@ impl Backend for CpuBackend {
     fn swiglu_clamp(&self, x: &CpuTensor, limit: f32) -> Result<CpuTensor> {
         lm::swiglu_clamp(x, limit)
     }
-    fn moe_experts(&self, x: &CpuTensor, ids: &CpuTensor, weights: &CpuTensor, w13: &[CpuWeight], w2: &[CpuWeight], limit: f32) -> Result<CpuTensor> {
+    fn moe_experts(
+        &self,
+        x: &CpuTensor,
+        ids: &CpuTensor,
+        weights: &CpuTensor,
+        w13: &[CpuWeight],
+        w2: &[CpuWeight],
+        limit: f32,
+    ) -> Result<CpuTensor> {
         lm::moe_experts(self, x, ids, weights, w13, w2, limit)
     }
 }
@@ -565,7 +611,13 @@ mod tests {
         let b = CpuBackend::new();
         let w: Vec<u8> = [1.0f32, 2.0, -1.0, 0.5].iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
         let w = b
-            .upload_weight(&HostWeight { name: "w".into(), format: WeightFormat::BF16, rows: 2, cols: 2, bytes: w.into() })
+            .upload_weight(&HostWeight {
+                name: "w".into(),
+                format: WeightFormat::BF16,
+                rows: 2,
+                cols: 2,
+                bytes: w.into(),
+            })
             .unwrap();
         let bias = t(&b, &[2], vec![0.25, -0.25]);
         let out = get(&b, &b.linear(&t(&b, &[1, 2], vec![3.0, 4.0]), &w, Some(&bias)).unwrap());

@@ -284,11 +284,17 @@ impl Shader {
             // The format file first (it may hold `enable f16;`, which must lead), then the shared body.
             Shader::Linear => (
                 "linear_packed.wgsl + linear_tile.wgsl",
-                concat!(include_str!("../../../shaders/linear_packed.wgsl"), include_str!("../../../shaders/linear_tile.wgsl")),
+                concat!(
+                    include_str!("../../../shaders/linear_packed.wgsl"),
+                    include_str!("../../../shaders/linear_tile.wgsl")
+                ),
             ),
             Shader::LinearF16 => (
                 "linear_f16.wgsl + linear_tile.wgsl",
-                concat!(include_str!("../../../shaders/linear_f16.wgsl"), include_str!("../../../shaders/linear_tile.wgsl")),
+                concat!(
+                    include_str!("../../../shaders/linear_f16.wgsl"),
+                    include_str!("../../../shaders/linear_tile.wgsl")
+                ),
             ),
             Shader::Elementwise => ("elementwise.wgsl", include_str!("../../../shaders/elementwise.wgsl")),
             Shader::Copy => ("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
@@ -445,7 +451,8 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        let shared = Arc::new(Shared { counters: Counters::default(), free: Mutex::default(), reuse: opts.reuse_buffers });
+        let shared =
+            Arc::new(Shared { counters: Counters::default(), free: Mutex::default(), reuse: opts.reuse_buffers });
         Ok(Self {
             device,
             queue,
@@ -519,7 +526,10 @@ impl WgpuBackend {
     fn wait_until(&self, what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
         let start = std::time::Instant::now();
         loop {
-            match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(std::time::Duration::from_millis(500)) }) {
+            match self.device.poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(std::time::Duration::from_millis(500)),
+            }) {
                 Ok(_) | Err(wgpu::PollError::Timeout) => {}
                 Err(e) => return Err(Error::Device(format!("{what}: {e}"))),
             }
@@ -528,7 +538,10 @@ impl WgpuBackend {
                 return Ok(());
             }
             if start.elapsed() > self.opts.wait_timeout {
-                return Err(Error::Device(format!("{what}: the device did not finish within {:?}", self.opts.wait_timeout)));
+                return Err(Error::Device(format!(
+                    "{what}: the device did not finish within {:?}",
+                    self.opts.wait_timeout
+                )));
             }
         }
     }
@@ -553,9 +566,9 @@ impl WgpuBackend {
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let flush = {
             let mut p = self.pending.lock().unwrap();
-            let enc = p
-                .encoder
-                .get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fovea ops") }));
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fovea ops") })
+            });
             f(enc);
             p.dispatches += 1;
             p.dispatches >= FLUSH_EVERY
@@ -593,7 +606,10 @@ impl WgpuBackend {
             layout: None,
             module: &module,
             entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions { constants, zero_initialize_workgroup_memory: false },
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants,
+                zero_initialize_workgroup_memory: false,
+            },
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -745,7 +761,13 @@ impl WgpuBackend {
         (buf, 0)
     }
 
-    fn pooled_tensor(&self, host_bytes: &[u8], shape: Vec<usize>, dtype: DType, producer: &'static str) -> Result<WgpuTensor> {
+    fn pooled_tensor(
+        &self,
+        host_bytes: &[u8],
+        shape: Vec<usize>,
+        dtype: DType,
+        producer: &'static str,
+    ) -> Result<WgpuTensor> {
         let bytes = host_bytes.len() as u64;
         self.check_binding(producer, "parameter", bytes)?;
         let (buf, offset) = self.alloc_weight(bytes);
@@ -874,7 +896,13 @@ impl WgpuBackend {
     }
 
     /// One elementwise dispatch of `lm.wgsl::entry` over `total` threads (no-op when 0).
-    fn lm_1d(&self, entry: &'static str, total: usize, params: &[u32], bindings: &[(u32, wgpu::BindingResource<'_>)]) -> Result<()> {
+    fn lm_1d(
+        &self,
+        entry: &'static str,
+        total: usize,
+        params: &[u32],
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+    ) -> Result<()> {
         if total == 0 {
             return Ok(());
         }
@@ -966,7 +994,10 @@ impl Backend for WgpuBackend {
         if padded_row > self.max_binding {
             return Err(Self::unsupported(
                 Op::Linear,
-                format!("weight `{}`: one row of {padded_row} bytes exceeds the binding limit of {} bytes", w.name, self.max_binding),
+                format!(
+                    "weight `{}`: one row of {padded_row} bytes exceeds the binding limit of {} bytes",
+                    w.name, self.max_binding
+                ),
             ));
         }
         let mut per_chunk = ((self.max_binding / padded_row.max(1)) as usize).max(1);
@@ -1015,12 +1046,18 @@ impl Backend for WgpuBackend {
         self.check_input(OP, "x", x, DType::F32)?;
         let (n, k) = (x.rows(), x.cols());
         if k != w.cols {
-            return Err(Error::shape(OP, format!("x {:?} has {k} columns, weight `{}` has {} (in_features)", x.shape, w.name, w.cols)));
+            return Err(Error::shape(
+                OP,
+                format!("x {:?} has {k} columns, weight `{}` has {} (in_features)", x.shape, w.name, w.cols),
+            ));
         }
         if let Some(b) = bias {
             self.check_input(OP, "bias", b, DType::F32)?;
             if b.numel() != w.rows {
-                return Err(Error::shape(OP, format!("bias {:?} for weight `{}` with {} rows", b.shape, w.name, w.rows)));
+                return Err(Error::shape(
+                    OP,
+                    format!("bias {:?} for weight `{}` with {} rows", b.shape, w.name, w.rows),
+                ));
             }
         }
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
@@ -1047,7 +1084,15 @@ impl Backend for WgpuBackend {
                 offset: c.offset,
                 size: NonZeroU64::new(c.bytes.max(4)),
             });
-            let params = [n as u32, k as u32, w.rows as u32, c.row0 as u32, c.rows as u32, w.stride_words as u32, bias.is_some() as u32];
+            let params = [
+                n as u32,
+                k as u32,
+                w.rows as u32,
+                c.row0 as u32,
+                c.rows as u32,
+                w.stride_words as u32,
+                bias.is_some() as u32,
+            ];
             self.dispatch(
                 shader,
                 "main",
@@ -1097,7 +1142,14 @@ impl Backend for WgpuBackend {
         let n = a.numel();
         if n > 0 {
             let (gx, gy) = groups_1d(n);
-            self.dispatch(Shader::Elementwise, OP, 0, &[n as u32], &[(1, a.binding()), (2, b.binding()), (3, y.binding())], (gx, gy, 1))?;
+            self.dispatch(
+                Shader::Elementwise,
+                OP,
+                0,
+                &[n as u32],
+                &[(1, a.binding()), (2, b.binding()), (3, y.binding())],
+                (gx, gy, 1),
+            )?;
         }
         Ok(y)
     }
@@ -1185,7 +1237,14 @@ impl Backend for WgpuBackend {
         let total = n * h;
         if total > 0 {
             let (gx, gy) = groups_1d(total);
-            self.dispatch(Shader::Elementwise, OP, 0, &[total as u32, h as u32], &[(1, x.binding()), (3, y.binding())], (gx, gy, 1))?;
+            self.dispatch(
+                Shader::Elementwise,
+                OP,
+                0,
+                &[total as u32, h as u32],
+                &[(1, x.binding()), (3, y.binding())],
+                (gx, gy, 1),
+            )?;
         }
         Ok(y)
     }
@@ -1198,7 +1257,14 @@ impl Backend for WgpuBackend {
         let total = x.numel();
         if total > 0 {
             let (gx, gy) = groups_1d(total);
-            self.dispatch(Shader::Elementwise, OP, 0, &[total as u32], &[(1, x.binding()), (3, y.binding())], (gx, gy, 1))?;
+            self.dispatch(
+                Shader::Elementwise,
+                OP,
+                0,
+                &[total as u32],
+                &[(1, x.binding()), (3, y.binding())],
+                (gx, gy, 1),
+            )?;
         }
         Ok(y)
     }
@@ -1250,12 +1316,18 @@ impl Backend for WgpuBackend {
         }
         let hd = cols / n_heads;
         if hd > ATTENTION_MAX_HD || hd % 4 != 0 {
-            return Err(Self::unsupported(Op::Attention, format!("head dim {hd} (a multiple of 4, at most {ATTENTION_MAX_HD})")));
+            return Err(Self::unsupported(
+                Op::Attention,
+                format!("head dim {hd} (a multiple of 4, at most {ATTENTION_MAX_HD})"),
+            ));
         }
         if !self.supports(Op::Attention, WeightFormat::F32) {
             return Err(Self::unsupported(
                 Op::Attention,
-                format!("{} bytes of workgroup memory (device has {})", ATTENTION_SHARED_BYTES, self.limits.max_compute_workgroup_storage_size),
+                format!(
+                    "{} bytes of workgroup memory (device has {})",
+                    ATTENTION_SHARED_BYTES, self.limits.max_compute_workgroup_storage_size
+                ),
             ));
         }
         let y = self.alloc(OP, q.shape.clone(), DType::F32)?;
@@ -1314,8 +1386,21 @@ impl Backend for WgpuBackend {
             WeightFormat::F16 => 2,
         };
         for (ci, c) in table.chunks.iter().enumerate() {
-            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &c.buf, offset: c.offset, size: NonZeroU64::new(c.bytes.max(4)) });
-            let params = [(n * d) as u32, d as u32, table.rows as u32, c.row0 as u32, c.rows as u32, fmt, table.stride_words as u32, (ci == 0) as u32];
+            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &c.buf,
+                offset: c.offset,
+                size: NonZeroU64::new(c.bytes.max(4)),
+            });
+            let params = [
+                (n * d) as u32,
+                d as u32,
+                table.rows as u32,
+                c.row0 as u32,
+                c.rows as u32,
+                fmt,
+                table.stride_words as u32,
+                (ci == 0) as u32,
+            ];
             self.lm_1d(OP, n * d, &params, &[(4, ids.binding()), (6, y.binding()), (8, wres)])?;
         }
         Ok(y)
@@ -1367,7 +1452,12 @@ impl Backend for WgpuBackend {
         }
         let d = cols / hc;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        self.lm_1d(OP, n * d, &[(n * d) as u32, d as u32, hc as u32], &[(1, x.binding()), (2, w.binding()), (6, y.binding())])?;
+        self.lm_1d(
+            OP,
+            n * d,
+            &[(n * d) as u32, d as u32, hc as u32],
+            &[(1, x.binding()), (2, w.binding()), (6, y.binding())],
+        )?;
         Ok(y)
     }
 
@@ -1380,7 +1470,10 @@ impl Backend for WgpuBackend {
         let (n, cols) = (x.rows(), x.cols());
         let (d, hc) = (f.cols(), post.cols());
         if f.rows() != n || post.rows() != n || comb.rows() != n || hc * d != cols || comb.cols() != hc * hc {
-            return Err(Error::shape(OP, format!("x {:?}, f {:?}, post {:?}, comb {:?} do not fit", x.shape, f.shape, post.shape, comb.shape)));
+            return Err(Error::shape(
+                OP,
+                format!("x {:?}, f {:?}, post {:?}, comb {:?} do not fit", x.shape, f.shape, post.shape, comb.shape),
+            ));
         }
         let y = self.alloc(OP, vec![n, cols], DType::F32)?;
         self.lm_1d(
@@ -1400,7 +1493,10 @@ impl Backend for WgpuBackend {
         }
         let (n, hc) = (mix.rows(), mix.cols());
         if scale.numel() != 1 || base.numel() != hc {
-            return Err(Error::shape(OP, format!("mix {:?}, scale {:?}, base {:?} do not fit", mix.shape, scale.shape, base.shape)));
+            return Err(Error::shape(
+                OP,
+                format!("mix {:?}, scale {:?}, base {:?} do not fit", mix.shape, scale.shape, base.shape),
+            ));
         }
         let y = self.alloc(OP, mix.shape.clone(), DType::F32)?;
         self.lm_1d(
@@ -1430,7 +1526,10 @@ impl Backend for WgpuBackend {
         let (vocab, k) = (table.rows(), table.cols());
         let n = fallback.rows();
         if fallback.cols() != k || ids.numel() != n {
-            return Err(Error::shape(OP, format!("table {:?}, ids {:?}, fallback {:?} do not fit", table.shape, ids.shape, fallback.shape)));
+            return Err(Error::shape(
+                OP,
+                format!("table {:?}, ids {:?}, fallback {:?} do not fit", table.shape, ids.shape, fallback.shape),
+            ));
         }
         let y = self.alloc(OP, vec![n, k], DType::I32)?;
         self.lm_1d(
@@ -1477,7 +1576,15 @@ impl Backend for WgpuBackend {
     }
 
     /// Interleaved RoPE on the last `2·inv_freq.len()` dims of every head.
-    fn rope_tail(&self, x: &WgpuTensor, n_heads: usize, inv_freq: &WgpuTensor, pos0: usize, stride: usize, inverse: bool) -> Result<WgpuTensor> {
+    fn rope_tail(
+        &self,
+        x: &WgpuTensor,
+        n_heads: usize,
+        inv_freq: &WgpuTensor,
+        pos0: usize,
+        stride: usize,
+        inverse: bool,
+    ) -> Result<WgpuTensor> {
         const OP: &str = "rope_tail";
         self.check_input(OP, "x", x, DType::F32)?;
         self.check_input(OP, "inv_freq", inv_freq, DType::F32)?;
@@ -1504,14 +1611,25 @@ impl Backend for WgpuBackend {
     }
 
     /// mHC split with Sinkhorn; one thread per row.
-    fn hc_split(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, hc: usize, iters: usize, eps: f32) -> Result<WgpuTensor> {
+    fn hc_split(
+        &self,
+        mix: &WgpuTensor,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<WgpuTensor> {
         const OP: &str = "hc_split";
         for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
             self.check_input(OP, what, t, DType::F32)?;
         }
         let (n, w) = (mix.rows(), mix.cols());
         if w != (2 + hc) * hc || scale.numel() != 3 || base.numel() != w {
-            return Err(Error::shape(OP, format!("mix {:?}, scale {:?}, base {:?} do not fit hc = {hc}", mix.shape, scale.shape, base.shape)));
+            return Err(Error::shape(
+                OP,
+                format!("mix {:?}, scale {:?}, base {:?} do not fit hc = {hc}", mix.shape, scale.shape, base.shape),
+            ));
         }
         let y = self.alloc(OP, vec![n, w], DType::F32)?;
         if n > 0 {
@@ -1532,14 +1650,24 @@ impl Backend for WgpuBackend {
     }
 
     /// Gated pooling of ratio-r blocks (overlap: w = 2d, 2r rows).
-    fn compress_pool(&self, kv: &WgpuTensor, gate: &WgpuTensor, ape: &WgpuTensor, ratio: usize, overlap: bool) -> Result<WgpuTensor> {
+    fn compress_pool(
+        &self,
+        kv: &WgpuTensor,
+        gate: &WgpuTensor,
+        ape: &WgpuTensor,
+        ratio: usize,
+        overlap: bool,
+    ) -> Result<WgpuTensor> {
         const OP: &str = "compress_pool";
         for (what, t) in [("kv", kv), ("gate", gate), ("ape", ape)] {
             self.check_input(OP, what, t, DType::F32)?;
         }
         let (t, w) = (kv.rows(), kv.cols());
         if gate.shape != kv.shape || ratio == 0 || ape.rows() != ratio || ape.cols() != w || (overlap && w % 2 != 0) {
-            return Err(Error::shape(OP, format!("kv {:?}, gate {:?}, ape {:?}, ratio {ratio}", kv.shape, gate.shape, ape.shape)));
+            return Err(Error::shape(
+                OP,
+                format!("kv {:?}, gate {:?}, ape {:?}, ratio {ratio}", kv.shape, gate.shape, ape.shape),
+            ));
         }
         let d = if overlap { w / 2 } else { w };
         let n = t / ratio;
@@ -1554,7 +1682,16 @@ impl Backend for WgpuBackend {
     }
 
     /// Lightning-indexer scores `[n, m]`, −inf for entries not yet complete.
-    fn indexer_scores(&self, q: &WgpuTensor, k: &WgpuTensor, w: &WgpuTensor, n_heads: usize, scale: f32, pos0: usize, ratio: usize) -> Result<WgpuTensor> {
+    fn indexer_scores(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        w: &WgpuTensor,
+        n_heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    ) -> Result<WgpuTensor> {
         const OP: &str = "indexer_scores";
         for (what, t) in [("q", q), ("k", k), ("w", w)] {
             self.check_input(OP, what, t, DType::F32)?;
@@ -1562,7 +1699,13 @@ impl Backend for WgpuBackend {
         let (n, cols) = (q.rows(), q.cols());
         let (m, hd) = (k.rows(), k.cols());
         if n_heads == 0 || cols != n_heads * hd || w.rows() != n || w.cols() != n_heads || ratio == 0 {
-            return Err(Error::shape(OP, format!("q {:?}, k {:?}, w {:?} do not fit ({n_heads} heads, ratio {ratio})", q.shape, k.shape, w.shape)));
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "q {:?}, k {:?}, w {:?} do not fit ({n_heads} heads, ratio {ratio})",
+                    q.shape, k.shape, w.shape
+                ),
+            ));
         }
         let y = self.alloc(OP, vec![n, m], DType::F32)?;
         self.lm_1d(
@@ -1600,7 +1743,13 @@ impl Backend for WgpuBackend {
         self.check_input(OP, "x", x, DType::F32)?;
         let (n, cols) = (x.rows(), x.cols());
         if groups == 0 || cols != groups * w.cols || w.rows % groups != 0 {
-            return Err(Error::shape(OP, format!("x {:?} and weight `{}` [{}, {}] do not split into {groups} groups", x.shape, w.name, w.rows, w.cols)));
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "x {:?} and weight `{}` [{}, {}] do not split into {groups} groups",
+                    x.shape, w.name, w.rows, w.cols
+                ),
+            ));
         }
         let (k, r) = (w.cols, w.rows / groups);
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
@@ -1610,8 +1759,22 @@ impl Backend for WgpuBackend {
             WeightFormat::F16 => 2,
         };
         for c in &w.chunks {
-            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &c.buf, offset: c.offset, size: NonZeroU64::new(c.bytes.max(4)) });
-            let params = [(n * c.rows) as u32, c.rows as u32, c.row0 as u32, k as u32, r as u32, cols as u32, w.rows as u32, fmt, w.stride_words as u32];
+            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &c.buf,
+                offset: c.offset,
+                size: NonZeroU64::new(c.bytes.max(4)),
+            });
+            let params = [
+                (n * c.rows) as u32,
+                c.rows as u32,
+                c.row0 as u32,
+                k as u32,
+                r as u32,
+                cols as u32,
+                w.rows as u32,
+                fmt,
+                w.stride_words as u32,
+            ];
             self.lm_1d(OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, wres)])?;
         }
         Ok(y)
@@ -1640,14 +1803,23 @@ impl Backend for WgpuBackend {
         let hd = cols / n_heads;
         let (m, kd) = (kv.rows(), kv.cols());
         if kd != hd || window.numel() != 2 * n || sinks.numel() != n_heads {
-            return Err(Error::shape(OP, format!("q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit", q.shape, kv.shape, window.shape, sinks.shape)));
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit",
+                    q.shape, kv.shape, window.shape, sinks.shape
+                ),
+            ));
         }
         let (c_rows, kk) = match comp {
             Some((c, idx)) => {
                 self.check_input(OP, "comp", c, DType::F32)?;
                 self.check_input(OP, "comp_idx", idx, DType::I32)?;
                 if c.cols() != hd || idx.rows() != n {
-                    return Err(Error::shape(OP, format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape)));
+                    return Err(Error::shape(
+                        OP,
+                        format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape),
+                    ));
                 }
                 (c.rows(), idx.cols())
             }
@@ -1668,7 +1840,15 @@ impl Backend for WgpuBackend {
                 OP,
                 0,
                 &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
-                &[(1, q.binding()), (2, kv.binding()), (3, cres), (4, window.binding()), (5, ires), (9, sinks.binding()), (6, y.binding())],
+                &[
+                    (1, q.binding()),
+                    (2, kv.binding()),
+                    (3, cres),
+                    (4, window.binding()),
+                    (5, ires),
+                    (9, sinks.binding()),
+                    (6, y.binding()),
+                ],
                 (gx as u32, g.div_ceil(gx) as u32, 1),
             )?;
         }
@@ -1677,7 +1857,15 @@ impl Backend for WgpuBackend {
 
     /// Routed experts, one (up, down) dispatch pair per expert over the slots routed to it, then a
     /// weighted sum over the slots in order. Each expert matrix must fit one binding.
-    fn moe_experts(&self, x: &WgpuTensor, ids: &WgpuTensor, weights: &WgpuTensor, w13: &[WgpuWeight], w2: &[WgpuWeight], limit: f32) -> Result<WgpuTensor> {
+    fn moe_experts(
+        &self,
+        x: &WgpuTensor,
+        ids: &WgpuTensor,
+        weights: &WgpuTensor,
+        w13: &[WgpuWeight],
+        w2: &[WgpuWeight],
+        limit: f32,
+    ) -> Result<WgpuTensor> {
         const OP: &str = "moe_experts";
         self.check_input(OP, "x", x, DType::F32)?;
         self.check_input(OP, "ids", ids, DType::I32)?;
@@ -1685,15 +1873,27 @@ impl Backend for WgpuBackend {
         let (n, d) = (x.rows(), x.cols());
         let k = ids.cols();
         if ids.rows() != n || weights.shape != ids.shape || w13.len() != w2.len() {
-            return Err(Error::shape(OP, format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len())));
+            return Err(Error::shape(
+                OP,
+                format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len()),
+            ));
         }
         let h = w13.first().map_or(0, |w| w.rows / 2);
         for (a, b) in w13.iter().zip(w2) {
             if a.rows != 2 * h || a.cols != d || b.rows != d || b.cols != h {
-                return Err(Error::shape(OP, format!("expert `{}` [{}, {}] / `{}` [{}, {}] for d = {d}, h = {h}", a.name, a.rows, a.cols, b.name, b.rows, b.cols)));
+                return Err(Error::shape(
+                    OP,
+                    format!(
+                        "expert `{}` [{}, {}] / `{}` [{}, {}] for d = {d}, h = {h}",
+                        a.name, a.rows, a.cols, b.name, b.rows, b.cols
+                    ),
+                ));
             }
             if a.chunks.len() != 1 || b.chunks.len() != 1 {
-                return Err(Self::unsupported(Op::MoeExperts, format!("expert `{}` split into row chunks (larger than one binding)", a.name)));
+                return Err(Self::unsupported(
+                    Op::MoeExperts,
+                    format!("expert `{}` split into row chunks (larger than one binding)", a.name),
+                ));
             }
         }
         let fmt_of = |w: &WgpuWeight| match w.format {
@@ -1703,7 +1903,11 @@ impl Backend for WgpuBackend {
         };
         fn bind(w: &WgpuWeight) -> wgpu::BindingResource<'_> {
             let c = &w.chunks[0];
-            wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &c.buf, offset: c.offset, size: NonZeroU64::new(c.bytes.max(4)) })
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &c.buf,
+                offset: c.offset,
+                size: NonZeroU64::new(c.bytes.max(4)),
+            })
         }
         let slots = n * k;
         let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
@@ -1712,7 +1916,16 @@ impl Backend for WgpuBackend {
             self.lm_1d(
                 "moe_up",
                 slots * h,
-                &[(slots * h) as u32, h as u32, d as u32, k as u32, e as u32, fmt_of(a), a.stride_words as u32, limit.to_bits()],
+                &[
+                    (slots * h) as u32,
+                    h as u32,
+                    d as u32,
+                    k as u32,
+                    e as u32,
+                    fmt_of(a),
+                    a.stride_words as u32,
+                    limit.to_bits(),
+                ],
                 &[(1, x.binding()), (4, ids.binding()), (8, bind(a)), (6, hid.binding())],
             )?;
             self.lm_1d(

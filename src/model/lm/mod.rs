@@ -166,7 +166,13 @@ fn param2<B: Backend>(b: &B, src: &impl ParamSource, name: &str, rows: usize) ->
 /// `[w1; w3]` stacked row-wise into one `[2I, d]` weight (same storage format).
 fn stack_rows<'a>(a: HostWeight<'a>, c: HostWeight<'a>, name: String) -> Result<HostWeight<'a>> {
     if a.format != c.format || a.cols != c.cols {
-        return Err(Error::tensor(&c.name, format!("does not stack with `{}` ({} [{}, {}] vs {} [{}, {}])", a.name, a.format, a.rows, a.cols, c.format, c.rows, c.cols)));
+        return Err(Error::tensor(
+            &c.name,
+            format!(
+                "does not stack with `{}` ({} [{}, {}] vs {} [{}, {}])",
+                a.name, a.format, a.rows, a.cols, c.format, c.rows, c.cols
+            ),
+        ));
     }
     let mut bytes = a.bytes.into_owned();
     bytes.extend_from_slice(&c.bytes);
@@ -182,7 +188,11 @@ impl<B: Backend> LmModel<B> {
     pub fn load(b: &B, src: &impl ParamSource, cfg: &LmConfig) -> Result<Self> {
         let matrix = |name: &str| -> Result<B::Weight> { b.upload_weight(&src.matrix(name)?) };
         let hc_of = |p: &str| -> Result<Hc<B>> {
-            Ok(Hc { mix: matrix(&format!("{p}_fn"))?, scale: param(b, src, &format!("{p}_scale"))?, base: param(b, src, &format!("{p}_base"))? })
+            Ok(Hc {
+                mix: matrix(&format!("{p}_fn"))?,
+                scale: param(b, src, &format!("{p}_scale"))?,
+                base: param(b, src, &format!("{p}_base"))?,
+            })
         };
         let compressor = |p: &str, ratio: usize| -> Result<Compressor<B>> {
             Ok(Compressor {
@@ -234,7 +244,10 @@ impl<B: Backend> LmModel<B> {
                 let name = format!("{f}gate.tid2eid");
                 let (shape, vals) = src.integers(&name)?;
                 if shape != [cfg.vocab_size, cfg.num_experts_per_tok] {
-                    return Err(Error::tensor(&name, format!("shape {shape:?}, expected [{}, {}]", cfg.vocab_size, cfg.num_experts_per_tok)));
+                    return Err(Error::tensor(
+                        &name,
+                        format!("shape {shape:?}, expected [{}, {}]", cfg.vocab_size, cfg.num_experts_per_tok),
+                    ));
                 }
                 let vals = vals.iter().map(|&v| i32_of(&name, v)).collect::<Result<Vec<_>>>()?;
                 if let Some(bad) = vals.iter().find(|&&v| v < 0 || v as usize >= e) {
@@ -248,7 +261,11 @@ impl<B: Backend> LmModel<B> {
             let mut w2 = Vec::with_capacity(e);
             for j in 0..e {
                 let x = format!("{f}experts.{j}.");
-                w13.push(b.upload_weight(&stack_rows(src.matrix(&format!("{x}w1.weight"))?, src.matrix(&format!("{x}w3.weight"))?, format!("{x}w13"))?)?);
+                w13.push(b.upload_weight(&stack_rows(
+                    src.matrix(&format!("{x}w1.weight"))?,
+                    src.matrix(&format!("{x}w3.weight"))?,
+                    format!("{x}w13"),
+                )?)?);
                 w2.push(matrix(&format!("{x}w2.weight"))?);
             }
             let x = format!("{f}shared_experts.");
@@ -258,7 +275,11 @@ impl<B: Backend> LmModel<B> {
                 tid2eid,
                 w13,
                 w2,
-                shared_w13: b.upload_weight(&stack_rows(src.matrix(&format!("{x}w1.weight"))?, src.matrix(&format!("{x}w3.weight"))?, format!("{x}w13"))?)?,
+                shared_w13: b.upload_weight(&stack_rows(
+                    src.matrix(&format!("{x}w1.weight"))?,
+                    src.matrix(&format!("{x}w3.weight"))?,
+                    format!("{x}w13"),
+                )?)?,
                 shared_w2: matrix(&format!("{x}w2.weight"))?,
             };
             layers.push(Layer {
@@ -280,7 +301,10 @@ impl<B: Backend> LmModel<B> {
             for name in ["image_start", "image_pad", "image_pad", "image_newline", "image_end"] {
                 let v = src.vector(name)?;
                 if v.len() != cfg.hidden_size {
-                    return Err(Error::tensor(name, format!("{} elements, expected hidden_size {}", v.len(), cfg.hidden_size)));
+                    return Err(Error::tensor(
+                        name,
+                        format!("{} elements, expected hidden_size {}", v.len(), cfg.hidden_size),
+                    ));
                 }
                 table.extend(v);
             }
@@ -323,7 +347,11 @@ impl<B: Backend> LmModel<B> {
         let hc = cfg.hc_mult;
         let h = match embeds {
             Some(e) if e.shape() != [t, cfg.hidden_size] => {
-                return Err(Error::Invalid(format!("prefill: embeds {:?} for {t} tokens of width {}", e.shape(), cfg.hidden_size)));
+                return Err(Error::Invalid(format!(
+                    "prefill: embeds {:?} for {t} tokens of width {}",
+                    e.shape(),
+                    cfg.hidden_size
+                )));
             }
             Some(e) => e,
             None => self.embed(b, &input.ids)?,
@@ -333,7 +361,9 @@ impl<B: Backend> LmModel<B> {
         let kind: Vec<i32> = input.ids.iter().map(|&i| i32::from(i as usize >= cfg.vocab_size)).collect();
         let kind = b.upload(&HostTensor::i32([t], kind)?)?;
         let window: Vec<i32> = match &input.window {
-            Some(w) if w.len() != t => return Err(Error::Invalid(format!("prefill: {} window bounds for {t} tokens", w.len()))),
+            Some(w) if w.len() != t => {
+                return Err(Error::Invalid(format!("prefill: {} window bounds for {t} tokens", w.len())));
+            }
             Some(w) => w.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect(),
             None => (0..t).flat_map(|i| [(i + 1).saturating_sub(cfg.sliding_window) as i32, i as i32]).collect(),
         };
@@ -379,15 +409,23 @@ impl<B: Backend> LmModel<B> {
     pub fn decode(&self, b: &B, cache: &mut LmCache<B>, id: i32) -> Result<B::Tensor> {
         let cfg = &self.cfg;
         if id < 0 || id as usize >= cfg.vocab_size {
-            return Err(Error::Invalid(format!("decode: token id {id} outside the text vocabulary 0..{}", cfg.vocab_size)));
+            return Err(Error::Invalid(format!(
+                "decode: token id {id} outside the text vocabulary 0..{}",
+                cfg.vocab_size
+            )));
         }
         if cache.layers.len() != self.layers.len() {
-            return Err(Error::Invalid(format!("decode: cache has {} layers, model {}", cache.layers.len(), self.layers.len())));
+            return Err(Error::Invalid(format!(
+                "decode: cache has {} layers, model {}",
+                cache.layers.len(),
+                self.layers.len()
+            )));
         }
         let (eps, nh, p) = (cfg.rms_norm_eps as f32, cfg.num_attention_heads, cache.pos);
         let ids = b.upload(&HostTensor::i32([1], vec![id])?)?;
         let kind = b.upload(&HostTensor::i32([1], vec![0])?)?;
-        let window = b.upload(&HostTensor::i32([1, 2], vec![(p + 1).saturating_sub(cfg.sliding_window) as i32, p as i32])?)?;
+        let window =
+            b.upload(&HostTensor::i32([1, 2], vec![(p + 1).saturating_sub(cfg.sliding_window) as i32, p as i32])?)?;
         let mut x = b.hc_expand(&b.embed_rows(&self.embed, &ids)?, cfg.hc_mult)?;
         for (layer, lc) in self.layers.iter().zip(cache.layers.iter_mut()) {
             let a = &layer.attn;
@@ -529,7 +567,8 @@ impl<B: Backend> LmModel<B> {
                 // HCA: every complete entry is visible: i < (t+1)/r
                 let n = c.rows();
                 let r = layer.ratio;
-                let idx: Vec<i32> = (0..t).flat_map(|i| (0..n).map(move |j| if j < (i + 1) / r { j as i32 } else { -1 })).collect();
+                let idx: Vec<i32> =
+                    (0..t).flat_map(|i| (0..n).map(move |j| if j < (i + 1) / r { j as i32 } else { -1 })).collect();
                 (Some(b.upload(&HostTensor::i32([t, n], idx)?)?), None, None)
             }
             _ => (None, None, None),

@@ -66,16 +66,33 @@ impl<B: Backend> LmModel<B> {
     /// §5.1 merge: embed `ids` (sentinel ids give zero rows), then replace the rows of the image
     /// block starting at `start` with `sentinels[types]`, IMAGE slots taking `aligner[perm]` in
     /// order. aligner `[n_llm_h·n_llm_w, d]` → `[T, d]`.
-    pub fn merge_image(&self, b: &B, ids: &[i32], start: usize, types: &[i32], perm: &[usize], aligner: &B::Tensor) -> Result<B::Tensor> {
-        let sentinels = self.sentinels.as_ref().ok_or_else(|| Error::tensor("image_start", "checkpoint has no image sentinel rows"))?;
+    pub fn merge_image(
+        &self,
+        b: &B,
+        ids: &[i32],
+        start: usize,
+        types: &[i32],
+        perm: &[usize],
+        aligner: &B::Tensor,
+    ) -> Result<B::Tensor> {
+        let sentinels = self
+            .sentinels
+            .as_ref()
+            .ok_or_else(|| Error::tensor("image_start", "checkpoint has no image sentinel rows"))?;
         let t = ids.len();
         if start + types.len() > t {
-            return Err(Error::Invalid(format!("image block {start}..{} exceeds the {t}-token prompt", start + types.len())));
+            return Err(Error::Invalid(format!(
+                "image block {start}..{} exceeds the {t}-token prompt",
+                start + types.len()
+            )));
         }
         let n_img = aligner.rows();
         let n_slots = types.iter().filter(|&&ty| ty == IMAGE).count();
         if n_slots != perm.len() || perm.iter().any(|&p| p >= n_img) {
-            return Err(Error::Invalid(format!("{n_slots} IMAGE slots, {} perm entries for {n_img} aligner rows", perm.len())));
+            return Err(Error::Invalid(format!(
+                "{n_slots} IMAGE slots, {} perm entries for {n_img} aligner rows",
+                perm.len()
+            )));
         }
         let h = self.embed(b, ids)?;
         // source rows: [h (T) | sentinels (5) | aligner (n_img)]
