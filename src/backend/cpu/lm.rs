@@ -1,7 +1,7 @@
 //! CPU reference implementations of the language-model ops (readable f32, one shape comment
 //! each). `CpuBackend`'s trait methods in `mod.rs` delegate here.
 
-use super::{CpuBackend, CpuTensor, CpuWeight, check_2d, check_heads};
+use super::{CpuBackend, CpuTensor, CpuWeight, check_2d, check_heads, gated_silu};
 use crate::backend::{HostData, decode_row};
 use crate::error::{Error, Result};
 
@@ -476,21 +476,7 @@ pub(super) fn route_weights(scores: &CpuTensor, ids: &CpuTensor, scale: f32) -> 
 
 // x [n, 2h] → silu(min(g, limit)) · clamp(u, −limit, limit)  [n, h]
 pub(super) fn swiglu_clamp(x: &CpuTensor, limit: f32) -> Result<CpuTensor> {
-    let (n, d2) = check_2d("swiglu_clamp", "x", x)?;
-    if d2 % 2 != 0 {
-        return Err(Error::shape("swiglu_clamp", format!("{d2} columns is not even")));
-    }
-    let h = d2 / 2;
-    let xs = x.f32("swiglu_clamp")?;
-    let mut out = vec![0f32; n * h];
-    for i in 0..n {
-        for j in 0..h {
-            let g = xs[i * d2 + j].min(limit);
-            let u = xs[i * d2 + h + j].clamp(-limit, limit);
-            out[i * h + j] = g / (1.0 + (-g).exp()) * u;
-        }
-    }
-    Ok(CpuTensor::new_f32(vec![n, h], out))
+    gated_silu("swiglu_clamp", x, |g, u| (g.min(limit), u.clamp(-limit, limit)))
 }
 
 // x [n, d], ids/weights [n, k], w13[e] [2h, d], w2[e] [d, h] → Σ_k w_k · w2_e(swiglu_clamp(w13_e x))  [n, d]

@@ -122,6 +122,29 @@ fn check_heads(op: &'static str, cols: usize, n_heads: usize) -> Result<usize> {
     Ok(cols / n_heads)
 }
 
+/// `silu(g') · u'` with `(g', u') = prepare(g, u)` for gate g = first half, up u = second half:
+/// x `[n, 2h]` → `[n, h]` (shared by `swiglu` and the language model's clamped `swiglu_clamp`).
+pub(super) fn gated_silu(
+    op: &'static str,
+    x: &CpuTensor,
+    prepare: impl Fn(f32, f32) -> (f32, f32),
+) -> Result<CpuTensor> {
+    let (n, d2) = check_2d(op, "x", x)?;
+    if d2 % 2 != 0 {
+        return Err(Error::shape(op, format!("{d2} columns is not even")));
+    }
+    let h = d2 / 2;
+    let xs = x.f32(op)?;
+    let mut out = vec![0f32; n * h];
+    for i in 0..n {
+        for j in 0..h {
+            let (g, u) = prepare(xs[i * d2 + j], xs[i * d2 + h + j]);
+            out[i * h + j] = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+    Ok(CpuTensor::new_f32(vec![n, h], out))
+}
+
 /// 2-D RoPE cos/sin tables in f32, exactly as the reference builds them: `inv_freq[j] =
 /// 1/θ^(2j/(hd/2))` for `j < hd/4`; angle = pos·inv_freq with pos = row for the first hd/4
 /// frequencies and col for the next hd/4. Returns `[n, hd/2]` cos and sin.
@@ -307,20 +330,7 @@ impl Backend for CpuBackend {
 
     // x [n, 2h] → silu(x[:, :h]) * x[:, h:]  [n, h]
     fn swiglu(&self, x: &CpuTensor) -> Result<CpuTensor> {
-        let (n, d2) = check_2d("swiglu", "x", x)?;
-        if d2 % 2 != 0 {
-            return Err(Error::shape("swiglu", format!("{d2} columns is not even")));
-        }
-        let h = d2 / 2;
-        let xs = x.f32("swiglu")?;
-        let mut out = vec![0f32; n * h];
-        for i in 0..n {
-            for j in 0..h {
-                let (g, u) = (xs[i * d2 + j], xs[i * d2 + h + j]);
-                out[i * h + j] = g / (1.0 + (-g).exp()) * u;
-            }
-        }
-        Ok(CpuTensor::new_f32(vec![n, h], out))
+        gated_silu("swiglu", x, |g, u| (g, u))
     }
 
     // x [n, d] → x/2 · (1 + erf(x/√2))  [n, d]
