@@ -12,7 +12,7 @@ use crate::config::{LmConfig, VisionConfig};
 use crate::error::{Error, Result};
 use crate::model::lm::generate::{self, Sampling, StopReason};
 use crate::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
-use crate::model::lm::{LmInput, LmModel};
+use crate::model::lm::{LmInput, LmModel, PREFILL_CHUNK};
 use crate::model::vision::VisionModel;
 use crate::processor::{self, PreprocessConfig};
 use crate::weights::Checkpoint;
@@ -440,12 +440,13 @@ fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>
     }
     match job {
         LmJob::Dump => {
-            let out = model.prefill(b, &input, embeds)?;
+            let (hidden, _) = model.prefill_cache(b, &input, embeds, PREFILL_CHUNK)?;
+            let logits = model.logits(b, &hidden)?;
             Ok(LmOutcome::Dump(LmDump {
                 lane: b.lane(),
                 device: b.device_name(),
                 input_ids: input.ids.iter().map(|&i| i as i64).collect(),
-                logits: b.download(&out.logits)?.into_f32("logits")?,
+                logits: b.download(&logits)?.into_f32("logits")?,
                 vocab_size: v,
                 image_start,
             }))

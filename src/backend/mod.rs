@@ -365,7 +365,7 @@ pub trait Backend {
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
     /// Columns `[start, start+len)`: x `[n, d]` → `[n, len]`.
     fn slice_cols(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
-    /// Rows of `a` then rows of `b`: `[n, d]`, `[m, d]` → `[n+m, d]`.
+    /// Rows of `a` then rows of `b`: `[n, d]`, `[m, d]` → `[n+m, d]` (f32 or i32, both alike).
     fn concat_rows(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
     /// `out[i] = src[idx[i]]`: src `[m, d]`, idx i32 `[n]` (each in `0..m`) → `[n, d]`.
     fn gather_rows(&self, src: &Self::Tensor, idx: &Self::Tensor) -> Result<Self::Tensor>;

@@ -308,9 +308,12 @@ impl Backend for CpuBackend {
         if d != d2 {
             return Err(Error::shape("concat_rows", format!("column counts {d} and {d2} differ")));
         }
-        let mut out = a.f32("concat_rows")?.to_vec();
-        out.extend_from_slice(b.f32("concat_rows")?);
-        Ok(CpuTensor::new_f32(vec![n + m, d], out))
+        let data = match (&*a.data, &*b.data) {
+            (HostData::F32(x), HostData::F32(y)) => HostData::F32([x.as_slice(), y].concat()),
+            (HostData::I32(x), HostData::I32(y)) => HostData::I32([x.as_slice(), y].concat()),
+            _ => return Err(Error::shape("concat_rows", format!("a is {}, b is {}", a.dtype(), b.dtype()))),
+        };
+        Ok(CpuTensor { shape: vec![n + m, d], data: Arc::new(data) })
     }
 
     // src [m, d], idx [n] → out[i] = src[idx[i]]  [n, d]

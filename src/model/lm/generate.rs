@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 
-use super::{LmInput, LmModel};
+use super::{LmInput, LmModel, PREFILL_CHUNK};
 
 /// How the next token is picked from a row of logits.
 #[derive(Clone, Debug, PartialEq)]
@@ -132,13 +132,10 @@ pub fn generate<B: Backend>(
     if max_tokens == 0 {
         return Ok((out, StopReason::MaxTokens));
     }
-    let v = model.config().vocab_size;
     let mut rng = Rng::new(sampling.seed);
-    let pre = model.prefill(b, input, embeds)?;
-    let logits = b.download(&pre.logits)?.into_f32("logits")?;
-    let t = logits.len() / v;
-    let mut cache = pre.cache;
-    let mut tok = pick(&logits[(t - 1) * v..t * v], sampling, &mut rng) as i32;
+    let (hidden, mut cache) = model.prefill_cache(b, input, embeds, PREFILL_CHUNK)?;
+    let logits = b.download(&model.last_logits(b, &hidden)?)?.into_f32("logits")?;
+    let mut tok = pick(&logits, sampling, &mut rng) as i32;
     loop {
         out.push(tok);
         on_token(tok)?;

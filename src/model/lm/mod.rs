@@ -105,33 +105,61 @@ pub struct LmInput {
     pub window: Option<Vec<(usize, usize)>>,
 }
 
-/// A compressor's decode state: its emitted entries plus the raw projected rows it still needs
+/// A compressor's running state: its emitted entries plus the raw projected rows it still needs
 /// (the incomplete block, and with overlap the previous complete block).
 pub struct CompState<B: Backend> {
     /// Emitted entries `[⌊P/r⌋, width]` (normed, roped at `r·i`).
     pub entries: B::Tensor,
-    /// Buffered `wkv` / `wgate` rows `[P − buf_start, w]`; `buf_start` is a block boundary.
+    /// Buffered `wkv` / `wgate` rows of positions `buf_start..P` `[P − buf_start, w]`;
+    /// `buf_start` is a block boundary.
     pub rows_kv: B::Tensor,
     pub rows_gate: B::Tensor,
+    pub buf_start: usize,
 }
 
-/// One layer's decode cache.
+/// One layer's cache.
 pub struct LayerCache<B: Backend> {
-    /// Raw K = V latents `[P, hd]` (roped). The whole history is kept (a W−1 ring later).
+    /// Raw K = V latents (roped) of positions `kv_start..P`: between chunks only the last
+    /// `sliding_window − 1`, all a later query can see (a chunk never splits an image span, and
+    /// a span's window reaches back no further than the window of its first token).
     pub kv: B::Tensor,
+    pub kv_start: usize,
     /// The attention compressor (ratio ≠ 0 layers).
     pub comp: Option<CompState<B>>,
     /// The indexer's compressor (CSA layers).
     pub index: Option<CompState<B>>,
 }
 
-/// Decode state after `pos` tokens.
+/// Model state after `pos` tokens; [`LmModel::forward`] extends it by a chunk.
 pub struct LmCache<B: Backend> {
     pub pos: usize,
     pub layers: Vec<LayerCache<B>>,
 }
 
-/// Everything a prefill produces, still on the device.
+/// Per-layer records of a forward, one tensor per chunk (conformance tests and dumps).
+pub struct LmTrace<B: Backend> {
+    /// Per layer, the 4-stream residual `[n, hc·d]` after the layer.
+    pub hidden: Vec<Vec<B::Tensor>>,
+    /// Per layer, the selected experts i32 `[n, k]` (unspecified order).
+    pub router_ids: Vec<Vec<B::Tensor>>,
+    /// Per layer, their routing weights `[n, k]` (× routed_scaling_factor).
+    pub router_weights: Vec<Vec<B::Tensor>>,
+    /// Per CSA layer, the indexer's picks i32 `[n, index_topk]` (descending score, −1 = empty).
+    pub indexer: BTreeMap<usize, Vec<B::Tensor>>,
+}
+
+impl<B: Backend> LmTrace<B> {
+    pub fn new(layers: usize) -> Self {
+        LmTrace {
+            hidden: (0..layers).map(|_| Vec::new()).collect(),
+            router_ids: (0..layers).map(|_| Vec::new()).collect(),
+            router_weights: (0..layers).map(|_| Vec::new()).collect(),
+            indexer: BTreeMap::new(),
+        }
+    }
+}
+
+/// Everything a prefill produces, still on the device (rows over the whole prompt).
 pub struct LmOutput<B: Backend> {
     /// `[T, vocab]`.
     pub logits: B::Tensor,
@@ -147,6 +175,47 @@ pub struct LmOutput<B: Backend> {
     pub indexer: BTreeMap<usize, B::Tensor>,
     /// The cache a decode continues from.
     pub cache: LmCache<B>,
+}
+
+/// Default prefill chunk (tokens): bounds one forward's activations on long prompts.
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Split `0..ids.len()` into chunks of at most `max_chunk` tokens that never split an image block
+/// (a maximal run of ids ≥ `vocab`, vision.md §5.3: its tokens see each other both ways); a block
+/// longer than `max_chunk` gets a chunk of its own.
+pub fn chunk_plan(ids: &[i32], vocab: usize, max_chunk: usize) -> Vec<std::ops::Range<usize>> {
+    let max_chunk = max_chunk.max(1);
+    let is_image = |i: usize| ids[i] >= 0 && ids[i] as usize >= vocab;
+    let mut plan = Vec::new();
+    let mut start = 0;
+    while start < ids.len() {
+        let mut end = (start + max_chunk).min(ids.len());
+        if end < ids.len() && is_image(end - 1) && is_image(end) {
+            // `end` falls inside a block: cut before it, or take the whole block if it starts here
+            let block_start = (start..end).rev().take_while(|&i| is_image(i)).last().unwrap_or(end);
+            end = if block_start > start {
+                block_start
+            } else {
+                (end..ids.len()).find(|&i| !is_image(i)).unwrap_or(ids.len())
+            };
+        }
+        plan.push(start..end);
+        start = end;
+    }
+    plan
+}
+
+/// Rows `range` of x `[m, d]` (a copy).
+fn rows_of<B: Backend>(b: &B, x: &B::Tensor, range: std::ops::Range<usize>) -> Result<B::Tensor> {
+    let idx: Vec<i32> = range.map(|i| i as i32).collect();
+    b.gather_rows(x, &b.upload(&HostTensor::i32([idx.len()], idx)?)?)
+}
+
+/// Concatenate one record's per-chunk tensors.
+fn concat_all<B: Backend>(b: &B, parts: Vec<B::Tensor>) -> Result<B::Tensor> {
+    let mut parts = parts.into_iter();
+    let first = parts.next().ok_or_else(|| Error::Invalid("prefill: no chunk was run".into()))?;
+    parts.try_fold(first, |acc, t| b.concat_rows(&acc, &t))
 }
 
 fn param<B: Backend>(b: &B, src: &impl ParamSource, name: &str) -> Result<B::Tensor> {
@@ -335,143 +404,213 @@ impl<B: Backend> LmModel<B> {
         b.embed_rows(&self.embed, &ids)
     }
 
-    /// Prefill from position 0 over `input`; `embeds` `[T, d]` replaces the token embeddings
-    /// (the §5.1 merge result), otherwise the ids are embedded.
-    pub fn prefill(&self, b: &B, input: &LmInput, embeds: Option<B::Tensor>) -> Result<LmOutput<B>> {
-        let cfg = &self.cfg;
+    /// An empty cache (position 0).
+    pub fn new_cache(&self, b: &B) -> Result<LmCache<B>> {
+        let empty = |cols: usize| b.upload(&HostTensor::f32([0, cols], Vec::new())?);
+        let state = |c: &Compressor<B>| -> Result<CompState<B>> {
+            Ok(CompState {
+                entries: empty(c.norm.rows())?,
+                rows_kv: empty(c.ape.cols())?,
+                rows_gate: empty(c.ape.cols())?,
+                buf_start: 0,
+            })
+        };
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| {
+                Ok(LayerCache {
+                    kv: empty(self.cfg.head_dim)?,
+                    kv_start: 0,
+                    comp: layer.attn.compressor.as_ref().map(state).transpose()?,
+                    index: layer.attn.indexer.as_ref().map(|ix| state(&ix.compressor)).transpose()?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(LmCache { pos: 0, layers })
+    }
+
+    /// The raw-key window `(lo, hi)` of every prompt token, absolute positions: the image-span
+    /// bounds of `input.window`, or the plain causal sliding window.
+    fn prompt_window(&self, input: &LmInput) -> Result<Vec<(usize, usize)>> {
         let t = input.ids.len();
-        if t == 0 {
-            return Err(Error::Invalid("prefill: empty prompt".into()));
+        match &input.window {
+            Some(w) if w.len() != t => {
+                Err(Error::Invalid(format!("prefill: {} window bounds for {t} tokens", w.len())))
+            }
+            Some(w) => Ok(w.clone()),
+            None => Ok((0..t).map(|i| ((i + 1).saturating_sub(self.cfg.sliding_window), i)).collect()),
+        }
+    }
+
+    /// Prefill from position 0 over `input` in one chunk, recording every layer; `embeds`
+    /// `[T, d]` replaces the token embeddings (the §5.1 merge result).
+    pub fn prefill(&self, b: &B, input: &LmInput, embeds: Option<B::Tensor>) -> Result<LmOutput<B>> {
+        self.prefill_chunked(b, input, embeds, usize::MAX)
+    }
+
+    /// Prefill in chunks of [`chunk_plan`], recording every layer; rows are concatenated over
+    /// the chunks.
+    pub fn prefill_chunked(
+        &self,
+        b: &B,
+        input: &LmInput,
+        embeds: Option<B::Tensor>,
+        max_chunk: usize,
+    ) -> Result<LmOutput<B>> {
+        let window = self.prompt_window(input)?;
+        let mut cache = self.new_cache(b)?;
+        let mut trace = LmTrace::new(self.layers.len());
+        let (mut finals, mut logits) = (Vec::new(), Vec::new());
+        for range in chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk) {
+            let e = embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
+            let y = self.forward(b, &mut cache, &input.ids[range.clone()], e, &window[range], Some(&mut trace))?;
+            logits.push(self.logits(b, &y)?);
+            finals.push(y);
+        }
+        let cat = |parts: Vec<Vec<B::Tensor>>| parts.into_iter().map(|p| concat_all(b, p)).collect::<Result<Vec<_>>>();
+        Ok(LmOutput {
+            logits: concat_all(b, logits)?,
+            final_hidden: concat_all(b, finals)?,
+            hidden: cat(trace.hidden)?,
+            router_ids: cat(trace.router_ids)?,
+            router_weights: cat(trace.router_weights)?,
+            indexer: trace.indexer.into_iter().map(|(l, p)| Ok((l, concat_all(b, p)?))).collect::<Result<_>>()?,
+            cache,
+        })
+    }
+
+    /// Prefill in chunks of [`chunk_plan`], nothing recorded: the final hidden rows `[T, d]`
+    /// (the head's input; [`LmModel::logits`] maps the rows a caller wants) and the cache.
+    pub fn prefill_cache(
+        &self,
+        b: &B,
+        input: &LmInput,
+        embeds: Option<B::Tensor>,
+        max_chunk: usize,
+    ) -> Result<(B::Tensor, LmCache<B>)> {
+        let window = self.prompt_window(input)?;
+        let mut cache = self.new_cache(b)?;
+        let mut finals = Vec::new();
+        for range in chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk) {
+            let e = embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
+            finals.push(self.forward(b, &mut cache, &input.ids[range.clone()], e, &window[range], None)?);
+        }
+        Ok((concat_all(b, finals)?, cache))
+    }
+
+    /// Logits `[1, vocab]` of the last row of final hidden rows `[n, d]`.
+    pub fn last_logits(&self, b: &B, final_hidden: &B::Tensor) -> Result<B::Tensor> {
+        let n = final_hidden.rows();
+        if n == 0 {
+            return Err(Error::Invalid("logits of an empty chunk".into()));
+        }
+        self.logits(b, &rows_of(b, final_hidden, n - 1..n)?)
+    }
+
+    /// One decode step: feed text token `id` at position `cache.pos`, extend the cache, return
+    /// the logits `[1, vocab]` (image blocks enter through a prefill, vision.md §5.1).
+    pub fn decode(&self, b: &B, cache: &mut LmCache<B>, id: i32) -> Result<B::Tensor> {
+        let v = self.cfg.vocab_size;
+        if id < 0 || id as usize >= v {
+            return Err(Error::Invalid(format!("decode: token id {id} outside the text vocabulary 0..{v}")));
+        }
+        let p = cache.pos;
+        let window = [((p + 1).saturating_sub(self.cfg.sliding_window), p)];
+        let y = self.forward(b, cache, &[id], None, &window, None)?;
+        self.logits(b, &y)
+    }
+
+    /// The head: final hidden `[n, d]` → logits `[n, vocab]`.
+    pub fn logits(&self, b: &B, final_hidden: &B::Tensor) -> Result<B::Tensor> {
+        b.linear(final_hidden, &self.head, None)
+    }
+
+    /// Run tokens `ids` at positions `cache.pos..` through every layer, extending the cache;
+    /// returns `norm(hc_head(X))` `[n, d]`. `embeds` `[n, d]` replaces the token embeddings;
+    /// `window[i]` is token i's inclusive raw-key range in absolute positions, which must lie in
+    /// what the cache keeps plus this chunk.
+    pub fn forward(
+        &self,
+        b: &B,
+        cache: &mut LmCache<B>,
+        ids: &[i32],
+        embeds: Option<B::Tensor>,
+        window: &[(usize, usize)],
+        mut trace: Option<&mut LmTrace<B>>,
+    ) -> Result<B::Tensor> {
+        let cfg = &self.cfg;
+        let (n, p0) = (ids.len(), cache.pos);
+        if n == 0 {
+            return Err(Error::Invalid("forward: empty chunk".into()));
+        }
+        if window.len() != n {
+            return Err(Error::Invalid(format!("forward: {} window bounds for {n} tokens", window.len())));
+        }
+        if cache.layers.len() != self.layers.len() {
+            return Err(Error::Invalid(format!(
+                "forward: cache has {} layers, model {}",
+                cache.layers.len(),
+                self.layers.len()
+            )));
         }
         let eps = cfg.rms_norm_eps as f32;
-        let hc = cfg.hc_mult;
         let h = match embeds {
-            Some(e) if e.shape() != [t, cfg.hidden_size] => {
+            Some(e) if e.shape() != [n, cfg.hidden_size] => {
                 return Err(Error::Invalid(format!(
-                    "prefill: embeds {:?} for {t} tokens of width {}",
+                    "forward: embeds {:?} for {n} tokens of width {}",
                     e.shape(),
                     cfg.hidden_size
                 )));
             }
             Some(e) => e,
-            None => self.embed(b, &input.ids)?,
+            None => self.embed(b, ids)?,
         };
-        let ids = b.upload(&HostTensor::i32([t], input.ids.clone())?)?;
+        let ids_t = b.upload(&HostTensor::i32([n], ids.to_vec())?)?;
         // 0 = text token, 1 = image-block token (selects the `bias_vl` row of each router)
-        let kind: Vec<i32> = input.ids.iter().map(|&i| i32::from(i as usize >= cfg.vocab_size)).collect();
-        let kind = b.upload(&HostTensor::i32([t], kind)?)?;
-        let window: Vec<i32> = match &input.window {
-            Some(w) if w.len() != t => {
-                return Err(Error::Invalid(format!("prefill: {} window bounds for {t} tokens", w.len())));
-            }
-            Some(w) => w.iter().flat_map(|&(lo, hi)| [lo as i32, hi as i32]).collect(),
-            None => (0..t).flat_map(|i| [(i + 1).saturating_sub(cfg.sliding_window) as i32, i as i32]).collect(),
-        };
-        let window = b.upload(&HostTensor::i32([t, 2], window)?)?;
+        let kind: Vec<i32> = ids.iter().map(|&i| i32::from(i >= 0 && i as usize >= cfg.vocab_size)).collect();
+        let kind = b.upload(&HostTensor::i32([n], kind)?)?;
 
-        let x0 = b.hc_expand(&h, hc)?;
-        let mut out_hidden = Vec::with_capacity(self.layers.len());
-        let mut router_ids = Vec::with_capacity(self.layers.len());
-        let mut router_weights = Vec::with_capacity(self.layers.len());
-        let mut indexer = BTreeMap::new();
-        let mut caches = Vec::with_capacity(self.layers.len());
-        for (l, layer) in self.layers.iter().enumerate() {
-            let x = out_hidden.last().unwrap_or(&x0);
+        let mut carry = Some(b.hc_expand(&h, cfg.hc_mult)?);
+        for (l, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+            // the residual entering this layer: carried, or the previous layer's traced output
+            let x = match (&carry, &trace) {
+                (Some(c), _) => c,
+                (None, Some(t)) => t.hidden[l - 1].last().expect("traced layer output"),
+                (None, None) => unreachable!("the residual is either carried or traced"),
+            };
             // attention sublayer
             let (pre, post, comb) = self.hc_split(b, x, &layer.hc_attn)?;
             let xa = b.rms_norm(&b.hc_pre(x, &pre)?, &layer.attn_norm, eps)?;
-            let (att, st, picks) = self.attention(b, layer, &xa, &window, t)?;
-            if let Some(p) = picks {
-                indexer.insert(l, p);
-            }
-            caches.push(st);
+            let (att, picks) = self.attention(b, layer, lc, &xa, window, p0)?;
             let x = b.hc_post(x, &att, &post, &comb)?;
             // MoE sublayer
             let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_ffn)?;
             let xf = b.rms_norm(&b.hc_pre(&x, &pre)?, &layer.ffn_norm, eps)?;
-            let (m, sel, w) = self.moe(b, &layer.moe, &xf, &ids, &kind)?;
-            out_hidden.push(b.hc_post(&x, &m, &post, &comb)?);
-            router_ids.push(sel);
-            router_weights.push(w);
+            let (m, sel, w) = self.moe(b, &layer.moe, &xf, &ids_t, &kind)?;
+            let next = b.hc_post(&x, &m, &post, &comb)?;
+            match trace.as_deref_mut() {
+                Some(t) => {
+                    t.hidden[l].push(next);
+                    t.router_ids[l].push(sel);
+                    t.router_weights[l].push(w);
+                    if let Some(p) = picks {
+                        t.indexer.entry(l).or_default().push(p);
+                    }
+                    carry = None;
+                }
+                None => carry = Some(next),
+            }
         }
-        // head
-        let x = out_hidden.last().unwrap_or(&x0);
+        cache.pos += n;
+        let x = match (&carry, &trace) {
+            (Some(c), _) => c,
+            (None, Some(t)) => t.hidden.last().and_then(|h| h.last()).expect("traced layer output"),
+            (None, None) => unreachable!("the residual is either carried or traced"),
+        };
         let mix = b.linear(&b.rms_norm_heads(x, 1, eps)?, &self.hc_head.mix, None)?;
         let w = b.hc_head_weights(&mix, &self.hc_head.scale, &self.hc_head.base, cfg.hc_eps as f32)?;
-        let final_hidden = b.rms_norm(&b.hc_pre(x, &w)?, &self.norm, eps)?;
-        let logits = b.linear(&final_hidden, &self.head, None)?;
-        let cache = LmCache { pos: t, layers: caches };
-        Ok(LmOutput { logits, final_hidden, hidden: out_hidden, router_ids, router_weights, indexer, cache })
-    }
-
-    /// One decode step: feed `id` at position `cache.pos`, extend the cache, return the logits
-    /// `[1, vocab]`. Text tokens only (image blocks are prefilled in one chunk, vision.md §5.1).
-    pub fn decode(&self, b: &B, cache: &mut LmCache<B>, id: i32) -> Result<B::Tensor> {
-        let cfg = &self.cfg;
-        if id < 0 || id as usize >= cfg.vocab_size {
-            return Err(Error::Invalid(format!(
-                "decode: token id {id} outside the text vocabulary 0..{}",
-                cfg.vocab_size
-            )));
-        }
-        if cache.layers.len() != self.layers.len() {
-            return Err(Error::Invalid(format!(
-                "decode: cache has {} layers, model {}",
-                cache.layers.len(),
-                self.layers.len()
-            )));
-        }
-        let (eps, nh, p) = (cfg.rms_norm_eps as f32, cfg.num_attention_heads, cache.pos);
-        let ids = b.upload(&HostTensor::i32([1], vec![id])?)?;
-        let kind = b.upload(&HostTensor::i32([1], vec![0])?)?;
-        let window =
-            b.upload(&HostTensor::i32([1, 2], vec![(p + 1).saturating_sub(cfg.sliding_window) as i32, p as i32])?)?;
-        let mut x = b.hc_expand(&b.embed_rows(&self.embed, &ids)?, cfg.hc_mult)?;
-        for (layer, lc) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            let a = &layer.attn;
-            let f = if layer.ratio == 0 { &self.inv_freq_main } else { &self.inv_freq_comp };
-            let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_attn)?;
-            let xa = b.rms_norm(&b.hc_pre(&x, &pre)?, &layer.attn_norm, eps)?;
-            let qr = b.rms_norm(&b.linear(&xa, &a.wq_a, None)?, &a.q_norm, eps)?;
-            let q = b.rope_tail(&b.rms_norm_heads(&b.linear(&qr, &a.wq_b, None)?, nh, eps)?, nh, f, p, 1, false)?;
-            let kv = b.rope_tail(&b.rms_norm(&b.linear(&xa, &a.wkv, None)?, &a.kv_norm, eps)?, 1, f, p, 1, false)?;
-            lc.kv = b.concat_rows(&lc.kv, &kv)?;
-            if let (Some(c), Some(st)) = (&a.compressor, lc.comp.as_mut()) {
-                self.compress_step(b, c, st, &xa, p)?;
-            }
-            let comp_idx = match (&a.indexer, lc.index.as_mut(), lc.comp.as_ref()) {
-                (Some(ix), Some(st), Some(_)) => {
-                    self.compress_step(b, &ix.compressor, st, &xa, p)?;
-                    let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
-                    let qi = b.rope_tail(&b.linear(&qr, &ix.wq_b, None)?, ih, f, p, 1, false)?;
-                    let w = b.linear(&xa, &ix.weights_proj, None)?;
-                    let scale = 1.0 / ((ih * ihd) as f32).sqrt();
-                    let scores = b.indexer_scores(&qi, &st.entries, &w, ih, scale, p, 4)?;
-                    Some(b.topk_rows(&scores, cfg.index_topk)?)
-                }
-                (None, _, Some(st)) => {
-                    // HCA: every emitted entry is complete, hence visible
-                    let n = st.entries.rows();
-                    Some(b.upload(&HostTensor::i32([1, n], (0..n as i32).collect())?)?)
-                }
-                _ => None,
-            };
-            let o = match (lc.comp.as_ref(), comp_idx.as_ref()) {
-                (Some(st), Some(i)) => b.sink_attention(&q, &lc.kv, &window, Some((&st.entries, i)), &a.sinks, nh)?,
-                _ => b.sink_attention(&q, &lc.kv, &window, None, &a.sinks, nh)?,
-            };
-            let att = self.attn_output(b, a, &o, p)?;
-            x = b.hc_post(&x, &att, &post, &comb)?;
-            let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_ffn)?;
-            let xf = b.rms_norm(&b.hc_pre(&x, &pre)?, &layer.ffn_norm, eps)?;
-            let (m, _, _) = self.moe(b, &layer.moe, &xf, &ids, &kind)?;
-            x = b.hc_post(&x, &m, &post, &comb)?;
-        }
-        cache.pos += 1;
-        let mix = b.linear(&b.rms_norm_heads(&x, 1, eps)?, &self.hc_head.mix, None)?;
-        let w = b.hc_head_weights(&mix, &self.hc_head.scale, &self.hc_head.base, cfg.hc_eps as f32)?;
-        let y = b.rms_norm(&b.hc_pre(&x, &w)?, &self.norm, eps)?;
-        b.linear(&y, &self.head, None)
+        b.rms_norm(&b.hc_pre(x, &w)?, &self.norm, eps)
     }
 
     /// `(pre, post, comb)` of one HC sublayer from the residual X `[T, hc·d]`.
@@ -482,103 +621,107 @@ impl<B: Backend> LmModel<B> {
         Ok((b.slice_cols(&s, 0, hc)?, b.slice_cols(&s, hc, hc)?, b.slice_cols(&s, 2 * hc, hc * hc)?))
     }
 
-    /// One compressor over a prompt from position 0: its entries `[⌊T/r⌋, width]` (pool,
-    /// RMSNorm, RoPE at `r·i`) and the raw rows a decode still needs.
-    fn compress(&self, b: &B, c: &Compressor<B>, x: &B::Tensor) -> Result<CompState<B>> {
-        let t = x.rows();
-        let kv = b.linear(x, &c.wkv, None)?;
-        let gate = b.linear(x, &c.wgate, None)?;
-        let pooled = b.compress_pool(&kv, &gate, &c.ape, c.ratio, c.overlap)?;
-        let entries = self.finish_entries(b, c, &pooled, 0)?;
-        // keep rows from the start of the previous complete block (overlap) or the current one
-        let done = t / c.ratio;
-        let buf_start = if c.overlap { done.saturating_sub(1) * c.ratio } else { done * c.ratio };
-        let keep = b.upload(&HostTensor::i32([t - buf_start], (buf_start as i32..t as i32).collect())?)?;
-        Ok(CompState { entries, rows_kv: b.gather_rows(&kv, &keep)?, rows_gate: b.gather_rows(&gate, &keep)? })
-    }
-
-    /// RMSNorm + RoPE of pooled entries whose first one is entry `first`.
-    fn finish_entries(&self, b: &B, c: &Compressor<B>, pooled: &B::Tensor, first: usize) -> Result<B::Tensor> {
-        let normed = b.rms_norm(pooled, &c.norm, self.cfg.rms_norm_eps as f32)?;
-        b.rope_tail(&normed, 1, &self.inv_freq_comp, first * c.ratio, c.ratio, false)
-    }
-
-    /// Decode: buffer one token's rows (x `[1, d]` at position `p`); when its block completes,
-    /// emit the block's entry and drop the rows no longer needed.
-    fn compress_step(&self, b: &B, c: &Compressor<B>, st: &mut CompState<B>, x: &B::Tensor, p: usize) -> Result<()> {
-        st.rows_kv = b.concat_rows(&st.rows_kv, &b.linear(x, &c.wkv, None)?)?;
-        st.rows_gate = b.concat_rows(&st.rows_gate, &b.linear(x, &c.wgate, None)?)?;
-        if (p + 1) % c.ratio != 0 {
-            return Ok(());
+    /// Feed a chunk's rows x `[n, d]` to a compressor: buffer their projections, emit the entry
+    /// of every block they complete (pool, RMSNorm, RoPE at `r·i`), and keep only the rows a
+    /// later block still needs.
+    fn compress(&self, b: &B, c: &Compressor<B>, st: &mut CompState<B>, x: &B::Tensor) -> Result<()> {
+        let rows_kv = b.concat_rows(&st.rows_kv, &b.linear(x, &c.wkv, None)?)?;
+        let rows_gate = b.concat_rows(&st.rows_gate, &b.linear(x, &c.wgate, None)?)?;
+        let end = st.buf_start + rows_kv.rows();
+        let emitted = st.entries.rows();
+        // the buffer starts at a block boundary; with overlap its first block may be the
+        // previous complete one, already emitted (kept for its first half)
+        let pooled = b.compress_pool(&rows_kv, &rows_gate, &c.ape, c.ratio, c.overlap)?;
+        let skip = emitted - st.buf_start / c.ratio;
+        if pooled.rows() > skip {
+            let fresh = rows_of(b, &pooled, skip..pooled.rows())?;
+            let normed = b.rms_norm(&fresh, &c.norm, self.cfg.rms_norm_eps as f32)?;
+            let entries = b.rope_tail(&normed, 1, &self.inv_freq_comp, emitted * c.ratio, c.ratio, false)?;
+            st.entries = b.concat_rows(&st.entries, &entries)?;
         }
-        // the buffer starts at a block boundary: [previous block (overlap, if any) | this block]
-        let pooled = b.compress_pool(&st.rows_kv, &st.rows_gate, &c.ape, c.ratio, c.overlap)?;
-        let n = pooled.rows();
-        let last = b.gather_rows(&pooled, &b.upload(&HostTensor::i32([1], vec![n as i32 - 1])?)?)?;
-        let entry = self.finish_entries(b, c, &last, (p + 1) / c.ratio - 1)?;
-        st.entries = b.concat_rows(&st.entries, &entry)?;
-        let len = st.rows_kv.rows();
-        let keep: Vec<i32> = if c.overlap { (len - c.ratio) as i32..len as i32 } else { 0..0 }.collect();
-        let keep = b.upload(&HostTensor::i32([keep.len()], keep)?)?;
-        st.rows_kv = b.gather_rows(&st.rows_kv, &keep)?;
-        st.rows_gate = b.gather_rows(&st.rows_gate, &keep)?;
+        let done = st.entries.rows();
+        let buf_start = if c.overlap { done.saturating_sub(1) * c.ratio } else { done * c.ratio };
+        st.rows_kv = rows_of(b, &rows_kv, buf_start - st.buf_start..end - st.buf_start)?;
+        st.rows_gate = rows_of(b, &rows_gate, buf_start - st.buf_start..end - st.buf_start)?;
+        st.buf_start = buf_start;
         Ok(())
     }
 
-    /// Attention sublayer output `[T, d]`, its state, and the indexer picks on CSA layers.
-    #[allow(clippy::type_complexity)]
+    /// Attention sublayer of a chunk x `[n, d]` at positions `p0..`: output `[n, d]`, and the
+    /// indexer picks on CSA layers. Extends the layer's cache.
     fn attention(
         &self,
         b: &B,
         layer: &Layer<B>,
+        lc: &mut LayerCache<B>,
         x: &B::Tensor,
-        window: &B::Tensor,
-        t: usize,
-    ) -> Result<(B::Tensor, LayerCache<B>, Option<B::Tensor>)> {
+        window: &[(usize, usize)],
+        p0: usize,
+    ) -> Result<(B::Tensor, Option<B::Tensor>)> {
         let cfg = &self.cfg;
         let a = &layer.attn;
         let eps = cfg.rms_norm_eps as f32;
-        let nh = cfg.num_attention_heads;
+        let (n, nh) = (x.rows(), cfg.num_attention_heads);
         let f = if layer.ratio == 0 { &self.inv_freq_main } else { &self.inv_freq_comp };
         let qr = b.rms_norm(&b.linear(x, &a.wq_a, None)?, &a.q_norm, eps)?;
         let q = b.rms_norm_heads(&b.linear(&qr, &a.wq_b, None)?, nh, eps)?;
-        let q = b.rope_tail(&q, nh, f, 0, 1, false)?;
+        let q = b.rope_tail(&q, nh, f, p0, 1, false)?;
         let kv = b.rms_norm(&b.linear(x, &a.wkv, None)?, &a.kv_norm, eps)?;
-        let kv = b.rope_tail(&kv, 1, f, 0, 1, false)?;
+        let kv = b.rope_tail(&kv, 1, f, p0, 1, false)?;
+        let keys = b.concat_rows(&lc.kv, &kv)?;
+        let end = p0 + n;
+        // window bounds relative to the first kept key
+        let mut rel = Vec::with_capacity(2 * n);
+        for (i, &(lo, hi)) in window.iter().enumerate() {
+            if lo <= hi && (lo < lc.kv_start || hi >= end) {
+                return Err(Error::Invalid(format!(
+                    "attention: token {} sees keys {lo}..={hi}, outside the kept {}..{end} (a chunk split an \
+                     image span?)",
+                    p0 + i,
+                    lc.kv_start
+                )));
+            }
+            let (lo, hi) = if lo <= hi { (lo - lc.kv_start, hi - lc.kv_start) } else { (1, 0) };
+            rel.extend([lo as i32, hi as i32]);
+        }
+        let rel = b.upload(&HostTensor::i32([n, 2], rel)?)?;
 
-        let comp_state = match &a.compressor {
-            Some(c) => Some(self.compress(b, c, x)?),
-            None => None,
-        };
-        let comp = comp_state.as_ref().map(|c| &c.entries);
-        let (hca_idx, index_state, picks) = match (&a.indexer, comp) {
-            (Some(ix), Some(_)) => {
-                let st = self.compress(b, &ix.compressor, x)?;
-                let keys = &st.entries;
+        if let (Some(c), Some(st)) = (&a.compressor, lc.comp.as_mut()) {
+            self.compress(b, c, st, x)?;
+        }
+        let picks = match (&a.indexer, lc.index.as_mut()) {
+            (Some(ix), Some(st)) => {
+                self.compress(b, &ix.compressor, st, x)?;
                 let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
-                let qi = b.rope_tail(&b.linear(&qr, &ix.wq_b, None)?, ih, f, 0, 1, false)?;
+                let qi = b.rope_tail(&b.linear(&qr, &ix.wq_b, None)?, ih, f, p0, 1, false)?;
                 let w = b.linear(x, &ix.weights_proj, None)?;
                 let scale = 1.0 / ((ih * ihd) as f32).sqrt();
-                let scores = b.indexer_scores(&qi, keys, &w, ih, scale, 0, 4)?;
-                let picks = b.topk_rows(&scores, cfg.index_topk)?;
-                (None, Some(st), Some(picks))
+                let scores = b.indexer_scores(&qi, &st.entries, &w, ih, scale, p0, 4)?;
+                Some(b.topk_rows(&scores, cfg.index_topk)?)
             }
-            (None, Some(c)) => {
-                // HCA: every complete entry is visible: i < (t+1)/r
-                let n = c.rows();
-                let r = layer.ratio;
+            _ => None,
+        };
+        let hca_idx = match (&a.indexer, lc.comp.as_ref()) {
+            (None, Some(st)) => {
+                // HCA: every complete entry is visible: j < (p + 1) / r
+                let (m, r) = (st.entries.rows(), layer.ratio);
                 let idx: Vec<i32> =
-                    (0..t).flat_map(|i| (0..n).map(move |j| if j < (i + 1) / r { j as i32 } else { -1 })).collect();
-                (Some(b.upload(&HostTensor::i32([t, n], idx)?)?), None, None)
+                    (p0..end).flat_map(|p| (0..m).map(move |j| if j < (p + 1) / r { j as i32 } else { -1 })).collect();
+                Some(b.upload(&HostTensor::i32([n, m], idx)?)?)
             }
-            _ => (None, None, None),
+            _ => None,
         };
-        let o = match (comp, picks.as_ref().or(hca_idx.as_ref())) {
-            (Some(c), Some(i)) => b.sink_attention(&q, &kv, window, Some((c, i)), &a.sinks, nh)?,
-            _ => b.sink_attention(&q, &kv, window, None, &a.sinks, nh)?,
+        let entries = lc.comp.as_ref().map(|st| &st.entries).filter(|e| e.rows() > 0);
+        let o = match (entries, picks.as_ref().or(hca_idx.as_ref())) {
+            (Some(c), Some(i)) => b.sink_attention(&q, &keys, &rel, Some((c, i)), &a.sinks, nh)?,
+            _ => b.sink_attention(&q, &keys, &rel, None, &a.sinks, nh)?,
         };
-        let out = self.attn_output(b, a, &o, 0)?;
-        Ok((out, LayerCache { kv, comp: comp_state, index: index_state }, picks))
+        let out = self.attn_output(b, a, &o, p0)?;
+        // later chunks see at most the last W − 1 keys
+        let keep = cfg.sliding_window.saturating_sub(1).min(keys.rows());
+        lc.kv = rows_of(b, &keys, keys.rows() - keep..keys.rows())?;
+        lc.kv_start = end - keep;
+        Ok((out, picks))
     }
 
     /// Inverse RoPE at the query positions, grouped `wo_a`, `wo_b`: o `[n, heads·hd]` → `[n, d]`.
@@ -612,5 +755,23 @@ impl<B: Backend> LmModel<B> {
         let routed = b.moe_experts(x, &sel, &w, &m.w13, &m.w2, limit)?;
         let shared = b.linear(&b.swiglu_clamp(&b.linear(x, &m.shared_w13, None)?, limit)?, &m.shared_w2, None)?;
         Ok((b.add(&routed, &shared)?, sel, w))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_plan;
+
+    #[test]
+    fn chunks_never_split_an_image_block() {
+        // vocab 10: ids ≥ 10 are image-block sentinels; the block is positions 3..=8
+        let ids = [1, 2, 3, 11, 10, 12, 12, 13, 14, 5, 6, 7];
+        assert_eq!(chunk_plan(&ids, 10, 100), vec![0..12]);
+        assert_eq!(chunk_plan(&ids, 10, 9), vec![0..9, 9..12], "a cut right after the block stays");
+        // a cut inside the block moves to its start; a block longer than a chunk gets its own
+        assert_eq!(chunk_plan(&ids, 10, 5), vec![0..3, 3..9, 9..12]);
+        assert_eq!(chunk_plan(&ids, 10, 4), vec![0..3, 3..9, 9..12]);
+        assert_eq!(chunk_plan(&ids, 10, 1), vec![0..1, 1..2, 2..3, 3..9, 9..10, 10..11, 11..12]);
+        assert_eq!(chunk_plan(&[1, 2, 3], 10, 2), vec![0..2, 2..3]);
     }
 }
