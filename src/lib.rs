@@ -5,6 +5,7 @@
 //! - [`config`]: config.json → typed, validated config (errors name the key)
 //! - [`weights`]: safetensors (mmap, shards) and the tensor accounting
 //! - [`processor`]: image decode, Pillow-exact resize/pad, size solver, N-layout block
+//! - [`tokenizer`]: tokenizer.json, the chat prompt, streamed text output
 //! - [`backend`]: the `Backend` contract and its lanes
 //! - [`model`]: the graph, written once against `Backend`
 
@@ -14,6 +15,7 @@ pub mod error;
 pub mod model;
 pub mod pipeline;
 pub mod processor;
+pub mod tokenizer;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -225,11 +225,12 @@ pub fn inspect(model_dir: &Path) -> Result<String> {
 
 // ---- language model (token ids in, logits / token ids out) ---------------------------------
 
-/// One entry of a `--token-ids` list.
+/// One entry of a prompt: a token id, or where an image's block goes (`IMG` in `--token-ids`,
+/// `<｜deepseek_image｜>` in a rendered chat prompt).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PromptToken {
     Id(u32),
-    /// `IMG`: where the image block of `--image` goes.
+    /// Where the block of the next `--image` goes.
     Image,
 }
 
@@ -257,10 +258,14 @@ pub struct LmRequest {
     /// A text-only LM checkpoint, or (with `image`) one with both the vision and the LM tensors.
     pub model_dir: PathBuf,
     pub tokens: Vec<PromptToken>,
-    /// The image for the single `IMG` placeholder in `tokens`.
-    pub image: Option<PathBuf>,
+    /// One image per [`PromptToken::Image`], in order (at most [`MAX_IMAGES_PER_PROMPT`] so far).
+    pub images: Vec<PathBuf>,
     pub lane: LaneChoice,
 }
+
+/// How many images one prompt may carry: the merge and the image-span visibility handle one
+/// block per prompt today.
+pub const MAX_IMAGES_PER_PROMPT: usize = 1;
 
 /// Generation settings.
 #[derive(Clone, Debug)]
@@ -375,23 +380,20 @@ fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>
     let v = cfg.vocab_size;
     // validate the prompt before loading anything heavy
     let n_img = req.tokens.iter().filter(|t| **t == PromptToken::Image).count();
-    match (n_img, &req.image) {
-        (0, Some(img)) => {
-            return Err(Error::Invalid(format!(
-                "--image {} given but --token-ids has no IMG placeholder",
-                img.display()
-            )));
-        }
-        (1.., None) => {
-            return Err(Error::Invalid("--token-ids has an IMG placeholder but no --image was given".into()));
-        }
-        (2.., Some(_)) => {
-            return Err(Error::Invalid(format!(
-                "--token-ids has {n_img} IMG placeholders; one image per prompt is supported"
-            )));
-        }
-        _ => {}
+    let n_files = req.images.len();
+    if n_img.max(n_files) > MAX_IMAGES_PER_PROMPT {
+        return Err(Error::Invalid(format!(
+            "{} images in one prompt ({n_files} --image, {n_img} placeholders); at most {MAX_IMAGES_PER_PROMPT} \
+             image per prompt is supported so far",
+            n_img.max(n_files)
+        )));
     }
+    if n_img != n_files {
+        return Err(Error::Invalid(format!(
+            "the prompt has {n_img} image placeholder(s) (IMG in --token-ids) but {n_files} --image file(s) were given"
+        )));
+    }
+    let image = req.images.first();
     for (pos, t) in req.tokens.iter().enumerate() {
         if let PromptToken::Id(id) = *t {
             if id as usize >= v {
@@ -402,13 +404,13 @@ fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>
         }
     }
     let eos = eos_ids(&config_path)?;
-    let ckpt = if req.image.is_some() {
+    let ckpt = if image.is_some() {
         Checkpoint::open(&req.model_dir)?
     } else {
         Checkpoint::open_without_vision(&req.model_dir)?
     };
     let model = LmModel::load(b, &ckpt, &cfg)?;
-    let (input, embeds, image_start) = match &req.image {
+    let (input, embeds, image_start) = match image {
         None => {
             let ids = req
                 .tokens

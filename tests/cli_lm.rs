@@ -1,7 +1,9 @@
 //! The language-model commands as a user runs them, on `fixtures/models/lm-tiny` against the
 //! transformers `lm-text` golden (fixtures/gen/lm): `dump --token-ids` writes the prefill
 //! logits, `generate --print-ids` reproduces the golden greedy continuation, seeded sampling is
-//! reproducible, and bad input is a one-line error with exit code 2.
+//! reproducible, and bad input is a one-line error with exit code 2. `--prompt` goes through
+//! tokenizer.json to the ids of the Python `tokenizers` golden (fixtures/gen/tokenizer), and the
+//! streamed text output is the decode of the generated ids.
 //!
 //! Tolerance: relative L2 ≤ 1e-5 on the logits, derived in `tests/lm_cpu.rs` (f32 on both sides,
 //! different summation orders: measured 1.3e-6 for lm-text; a real bug lands at 1e-2 or more).
@@ -124,9 +126,87 @@ fn seeded_sampling_is_reproducible_and_not_greedy() {
     assert!(greedy.len() == 32);
 }
 
+/// The chat cases of the Python `tokenizers` golden: (question, system, n_images, ids).
+fn chat_goldens() -> Vec<(String, String, u64, Vec<i64>)> {
+    let path = common::root().join("fixtures/goldens/tokenizer/lm-tiny.json");
+    let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    g["chat"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let ids = c["ids"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect();
+            (
+                c["question"].as_str().unwrap().into(),
+                c["system"].as_str().unwrap().into(),
+                c["n_images"].as_u64().unwrap(),
+                ids,
+            )
+        })
+        .collect()
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = fovea().args(args).arg("--model").arg(lm_tiny()).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn dump_prompt_writes_the_python_tokenizer_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text_only: Vec<_> = chat_goldens().into_iter().filter(|c| c.2 == 0).collect();
+    assert!(text_only.iter().any(|c| c.1.is_empty()) && text_only.iter().any(|c| !c.1.is_empty()));
+    for (question, system, _, ids) in text_only {
+        let path = tmp.path().join("lm.safetensors");
+        let mut args = vec!["dump", "--backend", "cpu", "--prompt", &question, "--out", path.to_str().unwrap()];
+        if !system.is_empty() {
+            args.extend(["--system", system.as_str()]);
+        }
+        run_ok(&args);
+        let bytes = std::fs::read(&path).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let got: Vec<i64> = st
+            .tensor("input_ids")
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, ids, "{question:?} / {system:?}");
+    }
+}
+
+/// `--prompt` generates what `--token-ids <the Python ids>` generates, and the text output is
+/// those ids decoded by the detokenizer that tests/tokenizer.rs pins to Python's decode.
+#[test]
+fn generate_prompt_streams_the_text_of_the_generated_ids() {
+    let (question, system, _, ids) =
+        chat_goldens().into_iter().find(|c| c.2 == 0 && !c.1.is_empty()).expect("a text case with a system");
+    // sampled (hot) so the ids wander over the vocabulary, byte-level pieces included
+    let opts = ["--backend", "cpu", "--max-tokens", "24", "--temperature", "2", "--seed", "11"];
+    let chat = ["generate", "--prompt", question.as_str(), "--system", system.as_str()];
+    let parse = |s: String| s.split_whitespace().map(|t| t.parse::<u32>().unwrap()).collect::<Vec<_>>();
+    let from_prompt = parse(run_ok(&[&chat[..], &opts, &["--print-ids"]].concat()));
+    let from_ids =
+        parse(run_ok(&[&["generate", "--token-ids", ids_arg(&ids).as_str(), "--print-ids"][..], &opts].concat()));
+    assert_eq!(from_prompt, from_ids);
+    assert!(from_prompt.len() > 4, "{from_prompt:?}");
+    let text = run_ok(&[&chat[..], &opts].concat());
+    let want = fovea::tokenizer::ChatTokenizer::load(&lm_tiny()).unwrap().decode(&from_prompt).unwrap();
+    assert!(!want.trim().is_empty(), "{from_prompt:?}");
+    assert_eq!(text, want + "\n");
+}
+
 #[test]
 fn bad_lm_inputs_are_one_line_errors_with_exit_code_2() {
     let tmp = tempfile::tempdir().unwrap();
+    // a checkpoint directory without tokenizer.json
+    let no_tok = tmp.path().join("no-tokenizer");
+    std::fs::create_dir(&no_tok).unwrap();
+    std::fs::copy(lm_tiny().join("config.json"), no_tok.join("config.json")).unwrap();
+    let no_tok = no_tok.into_os_string();
+    let img = common::image_path("photo.jpg").into_os_string();
     let model = lm_tiny().into_os_string();
     let nope = tmp.path().join("nope").into_os_string();
     let out = tmp.path().join("o.st").into_os_string();
@@ -189,8 +269,87 @@ fn bad_lm_inputs_are_one_line_errors_with_exit_code_2() {
             vec!["`x`"],
         ),
         (
-            vec!["generate".into(), "--model".into(), model.clone(), "--token-ids".into(), "0,5".into()],
-            vec!["--print-ids"],
+            vec!["generate".into(), "--model".into(), no_tok.clone(), "--token-ids".into(), "0,5".into()],
+            vec!["tokenizer.json", "--print-ids"],
+        ),
+        (
+            vec!["dump".into(), "--model".into(), no_tok, "--prompt".into(), "hi".into(), "--out".into(), out.clone()],
+            vec!["tokenizer.json"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--model".into(),
+                model.clone(),
+                "--prompt".into(),
+                "hi".into(),
+                "--token-ids".into(),
+                "0,5".into(),
+            ],
+            vec!["--prompt", "--token-ids", "not both"],
+        ),
+        (vec!["generate".into(), "--model".into(), model.clone()], vec!["--prompt", "--token-ids"]),
+        (
+            vec![
+                "dump".into(),
+                "--model".into(),
+                model.clone(),
+                "--system".into(),
+                "s".into(),
+                "--out".into(),
+                out.clone(),
+            ],
+            vec!["--prompt", "--token-ids"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--model".into(),
+                model.clone(),
+                "--token-ids".into(),
+                "0,5".into(),
+                "--system".into(),
+                "s".into(),
+            ],
+            vec!["--system", "--prompt"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--model".into(),
+                model.clone(),
+                "--prompt".into(),
+                "see <｜deepseek_image｜>".into(),
+            ],
+            vec!["<｜deepseek_image｜>", "--image"],
+        ),
+        (
+            vec![
+                "generate".into(),
+                "--model".into(),
+                model.clone(),
+                "--prompt".into(),
+                "compare".into(),
+                "--image".into(),
+                img.clone(),
+                "--image".into(),
+                img.clone(),
+            ],
+            vec!["2 images", "at most 1 image per prompt"],
+        ),
+        (
+            vec![
+                "dump".into(),
+                "--model".into(),
+                model.clone(),
+                "--image".into(),
+                img.clone(),
+                "--image".into(),
+                img,
+                "--out".into(),
+                out.clone(),
+            ],
+            vec!["one --image", "2 given"],
         ),
         (
             vec![

@@ -4,9 +4,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use fovea::model::lm::generate::{Sampling, StopReason};
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, VisionDumpRequest};
+use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
 #[derive(Parser)]
 #[command(name = "fovea", version, about = "Run DeepSeek-V4-Flash-Vision on the CPU or any GPU")]
@@ -17,19 +18,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Vision checkpoint + --image: write every stage of the vision path. With --token-ids: run
-    /// the language model over the ids (one prefill) and write `input_ids` and `logits`.
+    /// Vision checkpoint + --image: write every stage of the vision path. With --prompt or
+    /// --token-ids: run the language model over the prompt (one prefill) and write `input_ids`
+    /// and `logits`.
     Dump {
         /// Checkpoint directory (config.json + model.safetensors or shards with an index).
         #[arg(long)]
         model: PathBuf,
-        /// Image file (PNG, JPEG, WebP). With --token-ids it fills the IMG placeholder.
+        /// Image file (PNG, JPEG, WebP). With --prompt or --token-ids: repeatable, one per image
+        /// placeholder, in order.
         #[arg(long)]
-        image: Option<PathBuf>,
-        /// Language model: comma-separated token ids, used verbatim (no BOS is added); `IMG`
-        /// marks where the --image block goes.
-        #[arg(long)]
-        token_ids: Option<String>,
+        image: Vec<PathBuf>,
+        #[command(flatten)]
+        prompt: PromptArgs,
         /// Output safetensors file.
         #[arg(long)]
         out: PathBuf,
@@ -38,23 +39,23 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
         /// Position of the image placeholder in the token stream (sets the lead pads; vision
-        /// dump only, --token-ids takes it from where IMG stands).
+        /// dump only, the language model takes it from where the placeholder stands).
         #[arg(long, default_value_t = 0)]
         start_pos: usize,
     },
-    /// Language model: prefill the token ids, then generate token by token (ids only until the
-    /// tokenizer lands; prints the generated ids with --print-ids).
+    /// Language model: prefill the prompt, then generate token by token, printing the text as
+    /// it is produced (or the ids, with --print-ids).
     Generate {
-        /// LM checkpoint directory (config.json + model.safetensors or shards with an index).
+        /// LM checkpoint directory (config.json + model.safetensors or shards with an index;
+        /// tokenizer.json for --prompt and for text output).
         #[arg(long)]
         model: PathBuf,
-        /// Comma-separated prompt token ids, used verbatim (no BOS is added); `IMG` marks where
-        /// the --image block goes.
+        #[command(flatten)]
+        prompt: PromptArgs,
+        /// Image file, repeatable: one per image placeholder, in order (needs a checkpoint with
+        /// vision and LM tensors).
         #[arg(long)]
-        token_ids: String,
-        /// Image file for the IMG placeholder (needs a checkpoint with vision and LM tensors).
-        #[arg(long)]
-        image: Option<PathBuf>,
+        image: Vec<PathBuf>,
         /// Stop after this many generated tokens (or at config.json's eos_token_id).
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
@@ -70,12 +71,11 @@ enum Command {
         /// RNG seed for sampling (same seed, same ids).
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Print the generated ids, space-separated on one line, as they are produced. Required
-        /// for now: there is no tokenizer yet, so there is no text output.
+        /// Print the generated ids (EOS included), space-separated on one line, instead of the
+        /// text. Needs no tokenizer.json with --token-ids.
         #[arg(long)]
         print_ids: bool,
-        /// Lane: auto, cpu or wgpu (default: $FOVEA_BACKEND, else auto). The language model runs
-        /// on the CPU lane only so far; auto picks it.
+        /// Lane: auto, cpu or wgpu (default: $FOVEA_BACKEND, else auto).
         #[arg(long)]
         backend: Option<String>,
     },
@@ -86,12 +86,64 @@ enum Command {
     },
 }
 
+/// The language-model prompt: chat text or raw ids (exactly one).
+#[derive(Args)]
+struct PromptArgs {
+    /// User text, rendered with the chat format (vision.md §2.4) and encoded with the
+    /// checkpoint's tokenizer.json; one image placeholder per --image goes before it.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// System text for --prompt (placed between BOS and the user turn; default empty).
+    #[arg(long)]
+    system: Option<String>,
+    /// Comma-separated token ids, used verbatim (no BOS is added, no tokenizer needed); `IMG`
+    /// marks where an --image block goes.
+    #[arg(long)]
+    token_ids: Option<String>,
+}
+
+/// A checked [`PromptArgs`].
+enum Prompt<'a> {
+    Chat(ChatPrompt<'a>),
+    Ids(&'a str),
+}
+
+impl PromptArgs {
+    fn is_empty(&self) -> bool {
+        self.prompt.is_none() && self.token_ids.is_none() && self.system.is_none()
+    }
+
+    /// Check the combination before anything is loaded.
+    fn resolve(&self, n_images: usize) -> fovea::Result<Prompt<'_>> {
+        match (&self.prompt, &self.token_ids, &self.system) {
+            (Some(question), None, system) => {
+                Ok(Prompt::Chat(ChatPrompt { system: system.as_deref().unwrap_or(""), question, n_images }))
+            }
+            (None, Some(ids), None) => Ok(Prompt::Ids(ids)),
+            (Some(_), Some(_), _) => Err(fovea::Error::Invalid("give either --prompt or --token-ids, not both".into())),
+            (None, Some(_), Some(_)) => {
+                Err(fovea::Error::Invalid("--system goes with --prompt, not --token-ids".into()))
+            }
+            (None, None, _) => {
+                Err(fovea::Error::Invalid("the language model needs a prompt: --prompt TEXT or --token-ids IDS".into()))
+            }
+        }
+    }
+}
+
+fn stdout_error(e: std::io::Error) -> fovea::Error {
+    fovea::Error::Invalid(format!("stdout: {e}"))
+}
+
 fn run(cli: Cli) -> fovea::Result<()> {
     match cli.command {
-        Command::Dump { model, image, token_ids: Some(ids), out, backend, start_pos: _ } => {
+        Command::Dump { model, image, prompt, out, backend, start_pos: _ } if !prompt.is_empty() => {
+            let tokens = match prompt.resolve(image.len())? {
+                Prompt::Chat(chat) => ChatTokenizer::load(&model)?.encode_chat(&chat)?,
+                Prompt::Ids(ids) => pipeline::parse_token_ids(ids)?,
+            };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
-            let tokens = pipeline::parse_token_ids(&ids)?;
-            let dump = pipeline::dump_lm(&LmRequest { model_dir: model, tokens, image, lane })?;
+            let dump = pipeline::dump_lm(&LmRequest { model_dir: model, tokens, images: image, lane })?;
             dump.write_safetensors(&out)?;
             eprintln!(
                 "fovea: {} lane: {} tokens, logits [{}, {}] -> {}",
@@ -102,13 +154,22 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 out.display()
             );
         }
-        Command::Dump { model, image: None, token_ids: None, .. } => {
-            return Err(fovea::Error::Invalid(format!(
-                "dump needs --image (vision path) or --token-ids (language model) for {}",
-                model.display()
-            )));
-        }
-        Command::Dump { model, image: Some(image), token_ids: None, out, backend, start_pos } => {
+        Command::Dump { model, image, out, backend, start_pos, .. } => {
+            let image = match <[PathBuf; 1]>::try_from(image) {
+                Ok([one]) => one,
+                Err(images) if images.is_empty() => {
+                    return Err(fovea::Error::Invalid(format!(
+                        "dump needs --image (vision path), or --prompt / --token-ids (language model) for {}",
+                        model.display()
+                    )));
+                }
+                Err(images) => {
+                    return Err(fovea::Error::Invalid(format!(
+                        "the vision dump takes one --image ({} given); several images need --prompt or --token-ids",
+                        images.len()
+                    )));
+                }
+            };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
             let dump = pipeline::dump_vision(&VisionDumpRequest { model_dir: model, image, lane, start_pos })?;
             dump.write_safetensors(&out)?;
@@ -124,37 +185,52 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 out.display()
             );
         }
-        Command::Generate {
-            model,
-            token_ids,
-            image,
-            max_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            print_ids,
-            backend,
-        } => {
-            if !print_ids {
-                return Err(fovea::Error::Invalid(
-                    "generate: pass --print-ids (no tokenizer yet, so generated tokens can only be printed as ids)"
-                        .into(),
-                ));
-            }
-            let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
-            let tokens = pipeline::parse_token_ids(&token_ids)?;
-            let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
-            let mut stdout = std::io::stdout().lock();
-            let mut first = true;
-            let mut emit = |id: i32| -> fovea::Result<()> {
-                let sep = if std::mem::take(&mut first) { "" } else { " " };
-                write!(stdout, "{sep}{id}")
-                    .and_then(|_| stdout.flush())
-                    .map_err(|e| fovea::Error::Invalid(format!("stdout: {e}")))
+        Command::Generate { model, prompt, image, max_tokens, temperature, top_k, top_p, seed, print_ids, backend } => {
+            let (tokens, tokenizer) = match prompt.resolve(image.len())? {
+                Prompt::Chat(chat) => {
+                    let tok = ChatTokenizer::load(&model)?;
+                    (tok.encode_chat(&chat)?, Some(tok))
+                }
+                Prompt::Ids(ids) => (pipeline::parse_token_ids(ids)?, None),
             };
-            let g = pipeline::generate_lm(&LmRequest { model_dir: model, tokens, image, lane }, &opts, &mut emit)?;
-            writeln!(stdout).map_err(|e| fovea::Error::Invalid(format!("stdout: {e}")))?;
+            let text_out = match (print_ids, tokenizer) {
+                (true, _) => None,
+                (false, Some(tok)) => Some(tok),
+                (false, None) => Some(ChatTokenizer::load(&model).map_err(|e| match e {
+                    fovea::Error::File { path, msg } => fovea::Error::File {
+                        path,
+                        msg: format!("{msg}; text output needs it (pass --print-ids to print token ids instead)"),
+                    },
+                    e => e,
+                })?),
+            };
+            let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
+            let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
+            let req = LmRequest { model_dir: model, tokens, images: image, lane };
+            let mut stdout = std::io::stdout().lock();
+            let g = match &text_out {
+                Some(tok) => {
+                    let mut text = tok.stream();
+                    let g = pipeline::generate_lm(&req, &opts, &mut |id: i32| {
+                        let id = u32::try_from(id)
+                            .map_err(|_| fovea::Error::Invalid(format!("generated a negative token id {id}")))?;
+                        match text.push(id)? {
+                            Some(piece) => write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error),
+                            None => Ok(()),
+                        }
+                    })?;
+                    write!(stdout, "{}", text.finish()?).map_err(stdout_error)?;
+                    g
+                }
+                None => {
+                    let mut first = true;
+                    pipeline::generate_lm(&req, &opts, &mut |id: i32| {
+                        let sep = if std::mem::take(&mut first) { "" } else { " " };
+                        write!(stdout, "{sep}{id}").and_then(|_| stdout.flush()).map_err(stdout_error)
+                    })?
+                }
+            };
+            writeln!(stdout).map_err(stdout_error)?;
             let why = match g.stop {
                 StopReason::Eos => "eos",
                 StopReason::MaxTokens => "max tokens",

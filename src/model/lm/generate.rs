@@ -1,6 +1,10 @@
 //! Token generation on top of [`LmModel::prefill`] / [`LmModel::decode`]: greedy at temperature
-//! 0, otherwise temperature → top-k → top-p sampling from a seeded, self-contained PRNG
-//! (SplitMix64, so a seed gives the same ids on every platform and crate version).
+//! 0, otherwise temperature → top-k → top-p sampling from a seeded ChaCha8 generator
+//! (`rand_chacha` documents its output as value-stable across platforms and crate versions, so a
+//! seed gives the same ids everywhere).
+
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -38,24 +42,18 @@ impl Sampling {
     }
 }
 
-/// SplitMix64 (Steele, Lea & Flood 2014): tiny, seedable, good enough for sampling.
+/// The sampler's random source: ChaCha8 seeded with `seed_from_u64`.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(ChaCha8Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(ChaCha8Rng::seed_from_u64(seed))
     }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1) with 53 random bits.
+    /// Uniform in [0, 1) with 53 random bits (the top bits of one u64, so the conversion is ours
+    /// and as stable as the generator).
     pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        (self.0.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
