@@ -263,6 +263,30 @@ fn wrong_dtype_is_named_with_the_accepted_ones() {
     assert_has(&msg, &[&format!("tensor `{name}`"), "dtype F32", "I64, I32"]);
 }
 
+/// A config that implies more tensors than the checkpoint holds names the first missing one
+/// without listing (or allocating for) all of them; impossible shape products name the keys.
+#[test]
+fn oversized_configs_are_refused_by_name_and_quickly() {
+    let with = |key: &str, v: Value| -> Value {
+        let mut c = tiny_config();
+        c[key] = v;
+        c
+    };
+    let tensors = tiny_tensors();
+    let run = |config: Value| -> String {
+        let dir = write(&config, &tensors);
+        check(dir.path()).map(|a| a.to_string()).unwrap_err().to_string()
+    };
+    let started = std::time::Instant::now();
+    let msg = run(with("n_routed_experts", 1_000_000_000_000u64.into()));
+    assert_has(&msg, &["tensor `layers.0.ffn.experts.8.w1.weight`", "missing", "more language-model tensors"]);
+    assert!(started.elapsed().as_secs() < 5, "the listing must stop early: {:?}", started.elapsed());
+    assert_has(&run(with("num_hidden_layers", 6.into())), &["tensor `layers.5.attn_norm.weight`", "missing"]);
+    let mut huge = with("hc_mult", (1u64 << 40).into());
+    huge["hidden_size"] = (1u64 << 30).into();
+    assert_has(&run(huge), &["config key `hc_mult × hidden_size`", "overflows"]);
+}
+
 #[test]
 fn partial_sentinels_are_refused() {
     let msg = refusal(&without(tiny_tensors(), |n| n == "image_end"));

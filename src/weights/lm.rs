@@ -68,9 +68,34 @@ fn mul(a: usize, b: usize, keys: &str) -> Result<usize> {
         .ok_or_else(|| Error::config(keys, format!("{a} × {b} overflows: the config describes an impossible tensor")))
 }
 
+/// The manifest as it is listed, up to `max_required` required tensors: the listing stops there
+/// (`truncated`), so a config that describes absurdly many tensors costs no more than the
+/// checkpoint could hold.
+struct Manifest {
+    entries: Vec<ExpectedLm>,
+    required: usize,
+    max_required: usize,
+    truncated: bool,
+}
+
+impl Manifest {
+    fn push(&mut self, e: ExpectedLm) {
+        if self.truncated || (e.required && self.required == self.max_required) {
+            self.truncated = true;
+            return;
+        }
+        self.required += usize::from(e.required);
+        self.entries.push(e);
+    }
+}
+
 /// Every tensor [`crate::model::lm::LmModel::load`] reads, in model order, with its torch shape
 /// `[out, in]` from the config. Sentinels are not listed (see [`check_lm`]).
 pub fn lm_manifest(cfg: &LmConfig) -> Result<Vec<ExpectedLm>> {
+    Ok(manifest_upto(cfg, usize::MAX)?.entries)
+}
+
+fn manifest_upto(cfg: &LmConfig, max_required: usize) -> Result<Manifest> {
     let d = cfg.hidden_size;
     let hc = cfg.hc_mult;
     let (nh, hd, q) = (cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank);
@@ -86,9 +111,12 @@ pub fn lm_manifest(cfg: &LmConfig) -> Result<Vec<ExpectedLm>> {
     let index_q = mul(cfg.index_n_heads, cfg.index_head_dim, "index_n_heads × index_head_dim")?;
     let index_w = mul(2, cfg.index_head_dim, "index_head_dim")?;
 
-    let mut m = Vec::new();
+    let mut m = Manifest { entries: Vec::new(), required: 0, max_required, truncated: false };
     m.push(float("embed.weight".into(), &[cfg.vocab_size, d]));
     for l in 0..cfg.num_hidden_layers {
+        if m.truncated {
+            break;
+        }
         let p = format!("layers.{l}.");
         m.push(float(format!("{p}attn_norm.weight"), &[d]));
         m.push(float(format!("{p}ffn_norm.weight"), &[d]));
@@ -144,6 +172,9 @@ pub fn lm_manifest(cfg: &LmConfig) -> Result<Vec<ExpectedLm>> {
             required: false,
         });
         for j in 0..e {
+            if m.truncated {
+                break;
+            }
             m.push(float(format!("{f}experts.{j}.w1.weight"), &[inter, d]));
             m.push(float(format!("{f}experts.{j}.w2.weight"), &[d, inter]));
             m.push(float(format!("{f}experts.{j}.w3.weight"), &[inter, d]));
@@ -234,7 +265,23 @@ fn dtype_list(accepted: &[Dtype]) -> String {
 /// missing, wrong shape, wrong dtype); the first is returned as an `Error::Tensor` naming the
 /// tensor, with the count and the next few names of the others appended.
 pub fn check_lm(ckpt: &Checkpoint, cfg: &LmConfig) -> Result<LmAccounting> {
-    let mut manifest = lm_manifest(cfg)?;
+    // one required tensor more than the checkpoint holds is enough to name a missing one
+    let listed = manifest_upto(cfg, ckpt.len().saturating_add(1))?;
+    // truncated: more distinct required names were listed than the checkpoint has, so one is missing
+    if listed.truncated
+        && let Some(exp) = listed.entries.iter().find(|e| e.required && !ckpt.contains(&e.name))
+    {
+        return Err(Error::tensor(
+            &exp.name,
+            format!(
+                "missing from the checkpoint (expected shape {:?}); the config describes more language-model \
+                 tensors than the {} this checkpoint holds",
+                exp.shape,
+                ckpt.len()
+            ),
+        ));
+    }
+    let mut manifest = listed.entries;
     let has_vision = ckpt.vision_config().is_some();
     let sentinels = !has_vision && SENTINELS.iter().any(|s| ckpt.contains(s));
     if sentinels {
