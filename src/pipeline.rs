@@ -210,17 +210,39 @@ impl VisionDump {
     }
 }
 
-/// `fovea inspect`: the config, the tensor accounting, the dtypes and the bytes.
+/// `fovea inspect`: the config, the tensor accounting (vision side when config.json has
+/// `vision_*` keys, language model when it has `num_hidden_layers`), the dtypes and the bytes.
 pub fn inspect(model_dir: &Path) -> Result<String> {
-    let ckpt = Checkpoint::open(model_dir)?;
-    let accounting = crate::weights::check_vision(&ckpt, ckpt.config())?;
+    let config_path = model_dir.join(crate::weights::CONFIG_FILE);
+    let raw = read_json(&config_path)?;
+    let lm_cfg = match raw.get("num_hidden_layers") {
+        Some(_) => Some(LmConfig::from_value(&raw)?),
+        None => None,
+    };
+    let ckpt = Checkpoint::open_auto(model_dir)?;
+    if ckpt.vision_config().is_none() && lm_cfg.is_none() {
+        return Err(Error::file(
+            &config_path,
+            "neither a vision config (`vision_*` keys) nor a language-model config (`num_hidden_layers`)",
+        ));
+    }
     let mut text = format!("{ckpt}\n");
     for file in ckpt.files() {
         let bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
         text += &format!("  file {} ({bytes} bytes)\n", file.display());
     }
-    text += &format!("{accounting}\n");
+    if let Some(vc) = ckpt.vision_config() {
+        text += &format!("{}\n", crate::weights::check_vision(&ckpt, vc)?);
+    }
+    if let Some(cfg) = &lm_cfg {
+        text += &format!("{}\n", crate::weights::check_lm(&ckpt, cfg)?);
+    }
     Ok(text)
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, format!("cannot read config: {e}")))?;
+    serde_json::from_str(&text).map_err(|e| Error::file(path, format!("config is not valid JSON: {e}")))
 }
 
 // ---- language model (token ids in, logits / token ids out) ---------------------------------
@@ -362,9 +384,7 @@ fn run_lm(req: &LmRequest, job: LmJob<'_>) -> Result<LmOutcome> {
 
 /// `eos_token_id` of config.json: an integer, a list of integers, or absent.
 fn eos_ids(config: &Path) -> Result<Vec<i32>> {
-    let text = std::fs::read_to_string(config).map_err(|e| Error::file(config, format!("cannot read config: {e}")))?;
-    let raw: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| Error::file(config, format!("config is not valid JSON: {e}")))?;
+    let raw = read_json(config)?;
     let bad = || Error::config("eos_token_id", "expected an integer or a list of integers");
     let one = |v: &serde_json::Value| v.as_i64().and_then(|x| i32::try_from(x).ok()).ok_or_else(bad);
     match raw.get("eos_token_id") {
@@ -404,11 +424,12 @@ fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>
         }
     }
     let eos = eos_ids(&config_path)?;
-    let ckpt = if image.is_some() {
-        Checkpoint::open(&req.model_dir)?
-    } else {
-        Checkpoint::open_without_vision(&req.model_dir)?
-    };
+    let ckpt = if image.is_some() { Checkpoint::open(&req.model_dir)? } else { Checkpoint::open_auto(&req.model_dir)? };
+    // the accounting closes in both directions, from headers only, before anything is uploaded
+    if let Some(vc) = ckpt.vision_config() {
+        crate::weights::check_vision(&ckpt, vc)?;
+    }
+    crate::weights::check_lm(&ckpt, &cfg)?;
     let model = LmModel::load(b, &ckpt, &cfg)?;
     let (input, embeds, image_start) = match image {
         None => {

@@ -10,6 +10,7 @@
 //! Tensor data is borrowed from the mmap when its offset is aligned for its dtype, and copied out
 //! otherwise (safetensors does not require aligned offsets).
 
+pub mod lm;
 pub mod vision;
 
 use std::borrow::Cow;
@@ -27,6 +28,7 @@ use crate::backend::{HostTensor, HostWeight, WeightFormat, decode_row};
 use crate::config::VisionConfig;
 use crate::error::{Error, Result};
 
+pub use lm::{ExpectedLm, LmAccounting, check_lm, lm_manifest};
 pub use safetensors::Dtype as SafetensorsDtype;
 pub use vision::{Expected, VisionAccounting, check_vision, vision_manifest};
 
@@ -216,6 +218,20 @@ impl Checkpoint {
     /// checkpoint; use [`Checkpoint::vision_config`].
     pub fn open_without_vision(dir: &Path) -> Result<Checkpoint> {
         Self::open_with(dir, None)
+    }
+
+    /// Open a checkpoint that may or may not have a vision side: the vision config is validated
+    /// (as by [`Checkpoint::open`]) when config.json has any `vision_*` key, as a Vision-Exp
+    /// checkpoint does, and left out otherwise (a text-only checkpoint such as `lm-tiny`).
+    pub fn open_auto(dir: &Path) -> Result<Checkpoint> {
+        let path = dir.join(CONFIG_FILE);
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| Error::file(&path, format!("cannot read config: {e}")))?;
+        let raw: Value =
+            serde_json::from_str(&text).map_err(|e| Error::file(&path, format!("config is not valid JSON: {e}")))?;
+        let has_vision = raw.as_object().is_some_and(|o| o.keys().any(|k| k.starts_with("vision_")));
+        let config = if has_vision { Some(VisionConfig::from_value(raw)?) } else { None };
+        Self::open_with(dir, config)
     }
 
     fn open_with(dir: &Path, config: Option<VisionConfig>) -> Result<Checkpoint> {

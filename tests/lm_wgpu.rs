@@ -1,0 +1,52 @@
+//! wgpu lane conformance of the language model against the transformers 5.24.0 goldens, the same
+//! comparison as the CPU lane (`common::lm`): per-layer hidden states, final hidden, logits,
+//! router ids and weights, indexer picks, and 32 greedy decode steps, for `lm-text` and
+//! `lm-vision`. Skipped (loudly) without an adapter outside CI; fails under CI.
+//!
+//! Tolerance: the CPU lane's `REL_L2` = 1e-5 (tests/lm_cpu.rs), by the same derivation. The wgpu
+//! lane also computes in f32 (lm-tiny is F32; the F32 linear kernel accumulates in f32). Its
+//! reductions run in another order (workgroup trees instead of one sequential sum; a tree's error
+//! bound, log₂K·u, is no larger than a sequential sum's K·u), so the same few hundred u over 5
+//! layers × 2 sublayers × ≈ 10 dependent reductions apply. The transcendentals add a few ulp per
+//! op (WGSL exp: 3 + 2|x| ulp, log: 3 ulp; RoPE angles are reduced to [−π, π] in the shader
+//! before sin/cos), which stays within that budget. Measured on lavapipe: hidden 3.7e-7 (layer 0)
+//! to 1.3e-6 (layer 4), logits 1.3e-6 (text) / 8.7e-7 (vision), decode steps <= 4.1e-6 — the same
+//! as the CPU lane, i.e. dominated by the golden's own f32 error (~1e-6). 1e-5 leaves >= 2.4×
+//! headroom; a real bug moves these numbers to 1e-2 or more. Router ids, indexer picks and greedy
+//! tokens are exact.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use fovea::backend::Backend;
+use fovea::backend::wgpu::{Options, WgpuBackend};
+
+const REL_L2: f64 = 1e-5;
+
+/// One device for both tests (they run in parallel on it, as the op harness does).
+fn lane() -> Option<&'static WgpuBackend> {
+    static LANE: OnceLock<Option<WgpuBackend>> = OnceLock::new();
+    LANE.get_or_init(|| {
+        let lane = common::wgpu_lane(Options::default());
+        if let Some(b) = &lane {
+            eprintln!("wgpu adapter: {}", b.device_name());
+        }
+        lane
+    })
+    .as_ref()
+}
+
+#[test]
+fn wgpu_lm_text_matches_transformers() {
+    let Some(b) = lane() else { return };
+    let fails = common::lm::check_lm_text(b, REL_L2);
+    assert!(fails.is_empty(), "lm-text on {}:\n{}", b.device_name(), fails.join("\n"));
+}
+
+#[test]
+fn wgpu_lm_vision_matches_transformers_with_vision_ext() {
+    let Some(b) = lane() else { return };
+    let fails = common::lm::check_lm_vision(b, REL_L2);
+    assert!(fails.is_empty(), "lm-vision on {}:\n{}", b.device_name(), fails.join("\n"));
+}
