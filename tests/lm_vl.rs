@@ -311,3 +311,55 @@ fn inspect_accounts_for_every_tensor_of_the_combined_checkpoint() {
     assert!(text.contains("vision accounting: OK, 27 tensors"), "{text}");
     assert!(text.contains("not vision: 260 tensors"), "{text}");
 }
+
+/// `--prompt` with `--image`: the chat prompt goes through vl-tiny's tokenizer.json, and its
+/// placeholder becomes the image block. The ids fed to the model, and so the logits, equal those of
+/// `--token-ids` given the HF `tokenizers` golden ids of the same chat prompt with `IMG` in place of
+/// the placeholder id (a path the goldens above pin).
+#[test]
+fn prompt_with_an_image_feeds_the_ids_of_the_tokenizer_golden() {
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::root().join("fixtures/goldens/tokenizer/lm-tiny.json")).unwrap(),
+    )
+    .unwrap();
+    let placeholder = golden["special_tokens"]["<｜deepseek_image｜>"].as_i64().unwrap();
+    let case = golden["chat"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["n_images"] == 1 && c["system"] == "")
+        .expect("a one-image chat case");
+    let question = case["question"].as_str().unwrap();
+    let ids: Vec<String> = case["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .map(|x| if x == placeholder { "IMG".to_string() } else { x.to_string() })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let image = common::root().join("fixtures/images/odd.png");
+    let dump = |prompt_args: &[&str], out: &str| -> Vec<u8> {
+        let path = dir.path().join(out);
+        let res = fovea()
+            .args(["dump", "--backend", "cpu", "--model"])
+            .arg(vl_tiny())
+            .arg("--image")
+            .arg(&image)
+            .args(prompt_args)
+            .arg("--out")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+        std::fs::read(path).unwrap()
+    };
+    let by_prompt = dump(&["--prompt", question], "prompt.safetensors");
+    let by_ids = dump(&["--token-ids", &ids.join(",")], "ids.safetensors");
+    let (a, b) = (SafeTensors::deserialize(&by_prompt).unwrap(), SafeTensors::deserialize(&by_ids).unwrap());
+    for name in ["input_ids", "logits"] {
+        assert!(a.tensor(name).unwrap().data() == b.tensor(name).unwrap().data(), "{name} differ");
+    }
+    let t = a.tensor("input_ids").unwrap().shape()[0];
+    assert!(t > ids.len() + 20, "the placeholder expanded to an image block ({t} ids from {})", ids.len());
+}
