@@ -7,66 +7,28 @@
 //! same op sequence), so the tolerance is the whole-prefill one of tests/lm_cpu.rs (rel L2 1e-5,
 //! measured there ≤ 1.3e-6) and selections are exact.
 
-use std::path::PathBuf;
+mod common;
 
+use common::lm::{f32s, i32s, lm_golden, load_lm_tiny};
+use common::rel_l2;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::{Backend, DeviceTensor, HostData, HostTensor};
+use fovea::backend::{Backend, DeviceTensor, HostTensor};
 use fovea::config::LmConfig;
 use fovea::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
 use fovea::model::lm::{LmInput, LmModel, chunk_plan};
-use fovea::weights::Checkpoint;
-use safetensors::SafeTensors;
 
 const REL_L2: f64 = 1e-5;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn load() -> (CpuBackend, LmModel<CpuBackend>, LmConfig) {
-    let dir = root().join("fixtures/models/lm-tiny");
-    let cfg = LmConfig::from_file(&dir.join("config.json")).unwrap();
-    let ckpt = Checkpoint::open_without_vision(&dir).unwrap();
     let b = CpuBackend::new();
-    let model = LmModel::load(&b, &ckpt, &cfg).unwrap();
+    let (model, cfg) = load_lm_tiny(&b);
     (b, model, cfg)
 }
 
 /// `(f32 tensors, i64 tensors)` of a golden, by name.
 fn golden(name: &str, f32_names: &[&str], i64_names: &[&str]) -> (Vec<Vec<f32>>, Vec<Vec<i64>>) {
-    let bytes = std::fs::read(root().join(format!("fixtures/goldens/lm/{name}.safetensors"))).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let f = f32_names
-        .iter()
-        .map(|n| {
-            st.tensor(n).unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-        })
-        .collect();
-    let i = i64_names
-        .iter()
-        .map(|n| {
-            st.tensor(n).unwrap().data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
-        })
-        .collect();
-    (f, i)
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
-
-fn f32s(b: &CpuBackend, t: &<CpuBackend as Backend>::Tensor) -> Vec<f32> {
-    b.download(t).unwrap().into_f32("test").unwrap()
-}
-
-fn i32s(b: &CpuBackend, t: &<CpuBackend as Backend>::Tensor) -> Vec<i32> {
-    match b.download(t).unwrap().data {
-        HostData::I32(v) => v,
-        HostData::F32(_) => panic!("expected i32"),
-    }
+    let g = lm_golden(name);
+    (f32_names.iter().map(|n| g.f[*n].1.clone()).collect(), i64_names.iter().map(|n| g.i[*n].1.clone()).collect())
 }
 
 /// Each row of `k` ids sorted (selection order is unspecified), as i64.
