@@ -41,7 +41,7 @@ fn dump_writes_every_stage_with_grid_metadata() {
     assert_eq!(st.tensor("block").unwrap().shape(), [block_len, 80]);
     assert_eq!(st.tensor("perm").unwrap().shape(), [h * w]);
     // start_pos 2 → one lead pad, then START.
-    let t: Vec<i64> = types.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    let t = common::st_i64(&st, "block_types");
     assert_eq!(&t[..2], &[1, 0]);
 }
 

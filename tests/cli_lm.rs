@@ -29,17 +29,7 @@ fn lm_tiny() -> PathBuf {
 fn golden() -> (Vec<i64>, Vec<f32>, Vec<i64>) {
     let bytes = std::fs::read(common::root().join("fixtures/goldens/lm/lm-text.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let i64s = |n: &str| {
-        st.tensor(n).unwrap().data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
-    };
-    let logits = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (i64s("input_ids"), logits, i64s("greedy_tokens"))
+    (common::st_i64(&st, "input_ids"), common::st_f32(&st, "logits"), common::st_i64(&st, "greedy_tokens"))
 }
 
 fn ids_arg(ids: &[i64]) -> String {
@@ -86,11 +76,10 @@ fn dump_token_ids_matches_the_transformers_logits() {
     let t = ids.len();
     let got_ids = st.tensor("input_ids").unwrap();
     assert_eq!((got_ids.dtype(), got_ids.shape()), (Dtype::I64, &[t][..]));
-    let got_ids: Vec<i64> = got_ids.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-    assert_eq!(got_ids, ids, "ids are used verbatim");
+    assert_eq!(common::st_i64(&st, "input_ids"), ids, "ids are used verbatim");
     let logits = st.tensor("logits").unwrap();
     assert_eq!((logits.dtype(), logits.shape()), (Dtype::F32, &[t, 512][..]));
-    let logits: Vec<f32> = logits.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let logits = common::st_f32(&st, "logits");
     let e = common::rel_l2(&logits, &gl);
     eprintln!("dump --token-ids: logits rel L2 {e:.2e}");
     assert!(e <= REL_L2, "logits rel L2 {e:.3e} > {REL_L2:.0e}");
@@ -166,14 +155,7 @@ fn dump_prompt_writes_the_python_tokenizer_ids() {
         run_ok(&args);
         let bytes = std::fs::read(&path).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
-        let got: Vec<i64> = st
-            .tensor("input_ids")
-            .unwrap()
-            .data()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        assert_eq!(got, ids, "{question:?} / {system:?}");
+        assert_eq!(common::st_i64(&st, "input_ids"), ids, "{question:?} / {system:?}");
     }
 }
 

@@ -145,19 +145,12 @@ fn dump_matches(lane: &str) {
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         let bytes = std::fs::read(&path).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
-        let ids: Vec<i64> = st
-            .tensor("input_ids")
-            .unwrap()
-            .data()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let ids = common::st_i64(&st, "input_ids");
         assert_eq!(ids, g.i["input_ids"], "{name} on {lane}: expanded input_ids");
         let logits = st.tensor("logits").unwrap();
         let (t, v) = (ids.len(), 512);
         assert_eq!(logits.shape(), &[t, v][..]);
-        let logits: Vec<f32> =
-            logits.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let logits = common::st_f32(&st, "logits");
         let gl = &g.f["logits"];
         let e = common::rel_l2(&logits, gl);
         eprintln!("{name} on {lane}: logits rel L2 {e:.2e}");

@@ -33,14 +33,16 @@ pub struct Golden {
     pub grid: [usize; 4], // n_vit_h, n_vit_w, n_llm_h, n_llm_w
 }
 
-fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
-    let t = st.tensor(name).unwrap_or_else(|e| panic!("golden tensor {name}: {e}"));
+/// An f32 tensor of a safetensors file (panics naming it when absent or of another dtype).
+pub fn st_f32(st: &SafeTensors, name: &str) -> Vec<f32> {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("tensor {name}: {e}"));
     assert_eq!(t.dtype(), Dtype::F32, "{name}");
     t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
-fn i64s(st: &SafeTensors, name: &str) -> Vec<i64> {
-    let t = st.tensor(name).unwrap_or_else(|e| panic!("golden tensor {name}: {e}"));
+/// An i64 tensor of a safetensors file (panics naming it when absent or of another dtype).
+pub fn st_i64(st: &SafeTensors, name: &str) -> Vec<i64> {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("tensor {name}: {e}"));
     assert_eq!(t.dtype(), Dtype::I64, "{name}");
     t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
 }
@@ -67,12 +69,12 @@ pub fn goldens() -> Vec<Golden> {
                 dtype: g["dtype"].as_str().unwrap().to_string(),
                 resized_hw: (resized.shape()[0], resized.shape()[1]),
                 resized: resized.data().to_vec(),
-                patches: f32s(&st, "patches"),
-                vit: f32s(&st, "vit"),
-                aligner: f32s(&st, "aligner"),
-                block: f32s(&st, "block"),
-                block_types: i64s(&st, "block_types"),
-                perm: i64s(&st, "perm"),
+                patches: st_f32(&st, "patches"),
+                vit: st_f32(&st, "vit"),
+                aligner: st_f32(&st, "aligner"),
+                block: st_f32(&st, "block"),
+                block_types: st_i64(&st, "block_types"),
+                perm: st_i64(&st, "perm"),
                 grid: [u("n_vit_h"), u("n_vit_w"), u("n_llm_h"), u("n_llm_w")],
                 file,
             }
