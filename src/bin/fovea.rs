@@ -209,19 +209,9 @@ fn run(cli: Cli) -> fovea::Result<()> {
             let req = LmRequest { model_dir: model, tokens, images: image, lane };
             let mut stdout = std::io::stdout().lock();
             let g = match &text_out {
-                Some(tok) => {
-                    let mut text = tok.stream();
-                    let g = pipeline::generate_lm(&req, &opts, &mut |id: i32| {
-                        let id = u32::try_from(id)
-                            .map_err(|_| fovea::Error::Invalid(format!("generated a negative token id {id}")))?;
-                        match text.push(id)? {
-                            Some(piece) => write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error),
-                            None => Ok(()),
-                        }
-                    })?;
-                    write!(stdout, "{}", text.finish()?).map_err(stdout_error)?;
-                    g
-                }
+                Some(tok) => pipeline::generate_text(&req, &opts, tok, &mut |piece: &str| {
+                    write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
+                })?,
                 None => {
                     let mut first = true;
                     pipeline::generate_lm(&req, &opts, &mut |id: i32| {
@@ -230,12 +220,13 @@ fn run(cli: Cli) -> fovea::Result<()> {
                     })?
                 }
             };
-            writeln!(stdout).map_err(stdout_error)?;
+            writeln!(stdout).and_then(|_| stdout.flush()).map_err(stdout_error)?;
             let why = match g.stop {
                 StopReason::Eos => "eos",
                 StopReason::MaxTokens => "max tokens",
             };
             eprintln!("fovea: {} lane: {}-token prompt, {} generated ({why})", g.lane, g.prompt_len, g.ids.len());
+            eprintln!("fovea: {}", g.timings.summary(g.prompt_len, g.ids.len()));
         }
         Command::Inspect { model } => print!("{}", pipeline::inspect(&model)?),
     }

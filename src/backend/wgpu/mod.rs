@@ -378,6 +378,12 @@ fn groups_1d(threads: usize) -> (u32, u32) {
 }
 
 impl WgpuBackend {
+    /// A software rasterizer (lavapipe, SwiftShader): it runs on the CPU threads the CPU lane
+    /// would use, far slower than that lane, so `auto` passes it over.
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
     /// Open an adapter: the first whose name contains `adapter_name` (case-insensitive), else the
     /// best one (discrete > integrated > virtual > CPU such as lavapipe).
     pub fn new(adapter_name: Option<&str>) -> Result<Self> {

@@ -6,6 +6,8 @@
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
+use std::time::{Duration, Instant};
+
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 
@@ -112,6 +114,17 @@ pub enum StopReason {
     Eos,
 }
 
+/// What [`generate`] produced, and where its time went.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub ids: Vec<i32>,
+    pub stop: StopReason,
+    /// Wall time of the prefill (up to the first token's logits on the host).
+    pub prefill: Duration,
+    /// Wall time of the decode steps (`ids.len() − 1` of them).
+    pub decode: Duration,
+}
+
 /// Prefill `input` (with merged `embeds` if given), then decode up to `max_tokens` tokens,
 /// calling `on_token` with each as it is produced. An EOS id in `eos` is emitted, then stops.
 #[allow(clippy::too_many_arguments)]
@@ -124,26 +137,35 @@ pub fn generate<B: Backend>(
     eos: &[i32],
     sampling: &Sampling,
     on_token: &mut dyn FnMut(i32) -> Result<()>,
-) -> Result<(Vec<i32>, StopReason)> {
+) -> Result<Generation> {
     sampling.validate()?;
-    let mut out = Vec::with_capacity(max_tokens);
+    let mut ids = Vec::with_capacity(max_tokens);
+    let (mut prefill, mut decode) = (Duration::ZERO, Duration::ZERO);
     if max_tokens == 0 {
-        return Ok((out, StopReason::MaxTokens));
+        return Ok(Generation { ids, stop: StopReason::MaxTokens, prefill, decode });
     }
     let mut rng = Rng::new(sampling.seed);
+    let t0 = Instant::now();
     let (hidden, mut cache) = model.prefill_cache(b, input, embeds, PREFILL_CHUNK)?;
     let logits = b.download(&model.last_logits(b, &hidden)?)?.into_f32("logits")?;
+    prefill += t0.elapsed();
     let mut tok = pick(&logits, sampling, &mut rng) as i32;
     loop {
-        out.push(tok);
+        ids.push(tok);
         on_token(tok)?;
-        if eos.contains(&tok) {
-            return Ok((out, StopReason::Eos));
+        let stop = if eos.contains(&tok) {
+            Some(StopReason::Eos)
+        } else if ids.len() >= max_tokens {
+            Some(StopReason::MaxTokens)
+        } else {
+            None
+        };
+        if let Some(stop) = stop {
+            return Ok(Generation { ids, stop, prefill, decode });
         }
-        if out.len() >= max_tokens {
-            return Ok((out, StopReason::MaxTokens));
-        }
+        let t = Instant::now();
         let l = b.download(&model.decode(b, &mut cache, tok)?)?.into_f32("logits")?;
+        decode += t.elapsed();
         tok = pick(&l, sampling, &mut rng) as i32;
     }
 }
