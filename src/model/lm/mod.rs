@@ -458,20 +458,12 @@ impl<B: Backend> LmModel<B> {
         embeds: Option<B::Tensor>,
         max_chunk: usize,
     ) -> Result<LmOutput<B>> {
-        let window = self.prompt_window(input)?;
-        let mut cache = self.new_cache(b)?;
         let mut trace = LmTrace::new(self.layers.len());
-        let (mut finals, mut logits) = (Vec::new(), Vec::new());
-        for range in chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk) {
-            let e = embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
-            let y = self.forward(b, &mut cache, &input.ids[range.clone()], e, &window[range], Some(&mut trace))?;
-            logits.push(self.logits(b, &y)?);
-            finals.push(y);
-        }
+        let (final_hidden, cache) = self.run_chunks(b, input, embeds, max_chunk, Some(&mut trace))?;
         let cat = |parts: Vec<Vec<B::Tensor>>| parts.into_iter().map(|p| concat_all(b, p)).collect::<Result<Vec<_>>>();
         Ok(LmOutput {
-            logits: concat_all(b, logits)?,
-            final_hidden: concat_all(b, finals)?,
+            logits: self.logits(b, &final_hidden)?,
+            final_hidden,
             hidden: cat(trace.hidden)?,
             router_ids: cat(trace.router_ids)?,
             router_weights: cat(trace.router_weights)?,
@@ -489,12 +481,25 @@ impl<B: Backend> LmModel<B> {
         embeds: Option<B::Tensor>,
         max_chunk: usize,
     ) -> Result<(B::Tensor, LmCache<B>)> {
+        self.run_chunks(b, input, embeds, max_chunk, None)
+    }
+
+    /// The chunk loop of both prefills: final hidden rows `[T, d]` and the cache.
+    fn run_chunks(
+        &self,
+        b: &B,
+        input: &LmInput,
+        embeds: Option<B::Tensor>,
+        max_chunk: usize,
+        mut trace: Option<&mut LmTrace<B>>,
+    ) -> Result<(B::Tensor, LmCache<B>)> {
         let window = self.prompt_window(input)?;
         let mut cache = self.new_cache(b)?;
         let mut finals = Vec::new();
         for range in chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk) {
             let e = embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
-            finals.push(self.forward(b, &mut cache, &input.ids[range.clone()], e, &window[range], None)?);
+            let ids = &input.ids[range.clone()];
+            finals.push(self.forward(b, &mut cache, ids, e, &window[range], trace.as_deref_mut())?);
         }
         Ok((concat_all(b, finals)?, cache))
     }
