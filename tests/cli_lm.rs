@@ -373,10 +373,7 @@ fn bad_lm_inputs_are_one_line_errors_with_exit_code_2() {
 /// fails under CI (lavapipe is installed there) and is skipped, loudly, elsewhere.
 #[test]
 fn wgpu_generate_greedy_reproduces_the_golden_continuation() {
-    if fovea::backend::wgpu::list_adapters().is_empty() {
-        assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI: the wgpu tests must run");
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
+    if !common::wgpu_adapter_or_skip() {
         return;
     }
     let (ids, _, greedy) = golden();

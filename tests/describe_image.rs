@@ -47,11 +47,7 @@ fn the_bundled_sample_is_described_on_the_cpu_lane() {
 
 #[test]
 fn the_wgpu_lane_gives_the_same_description() {
-    common::ensure_runtime_dir();
-    if fovea::backend::wgpu::list_adapters().is_empty() {
-        assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI: the wgpu tests must run");
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
+    if !common::wgpu_adapter_or_skip() {
         return;
     }
     let out = run(&["--backend", "wgpu", common::image_path("scene.png").to_str().unwrap()]);
@@ -89,11 +85,7 @@ fn wgpu_and_cpu_lanes_write_identical_captions_for_20_scenes() {
     use fovea::pipeline::{GenerateOptions, LaneChoice, LmRequest, generate_lm};
     use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
-    common::ensure_runtime_dir();
-    if fovea::backend::wgpu::list_adapters().is_empty() {
-        assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI: the wgpu tests must run");
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
+    if !common::wgpu_adapter_or_skip() {
         return;
     }
     let model = common::root().join("fixtures/models/vl-scenes");

@@ -108,18 +108,6 @@ fn fovea() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fovea"))
 }
 
-/// No adapter: fail under CI (lavapipe is installed there), skip loudly elsewhere.
-fn wgpu_available() -> bool {
-    common::ensure_runtime_dir();
-    if fovea::backend::wgpu::list_adapters().is_empty() {
-        assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI: the wgpu tests must run");
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
-        return false;
-    }
-    true
-}
-
 /// `fovea dump --token-ids … IMG … --image …` on `lane`: the expanded ids must be the golden's
 /// exactly, the logits within [`LOGITS_REL_L2`], the top-1 equal at every position.
 fn dump_matches(lane: &str) {
@@ -192,7 +180,7 @@ fn cpu_dump_with_an_image_matches_the_reference() {
 
 #[test]
 fn wgpu_dump_with_an_image_matches_the_reference() {
-    if wgpu_available() {
+    if common::wgpu_adapter_or_skip() {
         dump_matches("wgpu");
     }
 }
@@ -204,7 +192,7 @@ fn cpu_generate_with_an_image_reproduces_the_greedy_continuation() {
 
 #[test]
 fn wgpu_generate_with_an_image_reproduces_the_greedy_continuation() {
-    if wgpu_available() {
+    if common::wgpu_adapter_or_skip() {
         generate_matches("wgpu");
     }
 }

@@ -204,6 +204,19 @@ pub fn wgpu_lane(opts: fovea::backend::wgpu::Options) -> Option<fovea::backend::
     }
 }
 
+/// Whether a wgpu adapter exists for a CLI-level wgpu test: outside CI a missing one prints a
+/// visible skip and returns false; under `CI` it fails the test (the wgpu tests must run there).
+pub fn wgpu_adapter_or_skip() -> bool {
+    ensure_runtime_dir();
+    if fovea::backend::wgpu::list_adapters().is_empty() {
+        assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI: the wgpu tests must run");
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "SKIPPED: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
+        return false;
+    }
+    true
+}
+
 /// Mesa wants a private XDG_RUNTIME_DIR; give the test process one if the environment has none.
 pub fn ensure_runtime_dir() {
     static ONCE: std::sync::Once = std::sync::Once::new();
