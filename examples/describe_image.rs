@@ -8,7 +8,8 @@
 //! Without IMAGE it describes the bundled sample (`fixtures/images/scene.png`); without `--model`
 //! it runs the model shipped in this repository (`fixtures/models/vl-scenes`, a tiny
 //! DeepSeek-V4-Vision trained on synthetic scenes: see its model card). stdout carries only the
-//! description; stderr one timing line. Any error (a missing or unreadable image among them) is
+//! description; stderr a progress bar while the weights of a large checkpoint load (≥ 256 MiB)
+//! and one timing line. Any error (a missing or unreadable image among them) is
 //! one line on stderr and exit code 2.
 
 use std::io::Write;
@@ -18,6 +19,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use fovea::model::lm::generate::Sampling;
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest};
+use fovea::progress::LoadBar;
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
 /// The model and the sample that ship with the repository.
@@ -63,7 +65,8 @@ fn run(args: Args) -> fovea::Result<()> {
     let opts = GenerateOptions { max_tokens: args.max_tokens, sampling };
     let mut stdout = std::io::stdout().lock();
     let stdout_error = |e: std::io::Error| fovea::Error::Invalid(format!("cannot write to stdout: {e}"));
-    let g = pipeline::generate_text(&req, &opts, &tokenizer, &mut |piece: &str| {
+    let mut bar = LoadBar::new();
+    let g = pipeline::generate_text(&req, &opts, &tokenizer, &mut |p| bar.update(p), &mut |piece: &str| {
         write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
     })?;
     writeln!(stdout).and_then(|_| stdout.flush()).map_err(stdout_error)?;

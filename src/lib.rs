@@ -7,6 +7,7 @@
 //! - [`processor`]: image decode, Pillow-exact resize/pad, size solver, N-layout block
 //! - [`tokenizer`]: tokenizer.json, the chat prompt, streamed text output
 //! - [`backend`]: the `Backend` contract and its lanes
+//! - [`progress`]: the load progress bar on stderr
 //! - [`model`]: the graph, written once against `Backend`
 
 pub mod backend;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod model;
 pub mod pipeline;
 pub mod processor;
+pub mod progress;
 pub mod tokenizer;
 pub mod weights;
 

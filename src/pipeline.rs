@@ -15,6 +15,7 @@ use crate::model::lm::generate::{self, Sampling, StopReason};
 use crate::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
 use crate::model::lm::{LmInput, LmModel, PREFILL_CHUNK};
 use crate::model::vision::VisionModel;
+use crate::model::{CountingSource, LoadProgress, ParamSource};
 use crate::processor::{self, PreprocessConfig};
 use crate::tokenizer::ChatTokenizer;
 use crate::weights::Checkpoint;
@@ -145,7 +146,12 @@ impl<'b, B: Backend> VisionRunner<'b, B> {
     pub fn load(b: &'b B, ckpt: &Checkpoint) -> Result<Self> {
         let cfg = ckpt.config().clone();
         crate::weights::check_vision(ckpt, &cfg)?;
-        let model = VisionModel::load(b, ckpt, &cfg)?;
+        Self::upload(b, cfg, ckpt)
+    }
+
+    /// Upload the vision weights of `src` (already checked against `cfg`).
+    fn upload(b: &'b B, cfg: VisionConfig, src: &impl ParamSource) -> Result<Self> {
+        let model = VisionModel::load(b, src, &cfg)?;
         Ok(VisionRunner { b, cfg, model })
     }
 
@@ -368,20 +374,27 @@ impl Timings {
 
 /// Prefill, then decode, streaming the text: `on_text` gets each piece as soon as it is complete
 /// UTF-8 (special tokens, EOS included, print nothing). Needs `tokenizer` for the model.
+/// `on_load` sees the weights' bytes as they are read (for a progress bar, see [`crate::progress`]).
 pub fn generate_text(
     req: &LmRequest,
     opts: &GenerateOptions,
     tokenizer: &ChatTokenizer,
+    on_load: &mut dyn FnMut(LoadProgress),
     on_text: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<Generated> {
+    opts.sampling.validate()?;
     let mut text = tokenizer.stream();
-    let g = generate_lm(req, opts, &mut |id: i32| {
+    let mut on_token = |id: i32| {
         let id = u32::try_from(id).map_err(|_| Error::Invalid(format!("generated a negative token id {id}")))?;
         match text.push(id)? {
             Some(piece) => on_text(&piece),
             None => Ok(()),
         }
-    })?;
+    };
+    let g = match run_lm(req, LmJob::Generate(opts, &mut on_token), on_load)? {
+        LmOutcome::Generated(g) => g,
+        LmOutcome::Dump(_) => unreachable!("generate job"),
+    };
     let rest = text.finish()?;
     if !rest.is_empty() {
         on_text(&rest)?;
@@ -401,7 +414,7 @@ enum LmOutcome {
 
 /// Run one prefill over the prompt and return its logits.
 pub fn dump_lm(req: &LmRequest) -> Result<LmDump> {
-    match run_lm(req, LmJob::Dump)? {
+    match run_lm(req, LmJob::Dump, &mut |_| {})? {
         LmOutcome::Dump(d) => Ok(d),
         LmOutcome::Generated(_) => unreachable!("dump job"),
     }
@@ -414,7 +427,7 @@ pub fn generate_lm(
     on_token: &mut dyn FnMut(i32) -> Result<()>,
 ) -> Result<Generated> {
     opts.sampling.validate()?;
-    match run_lm(req, LmJob::Generate(opts, on_token))? {
+    match run_lm(req, LmJob::Generate(opts, on_token), &mut |_| {})? {
         LmOutcome::Generated(g) => Ok(g),
         LmOutcome::Dump(_) => unreachable!("generate job"),
     }
@@ -425,9 +438,9 @@ fn missing_lm_op<B: Backend>(b: &B) -> Option<Op> {
     Op::LM.into_iter().find(|&op| !b.supports(op, WeightFormat::F32))
 }
 
-fn run_lm(req: &LmRequest, job: LmJob<'_>) -> Result<LmOutcome> {
+fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)) -> Result<LmOutcome> {
     match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => lm_job(&CpuBackend::new(), req, job, None),
+        LaneChoice::Cpu => lm_job(&CpuBackend::new(), req, job, on_load, None),
         LaneChoice::Wgpu => {
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             if let Some(op) = missing_lm_op(&b) {
@@ -437,17 +450,18 @@ fn run_lm(req: &LmRequest, job: LmJob<'_>) -> Result<LmOutcome> {
                     what: "the language model (use --backend cpu)".into(),
                 });
             }
-            lm_job(&b, req, job, None)
+            lm_job(&b, req, job, on_load, None)
         }
         LaneChoice::Auto => match auto_wgpu() {
-            Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, None),
+            Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, on_load, None),
             Ok(_) => lm_job(
                 &CpuBackend::new(),
                 req,
                 job,
+                on_load,
                 Some("this wgpu adapter lacks a language-model op; using the CPU lane"),
             ),
-            Err(e) => lm_job(&CpuBackend::new(), req, job, Some(&format!("{e}; using the CPU lane"))),
+            Err(e) => lm_job(&CpuBackend::new(), req, job, on_load, Some(&format!("{e}; using the CPU lane"))),
         },
     }
 }
@@ -464,7 +478,13 @@ fn eos_ids(config: &Path) -> Result<Vec<i32>> {
     }
 }
 
-fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>) -> Result<LmOutcome> {
+fn lm_job<B: Backend>(
+    b: &B,
+    req: &LmRequest,
+    job: LmJob<'_>,
+    on_load: &mut dyn FnMut(LoadProgress),
+    note: Option<&str>,
+) -> Result<LmOutcome> {
     let config_path = req.model_dir.join("config.json");
     let cfg = LmConfig::from_file(&config_path)?;
     let v = cfg.vocab_size;
@@ -501,8 +521,14 @@ fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>
         crate::weights::check_vision(&ckpt, vc)?;
     }
     crate::weights::check_lm(&ckpt, &cfg)?;
-    let model = LmModel::load(b, &ckpt, &cfg)?;
-    let mut load = t_load.elapsed();
+    let counting = CountingSource::new(&ckpt, on_load);
+    let model = LmModel::load(b, &counting, &cfg)?;
+    let runner = match image {
+        Some(_) => Some(VisionRunner::upload(b, ckpt.config().clone(), &counting)?),
+        None => None,
+    };
+    counting.finish();
+    let load = t_load.elapsed();
     let mut vision = None;
     let (input, embeds, image_start) = match image {
         None => {
@@ -515,9 +541,7 @@ fn lm_job<B: Backend>(b: &B, req: &LmRequest, job: LmJob<'_>, note: Option<&str>
         }
         Some(image) => {
             let start = req.tokens.iter().position(|t| *t == PromptToken::Image).expect("checked");
-            let t = Instant::now();
-            let runner = VisionRunner::load(b, &ckpt)?;
-            load += t.elapsed();
+            let runner = runner.as_ref().expect("uploaded with the image");
             let t = Instant::now();
             let vis = runner.run(image, start)?;
             let mut ids = Vec::with_capacity(req.tokens.len() + vis.block_types.len());

@@ -322,3 +322,44 @@ fn tid2eid_out_of_range_surfaces_from_the_load() {
     let msg = dump(dir.path()).map(|_| ()).unwrap_err().to_string();
     assert_has(&msg, &[&format!("tensor `{name}`"), "expert id 8 outside 0..8"]);
 }
+
+/// The load progress counts each tensor's bytes once as the graph reads it: on the shipped
+/// vl-scenes model (vision + LM, nothing skipped) the reports climb strictly to exactly the
+/// checkpoint's total before `finish`; with mtp.* tensors never read, `finish` supplies the end.
+#[test]
+fn load_progress_counts_every_read_tensor_once() {
+    use fovea::model::vision::VisionModel;
+    use fovea::model::{CountingSource, LoadProgress};
+
+    // (every report, the bytes reported before `finish`, the checkpoint's total)
+    let reports = |dir: &Path, vision: bool| {
+        let ckpt = if vision { Checkpoint::open(dir) } else { Checkpoint::open_auto(dir) }.unwrap();
+        let cfg = LmConfig::from_file(&dir.join("config.json")).unwrap();
+        let seen = std::cell::RefCell::new(Vec::<LoadProgress>::new());
+        let mut record = |p| seen.borrow_mut().push(p);
+        let src = CountingSource::new(&ckpt, &mut record);
+        let b = CpuBackend::new();
+        LmModel::load(&b, &src, &cfg).unwrap();
+        if vision {
+            VisionModel::load(&b, &src, ckpt.config()).unwrap();
+        }
+        let before_finish = seen.borrow().last().map_or(0, |p| p.done_bytes);
+        src.finish();
+        drop(src);
+        (seen.into_inner(), before_finish, ckpt.total_bytes())
+    };
+
+    let (seen, before_finish, total) = reports(&common::model_dir("vl-scenes"), true);
+    let (last, climbing) = seen.split_last().unwrap();
+    assert!(climbing.windows(2).all(|w| w[0].done_bytes < w[1].done_bytes), "reports must climb");
+    assert_eq!(last.done_bytes, total, "finish reports the end");
+    assert!(seen.iter().all(|p| p.total_bytes == total));
+    assert_eq!(before_finish, total, "every tensor of vl-scenes is read exactly once");
+
+    let mut tensors = tiny_tensors();
+    tensors.push(f32_tensor("mtp.0.e_proj.weight", &[64, 64]));
+    let dir = write(&tiny_config(), &tensors);
+    let (seen, before_finish, total) = reports(dir.path(), false);
+    assert_eq!(before_finish, total - 64 * 64 * 4, "the skipped mtp.* bytes are not counted");
+    assert_eq!(seen.last().unwrap().done_bytes, total, "finish reports the end");
+}

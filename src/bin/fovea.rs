@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use fovea::model::lm::generate::{Sampling, StopReason};
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, VisionDumpRequest};
+use fovea::progress::LoadBar;
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
 #[derive(Parser)]
@@ -209,9 +210,12 @@ fn run(cli: Cli) -> fovea::Result<()> {
             let req = LmRequest { model_dir: model, tokens, images: image, lane };
             let mut stdout = std::io::stdout().lock();
             let g = match &text_out {
-                Some(tok) => pipeline::generate_text(&req, &opts, tok, &mut |piece: &str| {
-                    write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
-                })?,
+                Some(tok) => {
+                    let mut bar = LoadBar::new();
+                    pipeline::generate_text(&req, &opts, tok, &mut |p| bar.update(p), &mut |piece: &str| {
+                        write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
+                    })?
+                }
                 None => {
                     let mut first = true;
                     pipeline::generate_lm(&req, &opts, &mut |id: i32| {

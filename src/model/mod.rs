@@ -38,3 +38,73 @@ impl ParamSource for crate::weights::Checkpoint {
         self.contains(name)
     }
 }
+
+/// Bytes of parameters read so far out of a checkpoint's total, for a progress bar while large
+/// weights load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadProgress {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// A checkpoint that reports each parameter's bytes as the graph reads it, once per tensor (the
+/// image sentinels are read by both halves). The total is every tensor of the checkpoint (some,
+/// such as the MTP block, are never read), so [`Self::finish`] reports the end.
+pub struct CountingSource<'c, 'f> {
+    ckpt: &'c crate::weights::Checkpoint,
+    total: u64,
+    done: std::cell::Cell<u64>,
+    counted: std::cell::RefCell<std::collections::HashSet<String>>,
+    report: std::cell::RefCell<&'f mut dyn FnMut(LoadProgress)>,
+}
+
+impl<'c, 'f> CountingSource<'c, 'f> {
+    pub fn new(ckpt: &'c crate::weights::Checkpoint, report: &'f mut dyn FnMut(LoadProgress)) -> Self {
+        CountingSource {
+            ckpt,
+            total: ckpt.total_bytes(),
+            done: std::cell::Cell::new(0),
+            counted: Default::default(),
+            report: std::cell::RefCell::new(report),
+        }
+    }
+
+    fn count(&self, name: &str) {
+        if !self.counted.borrow_mut().insert(name.to_string()) {
+            return;
+        }
+        let bytes = self.ckpt.meta(name).map_or(0, |m| m.nbytes as u64);
+        self.done.set(self.done.get() + bytes);
+        self.emit(self.done.get());
+    }
+
+    fn emit(&self, done_bytes: u64) {
+        (self.report.borrow_mut())(LoadProgress { done_bytes, total_bytes: self.total });
+    }
+
+    /// Everything the graph needs is resident: report the whole checkpoint done.
+    pub fn finish(&self) {
+        self.emit(self.total);
+    }
+}
+
+impl ParamSource for CountingSource<'_, '_> {
+    fn matrix(&self, name: &str) -> Result<HostWeight<'_>> {
+        let w = self.ckpt.matrix(name)?;
+        self.count(name);
+        Ok(w)
+    }
+    fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        let v = self.ckpt.vector(name)?;
+        self.count(name);
+        Ok(v)
+    }
+    fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        let v = self.ckpt.integers(name)?;
+        self.count(name);
+        Ok(v)
+    }
+    fn has(&self, name: &str) -> bool {
+        self.ckpt.has(name)
+    }
+}
