@@ -7,7 +7,9 @@
 //!
 //! Without IMAGE it describes the bundled sample (`fixtures/images/scene.png`); without `--model`
 //! it runs the model shipped in this repository (`fixtures/models/vl-scenes`, a tiny
-//! DeepSeek-V4-Vision trained on synthetic scenes: see its model card). stdout carries only the
+//! DeepSeek-V4-Vision trained on synthetic scenes: see its model card). Both are compiled into the
+//! binary (5 MB), so it runs wherever it is copied: on first use they are unpacked into the user's
+//! cache (`$XDG_CACHE_HOME/fovea`, else `~/.cache/fovea`). stdout carries only the
 //! description; stderr a progress bar while the weights of a large checkpoint load (≥ 256 MiB)
 //! and one timing line. Any error (a missing or unreadable image among them) is
 //! one line on stderr and exit code 2.
@@ -22,16 +24,57 @@ use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest};
 use fovea::progress::LoadBar;
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
-/// The model and the sample that ship with the repository.
-const SHIPPED_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/vl-scenes");
-const SAMPLE_IMAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/images/scene.png");
+/// The shipped model's files (fixtures/models/vl-scenes), compiled in.
+const EMBEDDED_MODEL: [(&str, &[u8]); 3] = [
+    ("config.json", include_bytes!("../fixtures/models/vl-scenes/config.json")),
+    ("tokenizer.json", include_bytes!("../fixtures/models/vl-scenes/tokenizer.json")),
+    ("model.safetensors", include_bytes!("../fixtures/models/vl-scenes/model.safetensors")),
+];
+/// The bundled sample (fixtures/images/scene.png), compiled in.
+const SAMPLE_IMAGE: (&str, &[u8]) = ("scene.png", include_bytes!("../fixtures/images/scene.png"));
+
+/// The embedded files on disk (the loader memory-maps files): `(model dir, sample image)`.
+/// They go once into a folder named by their content hash, so a rebuilt binary with another
+/// model never meets stale files; each file is written under a temporary name and renamed into
+/// place, so concurrent first runs never read half a file.
+fn unpack_embedded() -> fovea::Result<(PathBuf, PathBuf)> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    // FNV-1a over every embedded byte: cheap (5 MB) and stable across builds and platforms
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (_, bytes) in EMBEDDED_MODEL.iter().chain([&SAMPLE_IMAGE]) {
+        for &byte in *bytes {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    let root = cache.join("fovea").join(format!("describe_image-{hash:016x}"));
+    let model = root.join("vl-scenes");
+    std::fs::create_dir_all(&model).map_err(|e| fovea::Error::file(&model, format!("cannot create: {e}")))?;
+    let place = |path: PathBuf, bytes: &[u8]| -> fovea::Result<PathBuf> {
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64) {
+            return Ok(path);
+        }
+        let tmp = path.with_extension(format!("part{}", std::process::id()));
+        std::fs::write(&tmp, bytes)
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| fovea::Error::file(&path, format!("cannot unpack the embedded file: {e}")))?;
+        Ok(path)
+    };
+    for (name, bytes) in EMBEDDED_MODEL {
+        place(model.join(name), bytes)?;
+    }
+    let sample = place(root.join(SAMPLE_IMAGE.0), SAMPLE_IMAGE.1)?;
+    Ok((model, sample))
+}
 
 #[derive(Parser)]
 #[command(about = "Describe an image with a DeepSeek-V4-Vision checkpoint")]
 struct Args {
     /// Image file (PNG, JPEG, WebP); default: the bundled sample.
     image: Option<PathBuf>,
-    /// Checkpoint directory (config.json, tokenizer.json, safetensors); default: the shipped model.
+    /// Checkpoint directory (config.json, tokenizer.json, safetensors); default: the embedded model.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Lane: auto, cpu or wgpu (default: $FOVEA_BACKEND, else auto).
@@ -52,8 +95,13 @@ struct Args {
 }
 
 fn run(args: Args) -> fovea::Result<()> {
-    let model = args.model.unwrap_or_else(|| PathBuf::from(SHIPPED_MODEL));
-    let image = args.image.unwrap_or_else(|| PathBuf::from(SAMPLE_IMAGE));
+    let (model, image) = match (args.model, args.image) {
+        (Some(model), Some(image)) => (model, image),
+        (model, image) => {
+            let (embedded_model, sample) = unpack_embedded()?;
+            (model.unwrap_or(embedded_model), image.unwrap_or(sample))
+        }
+    };
     if !image.is_file() {
         return Err(fovea::Error::file(&image, "no such image file"));
     }

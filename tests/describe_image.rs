@@ -21,7 +21,10 @@ fn describe_image() -> Command {
     let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
     let path: PathBuf = dir.join("examples").join(format!("describe_image{}", std::env::consts::EXE_SUFFIX));
     assert!(path.is_file(), "{} not built (cargo test builds the examples)", path.display());
-    Command::new(path)
+    let mut cmd = Command::new(path);
+    // the embedded model unpacks under the build's scratch space, not the user's ~/.cache
+    cmd.env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"));
+    cmd
 }
 
 fn run(args: &[&str]) -> Output {
@@ -54,6 +57,32 @@ fn the_wgpu_lane_gives_the_same_description() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), format!("{SAMPLE_CAPTION}\n"));
     assert!(text(&out.stderr).contains("wgpu lane"), "{}", text(&out.stderr));
+}
+
+/// The model and the sample are compiled into the binary: a copy in an empty folder, away from
+/// the repository, describes the sample, unpacking both into its cache folder on first use.
+#[test]
+fn a_copied_binary_carries_its_model_and_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("describe_image");
+    std::fs::copy(describe_image().get_program(), &exe).unwrap();
+    let cache = dir.path().join("cache");
+    let out = Command::new(&exe)
+        .args(["--backend", "cpu"])
+        .current_dir(dir.path())
+        .env("XDG_CACHE_HOME", &cache)
+        .env("HOME", dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("{SAMPLE_CAPTION}\n"));
+    let unpacked: Vec<PathBuf> = std::fs::read_dir(cache.join("fovea"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("vl-scenes/model.safetensors"))
+        .collect();
+    assert_eq!(unpacked.len(), 1, "{unpacked:?}");
+    let shipped = common::root().join("fixtures/models/vl-scenes/model.safetensors");
+    assert_eq!(std::fs::read(&unpacked[0]).unwrap(), std::fs::read(shipped).unwrap());
 }
 
 /// `FOVEA_PROGRESS=always` draws the load bar (normally kept for checkpoints ≥ 256 MiB) on the
