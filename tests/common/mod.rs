@@ -217,6 +217,33 @@ pub fn wgpu_adapter_or_skip() -> bool {
     true
 }
 
+/// Whether `FOVEA_REQUIRE_CUDA=1`: the CUDA tests must run (set on GPU machines, so nothing
+/// passes there by skipping).
+pub fn cuda_required() -> bool {
+    std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1")
+}
+
+/// The CUDA lane for a test, or `None` (a visible skip) where there is no CUDA driver. Unlike the
+/// wgpu helpers this does not fail under `CI` (CI machines have no GPU); with
+/// `FOVEA_REQUIRE_CUDA=1` a missing driver fails the test instead.
+pub fn cuda_lane_or_skip() -> Option<fovea::backend::cuda::CudaBackend> {
+    cuda_lane_with_or_skip(fovea::backend::cuda::Options::default())
+}
+
+/// [`cuda_lane_or_skip`] with options (guard bands, device ordinal).
+pub fn cuda_lane_with_or_skip(opts: fovea::backend::cuda::Options) -> Option<fovea::backend::cuda::CudaBackend> {
+    match fovea::backend::cuda::CudaBackend::with_options(opts) {
+        Ok(b) => Some(b),
+        Err(e) if cuda_required() => panic!("FOVEA_REQUIRE_CUDA=1 but the CUDA lane is unavailable: {e}"),
+        Err(e) => {
+            // Written past the test harness's capture so the skip is visible in a normal run.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED: no CUDA driver: {e}");
+            None
+        }
+    }
+}
+
 /// Mesa wants a private XDG_RUNTIME_DIR; give the test process one if the environment has none.
 pub fn ensure_runtime_dir() {
     static ONCE: std::sync::Once = std::sync::Once::new();
