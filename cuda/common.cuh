@@ -7,8 +7,8 @@
 
 typedef unsigned long long u64;
 
-#define NEG_INF __int_as_float(0xff800000)
-#define QUIET_NAN __int_as_float(0x7fc00000)
+#define NEG_INF __uint_as_float(0xff800000u)
+#define QUIET_NAN __uint_as_float(0x7fc00000u)
 
 // First flat index of this thread and the grid-wide stride, for grid-stride loops.
 __device__ __forceinline__ u64 flat_index() {

@@ -907,7 +907,8 @@ impl Backend for CudaBackend {
         }
         let hd = cols / n_heads;
         let shared = 2 * hd * 4;
-        if shared > DEFAULT_SHARED_BYTES {
+        // plus the kernel's static p[ATT_THREADS] and red[ATT_THREADS / 32]
+        if shared + (ATTENTION_THREADS as usize + ATTENTION_THREADS as usize / 32) * 4 > DEFAULT_SHARED_BYTES {
             return Err(Self::unsupported(
                 Op::Attention,
                 format!(
