@@ -13,9 +13,14 @@ use fovea::Error;
 use fovea::backend::cuda::CudaBackend;
 use fovea::backend::{Backend, DeviceTensor, HostTensor, HostWeight, Op, WeightFormat};
 
+/// The `fovea` binary built with this test, unless `FOVEA_BIN` names another (prebuilt test
+/// executables run on another machine).
 fn fovea_bin() -> Command {
     common::ensure_runtime_dir();
-    Command::new(env!("CARGO_BIN_EXE_fovea"))
+    match std::env::var_os("FOVEA_BIN") {
+        Some(bin) if !bin.is_empty() => Command::new(bin),
+        _ => Command::new(env!("CARGO_BIN_EXE_fovea")),
+    }
 }
 
 fn up(b: &CudaBackend, shape: &[usize]) -> <CudaBackend as Backend>::Tensor {

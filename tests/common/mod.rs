@@ -11,8 +11,13 @@ use fovea::pipeline::{VisionDump, VisionRunner};
 use fovea::weights::Checkpoint;
 use safetensors::{Dtype, SafeTensors};
 
+/// The repository root: where this test was built, unless `FOVEA_REPO_ROOT` points at a copy
+/// (for running prebuilt test executables on another machine, e.g. a GPU box).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    match std::env::var_os("FOVEA_REPO_ROOT") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+    }
 }
 
 /// One golden file: every stage of one (model, image, start_pos).

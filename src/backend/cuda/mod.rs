@@ -9,7 +9,8 @@
 //!   a missing one is an `Error::Device` naming it.
 //! - Kernels: why NVRTC at run time rather than nvcc at build time? The build machines and CI have
 //!   no nvcc; one binary serves every architecture; and the kernels are compiled for the exact
-//!   compute capability of the device found (`--gpu-architecture=sm_XY`), not for a guessed list.
+//!   compute capability of the device found (`--gpu-architecture=compute_XY`, PTX that the driver
+//!   turns into sm_XY code at module load), not for a guessed list.
 //!   Each file is compiled at its first use and the PTX is cached per architecture for the life
 //!   of the process (every backend on a device of that architecture reuses it); each backend
 //!   loads the module into its own context once.
@@ -211,19 +212,22 @@ fn ptx_for(arch: u32, src: Source) -> Result<Ptx> {
     if let Some(p) = cache.get(&(arch, src)) {
         return Ok(p.clone());
     }
+    // The device's own compute capability as the virtual architecture: NVRTC emits PTX for it
+    // (a real `sm_XY` target makes NVRTC emit a cubin, and `nvrtcGetPTX`, all cudarc reads, may
+    // then have nothing), and the driver JIT-compiles that PTX for sm_XY when the module loads.
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture=sm_{arch}")],
+        options: vec![format!("--gpu-architecture=compute_{arch}")],
         name: Some(src.file().into()),
         ..Default::default()
     };
     let ptx = no_panic("NVRTC", || {
         cudarc::nvrtc::compile_ptx_with_opts(src.program(), opts).map_err(|e| match e {
             CompileError::CompileError { nvrtc, options, log } => Error::Device(format!(
-                "NVRTC could not compile cuda/{} for sm_{arch} ({nvrtc:?}, options {options:?}):\n{}",
+                "NVRTC could not compile cuda/{} for compute_{arch} ({nvrtc:?}, options {options:?}):\n{}",
                 src.file(),
                 log.to_string_lossy()
             )),
-            e => Error::Device(format!("NVRTC failed on cuda/{} for sm_{arch}: {e:?}", src.file())),
+            e => Error::Device(format!("NVRTC failed on cuda/{} for compute_{arch}: {e:?}", src.file())),
         })
     })?;
     cache.insert((arch, src), ptx.clone());
