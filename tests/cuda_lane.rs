@@ -126,6 +126,27 @@ fn cuda_memory_is_accounted_like_the_other_lanes() {
     assert_eq!(b.memory().weight_bytes, 0);
 }
 
+/// Guard bands catch a write past the end of an output (so `cuda_ops_match_cpu`'s guard check is
+/// not vacuous): `check_guards` and `download` name the op that produced the tensor.
+#[test]
+fn cuda_guard_bands_catch_a_write_past_the_end() {
+    let Some(b) =
+        common::cuda_lane_with_or_skip(fovea::backend::cuda::Options { guard_words: 4, ..Default::default() })
+    else {
+        return;
+    };
+    let x = up(&b, &[2, 3]);
+    let y = b.gelu_erf(&x).unwrap();
+    b.check_guards(&y).unwrap();
+    b.debug_poke(&y, 5, 0x3f80_0000).unwrap(); // inside the tensor: fine
+    b.check_guards(&y).unwrap();
+    b.debug_poke(&y, 6 + 2, 0x1234_5678).unwrap(); // third guard word
+    let err = b.check_guards(&y).unwrap_err().to_string();
+    assert!(err.contains("gelu_erf") && err.contains("[2]") && err.contains("0x12345678"), "{err}");
+    assert!(b.download(&y).is_err());
+    assert!(b.debug_poke(&y, 6 + 4, 0).is_err(), "poke outside the allocation must be refused");
+}
+
 /// Several backends in one process share the compiled PTX (compiled once per architecture) and
 /// each loads it into its own context.
 #[test]

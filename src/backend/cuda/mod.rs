@@ -65,13 +65,21 @@ pub enum Source {
     Rope,
     Attention,
     Linear,
+    Debug,
 }
 
 const COMMON: &str = include_str!("../../../cuda/common.cuh");
 
 impl Source {
-    pub const ALL: [Source; 6] =
-        [Source::Elementwise, Source::Copy, Source::Norm, Source::Rope, Source::Attention, Source::Linear];
+    pub const ALL: [Source; 7] = [
+        Source::Elementwise,
+        Source::Copy,
+        Source::Norm,
+        Source::Rope,
+        Source::Attention,
+        Source::Linear,
+        Source::Debug,
+    ];
 
     pub fn file(self) -> &'static str {
         match self {
@@ -81,6 +89,7 @@ impl Source {
             Source::Rope => "rope.cu",
             Source::Attention => "attention.cu",
             Source::Linear => "linear.cu",
+            Source::Debug => "debug.cu",
         }
     }
 
@@ -93,6 +102,7 @@ impl Source {
             Source::Rope => include_str!("../../../cuda/rope.cu"),
             Source::Attention => include_str!("../../../cuda/attention.cu"),
             Source::Linear => include_str!("../../../cuda/linear.cu"),
+            Source::Debug => include_str!("../../../cuda/debug.cu"),
         }
     }
 
@@ -116,6 +126,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Linear, "linear_f32"),
     (Source::Linear, "linear_bf16"),
     (Source::Linear, "linear_f16"),
+    (Source::Debug, "debug_poke_u32"),
 ];
 
 /// PTX compiled in this process, per (compute capability as `major·10 + minor`, file).
@@ -565,6 +576,22 @@ impl CudaBackend {
             words.len(),
             words[bad[0]]
         )))
+    }
+
+    /// Test hook: a kernel writes `value` at element `index` of `t`'s allocation, guard band
+    /// included (`index >= numel` simulates an out-of-bounds write).
+    #[doc(hidden)]
+    pub fn debug_poke(&self, t: &CudaTensor, index: u32, value: u32) -> Result<()> {
+        if index as usize * 4 + 4 > t.buf.len() {
+            return Err(Error::Invalid(format!("debug_poke: index {index} is outside the allocation of {t:?}")));
+        }
+        let f = self.func(Source::Debug, "debug_poke_u32")?;
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&t.buf).arg(&index).arg(&value);
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: arguments match `debug_poke_u32` in cuda/debug.cu; the index is inside the buffer.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err("debug_poke", "debug_poke_u32", e))?;
+        Ok(())
     }
 
     fn rope_table(&self, n: usize, grid_w: usize, hd: usize, theta: f32) -> Result<Arc<CudaTensor>> {
