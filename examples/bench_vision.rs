@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example bench_vision -- --backend wgpu            # full size, 1920x1080
 //! cargo run --release --example bench_vision -- --backend cpu --layers 2 --width 392 --height 392
+//! cargo run --release --example bench_vision -- --backend cuda           # $FOVEA_CUDA_DEVICE, else 0
 //! ```
 //!
 //! Prints the lane, the grid, the time per encode (after one warm-up that compiles the
@@ -14,6 +15,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::cpu::CpuBackend;
+use fovea::backend::cuda::CudaBackend;
 use fovea::backend::wgpu::WgpuBackend;
 use fovea::backend::{Backend, HostTensor, HostWeight, WeightFormat};
 use fovea::config::VisionConfig;
@@ -25,7 +27,7 @@ use rand::{Rng, SeedableRng};
 
 #[derive(Parser)]
 struct Args {
-    /// cpu or wgpu
+    /// cpu, wgpu or cuda
     #[arg(long, default_value = "wgpu")]
     backend: String,
     #[arg(long, default_value_t = 1920)]
@@ -173,6 +175,7 @@ fn main() {
     let result = match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args),
         "wgpu" => WgpuBackend::new(fovea::pipeline::adapter_from_env().as_deref()).and_then(|b| run(&b, &args)),
+        "cuda" => fovea::pipeline::cuda_device_from_env().and_then(CudaBackend::new).and_then(|b| run(&b, &args)),
         other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
     };
     if let Err(e) = result {

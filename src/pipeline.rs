@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::{self, CudaBackend};
 use crate::backend::wgpu::WgpuBackend;
 use crate::backend::{Backend, HostTensor, Op, WeightFormat};
 use crate::config::{LmConfig, VisionConfig};
@@ -27,6 +28,8 @@ pub enum LaneChoice {
     Auto,
     Cpu,
     Wgpu,
+    /// The native CUDA lane (in progress: vision tower and aligner only; never chosen by `Auto`).
+    Cuda,
 }
 
 impl FromStr for LaneChoice {
@@ -36,7 +39,8 @@ impl FromStr for LaneChoice {
             "auto" => Ok(LaneChoice::Auto),
             "cpu" => Ok(LaneChoice::Cpu),
             "wgpu" | "vulkan" => Ok(LaneChoice::Wgpu),
-            other => Err(Error::Invalid(format!("unknown backend `{other}` (expected auto, cpu or wgpu)"))),
+            "cuda" => Ok(LaneChoice::Cuda),
+            other => Err(Error::Invalid(format!("unknown backend `{other}` (expected auto, cpu, wgpu or cuda)"))),
         }
     }
 }
@@ -108,6 +112,10 @@ pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos)
         }
+        LaneChoice::Cuda => {
+            let b = CudaBackend::new(cuda_device_from_env()?)?;
+            VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos)
+        }
         LaneChoice::Auto => match auto_wgpu() {
             Ok(b) => VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos),
             Err(e) => {
@@ -132,6 +140,17 @@ fn auto_wgpu() -> Result<WgpuBackend> {
 /// `FOVEA_ADAPTER`: a substring of the adapter name to use.
 pub fn adapter_from_env() -> Option<String> {
     std::env::var("FOVEA_ADAPTER").ok().filter(|s| !s.is_empty())
+}
+
+/// `FOVEA_CUDA_DEVICE`: the CUDA device ordinal for `--backend cuda` (default 0).
+pub fn cuda_device_from_env() -> Result<usize> {
+    match std::env::var("FOVEA_CUDA_DEVICE") {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map_err(|_| Error::Invalid(format!("FOVEA_CUDA_DEVICE: `{v}` is not a device ordinal (0, 1, ...)"))),
+        _ => Ok(0),
+    }
 }
 
 /// A checkpoint's vision model resident on one lane, reusable across images.
@@ -438,17 +457,29 @@ fn missing_lm_op<B: Backend>(b: &B) -> Option<Op> {
     Op::LM.into_iter().find(|&op| !b.supports(op, WeightFormat::F32))
 }
 
+/// The error for a language-model job on a lane that lacks `op`.
+fn lm_lane_error(lane: &'static str, op: Op) -> Error {
+    Error::Unsupported { lane, op: op.name(), what: "the language model (use --backend cpu)".into() }
+}
+
 fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)) -> Result<LmOutcome> {
     match LaneChoice::resolve(Some(req.lane))? {
         LaneChoice::Cpu => lm_job(&CpuBackend::new(), req, job, on_load, None),
         LaneChoice::Wgpu => {
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             if let Some(op) = missing_lm_op(&b) {
-                return Err(Error::Unsupported {
-                    lane: b.lane(),
-                    op: op.name(),
-                    what: "the language model (use --backend cpu)".into(),
-                });
+                return Err(lm_lane_error(b.lane(), op));
+            }
+            lm_job(&b, req, job, on_load, None)
+        }
+        LaneChoice::Cuda => {
+            // Known without a device: refuse before opening one (and on machines without CUDA).
+            if let Some(op) = Op::LM.into_iter().find(|op| !cuda::LM_SUPPORTED.contains(op)) {
+                return Err(lm_lane_error("cuda", op));
+            }
+            let b = CudaBackend::new(cuda_device_from_env()?)?;
+            if let Some(op) = missing_lm_op(&b) {
+                return Err(lm_lane_error(b.lane(), op));
             }
             lm_job(&b, req, job, on_load, None)
         }

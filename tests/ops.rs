@@ -13,6 +13,7 @@ mod common;
 use std::borrow::Cow;
 
 use fovea::backend::cpu::CpuBackend;
+use fovea::backend::cuda::CudaBackend;
 use fovea::backend::wgpu::{Options, WgpuBackend};
 use fovea::backend::{Backend, HostData, HostTensor, HostWeight, Op, WeightFormat};
 use rand::rngs::StdRng;
@@ -28,6 +29,12 @@ trait LaneUnderTest: Backend {
 }
 
 impl LaneUnderTest for WgpuBackend {
+    fn check_output(&self, t: &Self::Tensor) -> fovea::Result<()> {
+        self.check_guards(t)
+    }
+}
+
+impl LaneUnderTest for CudaBackend {
     fn check_output(&self, t: &Self::Tensor) -> fovea::Result<()> {
         self.check_guards(t)
     }
@@ -298,6 +305,88 @@ fn cases() -> Vec<Case> {
             Args { a: h, b: w, c: rr, f: 0.0 },
         ));
     }
+    out
+}
+
+/// More shapes for a lane whose kernels tile or chunk differently: reductions longer than one
+/// block or tile, attention over several key chunks with an odd head width, i32 concat, and f16
+/// weights full of subnormals (the kernel's own integer decode).
+fn extra_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0xc0da);
+    let mut out = Vec::new();
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        let (n, k, o) = (70, 300, 33);
+        let mut c = case(
+            format!("linear {format} x[{n},{k}] W[{o},{k}] long k"),
+            Op::Linear,
+            REDUCTION,
+            vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[o], 0.5)],
+            |_| Call::Linear { x: 0, bias: Some(1) },
+            Args::default(),
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
+    }
+    {
+        // |w| < 2^-14: mostly f16 subnormals (and some zeros of either sign)
+        let (n, k, o) = (9, 40, 17);
+        let w: Vec<u8> = (0..o * k)
+            .flat_map(|i| {
+                let v = if i % 11 == 0 { -0.0 } else { r.random_range(-6e-5f32..6e-5) };
+                half::f16::from_f32(v).to_le_bytes()
+            })
+            .collect();
+        let mut c = case(
+            format!("linear F16 x[{n},{k}] W[{o},{k}] subnormal weights"),
+            Op::Linear,
+            REDUCTION,
+            vec![randn(&mut r, &[n, k], 1000.0)],
+            |_| Call::Linear { x: 0, bias: None },
+            Args::default(),
+        );
+        c.weight = Some((WeightFormat::F16, o, k, w));
+        out.push(c);
+    }
+    out.push(case(
+        "rms_norm [5,1000]",
+        Op::RmsNorm,
+        REDUCTION,
+        vec![randn(&mut r, &[5, 1000], 2.0), randn(&mut r, &[1000], 1.5)],
+        |_| Call::RmsNorm { x: 0, w: 1, eps: 1e-5 },
+        Args::default(),
+    ));
+    out.push(case(
+        "attention n=300 2x72",
+        Op::Attention,
+        REDUCTION,
+        vec![randn(&mut r, &[300, 144], 1.5), randn(&mut r, &[300, 144], 1.5), randn(&mut r, &[300, 144], 1.0)],
+        |_| Call::Attention { q: 0, k: 1, v: 2, heads: 2 },
+        Args::default(),
+    ));
+    out.push(case(
+        "concat_rows i32 [4,3]+[2,3]",
+        Op::ConcatRows,
+        EXACT,
+        vec![ints(&[4, 3], (0..12).collect()), ints(&[2, 3], vec![-1, 7, 9, 100, -5, 3])],
+        |_| Call::ConcatRows(0, 1),
+        Args::default(),
+    ));
+    out.push(case(
+        "concat_rows [0,5]+[3,5]",
+        Op::ConcatRows,
+        EXACT,
+        vec![HostTensor::f32([0, 5], Vec::new()).unwrap(), randn(&mut r, &[3, 5], 1.0)],
+        |_| Call::ConcatRows(0, 1),
+        Args::default(),
+    ));
+    out.push(case(
+        "unfold 23x17x5 r=2",
+        Op::Unfold,
+        EXACT,
+        vec![randn(&mut r, &[23 * 17, 5], 1.0)],
+        |_| Call::Unfold { x: 0, h: 23, w: 17, r: 2 },
+        Args::default(),
+    ));
     out
 }
 
@@ -699,4 +788,25 @@ fn wgpu_ops_match_cpu() {
         Options { guard_words: 8, max_binding_bytes: Some(1024), force_f16_fallback: true, ..Options::default() };
     let Some(lane) = common::wgpu_lane(opts) else { return };
     compare_with_cpu(&lane, chunked_linear_cases());
+}
+
+/// The CUDA lane against the CPU lane on every shared/vision op (the language-model ops are not
+/// on this lane yet: it must claim none of them). Skips without a CUDA driver, fails instead
+/// under `FOVEA_REQUIRE_CUDA=1`.
+#[test]
+fn cuda_ops_match_cpu() {
+    let Some(lane) =
+        common::cuda_lane_with_or_skip(fovea::backend::cuda::Options { guard_words: 8, ..Default::default() })
+    else {
+        return;
+    };
+    eprintln!("cuda lane: {}", lane.device_name());
+    let mut all = cases();
+    all.extend(extra_cases());
+    let covered = compare_with_cpu(&lane, all);
+    let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
+    assert!(missing.is_empty(), "ops without a harness case: {missing:?}");
+    let claimed: Vec<_> =
+        Op::LM.iter().filter(|op| lane.supports(**op, WeightFormat::F32)).map(|op| op.name()).collect();
+    assert!(claimed.is_empty(), "LM ops the cuda lane claims without a harness case: {claimed:?}");
 }

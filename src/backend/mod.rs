@@ -1,5 +1,5 @@
 //! The `Backend` contract: every op the model graph uses, grouped in sections that mirror the
-//! model (tensors & transfer, linear & elementwise, vision). A lane (CPU, wgpu, later CUDA)
+//! model (tensors & transfer, linear & elementwise, vision). A lane (CPU, wgpu, CUDA)
 //! implements it; the graph in `crate::model` is written once against it.
 //!
 //! Conventions shared by every lane:
@@ -13,6 +13,7 @@
 //!   falls back to another lane silently.
 
 pub mod cpu;
+pub mod cuda;
 pub mod wgpu;
 
 use std::borrow::Cow;

@@ -35,8 +35,9 @@ enum Command {
         /// Output safetensors file.
         #[arg(long)]
         out: PathBuf,
-        /// Lane: auto, cpu or wgpu (default: $FOVEA_BACKEND, else auto). $FOVEA_ADAPTER picks a
-        /// wgpu adapter by name.
+        /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). $FOVEA_ADAPTER picks a
+        /// wgpu adapter by name, $FOVEA_CUDA_DEVICE a CUDA device. cuda (in progress) runs the vision
+        /// path only; auto never picks it.
         #[arg(long)]
         backend: Option<String>,
         /// Position of the image placeholder in the token stream (sets the lead pads; vision
@@ -76,7 +77,8 @@ enum Command {
         /// text. Needs no tokenizer.json with --token-ids.
         #[arg(long)]
         print_ids: bool,
-        /// Lane: auto, cpu or wgpu (default: $FOVEA_BACKEND, else auto).
+        /// Lane: auto, cpu or wgpu (default: $FOVEA_BACKEND, else auto). cuda (in progress) lacks the
+        /// language-model ops and refuses this command.
         #[arg(long)]
         backend: Option<String>,
     },

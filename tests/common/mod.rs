@@ -11,8 +11,13 @@ use fovea::pipeline::{VisionDump, VisionRunner};
 use fovea::weights::Checkpoint;
 use safetensors::{Dtype, SafeTensors};
 
+/// The repository root: where this test was built, unless `FOVEA_REPO_ROOT` points at a copy
+/// (for running prebuilt test executables on another machine, e.g. a GPU box).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    match std::env::var_os("FOVEA_REPO_ROOT") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+    }
 }
 
 /// One golden file: every stage of one (model, image, start_pos).
@@ -215,6 +220,33 @@ pub fn wgpu_adapter_or_skip() -> bool {
         return false;
     }
     true
+}
+
+/// Whether `FOVEA_REQUIRE_CUDA=1`: the CUDA tests must run (set on GPU machines, so nothing
+/// passes there by skipping).
+pub fn cuda_required() -> bool {
+    std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1")
+}
+
+/// The CUDA lane for a test, or `None` (a visible skip) where there is no CUDA driver. Unlike the
+/// wgpu helpers this does not fail under `CI` (CI machines have no GPU); with
+/// `FOVEA_REQUIRE_CUDA=1` a missing driver fails the test instead.
+pub fn cuda_lane_or_skip() -> Option<fovea::backend::cuda::CudaBackend> {
+    cuda_lane_with_or_skip(fovea::backend::cuda::Options::default())
+}
+
+/// [`cuda_lane_or_skip`] with options (guard bands, device ordinal).
+pub fn cuda_lane_with_or_skip(opts: fovea::backend::cuda::Options) -> Option<fovea::backend::cuda::CudaBackend> {
+    match fovea::backend::cuda::CudaBackend::with_options(opts) {
+        Ok(b) => Some(b),
+        Err(e) if cuda_required() => panic!("FOVEA_REQUIRE_CUDA=1 but the CUDA lane is unavailable: {e}"),
+        Err(e) => {
+            // Written past the test harness's capture so the skip is visible in a normal run.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED: no CUDA driver: {e}");
+            None
+        }
+    }
 }
 
 /// Mesa wants a private XDG_RUNTIME_DIR; give the test process one if the environment has none.

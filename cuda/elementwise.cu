@@ -1,0 +1,26 @@
+// Elementwise ops on f32 tensors, one element per loop step (grid-stride).
+//   add_f32:      a [n], b [n] -> out [n]
+//   swiglu_f32:   x [rows, 2h] -> out [rows, h], out = silu(gate) * up, gate = first half
+//   gelu_erf_f32: x [n] -> out [n], out = x/2 * (1 + erf(x/sqrt2)) written as x/2 * erfc(-x/sqrt2),
+//                 which is the same function without the cancellation of 1 + erf for x << 0
+
+extern "C" __global__ void add_f32(const float* a, const float* b, float* out, unsigned int n) {
+    for (u64 i = flat_index(); i < n; i += flat_stride()) out[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void swiglu_f32(const float* x, float* out, unsigned int rows, unsigned int h) {
+    const u64 total = (u64)rows * h;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 r = i / h, c = i % h;
+        const float g = x[r * 2 * h + c];
+        const float u = x[r * 2 * h + h + c];
+        out[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+extern "C" __global__ void gelu_erf_f32(const float* x, float* out, unsigned int n) {
+    for (u64 i = flat_index(); i < n; i += flat_stride()) {
+        const float v = x[i];
+        out[i] = 0.5f * v * erfcf(-v * 0.70710678118654752f);
+    }
+}

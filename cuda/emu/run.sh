@@ -1,0 +1,14 @@
+#!/bin/sh
+# Host-side logic check of the CUDA kernels (no GPU, no CUDA toolkit): builds every file of cuda/
+# against cuda_emu.h with g++ and compares each kernel with a plain C++ reference.
+#   sh cuda/emu/run.sh
+set -e
+here=$(cd "$(dirname "$0")" && pwd)
+out=${TMPDIR:-/tmp}/fovea-cuda-emu
+mkdir -p "$out"
+# what NVRTC compiles (common.cuh + each file), with dynamic shared memory mapped to the emulator's
+for f in common.cuh elementwise.cu copy.cu norm.cu rope.cu attention.cu linear.cu debug.cu; do
+    sed 's/extern __shared__ float smem\[\];/float* smem = g_dyn_smem.data();/' "$here/../$f"
+done > "$out/all_kernels.inc"
+g++ -std=c++20 -O2 -pthread -Wall -Wno-unused-function -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test"
+"$out/emu_test"

@@ -1,0 +1,16 @@
+// rms_norm_f32: x [n, d], weight [d] -> out [n, d], out = (x * (1 / sqrt(mean(x^2) + eps))) * weight.
+// One block (256 threads) per row, rows grid-strided; the sum of squares is a block reduction.
+
+extern "C" __global__ void rms_norm_f32(const float* x, const float* weight, float* out, unsigned int n,
+                                        unsigned int d, float eps) {
+    __shared__ float red[32];
+    for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {
+        const float* xr = x + (u64)row * d;
+        float* yr = out + (u64)row * d;
+        float s = 0.0f;
+        for (unsigned int c = threadIdx.x; c < d; c += blockDim.x) s = fmaf(xr[c], xr[c], s);
+        s = block_sum(s, red);
+        const float inv = 1.0f / sqrtf(s / (float)d + eps);
+        for (unsigned int c = threadIdx.x; c < d; c += blockDim.x) yr[c] = (xr[c] * inv) * weight[c];
+    }
+}

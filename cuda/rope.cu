@@ -1,0 +1,20 @@
+// rope_2d_f32: x [n, heads*hd] -> out [n, heads*hd], rotate-half pairs (d, d + hd/2) of every head.
+// The angle table comes from the host in f32 (the reference's own recipe, see rope_2d_tables):
+// tab[r*half + d] = cos, tab[n*half + r*half + d] = sin, half = hd/2. One pair per loop step.
+
+extern "C" __global__ void rope_2d_f32(const float* x, const float* tab, float* out, unsigned int n,
+                                       unsigned int heads, unsigned int hd) {
+    const unsigned int half = hd / 2;
+    const u64 total = (u64)n * heads * half;
+    const u64 cols = (u64)heads * hd;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 r = i / ((u64)heads * half), rem = i % ((u64)heads * half);
+        const u64 h = rem / half, d = rem % half;
+        const u64 ia = r * cols + h * hd + d, ib = ia + half;
+        const float c = tab[r * half + d];
+        const float s = tab[(u64)n * half + r * half + d];
+        const float a = x[ia], b = x[ib];
+        out[ia] = a * c - b * s;
+        out[ib] = b * c + a * s;
+    }
+}

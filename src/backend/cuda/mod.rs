@@ -1,0 +1,1023 @@
+//! Native CUDA lane (in progress): the shared and vision ops of the contract on CUDA C kernels
+//! (`cuda/*.cu`), driven through cudarc's driver API. The language-model ops keep the trait's
+//! `Unsupported` defaults and `supports` says so, so `auto` never picks this lane for a language
+//! model and `--backend cuda` refuses one by name.
+//!
+//! - Loading: the CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are opened at run time
+//!   (cudarc `dynamic-loading`), so the binary builds and starts on machines without CUDA. Both
+//!   libraries are probed before anything else is called (cudarc panics when one is missing);
+//!   a missing one is an `Error::Device` naming it.
+//! - Kernels: why NVRTC at run time rather than nvcc at build time? The build machines and CI have
+//!   no nvcc; one binary serves every architecture; and the kernels are compiled for the exact
+//!   compute capability of the device found (`--gpu-architecture=compute_XY`, PTX that the driver
+//!   turns into sm_XY code at module load), not for a guessed list.
+//!   Each file is compiled at its first use and the PTX is cached per architecture for the life
+//!   of the process (every backend on a device of that architecture reuses it); each backend
+//!   loads the module into its own context once.
+//! - Memory: every tensor and weight is one plain device allocation (`CudaSlice<u8>`); weights
+//!   keep their checkpoint format (f32, f16, bf16) and `linear` decodes them in the kernel.
+//!   Allocations are never zero-sized (at least 4 bytes).
+//! - Ordering: one stream (the context's default stream) carries every copy and kernel, so ops
+//!   run in issue order; cudarc's per-allocation event tracking is switched off (it only matters
+//!   with several streams). `download` synchronises and reports asynchronous kernel faults.
+//! - Guard bands (`Options::guard_words`, diagnostic): every activation gets extra words filled
+//!   with `GUARD_SENTINEL`; `check_guards` / `download` report a write past the end.
+//! - `gather_rows` bounds-checks every index on the device: one outside `0..m` yields a row of NaN
+//!   (the CPU lane returns an error; a GPU lane cannot without a host round trip).
+//! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
+//!   (grid, head dim, θ) and counted as weight memory while cached.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+
+use crate::backend::cpu::rope_2d_tables;
+use crate::backend::{
+    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, WeightFormat,
+};
+use crate::error::{Error, Result};
+
+const LANE: &str = "cuda";
+/// The language-model ops this lane implements: none yet (they keep the trait's defaults).
+pub const LM_SUPPORTED: &[Op] = &[];
+/// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
+pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
+/// Threads per block of the 1-D (grid-stride) kernels.
+const THREADS: u32 = 256;
+/// Cap on the blocks of a 1-D launch (the kernels grid-stride over the rest).
+const MAX_BLOCKS: usize = 1 << 20;
+/// Threads per block of `attention_f32` (`ATT_THREADS` in cuda/attention.cu).
+const ATTENTION_THREADS: u32 = 128;
+/// Tile edge of the linear kernels (`TILE` in cuda/linear.cu).
+const LINEAR_TILE: u32 = 16;
+/// Dynamic shared memory a block may use without opting in.
+const DEFAULT_SHARED_BYTES: usize = 48 * 1024;
+
+/// One kernel file of `cuda/`, compiled as a unit (after `cuda/common.cuh`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    Elementwise,
+    Copy,
+    Norm,
+    Rope,
+    Attention,
+    Linear,
+    Debug,
+}
+
+const COMMON: &str = include_str!("../../../cuda/common.cuh");
+
+impl Source {
+    pub const ALL: [Source; 7] = [
+        Source::Elementwise,
+        Source::Copy,
+        Source::Norm,
+        Source::Rope,
+        Source::Attention,
+        Source::Linear,
+        Source::Debug,
+    ];
+
+    pub fn file(self) -> &'static str {
+        match self {
+            Source::Elementwise => "elementwise.cu",
+            Source::Copy => "copy.cu",
+            Source::Norm => "norm.cu",
+            Source::Rope => "rope.cu",
+            Source::Attention => "attention.cu",
+            Source::Linear => "linear.cu",
+            Source::Debug => "debug.cu",
+        }
+    }
+
+    /// The file's own text (without the common prelude).
+    pub fn text(self) -> &'static str {
+        match self {
+            Source::Elementwise => include_str!("../../../cuda/elementwise.cu"),
+            Source::Copy => include_str!("../../../cuda/copy.cu"),
+            Source::Norm => include_str!("../../../cuda/norm.cu"),
+            Source::Rope => include_str!("../../../cuda/rope.cu"),
+            Source::Attention => include_str!("../../../cuda/attention.cu"),
+            Source::Linear => include_str!("../../../cuda/linear.cu"),
+            Source::Debug => include_str!("../../../cuda/debug.cu"),
+        }
+    }
+
+    /// What NVRTC compiles: the common prelude, then the file.
+    pub fn program(self) -> String {
+        format!("{COMMON}\n#line 1 \"{}\"\n{}", self.file(), self.text())
+    }
+}
+
+/// Every kernel the lane launches, with its file (a unit test checks each is defined there).
+pub const KERNELS: &[(Source, &str)] = &[
+    (Source::Elementwise, "add_f32"),
+    (Source::Elementwise, "swiglu_f32"),
+    (Source::Elementwise, "gelu_erf_f32"),
+    (Source::Copy, "slice_cols_f32"),
+    (Source::Copy, "gather_rows_f32"),
+    (Source::Copy, "unfold_f32"),
+    (Source::Norm, "rms_norm_f32"),
+    (Source::Rope, "rope_2d_f32"),
+    (Source::Attention, "attention_f32"),
+    (Source::Linear, "linear_f32"),
+    (Source::Linear, "linear_bf16"),
+    (Source::Linear, "linear_f16"),
+    (Source::Debug, "debug_poke_u32"),
+];
+
+/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file).
+static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source), Ptx>>> = LazyLock::new(Mutex::default);
+
+/// Run `f`, turning a panic inside cudarc (a missing library symbol, say) into `Error::Device`.
+fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panic without a message".into());
+        Err(Error::Device(format!("{what}: caught a panic inside cudarc: {msg}")))
+    })
+}
+
+/// Check that the CUDA driver and NVRTC libraries can be opened (cudarc panics on first use of a
+/// missing one, so this runs before any other CUDA call).
+fn check_libraries() -> Result<()> {
+    // SAFETY: only tries to dlopen the library under its usual names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::Device(
+            "no CUDA driver (libcuda.so) found: the cuda lane needs an NVIDIA GPU with its driver installed".into(),
+        ));
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::Device(
+            "NVRTC (libnvrtc.so.13) not found: the CUDA lane compiles its kernels at run time; install the CUDA 13 \
+             NVRTC package (cuda-nvrtc-13-0) or add its lib directory to LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+fn nvrtc_version() -> Option<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints; the library was found by `check_libraries`.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
+fn driver_version() -> Option<i32> {
+    let mut v = 0;
+    // SAFETY: writes one int; the library was found by `check_libraries`.
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then_some(v)
+}
+
+fn dev_err(what: impl std::fmt::Display, e: impl std::fmt::Debug) -> Error {
+    Error::Device(format!("{what}: {e:?}"))
+}
+
+/// Open device `ordinal` (libraries probed first).
+fn open_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    check_libraries()?;
+    no_panic("CUDA driver", || {
+        let count = CudaContext::device_count().map_err(|e| dev_err("CUDA driver: cuDeviceGetCount", e))?;
+        if count <= 0 {
+            return Err(Error::Device("the CUDA driver found no device".into()));
+        }
+        if ordinal >= count as usize {
+            return Err(Error::Device(format!("no CUDA device {ordinal}: the driver found {count}")));
+        }
+        CudaContext::new(ordinal).map_err(|e| dev_err(format!("CUDA device {ordinal}: creating its context"), e))
+    })
+}
+
+fn describe(ctx: &CudaContext) -> Result<(String, u32)> {
+    let name = ctx.name().map_err(|e| dev_err("CUDA device name", e))?;
+    let (major, minor) = ctx.compute_capability().map_err(|e| dev_err("CUDA compute capability", e))?;
+    let mem = ctx.total_mem().map_err(|e| dev_err("CUDA device memory", e))?;
+    let driver = driver_version().map_or("?".into(), |v| format!("{}.{}", v / 1000, v % 1000 / 10));
+    let nvrtc = nvrtc_version().map_or("?".into(), |(a, b)| format!("{a}.{b}"));
+    let arch = (major * 10 + minor) as u32;
+    Ok((
+        format!("{name} (sm_{arch}, {:.1} GiB, CUDA driver {driver}, NVRTC {nvrtc})", mem as f64 / (1u64 << 30) as f64),
+        arch,
+    ))
+}
+
+/// The first CUDA device's description ("NVIDIA H200 (sm_90, …)"), or why the lane cannot run
+/// here (no driver, no NVRTC, no device). Never panics.
+pub fn probe() -> Result<String> {
+    let ctx = open_context(0)?;
+    no_panic("CUDA driver", || describe(&ctx).map(|(d, _)| d))
+}
+
+/// PTX of `src` for architecture `arch`, compiled by NVRTC at the first request in this process.
+fn ptx_for(arch: u32, src: Source) -> Result<Ptx> {
+    let mut cache = PTX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = cache.get(&(arch, src)) {
+        return Ok(p.clone());
+    }
+    // The device's own compute capability as the virtual architecture: NVRTC emits PTX for it
+    // (a real `sm_XY` target makes NVRTC emit a cubin, and `nvrtcGetPTX`, all cudarc reads, may
+    // then have nothing), and the driver JIT-compiles that PTX for sm_XY when the module loads.
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{arch}")],
+        name: Some(src.file().into()),
+        ..Default::default()
+    };
+    let ptx = no_panic("NVRTC", || {
+        cudarc::nvrtc::compile_ptx_with_opts(src.program(), opts).map_err(|e| match e {
+            CompileError::CompileError { nvrtc, options, log } => Error::Device(format!(
+                "NVRTC could not compile cuda/{} for compute_{arch} ({nvrtc:?}, options {options:?}):\n{}",
+                src.file(),
+                log.to_string_lossy()
+            )),
+            e => Error::Device(format!("NVRTC failed on cuda/{} for compute_{arch}: {e:?}", src.file())),
+        })
+    })?;
+    cache.insert((arch, src), ptx.clone());
+    Ok(ptx)
+}
+
+/// Construction options. `Default` is what the CLI uses.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// CUDA device ordinal.
+    pub ordinal: usize,
+    /// Guard words appended to every activation output (0 = off). Diagnostic.
+    pub guard_words: u32,
+}
+
+#[derive(Default)]
+struct Counters {
+    weight: AtomicU64,
+    activation: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl Counters {
+    fn add_activation(&self, bytes: u64) {
+        let now = self.activation.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Counted as activation memory while alive.
+    Activation,
+    /// A model parameter or a constant table, counted as weight memory while alive.
+    Weight,
+}
+
+/// A device tensor: one allocation plus shape and dtype. Uncounted when dropped.
+pub struct CudaTensor {
+    buf: CudaSlice<u8>,
+    /// Bytes of the elements (numel · 4).
+    bytes: usize,
+    /// Guard words after the elements (activations only).
+    guard_words: u32,
+    /// Bytes counted in the memory report.
+    counted: u64,
+    role: Role,
+    shape: Vec<usize>,
+    dtype: DType,
+    producer: &'static str,
+    counters: Arc<Counters>,
+}
+
+impl CudaTensor {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// The op that wrote this tensor ("upload", "linear", ...).
+    pub fn producer(&self) -> &'static str {
+        self.producer
+    }
+}
+
+impl Drop for CudaTensor {
+    fn drop(&mut self) {
+        let c = match self.role {
+            Role::Activation => &self.counters.activation,
+            Role::Weight => &self.counters.weight,
+        };
+        c.fetch_sub(self.counted, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for CudaTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaTensor({} {:?} from {})", self.dtype, self.shape, self.producer)
+    }
+}
+
+impl DeviceTensor for CudaTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+/// A weight matrix `[rows, cols]` in its storage format, one allocation, rows packed.
+pub struct CudaWeight {
+    name: String,
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    buf: CudaSlice<u8>,
+    counted: u64,
+    counters: Arc<Counters>,
+}
+
+impl CudaWeight {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Device bytes of the matrix.
+    pub fn device_bytes(&self) -> u64 {
+        self.counted
+    }
+}
+
+impl Drop for CudaWeight {
+    fn drop(&mut self) {
+        self.counters.weight.fetch_sub(self.counted, Ordering::Relaxed);
+    }
+}
+
+impl DeviceWeight for CudaWeight {
+    fn format(&self) -> WeightFormat {
+        self.format
+    }
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// The CUDA lane.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    description: String,
+    /// Compute capability as `major·10 + minor` (the NVRTC target `sm_{arch}`).
+    arch: u32,
+    opts: Options,
+    counters: Arc<Counters>,
+    modules: Mutex<HashMap<Source, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Bound in place of an absent bias (never read).
+    dummy: CudaSlice<u8>,
+    /// cos/sin tables of rope_2d keyed by (n, grid_w, hd, theta bits).
+    rope_tables: Mutex<HashMap<(usize, usize, usize, u32), Arc<CudaTensor>>>,
+}
+
+fn check_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        Error::Device(format!("op `{op}`: {what} = {v} exceeds the 32-bit sizes of the cuda lane's kernels"))
+    })
+}
+
+/// A 1-D grid-stride launch over `total` items.
+fn cfg_1d(total: usize) -> LaunchConfig {
+    let blocks = total.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS);
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+impl CudaBackend {
+    /// Open CUDA device `ordinal` (0 = the first). Probes the driver and NVRTC first; never
+    /// panics when they are missing.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_options(Options { ordinal, ..Options::default() })
+    }
+
+    pub fn with_options(opts: Options) -> Result<Self> {
+        let ctx = open_context(opts.ordinal)?;
+        no_panic("CUDA driver", || {
+            let (description, arch) = describe(&ctx)?;
+            // SAFETY: this lane issues all work on one stream, so no cross-stream synchronisation
+            // (what the per-allocation events are for) is ever needed.
+            unsafe { ctx.disable_event_tracking() };
+            let stream = ctx.default_stream();
+            let dummy = stream.alloc_zeros::<u8>(16).map_err(|e| dev_err("CUDA allocation", e))?;
+            Ok(CudaBackend {
+                ctx: ctx.clone(),
+                stream,
+                description,
+                arch,
+                opts,
+                counters: Arc::default(),
+                modules: Mutex::default(),
+                functions: Mutex::default(),
+                dummy,
+                rope_tables: Mutex::default(),
+            })
+        })
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// Compute capability as `major·10 + minor` (90 on an H100/H200).
+    pub fn arch(&self) -> u32 {
+        self.arch
+    }
+
+    /// Wait for all issued work; reports asynchronous faults (illegal address, ...).
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| dev_err("CUDA stream synchronize", e))?;
+        self.ctx.check_err().map_err(|e| dev_err("CUDA (recorded in a destructor)", e))
+    }
+
+    /// Compile (at the first use in this process, for this architecture) and load `name`.
+    fn func(&self, src: Source, name: &'static str) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(f.clone());
+        }
+        let module = {
+            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            match modules.get(&src) {
+                Some(m) => m.clone(),
+                None => {
+                    let ptx = ptx_for(self.arch, src)?;
+                    let m = self
+                        .ctx
+                        .load_module(ptx)
+                        .map_err(|e| dev_err(format!("loading cuda/{} for sm_{}", src.file(), self.arch), e))?;
+                    modules.insert(src, m.clone());
+                    m
+                }
+            }
+        };
+        let f =
+            module.load_function(name).map_err(|e| dev_err(format!("kernel `{name}` of cuda/{}", src.file()), e))?;
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name, f.clone());
+        Ok(f)
+    }
+
+    // ---- allocation ----------------------------------------------------------------------------
+
+    fn raw_alloc(&self, op: &'static str, bytes: usize) -> Result<CudaSlice<u8>> {
+        // SAFETY: the contents are written (upload, kernel, copy) before anything reads them.
+        unsafe { self.stream.alloc::<u8>(bytes.max(4)) }
+            .map_err(|e| dev_err(format!("op `{op}`: allocating {bytes} bytes of device memory"), e))
+    }
+
+    fn new_tensor(
+        &self,
+        op: &'static str,
+        shape: Vec<usize>,
+        dtype: DType,
+        role: Role,
+        contents: Option<&[u8]>,
+    ) -> Result<CudaTensor> {
+        if shape.is_empty() {
+            return Err(Error::shape(op, "a tensor needs at least one dimension"));
+        }
+        let numel: usize = shape.iter().product();
+        check_u32(op, "elements", numel)?;
+        let bytes = numel * 4;
+        let guard_words = if role == Role::Activation { self.opts.guard_words } else { 0 };
+        let guard = guard_words as usize * 4;
+        let mut buf = self.raw_alloc(op, bytes + guard)?;
+        if let Some(data) = contents {
+            if !data.is_empty() {
+                self.stream
+                    .memcpy_htod(data, &mut buf.slice_mut(0..data.len()))
+                    .map_err(|e| dev_err(format!("op `{op}`: host-to-device copy"), e))?;
+            }
+        }
+        if guard > 0 {
+            let words: Vec<u8> = GUARD_SENTINEL.to_le_bytes().repeat(guard_words as usize);
+            self.stream
+                .memcpy_htod(&words[..], &mut buf.slice_mut(bytes..bytes + guard))
+                .map_err(|e| dev_err(format!("op `{op}`: writing the guard band"), e))?;
+        }
+        let counted = buf.len() as u64;
+        match role {
+            Role::Activation => self.counters.add_activation(counted),
+            Role::Weight => {
+                self.counters.weight.fetch_add(counted, Ordering::Relaxed);
+            }
+        }
+        Ok(CudaTensor {
+            buf,
+            bytes,
+            guard_words,
+            counted,
+            role,
+            shape,
+            dtype,
+            producer: op,
+            counters: self.counters.clone(),
+        })
+    }
+
+    /// A new activation output of `shape` (contents undefined; guard band filled when on).
+    fn alloc(&self, op: &'static str, shape: Vec<usize>, dtype: DType) -> Result<CudaTensor> {
+        self.new_tensor(op, shape, dtype, Role::Activation, None)
+    }
+
+    fn check_input(&self, op: &'static str, what: &str, t: &CudaTensor, dtype: DType) -> Result<()> {
+        if t.dtype != dtype {
+            return Err(Error::shape(op, format!("{what} must be {dtype}, found {}", t.dtype)));
+        }
+        if t.shape.is_empty() {
+            return Err(Error::shape(op, format!("{what} must have at least one dimension")));
+        }
+        Ok(())
+    }
+
+    fn launch_err(op: &'static str, kernel: &str, e: impl std::fmt::Debug) -> Error {
+        Error::Device(format!("op `{op}`: launching kernel `{kernel}`: {e:?}"))
+    }
+
+    fn read_back(&self, t: &CudaTensor, from: usize, len: usize) -> Result<Vec<u8>> {
+        if len == 0 {
+            return self.sync().map(|_| Vec::new());
+        }
+        let out = self
+            .stream
+            .clone_dtoh(&t.buf.slice(from..from + len))
+            .map_err(|e| dev_err(format!("device-to-host copy of {t:?}"), e))?;
+        self.sync()?;
+        Ok(out)
+    }
+
+    /// Check that nothing wrote past the end of `t` (its guard band still holds the sentinel).
+    /// Ok when guards are off or `t` has none.
+    pub fn check_guards(&self, t: &CudaTensor) -> Result<()> {
+        if t.guard_words == 0 {
+            return Ok(());
+        }
+        let raw = self.read_back(t, t.bytes, t.guard_words as usize * 4)?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let bad: Vec<usize> = words.iter().enumerate().filter(|(_, w)| **w != GUARD_SENTINEL).map(|(i, _)| i).collect();
+        if bad.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Device(format!(
+            "op `{}` wrote past the end of its {:?} output: guard words {:?} of {} overwritten (first value {:#010x})",
+            t.producer,
+            t.shape,
+            bad,
+            words.len(),
+            words[bad[0]]
+        )))
+    }
+
+    /// Test hook: a kernel writes `value` at element `index` of `t`'s allocation, guard band
+    /// included (`index >= numel` simulates an out-of-bounds write).
+    #[doc(hidden)]
+    pub fn debug_poke(&self, t: &CudaTensor, index: u32, value: u32) -> Result<()> {
+        if index as usize * 4 + 4 > t.buf.len() {
+            return Err(Error::Invalid(format!("debug_poke: index {index} is outside the allocation of {t:?}")));
+        }
+        let f = self.func(Source::Debug, "debug_poke_u32")?;
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&t.buf).arg(&index).arg(&value);
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: arguments match `debug_poke_u32` in cuda/debug.cu; the index is inside the buffer.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err("debug_poke", "debug_poke_u32", e))?;
+        Ok(())
+    }
+
+    fn rope_table(&self, n: usize, grid_w: usize, hd: usize, theta: f32) -> Result<Arc<CudaTensor>> {
+        let key = (n, grid_w, hd, theta.to_bits());
+        if let Some(t) = self.rope_tables.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(t.clone());
+        }
+        // The CPU lane's own tables (same f32 arithmetic), cos then sin.
+        let (cos, sin) = rope_2d_tables(n, grid_w, hd, theta);
+        let tab: Vec<f32> = cos.into_iter().chain(sin).collect();
+        let t = Arc::new(self.new_tensor(
+            "rope_2d",
+            vec![tab.len()],
+            DType::F32,
+            Role::Weight,
+            Some(bytemuck::cast_slice(&tab)),
+        )?);
+        let mut tables = self.rope_tables.lock().unwrap_or_else(|e| e.into_inner());
+        if tables.len() >= 8 {
+            tables.clear();
+        }
+        tables.insert(key, t.clone());
+        Ok(t)
+    }
+
+    fn unsupported(op: Op, what: impl Into<String>) -> Error {
+        Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
+    }
+
+    /// One 1-D elementwise launch of `kernel(x, [y,] out, sizes...)`, skipped when `total` is 0.
+    fn launch_1d(
+        &self,
+        op: &'static str,
+        src: Source,
+        kernel: &'static str,
+        inputs: &[&CudaSlice<u8>],
+        out: &mut CudaTensor,
+        sizes: &[u32],
+        total: usize,
+    ) -> Result<()> {
+        if total == 0 {
+            return Ok(());
+        }
+        let f = self.func(src, kernel)?;
+        let mut l = self.stream.launch_builder(&f);
+        for &i in inputs {
+            l.arg(i);
+        }
+        l.arg(&mut out.buf);
+        for s in sizes {
+            l.arg(s);
+        }
+        // SAFETY: the argument list matches the kernel's signature in `src` (buffers, then
+        // `unsigned int` sizes), and the host checked every size against the buffers.
+        unsafe { l.launch(cfg_1d(total)) }.map_err(|e| Self::launch_err(op, kernel, e))?;
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+
+    fn lane(&self) -> &'static str {
+        LANE
+    }
+
+    fn device_name(&self) -> String {
+        self.description.clone()
+    }
+
+    fn supports(&self, op: Op, _format: WeightFormat) -> bool {
+        !op.is_lm() || LM_SUPPORTED.contains(&op)
+    }
+
+    fn memory(&self) -> MemoryReport {
+        let c = &self.counters;
+        MemoryReport {
+            weight_bytes: c.weight.load(Ordering::Relaxed),
+            activation_bytes: c.activation.load(Ordering::Relaxed),
+            peak_activation_bytes: c.peak.load(Ordering::Relaxed),
+        }
+    }
+
+    fn upload(&self, host: &HostTensor) -> Result<CudaTensor> {
+        let (raw, dtype): (&[u8], DType) = match &host.data {
+            HostData::F32(v) => (bytemuck::cast_slice(v), DType::F32),
+            HostData::I32(v) => (bytemuck::cast_slice(v), DType::I32),
+        };
+        if raw.len() != host.numel() * 4 {
+            return Err(Error::shape("upload", format!("shape {:?} but {} bytes of data", host.shape, raw.len())));
+        }
+        self.new_tensor("upload", host.shape.clone(), dtype, Role::Activation, Some(raw))
+    }
+
+    fn upload_param(&self, host: &HostTensor) -> Result<CudaTensor> {
+        let (raw, dtype): (&[u8], DType) = match &host.data {
+            HostData::F32(v) => (bytemuck::cast_slice(v), DType::F32),
+            HostData::I32(v) => (bytemuck::cast_slice(v), DType::I32),
+        };
+        if raw.len() != host.numel() * 4 {
+            return Err(Error::shape(
+                "upload_param",
+                format!("shape {:?} but {} bytes of data", host.shape, raw.len()),
+            ));
+        }
+        self.new_tensor("upload_param", host.shape.clone(), dtype, Role::Weight, Some(raw))
+    }
+
+    fn upload_weight(&self, w: &HostWeight<'_>) -> Result<CudaWeight> {
+        w.validate()?;
+        check_u32("upload_weight", &format!("rows of `{}`", w.name), w.rows)?;
+        check_u32("upload_weight", &format!("cols of `{}`", w.name), w.cols)?;
+        let mut buf = self.raw_alloc("upload_weight", w.bytes.len())?;
+        if !w.bytes.is_empty() {
+            self.stream
+                .memcpy_htod(&w.bytes[..], &mut buf.slice_mut(0..w.bytes.len()))
+                .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))?;
+        }
+        let counted = w.bytes.len() as u64;
+        self.counters.weight.fetch_add(counted, Ordering::Relaxed);
+        Ok(CudaWeight {
+            name: w.name.clone(),
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            buf,
+            counted,
+            counters: self.counters.clone(),
+        })
+    }
+
+    fn download(&self, t: &CudaTensor) -> Result<HostTensor> {
+        let raw = self.read_back(t, 0, t.bytes)?;
+        self.check_guards(t)?;
+        match t.dtype {
+            DType::F32 => HostTensor::f32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
+            DType::I32 => HostTensor::i32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
+        }
+    }
+
+    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (tiled kernel, weight decoded in it).
+    fn linear(&self, x: &CudaTensor, w: &CudaWeight, bias: Option<&CudaTensor>) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, k) = (x.rows(), x.cols());
+        if k != w.cols {
+            return Err(Error::shape(
+                OP,
+                format!("x {:?} has {k} columns, weight `{}` has {} (in_features)", x.shape, w.name, w.cols),
+            ));
+        }
+        if let Some(b) = bias {
+            self.check_input(OP, "bias", b, DType::F32)?;
+            if b.numel() != w.rows {
+                return Err(Error::shape(
+                    OP,
+                    format!("bias {:?} for weight `{}` with {} rows", b.shape, w.name, w.rows),
+                ));
+            }
+        }
+        let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        if n == 0 || w.rows == 0 {
+            return Ok(y);
+        }
+        let gy = n.div_ceil(LINEAR_TILE as usize);
+        if gy > 65535 {
+            return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
+        }
+        let kernel = match w.format {
+            WeightFormat::F32 => "linear_f32",
+            WeightFormat::BF16 => "linear_bf16",
+            WeightFormat::F16 => "linear_f16",
+        };
+        let f = self.func(Source::Linear, kernel)?;
+        let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
+        let has_bias = bias.is_some() as u32;
+        let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
+        let cfg = LaunchConfig {
+            grid_dim: (w.rows.div_ceil(LINEAR_TILE as usize) as u32, gy as u32, 1),
+            block_dim: (LINEAR_TILE, LINEAR_TILE, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&x.buf).arg(&w.buf).arg(bias_buf).arg(&mut y.buf).arg(&n32).arg(&k32).arg(&o32).arg(&has_bias);
+        // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
+        Ok(y)
+    }
+
+    /// x `[n, d]`, weight `[d]` → `[n, d]`, one block per row.
+    fn rms_norm(&self, x: &CudaTensor, weight: &CudaTensor, eps: f32) -> Result<CudaTensor> {
+        const OP: &str = "rms_norm";
+        self.check_input(OP, "x", x, DType::F32)?;
+        self.check_input(OP, "weight", weight, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        if weight.numel() != d {
+            return Err(Error::shape(OP, format!("weight {:?} for x {:?}", weight.shape, x.shape)));
+        }
+        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        if n == 0 || d == 0 {
+            return Ok(y);
+        }
+        let f = self.func(Source::Norm, "rms_norm_f32")?;
+        let (n32, d32) = (n as u32, d as u32);
+        let cfg = LaunchConfig {
+            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&x.buf).arg(&weight.buf).arg(&mut y.buf).arg(&n32).arg(&d32).arg(&eps);
+        // SAFETY: arguments match `rms_norm_f32` in cuda/norm.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "rms_norm_f32", e))?;
+        Ok(y)
+    }
+
+    /// a, b `[n, d]` → `[n, d]`.
+    fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "add";
+        self.check_input(OP, "a", a, DType::F32)?;
+        self.check_input(OP, "b", b, DType::F32)?;
+        if a.shape != b.shape {
+            return Err(Error::shape(OP, format!("a {:?} and b {:?} differ", a.shape, b.shape)));
+        }
+        let mut y = self.alloc(OP, a.shape.clone(), DType::F32)?;
+        let n = a.numel();
+        self.launch_1d(OP, Source::Elementwise, "add_f32", &[&a.buf, &b.buf], &mut y, &[n as u32], n)?;
+        Ok(y)
+    }
+
+    /// x `[n, d]` → `[n, len]`.
+    fn slice_cols(&self, x: &CudaTensor, start: usize, len: usize) -> Result<CudaTensor> {
+        const OP: &str = "slice_cols";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        if start.checked_add(len).is_none_or(|end| end > d) {
+            return Err(Error::shape(OP, format!("columns {start}..{} of x {:?}", start.saturating_add(len), x.shape)));
+        }
+        let mut y = self.alloc(OP, vec![n, len], DType::F32)?;
+        let sizes = [n as u32, len as u32, d as u32, start as u32];
+        self.launch_1d(OP, Source::Copy, "slice_cols_f32", &[&x.buf], &mut y, &sizes, n * len)?;
+        Ok(y)
+    }
+
+    /// `[n, d]`, `[m, d]` → `[n+m, d]` by two device-to-device copies (f32 or i32).
+    fn concat_rows(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "concat_rows";
+        if a.dtype != b.dtype {
+            return Err(Error::shape(OP, format!("a is {}, b is {}", a.dtype, b.dtype)));
+        }
+        self.check_input(OP, "a", a, a.dtype)?;
+        self.check_input(OP, "b", b, b.dtype)?;
+        if a.cols() != b.cols() {
+            return Err(Error::shape(OP, format!("a {:?} and b {:?} differ in columns", a.shape, b.shape)));
+        }
+        let mut y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
+        let copy_err = |e| dev_err("op `concat_rows`: device-to-device copy", e);
+        if a.bytes > 0 {
+            self.stream.memcpy_dtod(&a.buf.slice(0..a.bytes), &mut y.buf.slice_mut(0..a.bytes)).map_err(copy_err)?;
+        }
+        if b.bytes > 0 {
+            let end = a.bytes + b.bytes;
+            self.stream.memcpy_dtod(&b.buf.slice(0..b.bytes), &mut y.buf.slice_mut(a.bytes..end)).map_err(copy_err)?;
+        }
+        Ok(y)
+    }
+
+    /// src `[m, d]`, idx i32 `[n]` → `[n, d]`; an index outside `0..m` yields a row of NaN.
+    fn gather_rows(&self, src: &CudaTensor, idx: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "gather_rows";
+        self.check_input(OP, "src", src, DType::F32)?;
+        self.check_input(OP, "idx", idx, DType::I32)?;
+        let (m, d) = (src.rows(), src.cols());
+        let n = idx.numel();
+        let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let sizes = [n as u32, d as u32, check_u32(OP, "src rows", m)?];
+        self.launch_1d(OP, Source::Copy, "gather_rows_f32", &[&src.buf, &idx.buf], &mut y, &sizes, n * d)?;
+        Ok(y)
+    }
+
+    /// x `[n, 2h]` → `[n, h]`, gate = first half.
+    fn swiglu(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "swiglu";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        if d % 2 != 0 {
+            return Err(Error::shape(OP, format!("x {:?} has an odd number of columns", x.shape)));
+        }
+        let h = d / 2;
+        let mut y = self.alloc(OP, vec![n, h], DType::F32)?;
+        self.launch_1d(OP, Source::Elementwise, "swiglu_f32", &[&x.buf], &mut y, &[n as u32, h as u32], n * h)?;
+        Ok(y)
+    }
+
+    /// `[n, d]` → `[n, d]`, exact (erf) GELU.
+    fn gelu_erf(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "gelu_erf";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let n = x.numel();
+        self.launch_1d(OP, Source::Elementwise, "gelu_erf_f32", &[&x.buf], &mut y, &[n as u32], n)?;
+        Ok(y)
+    }
+
+    /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
+    fn rope_2d(&self, x: &CudaTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<CudaTensor> {
+        const OP: &str = "rope_2d";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
+        }
+        let hd = cols / n_heads;
+        if hd % 4 != 0 {
+            return Err(Error::shape(OP, format!("head dim {hd} is not a multiple of 4")));
+        }
+        if grid_w == 0 || n % grid_w != 0 {
+            return Err(Error::shape(OP, format!("{n} rows are not a whole grid of width {grid_w}")));
+        }
+        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let total = n * n_heads * hd / 2;
+        if total == 0 {
+            return Ok(y);
+        }
+        let tab = self.rope_table(n, grid_w, hd, theta)?;
+        let sizes = [n as u32, n_heads as u32, hd as u32];
+        self.launch_1d(OP, Source::Rope, "rope_2d_f32", &[&x.buf, &tab.buf], &mut y, &sizes, total)?;
+        Ok(y)
+    }
+
+    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`: one block per (query, head), online softmax.
+    fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, n_heads: usize) -> Result<CudaTensor> {
+        const OP: &str = "attention";
+        self.check_input(OP, "q", q, DType::F32)?;
+        self.check_input(OP, "k", k, DType::F32)?;
+        self.check_input(OP, "v", v, DType::F32)?;
+        if q.shape != k.shape || q.shape != v.shape {
+            return Err(Error::shape(OP, format!("q {:?}, k {:?}, v {:?} differ", q.shape, k.shape, v.shape)));
+        }
+        let (n, cols) = (q.rows(), q.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
+        }
+        let hd = cols / n_heads;
+        let shared = 2 * hd * 4;
+        // plus the kernel's static p[ATT_THREADS] and red[ATT_THREADS / 32]
+        if shared + (ATTENTION_THREADS as usize + ATTENTION_THREADS as usize / 32) * 4 > DEFAULT_SHARED_BYTES {
+            return Err(Self::unsupported(
+                Op::Attention,
+                format!(
+                    "head dim {hd} (the kernel keeps 2·hd floats in shared memory, at most {DEFAULT_SHARED_BYTES} bytes)"
+                ),
+            ));
+        }
+        if n_heads > 65535 {
+            return Err(Self::unsupported(Op::Attention, format!("{n_heads} heads (grid limit 65535)")));
+        }
+        let mut y = self.alloc(OP, q.shape.clone(), DType::F32)?;
+        if n == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let f = self.func(Source::Attention, "attention_f32")?;
+        let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, hd as u32);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let cfg = LaunchConfig {
+            grid_dim: (n32, h32, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&q.buf).arg(&k.buf).arg(&v.buf).arg(&mut y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&scale);
+        // SAFETY: arguments match `attention_f32` in cuda/attention.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "attention_f32", e))?;
+        Ok(y)
+    }
+
+    /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.
+    fn unfold(&self, x: &CudaTensor, h: usize, w: usize, r: usize) -> Result<CudaTensor> {
+        const OP: &str = "unfold";
+        self.check_input(OP, "x", x, DType::F32)?;
+        if h.checked_mul(w) != Some(x.rows()) || r == 0 {
+            return Err(Error::shape(OP, format!("x {:?} is not a {h}x{w} grid (r = {r})", x.shape)));
+        }
+        let c = x.cols();
+        let (gh, gw) = (h.div_ceil(r), w.div_ceil(r));
+        let feat = c.checked_mul(r * r).ok_or_else(|| Error::shape(OP, format!("r = {r} is too large")))?;
+        let mut y = self.alloc(OP, vec![gh * gw, feat], DType::F32)?;
+        let sizes = [c as u32, h as u32, w as u32, r as u32, gw as u32, (gh * gw) as u32];
+        self.launch_1d(OP, Source::Copy, "unfold_f32", &[&x.buf], &mut y, &sizes, gh * gw * feat)?;
+        Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Here (no driver) the probe explains why; on a GPU machine it describes the device. With
+    /// `FOVEA_REQUIRE_CUDA=1` (set on the GPU machines) only the description passes.
+    #[test]
+    fn probe_describes_the_device_or_says_why_not() {
+        match probe() {
+            Ok(desc) => assert!(desc.contains("sm_") && desc.contains("NVRTC"), "{desc}"),
+            Err(e) if std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1") => {
+                panic!("FOVEA_REQUIRE_CUDA=1 but the CUDA probe failed: {e}")
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.contains("CUDA"), "{msg}");
+                // the probe itself found what is missing; cudarc was never left to panic
+                assert!(!msg.contains("panic"), "{msg}");
+                assert!(matches!(e, Error::Device(_)), "{e:?}");
+            }
+        }
+    }
+
+    /// Every kernel the lane launches is an `extern "C" __global__` of the file it is loaded from.
+    #[test]
+    fn every_launched_kernel_is_defined_in_its_file() {
+        for (src, name) in KERNELS {
+            let decl = format!("extern \"C\" __global__ void {name}(");
+            assert!(src.text().contains(&decl), "{name} is not defined in cuda/{}", src.file());
+        }
+        for src in Source::ALL {
+            assert!(KERNELS.iter().any(|(s, _)| *s == src), "cuda/{} has no kernel in KERNELS", src.file());
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The CUDA lane's own contract: shape errors name the op (never a panic), the language-model ops
+//! are refused by name, memory is accounted like the other lanes, and the CLI either runs the
+//! vision dump on CUDA or says in one line why it cannot. The tests that need a device skip,
+//! loudly, without a CUDA driver (and fail instead under `FOVEA_REQUIRE_CUDA=1`); the CLI tests
+//! run everywhere.
+
+mod common;
+
+use std::borrow::Cow;
+use std::process::Command;
+
+use fovea::Error;
+use fovea::backend::cuda::CudaBackend;
+use fovea::backend::{Backend, DeviceTensor, HostTensor, HostWeight, Op, WeightFormat};
+
+/// The `fovea` binary built with this test, unless `FOVEA_BIN` names another (prebuilt test
+/// executables run on another machine).
+fn fovea_bin() -> Command {
+    common::ensure_runtime_dir();
+    match std::env::var_os("FOVEA_BIN") {
+        Some(bin) if !bin.is_empty() => Command::new(bin),
+        _ => Command::new(env!("CARGO_BIN_EXE_fovea")),
+    }
+}
+
+fn up(b: &CudaBackend, shape: &[usize]) -> <CudaBackend as Backend>::Tensor {
+    let n = shape.iter().product();
+    b.upload(&HostTensor::f32(shape.to_vec(), (0..n).map(|i| i as f32 * 0.01).collect()).unwrap()).unwrap()
+}
+
+fn shape_err<T: std::fmt::Debug>(r: fovea::Result<T>, op: &str) {
+    match r {
+        Err(Error::Shape { op: got, msg }) => assert_eq!(got, op, "{msg}"),
+        other => panic!("{op}: expected a shape error, got {other:?}"),
+    }
+}
+
+#[test]
+fn cuda_shape_errors_name_the_op() {
+    let Some(b) = common::cuda_lane_or_skip() else { return };
+    let (a, t) = (up(&b, &[2, 3]), up(&b, &[3, 2]));
+    shape_err(b.add(&a, &t), "add");
+    shape_err(b.slice_cols(&a, 2, 2), "slice_cols");
+    shape_err(b.slice_cols(&a, usize::MAX, 2), "slice_cols");
+    shape_err(b.concat_rows(&a, &t), "concat_rows");
+    let idx = b.upload(&HostTensor::i32([2], vec![0, 1]).unwrap()).unwrap();
+    shape_err(b.concat_rows(&a, &idx), "concat_rows");
+    shape_err(b.gather_rows(&a, &a), "gather_rows");
+    shape_err(b.swiglu(&a), "swiglu");
+    shape_err(b.gelu_erf(&idx), "gelu_erf");
+    shape_err(b.rms_norm(&a, &up(&b, &[2]), 1e-6), "rms_norm");
+    shape_err(b.rope_2d(&up(&b, &[4, 8]), 3, 2, 100.0), "rope_2d");
+    shape_err(b.rope_2d(&up(&b, &[4, 8]), 1, 3, 100.0), "rope_2d");
+    shape_err(b.rope_2d(&up(&b, &[4, 6]), 1, 2, 100.0), "rope_2d");
+    shape_err(b.attention(&a, &a, &t, 1), "attention");
+    shape_err(b.attention(&a, &a, &a, 2), "attention");
+    shape_err(b.unfold(&up(&b, &[6, 2]), 2, 2, 2), "unfold");
+    shape_err(b.unfold(&up(&b, &[4, 2]), 2, 2, 0), "unfold");
+    let w = b
+        .upload_weight(&HostWeight {
+            name: "w".into(),
+            format: WeightFormat::BF16,
+            rows: 4,
+            cols: 2,
+            bytes: Cow::Owned(vec![0; 16]),
+        })
+        .unwrap();
+    shape_err(b.linear(&a, &w, None), "linear");
+    shape_err(b.linear(&t, &w, Some(&up(&b, &[3]))), "linear");
+    // a malformed weight is refused before anything reaches the device
+    let bad =
+        HostWeight { name: "bad".into(), format: WeightFormat::F16, rows: 4, cols: 2, bytes: Cow::Owned(vec![0; 15]) };
+    assert!(matches!(b.upload_weight(&bad), Err(Error::Tensor { .. })));
+    // and the lane still works afterwards
+    let y = b.linear(&t, &w, None).unwrap();
+    assert_eq!(y.shape(), [3, 4]);
+    assert_eq!(b.download(&y).unwrap().into_f32("y").unwrap(), vec![0.0; 12]);
+}
+
+#[test]
+fn cuda_lane_claims_vision_ops_and_refuses_lm_ops_by_name() {
+    let Some(b) = common::cuda_lane_or_skip() else { return };
+    assert_eq!(b.lane(), "cuda");
+    assert!(b.device_name().contains("sm_"), "{}", b.device_name());
+    for op in Op::VISION {
+        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+            assert!(b.supports(op, f), "{op:?} {f}");
+        }
+    }
+    for op in Op::LM {
+        assert!(!b.supports(op, WeightFormat::F32), "{op:?}");
+    }
+    let x = up(&b, &[2, 4]);
+    match b.hc_expand(&x, 4) {
+        Err(Error::Unsupported { lane: "cuda", op: "hc_expand", .. }) => {}
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[test]
+fn cuda_memory_is_accounted_like_the_other_lanes() {
+    let Some(b) = common::cuda_lane_or_skip() else { return };
+    assert_eq!(b.memory(), Default::default());
+    let w = b
+        .upload_weight(&HostWeight {
+            name: "w".into(),
+            format: WeightFormat::BF16,
+            rows: 64,
+            cols: 128,
+            bytes: Cow::Owned(vec![0; 64 * 128 * 2]),
+        })
+        .unwrap();
+    let bias = b.upload_param(&HostTensor::f32([64], vec![0.5; 64]).unwrap()).unwrap();
+    assert_eq!(b.memory().weight_bytes, 64 * 128 * 2 + 64 * 4);
+    {
+        let x = up(&b, &[4, 128]);
+        let y = b.linear(&x, &w, Some(&bias)).unwrap();
+        assert_eq!(b.download(&y).unwrap().into_f32("y").unwrap(), vec![0.5; 4 * 64]);
+        let m = b.memory();
+        assert_eq!(m.activation_bytes, 4 * 128 * 4 + 4 * 64 * 4);
+    }
+    let m = b.memory();
+    assert_eq!(m.activation_bytes, 0);
+    assert_eq!(m.peak_activation_bytes, 4 * 128 * 4 + 4 * 64 * 4);
+    drop((w, bias));
+    assert_eq!(b.memory().weight_bytes, 0);
+}
+
+/// Guard bands catch a write past the end of an output (so `cuda_ops_match_cpu`'s guard check is
+/// not vacuous): `check_guards` and `download` name the op that produced the tensor.
+#[test]
+fn cuda_guard_bands_catch_a_write_past_the_end() {
+    let Some(b) =
+        common::cuda_lane_with_or_skip(fovea::backend::cuda::Options { guard_words: 4, ..Default::default() })
+    else {
+        return;
+    };
+    let x = up(&b, &[2, 3]);
+    let y = b.gelu_erf(&x).unwrap();
+    b.check_guards(&y).unwrap();
+    b.debug_poke(&y, 5, 0x3f80_0000).unwrap(); // inside the tensor: fine
+    b.check_guards(&y).unwrap();
+    b.debug_poke(&y, 6 + 2, 0x1234_5678).unwrap(); // third guard word
+    let err = b.check_guards(&y).unwrap_err().to_string();
+    assert!(err.contains("gelu_erf") && err.contains("[2]") && err.contains("0x12345678"), "{err}");
+    assert!(b.download(&y).is_err());
+    assert!(b.debug_poke(&y, 6 + 4, 0).is_err(), "poke outside the allocation must be refused");
+}
+
+/// Several backends in one process share the compiled PTX (compiled once per architecture) and
+/// each loads it into its own context.
+#[test]
+fn cuda_two_backends_in_one_process() {
+    let Some(a) = common::cuda_lane_or_skip() else { return };
+    let Some(b) = common::cuda_lane_or_skip() else { return };
+    for lane in [&a, &b] {
+        let x = up(lane, &[3, 5]);
+        let y = lane.add(&x, &x).unwrap();
+        let got = lane.download(&y).unwrap().into_f32("y").unwrap();
+        assert_eq!(got, (0..15).map(|i| 2.0 * (i as f32 * 0.01)).collect::<Vec<_>>());
+    }
+}
+
+/// `fovea dump --backend cuda` on a vision checkpoint: on a CUDA machine it writes the same
+/// stages as the CPU lane (within the f32 golden tolerance); elsewhere it is a one-line error
+/// naming what is missing, exit code 2.
+#[test]
+fn cli_vision_dump_runs_on_cuda_or_says_why_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |lane: &str| {
+        let path = tmp.path().join(format!("{lane}.safetensors"));
+        let out = fovea_bin()
+            .args(["dump", "--backend", lane, "--model"])
+            .arg(common::model_dir("vit-b"))
+            .arg("--image")
+            .arg(common::image_path("odd.png"))
+            .arg("--out")
+            .arg(&path)
+            .output()
+            .unwrap();
+        (out, path)
+    };
+    let (out, path) = run("cuda");
+    let err = String::from_utf8_lossy(&out.stderr);
+    if fovea::backend::cuda::probe().is_err() && !common::cuda_required() {
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("CUDA") && !err.contains("panicked"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        return;
+    }
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("cuda lane"), "{err}");
+    let (cpu_out, cpu_path) = run("cpu");
+    assert!(cpu_out.status.success(), "{}", String::from_utf8_lossy(&cpu_out.stderr));
+    let (ours, theirs) = (std::fs::read(&path).unwrap(), std::fs::read(&cpu_path).unwrap());
+    let (ours, theirs) = (
+        safetensors::SafeTensors::deserialize(&ours).unwrap(),
+        safetensors::SafeTensors::deserialize(&theirs).unwrap(),
+    );
+    for name in ["vit", "aligner", "block"] {
+        let e = common::rel_l2(&common::st_f32(&ours, name), &common::st_f32(&theirs, name));
+        assert!(e <= 2e-5, "{name}: cuda vs cpu rel L2 {e:.2e}");
+    }
+    assert_eq!(common::st_i64(&ours, "perm"), common::st_i64(&theirs, "perm"));
+}
+
+/// A language-model job on `--backend cuda` is refused by op name with the CPU lane as the way
+/// out, before any device is opened (so the message is the same with or without a GPU).
+#[test]
+fn cli_lm_job_on_cuda_is_refused_by_op_name() {
+    let out = fovea_bin()
+        .args(["generate", "--backend", "cuda", "--print-ids", "--token-ids", "1,2,3", "--model"])
+        .arg(common::model_dir("lm-tiny"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cuda lane does not support op `embed_rows`") && err.contains("--backend cpu"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn backend_names_parse() {
+    use fovea::pipeline::LaneChoice;
+    assert_eq!("cuda".parse::<LaneChoice>().unwrap(), LaneChoice::Cuda);
+    assert_eq!("CUDA".parse::<LaneChoice>().unwrap(), LaneChoice::Cuda);
+    let err = "metal".parse::<LaneChoice>().unwrap_err().to_string();
+    assert!(err.contains("cuda"), "{err}");
+}
