@@ -265,6 +265,354 @@ static void test_linear() {
         }
 }
 
+// ---- cuda/lm_small.cu: each kernel against a port of its CPU reference (src/backend/cpu/lm.rs) ----
+
+static void checki(const char* name, const std::vector<int>& got, const std::vector<int>& want) {
+    size_t diff = 0;
+    for (size_t i = 0; i < want.size() && i < got.size(); ++i) diff += got[i] != want[i];
+    bool ok = diff == 0 && got.size() == want.size();
+    std::printf("%-44s %zu index(es) differ %s\n", name, diff, ok ? "ok" : "FAIL");
+    failures += !ok;
+}
+
+// `check` over the entries finite in `want`; the others (inf, NaN) must match exactly.
+static void check_nf(const char* name, const std::vector<float>& got, const std::vector<float>& want, double bound) {
+    std::vector<float> g, w;
+    size_t bad = got.size() != want.size();
+    for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+        if (std::isfinite(want[i])) {
+            g.push_back(got[i]);
+            w.push_back(want[i]);
+        } else if (std::isnan(want[i]) ? !std::isnan(got[i]) : got[i] != want[i]) {
+            ++bad;
+        }
+    }
+    if (bad) {
+        std::printf("%-44s %zu non-finite value(s) differ FAIL\n", name, bad);
+        ++failures;
+    }
+    check(name, g, w, bound);
+}
+
+static float sigm(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+static void test_lm_elementwise() {
+    // embed_rows: every format, repeats, last row, sentinels >= vocab, a negative id (NaN row)
+    for (unsigned fmt = 0; fmt < 3; ++fmt) {
+        unsigned vocab = 23, d = 37;
+        std::vector<int> ids = {3, 22, 0, 23, 3, 1000, 7, -2, 22, 5};
+        unsigned n = ids.size();
+        auto wf = randv(vocab * d, 2);
+        std::vector<uint16_t> w16(vocab * d);
+        std::vector<float> wdec(vocab * d);
+        for (size_t i = 0; i < wf.size(); ++i) {
+            if (fmt == 0) wdec[i] = wf[i];
+            if (fmt == 1) {
+                uint32_t u;
+                std::memcpy(&u, &wf[i], 4);
+                w16[i] = uint16_t(u >> 16);
+                uint32_t back = uint32_t(w16[i]) << 16;
+                std::memcpy(&wdec[i], &back, 4);
+            }
+            if (fmt == 2) {
+                _Float16 h = (_Float16)(i % 11 == 0 ? wf[i] * 1e-6f : wf[i]);
+                std::memcpy(&w16[i], &h, 2);
+                wdec[i] = (float)h;
+            }
+        }
+        std::vector<float> y(n * d, -7.0f), want(n * d);
+        const void* tab = fmt == 0 ? (const void*)wf.data() : (const void*)w16.data();
+        emu_launch(embed_rows_f32, {blocks1d(n * d)}, {256}, 0, tab, (const int*)ids.data(), y.data(), n, d, vocab, fmt);
+        for (unsigned r = 0; r < n; ++r)
+            for (unsigned c = 0; c < d; ++c)
+                want[r * d + c] = ids[r] < 0 ? NAN : ids[r] >= (int)vocab ? 0.0f : wdec[ids[r] * d + c];
+        char name[64];
+        std::snprintf(name, sizeof name, "embed_rows_f32 fmt %u [23,37] sentinels", fmt);
+        check(name, y, want, 0);
+    }
+    {
+        unsigned n = 7, d = 19, hc = 4;
+        auto x = randv(n * d, 1);
+        std::vector<float> y(n * hc * d), want;
+        emu_launch(hc_expand_f32, {2}, {256}, 0, (const float*)x.data(), y.data(), n, d, hc); // 2 blocks: grid-stride
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned k = 0; k < hc; ++k) want.insert(want.end(), x.begin() + i * d, x.begin() + (i + 1) * d);
+        check("hc_expand_f32 [7,19] hc=4 on 2 blocks", y, want, 0);
+    }
+    {
+        unsigned n = 9, d = 21, hc = 4;
+        auto x = randv(n * hc * d, 2), w = randv(n * hc, 1);
+        std::vector<float> y(n * d), want(n * d, 0.0f);
+        emu_launch(hc_pre_f32, {blocks1d(n * d)}, {256}, 0, (const float*)x.data(), (const float*)w.data(), y.data(), n,
+                   d, hc);
+        for (unsigned t = 0; t < n; ++t)
+            for (unsigned i = 0; i < hc; ++i)
+                for (unsigned j = 0; j < d; ++j) want[t * d + j] += w[t * hc + i] * x[t * hc * d + i * d + j];
+        check("hc_pre_f32 [9,4x21]", y, want, 1e-12);
+    }
+    {
+        unsigned n = 6, d = 13, hc = 4, cols = hc * d;
+        auto x = randv(n * cols, 2), f = randv(n * d, 2), post = randv(n * hc, 2), comb = randv(n * hc * hc, 1);
+        std::vector<float> y(n * cols), want(n * cols);
+        emu_launch(hc_post_f32, {blocks1d(n * cols)}, {256}, 0, (const float*)x.data(), (const float*)f.data(),
+                   (const float*)post.data(), (const float*)comb.data(), y.data(), n, d, hc);
+        for (unsigned t = 0; t < n; ++t)
+            for (unsigned dst = 0; dst < hc; ++dst)
+                for (unsigned j = 0; j < d; ++j) {
+                    float o = post[t * hc + dst] * f[t * d + j];
+                    for (unsigned src = 0; src < hc; ++src)
+                        o += comb[t * hc * hc + src * hc + dst] * x[t * cols + src * d + j];
+                    want[t * cols + dst * d + j] = o;
+                }
+        check("hc_post_f32 [6,4x13]", y, want, 1e-12);
+    }
+    {
+        unsigned n = 11, hc = 4;
+        auto mix = randv(n * hc, 3), scale = randv(1, 2), base = randv(hc, 1);
+        float eps = 1e-6f;
+        unsigned eb;
+        std::memcpy(&eb, &eps, 4);
+        std::vector<float> y(n * hc), want(n * hc);
+        emu_launch(hc_head_weights_f32, {1}, {256}, 0, (const float*)mix.data(), (const float*)scale.data(),
+                   (const float*)base.data(), y.data(), n * hc, hc, eb);
+        for (unsigned i = 0; i < n * hc; ++i) want[i] = sigm(mix[i] * scale[0] + base[i % hc]) + eps;
+        check("hc_head_weights_f32 [11,4]", y, want, 1e-12);
+    }
+    {
+        auto x = randv(13 * 29, 30);
+        x[0] = 20.0f, x[1] = 20.5f, x[2] = -100.0f, x[3] = NAN, x[4] = INFINITY, x[5] = -INFINITY;
+        unsigned n = x.size();
+        std::vector<float> y(n), want(n);
+        emu_launch(sqrt_softplus_f32, {blocks1d(n)}, {256}, 0, (const float*)x.data(), y.data(), n);
+        for (unsigned i = 0; i < n; ++i) want[i] = std::sqrt(x[i] > 20.0f ? x[i] : std::log1p(std::exp(x[i])));
+        check_nf("sqrt_softplus_f32 [13,29] wide, nan, inf", y, want, 1e-12);
+    }
+    {
+        unsigned vocab = 10, k = 3, e = 16;
+        std::vector<int> ids = {0, 9, 10, 4, 12345, 9, 3, 10, -1};
+        unsigned n = ids.size();
+        std::vector<int> table(vocab * k), fb(n * k), y(n * k), want(n * k);
+        for (auto& v : table) v = rng() % e;
+        for (auto& v : fb) v = rng() % e;
+        emu_launch(hash_route_i32, {blocks1d(n * k)}, {256}, 0, (const int*)table.data(), (const int*)ids.data(),
+                   (const int*)fb.data(), y.data(), n, k, vocab);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned j = 0; j < k; ++j)
+                want[i * k + j] = ids[i] >= 0 && ids[i] < (int)vocab ? table[ids[i] * k + j] : fb[i * k + j];
+        checki("hash_route_i32 vocab 10 k=3 image ids", y, want);
+    }
+    {
+        unsigned n = 7, e = 19, k = 6;
+        std::vector<float> s(n * e);
+        for (auto& v : s) v = 0.01f + float(rng() % 1000) * 0.003f;
+        std::vector<int> ids(n * k);
+        for (auto& v : ids) v = rng() % e;
+        ids[2 * k + 1] = e; // row 2 holds an id outside 0..e: NaN row
+        float scale = 2.5f;
+        unsigned sb;
+        std::memcpy(&sb, &scale, 4);
+        std::vector<float> y(n * k), want(n * k);
+        emu_launch(route_weights_f32, {blocks1d(n * k)}, {256}, 0, (const float*)s.data(), (const int*)ids.data(),
+                   y.data(), n, k, e, sb);
+        for (unsigned i = 0; i < n; ++i) {
+            bool bad = false;
+            float sum = 0;
+            for (unsigned j = 0; j < k; ++j) {
+                if (ids[i * k + j] < 0 || ids[i * k + j] >= (int)e) bad = true;
+                else sum += s[i * e + ids[i * k + j]];
+            }
+            sum += 1e-20f;
+            for (unsigned j = 0; j < k; ++j) want[i * k + j] = bad ? NAN : s[i * e + ids[i * k + j]] / sum * scale;
+        }
+        check("route_weights_f32 [7,19] k=6, one bad row", y, want, 1e-12);
+    }
+    {
+        unsigned n = 15, h = 23;
+        auto x = randv(n * 2 * h, 12);
+        x[1] = NAN, x[h + 2] = NAN, x[h + 3] = INFINITY, x[4] = -INFINITY;
+        float lim = 7.0f;
+        unsigned lb;
+        std::memcpy(&lb, &lim, 4);
+        std::vector<float> y(n * h), want(n * h);
+        emu_launch(swiglu_clamp_f32, {blocks1d(n * h)}, {256}, 0, (const float*)x.data(), y.data(), n, h, lb);
+        for (unsigned r = 0; r < n; ++r)
+            for (unsigned c = 0; c < h; ++c) {
+                float g = x[r * 2 * h + c], u = x[r * 2 * h + h + c];
+                g = std::isnan(g) ? lim : std::min(g, lim); // f32::min ignores NaN
+                if (u < -lim) u = -lim;                      // f32::clamp keeps NaN
+                if (u > lim) u = lim;
+                want[r * h + c] = g / (1.0f + std::exp(-g)) * u;
+            }
+        check_nf("swiglu_clamp_f32 [15,2x23] limit 7, nan/inf", y, want, 1e-12);
+    }
+}
+
+static void test_rope_tail() {
+    unsigned configs[][3] = {{0, 1, 0}, {8191, 3, 1}, {5, 3, 0}};
+    for (auto& cf : configs) {
+        unsigned n = 9, heads = 3, hd = 22, half_rd = 6, rd = 2 * half_rd, cols = heads * hd;
+        unsigned pos0 = cf[0], stride = cf[1], inverse = cf[2];
+        auto x = randv(n * cols, 1);
+        std::vector<float> f(half_rd);
+        for (unsigned j = 0; j < half_rd; ++j) f[j] = std::pow(10000.0f, -float(j) / 6.0f) * (0.9f + 0.03f * j);
+        std::vector<float> y(n * cols), want = x;
+        emu_launch(rope_tail_f32, {blocks1d(n * cols)}, {256}, 0, (const float*)x.data(), (const float*)f.data(),
+                   y.data(), n, cols, hd, rd, pos0, stride, inverse);
+        for (unsigned i = 0; i < n; ++i) {
+            float p = float(pos0 + i * stride);
+            for (unsigned j = 0; j < half_rd; ++j) {
+                float a = p * f[j];
+                float c = std::cos(a), s = inverse ? -std::sin(a) : std::sin(a);
+                for (unsigned h = 0; h < heads; ++h) {
+                    unsigned k = i * cols + h * hd + hd - rd + 2 * j;
+                    want[k] = x[k] * c - x[k + 1] * s;
+                    want[k + 1] = x[k + 1] * c + x[k] * s;
+                }
+            }
+        }
+        char name[64];
+        std::snprintf(name, sizeof name, "rope_tail_f32 [9,3x22] rd=12 pos %u+%ui%s", pos0, stride, inverse ? " inv" : "");
+        check(name, y, want, 1e-12);
+    }
+    // rd = hd (whole head rotates), rd = 0 (a copy)
+    for (unsigned half_rd : {4u, 0u}) {
+        unsigned n = 5, heads = 2, hd = 8, rd = 2 * half_rd, cols = heads * hd;
+        auto x = randv(n * cols, 1);
+        std::vector<float> f = {1.0f, 0.5f, 0.25f, 0.125f};
+        std::vector<float> y(n * cols), want = x;
+        emu_launch(rope_tail_f32, {1}, {256}, 0, (const float*)x.data(), (const float*)f.data(), y.data(), n, cols, hd,
+                   rd, 2u, 1u, 0u);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned j = 0; j < half_rd; ++j) {
+                float a = float(2 + i) * f[j], c = std::cos(a), s = std::sin(a);
+                for (unsigned h = 0; h < heads; ++h) {
+                    unsigned k = i * cols + h * hd + hd - rd + 2 * j;
+                    want[k] = x[k] * c - x[k + 1] * s;
+                    want[k + 1] = x[k + 1] * c + x[k] * s;
+                }
+            }
+        check(half_rd ? "rope_tail_f32 rd = hd" : "rope_tail_f32 rd = 0 (copy)", y, want, 1e-12);
+    }
+}
+
+static void hc_split_ref(const float* m, const float* s, const float* b, float* o, unsigned hc, unsigned iters,
+                         float eps) {
+    for (unsigned i = 0; i < hc; ++i) {
+        o[i] = sigm(m[i] * s[0] + b[i]) + eps;
+        o[hc + i] = 2.0f * sigm(m[hc + i] * s[1] + b[hc + i]);
+    }
+    float* c = o + 2 * hc;
+    for (unsigned src = 0; src < hc; ++src) {
+        float* row = c + src * hc;
+        for (unsigned dst = 0; dst < hc; ++dst) row[dst] = m[2 * hc + src * hc + dst] * s[2] + b[2 * hc + src * hc + dst];
+        float mx = -INFINITY;
+        for (unsigned dst = 0; dst < hc; ++dst) mx = std::fmax(mx, row[dst]);
+        for (unsigned dst = 0; dst < hc; ++dst) row[dst] = std::exp(row[dst] - mx);
+        float sum = 0;
+        for (unsigned dst = 0; dst < hc; ++dst) sum += row[dst];
+        for (unsigned dst = 0; dst < hc; ++dst) row[dst] = row[dst] / sum + eps;
+    }
+    auto norm_src = [&] {
+        for (unsigned dst = 0; dst < hc; ++dst) {
+            float sum = 0;
+            for (unsigned src = 0; src < hc; ++src) sum += c[src * hc + dst];
+            sum += eps;
+            for (unsigned src = 0; src < hc; ++src) c[src * hc + dst] /= sum;
+        }
+    };
+    auto norm_dst = [&] {
+        for (unsigned src = 0; src < hc; ++src) {
+            float sum = 0;
+            for (unsigned dst = 0; dst < hc; ++dst) sum += c[src * hc + dst];
+            sum += eps;
+            for (unsigned dst = 0; dst < hc; ++dst) c[src * hc + dst] /= sum;
+        }
+    };
+    norm_src();
+    for (unsigned it = 1; it < iters; ++it) {
+        norm_dst();
+        norm_src();
+    }
+}
+
+static void test_hc_split() {
+    unsigned configs[][4] = {{1, 4, 1, 1}, {13, 4, 20, 1}, {300, 4, 20, 0}, {5, 3, 0, 1}, {7, 4, 2, 1}};
+    for (auto& cf : configs) {
+        unsigned n = cf[0], hc = cf[1], iters = cf[2], w = (2 + hc) * hc;
+        auto mix = randv(n * w, 2), scale = randv(3, 1.5), base = randv(w, 1);
+        float eps = 1e-6f;
+        unsigned eb;
+        std::memcpy(&eb, &eps, 4);
+        std::vector<float> y(n * w), want(n * w);
+        // cf[3] = 1: enough blocks; 0: one block of 256 threads grid-strides over 300 tokens
+        unsigned blocks = cf[3] ? blocks1d(n) : 1;
+        emu_launch(hc_split_f32, {blocks}, {256}, 0, (const float*)mix.data(), (const float*)scale.data(),
+                   (const float*)base.data(), y.data(), n, hc, iters, eb);
+        for (unsigned t = 0; t < n; ++t) hc_split_ref(&mix[t * w], scale.data(), base.data(), &want[t * w], hc, iters, eps);
+        char name[64];
+        std::snprintf(name, sizeof name, "hc_split_f32 [%u,%u] hc=%u iters %u", n, w, hc, iters);
+        check(name, y, want, 0); // same operations in the same order: bit-exact on the host
+    }
+}
+
+static void test_rms_norm_heads() {
+    unsigned shapes[][3] = {{5, 3, 29}, {3, 1, 300}, {4, 2, 1000}, {1, 1, 1}};
+    for (auto& sh : shapes) {
+        unsigned n = sh[0], heads = sh[1], hd = sh[2], segs = n * heads;
+        auto x = randv(n * heads * hd, 3);
+        float eps = 1e-6f;
+        std::vector<float> y(x.size()), want(x.size());
+        for (unsigned blocks : {segs, 2u}) {
+            emu_launch(rms_norm_heads_f32, {blocks}, {256}, 0, (const float*)x.data(), y.data(), segs, hd, eps);
+            for (unsigned g = 0; g < segs; ++g) {
+                float s = 0;
+                for (unsigned c = 0; c < hd; ++c) s += x[g * hd + c] * x[g * hd + c];
+                float inv = 1.0f / std::sqrt(s / hd + eps);
+                for (unsigned c = 0; c < hd; ++c) want[g * hd + c] = x[g * hd + c] * inv;
+            }
+            char name[64];
+            std::snprintf(name, sizeof name, "rms_norm_heads_f32 [%u,%ux%u] %u blocks", n, heads, hd, blocks);
+            check(name, y, want, 1e-10);
+        }
+    }
+}
+
+static std::vector<int> topk_ref(const std::vector<float>& x, unsigned n, unsigned m, unsigned k) {
+    std::vector<int> out(n * k, -1);
+    for (unsigned i = 0; i < n; ++i) {
+        std::vector<unsigned> cols;
+        for (unsigned j = 0; j < m; ++j)
+            if (std::isfinite(x[i * m + j])) cols.push_back(j);
+        std::stable_sort(cols.begin(), cols.end(), [&](unsigned a, unsigned b) { return x[i * m + a] > x[i * m + b]; });
+        for (unsigned s = 0; s < k && s < cols.size(); ++s) out[i * k + s] = cols[s];
+    }
+    return out;
+}
+
+static void test_topk() {
+    // {n, m, k, blocks}: ties, -inf / NaN / +inf, a short row, k > m, m beyond one block pass,
+    // fewer blocks than rows (grid-stride over rows)
+    unsigned configs[][4] = {{6, 300, 40, 6}, {3, 5, 9, 3}, {4, 1000, 7, 2}, {2, 0, 3, 2}, {5, 600, 600, 5}};
+    for (auto& cf : configs) {
+        unsigned n = cf[0], m = cf[1], k = cf[2], blocks = cf[3];
+        std::vector<float> x(n * m);
+        for (auto& v : x) v = float(int(rng() % 16) - 8) * 0.25f;
+        for (unsigned j = 0; j < x.size(); ++j) {
+            if (j % 7 == 3) x[j] = -INFINITY;
+            if (j % 53 == 11) x[j] = NAN;
+            if (j % 97 == 5) x[j] = INFINITY;
+            if (j % 89 == 7) x[j] = -0.0f;
+        }
+        if (n > 2 && m > 3)
+            for (unsigned j = 3; j < m; ++j) x[(n - 1) * m + j] = -INFINITY; // last row: at most 3 finite
+        std::vector<int> y(n * k, 12345);
+        emu_launch(topk_rows_i32, {blocks}, {256}, 0, (const float*)x.data(), y.data(), n, m, k);
+        char name[64];
+        std::snprintf(name, sizeof name, "topk_rows_i32 [%u,%u] k=%u on %u blocks", n, m, k, blocks);
+        checki(name, y, topk_ref(x, n, m, k));
+    }
+}
+
 int main() {
     test_f16_decode();
     test_elementwise();
@@ -273,6 +621,11 @@ int main() {
     test_rope();
     test_attention();
     test_linear();
+    test_lm_elementwise();
+    test_rope_tail();
+    test_hc_split();
+    test_rms_norm_heads();
+    test_topk();
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "all ok", failures);
     return failures != 0;
 }

@@ -1,7 +1,8 @@
 //! Native CUDA lane (in progress): the shared and vision ops of the contract on CUDA C kernels
-//! (`cuda/*.cu`), driven through cudarc's driver API. The language-model ops keep the trait's
-//! `Unsupported` defaults and `supports` says so, so `auto` never picks this lane for a language
-//! model and `--backend cuda` refuses one by name.
+//! (`cuda/*.cu`), driven through cudarc's driver API, and the language-model ops listed in
+//! `LM_SUPPORTED` (the small ones in `lm_small.rs`); the others keep the trait's `Unsupported`
+//! defaults and `supports` says so, so `auto` never picks this lane for a language model and
+//! `--backend cuda` refuses one by name.
 //!
 //! - Loading: the CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are opened at run time
 //!   (cudarc `dynamic-loading`), so the binary builds and starts on machines without CUDA. Both
@@ -27,6 +28,8 @@
 //! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
 //!   (grid, head dim, θ) and counted as weight memory while cached.
 
+mod lm_small;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -41,8 +44,23 @@ use crate::backend::{
 use crate::error::{Error, Result};
 
 const LANE: &str = "cuda";
-/// The language-model ops this lane implements: none yet (they keep the trait's defaults).
-pub const LM_SUPPORTED: &[Op] = &[];
+/// The language-model ops this lane implements (the others keep the trait's defaults).
+pub const LM_SUPPORTED: &[Op] = &[
+    // small ops (lm_small.rs, cuda/lm_small.cu)
+    Op::EmbedRows,
+    Op::HcExpand,
+    Op::RmsNormHeads,
+    Op::HcSplit,
+    Op::HcPre,
+    Op::HcPost,
+    Op::HcHeadWeights,
+    Op::RopeTail,
+    Op::TopkRows,
+    Op::SqrtSoftplus,
+    Op::HashRoute,
+    Op::RouteWeights,
+    Op::SwigluClamp,
+];
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 /// Threads per block of the 1-D (grid-stride) kernels.
@@ -66,12 +84,13 @@ pub enum Source {
     Attention,
     Linear,
     Debug,
+    LmSmall,
 }
 
 const COMMON: &str = include_str!("../../../cuda/common.cuh");
 
 impl Source {
-    pub const ALL: [Source; 7] = [
+    pub const ALL: [Source; 8] = [
         Source::Elementwise,
         Source::Copy,
         Source::Norm,
@@ -79,6 +98,7 @@ impl Source {
         Source::Attention,
         Source::Linear,
         Source::Debug,
+        Source::LmSmall,
     ];
 
     pub fn file(self) -> &'static str {
@@ -90,6 +110,7 @@ impl Source {
             Source::Attention => "attention.cu",
             Source::Linear => "linear.cu",
             Source::Debug => "debug.cu",
+            Source::LmSmall => "lm_small.cu",
         }
     }
 
@@ -103,6 +124,7 @@ impl Source {
             Source::Attention => include_str!("../../../cuda/attention.cu"),
             Source::Linear => include_str!("../../../cuda/linear.cu"),
             Source::Debug => include_str!("../../../cuda/debug.cu"),
+            Source::LmSmall => include_str!("../../../cuda/lm_small.cu"),
         }
     }
 
@@ -127,6 +149,19 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Linear, "linear_bf16"),
     (Source::Linear, "linear_f16"),
     (Source::Debug, "debug_poke_u32"),
+    (Source::LmSmall, "embed_rows_f32"),
+    (Source::LmSmall, "hc_expand_f32"),
+    (Source::LmSmall, "rms_norm_heads_f32"),
+    (Source::LmSmall, "hc_split_f32"),
+    (Source::LmSmall, "hc_pre_f32"),
+    (Source::LmSmall, "hc_post_f32"),
+    (Source::LmSmall, "hc_head_weights_f32"),
+    (Source::LmSmall, "rope_tail_f32"),
+    (Source::LmSmall, "topk_rows_i32"),
+    (Source::LmSmall, "sqrt_softplus_f32"),
+    (Source::LmSmall, "hash_route_i32"),
+    (Source::LmSmall, "route_weights_f32"),
+    (Source::LmSmall, "swiglu_clamp_f32"),
 ];
 
 /// PTX compiled in this process, per (compute capability as `major·10 + minor`, file).
@@ -983,6 +1018,63 @@ impl Backend for CudaBackend {
         let sizes = [c as u32, h as u32, w as u32, r as u32, gw as u32, (gh * gw) as u32];
         self.launch_1d(OP, Source::Copy, "unfold_f32", &[&x.buf], &mut y, &sizes, gh * gw * feat)?;
         Ok(y)
+    }
+
+    // ---- language model: small ops (lm_small.rs) ----
+    fn embed_rows(&self, table: &CudaWeight, ids: &CudaTensor) -> Result<CudaTensor> {
+        self.embed_rows(table, ids)
+    }
+    fn hc_expand(&self, x: &CudaTensor, hc: usize) -> Result<CudaTensor> {
+        self.hc_expand(x, hc)
+    }
+    fn rms_norm_heads(&self, x: &CudaTensor, n_heads: usize, eps: f32) -> Result<CudaTensor> {
+        self.rms_norm_heads(x, n_heads, eps)
+    }
+    fn hc_split(
+        &self,
+        m: &CudaTensor,
+        s: &CudaTensor,
+        b: &CudaTensor,
+        hc: usize,
+        it: usize,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        self.hc_split(m, s, b, hc, it, eps)
+    }
+    fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        self.hc_pre(x, w)
+    }
+    fn hc_post(&self, x: &CudaTensor, f: &CudaTensor, post: &CudaTensor, comb: &CudaTensor) -> Result<CudaTensor> {
+        self.hc_post(x, f, post, comb)
+    }
+    fn hc_head_weights(&self, mix: &CudaTensor, scale: &CudaTensor, base: &CudaTensor, eps: f32) -> Result<CudaTensor> {
+        self.hc_head_weights(mix, scale, base, eps)
+    }
+    fn rope_tail(
+        &self,
+        x: &CudaTensor,
+        h: usize,
+        f: &CudaTensor,
+        pos0: usize,
+        st: usize,
+        inv: bool,
+    ) -> Result<CudaTensor> {
+        self.rope_tail(x, h, f, pos0, st, inv)
+    }
+    fn topk_rows(&self, x: &CudaTensor, k: usize) -> Result<CudaTensor> {
+        self.topk_rows(x, k)
+    }
+    fn sqrt_softplus(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.sqrt_softplus(x)
+    }
+    fn hash_route(&self, table: &CudaTensor, ids: &CudaTensor, fallback: &CudaTensor) -> Result<CudaTensor> {
+        self.hash_route(table, ids, fallback)
+    }
+    fn route_weights(&self, scores: &CudaTensor, ids: &CudaTensor, scale: f32) -> Result<CudaTensor> {
+        self.route_weights(scores, ids, scale)
+    }
+    fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
+        self.swiglu_clamp(x, limit)
     }
 }
 

@@ -1,0 +1,317 @@
+// The small language-model ops (src/backend/mod.rs, LM sections, for the exact semantics; each
+// kernel mirrors its CPU reference in src/backend/cpu/lm.rs, float operations in the same order).
+// Helpers are prefixed `lms_` (the host emulation compiles every file of cuda/ as one unit).
+// f32 parameters that go through the lane's 1-D launcher arrive as bit patterns (`*_bits`).
+//
+// 1-D kernels (grid-stride, one output element per loop step; block 256, any grid):
+//   embed_rows_f32:      table [vocab, d] (fmt 0 f32, 1 bf16, 2 f16), ids i32 [n] -> out [n, d];
+//                        id >= vocab gives a zero row, a negative id a row of NaN (the CPU lane
+//                        returns an error; a GPU lane cannot without a host round trip)
+//   hc_expand_f32:       x [n, d] -> out [n, hc*d], every stream a copy of the row
+//   hc_pre_f32:          X [n, hc*d], w [n, hc] -> out [n, d], sum_i w_i X_i (i ascending)
+//   hc_post_f32:         X [n, hc*d], f [n, d], post [n, hc], comb [n, hc*hc] -> out [n, hc*d],
+//                        post_dst f + sum_src comb[src*hc + dst] X_src (src ascending)
+//   hc_head_weights_f32: mix [n, hc], scale [1], base [hc] -> sigmoid(mix*scale + base) + eps
+//   rope_tail_f32:       x [n, cols] (heads of hd), inv_freq [rd/2] -> out [n, cols]; one element
+//                        per step: the head part is copied, tail pair (2j, 2j+1) rotates by
+//                        a = f32(pos0 + row*stride) * inv_freq[j] (minus sin when inverse)
+//   sqrt_softplus_f32:   x [n] -> sqrt(x > 20 ? x : log1p(exp(x)))
+//   hash_route_i32:      table i32 [vocab, k], ids i32 [n], fallback i32 [n, k] -> i32 [n, k]
+//   route_weights_f32:   scores [n, e], ids i32 [n, k] -> out [n, k], s / (sum_k s + 1e-20) * scale
+//                        (an id outside 0..e makes its row NaN; the CPU lane returns an error)
+//   swiglu_clamp_f32:    x [n, 2h] -> silu(min(g, limit)) * clamp(u, -limit, limit)  [n, h]
+//   hc_split_f32:        one thread per token (grid-stride over tokens): mix [n, (2+hc)*hc],
+//                        scale [3], base [(2+hc)*hc] -> out [n, pre hc | post hc | comb hc*hc];
+//                        Sinkhorn in place in `out`, in the reference's order
+// Block kernels:
+//   rms_norm_heads_f32:  one block (blockDim multiple of 32) per (row, head) segment of hd
+//                        elements, segments grid-strided; x [segs*hd] -> x * rsqrt(mean(x^2)+eps)
+//   topk_rows_i32:       one block (LMS_TOPK_THREADS) per row, rows grid-strided; x [n, m] ->
+//                        i32 [n, k]: k rounds of a block argmax over the finite values ranked
+//                        after the previous pick (value descending, then column ascending);
+//                        once none is left, the remaining slots get -1
+
+__device__ __forceinline__ float lms_sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+
+// false for +-inf and NaN (a NaN compares false)
+__device__ __forceinline__ bool lms_is_finite(float x) {
+    return fabsf(x) <= 3.40282346638528859812e+38f;
+}
+
+// IEEE half bits -> f32, exact (as f16_to_f32 in linear.cu).
+__device__ __forceinline__ float lms_f16_to_f32(unsigned int h) {
+    const unsigned int sign = (h & 0x8000u) << 16;
+    const unsigned int exp = (h >> 10) & 0x1fu;
+    const unsigned int man = h & 0x3ffu;
+    if (exp == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (man << 13)); // inf, NaN
+    if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+    const float f = (float)man * 5.9604644775390625e-8f; // subnormal (or zero): man * 2^-24, exact
+    return sign ? -f : f;
+}
+
+extern "C" __global__ void embed_rows_f32(const void* table, const int* ids, float* out, unsigned int n,
+                                          unsigned int d, unsigned int vocab, unsigned int fmt) {
+    const u64 total = (u64)n * d;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 r = i / d, c = i % d;
+        const int id = ids[r];
+        float v;
+        if (id < 0) {
+            v = QUIET_NAN;
+        } else if ((unsigned int)id >= vocab) {
+            v = 0.0f;
+        } else {
+            const u64 at = (u64)id * d + c;
+            if (fmt == 0) {
+                v = ((const float*)table)[at];
+            } else {
+                const unsigned int bits = ((const unsigned short*)table)[at];
+                v = fmt == 1 ? __uint_as_float(bits << 16) : lms_f16_to_f32(bits);
+            }
+        }
+        out[i] = v;
+    }
+}
+
+extern "C" __global__ void hc_expand_f32(const float* x, float* out, unsigned int n, unsigned int d,
+                                         unsigned int hc) {
+    const u64 total = (u64)n * hc * d;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 row = i / ((u64)hc * d);
+        out[i] = x[row * d + i % d];
+    }
+}
+
+extern "C" __global__ void hc_pre_f32(const float* x, const float* w, float* out, unsigned int n, unsigned int d,
+                                      unsigned int hc) {
+    const u64 total = (u64)n * d;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 t = i / d, j = i % d;
+        float s = 0.0f;
+        for (unsigned int k = 0; k < hc; ++k) s += w[t * hc + k] * x[t * hc * d + (u64)k * d + j];
+        out[i] = s;
+    }
+}
+
+extern "C" __global__ void hc_post_f32(const float* x, const float* f, const float* post, const float* comb,
+                                       float* out, unsigned int n, unsigned int d, unsigned int hc) {
+    const u64 total = (u64)n * hc * d;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 t = i / ((u64)hc * d);
+        const unsigned int dst = (unsigned int)((i / d) % hc);
+        const u64 j = i % d;
+        float s = post[t * hc + dst] * f[t * d + j];
+        for (unsigned int src = 0; src < hc; ++src)
+            s += comb[t * hc * hc + (u64)src * hc + dst] * x[t * hc * d + (u64)src * d + j];
+        out[i] = s;
+    }
+}
+
+extern "C" __global__ void hc_head_weights_f32(const float* mix, const float* scale, const float* base, float* out,
+                                               unsigned int total, unsigned int hc, unsigned int eps_bits) {
+    const float eps = __uint_as_float(eps_bits);
+    for (u64 i = flat_index(); i < total; i += flat_stride())
+        out[i] = lms_sigmoid(mix[i] * scale[0] + base[i % hc]) + eps;
+}
+
+extern "C" __global__ void rope_tail_f32(const float* x, const float* inv_freq, float* out, unsigned int n,
+                                         unsigned int cols, unsigned int hd, unsigned int rd, unsigned int pos0,
+                                         unsigned int stride, unsigned int inverse) {
+    const u64 total = (u64)n * cols;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 row = i / cols;
+        const unsigned int hc = (unsigned int)((i % cols) % hd); // column inside the head
+        if (hc < hd - rd) {
+            out[i] = x[i];
+            continue;
+        }
+        const unsigned int t = hc - (hd - rd); // index inside the rotary tail
+        const u64 pos = (u64)pos0 + row * stride;
+        const float a = (float)pos * inv_freq[t / 2];
+        const float c = cosf(a);
+        const float s = inverse ? -sinf(a) : sinf(a);
+        if ((t & 1u) == 0u) {
+            out[i] = x[i] * c - x[i + 1] * s;
+        } else {
+            out[i] = x[i] * c + x[i - 1] * s;
+        }
+    }
+}
+
+extern "C" __global__ void sqrt_softplus_f32(const float* x, float* out, unsigned int total) {
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const float v = x[i];
+        out[i] = sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+    }
+}
+
+extern "C" __global__ void hash_route_i32(const int* table, const int* ids, const int* fallback, int* out,
+                                          unsigned int n, unsigned int k, unsigned int vocab) {
+    const u64 total = (u64)n * k;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const int t = ids[i / k];
+        out[i] = (t >= 0 && (unsigned int)t < vocab) ? table[(u64)t * k + i % k] : fallback[i];
+    }
+}
+
+extern "C" __global__ void route_weights_f32(const float* scores, const int* ids, float* out, unsigned int n,
+                                             unsigned int k, unsigned int e, unsigned int scale_bits) {
+    const float scale = __uint_as_float(scale_bits);
+    const u64 total = (u64)n * k;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 t = i / k;
+        const unsigned int me = (unsigned int)(i % k);
+        float sum = 0.0f, mine = 0.0f;
+        bool bad = false;
+        for (unsigned int j = 0; j < k; ++j) {
+            const int id = ids[t * k + j];
+            if (id < 0 || (unsigned int)id >= e) {
+                bad = true;
+                continue;
+            }
+            const float v = scores[t * e + (unsigned int)id];
+            sum += v;
+            if (j == me) mine = v;
+        }
+        sum += 1e-20f;
+        out[i] = bad ? QUIET_NAN : mine / sum * scale;
+    }
+}
+
+extern "C" __global__ void swiglu_clamp_f32(const float* x, float* out, unsigned int n, unsigned int h,
+                                            unsigned int limit_bits) {
+    const float lim = __uint_as_float(limit_bits);
+    const u64 total = (u64)n * h;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 r = i / h, c = i % h;
+        // f32::min ignores a NaN operand (fminf does too); f32::clamp keeps a NaN
+        const float g = fminf(x[r * 2 * h + c], lim);
+        float u = x[r * 2 * h + h + c];
+        if (u < -lim) u = -lim;
+        if (u > lim) u = lim;
+        out[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+extern "C" __global__ void hc_split_f32(const float* mix, const float* scale, const float* base, float* out,
+                                        unsigned int n, unsigned int hc, unsigned int iters, unsigned int eps_bits) {
+    const float eps = __uint_as_float(eps_bits);
+    const u64 w = (u64)(2 + hc) * hc;
+    for (u64 t = flat_index(); t < n; t += flat_stride()) {
+        const float* m = mix + t * w;
+        float* o = out + t * w;
+        for (unsigned int i = 0; i < hc; ++i) {
+            o[i] = lms_sigmoid(m[i] * scale[0] + base[i]) + eps;
+            o[hc + i] = 2.0f * lms_sigmoid(m[hc + i] * scale[1] + base[hc + i]);
+        }
+        float* c = o + 2 * hc;
+        const float* mc = m + 2 * hc;
+        const float* bc = base + 2 * hc;
+        // softmax over dst for each src, + eps
+        for (unsigned int src = 0; src < hc; ++src) {
+            float* row = c + (u64)src * hc;
+            float mx = NEG_INF;
+            for (unsigned int dst = 0; dst < hc; ++dst) {
+                const float v = mc[src * hc + dst] * scale[2] + bc[src * hc + dst];
+                row[dst] = v;
+                mx = fmaxf(mx, v);
+            }
+            float sum = 0.0f;
+            for (unsigned int dst = 0; dst < hc; ++dst) {
+                row[dst] = expf(row[dst] - mx);
+                sum += row[dst];
+            }
+            for (unsigned int dst = 0; dst < hc; ++dst) row[dst] = row[dst] / sum + eps;
+        }
+        // column (src) normalisation, then iters - 1 rounds of {row (dst), column (src)}
+        for (unsigned int it = 0; it < (iters > 0 ? iters : 1u); ++it) {
+            if (it > 0) {
+                for (unsigned int src = 0; src < hc; ++src) {
+                    float* row = c + (u64)src * hc;
+                    float sum = 0.0f;
+                    for (unsigned int dst = 0; dst < hc; ++dst) sum += row[dst];
+                    sum += eps;
+                    for (unsigned int dst = 0; dst < hc; ++dst) row[dst] /= sum;
+                }
+            }
+            for (unsigned int dst = 0; dst < hc; ++dst) {
+                float sum = 0.0f;
+                for (unsigned int src = 0; src < hc; ++src) sum += c[(u64)src * hc + dst];
+                sum += eps;
+                for (unsigned int src = 0; src < hc; ++src) c[(u64)src * hc + dst] /= sum;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void rms_norm_heads_f32(const float* x, float* out, unsigned int segs, unsigned int hd,
+                                              float eps) {
+    __shared__ float red[32];
+    for (unsigned int seg = blockIdx.x; seg < segs; seg += gridDim.x) {
+        const float* xs = x + (u64)seg * hd;
+        float* ys = out + (u64)seg * hd;
+        float s = 0.0f;
+        for (unsigned int c = threadIdx.x; c < hd; c += blockDim.x) s += xs[c] * xs[c];
+        s = block_sum(s, red);
+        const float inv = 1.0f / sqrtf(s / (float)hd + eps);
+        for (unsigned int c = threadIdx.x; c < hd; c += blockDim.x) ys[c] = xs[c] * inv;
+    }
+}
+
+#define LMS_TOPK_THREADS 256
+#define LMS_NONE 0xffffffffu
+
+// (v1, c1) ranks before (v2, c2): larger value first, then lower column.
+__device__ __forceinline__ bool lms_ranks_before(float v1, unsigned int c1, float v2, unsigned int c2) {
+    return v1 > v2 || (v1 == v2 && c1 < c2);
+}
+
+extern "C" __global__ void topk_rows_i32(const float* x, int* out, unsigned int n, unsigned int m, unsigned int k) {
+    __shared__ float rv[LMS_TOPK_THREADS];
+    __shared__ unsigned int rc[LMS_TOPK_THREADS];
+    const unsigned int tid = threadIdx.x;
+    for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {
+        const float* xr = x + (u64)row * m;
+        int* yr = out + (u64)row * k;
+        float pv = 0.0f;          // previous pick (value, column); none before the first round
+        unsigned int pc = LMS_NONE;
+        unsigned int s = 0;
+        for (; s < k; ++s) {
+            // this thread's best candidate ranked after the previous pick
+            float bv = 0.0f;
+            unsigned int bc = LMS_NONE;
+            for (unsigned int j = tid; j < m; j += LMS_TOPK_THREADS) {
+                const float v = xr[j];
+                if (!lms_is_finite(v)) continue;
+                if (pc != LMS_NONE && !lms_ranks_before(pv, pc, v, j)) continue;
+                if (bc == LMS_NONE || lms_ranks_before(v, j, bv, bc)) {
+                    bv = v;
+                    bc = j;
+                }
+            }
+            __syncthreads(); // every thread has read rv[0] / rc[0] of the previous round
+            rv[tid] = bv;
+            rc[tid] = bc;
+            __syncthreads();
+            for (unsigned int half = LMS_TOPK_THREADS / 2; half > 0; half >>= 1) {
+                if (tid < half) {
+                    const unsigned int oc = rc[tid + half];
+                    const float ov = rv[tid + half];
+                    if (oc != LMS_NONE && (rc[tid] == LMS_NONE || lms_ranks_before(ov, oc, rv[tid], rc[tid]))) {
+                        rv[tid] = ov;
+                        rc[tid] = oc;
+                    }
+                }
+                __syncthreads();
+            }
+            pv = rv[0];
+            pc = rc[0]; // the same in every thread: the loop exits uniformly
+            if (pc == LMS_NONE) break;
+            if (tid == 0) yr[s] = (int)pc;
+        }
+        for (unsigned int s2 = s + tid; s2 < k; s2 += LMS_TOPK_THREADS) yr[s2] = -1;
+        __syncthreads(); // rv[0] / rc[0] are read before the next row overwrites them
+    }
+}

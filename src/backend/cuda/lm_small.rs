@@ -1,0 +1,309 @@
+//! The small language-model ops of the CUDA lane (kernels in `cuda/lm_small.cu`): embeddings,
+//! hyper-connections, per-head RMS norm, tail RoPE, top-k and the router's elementwise ops.
+//! Shape checks follow the wgpu lane's; every size passed to a kernel goes through `check_u32`.
+//! Where the CPU lane returns an error for a bad index (a negative token id in `embed_rows`, an
+//! expert id outside `0..e` in `route_weights`), these kernels write NaN instead: a GPU lane
+//! cannot see the indices without a host round trip.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::{CudaBackend, CudaTensor, CudaWeight, MAX_BLOCKS, Source, THREADS, check_u32};
+use crate::backend::{DType, DeviceTensor, WeightFormat};
+use crate::error::{Error, Result};
+
+/// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
+const TOPK_THREADS: u32 = 256;
+
+impl CudaBackend {
+    /// table `[vocab, d]` (f32/f16/bf16, decoded in the kernel), ids i32 `[n]` → `[n, d]`; an
+    /// id ≥ vocab gives a zero row, a negative id a row of NaN.
+    pub(super) fn embed_rows(&self, table: &CudaWeight, ids: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "embed_rows";
+        self.check_input(OP, "ids", ids, DType::I32)?;
+        let (n, d) = (ids.numel(), table.cols);
+        let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let fmt = match table.format {
+            WeightFormat::F32 => 0,
+            WeightFormat::BF16 => 1,
+            WeightFormat::F16 => 2,
+        };
+        let sizes = [check_u32(OP, "ids", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "vocab", table.rows)?, fmt];
+        self.launch_1d(OP, Source::LmSmall, "embed_rows_f32", &[&table.buf, &ids.buf], &mut y, &sizes, n * d)?;
+        Ok(y)
+    }
+
+    /// x `[n, d]` → `[n, hc·d]`.
+    pub(super) fn hc_expand(&self, x: &CudaTensor, hc: usize) -> Result<CudaTensor> {
+        const OP: &str = "hc_expand";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        let cols = hc.checked_mul(d).ok_or_else(|| Error::shape(OP, format!("hc = {hc} is too large")))?;
+        let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
+        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
+        self.launch_1d(OP, Source::LmSmall, "hc_expand_f32", &[&x.buf], &mut y, &sizes, n * cols)?;
+        Ok(y)
+    }
+
+    /// x `[n, heads·hd]` → per-head unweighted RMS norm; one block per (row, head) segment.
+    pub(super) fn rms_norm_heads(&self, x: &CudaTensor, n_heads: usize, eps: f32) -> Result<CudaTensor> {
+        const OP: &str = "rms_norm_heads";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
+        }
+        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let (segs, hd) = (n * n_heads, cols / n_heads);
+        if segs == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let (segs32, hd32) = (check_u32(OP, "segments", segs)?, check_u32(OP, "head dim", hd)?);
+        let f = self.func(Source::LmSmall, "rms_norm_heads_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (segs.min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&x.buf).arg(&mut y.buf).arg(&segs32).arg(&hd32).arg(&eps);
+        // SAFETY: arguments match `rms_norm_heads_f32` in cuda/lm_small.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "rms_norm_heads_f32", e))?;
+        Ok(y)
+    }
+
+    /// mHC split with Sinkhorn: mix `[n, (2+hc)·hc]`, scale `[3]`, base `[(2+hc)·hc]` → same
+    /// shape as mix; one thread per token.
+    pub(super) fn hc_split(
+        &self,
+        mix: &CudaTensor,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "hc_split";
+        for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (n, w) = (mix.rows(), mix.cols());
+        if Some(w) != hc.checked_add(2).and_then(|h2| h2.checked_mul(hc)) || scale.numel() != 3 || base.numel() != w {
+            return Err(Error::shape(
+                OP,
+                format!("mix {:?}, scale {:?}, base {:?} do not fit hc = {hc}", mix.shape, scale.shape, base.shape),
+            ));
+        }
+        let mut y = self.alloc(OP, vec![n, w], DType::F32)?;
+        let sizes =
+            [check_u32(OP, "rows", n)?, check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits()];
+        self.launch_1d(OP, Source::LmSmall, "hc_split_f32", &[&mix.buf, &scale.buf, &base.buf], &mut y, &sizes, n)?;
+        Ok(y)
+    }
+
+    /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
+    pub(super) fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "hc_pre";
+        self.check_input(OP, "x", x, DType::F32)?;
+        self.check_input(OP, "w", w, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        let hc = w.cols();
+        if w.rows() != n || hc == 0 || cols % hc != 0 {
+            return Err(Error::shape(OP, format!("x {:?} and w {:?} do not fit", x.shape, w.shape)));
+        }
+        let d = cols / hc;
+        let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
+        self.launch_1d(OP, Source::LmSmall, "hc_pre_f32", &[&x.buf, &w.buf], &mut y, &sizes, n * d)?;
+        Ok(y)
+    }
+
+    /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
+    pub(super) fn hc_post(
+        &self,
+        x: &CudaTensor,
+        f: &CudaTensor,
+        post: &CudaTensor,
+        comb: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "hc_post";
+        for (what, t) in [("x", x), ("f", f), ("post", post), ("comb", comb)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (n, cols) = (x.rows(), x.cols());
+        let (d, hc) = (f.cols(), post.cols());
+        if f.rows() != n
+            || post.rows() != n
+            || comb.rows() != n
+            || hc.checked_mul(d) != Some(cols)
+            || hc.checked_mul(hc) != Some(comb.cols())
+        {
+            return Err(Error::shape(
+                OP,
+                format!("x {:?}, f {:?}, post {:?}, comb {:?} do not fit", x.shape, f.shape, post.shape, comb.shape),
+            ));
+        }
+        let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
+        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
+        let inputs = [&x.buf, &f.buf, &post.buf, &comb.buf];
+        self.launch_1d(OP, Source::LmSmall, "hc_post_f32", &inputs, &mut y, &sizes, n * cols)?;
+        Ok(y)
+    }
+
+    /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `σ(mix·scale + base) + eps`.
+    pub(super) fn hc_head_weights(
+        &self,
+        mix: &CudaTensor,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "hc_head_weights";
+        for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (n, hc) = (mix.rows(), mix.cols());
+        if scale.numel() != 1 || base.numel() != hc {
+            return Err(Error::shape(
+                OP,
+                format!("mix {:?}, scale {:?}, base {:?} do not fit", mix.shape, scale.shape, base.shape),
+            ));
+        }
+        let mut y = self.alloc(OP, mix.shape.clone(), DType::F32)?;
+        let sizes = [check_u32(OP, "elements", n * hc)?, check_u32(OP, "hc", hc)?, eps.to_bits()];
+        let inputs = [&mix.buf, &scale.buf, &base.buf];
+        self.launch_1d(OP, Source::LmSmall, "hc_head_weights_f32", &inputs, &mut y, &sizes, n * hc)?;
+        Ok(y)
+    }
+
+    /// Interleaved RoPE on the last `2·inv_freq.len()` dims of every head; row i at position
+    /// `pos0 + i·stride` (computed in 64 bits on the device, then rounded to f32 as the CPU lane
+    /// does).
+    pub(super) fn rope_tail(
+        &self,
+        x: &CudaTensor,
+        n_heads: usize,
+        inv_freq: &CudaTensor,
+        pos0: usize,
+        stride: usize,
+        inverse: bool,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "rope_tail";
+        self.check_input(OP, "x", x, DType::F32)?;
+        self.check_input(OP, "inv_freq", inv_freq, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
+        }
+        let (hd, rd) = (cols / n_heads, 2 * inv_freq.numel());
+        if rd > hd {
+            return Err(Error::shape(OP, format!("{rd} rotary dims exceed head_dim {hd}")));
+        }
+        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let sizes = [
+            check_u32(OP, "rows", n)?,
+            check_u32(OP, "cols", cols)?,
+            check_u32(OP, "head dim", hd)?,
+            check_u32(OP, "rotary dims", rd)?,
+            check_u32(OP, "pos0", pos0)?,
+            check_u32(OP, "stride", stride)?,
+            inverse as u32,
+        ];
+        self.launch_1d(OP, Source::LmSmall, "rope_tail_f32", &[&x.buf, &inv_freq.buf], &mut y, &sizes, n * cols)?;
+        Ok(y)
+    }
+
+    /// Top-k columns per row (descending, ties to the lower column, −1 fill): x `[n, m]` → i32
+    /// `[n, k]`; one block per row.
+    pub(super) fn topk_rows(&self, x: &CudaTensor, k: usize) -> Result<CudaTensor> {
+        const OP: &str = "topk_rows";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, m) = (x.rows(), x.cols());
+        let mut y = self.alloc(OP, vec![n, k], DType::I32)?;
+        if n == 0 || k == 0 {
+            return Ok(y);
+        }
+        let (n32, m32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", m)?, check_u32(OP, "k", k)?);
+        let f = self.func(Source::LmSmall, "topk_rows_i32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (TOPK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&x.buf).arg(&mut y.buf).arg(&n32).arg(&m32).arg(&k32);
+        // SAFETY: arguments match `topk_rows_i32` in cuda/lm_small.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "topk_rows_i32", e))?;
+        Ok(y)
+    }
+
+    /// `sqrt(softplus(x))` elementwise (linear branch above 20, as the CPU lane).
+    pub(super) fn sqrt_softplus(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "sqrt_softplus";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let n = x.numel();
+        self.launch_1d(
+            OP,
+            Source::LmSmall,
+            "sqrt_softplus_f32",
+            &[&x.buf],
+            &mut y,
+            &[check_u32(OP, "elements", n)?],
+            n,
+        )?;
+        Ok(y)
+    }
+
+    /// table i32 `[vocab, k]`, ids i32 `[n]`, fallback i32 `[n, k]` → i32 `[n, k]`.
+    pub(super) fn hash_route(&self, table: &CudaTensor, ids: &CudaTensor, fallback: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "hash_route";
+        self.check_input(OP, "table", table, DType::I32)?;
+        self.check_input(OP, "ids", ids, DType::I32)?;
+        self.check_input(OP, "fallback", fallback, DType::I32)?;
+        let (vocab, k) = (table.rows(), table.cols());
+        let n = fallback.rows();
+        if fallback.cols() != k || ids.numel() != n {
+            return Err(Error::shape(
+                OP,
+                format!("table {:?}, ids {:?}, fallback {:?} do not fit", table.shape, ids.shape, fallback.shape),
+            ));
+        }
+        let mut y = self.alloc(OP, vec![n, k], DType::I32)?;
+        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "k", k)?, check_u32(OP, "vocab", vocab)?];
+        let inputs = [&table.buf, &ids.buf, &fallback.buf];
+        self.launch_1d(OP, Source::LmSmall, "hash_route_i32", &inputs, &mut y, &sizes, n * k)?;
+        Ok(y)
+    }
+
+    /// scores `[n, e]`, ids i32 `[n, k]` → `[n, k]`, `s / (Σ s + 1e-20) · scale`; a row with an
+    /// id outside `0..e` is NaN.
+    pub(super) fn route_weights(&self, scores: &CudaTensor, ids: &CudaTensor, scale: f32) -> Result<CudaTensor> {
+        const OP: &str = "route_weights";
+        self.check_input(OP, "scores", scores, DType::F32)?;
+        self.check_input(OP, "ids", ids, DType::I32)?;
+        let (n, e) = (scores.rows(), scores.cols());
+        let k = ids.cols();
+        if ids.rows() != n {
+            return Err(Error::shape(OP, format!("ids {:?} do not index scores {:?}", ids.shape, scores.shape)));
+        }
+        let mut y = self.alloc(OP, vec![n, k], DType::F32)?;
+        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "k", k)?, check_u32(OP, "experts", e)?, scale.to_bits()];
+        self.launch_1d(OP, Source::LmSmall, "route_weights_f32", &[&scores.buf, &ids.buf], &mut y, &sizes, n * k)?;
+        Ok(y)
+    }
+
+    /// x `[n, 2h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
+    pub(super) fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
+        const OP: &str = "swiglu_clamp";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, d) = (x.rows(), x.cols());
+        if d % 2 != 0 {
+            return Err(Error::shape(OP, format!("x {:?} has an odd number of columns", x.shape)));
+        }
+        let h = d / 2;
+        let mut y = self.alloc(OP, vec![n, h], DType::F32)?;
+        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", h)?, limit.to_bits()];
+        self.launch_1d(OP, Source::LmSmall, "swiglu_clamp_f32", &[&x.buf], &mut y, &sizes, n * h)?;
+        Ok(y)
+    }
+}
