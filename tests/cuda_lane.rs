@@ -88,7 +88,8 @@ fn cuda_lane_claims_vision_ops_and_refuses_lm_ops_by_name() {
         }
     }
     for op in Op::LM {
-        assert!(!b.supports(op, WeightFormat::F32), "{op:?}");
+        let claimed = fovea::backend::cuda::LM_SUPPORTED.contains(&op);
+        assert_eq!(b.supports(op, WeightFormat::F32), claimed, "{op:?}");
     }
     let x = up(&b, &[2, 4]);
     match b.hc_expand(&x, 4) {

@@ -790,9 +790,8 @@ fn wgpu_ops_match_cpu() {
     compare_with_cpu(&lane, chunked_linear_cases());
 }
 
-/// The CUDA lane against the CPU lane on every shared/vision op (the language-model ops are not
-/// on this lane yet: it must claim none of them). Skips without a CUDA driver, fails instead
-/// under `FOVEA_REQUIRE_CUDA=1`.
+/// The CUDA lane against the CPU lane on every shared/vision op and on every language-model op it
+/// claims (`LM_SUPPORTED`). Skips without a CUDA driver, fails instead under `FOVEA_REQUIRE_CUDA=1`.
 #[test]
 fn cuda_ops_match_cpu() {
     let Some(lane) =
@@ -803,10 +802,16 @@ fn cuda_ops_match_cpu() {
     eprintln!("cuda lane: {}", lane.device_name());
     let mut all = cases();
     all.extend(extra_cases());
+    // the LM cases of the ops this lane claims (the rest still answer `Unsupported`)
+    all.extend(lm_cases().into_iter().filter(|c| lane.supports(c.op, WeightFormat::F32)));
     let covered = compare_with_cpu(&lane, all);
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
     assert!(missing.is_empty(), "ops without a harness case: {missing:?}");
-    let claimed: Vec<_> =
-        Op::LM.iter().filter(|op| lane.supports(**op, WeightFormat::F32)).map(|op| op.name()).collect();
-    assert!(claimed.is_empty(), "LM ops the cuda lane claims without a harness case: {claimed:?}");
+    // Every language-model op the lane claims must be compared with the CPU lane here.
+    let missing: Vec<_> = Op::LM
+        .iter()
+        .filter(|op| lane.supports(**op, WeightFormat::F32) && !covered.contains(op))
+        .map(|op| op.name())
+        .collect();
+    assert!(missing.is_empty(), "LM ops the cuda lane supports without a harness case: {missing:?}");
 }

@@ -1,7 +1,7 @@
 //! Native CUDA lane (in progress): the shared and vision ops of the contract on CUDA C kernels
-//! (`cuda/*.cu`), driven through cudarc's driver API. The language-model ops keep the trait's
-//! `Unsupported` defaults and `supports` says so, so `auto` never picks this lane for a language
-//! model and `--backend cuda` refuses one by name.
+//! (`cuda/*.cu`), driven through cudarc's driver API, and the language-model ops listed in
+//! `LM_SUPPORTED`; the others keep the trait's `Unsupported` defaults and `supports` says so, so
+//! `auto` never picks this lane for a language model and `--backend cuda` refuses one by name.
 //!
 //! - Loading: the CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are opened at run time
 //!   (cudarc `dynamic-loading`), so the binary builds and starts on machines without CUDA. Both
@@ -40,9 +40,19 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 
+mod lm_attention;
+mod moe;
+
 const LANE: &str = "cuda";
-/// The language-model ops this lane implements: none yet (they keep the trait's defaults).
-pub const LM_SUPPORTED: &[Op] = &[];
+/// The language-model ops this lane implements (the others keep the trait's defaults).
+pub const LM_SUPPORTED: &[Op] = &[
+    // lm_attention.rs, moe.rs
+    Op::SinkAttention,
+    Op::IndexerScores,
+    Op::CompressPool,
+    Op::GroupedLinear,
+    Op::MoeExperts,
+];
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 /// Threads per block of the 1-D (grid-stride) kernels.
@@ -66,12 +76,14 @@ pub enum Source {
     Attention,
     Linear,
     Debug,
+    LmAttention,
+    Moe,
 }
 
 const COMMON: &str = include_str!("../../../cuda/common.cuh");
 
 impl Source {
-    pub const ALL: [Source; 7] = [
+    pub const ALL: [Source; 9] = [
         Source::Elementwise,
         Source::Copy,
         Source::Norm,
@@ -79,6 +91,8 @@ impl Source {
         Source::Attention,
         Source::Linear,
         Source::Debug,
+        Source::LmAttention,
+        Source::Moe,
     ];
 
     pub fn file(self) -> &'static str {
@@ -90,6 +104,8 @@ impl Source {
             Source::Attention => "attention.cu",
             Source::Linear => "linear.cu",
             Source::Debug => "debug.cu",
+            Source::LmAttention => "lm_attention.cu",
+            Source::Moe => "moe.cu",
         }
     }
 
@@ -103,6 +119,8 @@ impl Source {
             Source::Attention => include_str!("../../../cuda/attention.cu"),
             Source::Linear => include_str!("../../../cuda/linear.cu"),
             Source::Debug => include_str!("../../../cuda/debug.cu"),
+            Source::LmAttention => include_str!("../../../cuda/lm_attention.cu"),
+            Source::Moe => include_str!("../../../cuda/moe.cu"),
         }
     }
 
@@ -127,6 +145,20 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Linear, "linear_bf16"),
     (Source::Linear, "linear_f16"),
     (Source::Debug, "debug_poke_u32"),
+    (Source::LmAttention, "sink_attention_f32"),
+    (Source::LmAttention, "indexer_scores_f32"),
+    (Source::LmAttention, "compress_pool_f32"),
+    (Source::LmAttention, "grouped_linear_f32"),
+    (Source::LmAttention, "grouped_linear_bf16"),
+    (Source::LmAttention, "grouped_linear_f16"),
+    (Source::Moe, "moe_route"),
+    (Source::Moe, "moe_up_f32"),
+    (Source::Moe, "moe_up_bf16"),
+    (Source::Moe, "moe_up_f16"),
+    (Source::Moe, "moe_down_f32"),
+    (Source::Moe, "moe_down_bf16"),
+    (Source::Moe, "moe_down_f16"),
+    (Source::Moe, "moe_combine"),
 ];
 
 /// PTX compiled in this process, per (compute capability as `major·10 + minor`, file).
@@ -983,6 +1015,55 @@ impl Backend for CudaBackend {
         let sizes = [c as u32, h as u32, w as u32, r as u32, gw as u32, (gh * gw) as u32];
         self.launch_1d(OP, Source::Copy, "unfold_f32", &[&x.buf], &mut y, &sizes, gh * gw * feat)?;
         Ok(y)
+    }
+
+    // ---- language model: lm_attention.rs, moe.rs ----------------------------------------------
+    fn sink_attention(
+        &self,
+        q: &CudaTensor,
+        kv: &CudaTensor,
+        window: &CudaTensor,
+        comp: Option<(&CudaTensor, &CudaTensor)>,
+        sinks: &CudaTensor,
+        n_heads: usize,
+    ) -> Result<CudaTensor> {
+        CudaBackend::sink_attention(self, q, kv, window, comp, sinks, n_heads)
+    }
+    fn indexer_scores(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        w: &CudaTensor,
+        n_heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    ) -> Result<CudaTensor> {
+        CudaBackend::indexer_scores(self, q, k, w, n_heads, scale, pos0, ratio)
+    }
+    fn compress_pool(
+        &self,
+        kv: &CudaTensor,
+        gate: &CudaTensor,
+        ape: &CudaTensor,
+        ratio: usize,
+        overlap: bool,
+    ) -> Result<CudaTensor> {
+        CudaBackend::compress_pool(self, kv, gate, ape, ratio, overlap)
+    }
+    fn grouped_linear(&self, x: &CudaTensor, w: &CudaWeight, groups: usize) -> Result<CudaTensor> {
+        CudaBackend::grouped_linear(self, x, w, groups)
+    }
+    fn moe_experts(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        w13: &[CudaWeight],
+        w2: &[CudaWeight],
+        limit: f32,
+    ) -> Result<CudaTensor> {
+        CudaBackend::moe_experts(self, x, ids, weights, w13, w2, limit)
     }
 }
 
