@@ -228,3 +228,51 @@ fn backend_names_parse() {
     let err = "metal".parse::<LaneChoice>().unwrap_err().to_string();
     assert!(err.contains("cuda"), "{err}");
 }
+
+/// Edge cases of the LM ops that the op harness does not reach: a query that sees no key at all
+/// (empty window, only −1 slots) gets zeros whatever its sink (the CPU lane's result); operands
+/// the CPU lane rejects give NaN heads / rows instead; moe_experts is bitwise reproducible.
+#[test]
+fn cuda_lm_edge_cases() {
+    let Some(b) = common::cuda_lane_or_skip() else { return };
+    let f = |shape: &[usize], v: Vec<f32>| b.upload(&HostTensor::f32(shape.to_vec(), v).unwrap()).unwrap();
+    let i = |shape: &[usize], v: Vec<i32>| b.upload(&HostTensor::i32(shape.to_vec(), v).unwrap()).unwrap();
+    let get = |t: &<CudaBackend as Backend>::Tensor| b.download(t).unwrap().into_f32("t").unwrap();
+
+    // 2 heads of hd 2. Query 0: empty window, every slot −1; query 1: window 0..=1 and comp 0;
+    // query 2: a window past the keys (NaN heads).
+    let q = f(&[3, 4], vec![0.5; 12]);
+    let kv = f(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+    let win = i(&[3, 2], vec![1, 0, 0, 1, 0, 2]);
+    let comp = f(&[1, 2], vec![5.0, 6.0]);
+    let idx = i(&[3, 2], vec![-1, -1, 0, -1, -1, -1]);
+    for sinks in [vec![0.3, f32::NEG_INFINITY], vec![f32::NEG_INFINITY, f32::NEG_INFINITY]] {
+        let s = f(&[2], sinks);
+        let out = get(&b.sink_attention(&q, &kv, &win, Some((&comp, &idx)), &s, 2).unwrap());
+        assert_eq!(&out[..4], &[0.0; 4], "a query without keys gives zeros: {out:?}");
+        assert!(out[4..8].iter().all(|v| v.is_finite() && *v > 0.0), "{out:?}");
+        assert!(out[8..].iter().all(|v| v.is_nan()), "a window past the keys gives NaN heads: {out:?}");
+    }
+
+    let (n, d, h, e, k) = (40, 24, 16, 4, 3);
+    let x = f(&[n, d], (0..n * d).map(|j| ((j * 37 % 101) as f32 - 50.0) * 0.02).collect());
+    let ids = i(&[n, k], (0..n * k).map(|j| (j * 7 % e) as i32).collect());
+    let wts = f(&[n, k], (0..n * k).map(|j| 0.1 + (j % 5) as f32 * 0.2).collect());
+    let w = |rows: usize, cols: usize, seed: usize| {
+        let v: Vec<u8> =
+            (0..rows * cols).flat_map(|j| (((j * seed + 3) % 17) as f32 * 0.03 - 0.24).to_le_bytes()).collect();
+        let hw = HostWeight { name: "expert".into(), format: WeightFormat::F32, rows, cols, bytes: Cow::Owned(v) };
+        b.upload_weight(&hw).unwrap()
+    };
+    let w13: Vec<_> = (0..e).map(|s| w(2 * h, d, s + 1)).collect();
+    let w2: Vec<_> = (0..e).map(|s| w(d, h, s + 5)).collect();
+    let a = get(&b.moe_experts(&x, &ids, &wts, &w13, &w2, 0.8).unwrap());
+    let c = get(&b.moe_experts(&x, &ids, &wts, &w13, &w2, 0.8).unwrap());
+    assert!(a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()), "moe_experts is not reproducible");
+    assert!(a.iter().all(|v| v.is_finite()) && a.iter().any(|v| *v != 0.0));
+    // an id outside the experts makes its token's row NaN and leaves the others as they were
+    let bad = i(&[n, k], (0..n * k).map(|j| if j == k { e as i32 } else { (j * 7 % e) as i32 }).collect());
+    let z = get(&b.moe_experts(&x, &bad, &wts, &w13, &w2, 0.8).unwrap());
+    assert!(z[d..2 * d].iter().all(|v| v.is_nan()), "{:?}", &z[d..2 * d]);
+    assert!(z[..d] == a[..d] && z[2 * d..] == a[2 * d..]);
+}
