@@ -45,3 +45,24 @@ __device__ __forceinline__ float block_max(float v, float* red) {
     for (unsigned int i = 1; i < nw; ++i) t = fmaxf(t, red[i]);
     return t;
 }
+
+// Weight decoding (linear, grouped_linear, moe): f32 as is, bf16 = the upper 16 bits of an f32,
+// f16 by an exact integer decode (subnormals, inf and NaN included; no cuda_fp16.h needed).
+__device__ __forceinline__ float f16_to_f32(unsigned int h) {
+    const unsigned int sign = (h & 0x8000u) << 16;
+    const unsigned int exp = (h >> 10) & 0x1fu;
+    const unsigned int man = h & 0x3ffu;
+    if (exp == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (man << 13)); // inf, NaN
+    if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+    const float f = (float)man * 5.9604644775390625e-8f; // subnormal (or zero): man * 2^-24, exact
+    return sign ? -f : f;
+}
+
+// FMT: 0 = f32, 1 = bf16, 2 = f16.
+template <int FMT>
+__device__ __forceinline__ float load_w(const void* w, u64 idx) {
+    if (FMT == 0) return ((const float*)w)[idx];
+    const unsigned int bits = ((const unsigned short*)w)[idx];
+    if (FMT == 1) return __uint_as_float(bits << 16);
+    return f16_to_f32(bits);
+}

@@ -8,24 +8,7 @@
 
 #define TILE 16
 
-__device__ __forceinline__ float f16_to_f32(unsigned int h) {
-    const unsigned int sign = (h & 0x8000u) << 16;
-    const unsigned int exp = (h >> 10) & 0x1fu;
-    const unsigned int man = h & 0x3ffu;
-    if (exp == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (man << 13)); // inf, NaN
-    if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
-    const float f = (float)man * 5.9604644775390625e-8f; // subnormal (or zero): man * 2^-24, exact
-    return sign ? -f : f;
-}
-
-// FMT: 0 = f32, 1 = bf16, 2 = f16.
-template <int FMT>
-__device__ __forceinline__ float load_w(const void* w, u64 idx) {
-    if (FMT == 0) return ((const float*)w)[idx];
-    const unsigned int bits = ((const unsigned short*)w)[idx];
-    if (FMT == 1) return __uint_as_float(bits << 16);
-    return f16_to_f32(bits);
-}
+// f16_to_f32 and load_w<FMT> live in common.cuh (shared with the LM kernels).
 
 template <int FMT>
 __device__ __forceinline__ void linear_tiled(const float* x, const void* w, const float* bias, float* y,

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{self, CudaBackend};
+use crate::backend::cuda::CudaBackend;
 use crate::backend::wgpu::WgpuBackend;
 use crate::backend::{Backend, HostTensor, Op, WeightFormat};
 use crate::config::{LmConfig, VisionConfig};
@@ -473,10 +473,6 @@ fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)
             lm_job(&b, req, job, on_load, None)
         }
         LaneChoice::Cuda => {
-            // Known without a device: refuse before opening one (and on machines without CUDA).
-            if let Some(op) = Op::LM.into_iter().find(|op| !cuda::LM_SUPPORTED.contains(op)) {
-                return Err(lm_lane_error("cuda", op));
-            }
             let b = CudaBackend::new(cuda_device_from_env()?)?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));

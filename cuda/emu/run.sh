@@ -7,7 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${TMPDIR:-/tmp}/fovea-cuda-emu
 mkdir -p "$out"
 # what NVRTC compiles (common.cuh + each file), with dynamic shared memory mapped to the emulator's
-for f in common.cuh elementwise.cu copy.cu norm.cu rope.cu attention.cu linear.cu debug.cu lm_small.cu; do
+for f in common.cuh elementwise.cu copy.cu norm.cu rope.cu attention.cu linear.cu debug.cu lm_small.cu lm_attention.cu moe.cu; do
     sed 's/extern __shared__ float smem\[\];/float* smem = g_dyn_smem.data();/' "$here/../$f"
 done > "$out/all_kernels.inc"
 g++ -std=c++20 -O2 -pthread -Wall -Wno-unused-function -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test"

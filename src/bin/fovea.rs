@@ -36,8 +36,8 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
         /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). $FOVEA_ADAPTER picks a
-        /// wgpu adapter by name, $FOVEA_CUDA_DEVICE a CUDA device. cuda (in progress) runs the vision
-        /// path only; auto never picks it.
+        /// wgpu adapter by name, $FOVEA_CUDA_DEVICE a CUDA device. cuda is in progress (not yet
+        /// verified on a GPU); auto never picks it.
         #[arg(long)]
         backend: Option<String>,
         /// Position of the image placeholder in the token stream (sets the lead pads; vision
@@ -77,8 +77,8 @@ enum Command {
         /// text. Needs no tokenizer.json with --token-ids.
         #[arg(long)]
         print_ids: bool,
-        /// Lane: auto, cpu or wgpu (default: $FOVEA_BACKEND, else auto). cuda (in progress) lacks the
-        /// language-model ops and refuses this command.
+        /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). cuda is in progress
+        /// (not yet verified on a GPU); auto never picks it.
         #[arg(long)]
         backend: Option<String>,
     },

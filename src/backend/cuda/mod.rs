@@ -1,8 +1,8 @@
-//! Native CUDA lane (in progress): the shared and vision ops of the contract on CUDA C kernels
-//! (`cuda/*.cu`), driven through cudarc's driver API, and the language-model ops listed in
-//! `LM_SUPPORTED` (the small ones in `lm_small.rs`); the others keep the trait's `Unsupported`
-//! defaults and `supports` says so, so `auto` never picks this lane for a language model and
-//! `--backend cuda` refuses one by name.
+//! Native CUDA lane (in progress): every op of the contract on CUDA C kernels (`cuda/*.cu`),
+//! driven through cudarc's driver API — the shared and vision ops here, the language-model ops in
+//! `lm_small.rs` (embeddings, hyper-connections, RoPE tail, routing), `lm_attention.rs` (sink
+//! attention, indexer, compressor, grouped projection) and `moe.rs` (routed experts), listed in
+//! `LM_SUPPORTED`. Not yet verified on a GPU, so `auto` never picks this lane.
 //!
 //! - Loading: the CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are opened at run time
 //!   (cudarc `dynamic-loading`), so the binary builds and starts on machines without CUDA. Both
@@ -43,6 +43,9 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 
+mod lm_attention;
+mod moe;
+
 const LANE: &str = "cuda";
 /// The language-model ops this lane implements (the others keep the trait's defaults).
 pub const LM_SUPPORTED: &[Op] = &[
@@ -60,6 +63,12 @@ pub const LM_SUPPORTED: &[Op] = &[
     Op::HashRoute,
     Op::RouteWeights,
     Op::SwigluClamp,
+    // lm_attention.rs, moe.rs
+    Op::SinkAttention,
+    Op::IndexerScores,
+    Op::CompressPool,
+    Op::GroupedLinear,
+    Op::MoeExperts,
 ];
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
@@ -85,12 +94,14 @@ pub enum Source {
     Linear,
     Debug,
     LmSmall,
+    LmAttention,
+    Moe,
 }
 
 const COMMON: &str = include_str!("../../../cuda/common.cuh");
 
 impl Source {
-    pub const ALL: [Source; 8] = [
+    pub const ALL: [Source; 10] = [
         Source::Elementwise,
         Source::Copy,
         Source::Norm,
@@ -99,6 +110,8 @@ impl Source {
         Source::Linear,
         Source::Debug,
         Source::LmSmall,
+        Source::LmAttention,
+        Source::Moe,
     ];
 
     pub fn file(self) -> &'static str {
@@ -111,6 +124,8 @@ impl Source {
             Source::Linear => "linear.cu",
             Source::Debug => "debug.cu",
             Source::LmSmall => "lm_small.cu",
+            Source::LmAttention => "lm_attention.cu",
+            Source::Moe => "moe.cu",
         }
     }
 
@@ -125,6 +140,8 @@ impl Source {
             Source::Linear => include_str!("../../../cuda/linear.cu"),
             Source::Debug => include_str!("../../../cuda/debug.cu"),
             Source::LmSmall => include_str!("../../../cuda/lm_small.cu"),
+            Source::LmAttention => include_str!("../../../cuda/lm_attention.cu"),
+            Source::Moe => include_str!("../../../cuda/moe.cu"),
         }
     }
 
@@ -162,6 +179,20 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::LmSmall, "hash_route_i32"),
     (Source::LmSmall, "route_weights_f32"),
     (Source::LmSmall, "swiglu_clamp_f32"),
+    (Source::LmAttention, "sink_attention_f32"),
+    (Source::LmAttention, "indexer_scores_f32"),
+    (Source::LmAttention, "compress_pool_f32"),
+    (Source::LmAttention, "grouped_linear_f32"),
+    (Source::LmAttention, "grouped_linear_bf16"),
+    (Source::LmAttention, "grouped_linear_f16"),
+    (Source::Moe, "moe_route"),
+    (Source::Moe, "moe_up_f32"),
+    (Source::Moe, "moe_up_bf16"),
+    (Source::Moe, "moe_up_f16"),
+    (Source::Moe, "moe_down_f32"),
+    (Source::Moe, "moe_down_bf16"),
+    (Source::Moe, "moe_down_f16"),
+    (Source::Moe, "moe_combine"),
 ];
 
 /// PTX compiled in this process, per (compute capability as `major·10 + minor`, file).
@@ -1075,6 +1106,54 @@ impl Backend for CudaBackend {
     }
     fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
         self.swiglu_clamp(x, limit)
+    }
+    // ---- language model: lm_attention.rs, moe.rs ----------------------------------------------
+    fn sink_attention(
+        &self,
+        q: &CudaTensor,
+        kv: &CudaTensor,
+        window: &CudaTensor,
+        comp: Option<(&CudaTensor, &CudaTensor)>,
+        sinks: &CudaTensor,
+        n_heads: usize,
+    ) -> Result<CudaTensor> {
+        CudaBackend::sink_attention(self, q, kv, window, comp, sinks, n_heads)
+    }
+    fn indexer_scores(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        w: &CudaTensor,
+        n_heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    ) -> Result<CudaTensor> {
+        CudaBackend::indexer_scores(self, q, k, w, n_heads, scale, pos0, ratio)
+    }
+    fn compress_pool(
+        &self,
+        kv: &CudaTensor,
+        gate: &CudaTensor,
+        ape: &CudaTensor,
+        ratio: usize,
+        overlap: bool,
+    ) -> Result<CudaTensor> {
+        CudaBackend::compress_pool(self, kv, gate, ape, ratio, overlap)
+    }
+    fn grouped_linear(&self, x: &CudaTensor, w: &CudaWeight, groups: usize) -> Result<CudaTensor> {
+        CudaBackend::grouped_linear(self, x, w, groups)
+    }
+    fn moe_experts(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        w13: &[CudaWeight],
+        w2: &[CudaWeight],
+        limit: f32,
+    ) -> Result<CudaTensor> {
+        CudaBackend::moe_experts(self, x, ids, weights, w13, w2, limit)
     }
 }
 

@@ -1,0 +1,257 @@
+//! Language-model attention-side ops on the CUDA lane (kernels in cuda/lm_attention.cu):
+//! `sink_attention`, `indexer_scores`, `compress_pool`, `grouped_linear`. Shape checks follow the
+//! wgpu lane; operands the CPU lane rejects only after reading them (a window outside the raw
+//! keys, a compressed index outside `-1..c`) give NaN heads here, as on wgpu (a GPU lane cannot
+//! return an error without a host round trip).
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::{CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, MAX_BLOCKS, Source, check_u32};
+use crate::backend::{DType, DeviceTensor, Op, WeightFormat};
+use crate::error::{Error, Result};
+
+/// Threads per block of `sink_attention_f32` (`SA_THREADS` in cuda/lm_attention.cu).
+const SINK_THREADS: u32 = 128;
+/// Threads per block of `indexer_scores_f32` (`IX_THREADS`).
+const INDEXER_THREADS: u32 = 256;
+/// Tile edge of `grouped_linear_*` (`GL_TILE`).
+const GROUPED_TILE: u32 = 16;
+/// Largest grid y dimension.
+const GRID_Y: usize = 65535;
+
+impl CudaBackend {
+    /// q `[n, heads·hd]`, kv `[m, hd]`, window i32 `[n, 2]`, comp (`[c, hd]`, idx i32 `[n, k]`),
+    /// sinks `[heads]` → `[n, heads·hd]`; one block per (query, head).
+    pub(super) fn sink_attention(
+        &self,
+        q: &CudaTensor,
+        kv: &CudaTensor,
+        window: &CudaTensor,
+        comp: Option<(&CudaTensor, &CudaTensor)>,
+        sinks: &CudaTensor,
+        n_heads: usize,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "sink_attention";
+        self.check_input(OP, "q", q, DType::F32)?;
+        self.check_input(OP, "kv", kv, DType::F32)?;
+        self.check_input(OP, "window", window, DType::I32)?;
+        self.check_input(OP, "sinks", sinks, DType::F32)?;
+        let (n, cols) = (q.rows(), q.cols());
+        if n_heads == 0 || cols % n_heads != 0 {
+            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
+        }
+        let hd = cols / n_heads;
+        let (m, kd) = (kv.rows(), kv.cols());
+        if kd != hd || window.numel() != 2 * n || sinks.numel() != n_heads {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit",
+                    q.shape, kv.shape, window.shape, sinks.shape
+                ),
+            ));
+        }
+        let (c_rows, kk) = match comp {
+            Some((c, idx)) => {
+                self.check_input(OP, "comp", c, DType::F32)?;
+                self.check_input(OP, "comp_idx", idx, DType::I32)?;
+                if c.cols() != hd || idx.rows() != n {
+                    return Err(Error::shape(
+                        OP,
+                        format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape),
+                    ));
+                }
+                (c.rows(), idx.cols())
+            }
+            None => (0, 0),
+        };
+        let shared = 2 * hd * 4;
+        // plus the kernel's static p[], krow[] (8-byte pointers) and red[]
+        let statics = SINK_THREADS as usize * (4 + 8) + SINK_THREADS as usize / 32 * 4;
+        if shared + statics > DEFAULT_SHARED_BYTES {
+            return Err(Self::unsupported(
+                Op::SinkAttention,
+                format!("head dim {hd} (the kernel keeps 2·hd floats in shared memory)"),
+            ));
+        }
+        if n_heads > GRID_Y {
+            return Err(Self::unsupported(Op::SinkAttention, format!("{n_heads} heads (grid limit {GRID_Y})")));
+        }
+        let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
+        if n == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let f = self.func(Source::LmAttention, "sink_attention_f32")?;
+        let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
+        let (m32, k32, c32) =
+            (check_u32(OP, "kv rows", m)?, check_u32(OP, "comp_idx columns", kk)?, check_u32(OP, "comp rows", c_rows)?);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (cbuf, ibuf) = comp.map_or((&self.dummy, &self.dummy), |(c, i)| (&c.buf, &i.buf));
+        let cfg =
+            LaunchConfig { grid_dim: (n32, h32, 1), block_dim: (SINK_THREADS, 1, 1), shared_mem_bytes: shared as u32 };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&q.buf).arg(&kv.buf).arg(&window.buf).arg(cbuf).arg(ibuf).arg(&sinks.buf).arg(&mut y.buf);
+        l.arg(&n32).arg(&h32).arg(&hd32).arg(&m32).arg(&k32).arg(&c32).arg(&scale);
+        // SAFETY: arguments match `sink_attention_f32` in cuda/lm_attention.cu; shapes checked
+        // above (with no compressed entries kk = 0, so the dummy buffers are never read).
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "sink_attention_f32", e))?;
+        Ok(y)
+    }
+
+    /// q `[n, heads·hd]`, k `[m, hd]`, w `[n, heads]` → `[n, m]`; one block per query row.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn indexer_scores(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        w: &CudaTensor,
+        n_heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "indexer_scores";
+        for (what, t) in [("q", q), ("k", k), ("w", w)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (n, cols) = (q.rows(), q.cols());
+        let (m, hd) = (k.rows(), k.cols());
+        if n_heads == 0 || cols != n_heads * hd || w.rows() != n || w.cols() != n_heads || ratio == 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "q {:?}, k {:?}, w {:?} do not fit ({n_heads} heads, ratio {ratio})",
+                    q.shape, k.shape, w.shape
+                ),
+            ));
+        }
+        let shared = (cols + n_heads) * 4;
+        if shared > DEFAULT_SHARED_BYTES {
+            return Err(Self::unsupported(
+                Op::IndexerScores,
+                format!("{n_heads}x{hd} query heads (the kernel keeps a query row in shared memory)"),
+            ));
+        }
+        let mut y = self.alloc(OP, vec![n, m], DType::F32)?;
+        if n == 0 || m == 0 {
+            return Ok(y);
+        }
+        let f = self.func(Source::LmAttention, "indexer_scores_f32")?;
+        let sizes = [
+            check_u32(OP, "rows", n)?,
+            check_u32(OP, "keys", m)?,
+            check_u32(OP, "heads", n_heads)?,
+            check_u32(OP, "head dim", hd)?,
+        ];
+        let (pos32, r32) = (check_u32(OP, "pos0", pos0)?, check_u32(OP, "ratio", ratio)?);
+        let gx = n.min(MAX_BLOCKS);
+        let cfg = LaunchConfig {
+            grid_dim: (gx as u32, n.div_ceil(gx) as u32, 1),
+            block_dim: (INDEXER_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&q.buf).arg(&k.buf).arg(&w.buf).arg(&mut y.buf);
+        l.arg(&sizes[0]).arg(&sizes[1]).arg(&sizes[2]).arg(&sizes[3]).arg(&scale).arg(&pos32).arg(&r32);
+        // SAFETY: arguments match `indexer_scores_f32` in cuda/lm_attention.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "indexer_scores_f32", e))?;
+        Ok(y)
+    }
+
+    /// kv, gate `[T, w]`, ape `[r, w]` → `[⌊T/r⌋, d]`; one thread per (entry, channel).
+    pub(super) fn compress_pool(
+        &self,
+        kv: &CudaTensor,
+        gate: &CudaTensor,
+        ape: &CudaTensor,
+        ratio: usize,
+        overlap: bool,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "compress_pool";
+        for (what, t) in [("kv", kv), ("gate", gate), ("ape", ape)] {
+            self.check_input(OP, what, t, DType::F32)?;
+        }
+        let (t, w) = (kv.rows(), kv.cols());
+        if gate.shape != kv.shape || ratio == 0 || ape.rows() != ratio || ape.cols() != w || (overlap && w % 2 != 0) {
+            return Err(Error::shape(
+                OP,
+                format!("kv {:?}, gate {:?}, ape {:?}, ratio {ratio}", kv.shape, gate.shape, ape.shape),
+            ));
+        }
+        let d = if overlap { w / 2 } else { w };
+        let n = t / ratio;
+        let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let sizes = [
+            check_u32(OP, "outputs", n * d)?,
+            check_u32(OP, "channels", d)?,
+            check_u32(OP, "width", w)?,
+            check_u32(OP, "ratio", ratio)?,
+            overlap as u32,
+        ];
+        self.launch_1d(
+            OP,
+            Source::LmAttention,
+            "compress_pool_f32",
+            &[&kv.buf, &gate.buf, &ape.buf],
+            &mut y,
+            &sizes,
+            n * d,
+        )?;
+        Ok(y)
+    }
+
+    /// x `[n, g·k]`, W `[g·r, k]` (any format, decoded in the kernel) → `[n, g·r]`.
+    pub(super) fn grouped_linear(&self, x: &CudaTensor, w: &CudaWeight, groups: usize) -> Result<CudaTensor> {
+        const OP: &str = "grouped_linear";
+        self.check_input(OP, "x", x, DType::F32)?;
+        let (n, cols) = (x.rows(), x.cols());
+        if groups == 0 || cols != groups * w.cols || w.rows % groups != 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "x {:?} and weight `{}` [{}, {}] do not split into {groups} groups",
+                    x.shape, w.name, w.rows, w.cols
+                ),
+            ));
+        }
+        let (k, r) = (w.cols, w.rows / groups);
+        let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        if n == 0 || r == 0 {
+            return Ok(y);
+        }
+        let tiles_r = r.div_ceil(GROUPED_TILE as usize);
+        let (gx, gy) = (groups * tiles_r, n.div_ceil(GROUPED_TILE as usize));
+        if gy > GRID_Y || gx > i32::MAX as usize {
+            return Err(Error::Device(format!(
+                "op `{OP}`: x {:?} / weight `{}` exceed the grid limits of the grouped kernel",
+                x.shape, w.name
+            )));
+        }
+        let kernel = match w.format {
+            WeightFormat::F32 => "grouped_linear_f32",
+            WeightFormat::BF16 => "grouped_linear_bf16",
+            WeightFormat::F16 => "grouped_linear_f16",
+        };
+        let f = self.func(Source::LmAttention, kernel)?;
+        let sizes = [
+            check_u32(OP, "rows", n)?,
+            check_u32(OP, "group width", k)?,
+            check_u32(OP, "group outputs", r)?,
+            check_u32(OP, "groups", groups)?,
+            tiles_r as u32,
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (gx as u32, gy as u32, 1),
+            block_dim: (GROUPED_TILE, GROUPED_TILE, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&x.buf).arg(&w.buf).arg(&mut y.buf);
+        for s in &sizes {
+            l.arg(s);
+        }
+        // SAFETY: arguments match `grouped_linear_*` in cuda/lm_attention.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
+        Ok(y)
+    }
+}
