@@ -40,17 +40,6 @@ __device__ __forceinline__ bool lms_is_finite(float x) {
     return fabsf(x) <= 3.40282346638528859812e+38f;
 }
 
-// IEEE half bits -> f32, exact (as f16_to_f32 in linear.cu).
-__device__ __forceinline__ float lms_f16_to_f32(unsigned int h) {
-    const unsigned int sign = (h & 0x8000u) << 16;
-    const unsigned int exp = (h >> 10) & 0x1fu;
-    const unsigned int man = h & 0x3ffu;
-    if (exp == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (man << 13)); // inf, NaN
-    if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
-    const float f = (float)man * 5.9604644775390625e-8f; // subnormal (or zero): man * 2^-24, exact
-    return sign ? -f : f;
-}
-
 extern "C" __global__ void embed_rows_f32(const void* table, const int* ids, float* out, unsigned int n,
                                           unsigned int d, unsigned int vocab, unsigned int fmt) {
     const u64 total = (u64)n * d;
@@ -64,12 +53,7 @@ extern "C" __global__ void embed_rows_f32(const void* table, const int* ids, flo
             v = 0.0f;
         } else {
             const u64 at = (u64)id * d + c;
-            if (fmt == 0) {
-                v = ((const float*)table)[at];
-            } else {
-                const unsigned int bits = ((const unsigned short*)table)[at];
-                v = fmt == 1 ? __uint_as_float(bits << 16) : lms_f16_to_f32(bits);
-            }
+            v = fmt == 0 ? load_w<0>(table, at) : fmt == 1 ? load_w<1>(table, at) : load_w<2>(table, at);
         }
         out[i] = v;
     }
