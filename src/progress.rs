@@ -41,19 +41,27 @@ impl LoadBar {
 
     /// Feed one report from the loader.
     pub fn update(&mut self, p: LoadProgress) {
+        if let Some(frame) = self.frame(p) {
+            let mut err = std::io::stderr().lock();
+            // a closed stderr must not stop the load
+            let _ = write!(err, "{frame}").and_then(|_| err.flush());
+        }
+    }
+
+    /// What to write for one report: nothing under the size gate or when the percentage has not
+    /// changed; else the bar after `\r`, with a newline once the load is done.
+    fn frame(&mut self, p: LoadProgress) -> Option<String> {
         if p.total_bytes < LOAD_BAR_MIN_BYTES && !self.always {
-            return;
+            return None;
         }
         let percent =
             if p.total_bytes == 0 { 100 } else { (p.done_bytes.min(p.total_bytes) * 100 / p.total_bytes) as u32 };
         if self.last_percent == Some(percent) {
-            return;
+            return None;
         }
         self.last_percent = Some(percent);
         let end = if p.done_bytes >= p.total_bytes { "\n" } else { "" };
-        let mut err = std::io::stderr().lock();
-        // a closed stderr must not stop the load
-        let _ = write!(err, "\r{}{end}", render(p)).and_then(|_| err.flush());
+        Some(format!("\r{}{end}", render(p)))
     }
 }
 
@@ -88,6 +96,19 @@ mod tests {
     fn more_bytes_than_the_total_or_an_empty_checkpoint_show_a_full_bar() {
         assert_eq!(render(p(9, 4)), render(p(4, 4)));
         assert!(render(p(0, 0)).contains("100%"));
+    }
+
+    #[test]
+    fn the_bar_draws_for_large_checkpoints_once_per_percent_and_ends_the_line() {
+        let mut bar = LoadBar { always: false, last_percent: None };
+        let small = LOAD_BAR_MIN_BYTES - 1;
+        assert_eq!(bar.frame(p(0, small)), None, "small checkpoints load silently");
+        let total = LOAD_BAR_MIN_BYTES * 4;
+        assert!(bar.frame(p(0, total)).is_some_and(|f| f.starts_with('\r') && !f.ends_with('\n')));
+        assert_eq!(bar.frame(p(1, total)), None, "same percentage: no redraw");
+        assert!(bar.frame(p(total, total)).is_some_and(|f| f.ends_with("100% 1.1/1.1 GB\n")));
+        let mut forced = LoadBar { always: true, last_percent: None };
+        assert!(forced.frame(p(small, small)).is_some(), "FOVEA_PROGRESS=always draws any size");
     }
 
     #[test]
