@@ -234,3 +234,21 @@ fn wgpu_and_cpu_lanes_write_identical_captions_for_20_scenes() {
     }
     report(&format!("vl-scenes: {right} of 20 scenes captioned exactly (identical on both lanes)"));
 }
+
+/// The CUDA lane writes the same tokens as the CPU lane for the same 20 scenes (issue 4: "and
+/// the CUDA lane, once it exists, on an NVIDIA GPU"). Without a driver it prints why it skipped.
+#[test]
+fn cuda_and_cpu_lanes_write_identical_captions_for_20_scenes() {
+    use fovea::pipeline::LaneChoice;
+    if common::cuda_lane_or_skip().is_none() {
+        return;
+    }
+    let captioner = Captioner::new();
+    let mut right = 0;
+    for (image, caption) in scene_set("scenes", 20) {
+        let cpu = captioner.ids(&image, LaneChoice::Cpu);
+        assert_eq!(captioner.ids(&image, LaneChoice::Cuda), cpu, "{}: the lanes' captions differ", image.display());
+        right += usize::from(captioner.text(&cpu) == caption);
+    }
+    report(&format!("vl-scenes: {right} of 20 scenes captioned exactly (identical on the CPU and CUDA lanes)"));
+}

@@ -1,0 +1,289 @@
+//! Benchmark: one full-size DeepSeek-V4-Flash language layer with random bf16 weights — a
+//! prefill of `--tokens` tokens, then decode steps at that context.
+//!
+//! ```text
+//! cargo run --release --example bench_lm_layer -- --backend cuda             # CSA layer, 4096 tokens
+//! cargo run --release --example bench_lm_layer -- --backend wgpu --ratio 128 # an HCA layer
+//! cargo run --release --example bench_lm_layer -- --backend cpu --tokens 256 --experts 16
+//! ```
+//!
+//! The layer is the released config's (language.md §1): hidden 4096, 64 heads × 512 (RoPE 64),
+//! q-LoRA 1024, grouped output 8 × 1024, window 128, 256 routed experts (top-6, width 2048) + one
+//! shared, hc 4 with 20 Sinkhorn rounds; `--ratio 4` (default) is a CSA layer with its indexer
+//! (64 × 128, top-512), `128` an HCA layer, `0` sliding window only. No hash routing (layers 3+).
+//! The model around it is one layer deep with a 1024-token vocabulary, so the embedding and the
+//! head are small next to the layer (they are included in the times).
+//!
+//! Prints the lane, the load time, the prefill time (one chunk of `--tokens`) with its FLOPs,
+//! and the median decode step with the weight bytes one token reads (attention, indexer,
+//! compressors, router, shared expert and 6 routed experts; the KV cache is small beside them).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::time::Instant;
+
+use clap::Parser;
+use fovea::backend::cpu::CpuBackend;
+use fovea::backend::cuda::CudaBackend;
+use fovea::backend::wgpu::WgpuBackend;
+use fovea::backend::{Backend, HostWeight, WeightFormat};
+use fovea::config::LmConfig;
+use fovea::model::ParamSource;
+use fovea::model::lm::{LmInput, LmModel};
+use fovea::weights::lm::lm_manifest;
+use rand::{Rng, SeedableRng};
+
+#[derive(Parser)]
+struct Args {
+    /// cpu, wgpu or cuda
+    #[arg(long, default_value = "cuda")]
+    backend: String,
+    /// Prompt tokens (one prefill chunk); decode runs at this context
+    #[arg(long, default_value_t = 4096)]
+    tokens: usize,
+    /// Compression ratio of the layer: 4 (CSA + indexer), 128 (HCA) or 0 (window only)
+    #[arg(long, default_value_t = 4)]
+    ratio: usize,
+    /// Routed experts (256 at full size; fewer for a quick run on small machines)
+    #[arg(long, default_value_t = 256)]
+    experts: usize,
+    /// Timed prefills after the warm-up
+    #[arg(long, default_value_t = 3)]
+    iters: usize,
+    /// Timed decode steps
+    #[arg(long, default_value_t = 16)]
+    decode_steps: usize,
+}
+
+fn full_size_config(args: &Args) -> fovea::Result<LmConfig> {
+    LmConfig::from_value(&serde_json::json!({
+        "vocab_size": 1024, "hidden_size": 4096, "num_hidden_layers": 1,
+        "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
+        "q_lora_rank": 1024, "o_lora_rank": 1024, "o_groups": 8,
+        "n_routed_experts": args.experts, "num_experts_per_tok": 6, "n_shared_experts": 1,
+        "moe_intermediate_size": 2048, "num_hash_layers": 0, "scoring_func": "sqrtsoftplus",
+        "topk_method": "noaux_tc", "norm_topk_prob": true, "routed_scaling_factor": 1.5,
+        "swiglu_limit": 10.0, "sliding_window": 128, "compress_ratios": [args.ratio, 0],
+        "compress_rope_theta": 160000.0, "rope_theta": 10000.0,
+        "rope_scaling": {"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536,
+                         "beta_fast": 32, "beta_slow": 1},
+        "max_position_embeddings": 1048576,
+        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+        "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6
+    }))
+}
+
+/// Random parameters shaped by the loader's own manifest. Matrices are bf16 windows into one
+/// pool of uniform values per fan-in (±√(3/fan_in)), at an offset hashed from the name, so 13 GB
+/// of distinct-looking experts cost one 64 MiB pool per fan-in to generate; vectors are f32
+/// (norms around 1, everything else small).
+struct RandomParams {
+    shapes: HashMap<String, Vec<usize>>,
+    pools: HashMap<usize, Vec<u8>>,
+}
+
+const POOL_BYTES: usize = 64 << 20;
+
+impl RandomParams {
+    fn new(cfg: &LmConfig) -> fovea::Result<Self> {
+        let shapes: HashMap<_, _> = lm_manifest(cfg)?.into_iter().map(|e| (e.name, e.shape)).collect();
+        let mut pools = HashMap::new();
+        for shape in shapes.values().filter(|s| s.len() == 2) {
+            let fan_in = shape[1];
+            pools.entry(fan_in).or_insert_with(|| {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(fan_in as u64);
+                let a = (3.0 / fan_in as f32).sqrt();
+                (0..POOL_BYTES / 2).flat_map(|_| half::bf16::from_f32(rng.random_range(-a..a)).to_le_bytes()).collect()
+            });
+        }
+        Ok(Self { shapes, pools })
+    }
+    fn shape(&self, name: &str) -> fovea::Result<&[usize]> {
+        self.shapes.get(name).map(Vec::as_slice).ok_or_else(|| fovea::Error::tensor(name, "not in the manifest"))
+    }
+    fn seed(name: &str) -> u64 {
+        name.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    }
+}
+
+impl ParamSource for RandomParams {
+    fn matrix(&self, name: &str) -> fovea::Result<HostWeight<'_>> {
+        let &[rows, cols] = self.shape(name)? else {
+            return Err(fovea::Error::tensor(name, "not a matrix"));
+        };
+        let (pool, len) = (&self.pools[&cols], rows * cols * 2);
+        let bytes = if len <= pool.len() {
+            let off = (Self::seed(name) as usize % (pool.len() - len + 1)) & !1;
+            Cow::Borrowed(&pool[off..off + len])
+        } else {
+            Cow::Owned(pool.iter().cycle().take(len).copied().collect())
+        };
+        Ok(HostWeight { name: name.to_string(), format: WeightFormat::BF16, rows, cols, bytes })
+    }
+    fn vector(&self, name: &str) -> fovea::Result<Vec<f32>> {
+        let len = self.shape(name)?.iter().product();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(Self::seed(name));
+        let around = if name.contains("norm") { 1.0 } else { 0.0 };
+        Ok((0..len).map(|_| around + rng.random_range(-0.05f32..0.05)).collect())
+    }
+    fn has(&self, name: &str) -> bool {
+        self.shapes.contains_key(name)
+    }
+}
+
+/// FLOPs of a prefill of `t` tokens from position 0 (matrix products and attention; the
+/// elementwise work, norms and Sinkhorn rounds are left out).
+fn prefill_flops(c: &LmConfig, t: usize) -> f64 {
+    let (t, d, hc) = (t as f64, c.hidden_size as f64, c.hc_mult as f64);
+    let (nh, hd, ql) = (c.num_attention_heads as f64, c.head_dim as f64, c.q_lora_rank as f64);
+    let (og, ol, e, k, inter) = (
+        c.o_groups as f64,
+        c.o_lora_rank as f64,
+        c.n_routed_experts as f64,
+        c.num_experts_per_tok as f64,
+        c.moe_intermediate_size as f64,
+    );
+    let r = c.ratio(0);
+    // the two hc mixes (attention, FFN): [hc·d] -> [(2 + hc)·hc] each
+    let mix = 2.0 * 2.0 * hc * d * (2.0 + hc) * hc;
+    let mut per_token = mix
+        + 2.0 * d * ql
+        + 2.0 * ql * nh * hd
+        + 2.0 * d * hd
+        + 2.0 * nh * hd * ol // wo_a: each group maps nh·hd/og columns to ol rows
+        + 2.0 * og * ol * d
+        + 2.0 * d * e
+        + 2.0 * (k + c.n_shared_experts as f64) * 3.0 * d * inter;
+    let mut attn = 0.0;
+    // keys per query: the window, plus compressed entries (all for HCA, top-k for CSA)
+    for i in 0..t as usize {
+        let window = (i + 1).min(c.sliding_window) as f64;
+        let comp = match r {
+            0 => 0.0,
+            4 => ((i + 1) / 4).min(c.index_topk) as f64,
+            _ => ((i + 1) / r) as f64,
+        };
+        attn += 4.0 * nh * hd * (window + comp);
+    }
+    if r != 0 {
+        let w = if r == 4 { 2.0 * hd } else { hd };
+        per_token += 2.0 * 2.0 * d * w; // compressor kv + gate
+    }
+    if r == 4 {
+        let (ih, ihd) = (c.index_n_heads as f64, c.index_head_dim as f64);
+        per_token += 2.0 * ql * ih * ihd + 2.0 * d * ih + 2.0 * 2.0 * d * 2.0 * ihd;
+        // scores: each query against the complete blocks before it
+        attn += (0..t as usize).map(|i| 2.0 * ih * ihd * ((i + 1) / 4) as f64).sum::<f64>();
+    }
+    per_token * t + attn
+}
+
+/// Bytes of weights one decode token reads: every matrix of the layer except the routed
+/// experts, plus `num_experts_per_tok` of those (bf16), plus the f32 parameters.
+fn decode_weight_bytes(c: &LmConfig, shapes: &HashMap<String, Vec<usize>>) -> f64 {
+    let mut bytes = 0.0;
+    let mut expert = 0.0;
+    for (name, s) in shapes {
+        let elems: usize = s.iter().product();
+        let b = if s.len() == 2 { 2.0 } else { 4.0 } * elems as f64;
+        if name.contains(".experts.") {
+            if name.contains(".experts.0.") {
+                expert += b;
+            }
+        } else if !name.starts_with("embed") && !name.starts_with("head") {
+            bytes += b;
+        }
+    }
+    bytes + expert * c.num_experts_per_tok as f64
+}
+
+fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
+    let cfg = full_size_config(args)?;
+    let t = Instant::now();
+    let src = RandomParams::new(&cfg)?;
+    let model = LmModel::load(b, &src, &cfg)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let ids: Vec<i32> = (0..args.tokens).map(|i| (i * 7919 % cfg.vocab_size) as i32).collect();
+    let input = LmInput { ids, window: None };
+
+    let prefill = || -> fovea::Result<(f64, fovea::model::lm::LmCache<B>)> {
+        let t = Instant::now();
+        let (hidden, cache) = model.prefill_cache(b, &input, None, args.tokens)?;
+        b.download(&model.last_logits(b, &hidden)?)?; // waits for the device
+        Ok((t.elapsed().as_secs_f64(), cache))
+    };
+    let (warm, _) = prefill()?;
+    let mut times = Vec::new();
+    let mut cache = None;
+    for _ in 0..args.iters {
+        let (s, c) = prefill()?;
+        times.push(s);
+        cache = Some(c);
+    }
+    times.sort_by(f64::total_cmp);
+    let prefill_s = times.get(times.len() / 2).copied().unwrap_or(warm);
+    let mut cache = match cache {
+        Some(c) => c,
+        None => prefill()?.1,
+    };
+    let mut steps = Vec::new();
+    for i in 0..args.decode_steps.max(1) {
+        let t = Instant::now();
+        b.download(&model.decode(b, &mut cache, (i % cfg.vocab_size) as i32)?)?;
+        steps.push(t.elapsed().as_secs_f64());
+    }
+    steps.sort_by(f64::total_cmp);
+    let step_s = steps[steps.len() / 2];
+
+    let flops = prefill_flops(&cfg, args.tokens);
+    let bytes = decode_weight_bytes(&cfg, &src.shapes);
+    let mem = b.memory();
+    println!("lane: {} ({})", b.lane(), b.device_name());
+    println!(
+        "layer: hidden {}, {} heads x {}, ratio {}, {} experts top-{}; load (random weights + upload) {load_s:.1} s",
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.head_dim,
+        cfg.ratio(0),
+        cfg.n_routed_experts,
+        cfg.num_experts_per_tok
+    );
+    println!(
+        "prefill {} tokens: median {:.2} ms over {} runs (first {:.1} ms), {:.2} TFLOP -> {:.2} TFLOP/s, {:.0} tok/s",
+        args.tokens,
+        prefill_s * 1e3,
+        times.len(),
+        warm * 1e3,
+        flops / 1e12,
+        flops / prefill_s / 1e12,
+        args.tokens as f64 / prefill_s
+    );
+    println!(
+        "decode at context {}: median {:.3} ms over {} steps, {:.3} GB of weights -> {:.0} GB/s",
+        args.tokens,
+        step_s * 1e3,
+        steps.len(),
+        bytes / 1e9,
+        bytes / step_s / 1e9
+    );
+    println!(
+        "device memory: weights {:.2} GiB, activations peak {:.2} GiB",
+        mem.weight_bytes as f64 / 1073741824.0,
+        mem.peak_activation_bytes as f64 / 1073741824.0
+    );
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    let result = match args.backend.as_str() {
+        "cpu" => run(&CpuBackend::new(), &args),
+        "wgpu" => WgpuBackend::new(fovea::pipeline::adapter_from_env().as_deref()).and_then(|b| run(&b, &args)),
+        "cuda" => fovea::pipeline::cuda_device_from_env().and_then(CudaBackend::new).and_then(|b| run(&b, &args)),
+        other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
+    };
+    if let Err(e) = result {
+        eprintln!("bench_lm_layer: error: {e}");
+        std::process::exit(2);
+    }
+}
