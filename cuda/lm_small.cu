@@ -30,6 +30,17 @@
 //                        i32 [n, k]: k rounds of a block argmax over the finite values ranked
 //                        after the previous pick (value descending, then column ascending);
 //                        once none is left, the remaining slots get -1
+// Warp kernels (blockDim = 32: one warp per block, so __syncwarp orders the block's memory):
+//   route_experts_f32:   one warp per token row, rows grid-strided: logits [n, e], bias [kinds, e],
+//                        kind i32 [n], (hashed) table i32 [vocab, k] and tok i32 [n] -> ids i32
+//                        [n, k], weights [n, k]. The composition sqrt_softplus, add(bias[kind]),
+//                        topk_rows, hash_route, route_weights in one pass: k rounds of a warp
+//                        argmax (the topk_rows ranking) over s + bias[kind] (scores recomputed
+//                        each round rather than stored), then the table row for a hashed text
+//                        token, then s[id] / (sum_k s[id] + 1e-20) * scale over slots in order.
+//                        A kind outside 0..kinds gives a NaN bias row and an id outside 0..e a
+//                        NaN weight row, as the composition on this lane (gather_rows,
+//                        route_weights) does; the CPU lane returns an error
 
 __device__ __forceinline__ float lms_sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));
@@ -124,11 +135,13 @@ extern "C" __global__ void rope_tail_f32(const float* x, const float* inv_freq, 
     }
 }
 
+// the router score; shared by sqrt_softplus_f32 and route_experts_f32, so both give the same bits
+__device__ __forceinline__ float lms_sqrt_softplus(float v) {
+    return sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+}
+
 extern "C" __global__ void sqrt_softplus_f32(const float* x, float* out, unsigned int total) {
-    for (u64 i = flat_index(); i < total; i += flat_stride()) {
-        const float v = x[i];
-        out[i] = sqrtf(v > 20.0f ? v : log1pf(expf(v)));
-    }
+    for (u64 i = flat_index(); i < total; i += flat_stride()) out[i] = lms_sqrt_softplus(x[i]);
 }
 
 extern "C" __global__ void hash_route_i32(const int* table, const int* ids, const int* fallback, int* out,
@@ -297,5 +310,73 @@ extern "C" __global__ void topk_rows_i32(const float* x, int* out, unsigned int 
         }
         for (unsigned int s2 = s + tid; s2 < k; s2 += LMS_TOPK_THREADS) yr[s2] = -1;
         __syncthreads(); // rv[0] / rc[0] are read before the next row overwrites them
+    }
+}
+
+#define LMS_ROUTE_THREADS 32
+
+extern "C" __global__ void route_experts_f32(const float* logits, const float* bias, const int* kind,
+                                             const int* table, const int* tok, int* ids, float* weights,
+                                             unsigned int n, unsigned int e, unsigned int k, unsigned int kinds,
+                                             unsigned int hashed, unsigned int vocab, unsigned int scale_bits) {
+    const float scale = __uint_as_float(scale_bits);
+    const unsigned int lane = threadIdx.x;
+    for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {
+        const float* lr = logits + (u64)row * e;
+        const int kd = kind[row];
+        const float* br = (kd >= 0 && (unsigned int)kd < kinds) ? bias + (u64)kd * e : nullptr;
+        int* ir = ids + (u64)row * k;
+        float* wr = weights + (u64)row * k;
+        // top-k of the biased scores; slot s is written by lane s % 32
+        float pv = 0.0f; // previous pick (value, column); none before the first round
+        unsigned int pc = LMS_NONE;
+        for (unsigned int s = 0; s < k; ++s) {
+            float bv = 0.0f;
+            unsigned int bc = LMS_NONE;
+            if (pc != LMS_NONE || s == 0) {
+                for (unsigned int j = lane; j < e; j += LMS_ROUTE_THREADS) {
+                    const float v = br ? lms_sqrt_softplus(lr[j]) + br[j] : QUIET_NAN;
+                    if (!lms_is_finite(v)) continue;
+                    if (pc != LMS_NONE && !lms_ranks_before(pv, pc, v, j)) continue;
+                    if (bc == LMS_NONE || lms_ranks_before(v, j, bv, bc)) {
+                        bv = v;
+                        bc = j;
+                    }
+                }
+            }
+            // butterfly argmax: every lane ends with the same (value, column), a strict order
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const unsigned int oc = __shfl_xor_sync(0xffffffffu, bc, o);
+                if (oc != LMS_NONE && (bc == LMS_NONE || lms_ranks_before(ov, oc, bv, bc))) {
+                    bv = ov;
+                    bc = oc;
+                }
+            }
+            pv = bv;
+            pc = bc; // once NONE, every later round is NONE too (no candidate ranks after none)
+            if (lane == s % LMS_ROUTE_THREADS) ir[s] = pc == LMS_NONE ? -1 : (int)pc;
+        }
+        // hash layers: a text token takes its table row, an image token keeps the top-k
+        const int t = hashed ? tok[row] : -1;
+        const int* hr = (t >= 0 && (unsigned int)t < vocab) ? table + (u64)t * k : nullptr;
+        __syncwarp(); // every lane reads the slots the others wrote
+        float sum = 0.0f;
+        bool bad = false;
+        for (unsigned int s = 0; s < k; ++s) {
+            const int id = hr ? hr[s] : ir[s];
+            if (id < 0 || (unsigned int)id >= e) {
+                bad = true;
+                continue;
+            }
+            sum += lms_sqrt_softplus(lr[id]);
+        }
+        sum += 1e-20f;
+        __syncwarp(); // the slots are read before they are overwritten
+        for (unsigned int s = lane; s < k; s += LMS_ROUTE_THREADS) {
+            const int id = hr ? hr[s] : ir[s];
+            ir[s] = id;
+            wr[s] = bad ? QUIET_NAN : lms_sqrt_softplus(lr[id]) / sum * scale;
+        }
     }
 }

@@ -63,39 +63,133 @@ struct Args {
 
 /// Which op to call, with tensor indices into `Case::tensors`.
 enum Call {
-    Linear { x: usize, bias: Option<usize> },
-    RmsNorm { x: usize, w: usize, eps: f32 },
+    Linear {
+        x: usize,
+        bias: Option<usize>,
+    },
+    RmsNorm {
+        x: usize,
+        w: usize,
+        eps: f32,
+    },
     Add(usize, usize),
     SliceCols(usize, usize, usize),
     ConcatRows(usize, usize),
     GatherRows(usize, usize),
     Swiglu(usize),
     GeluErf(usize),
-    Rope2d { x: usize, heads: usize, grid_w: usize, theta: f32 },
-    Attention { q: usize, k: usize, v: usize, heads: usize },
-    Unfold { x: usize, h: usize, w: usize, r: usize },
+    Rope2d {
+        x: usize,
+        heads: usize,
+        grid_w: usize,
+        theta: f32,
+    },
+    Attention {
+        q: usize,
+        k: usize,
+        v: usize,
+        heads: usize,
+    },
+    Unfold {
+        x: usize,
+        h: usize,
+        w: usize,
+        r: usize,
+    },
     // language model
     EmbedRows(usize),
     HcExpand(usize, usize),
-    RmsNormHeads { x: usize, heads: usize, eps: f32 },
+    RmsNormHeads {
+        x: usize,
+        heads: usize,
+        eps: f32,
+    },
     HcPre(usize, usize),
-    HcPost { x: usize, f: usize, post: usize, comb: usize },
-    HcHeadWeights { mix: usize, scale: usize, base: usize, eps: f32 },
+    HcPost {
+        x: usize,
+        f: usize,
+        post: usize,
+        comb: usize,
+    },
+    HcHeadWeights {
+        mix: usize,
+        scale: usize,
+        base: usize,
+        eps: f32,
+    },
     SqrtSoftplus(usize),
-    HashRoute { table: usize, ids: usize, fallback: usize },
-    RouteWeights { scores: usize, ids: usize, scale: f32 },
+    HashRoute {
+        table: usize,
+        ids: usize,
+        fallback: usize,
+    },
+    RouteWeights {
+        scores: usize,
+        ids: usize,
+        scale: f32,
+    },
+    /// Two outputs (ids, weights), both compared; `hash` = (table, token ids).
+    RouteExperts {
+        logits: usize,
+        bias: usize,
+        kind: usize,
+        hash: Option<(usize, usize)>,
+        k: usize,
+        scale: f32,
+    },
     SwigluClamp(usize, f32),
-    RopeTail { x: usize, heads: usize, inv_freq: usize, pos0: usize, stride: usize, inverse: bool },
-    HcSplit { mix: usize, scale: usize, base: usize, hc: usize, iters: usize, eps: f32 },
-    CompressPool { kv: usize, gate: usize, ape: usize, ratio: usize, overlap: bool },
-    IndexerScores { q: usize, k: usize, w: usize, heads: usize, scale: f32, pos0: usize, ratio: usize },
+    RopeTail {
+        x: usize,
+        heads: usize,
+        inv_freq: usize,
+        pos0: usize,
+        stride: usize,
+        inverse: bool,
+    },
+    HcSplit {
+        mix: usize,
+        scale: usize,
+        base: usize,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+    },
+    CompressPool {
+        kv: usize,
+        gate: usize,
+        ape: usize,
+        ratio: usize,
+        overlap: bool,
+    },
+    IndexerScores {
+        q: usize,
+        k: usize,
+        w: usize,
+        heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    },
     TopkRows(usize, usize),
     GroupedLinear(usize, usize),
-    MoeExperts { x: usize, ids: usize, weights: usize, limit: f32 },
-    SinkAttention { q: usize, kv: usize, window: usize, comp: Option<(usize, usize)>, sinks: usize, heads: usize },
+    MoeExperts {
+        x: usize,
+        ids: usize,
+        weights: usize,
+        limit: f32,
+    },
+    SinkAttention {
+        q: usize,
+        kv: usize,
+        window: usize,
+        comp: Option<(usize, usize)>,
+        sinks: usize,
+        heads: usize,
+    },
 }
 
-fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
+/// The outputs of the case's op (one, or two for `route_experts`).
+fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
     let ts: Vec<B::Tensor> = case.tensors.iter().map(|t| b.upload(t)).collect::<fovea::Result<_>>()?;
     let weight = match &case.weight {
         Some((format, rows, cols, bytes)) => Some(b.upload_weight(&HostWeight {
@@ -120,7 +214,12 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
             })
         })
         .collect::<fovea::Result<_>>()?;
-    match (case.run)(&case.args) {
+    let one = match (case.run)(&case.args) {
+        Call::RouteExperts { logits, bias, kind, hash, k, scale } => {
+            let hash = hash.map(|(t, i)| (&ts[t], &ts[i]));
+            let (ids, weights) = b.route_experts(&ts[logits], &ts[bias], &ts[kind], hash, k, scale)?;
+            return Ok(vec![ids, weights]);
+        }
         Call::Linear { x, bias } => b.linear(&ts[x], weight.as_ref().unwrap(), bias.map(|i| &ts[i])),
         Call::RmsNorm { x, w, eps } => b.rms_norm(&ts[x], &ts[w], eps),
         Call::Add(x, y) => b.add(&ts[x], &ts[y]),
@@ -163,7 +262,8 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<B::Tensor> {
         Call::SinkAttention { q, kv, window, comp, sinks, heads } => {
             b.sink_attention(&ts[q], &ts[kv], &ts[window], comp.map(|(c, i)| (&ts[c], &ts[i])), &ts[sinks], heads)
         }
-    }
+    };
+    Ok(vec![one?])
 }
 
 fn randn(r: &mut StdRng, shape: &[usize], scale: f32) -> HostTensor {
@@ -504,6 +604,7 @@ fn lm_cases() -> Vec<Case> {
             Args::default(),
         ));
     }
+    out.extend(route_cases(&mut r));
     out.push(case(
         "swiglu_clamp [15,2x23] limit 7",
         Op::SwigluClamp,
@@ -649,6 +750,68 @@ fn lm_cases() -> Vec<Case> {
     out
 }
 
+/// route_experts: the full-size router (e 256, k 6) with text and image rows (bias / bias_vl),
+/// a NaN and a −inf logit; the vl-scenes hash layer (e 8, k 2) with image tokens; quantised
+/// logits and bias (ties); k = e; n = 1 and n = 0. Tensors: logits, bias `[2, e]`, kind, then
+/// the hash table and token ids; `a` = 1 on hash layers, `b` = k.
+fn route_cases(r: &mut StdRng) -> Vec<Case> {
+    let vocab = 10;
+    let mut out = Vec::new();
+    for (n, e, k, hashed, ties) in
+        [(9, 256, 6, false, false), (9, 8, 2, true, false), (7, 256, 6, false, true), (5, 8, 8, false, false)]
+            .into_iter()
+            .chain([(6, 64, 4, true, true), (1, 5, 3, false, false), (0, 8, 2, true, false)])
+    {
+        let mut logits: Vec<f32> = (0..n * e)
+            .map(|_| if ties { (r.random_range(-8i32..8) as f32) * 0.5 } else { r.random_range(-6f32..6.0) })
+            .collect();
+        if n > 1 && k < e {
+            // a NaN is never picked (k < e: the row keeps k candidates); −inf scores 0 and stays one
+            logits[e + 1] = f32::NAN;
+            logits[e + 2] = f32::NEG_INFINITY;
+        }
+        // hash layers: the text bias is zeros (the table decides), bias_vl selects image rows
+        let bias: Vec<f32> = (0..2 * e)
+            .map(|j| match (hashed && j < e, ties) {
+                (true, _) => 0.0,
+                (false, true) => (r.random_range(0..2) as f32) * 0.5,
+                (false, false) => r.random_range(-0.3f32..0.3),
+            })
+            .collect();
+        // every third token is an image token: kind 1, an id ≥ vocab (a vision sentinel)
+        let kind: Vec<i32> = (0..n).map(|i| i32::from(i % 3 == 1)).collect();
+        let tok: Vec<i32> =
+            (0..n).map(|i| if i % 3 == 1 { (vocab + i) as i32 } else { r.random_range(0..vocab as i32) }).collect();
+        let table: Vec<i32> = (0..vocab * k).map(|_| r.random_range(0..e as i32)).collect();
+        out.push(case(
+            format!(
+                "route_experts [{n},{e}] k={k}{}{}",
+                if hashed { " hash" } else { "" },
+                if ties { " ties" } else { "" }
+            ),
+            Op::RouteExperts,
+            REDUCTION,
+            vec![
+                HostTensor::f32([n, e], logits).unwrap(),
+                HostTensor::f32([2, e], bias).unwrap(),
+                ints(&[n], kind),
+                ints(&[vocab, k], table),
+                ints(&[n], tok),
+            ],
+            |a| Call::RouteExperts {
+                logits: 0,
+                bias: 1,
+                kind: 2,
+                hash: (a.a == 1).then_some((3, 4)),
+                k: a.b,
+                scale: a.f,
+            },
+            Args { a: hashed as usize, b: k, c: 0, f: 1.5 },
+        ));
+    }
+    out
+}
+
 /// grouped_linear: x `[n, g·k]`, W `[g·r, k]` in `format`.
 fn grouped_case(r: &mut StdRng, format: WeightFormat, n: usize, g: usize, k: usize, rr: usize, tag: &str) -> Case {
     let mut c = case(
@@ -704,54 +867,63 @@ fn chunked_linear_cases() -> Vec<Case> {
     out
 }
 
+/// One output against the CPU lane's: index outputs exact, f32 within `bound` (NMSE).
+fn compare_output(got: &HostTensor, want: &HostTensor, bound: f64, name: &str) -> Result<(), String> {
+    if got.shape != want.shape {
+        return Err(format!("{name}: shape {:?} vs cpu {:?}", got.shape, want.shape));
+    }
+    if let (HostData::I32(g), HostData::I32(w)) = (&got.data, &want.data) {
+        // index outputs are exact
+        let diff = g.iter().zip(w).filter(|(a, b)| a != b).count();
+        eprintln!("{name:<44} {diff} index(es) differ");
+        if diff != 0 {
+            return Err(format!("{name}: {diff} index(es) differ: {g:?} vs cpu {w:?}"));
+        }
+        return Ok(());
+    }
+    let (Some(g), Some(w)) = (got.as_f32(), want.as_f32()) else {
+        return Err(format!("{name}: dtype {} vs cpu {}", got.dtype(), want.dtype()));
+    };
+    // Non-finite values only where the reference has the same one (−inf masks); NMSE over the rest.
+    if let Some(i) = (0..g.len()).find(|&i| !g[i].is_finite() && g[i].to_bits() != w[i].to_bits()) {
+        return Err(format!("{name}: non-finite value {} at {i} (cpu {})", g[i], w[i]));
+    }
+    if let Some(i) = (0..g.len()).find(|&i| !w[i].is_finite() && g[i].to_bits() != w[i].to_bits()) {
+        return Err(format!("{name}: {} at {i} where cpu has {}", g[i], w[i]));
+    }
+    let keep: Vec<usize> = (0..g.len()).filter(|&i| w[i].is_finite()).collect();
+    let (g, w): (Vec<f32>, Vec<f32>) = keep.iter().map(|&i| (g[i], w[i])).unzip();
+    let e = nmse(&g, &w);
+    eprintln!("{name:<44} nmse {e:.2e} (bound {bound:.0e})");
+    if !(e <= bound) {
+        return Err(format!("{name}: nmse {e:.3e} > {bound:.0e}"));
+    }
+    Ok(())
+}
+
 fn compare_with_cpu<L: LaneUnderTest>(lane: &L, cases: Vec<Case>) -> std::collections::HashSet<Op> {
     let cpu = CpuBackend::new();
     let mut covered = std::collections::HashSet::new();
     let mut failures = Vec::new();
     for c in cases {
         covered.insert(c.op);
-        let want = cpu.download(&execute(&cpu, &c).unwrap()).unwrap();
-        let got_t = match execute(lane, &c) {
+        let wants = execute(&cpu, &c).unwrap();
+        let gots = match execute(lane, &c) {
             Ok(t) => t,
             Err(e) => {
                 failures.push(format!("{}: {e}", c.name));
                 continue;
             }
         };
-        if let Err(e) = lane.check_output(&got_t) {
-            failures.push(format!("{}: {e}", c.name));
-        }
-        let got = lane.download(&got_t).unwrap();
-        if got.shape != want.shape {
-            failures.push(format!("{}: shape {:?} vs cpu {:?}", c.name, got.shape, want.shape));
-            continue;
-        }
-        if let (HostData::I32(g), HostData::I32(w)) = (&got.data, &want.data) {
-            // index outputs are exact
-            let diff = g.iter().zip(w).filter(|(a, b)| a != b).count();
-            eprintln!("{:<44} {diff} index(es) differ", c.name);
-            if diff != 0 {
-                failures.push(format!("{}: {diff} index(es) differ: {g:?} vs cpu {w:?}", c.name));
+        for (o, (got_t, want_t)) in gots.iter().zip(&wants).enumerate() {
+            let name = if wants.len() > 1 { format!("{} #{o}", c.name) } else { c.name.clone() };
+            let want = cpu.download(want_t).unwrap();
+            if let Err(e) = lane.check_output(got_t) {
+                failures.push(format!("{name}: {e}"));
             }
-            continue;
-        }
-        let (Some(g), Some(w)) = (got.as_f32(), want.as_f32()) else {
-            failures.push(format!("{}: dtype {} vs cpu {}", c.name, got.dtype(), want.dtype()));
-            continue;
-        };
-        // Non-finite values only where the reference has the same one (−inf masks); NMSE over the rest.
-        if let Some(i) = (0..g.len()).find(|&i| !g[i].is_finite() && g[i].to_bits() != w[i].to_bits()) {
-            failures.push(format!("{}: non-finite value {} at {i} (cpu {})", c.name, g[i], w[i]));
-        }
-        if let Some(i) = (0..g.len()).find(|&i| !w[i].is_finite() && g[i].to_bits() != w[i].to_bits()) {
-            failures.push(format!("{}: {} at {i} where cpu has {}", c.name, g[i], w[i]));
-        }
-        let keep: Vec<usize> = (0..g.len()).filter(|&i| w[i].is_finite()).collect();
-        let (g, w): (Vec<f32>, Vec<f32>) = keep.iter().map(|&i| (g[i], w[i])).unzip();
-        let e = nmse(&g, &w);
-        eprintln!("{:<44} nmse {e:.2e} (bound {:.0e})", c.name, c.bound);
-        if !(e <= c.bound) {
-            failures.push(format!("{}: nmse {e:.3e} > {:.0e}", c.name, c.bound));
+            if let Err(e) = compare_output(&lane.download(got_t).unwrap(), &want, c.bound, &name) {
+                failures.push(e);
+            }
         }
     }
     assert!(

@@ -174,7 +174,8 @@ fn adapter_and_capabilities() {
             assert!(b.supports(op, f), "{op:?} {f:?}");
         }
     }
-    // Every LM op has a WGSL kernel; tests/ops.rs compares each one the lane claims with the CPU lane.
+    // Every LM op has a WGSL kernel (route_experts composes them); tests/ops.rs compares each one
+    // the lane claims with the CPU lane.
     for op in Op::LM {
         assert!(b.supports(op, WeightFormat::F32), "{op:?}");
     }

@@ -36,6 +36,16 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     g_bar->arrive_and_wait();
     return r;
 }
+inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int o) {
+    float f, r;
+    std::memcpy(&f, &v, 4);
+    r = __shfl_xor_sync(mask, f, o); // the bits travel untouched (a copy, no arithmetic)
+    unsigned u;
+    std::memcpy(&u, &r, 4);
+    return u;
+}
+// Only for kernels whose block is one warp (the emulated barrier is block-wide).
+inline void __syncwarp(unsigned = 0xffffffffu) { g_bar->arrive_and_wait(); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 #include <math.h> // erfcf, expf, fmaf, fmaxf, sqrtf in the global namespace, as in CUDA

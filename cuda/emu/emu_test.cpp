@@ -926,6 +926,90 @@ static void test_topk() {
     }
 }
 
+// The router as the graph composed it before the fused kernel: sqrt_softplus, add(gather_rows(bias,
+// kind)), topk_rows, hash_route, route_weights (this lane's NaN rows for a bad kind or id).
+static void route_ref(const std::vector<float>& logits, const std::vector<float>& bias, const std::vector<int>& kind,
+                      const std::vector<int>* table, const std::vector<int>& tok, unsigned n, unsigned e, unsigned k,
+                      unsigned kinds, unsigned vocab, float scale, std::vector<int>& ids, std::vector<float>& w) {
+    auto score = [](float v) { return std::sqrt(v > 20.0f ? v : std::log1p(std::exp(v))); };
+    std::vector<float> s(n * e), biased(n * e);
+    for (unsigned i = 0; i < n; ++i)
+        for (unsigned j = 0; j < e; ++j) {
+            s[i * e + j] = score(logits[i * e + j]);
+            const bool ok = kind[i] >= 0 && kind[i] < (int)kinds;
+            biased[i * e + j] = s[i * e + j] + (ok ? bias[kind[i] * e + j] : NAN);
+        }
+    ids = topk_ref(biased, n, e, k);
+    if (table)
+        for (unsigned i = 0; i < n; ++i)
+            if (tok[i] >= 0 && tok[i] < (int)vocab)
+                for (unsigned j = 0; j < k; ++j) ids[i * k + j] = (*table)[tok[i] * k + j];
+    w.assign(n * k, 0.0f);
+    for (unsigned i = 0; i < n; ++i) {
+        bool bad = false;
+        float sum = 0.0f;
+        for (unsigned j = 0; j < k; ++j) {
+            const int id = ids[i * k + j];
+            if (id < 0 || id >= (int)e) bad = true;
+            else sum += s[i * e + id];
+        }
+        sum += 1e-20f;
+        for (unsigned j = 0; j < k; ++j) w[i * k + j] = bad ? NAN : s[i * e + ids[i * k + j]] / sum * scale;
+    }
+}
+
+static void test_route_experts() {
+    struct Config {
+        unsigned n, e, k, blocks;
+        bool hashed, ties;
+        const char* what;
+    };
+    // full size (e 256, k 6); the vl-scenes fixture's hash layer (e 8, k 2) with image tokens;
+    // k = e; k beyond one warp; quantised logits and bias (ties); fewer blocks than rows; n = 1
+    const Config configs[] = {
+        {7, 256, 6, 7, false, false, "full size"},   {9, 8, 2, 9, true, false, "hash, image ids"},
+        {4, 8, 8, 4, false, false, "k = e"},         {3, 70, 40, 3, true, false, "k = 40, hash"},
+        {6, 256, 6, 6, false, true, "ties"},         {11, 256, 6, 3, true, true, "hash, ties, 3 blocks"},
+        {1, 5, 3, 1, false, false, "n = 1"},
+    };
+    const unsigned vocab = 10, kinds = 2;
+    for (const auto& cf : configs) {
+        const unsigned n = cf.n, e = cf.e, k = cf.k;
+        std::vector<float> logits(n * e), bias(kinds * e);
+        for (auto& v : logits) v = cf.ties ? float(int(rng() % 16) - 8) * 0.5f : randv(1, 6)[0];
+        for (auto& v : bias) v = cf.ties ? float(rng() % 2) * 0.5f : randv(1, 0.3f)[0];
+        // nan / +inf logits are never picked; -inf scores 0 and stays a candidate; 22 takes the linear branch
+        logits[0] = NAN, logits[e > 2 ? 2 : 0] = INFINITY, logits[e - 1] = -INFINITY;
+        if (e > 3) logits[3] = 22.0f;
+        std::vector<int> kind(n), tok(n);
+        for (unsigned i = 0; i < n; ++i) {
+            kind[i] = int(i % 3 == 1);  // image rows use the bias_vl row
+            tok[i] = i % 3 == 1 ? int(vocab + i) : int(rng() % vocab);
+        }
+        if (n > 2) kind[2] = 2;         // a kind outside the bias rows: NaN row (this lane's gather_rows)
+        if (n > 5)                      // a row with fewer than k finite scores: -1 slots, NaN weights
+            for (unsigned j = 1; j < e; ++j) logits[5 * e + j] = NAN;
+        std::vector<int> table(vocab * k);
+        for (auto& v : table) v = rng() % e;
+        table[k] = e; // token 1's table row names an expert outside 0..e: NaN weights
+        const float scale = 2.5f;
+        unsigned sb;
+        std::memcpy(&sb, &scale, 4);
+        std::vector<int> ids(n * k, 12345), want_ids;
+        std::vector<float> w(n * k, -7.0f), want_w;
+        emu_launch(route_experts_f32, {cf.blocks}, {32}, 0, (const float*)logits.data(), (const float*)bias.data(),
+                   (const int*)kind.data(), (const int*)table.data(), (const int*)tok.data(), ids.data(), w.data(), n,
+                   e, k, kinds, (unsigned)cf.hashed, vocab, sb);
+        route_ref(logits, bias, kind, cf.hashed ? &table : nullptr, tok, n, e, k, kinds, vocab, scale, want_ids,
+                  want_w);
+        char name[96];
+        std::snprintf(name, sizeof name, "route_experts_f32 n=%u e=%u k=%u %s ids", n, e, k, cf.what);
+        checki(name, ids, want_ids);
+        std::snprintf(name, sizeof name, "route_experts_f32 n=%u e=%u k=%u %s w", n, e, k, cf.what);
+        check_nf(name, w, want_w, 0.0);
+    }
+}
+
 int main() {
     test_f16_decode();
     test_elementwise();
@@ -944,6 +1028,7 @@ int main() {
     test_hc_split();
     test_rms_norm_heads();
     test_topk();
+    test_route_experts();
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "all ok", failures);
     return failures != 0;
 }

@@ -219,6 +219,7 @@ pub enum Op {
     SqrtSoftplus,
     HashRoute,
     RouteWeights,
+    RouteExperts,
     SwigluClamp,
     MoeExperts,
 }
@@ -241,7 +242,7 @@ impl Op {
     ];
     /// The language-model ops. The CPU lane implements them; a lane without them says so in
     /// `supports` and answers `Error::Unsupported` from the trait's default implementations.
-    pub const LM: [Op; 18] = [
+    pub const LM: [Op; 19] = [
         Op::EmbedRows,
         Op::HcExpand,
         Op::RmsNormHeads,
@@ -258,6 +259,7 @@ impl Op {
         Op::SqrtSoftplus,
         Op::HashRoute,
         Op::RouteWeights,
+        Op::RouteExperts,
         Op::SwigluClamp,
         Op::MoeExperts,
     ];
@@ -294,6 +296,7 @@ impl Op {
             Op::SqrtSoftplus => "sqrt_softplus",
             Op::HashRoute => "hash_route",
             Op::RouteWeights => "route_weights",
+            Op::RouteExperts => "route_experts",
             Op::SwigluClamp => "swiglu_clamp",
             Op::MoeExperts => "moe_experts",
         }
@@ -393,7 +396,8 @@ pub trait Backend {
     // `hc_head_weights`, `hc_pre`, `rms_norm` and `linear`. Shapes: `n` tokens (queries), `d`
     // hidden, `hc` residual streams, `hd` head width. A 4-stream residual `X` is `[n, hc·d]` with
     // stream i at columns `[i·d, (i+1)·d)`. Index tensors are i32. Every default returns
-    // `Error::Unsupported`, so a lane that lacks an op refuses it by name.
+    // `Error::Unsupported`, so a lane that lacks an op refuses it by name, except the fused
+    // `route_experts`, whose default composes the router's ops.
 
     // ---- LM: embeddings --------------------------------------------------------------------
     /// `out[i] = table[ids[i]]` decoded to f32; an id ≥ `table.rows()` (a vision sentinel id,
@@ -564,6 +568,32 @@ pub trait Backend {
     fn route_weights(&self, scores: &Self::Tensor, ids: &Self::Tensor, scale: f32) -> Result<Self::Tensor> {
         let _ = (scores, ids, scale);
         Err(self.lm_unsupported(Op::RouteWeights))
+    }
+    /// The whole router after the gate projection (§3, vision.md §5.2): logits `[n, e]`, bias
+    /// `[b, e]` (row 0 text, row 1 image tokens), kind i32 `[n]` (each token's bias row), hash
+    /// = (tid2eid i32 `[vocab, k]`, token ids i32 `[n]`) on hash layers, k, scale →
+    /// (selected experts i32 `[n, k]`, weights `[n, k]`). Scores `s = sqrt_softplus(logits)`;
+    /// the experts are the `topk_rows` of `s + bias[kind]`, replaced by `tid2eid[id]` on hash
+    /// layers for text ids (`hash_route`); the weights are `route_weights` of the unbiased `s`.
+    /// The default composes exactly those ops; a lane may fuse them, bit for bit in the
+    /// selection.
+    fn route_experts(
+        &self,
+        logits: &Self::Tensor,
+        bias: &Self::Tensor,
+        kind: &Self::Tensor,
+        hash: Option<(&Self::Tensor, &Self::Tensor)>,
+        k: usize,
+        scale: f32,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let scores = self.sqrt_softplus(logits)?;
+        let biased = self.add(&scores, &self.gather_rows(bias, kind)?)?;
+        let mut selected = self.topk_rows(&biased, k)?;
+        if let Some((table, ids)) = hash {
+            selected = self.hash_route(table, ids, &selected)?;
+        }
+        let weights = self.route_weights(&scores, &selected, scale)?;
+        Ok((selected, weights))
     }
     /// Clamped SwiGLU: x `[n, 2h]` (gate, then up) → `silu(min(g, limit)) · clamp(u, ±limit)`
     /// `[n, h]`.

@@ -1,9 +1,10 @@
 //! The small language-model ops of the CUDA lane (kernels in `cuda/lm_small.cu`): embeddings,
-//! hyper-connections, per-head RMS norm, tail RoPE, top-k and the router's elementwise ops.
+//! hyper-connections, per-head RMS norm, tail RoPE, top-k, the router's elementwise ops and the
+//! fused router (`route_experts`).
 //! Shape checks follow the wgpu lane's; every size passed to a kernel goes through `check_u32`.
 //! Where the CPU lane returns an error for a bad index (a negative token id in `embed_rows`, an
-//! expert id outside `0..e` in `route_weights`), these kernels write NaN instead: a GPU lane
-//! cannot see the indices without a host round trip.
+//! expert id outside `0..e` in `route_weights` and `route_experts`), these kernels write NaN
+//! instead: a GPU lane cannot see the indices without a host round trip.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -13,6 +14,8 @@ use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
 const TOPK_THREADS: u32 = 256;
+/// Threads per block of `route_experts_f32`: one warp per token (`LMS_ROUTE_THREADS`).
+const ROUTE_THREADS: u32 = 32;
 
 impl CudaBackend {
     /// table `[vocab, d]` (f32/f16/bf16, decoded in the kernel), ids i32 `[n]` → `[n, d]`; an
@@ -290,6 +293,69 @@ impl CudaBackend {
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "k", k)?, check_u32(OP, "experts", e)?, scale.to_bits()];
         self.launch_1d(OP, Source::LmSmall, "route_weights_f32", &[&scores.buf, &ids.buf], &mut y, &sizes, n * k)?;
         Ok(y)
+    }
+
+    /// The fused router: logits `[n, e]`, bias `[kinds, e]`, kind i32 `[n]`, hash = (table i32
+    /// `[vocab, k]`, token ids i32 `[n]`) → (ids i32 `[n, k]`, weights `[n, k]`), one warp per
+    /// token. The selection is the composition's bit for bit (the same score function and
+    /// ranking); a kind outside `0..kinds` or an id outside `0..e` gives NaN weights, as the
+    /// composition on this lane does.
+    pub(super) fn route_experts(
+        &self,
+        logits: &CudaTensor,
+        bias: &CudaTensor,
+        kind: &CudaTensor,
+        hash: Option<(&CudaTensor, &CudaTensor)>,
+        k: usize,
+        scale: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        const OP: &str = "route_experts";
+        self.check_input(OP, "logits", logits, DType::F32)?;
+        self.check_input(OP, "bias", bias, DType::F32)?;
+        self.check_input(OP, "kind", kind, DType::I32)?;
+        let (n, e) = (logits.rows(), logits.cols());
+        if bias.cols() != e || kind.numel() != n {
+            return Err(Error::shape(
+                OP,
+                format!("logits {:?}, bias {:?}, kind {:?} do not fit", logits.shape, bias.shape, kind.shape),
+            ));
+        }
+        if let Some((table, tok)) = hash {
+            self.check_input(OP, "table", table, DType::I32)?;
+            self.check_input(OP, "token ids", tok, DType::I32)?;
+            if table.cols() != k || tok.numel() != n {
+                return Err(Error::shape(
+                    OP,
+                    format!("table {:?}, token ids {:?} do not fit {n} rows, k = {k}", table.shape, tok.shape),
+                ));
+            }
+        }
+        let mut ids = self.alloc(OP, vec![n, k], DType::I32)?;
+        let mut weights = self.alloc(OP, vec![n, k], DType::F32)?;
+        if n == 0 || k == 0 {
+            return Ok((ids, weights));
+        }
+        let (n32, e32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "experts", e)?, check_u32(OP, "k", k)?);
+        let kinds = check_u32(OP, "bias rows", bias.rows())?;
+        // without a table the kernel never reads `table` / `tok`; `kind` stands in for both
+        let (table, tok, hashed, vocab) = match hash {
+            Some((table, tok)) => (&table.buf, &tok.buf, 1u32, check_u32(OP, "vocab", table.rows())?),
+            None => (&kind.buf, &kind.buf, 0, 0),
+        };
+        let scale_bits = scale.to_bits();
+        let f = self.func(Source::LmSmall, "route_experts_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (ROUTE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&logits.buf).arg(&bias.buf).arg(&kind.buf).arg(table).arg(tok);
+        l.arg(&mut ids.buf).arg(&mut weights.buf);
+        l.arg(&n32).arg(&e32).arg(&k32).arg(&kinds).arg(&hashed).arg(&vocab).arg(&scale_bits);
+        // SAFETY: arguments match `route_experts_f32` in cuda/lm_small.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "route_experts_f32", e))?;
+        Ok((ids, weights))
     }
 
     /// x `[n, 2h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.

@@ -62,6 +62,7 @@ pub const LM_SUPPORTED: &[Op] = &[
     Op::SqrtSoftplus,
     Op::HashRoute,
     Op::RouteWeights,
+    Op::RouteExperts,
     Op::SwigluClamp,
     // lm_attention.rs, moe.rs
     Op::SinkAttention,
@@ -178,6 +179,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::LmSmall, "sqrt_softplus_f32"),
     (Source::LmSmall, "hash_route_i32"),
     (Source::LmSmall, "route_weights_f32"),
+    (Source::LmSmall, "route_experts_f32"),
     (Source::LmSmall, "swiglu_clamp_f32"),
     (Source::LmAttention, "sink_attention_f32"),
     (Source::LmAttention, "indexer_scores_f32"),
@@ -1103,6 +1105,17 @@ impl Backend for CudaBackend {
     }
     fn route_weights(&self, scores: &CudaTensor, ids: &CudaTensor, scale: f32) -> Result<CudaTensor> {
         self.route_weights(scores, ids, scale)
+    }
+    fn route_experts(
+        &self,
+        logits: &CudaTensor,
+        bias: &CudaTensor,
+        kind: &CudaTensor,
+        hash: Option<(&CudaTensor, &CudaTensor)>,
+        k: usize,
+        scale: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.route_experts(logits, bias, kind, hash, k, scale)
     }
     fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
         self.swiglu_clamp(x, limit)

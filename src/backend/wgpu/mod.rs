@@ -40,8 +40,8 @@ use crate::backend::{
 use crate::error::{Error, Result};
 
 const LANE: &str = "wgpu";
-/// The language-model ops with a WGSL kernel (shaders/lm.wgsl); the others keep the trait's
-/// `Unsupported` default.
+/// The language-model ops with a WGSL kernel (shaders/lm.wgsl), and `route_experts`, the
+/// trait's composition of them; the others keep the trait's `Unsupported` default.
 const LM_SUPPORTED: &[Op] = &[
     Op::SqrtSoftplus,
     Op::SwigluClamp,
@@ -51,6 +51,7 @@ const LM_SUPPORTED: &[Op] = &[
     Op::HcPost,
     Op::HashRoute,
     Op::RouteWeights,
+    Op::RouteExperts,
     Op::EmbedRows,
     Op::RmsNormHeads,
     Op::RopeTail,

@@ -749,14 +749,12 @@ impl<B: Backend> LmModel<B> {
     ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
         let cfg = &self.cfg;
         let limit = cfg.swiglu_limit as f32;
-        let scores = b.sqrt_softplus(&b.linear(x, &m.gate, None)?)?;
-        // text rows: scores + bias (hash layers: unused); image rows: scores + bias_vl (§5.2)
-        let biased = b.add(&scores, &b.gather_rows(&m.bias, kind)?)?;
-        let mut sel = b.topk_rows(&biased, cfg.num_experts_per_tok)?;
-        if let Some(table) = &m.tid2eid {
-            sel = b.hash_route(table, ids, &sel)?;
-        }
-        let w = b.route_weights(&scores, &sel, cfg.routed_scaling_factor as f32)?;
+        let logits = b.linear(x, &m.gate, None)?;
+        // text rows select with bias (hash layers: zeros, the table decides), image rows with
+        // bias_vl (§5.2); the weights come from the unbiased scores
+        let hash = m.tid2eid.as_ref().map(|table| (table, ids));
+        let (sel, w) =
+            b.route_experts(&logits, &m.bias, kind, hash, cfg.num_experts_per_tok, cfg.routed_scaling_factor as f32)?;
         let routed = b.moe_experts(x, &sel, &w, &m.w13, &m.w2, limit)?;
         let shared = b.linear(&b.swiglu_clamp(&b.linear(x, &m.shared_w13, None)?, limit)?, &m.shared_w2, None)?;
         Ok((b.add(&routed, &shared)?, sel, w))
