@@ -12,6 +12,7 @@
 //! - A lane that lacks an op or a format returns `Error::Unsupported` naming the op; it never
 //!   falls back to another lane silently.
 
+mod checks;
 pub mod cpu;
 pub mod cuda;
 pub mod wgpu;

@@ -7,6 +7,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, MAX_BLOCKS, Source, check_u32};
+use crate::backend::checks;
 use crate::backend::{DType, DeviceTensor, Op, WeightFormat};
 use crate::error::{Error, Result};
 
@@ -32,39 +33,7 @@ impl CudaBackend {
         n_heads: usize,
     ) -> Result<CudaTensor> {
         const OP: &str = "sink_attention";
-        self.check_input(OP, "q", q, DType::F32)?;
-        self.check_input(OP, "kv", kv, DType::F32)?;
-        self.check_input(OP, "window", window, DType::I32)?;
-        self.check_input(OP, "sinks", sinks, DType::F32)?;
-        let (n, cols) = (q.rows(), q.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
-        }
-        let hd = cols / n_heads;
-        let (m, kd) = (kv.rows(), kv.cols());
-        if kd != hd || window.numel() != 2 * n || sinks.numel() != n_heads {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit",
-                    q.shape, kv.shape, window.shape, sinks.shape
-                ),
-            ));
-        }
-        let (c_rows, kk) = match comp {
-            Some((c, idx)) => {
-                self.check_input(OP, "comp", c, DType::F32)?;
-                self.check_input(OP, "comp_idx", idx, DType::I32)?;
-                if c.cols() != hd || idx.rows() != n {
-                    return Err(Error::shape(
-                        OP,
-                        format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape),
-                    ));
-                }
-                (c.rows(), idx.cols())
-            }
-            None => (0, 0),
-        };
+        let (n, cols, hd, m, c_rows, kk) = checks::sink_attention(q, kv, window, comp, sinks, n_heads)?;
         let shared = 2 * hd * 4;
         // plus the kernel's static p[], krow[] (8-byte pointers) and red[]
         let statics = SINK_THREADS as usize * (4 + 8) + SINK_THREADS as usize / 32 * 4;
@@ -111,20 +80,8 @@ impl CudaBackend {
         ratio: usize,
     ) -> Result<CudaTensor> {
         const OP: &str = "indexer_scores";
-        for (what, t) in [("q", q), ("k", k), ("w", w)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (n, cols) = (q.rows(), q.cols());
-        let (m, hd) = (k.rows(), k.cols());
-        if n_heads == 0 || cols != n_heads * hd || w.rows() != n || w.cols() != n_heads || ratio == 0 {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "q {:?}, k {:?}, w {:?} do not fit ({n_heads} heads, ratio {ratio})",
-                    q.shape, k.shape, w.shape
-                ),
-            ));
-        }
+        let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
+        let cols = q.cols();
         let shared = (cols + n_heads) * 4;
         if shared > DEFAULT_SHARED_BYTES {
             return Err(Self::unsupported(
@@ -168,18 +125,7 @@ impl CudaBackend {
         overlap: bool,
     ) -> Result<CudaTensor> {
         const OP: &str = "compress_pool";
-        for (what, t) in [("kv", kv), ("gate", gate), ("ape", ape)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (t, w) = (kv.rows(), kv.cols());
-        if gate.shape != kv.shape || ratio == 0 || ape.rows() != ratio || ape.cols() != w || (overlap && w % 2 != 0) {
-            return Err(Error::shape(
-                OP,
-                format!("kv {:?}, gate {:?}, ape {:?}, ratio {ratio}", kv.shape, gate.shape, ape.shape),
-            ));
-        }
-        let d = if overlap { w / 2 } else { w };
-        let n = t / ratio;
+        let (n, d, w) = checks::compress_pool(kv, gate, ape, ratio, overlap)?;
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
         let sizes = [
             check_u32(OP, "outputs", n * d)?,
@@ -203,18 +149,7 @@ impl CudaBackend {
     /// x `[n, g·k]`, W `[g·r, k]` (any format, decoded in the kernel) → `[n, g·r]`.
     pub(super) fn grouped_linear(&self, x: &CudaTensor, w: &CudaWeight, groups: usize) -> Result<CudaTensor> {
         const OP: &str = "grouped_linear";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        if groups == 0 || cols != groups * w.cols || w.rows % groups != 0 {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "x {:?} and weight `{}` [{}, {}] do not split into {groups} groups",
-                    x.shape, w.name, w.rows, w.cols
-                ),
-            ));
-        }
-        let (k, r) = (w.cols, w.rows / groups);
+        let (n, k, r) = checks::grouped_linear(x, w, groups)?;
         let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         if n == 0 || r == 0 {
             return Ok(y);

@@ -9,7 +9,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{CudaBackend, CudaTensor, CudaWeight, MAX_BLOCKS, Source, THREADS, check_u32};
-use crate::backend::{DType, DeviceTensor, WeightFormat};
+use crate::backend::checks;
+use crate::backend::{DType, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
@@ -22,8 +23,7 @@ impl CudaBackend {
     /// id ≥ vocab gives a zero row, a negative id a row of NaN.
     pub(super) fn embed_rows(&self, table: &CudaWeight, ids: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "embed_rows";
-        self.check_input(OP, "ids", ids, DType::I32)?;
-        let (n, d) = (ids.numel(), table.cols);
+        let (n, d) = checks::embed_rows(table, ids)?;
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
         let fmt = match table.format {
             WeightFormat::F32 => 0,
@@ -38,8 +38,7 @@ impl CudaBackend {
     /// x `[n, d]` → `[n, hc·d]`.
     pub(super) fn hc_expand(&self, x: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         const OP: &str = "hc_expand";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
+        let (n, d) = checks::hc_expand(x)?;
         let cols = hc.checked_mul(d).ok_or_else(|| Error::shape(OP, format!("hc = {hc} is too large")))?;
         let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
@@ -50,11 +49,7 @@ impl CudaBackend {
     /// x `[n, heads·hd]` → per-head unweighted RMS norm; one block per (row, head) segment.
     pub(super) fn rms_norm_heads(&self, x: &CudaTensor, n_heads: usize, eps: f32) -> Result<CudaTensor> {
         const OP: &str = "rms_norm_heads";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
-        }
+        let (n, cols) = checks::rms_norm_heads(x, n_heads)?;
         let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let (segs, hd) = (n * n_heads, cols / n_heads);
         if segs == 0 || hd == 0 {
@@ -86,16 +81,7 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<CudaTensor> {
         const OP: &str = "hc_split";
-        for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (n, w) = (mix.rows(), mix.cols());
-        if Some(w) != hc.checked_add(2).and_then(|h2| h2.checked_mul(hc)) || scale.numel() != 3 || base.numel() != w {
-            return Err(Error::shape(
-                OP,
-                format!("mix {:?}, scale {:?}, base {:?} do not fit hc = {hc}", mix.shape, scale.shape, base.shape),
-            ));
-        }
+        let (n, w) = checks::hc_split(mix, scale, base, hc)?;
         let mut y = self.alloc(OP, vec![n, w], DType::F32)?;
         let sizes =
             [check_u32(OP, "rows", n)?, check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits()];
@@ -106,14 +92,7 @@ impl CudaBackend {
     /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
     pub(super) fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "hc_pre";
-        self.check_input(OP, "x", x, DType::F32)?;
-        self.check_input(OP, "w", w, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        let hc = w.cols();
-        if w.rows() != n || hc == 0 || cols % hc != 0 {
-            return Err(Error::shape(OP, format!("x {:?} and w {:?} do not fit", x.shape, w.shape)));
-        }
-        let d = cols / hc;
+        let (n, d, hc) = checks::hc_pre(x, w)?;
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
         self.launch_1d(OP, Source::LmSmall, "hc_pre_f32", &[&x.buf, &w.buf], &mut y, &sizes, n * d)?;
@@ -129,22 +108,7 @@ impl CudaBackend {
         comb: &CudaTensor,
     ) -> Result<CudaTensor> {
         const OP: &str = "hc_post";
-        for (what, t) in [("x", x), ("f", f), ("post", post), ("comb", comb)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (n, cols) = (x.rows(), x.cols());
-        let (d, hc) = (f.cols(), post.cols());
-        if f.rows() != n
-            || post.rows() != n
-            || comb.rows() != n
-            || hc.checked_mul(d) != Some(cols)
-            || hc.checked_mul(hc) != Some(comb.cols())
-        {
-            return Err(Error::shape(
-                OP,
-                format!("x {:?}, f {:?}, post {:?}, comb {:?} do not fit", x.shape, f.shape, post.shape, comb.shape),
-            ));
-        }
+        let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
         let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
         let inputs = [&x.buf, &f.buf, &post.buf, &comb.buf];
@@ -161,16 +125,7 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<CudaTensor> {
         const OP: &str = "hc_head_weights";
-        for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (n, hc) = (mix.rows(), mix.cols());
-        if scale.numel() != 1 || base.numel() != hc {
-            return Err(Error::shape(
-                OP,
-                format!("mix {:?}, scale {:?}, base {:?} do not fit", mix.shape, scale.shape, base.shape),
-            ));
-        }
+        let (n, hc) = checks::hc_head_weights(mix, scale, base)?;
         let mut y = self.alloc(OP, mix.shape.clone(), DType::F32)?;
         let sizes = [check_u32(OP, "elements", n * hc)?, check_u32(OP, "hc", hc)?, eps.to_bits()];
         let inputs = [&mix.buf, &scale.buf, &base.buf];
@@ -191,16 +146,7 @@ impl CudaBackend {
         inverse: bool,
     ) -> Result<CudaTensor> {
         const OP: &str = "rope_tail";
-        self.check_input(OP, "x", x, DType::F32)?;
-        self.check_input(OP, "inv_freq", inv_freq, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
-        }
-        let (hd, rd) = (cols / n_heads, 2 * inv_freq.numel());
-        if rd > hd {
-            return Err(Error::shape(OP, format!("{rd} rotary dims exceed head_dim {hd}")));
-        }
+        let (n, cols, hd, rd) = checks::rope_tail(x, n_heads, inv_freq)?;
         let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let sizes = [
             check_u32(OP, "rows", n)?,
@@ -219,8 +165,7 @@ impl CudaBackend {
     /// `[n, k]`; one block per row.
     pub(super) fn topk_rows(&self, x: &CudaTensor, k: usize) -> Result<CudaTensor> {
         const OP: &str = "topk_rows";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, m) = (x.rows(), x.cols());
+        let (n, m) = checks::topk_rows(x)?;
         let mut y = self.alloc(OP, vec![n, k], DType::I32)?;
         if n == 0 || k == 0 {
             return Ok(y);
@@ -242,7 +187,7 @@ impl CudaBackend {
     /// `sqrt(softplus(x))` elementwise (linear branch above 20, as the CPU lane).
     pub(super) fn sqrt_softplus(&self, x: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "sqrt_softplus";
-        self.check_input(OP, "x", x, DType::F32)?;
+        checks::sqrt_softplus(x)?;
         let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let n = x.numel();
         self.launch_1d(
@@ -260,17 +205,7 @@ impl CudaBackend {
     /// table i32 `[vocab, k]`, ids i32 `[n]`, fallback i32 `[n, k]` → i32 `[n, k]`.
     pub(super) fn hash_route(&self, table: &CudaTensor, ids: &CudaTensor, fallback: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "hash_route";
-        self.check_input(OP, "table", table, DType::I32)?;
-        self.check_input(OP, "ids", ids, DType::I32)?;
-        self.check_input(OP, "fallback", fallback, DType::I32)?;
-        let (vocab, k) = (table.rows(), table.cols());
-        let n = fallback.rows();
-        if fallback.cols() != k || ids.numel() != n {
-            return Err(Error::shape(
-                OP,
-                format!("table {:?}, ids {:?}, fallback {:?} do not fit", table.shape, ids.shape, fallback.shape),
-            ));
-        }
+        let (vocab, k, n) = checks::hash_route(table, ids, fallback)?;
         let mut y = self.alloc(OP, vec![n, k], DType::I32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "k", k)?, check_u32(OP, "vocab", vocab)?];
         let inputs = [&table.buf, &ids.buf, &fallback.buf];
@@ -282,13 +217,7 @@ impl CudaBackend {
     /// id outside `0..e` is NaN.
     pub(super) fn route_weights(&self, scores: &CudaTensor, ids: &CudaTensor, scale: f32) -> Result<CudaTensor> {
         const OP: &str = "route_weights";
-        self.check_input(OP, "scores", scores, DType::F32)?;
-        self.check_input(OP, "ids", ids, DType::I32)?;
-        let (n, e) = (scores.rows(), scores.cols());
-        let k = ids.cols();
-        if ids.rows() != n {
-            return Err(Error::shape(OP, format!("ids {:?} do not index scores {:?}", ids.shape, scores.shape)));
-        }
+        let (n, e, k) = checks::route_weights(scores, ids)?;
         let mut y = self.alloc(OP, vec![n, k], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "k", k)?, check_u32(OP, "experts", e)?, scale.to_bits()];
         self.launch_1d(OP, Source::LmSmall, "route_weights_f32", &[&scores.buf, &ids.buf], &mut y, &sizes, n * k)?;
@@ -361,12 +290,7 @@ impl CudaBackend {
     /// x `[n, 2h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
     pub(super) fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
         const OP: &str = "swiglu_clamp";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        if d % 2 != 0 {
-            return Err(Error::shape(OP, format!("x {:?} has an odd number of columns", x.shape)));
-        }
-        let h = d / 2;
+        let (n, h) = checks::swiglu_clamp(x)?;
         let mut y = self.alloc(OP, vec![n, h], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", h)?, limit.to_bits()];
         self.launch_1d(OP, Source::LmSmall, "swiglu_clamp_f32", &[&x.buf], &mut y, &sizes, n * h)?;

@@ -37,6 +37,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
+use crate::backend::checks::{self, NamedWeight};
 use crate::backend::cpu::rope_2d_tables;
 use crate::backend::{
     Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, WeightFormat,
@@ -434,6 +435,12 @@ impl DeviceWeight for CudaWeight {
     }
 }
 
+impl NamedWeight for CudaWeight {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 /// The CUDA lane.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -596,16 +603,6 @@ impl CudaBackend {
     /// A new activation output of `shape` (contents undefined; guard band filled when on).
     fn alloc(&self, op: &'static str, shape: Vec<usize>, dtype: DType) -> Result<CudaTensor> {
         self.new_tensor(op, shape, dtype, Role::Activation, None)
-    }
-
-    fn check_input(&self, op: &'static str, what: &str, t: &CudaTensor, dtype: DType) -> Result<()> {
-        if t.dtype != dtype {
-            return Err(Error::shape(op, format!("{what} must be {dtype}, found {}", t.dtype)));
-        }
-        if t.shape.is_empty() {
-            return Err(Error::shape(op, format!("{what} must have at least one dimension")));
-        }
-        Ok(())
     }
 
     fn launch_err(op: &'static str, kernel: &str, e: impl std::fmt::Debug) -> Error {
@@ -804,23 +801,7 @@ impl Backend for CudaBackend {
     /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (tiled kernel, weight decoded in it).
     fn linear(&self, x: &CudaTensor, w: &CudaWeight, bias: Option<&CudaTensor>) -> Result<CudaTensor> {
         const OP: &str = "linear";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, k) = (x.rows(), x.cols());
-        if k != w.cols {
-            return Err(Error::shape(
-                OP,
-                format!("x {:?} has {k} columns, weight `{}` has {} (in_features)", x.shape, w.name, w.cols),
-            ));
-        }
-        if let Some(b) = bias {
-            self.check_input(OP, "bias", b, DType::F32)?;
-            if b.numel() != w.rows {
-                return Err(Error::shape(
-                    OP,
-                    format!("bias {:?} for weight `{}` with {} rows", b.shape, w.name, w.rows),
-                ));
-            }
-        }
+        let (n, k) = checks::linear(x, w, bias)?;
         let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         if n == 0 || w.rows == 0 {
             return Ok(y);
@@ -853,12 +834,7 @@ impl Backend for CudaBackend {
     /// x `[n, d]`, weight `[d]` → `[n, d]`, one block per row.
     fn rms_norm(&self, x: &CudaTensor, weight: &CudaTensor, eps: f32) -> Result<CudaTensor> {
         const OP: &str = "rms_norm";
-        self.check_input(OP, "x", x, DType::F32)?;
-        self.check_input(OP, "weight", weight, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        if weight.numel() != d {
-            return Err(Error::shape(OP, format!("weight {:?} for x {:?}", weight.shape, x.shape)));
-        }
+        let (n, d) = checks::rms_norm(x, weight)?;
         let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         if n == 0 || d == 0 {
             return Ok(y);
@@ -880,11 +856,7 @@ impl Backend for CudaBackend {
     /// a, b `[n, d]` → `[n, d]`.
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "add";
-        self.check_input(OP, "a", a, DType::F32)?;
-        self.check_input(OP, "b", b, DType::F32)?;
-        if a.shape != b.shape {
-            return Err(Error::shape(OP, format!("a {:?} and b {:?} differ", a.shape, b.shape)));
-        }
+        checks::add(a, b)?;
         let mut y = self.alloc(OP, a.shape.clone(), DType::F32)?;
         let n = a.numel();
         self.launch_1d(OP, Source::Elementwise, "add_f32", &[&a.buf, &b.buf], &mut y, &[n as u32], n)?;
@@ -894,11 +866,7 @@ impl Backend for CudaBackend {
     /// x `[n, d]` → `[n, len]`.
     fn slice_cols(&self, x: &CudaTensor, start: usize, len: usize) -> Result<CudaTensor> {
         const OP: &str = "slice_cols";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        if start.checked_add(len).is_none_or(|end| end > d) {
-            return Err(Error::shape(OP, format!("columns {start}..{} of x {:?}", start.saturating_add(len), x.shape)));
-        }
+        let (n, d) = checks::slice_cols(x, start, len)?;
         let mut y = self.alloc(OP, vec![n, len], DType::F32)?;
         let sizes = [n as u32, len as u32, d as u32, start as u32];
         self.launch_1d(OP, Source::Copy, "slice_cols_f32", &[&x.buf], &mut y, &sizes, n * len)?;
@@ -908,14 +876,7 @@ impl Backend for CudaBackend {
     /// `[n, d]`, `[m, d]` → `[n+m, d]` by two device-to-device copies (f32 or i32).
     fn concat_rows(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "concat_rows";
-        if a.dtype != b.dtype {
-            return Err(Error::shape(OP, format!("a is {}, b is {}", a.dtype, b.dtype)));
-        }
-        self.check_input(OP, "a", a, a.dtype)?;
-        self.check_input(OP, "b", b, b.dtype)?;
-        if a.cols() != b.cols() {
-            return Err(Error::shape(OP, format!("a {:?} and b {:?} differ in columns", a.shape, b.shape)));
-        }
+        checks::concat_rows(a, b)?;
         let mut y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
         let copy_err = |e| dev_err("op `concat_rows`: device-to-device copy", e);
         if a.bytes > 0 {
@@ -931,10 +892,7 @@ impl Backend for CudaBackend {
     /// src `[m, d]`, idx i32 `[n]` → `[n, d]`; an index outside `0..m` yields a row of NaN.
     fn gather_rows(&self, src: &CudaTensor, idx: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "gather_rows";
-        self.check_input(OP, "src", src, DType::F32)?;
-        self.check_input(OP, "idx", idx, DType::I32)?;
-        let (m, d) = (src.rows(), src.cols());
-        let n = idx.numel();
+        let (m, d, n) = checks::gather_rows(src, idx)?;
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
         let sizes = [n as u32, d as u32, check_u32(OP, "src rows", m)?];
         self.launch_1d(OP, Source::Copy, "gather_rows_f32", &[&src.buf, &idx.buf], &mut y, &sizes, n * d)?;
@@ -944,12 +902,7 @@ impl Backend for CudaBackend {
     /// x `[n, 2h]` → `[n, h]`, gate = first half.
     fn swiglu(&self, x: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "swiglu";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        if d % 2 != 0 {
-            return Err(Error::shape(OP, format!("x {:?} has an odd number of columns", x.shape)));
-        }
-        let h = d / 2;
+        let (n, h) = checks::swiglu(x)?;
         let mut y = self.alloc(OP, vec![n, h], DType::F32)?;
         self.launch_1d(OP, Source::Elementwise, "swiglu_f32", &[&x.buf], &mut y, &[n as u32, h as u32], n * h)?;
         Ok(y)
@@ -958,7 +911,7 @@ impl Backend for CudaBackend {
     /// `[n, d]` → `[n, d]`, exact (erf) GELU.
     fn gelu_erf(&self, x: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "gelu_erf";
-        self.check_input(OP, "x", x, DType::F32)?;
+        checks::gelu_erf(x)?;
         let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let n = x.numel();
         self.launch_1d(OP, Source::Elementwise, "gelu_erf_f32", &[&x.buf], &mut y, &[n as u32], n)?;
@@ -968,18 +921,7 @@ impl Backend for CudaBackend {
     /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
     fn rope_2d(&self, x: &CudaTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<CudaTensor> {
         const OP: &str = "rope_2d";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
-        }
-        let hd = cols / n_heads;
-        if hd % 4 != 0 {
-            return Err(Error::shape(OP, format!("head dim {hd} is not a multiple of 4")));
-        }
-        if grid_w == 0 || n % grid_w != 0 {
-            return Err(Error::shape(OP, format!("{n} rows are not a whole grid of width {grid_w}")));
-        }
+        let (n, hd) = checks::rope_2d(x, n_heads, grid_w)?;
         let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let total = n * n_heads * hd / 2;
         if total == 0 {
@@ -994,17 +936,7 @@ impl Backend for CudaBackend {
     /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`: one block per (query, head), online softmax.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, n_heads: usize) -> Result<CudaTensor> {
         const OP: &str = "attention";
-        self.check_input(OP, "q", q, DType::F32)?;
-        self.check_input(OP, "k", k, DType::F32)?;
-        self.check_input(OP, "v", v, DType::F32)?;
-        if q.shape != k.shape || q.shape != v.shape {
-            return Err(Error::shape(OP, format!("q {:?}, k {:?}, v {:?} differ", q.shape, k.shape, v.shape)));
-        }
-        let (n, cols) = (q.rows(), q.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
-        }
-        let hd = cols / n_heads;
+        let (n, hd) = checks::attention(q, k, v, n_heads)?;
         let shared = 2 * hd * 4;
         // plus the kernel's static p[ATT_THREADS] and red[ATT_THREADS / 32]
         if shared + (ATTENTION_THREADS as usize + ATTENTION_THREADS as usize / 32) * 4 > DEFAULT_SHARED_BYTES {
@@ -1040,11 +972,7 @@ impl Backend for CudaBackend {
     /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.
     fn unfold(&self, x: &CudaTensor, h: usize, w: usize, r: usize) -> Result<CudaTensor> {
         const OP: &str = "unfold";
-        self.check_input(OP, "x", x, DType::F32)?;
-        if h.checked_mul(w) != Some(x.rows()) || r == 0 {
-            return Err(Error::shape(OP, format!("x {:?} is not a {h}x{w} grid (r = {r})", x.shape)));
-        }
-        let c = x.cols();
+        let c = checks::unfold(x, h, w, r)?;
         let (gh, gw) = (h.div_ceil(r), w.div_ceil(r));
         let feat = c.checked_mul(r * r).ok_or_else(|| Error::shape(OP, format!("r = {r} is too large")))?;
         let mut y = self.alloc(OP, vec![gh * gw, feat], DType::F32)?;

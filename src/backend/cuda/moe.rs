@@ -13,7 +13,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{CudaBackend, CudaTensor, CudaWeight, Source, check_u32};
-use crate::backend::{DType, DeviceTensor, WeightFormat};
+use crate::backend::checks;
+use crate::backend::{DType, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads of the single `moe_route` block (`MR_THREADS` in cuda/moe.cu).
@@ -46,29 +47,7 @@ impl CudaBackend {
         limit: f32,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts";
-        self.check_input(OP, "x", x, DType::F32)?;
-        self.check_input(OP, "ids", ids, DType::I32)?;
-        self.check_input(OP, "weights", weights, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        let k = ids.cols();
-        if ids.rows() != n || weights.shape != ids.shape || w13.len() != w2.len() {
-            return Err(Error::shape(
-                OP,
-                format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len()),
-            ));
-        }
-        let h = w13.first().map_or(0, |w| w.rows / 2);
-        for (a, b) in w13.iter().zip(w2) {
-            if a.rows != 2 * h || a.cols != d || b.rows != d || b.cols != h {
-                return Err(Error::shape(
-                    OP,
-                    format!(
-                        "expert `{}` [{}, {}] / `{}` [{}, {}] for d = {d}, h = {h}",
-                        a.name, a.rows, a.cols, b.name, b.rows, b.cols
-                    ),
-                ));
-            }
-        }
+        let (n, d, k, h) = checks::moe_experts(x, ids, weights, w13, w2)?;
         let experts = w13.len();
         let slots = n * k;
         let (n_d, slots32) = (check_u32(OP, "outputs", n * d)?, check_u32(OP, "slots", slots)?);

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+use crate::backend::checks::{self, NamedWeight};
 use crate::backend::{
     Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, WeightFormat,
 };
@@ -258,6 +259,12 @@ impl DeviceWeight for WgpuWeight {
     }
     fn cols(&self) -> usize {
         self.cols
+    }
+}
+
+impl NamedWeight for WgpuWeight {
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 
@@ -673,14 +680,13 @@ impl WgpuBackend {
         Ok(())
     }
 
-    fn check_input(&self, op: &'static str, what: &str, t: &WgpuTensor, dtype: DType) -> Result<()> {
-        if t.dtype != dtype {
-            return Err(Error::shape(op, format!("{what} must be {dtype}, found {}", t.dtype)));
-        }
-        if t.shape.is_empty() {
-            return Err(Error::shape(op, format!("{what} must have at least one dimension")));
-        }
-        self.check_binding(op, what, t.bytes)
+    /// Each input fits one storage binding of this device (its shapes are `checks`' to judge).
+    fn check_inputs<'a>(
+        &self,
+        op: &'static str,
+        inputs: impl IntoIterator<Item = (&'a str, &'a WgpuTensor)>,
+    ) -> Result<()> {
+        inputs.into_iter().try_for_each(|(what, t)| self.check_binding(op, what, t.bytes))
     }
 
     fn make_tensor(&self, buf: wgpu::Buffer, shape: Vec<usize>, dtype: DType, producer: &'static str) -> WgpuTensor {
@@ -1050,23 +1056,8 @@ impl Backend for WgpuBackend {
     /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]`, one dispatch per weight chunk.
     fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
         const OP: &str = "linear";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, k) = (x.rows(), x.cols());
-        if k != w.cols {
-            return Err(Error::shape(
-                OP,
-                format!("x {:?} has {k} columns, weight `{}` has {} (in_features)", x.shape, w.name, w.cols),
-            ));
-        }
-        if let Some(b) = bias {
-            self.check_input(OP, "bias", b, DType::F32)?;
-            if b.numel() != w.rows {
-                return Err(Error::shape(
-                    OP,
-                    format!("bias {:?} for weight `{}` with {} rows", b.shape, w.name, w.rows),
-                ));
-            }
-        }
+        let (n, k) = checks::linear(x, w, bias)?;
+        self.check_inputs(OP, [("x", x)].into_iter().chain(bias.map(|b| ("bias", b))))?;
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         if n == 0 || w.rows == 0 {
             return Ok(y);
@@ -1115,12 +1106,8 @@ impl Backend for WgpuBackend {
     /// x `[n, d]`, weight `[d]` → `[n, d]`.
     fn rms_norm(&self, x: &WgpuTensor, weight: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
         const OP: &str = "rms_norm";
-        self.check_input(OP, "x", x, DType::F32)?;
-        self.check_input(OP, "weight", weight, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        if weight.numel() != d {
-            return Err(Error::shape(OP, format!("weight {:?} for x {:?}", weight.shape, x.shape)));
-        }
+        let (n, d) = checks::rms_norm(x, weight)?;
+        self.check_inputs(OP, [("x", x), ("weight", weight)])?;
         let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         if n == 0 || d == 0 {
             return Ok(y);
@@ -1140,11 +1127,8 @@ impl Backend for WgpuBackend {
     /// a, b `[n, d]` → `[n, d]`.
     fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "add";
-        self.check_input(OP, "a", a, DType::F32)?;
-        self.check_input(OP, "b", b, DType::F32)?;
-        if a.shape != b.shape {
-            return Err(Error::shape(OP, format!("a {:?} and b {:?} differ", a.shape, b.shape)));
-        }
+        checks::add(a, b)?;
+        self.check_inputs(OP, [("a", a), ("b", b)])?;
         let y = self.alloc(OP, a.shape.clone(), DType::F32)?;
         let n = a.numel();
         if n > 0 {
@@ -1164,11 +1148,8 @@ impl Backend for WgpuBackend {
     /// x `[n, d]` → `[n, len]`.
     fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor> {
         const OP: &str = "slice_cols";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        if start + len > d {
-            return Err(Error::shape(OP, format!("columns {start}..{} of x {:?}", start + len, x.shape)));
-        }
+        let (n, d) = checks::slice_cols(x, start, len)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, len], DType::F32)?;
         let total = n * len;
         if total > 0 {
@@ -1188,14 +1169,8 @@ impl Backend for WgpuBackend {
     /// `[n, d]`, `[m, d]` → `[n+m, d]` by two buffer copies.
     fn concat_rows(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "concat_rows";
-        if a.dtype != b.dtype {
-            return Err(Error::shape(OP, format!("a is {}, b is {}", a.dtype, b.dtype)));
-        }
-        self.check_input(OP, "a", a, a.dtype)?;
-        self.check_input(OP, "b", b, b.dtype)?;
-        if a.cols() != b.cols() {
-            return Err(Error::shape(OP, format!("a {:?} and b {:?} differ in columns", a.shape, b.shape)));
-        }
+        checks::concat_rows(a, b)?;
+        self.check_inputs(OP, [("a", a), ("b", b)])?;
         let y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
         self.with_encoder(|enc| {
             if a.bytes > 0 {
@@ -1211,10 +1186,8 @@ impl Backend for WgpuBackend {
     /// src `[m, d]`, idx i32 `[n]` → `[n, d]`; an index outside `0..m` yields a row of NaN.
     fn gather_rows(&self, src: &WgpuTensor, idx: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "gather_rows";
-        self.check_input(OP, "src", src, DType::F32)?;
-        self.check_input(OP, "idx", idx, DType::I32)?;
-        let (m, d) = (src.rows(), src.cols());
-        let n = idx.numel();
+        let (m, d, n) = checks::gather_rows(src, idx)?;
+        self.check_inputs(OP, [("src", src), ("idx", idx)])?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
         let total = n * d;
         if total > 0 {
@@ -1234,12 +1207,8 @@ impl Backend for WgpuBackend {
     /// x `[n, 2h]` → `[n, h]`, gate = first half.
     fn swiglu(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "swiglu";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        if d % 2 != 0 {
-            return Err(Error::shape(OP, format!("x {:?} has an odd number of columns", x.shape)));
-        }
-        let h = d / 2;
+        let (n, h) = checks::swiglu(x)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, h], DType::F32)?;
         let total = n * h;
         if total > 0 {
@@ -1259,7 +1228,8 @@ impl Backend for WgpuBackend {
     /// `[n, d]` → `[n, d]`, exact (erf) GELU.
     fn gelu_erf(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "gelu_erf";
-        self.check_input(OP, "x", x, DType::F32)?;
+        checks::gelu_erf(x)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let total = x.numel();
         if total > 0 {
@@ -1279,18 +1249,8 @@ impl Backend for WgpuBackend {
     /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
     fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
         const OP: &str = "rope_2d";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
-        }
-        let hd = cols / n_heads;
-        if hd % 4 != 0 {
-            return Err(Error::shape(OP, format!("head dim {hd} is not a multiple of 4")));
-        }
-        if grid_w == 0 || n % grid_w != 0 {
-            return Err(Error::shape(OP, format!("{n} rows are not a whole grid of width {grid_w}")));
-        }
+        let (n, hd) = checks::rope_2d(x, n_heads, grid_w)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let total = n * n_heads * hd / 2;
         if total > 0 {
@@ -1311,17 +1271,8 @@ impl Backend for WgpuBackend {
     /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`, flash-style (no n×n matrix).
     fn attention(&self, q: &WgpuTensor, k: &WgpuTensor, v: &WgpuTensor, n_heads: usize) -> Result<WgpuTensor> {
         const OP: &str = "attention";
-        self.check_input(OP, "q", q, DType::F32)?;
-        self.check_input(OP, "k", k, DType::F32)?;
-        self.check_input(OP, "v", v, DType::F32)?;
-        if q.shape != k.shape || q.shape != v.shape {
-            return Err(Error::shape(OP, format!("q {:?}, k {:?}, v {:?} differ", q.shape, k.shape, v.shape)));
-        }
-        let (n, cols) = (q.rows(), q.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
-        }
-        let hd = cols / n_heads;
+        let (n, hd) = checks::attention(q, k, v, n_heads)?;
+        self.check_inputs(OP, [("q", q), ("k", k), ("v", v)])?;
         if hd > ATTENTION_MAX_HD || hd % 4 != 0 {
             return Err(Self::unsupported(
                 Op::Attention,
@@ -1356,11 +1307,8 @@ impl Backend for WgpuBackend {
     /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.
     fn unfold(&self, x: &WgpuTensor, h: usize, w: usize, r: usize) -> Result<WgpuTensor> {
         const OP: &str = "unfold";
-        self.check_input(OP, "x", x, DType::F32)?;
-        if x.rows() != h * w || r == 0 {
-            return Err(Error::shape(OP, format!("x {:?} is not a {h}x{w} grid (r = {r})", x.shape)));
-        }
-        let c = x.cols();
+        let c = checks::unfold(x, h, w, r)?;
+        self.check_inputs(OP, [("x", x)])?;
         let (gh, gw) = (h.div_ceil(r), w.div_ceil(r));
         let y = self.alloc(OP, vec![gh * gw, c * r * r], DType::F32)?;
         let total = gh * gw * c * r * r;
@@ -1384,8 +1332,8 @@ impl Backend for WgpuBackend {
     /// give a zero row, a negative id a row of NaN.
     fn embed_rows(&self, table: &WgpuWeight, ids: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "embed_rows";
-        self.check_input(OP, "ids", ids, DType::I32)?;
-        let (n, d) = (ids.numel(), table.cols);
+        let (n, d) = checks::embed_rows(table, ids)?;
+        self.check_inputs(OP, [("ids", ids)])?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
         let fmt = match table.format {
             WeightFormat::F32 => 0,
@@ -1416,8 +1364,8 @@ impl Backend for WgpuBackend {
     /// x `[n, d]` → `[n, hc·d]`.
     fn hc_expand(&self, x: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
         const OP: &str = "hc_expand";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
+        let (n, d) = checks::hc_expand(x)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, hc * d], DType::F32)?;
         self.lm_1d(OP, n * hc * d, &[(n * hc * d) as u32, d as u32, hc as u32], &[(1, x.binding()), (6, y.binding())])?;
         Ok(y)
@@ -1426,11 +1374,8 @@ impl Backend for WgpuBackend {
     /// x `[n, heads·hd]` → per-head unweighted RMS norm; one workgroup per (row, head).
     fn rms_norm_heads(&self, x: &WgpuTensor, n_heads: usize, eps: f32) -> Result<WgpuTensor> {
         const OP: &str = "rms_norm_heads";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
-        }
+        let (n, cols) = checks::rms_norm_heads(x, n_heads)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let segs = n * n_heads;
         if segs > 0 && cols > 0 {
@@ -1450,14 +1395,8 @@ impl Backend for WgpuBackend {
     /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
     fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "hc_pre";
-        self.check_input(OP, "x", x, DType::F32)?;
-        self.check_input(OP, "w", w, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        let hc = w.cols();
-        if w.rows() != n || hc == 0 || cols % hc != 0 {
-            return Err(Error::shape(OP, format!("x {:?} and w {:?} do not fit", x.shape, w.shape)));
-        }
-        let d = cols / hc;
+        let (n, d, hc) = checks::hc_pre(x, w)?;
+        self.check_inputs(OP, [("x", x), ("w", w)])?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
         self.lm_1d(
             OP,
@@ -1471,17 +1410,8 @@ impl Backend for WgpuBackend {
     /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
     fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, post: &WgpuTensor, comb: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "hc_post";
-        for (what, t) in [("x", x), ("f", f), ("post", post), ("comb", comb)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (n, cols) = (x.rows(), x.cols());
-        let (d, hc) = (f.cols(), post.cols());
-        if f.rows() != n || post.rows() != n || comb.rows() != n || hc * d != cols || comb.cols() != hc * hc {
-            return Err(Error::shape(
-                OP,
-                format!("x {:?}, f {:?}, post {:?}, comb {:?} do not fit", x.shape, f.shape, post.shape, comb.shape),
-            ));
-        }
+        let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
+        self.check_inputs(OP, [("x", x), ("f", f), ("post", post), ("comb", comb)])?;
         let y = self.alloc(OP, vec![n, cols], DType::F32)?;
         self.lm_1d(
             OP,
@@ -1495,16 +1425,8 @@ impl Backend for WgpuBackend {
     /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `σ(mix·scale + base) + eps`.
     fn hc_head_weights(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
         const OP: &str = "hc_head_weights";
-        for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (n, hc) = (mix.rows(), mix.cols());
-        if scale.numel() != 1 || base.numel() != hc {
-            return Err(Error::shape(
-                OP,
-                format!("mix {:?}, scale {:?}, base {:?} do not fit", mix.shape, scale.shape, base.shape),
-            ));
-        }
+        let (n, hc) = checks::hc_head_weights(mix, scale, base)?;
+        self.check_inputs(OP, [("mix", mix), ("scale", scale), ("base", base)])?;
         let y = self.alloc(OP, mix.shape.clone(), DType::F32)?;
         self.lm_1d(
             OP,
@@ -1518,7 +1440,8 @@ impl Backend for WgpuBackend {
     /// `sqrt(softplus(x))` elementwise.
     fn sqrt_softplus(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "sqrt_softplus";
-        self.check_input(OP, "x", x, DType::F32)?;
+        checks::sqrt_softplus(x)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         self.lm_1d(OP, x.numel(), &[x.numel() as u32], &[(1, x.binding()), (6, y.binding())])?;
         Ok(y)
@@ -1527,17 +1450,8 @@ impl Backend for WgpuBackend {
     /// table i32 `[vocab, k]`, ids i32 `[n]`, fallback i32 `[n, k]` → i32 `[n, k]`.
     fn hash_route(&self, table: &WgpuTensor, ids: &WgpuTensor, fallback: &WgpuTensor) -> Result<WgpuTensor> {
         const OP: &str = "hash_route";
-        self.check_input(OP, "table", table, DType::I32)?;
-        self.check_input(OP, "ids", ids, DType::I32)?;
-        self.check_input(OP, "fallback", fallback, DType::I32)?;
-        let (vocab, k) = (table.rows(), table.cols());
-        let n = fallback.rows();
-        if fallback.cols() != k || ids.numel() != n {
-            return Err(Error::shape(
-                OP,
-                format!("table {:?}, ids {:?}, fallback {:?} do not fit", table.shape, ids.shape, fallback.shape),
-            ));
-        }
+        let (vocab, k, n) = checks::hash_route(table, ids, fallback)?;
+        self.check_inputs(OP, [("table", table), ("ids", ids), ("fallback", fallback)])?;
         let y = self.alloc(OP, vec![n, k], DType::I32)?;
         self.lm_1d(
             OP,
@@ -1551,13 +1465,8 @@ impl Backend for WgpuBackend {
     /// scores `[n, e]`, ids i32 `[n, k]` → `[n, k]`; a row with an id outside `0..e` is NaN.
     fn route_weights(&self, scores: &WgpuTensor, ids: &WgpuTensor, scale: f32) -> Result<WgpuTensor> {
         const OP: &str = "route_weights";
-        self.check_input(OP, "scores", scores, DType::F32)?;
-        self.check_input(OP, "ids", ids, DType::I32)?;
-        let (n, e) = (scores.rows(), scores.cols());
-        let k = ids.cols();
-        if ids.rows() != n {
-            return Err(Error::shape(OP, format!("ids {:?} do not index scores {:?}", ids.shape, scores.shape)));
-        }
+        let (n, e, k) = checks::route_weights(scores, ids)?;
+        self.check_inputs(OP, [("scores", scores), ("ids", ids)])?;
         let y = self.alloc(OP, vec![n, k], DType::F32)?;
         self.lm_1d(
             OP,
@@ -1571,12 +1480,8 @@ impl Backend for WgpuBackend {
     /// x `[n, 2h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
     fn swiglu_clamp(&self, x: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
         const OP: &str = "swiglu_clamp";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        if d % 2 != 0 {
-            return Err(Error::shape(OP, format!("x {:?} has an odd number of columns", x.shape)));
-        }
-        let h = d / 2;
+        let (n, h) = checks::swiglu_clamp(x)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, h], DType::F32)?;
         self.lm_1d(OP, n * h, &[(n * h) as u32, h as u32, limit.to_bits()], &[(1, x.binding()), (6, y.binding())])?;
         Ok(y)
@@ -1593,16 +1498,8 @@ impl Backend for WgpuBackend {
         inverse: bool,
     ) -> Result<WgpuTensor> {
         const OP: &str = "rope_tail";
-        self.check_input(OP, "x", x, DType::F32)?;
-        self.check_input(OP, "inv_freq", inv_freq, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("x {:?} does not split into {n_heads} heads", x.shape)));
-        }
-        let (hd, rd) = (cols / n_heads, 2 * inv_freq.numel());
-        if rd > hd {
-            return Err(Error::shape(OP, format!("{rd} rotary dims exceed head_dim {hd}")));
-        }
+        let (n, cols, hd, rd) = checks::rope_tail(x, n_heads, inv_freq)?;
+        self.check_inputs(OP, [("x", x), ("inv_freq", inv_freq)])?;
         let last = pos0 + n.saturating_sub(1) * stride;
         if last > u32::MAX as usize {
             return Err(Self::unsupported(Op::RopeTail, format!("position {last} beyond u32")));
@@ -1628,16 +1525,8 @@ impl Backend for WgpuBackend {
         eps: f32,
     ) -> Result<WgpuTensor> {
         const OP: &str = "hc_split";
-        for (what, t) in [("mix", mix), ("scale", scale), ("base", base)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (n, w) = (mix.rows(), mix.cols());
-        if w != (2 + hc) * hc || scale.numel() != 3 || base.numel() != w {
-            return Err(Error::shape(
-                OP,
-                format!("mix {:?}, scale {:?}, base {:?} do not fit hc = {hc}", mix.shape, scale.shape, base.shape),
-            ));
-        }
+        let (n, w) = checks::hc_split(mix, scale, base, hc)?;
+        self.check_inputs(OP, [("mix", mix), ("scale", scale), ("base", base)])?;
         let y = self.alloc(OP, vec![n, w], DType::F32)?;
         if n > 0 {
             let g = n.div_ceil(64);
@@ -1666,18 +1555,8 @@ impl Backend for WgpuBackend {
         overlap: bool,
     ) -> Result<WgpuTensor> {
         const OP: &str = "compress_pool";
-        for (what, t) in [("kv", kv), ("gate", gate), ("ape", ape)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (t, w) = (kv.rows(), kv.cols());
-        if gate.shape != kv.shape || ratio == 0 || ape.rows() != ratio || ape.cols() != w || (overlap && w % 2 != 0) {
-            return Err(Error::shape(
-                OP,
-                format!("kv {:?}, gate {:?}, ape {:?}, ratio {ratio}", kv.shape, gate.shape, ape.shape),
-            ));
-        }
-        let d = if overlap { w / 2 } else { w };
-        let n = t / ratio;
+        let (n, d, w) = checks::compress_pool(kv, gate, ape, ratio, overlap)?;
+        self.check_inputs(OP, [("kv", kv), ("gate", gate), ("ape", ape)])?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
         self.lm_1d(
             OP,
@@ -1700,20 +1579,8 @@ impl Backend for WgpuBackend {
         ratio: usize,
     ) -> Result<WgpuTensor> {
         const OP: &str = "indexer_scores";
-        for (what, t) in [("q", q), ("k", k), ("w", w)] {
-            self.check_input(OP, what, t, DType::F32)?;
-        }
-        let (n, cols) = (q.rows(), q.cols());
-        let (m, hd) = (k.rows(), k.cols());
-        if n_heads == 0 || cols != n_heads * hd || w.rows() != n || w.cols() != n_heads || ratio == 0 {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "q {:?}, k {:?}, w {:?} do not fit ({n_heads} heads, ratio {ratio})",
-                    q.shape, k.shape, w.shape
-                ),
-            ));
-        }
+        let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
+        self.check_inputs(OP, [("q", q), ("k", k), ("w", w)])?;
         let y = self.alloc(OP, vec![n, m], DType::F32)?;
         self.lm_1d(
             OP,
@@ -1727,8 +1594,8 @@ impl Backend for WgpuBackend {
     /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per row.
     fn topk_rows(&self, x: &WgpuTensor, k: usize) -> Result<WgpuTensor> {
         const OP: &str = "topk_rows";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, m) = (x.rows(), x.cols());
+        let (n, m) = checks::topk_rows(x)?;
+        self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, k], DType::I32)?;
         if n > 0 && k > 0 {
             let gx = n.min(32768);
@@ -1747,18 +1614,9 @@ impl Backend for WgpuBackend {
     /// x `[n, g·k]`, W `[g·r, k]` (any format, possibly row-chunked) → `[n, g·r]`.
     fn grouped_linear(&self, x: &WgpuTensor, w: &WgpuWeight, groups: usize) -> Result<WgpuTensor> {
         const OP: &str = "grouped_linear";
-        self.check_input(OP, "x", x, DType::F32)?;
-        let (n, cols) = (x.rows(), x.cols());
-        if groups == 0 || cols != groups * w.cols || w.rows % groups != 0 {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "x {:?} and weight `{}` [{}, {}] do not split into {groups} groups",
-                    x.shape, w.name, w.rows, w.cols
-                ),
-            ));
-        }
-        let (k, r) = (w.cols, w.rows / groups);
+        let (n, k, r) = checks::grouped_linear(x, w, groups)?;
+        self.check_inputs(OP, [("x", x)])?;
+        let cols = x.cols();
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         let fmt = match w.format {
             WeightFormat::F32 => 0,
@@ -1799,39 +1657,12 @@ impl Backend for WgpuBackend {
         n_heads: usize,
     ) -> Result<WgpuTensor> {
         const OP: &str = "sink_attention";
-        self.check_input(OP, "q", q, DType::F32)?;
-        self.check_input(OP, "kv", kv, DType::F32)?;
-        self.check_input(OP, "window", window, DType::I32)?;
-        self.check_input(OP, "sinks", sinks, DType::F32)?;
-        let (n, cols) = (q.rows(), q.cols());
-        if n_heads == 0 || cols % n_heads != 0 {
-            return Err(Error::shape(OP, format!("q {:?} does not split into {n_heads} heads", q.shape)));
-        }
-        let hd = cols / n_heads;
-        let (m, kd) = (kv.rows(), kv.cols());
-        if kd != hd || window.numel() != 2 * n || sinks.numel() != n_heads {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "q {:?}, kv {:?}, window {:?}, sinks {:?} do not fit",
-                    q.shape, kv.shape, window.shape, sinks.shape
-                ),
-            ));
-        }
-        let (c_rows, kk) = match comp {
-            Some((c, idx)) => {
-                self.check_input(OP, "comp", c, DType::F32)?;
-                self.check_input(OP, "comp_idx", idx, DType::I32)?;
-                if c.cols() != hd || idx.rows() != n {
-                    return Err(Error::shape(
-                        OP,
-                        format!("comp {:?} / comp_idx {:?} do not fit q {:?}", c.shape, idx.shape, q.shape),
-                    ));
-                }
-                (c.rows(), idx.cols())
-            }
-            None => (0, 0),
-        };
+        let (n, cols, hd, m, c_rows, kk) = checks::sink_attention(q, kv, window, comp, sinks, n_heads)?;
+        let comp_inputs = comp.into_iter().flat_map(|(c, idx)| [("comp", c), ("comp_idx", idx)]);
+        self.check_inputs(
+            OP,
+            [("q", q), ("kv", kv), ("window", window), ("sinks", sinks)].into_iter().chain(comp_inputs),
+        )?;
         let y = self.alloc(OP, vec![n, cols], DType::F32)?;
         let total = n * n_heads;
         if total > 0 && hd > 0 {
@@ -1874,28 +1705,9 @@ impl Backend for WgpuBackend {
         limit: f32,
     ) -> Result<WgpuTensor> {
         const OP: &str = "moe_experts";
-        self.check_input(OP, "x", x, DType::F32)?;
-        self.check_input(OP, "ids", ids, DType::I32)?;
-        self.check_input(OP, "weights", weights, DType::F32)?;
-        let (n, d) = (x.rows(), x.cols());
-        let k = ids.cols();
-        if ids.rows() != n || weights.shape != ids.shape || w13.len() != w2.len() {
-            return Err(Error::shape(
-                OP,
-                format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len()),
-            ));
-        }
-        let h = w13.first().map_or(0, |w| w.rows / 2);
+        let (n, d, k, h) = checks::moe_experts(x, ids, weights, w13, w2)?;
+        self.check_inputs(OP, [("x", x), ("ids", ids), ("weights", weights)])?;
         for (a, b) in w13.iter().zip(w2) {
-            if a.rows != 2 * h || a.cols != d || b.rows != d || b.cols != h {
-                return Err(Error::shape(
-                    OP,
-                    format!(
-                        "expert `{}` [{}, {}] / `{}` [{}, {}] for d = {d}, h = {h}",
-                        a.name, a.rows, a.cols, b.name, b.rows, b.cols
-                    ),
-                ));
-            }
             if a.chunks.len() != 1 || b.chunks.len() != 1 {
                 return Err(Self::unsupported(
                     Op::MoeExperts,
