@@ -454,6 +454,39 @@ pub(crate) fn route_weights<T: DeviceTensor>(scores: &T, ids: &T) -> Result<(usi
     Ok((n, e, ids.cols()))
 }
 
+/// logits `[n, e]`, bias `[kinds, e]`, kind i32 `[n]`, hash = (table i32 `[vocab, k]`, token ids
+/// i32 `[n]`) → `(n, e)`. The kinds and expert ids themselves are the kernel's to check.
+pub(crate) fn route_experts<T: DeviceTensor>(
+    logits: &T,
+    bias: &T,
+    kind: &T,
+    hash: Option<(&T, &T)>,
+    k: usize,
+) -> Result<(usize, usize)> {
+    const OP: &str = "route_experts";
+    input(OP, "logits", logits, DType::F32)?;
+    input(OP, "bias", bias, DType::F32)?;
+    input(OP, "kind", kind, DType::I32)?;
+    let (n, e) = (logits.rows(), logits.cols());
+    if bias.cols() != e || numel(kind) != n {
+        return Err(Error::shape(
+            OP,
+            format!("logits {:?}, bias {:?}, kind {:?} do not fit", logits.shape(), bias.shape(), kind.shape()),
+        ));
+    }
+    if let Some((table, tok)) = hash {
+        input(OP, "table", table, DType::I32)?;
+        input(OP, "token ids", tok, DType::I32)?;
+        if table.cols() != k || numel(tok) != n {
+            return Err(Error::shape(
+                OP,
+                format!("table {:?}, token ids {:?} do not fit {n} rows, k = {k}", table.shape(), tok.shape()),
+            ));
+        }
+    }
+    Ok((n, e))
+}
+
 /// x `[n, 2h]` → `(n, h)`.
 pub(crate) fn swiglu_clamp(x: &impl DeviceTensor) -> Result<(usize, usize)> {
     gated("swiglu_clamp", x)
@@ -711,6 +744,19 @@ mod tests {
         assert_eq!(hash_route(&i(&[10, 2]), &i(&[3]), &i(&[3, 2])).unwrap(), (10, 2, 3));
         refused(route_weights(&f(&[3, 8]), &i(&[2, 2])), "route_weights", "ids [2, 2] do not index scores [3, 8]");
         assert_eq!(route_weights(&f(&[3, 8]), &i(&[3, 2])).unwrap(), (3, 8, 2));
+        let (logits, bias, kind) = (f(&[3, 8]), f(&[2, 8]), i(&[3]));
+        refused(
+            route_experts(&logits, &f(&[2, 7]), &kind, None, 2),
+            "route_experts",
+            "logits [3, 8], bias [2, 7], kind [3] do not fit",
+        );
+        refused(route_experts(&logits, &bias, &f(&[3]), None, 2), "route_experts", "kind must be i32, found f32");
+        refused(
+            route_experts(&logits, &bias, &kind, Some((&i(&[10, 3]), &i(&[3]))), 2),
+            "route_experts",
+            "table [10, 3], token ids [3] do not fit 3 rows, k = 2",
+        );
+        assert_eq!(route_experts(&logits, &bias, &kind, Some((&i(&[10, 2]), &i(&[3]))), 2).unwrap(), (3, 8));
 
         let (x, ids, wts) = (f(&[3, 4]), i(&[3, 2]), f(&[3, 2]));
         let (w13, w2) = ([Weight(6, 4), Weight(6, 4)], [Weight(4, 3), Weight(4, 3)]);

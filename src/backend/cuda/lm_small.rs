@@ -10,7 +10,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{CudaBackend, CudaTensor, CudaWeight, MAX_BLOCKS, Source, THREADS, check_u32};
 use crate::backend::checks;
-use crate::backend::{DType, WeightFormat};
+use crate::backend::{DType, DeviceTensor, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
@@ -239,26 +239,7 @@ impl CudaBackend {
         scale: f32,
     ) -> Result<(CudaTensor, CudaTensor)> {
         const OP: &str = "route_experts";
-        self.check_input(OP, "logits", logits, DType::F32)?;
-        self.check_input(OP, "bias", bias, DType::F32)?;
-        self.check_input(OP, "kind", kind, DType::I32)?;
-        let (n, e) = (logits.rows(), logits.cols());
-        if bias.cols() != e || kind.numel() != n {
-            return Err(Error::shape(
-                OP,
-                format!("logits {:?}, bias {:?}, kind {:?} do not fit", logits.shape, bias.shape, kind.shape),
-            ));
-        }
-        if let Some((table, tok)) = hash {
-            self.check_input(OP, "table", table, DType::I32)?;
-            self.check_input(OP, "token ids", tok, DType::I32)?;
-            if table.cols() != k || tok.numel() != n {
-                return Err(Error::shape(
-                    OP,
-                    format!("table {:?}, token ids {:?} do not fit {n} rows, k = {k}", table.shape, tok.shape),
-                ));
-            }
-        }
+        let (n, e) = checks::route_experts(logits, bias, kind, hash, k)?;
         let mut ids = self.alloc(OP, vec![n, k], DType::I32)?;
         let mut weights = self.alloc(OP, vec![n, k], DType::F32)?;
         if n == 0 || k == 0 {
