@@ -8,34 +8,53 @@
 // K = V (one shared latent row per key); logits q.k * scale; the sink logit joins the softmax
 // denominator but has no value.
 //
-// One block (SA_THREADS threads) per (query, head): blockIdx.x = query, blockIdx.y = head. The
-// keys of a query are numbered t = 0 .. nwin + kk - 1: the window rows lo + t first, then the
-// compressed slots t - nwin (skipped when -1), the CPU lane's order. Keys are visited in chunks
-// of SA_THREADS (one key per thread, a full hd-long dot product) with an online softmax (running
-// max m and denominator l, the accumulator rescaled by exp(m_old - m_new)); the sink is folded in
-// at the end. A query that sees no key gets zeros (the CPU lane's result, whatever the sink).
-// A window outside 0..m or an index outside -1..c (the CPU lane's errors) makes the head NaN.
-// Dynamic shared memory: q [hd] then acc [hd]; thread tid owns output dims tid, tid+SA_THREADS..
+// Flash attention over the heads of one query (the tile helpers of common.cuh): every head of a
+// query sees the same keys, so a block takes SA_HEADS heads of one query (blockIdx.x = query,
+// blockIdx.y = head group) and stages each chunk of SA_KEYS keys in shared memory once for all of
+// them. The keys of a query are numbered t = 0 .. nwin + kk - 1: the window rows lo + t first,
+// then the compressed slots t - nwin (missing when -1), the CPU lane's order. A query that sees
+// no key gets zeros (the CPU lane's result, whatever the sink). A window outside 0..m or an index
+// outside -1..c (the CPU lane's errors) makes the query's heads NaN.
+//
+// Split keys (flash-decoding, when queries x head groups alone do not fill the GPU): with
+// gridDim.z = splits > 1, block z takes its share of the query's key chunks and writes its
+// unnormalised state to part [n, heads, splits, 2 + hd] = (running max m, denominator l,
+// acc [hd]) (m = NaN: bad operands); sink_attention_merge_f32 combines the splits and folds in the
+// sink. With one split the block folds the sink in itself and writes out.
+//
+// Dynamic shared memory (floats, ld = fa_stride(hd)): q [SA_HEADS][ld], keys [SA_KEYS][ld], acc
+// [SA_HEADS][ld], S [SA_HEADS][SA_KEYS], P^T [SA_KEYS][SA_HEADS], alpha [SA_HEADS], factor
+// [SA_HEADS], present [SA_KEYS] (the host mirrors the size).
 
-#define SA_THREADS 128
+#define SA_THREADS 256
+#define SA_HEADS 16
+#define SA_KEYS 16
 
 extern "C" __global__ void sink_attention_f32(const float* q, const float* kv, const int* window,
                                               const float* comp, const int* comp_idx, const float* sinks,
-                                              float* out, unsigned int n, unsigned int heads, unsigned int hd,
-                                              unsigned int m, unsigned int kk, unsigned int c_rows,
-                                              float scale) {
+                                              float* out, float* part, unsigned int n, unsigned int heads,
+                                              unsigned int hd, unsigned int m, unsigned int kk,
+                                              unsigned int c_rows, float scale) {
     extern __shared__ float smem[];
-    float* qs = smem;       // [hd]
-    float* acc = smem + hd; // [hd]
-    __shared__ float p[SA_THREADS];
-    __shared__ const float* krow[SA_THREADS];
+    const unsigned int ld = fa_stride(hd), nvec = (hd + 3u) / 4u;
+    float* qs = smem;                         // [SA_HEADS][ld]
+    float* ks = qs + SA_HEADS * ld;           // [SA_KEYS][ld]
+    float* acc = ks + SA_KEYS * ld;           // [SA_HEADS][ld]
+    float* S = acc + SA_HEADS * ld;           // [SA_HEADS][SA_KEYS]
+    float* PT = S + SA_HEADS * SA_KEYS;       // [SA_KEYS][SA_HEADS]
+    float* alpha = PT + SA_KEYS * SA_HEADS;   // [SA_HEADS]
+    float* factor = alpha + SA_HEADS;         // [SA_HEADS]
+    float* present = factor + SA_HEADS;       // [SA_KEYS]: 1 where the chunk's key exists
     __shared__ float red[SA_THREADS / 32];
 
-    const unsigned int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    const unsigned int i = blockIdx.x, h0 = blockIdx.y * SA_HEADS, split = blockIdx.z, splits = gridDim.z;
+    const unsigned int tid = threadIdx.x, lane = tid % 32u, warp = tid / 32u, warps = SA_THREADS / 32;
+    const unsigned int nh = (heads - h0 < SA_HEADS) ? heads - h0 : SA_HEADS; // heads of this block
     const u64 cols = (u64)heads * hd;
-    float* o = out + (u64)i * cols + (u64)h * hd;
     const int lo = window[2 * (u64)i], hi = window[2 * (u64)i + 1];
     const int* idx = comp_idx + (u64)i * kk;
+    // this block's (query, head) state rows in part: ((i * heads + h) * splits + split) * (2 + hd)
+    const u64 part_row = (u64)i * heads * splits + split;
 
     // operand check (every thread sees the same window; the slots are split over the block)
     float bad = (lo <= hi && (lo < 0 || (unsigned int)hi >= m)) ? 1.0f : 0.0f;
@@ -44,61 +63,122 @@ extern "C" __global__ void sink_attention_f32(const float* q, const float* kv, c
         if (e < -1 || (e >= 0 && (unsigned int)e >= c_rows)) bad = 1.0f;
     }
     if (block_max(bad, red) > 0.0f) {
-        for (unsigned int d = tid; d < hd; d += SA_THREADS) o[d] = QUIET_NAN;
+        for (unsigned int e = tid; e < nh * hd; e += SA_THREADS) {
+            const unsigned int g = e / hd, d = e % hd;
+            if (splits == 1) out[(u64)i * cols + (u64)(h0 + g) * hd + d] = QUIET_NAN;
+            else if (d == 0) part[(part_row + (u64)(h0 + g) * splits) * (2u + hd)] = QUIET_NAN;
+        }
         return;
     }
 
-    for (unsigned int d = tid; d < hd; d += SA_THREADS) {
-        qs[d] = q[(u64)i * cols + (u64)h * hd + d];
-        acc[d] = 0.0f;
+    for (unsigned int g = warp; g < SA_HEADS; g += warps) {
+        fa_stage_row(qs + g * ld, g < nh ? q + (u64)i * cols + (u64)(h0 + g) * hd : 0, hd, nvec, lane);
+        fa_stage_row(acc + g * ld, 0, hd, nvec, lane);
     }
     const unsigned int nwin = lo <= hi ? (unsigned int)(hi - lo) + 1u : 0u;
     const unsigned int nkeys = nwin + kk;
-    __syncthreads();
+    // this split's chunks: an even share of the query's, chunk-aligned
+    const unsigned int chunks = (nkeys + SA_KEYS - 1) / SA_KEYS;
+    const unsigned int per_split = (chunks + splits - 1) / splits;
+    const unsigned int t_begin = split * per_split * SA_KEYS;
+    const unsigned int t_end_chunks = (split + 1) * per_split * SA_KEYS;
+    const unsigned int t_end = t_end_chunks < nkeys ? t_end_chunks : nkeys;
 
-    float mx = NEG_INF; // running max over the keys seen (same value in every thread)
-    float l = 0.0f;     // running denominator (0 while no key was seen)
-    for (unsigned int t0 = 0; t0 < nkeys; t0 += SA_THREADS) {
-        const unsigned int t = t0 + tid;
-        const float* kr = 0;
-        if (t < nwin) {
-            kr = kv + ((u64)lo + t) * hd;
-        } else if (t < nkeys) {
-            const int e = idx[t - nwin];
-            if (e >= 0) kr = comp + (u64)e * hd;
+    float mx = NEG_INF, l = 0.0f; // running max and denominator of this thread's softmax row (head)
+    for (unsigned int t0 = t_begin; t0 < t_end; t0 += SA_KEYS) {
+        __syncthreads(); // the previous chunk's keys, S, P^T are consumed (and q, acc staged)
+        for (unsigned int r = warp; r < SA_KEYS; r += warps) {
+            const unsigned int t = t0 + r;
+            const float* row = 0; // missing: past this split's keys, or an empty slot
+            if (t >= t_end) {
+            } else if (t < nwin) {
+                row = kv + ((u64)lo + t) * hd;
+            } else {
+                const int e = idx[t - nwin];
+                if (e >= 0) row = comp + (u64)e * hd;
+            }
+            fa_stage_row(ks + r * ld, row, hd, nvec, lane);
+            if (lane == 0) present[r] = row ? 1.0f : 0.0f;
         }
-        float s = NEG_INF;
-        if (kr) {
-            float dot = 0.0f;
-            for (unsigned int d = 0; d < hd; ++d) dot += qs[d] * kr[d];
-            s = dot * scale;
-        }
-        krow[tid] = kr;
-        const float m_new = fmaxf(mx, block_max(s, red));
-        // -inf while no key was seen: keep alpha finite (acc and l are 0 then anyway)
-        const float alpha = (m_new == NEG_INF) ? 1.0f : expf(mx - m_new);
-        const float e = kr ? expf(s - m_new) : 0.0f;
-        p[tid] = e;
-        l = l * alpha + block_sum(e, red); // block_sum's barriers also publish p[] and krow[]
-        const unsigned int cnt = (nkeys - t0 < SA_THREADS) ? nkeys - t0 : SA_THREADS;
-        for (unsigned int d = tid; d < hd; d += SA_THREADS) {
-            float a = acc[d] * alpha;
-            for (unsigned int u = 0; u < cnt; ++u)
-                if (krow[u]) a += p[u] * krow[u][d];
-            acc[d] = a;
-        }
-        mx = m_new;
-        __syncthreads(); // p[] and krow[] are rewritten by the next chunk
+        __syncthreads();
+        fa_scores<SA_HEADS, SA_KEYS, SA_THREADS>(qs, ks, ld, nvec, scale, S);
+        unsigned int mask = 0;
+        for (unsigned int r = 0; r < SA_KEYS; ++r) mask |= (present[r] != 0.0f ? 1u : 0u) << r;
+        __syncthreads();
+        fa_softmax<SA_HEADS, SA_KEYS, SA_THREADS>(S, mask, PT, alpha, mx, l);
+        __syncthreads();
+        fa_accumulate<SA_HEADS, SA_KEYS, SA_THREADS>(PT, alpha, ks, ld, nvec, acc);
     }
-    if (l == 0.0f) { // no key at all: zeros, as the CPU lane (its output starts at 0)
-        for (unsigned int d = tid; d < hd; d += SA_THREADS) o[d] = 0.0f;
+
+    // the head of this thread's softmax row, and the first of that row's threads
+    const unsigned int g = tid / (SA_THREADS / SA_HEADS);
+    const bool row_leader = tid % (SA_THREADS / SA_HEADS) == 0;
+    if (splits > 1) {
+        if (row_leader && g < nh) {
+            float* st = part + (part_row + (u64)(h0 + g) * splits) * (2u + hd);
+            st[0] = mx;
+            st[1] = l;
+        }
+        __syncthreads();
+        for (unsigned int e = tid; e < nh * hd; e += SA_THREADS) {
+            const unsigned int gg = e / hd, d = e % hd;
+            part[(part_row + (u64)(h0 + gg) * splits) * (2u + hd) + 2u + d] = acc[gg * ld + d];
+        }
         return;
     }
-    const float sink = sinks[h];
-    const float m_f = fmaxf(mx, sink);
-    const float alpha = expf(mx - m_f);
-    const float denom = l * alpha + expf(sink - m_f);
-    for (unsigned int d = tid; d < hd; d += SA_THREADS) o[d] = acc[d] * alpha / denom;
+    if (row_leader && g < nh) {
+        // no key at all: zeros, as the CPU lane (its output starts at 0)
+        const float sink = sinks[h0 + g];
+        const float m_f = fmaxf(mx, sink);
+        const float a = expf(mx - m_f);
+        factor[g] = (l == 0.0f) ? 0.0f : a / (l * a + expf(sink - m_f));
+    }
+    __syncthreads();
+    for (unsigned int e = tid; e < nh * hd; e += SA_THREADS) {
+        const unsigned int gg = e / hd, d = e % hd;
+        out[(u64)i * cols + (u64)(h0 + gg) * hd + d] = acc[gg * ld + d] * factor[gg];
+    }
+}
+
+// part [n, heads, splits, 2 + hd] (sink_attention_f32's split states), sinks [heads] -> out
+// [n, heads*hd]: per (query, head) M = max_s m_s, L = sum_s l_s e^(m_s - M), O = sum_s acc_s
+// e^(m_s - M), then the sink folded in as in the one-split case; no key in any split: zeros; a
+// NaN m (bad operands): NaN. 1-D grid-stride, one thread per output element x = (i*heads + h)*hd + d.
+extern "C" __global__ void sink_attention_merge_f32(const float* part, const float* sinks, float* out,
+                                                    unsigned int total, unsigned int heads, unsigned int hd,
+                                                    unsigned int splits) {
+    for (u64 x = flat_index(); x < total; x += flat_stride()) {
+        const u64 ih = x / hd;
+        const unsigned int d = (unsigned int)(x % hd), h = (unsigned int)(ih % heads);
+        const float* st = part + ih * splits * (2u + hd);
+        float big = NEG_INF;
+        bool bad = false;
+        for (unsigned int s = 0; s < splits; ++s) {
+            const float ms = st[(u64)s * (2u + hd)];
+            bad = bad || ms != ms;
+            big = fmaxf(big, ms);
+        }
+        float l = 0.0f, o = 0.0f;
+        for (unsigned int s = 0; s < splits; ++s) {
+            const float* sp = st + (u64)s * (2u + hd);
+            if (sp[1] == 0.0f) continue; // a split without keys (its m may be -inf)
+            const float w = expf(sp[0] - big);
+            l = fmaf(sp[1], w, l);
+            o = fmaf(sp[2 + d], w, o);
+        }
+        float r;
+        if (bad) {
+            r = QUIET_NAN;
+        } else if (l == 0.0f) {
+            r = 0.0f;
+        } else {
+            const float sink = sinks[h];
+            const float m_f = fmaxf(big, sink);
+            const float a = expf(big - m_f);
+            r = o * (a / (l * a + expf(sink - m_f)));
+        }
+        out[x] = r;
+    }
 }
 
 // ---- indexer_scores ------------------------------------------------------------------------

@@ -58,6 +58,7 @@ void emu_launch(void (*k)(A...), dim3 grid, dim3 block, size_t dyn_smem_bytes, A
     const unsigned nt = block.x * block.y;
     g_shfl.assign(nt, 0.0f);
     g_dyn_smem.assign(dyn_smem_bytes / 4 + 1, 0.0f);
+    for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
         for (unsigned bx = 0; bx < grid.x; ++bx) {
             std::barrier<> bar(nt);
@@ -67,7 +68,7 @@ void emu_launch(void (*k)(A...), dim3 grid, dim3 block, size_t dyn_smem_bytes, A
                 for (unsigned tx = 0; tx < block.x; ++tx)
                     ts.emplace_back([=] {
                         threadIdx = dim3{tx, ty, 0};
-                        blockIdx = dim3{bx, by, 0};
+                        blockIdx = dim3{bx, by, bz};
                         k(args...);
                     });
             for (auto& t : ts) t.join();

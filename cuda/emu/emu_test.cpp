@@ -184,15 +184,31 @@ static void test_rope() {
     check("rope_2d_f32 3x64 grid 4x9", y, want, 1e-12);
 }
 
+// Dynamic shared memory of the flash kernels (the layouts in cuda/attention.cu, lm_attention.cu).
+static unsigned fa_ld_host(unsigned hd) {
+    unsigned s = (hd + 3) & ~3u;
+    return s % 8 == 0 ? s + 4 : s;
+}
+static size_t att_smem_bytes(unsigned hd) {
+    return ((2 * ATT_ROWS + 2 * ATT_KEYS) * fa_ld_host(hd) + 2 * ATT_ROWS * ATT_KEYS + 2 * ATT_ROWS) * 4;
+}
+
 static void test_attention() {
-    unsigned shapes[][3] = {{1, 1, 16}, {45, 3, 16}, {130, 4, 32}, {300, 2, 72}, {129, 1, 200}};
+    // {n, heads, hd}: one query, n not a multiple of the query tile or key chunk, hd not a
+    // multiple of 4 (7, 3, 33) or of 8, hd above the block size (200); the last case has a NaN in
+    // one query (its head row must be NaN, nothing else).
+    unsigned shapes[][3] = {{1, 1, 16}, {45, 3, 16}, {130, 4, 32}, {300, 2, 72}, {129, 1, 200},
+                            {33, 2, 7},  {70, 1, 3},  {65, 3, 33}, {97, 2, 64}};
     for (auto& sh : shapes) {
         unsigned n = sh[0], heads = sh[1], hd = sh[2], cols = heads * hd;
+        bool with_nan = n == 97;
         auto q = randv(n * cols, 1.5), k = randv(n * cols, 1.5), v = randv(n * cols, 1);
+        if (with_nan) q[40 * cols + 1 * hd + 5] = NAN;
         std::vector<float> y(n * cols), want(n * cols, 0.0f);
         float scale = 1.0f / std::sqrt(float(hd));
-        emu_launch(attention_f32, {n, heads}, {128}, 2 * hd * 4, (const float*)q.data(), (const float*)k.data(),
-                   (const float*)v.data(), y.data(), n, heads, hd, scale);
+        emu_launch(attention_f32, {(n + ATT_ROWS - 1) / ATT_ROWS, heads}, {ATT_THREADS}, att_smem_bytes(hd),
+                   (const float*)q.data(), (const float*)k.data(), (const float*)v.data(), y.data(), n, heads, hd,
+                   scale);
         std::vector<float> s(n);
         for (unsigned i = 0; i < n; ++i)
             for (unsigned h = 0; h < heads; ++h) {
@@ -209,8 +225,16 @@ static void test_attention() {
                     for (unsigned d = 0; d < hd; ++d) want[i * cols + h * hd + d] += s[j] / den * v[j * cols + h * hd + d];
             }
         char name[64];
-        std::snprintf(name, sizeof name, "attention_f32 n=%u %ux%u", n, heads, hd);
+        std::snprintf(name, sizeof name, "attention_f32 n=%u %ux%u%s", n, heads, hd, with_nan ? " one NaN" : "");
         check(name, y, want, 1e-10);
+        if (with_nan) {
+            size_t nans = 0;
+            for (float x : y) nans += std::isnan(x);
+            if (nans != hd) {
+                std::printf("%-44s %zu NaN outputs, want %u FAIL\n", name, nans, hd);
+                ++failures;
+            }
+        }
     }
 }
 
@@ -351,43 +375,68 @@ static std::vector<float> sink_ref(const std::vector<float>& q, const std::vecto
     return out;
 }
 
+static size_t sink_smem_bytes(unsigned hd) {
+    return ((2 * SA_HEADS + SA_KEYS) * fa_ld_host(hd) + 2 * SA_HEADS * SA_KEYS + 2 * SA_HEADS + SA_KEYS) * 4;
+}
+
+// sink_attention_f32 with `splits` key splits (and the merge kernel when splits > 1).
+static std::vector<float> sink_run(const std::vector<float>& q, const std::vector<float>& kv, const std::vector<int>& win,
+                                   const std::vector<float>& comp, const std::vector<int>& idx,
+                                   const std::vector<float>& sinks, unsigned n, unsigned heads, unsigned hd, unsigned m,
+                                   unsigned kk, unsigned c, unsigned splits) {
+    unsigned cols = heads * hd;
+    std::vector<float> y(n * cols, 123.0f), part(splits > 1 ? size_t(n) * heads * splits * (2 + hd) : 1, 0.0f);
+    float scale = 1.0f / std::sqrt(float(hd));
+    emu_launch(sink_attention_f32, {n, (heads + SA_HEADS - 1) / SA_HEADS, splits}, {SA_THREADS}, sink_smem_bytes(hd),
+               (const float*)q.data(), (const float*)kv.data(), (const int*)win.data(), (const float*)comp.data(),
+               (const int*)idx.data(), (const float*)sinks.data(), y.data(), part.data(), n, heads, hd, m, kk, c,
+               scale);
+    if (splits > 1)
+        emu_launch(sink_attention_merge_f32, {blocks1d(n * cols)}, {256}, 0, (const float*)part.data(),
+                   (const float*)sinks.data(), y.data(), n * cols, heads, hd, splits);
+    return y;
+}
+
 static void test_sink_attention() {
-    // n, heads, hd, m, c, kk: hd > SA_THREADS, key counts across chunk boundaries (> 128 keys),
-    // empty windows, all slots −1, −inf sinks, no compressed entries (kk = 0).
-    struct Shape { unsigned n, heads, hd, m, c, kk; } shapes[] = {
-        {7, 3, 20, 12, 5, 4}, {5, 2, 130, 300, 9, 7}, {6, 1, 16, 10, 0, 0}, {4, 2, 33, 200, 140, 150}};
+    // n, heads, hd, m, c, kk, splits: hd not a multiple of 4 (33, 7) and above the block size
+    // (130), heads not a multiple of SA_HEADS (3, 20) and below it, key counts across several
+    // chunks (windows up to 300 keys, 150 slots), empty windows, all slots −1, −inf sinks, no
+    // compressed entries (kk = 0), a NaN query element (one NaN head), bad operands, and split
+    // keys (decode: n = 1 with all of LM's 64 heads, and more splits than chunks).
+    struct Shape { unsigned n, heads, hd, m, c, kk, splits; } shapes[] = {
+        {7, 3, 20, 12, 5, 4, 1},     {5, 2, 130, 300, 9, 7, 1},  {6, 1, 16, 10, 0, 0, 1},
+        {4, 2, 33, 200, 140, 150, 1}, {4, 20, 7, 90, 30, 40, 3}, {1, 64, 36, 140, 70, 100, 4},
+        {3, 17, 12, 40, 9, 6, 9},     {4, 2, 33, 200, 140, 150, 5}};
     int which = 0;
     for (auto sh : shapes) {
         unsigned n = sh.n, heads = sh.heads, hd = sh.hd, m = sh.m, c = sh.c, kk = sh.kk, cols = heads * hd;
+        bool bad_ops = which == 3 || which == 7, with_nan = which == 4;
         auto q = randv(n * cols, 1.5), kv = randv(m * hd, 1.5), comp = randv(std::max(c, 1u) * hd, 1.5);
         auto sinks = randv(heads, 2);
-        if (which == 1) sinks[1] = -INFINITY;
+        if (which == 1 || which == 4) sinks[1] = -INFINITY;
+        if (with_nan) q[2 * cols + 17 * hd + 3] = NAN; // query 2, head 17 (second head group)
         std::vector<int> win(2 * n), idx(std::max(n * kk, 1u), -1);
         for (unsigned i = 0; i < n; ++i) {
-            int lo = (int)(i * 37 % m), len = (int)((i * 53 + which * 11) % (m + 1));
+            int lo = (int)(i * 37 % m), len = (int)((i * 53 + which * 11 + (n == 1 ? m : 0)) % (m + 1));
             int hi = std::min(lo + len - 1, (int)m - 1);
             win[2 * i] = lo;
             win[2 * i + 1] = hi;
         }
-        win[2 * 1] = 5, win[2 * 1 + 1] = 4; // query 1: empty window
+        if (n > 1) win[2 * 1] = 5, win[2 * 1 + 1] = 4; // query 1: empty window
         for (unsigned j = 0; j < n * kk; ++j) idx[j] = (j % 5 == 1) ? -1 : (int)(rng() % c);
-        if (kk) // query 1 sees nothing at all (empty window, every slot −1): zeros
+        if (kk && n > 1) // query 1 sees nothing at all (empty window, every slot −1): zeros
             for (unsigned s = 0; s < kk; ++s) idx[1 * kk + s] = -1;
-        if (which == 3) { // bad operands: window past m (query 2), index ≥ c (query 3): NaN heads
+        if (bad_ops) { // bad operands: window past m (query 2), index ≥ c (query 3): NaN heads
             win[2 * 2 + 1] = (int)m;
             idx[3 * kk + kk - 1] = (int)c;
         }
-        std::vector<float> y(n * cols, 123.0f);
-        float scale = 1.0f / std::sqrt(float(hd));
-        emu_launch(sink_attention_f32, {n, heads}, {128}, 2 * hd * 4, (const float*)q.data(), (const float*)kv.data(),
-                   (const int*)win.data(), (const float*)comp.data(), (const int*)idx.data(),
-                   (const float*)sinks.data(), y.data(), n, heads, hd, m, kk, c, scale);
+        auto y = sink_run(q, kv, win, comp, idx, sinks, n, heads, hd, m, kk, c, sh.splits);
         auto want = sink_ref(q, kv, win, comp, idx, sinks, n, heads, hd, m, kk, c);
+        char name[96];
+        std::snprintf(name, sizeof name, "sink_attention n=%u %ux%u m=%u c=%u k=%u split %u%s%s", n, heads, hd, m, c,
+                      kk, sh.splits, bad_ops ? " bad ops" : "", with_nan ? " NaN" : "");
         bool zeros = true;
-        for (unsigned d = 0; d < cols; ++d) zeros = zeros && y[1 * cols + d] == 0.0f;
-        char name[80];
-        std::snprintf(name, sizeof name, "sink_attention n=%u %ux%u m=%u c=%u k=%u%s", n, heads, hd, m, c, kk,
-                      which == 3 ? " bad ops" : "");
+        for (unsigned d = 0; d < cols && n > 1; ++d) zeros = zeros && y[1 * cols + d] == 0.0f;
         if (!zeros) {
             std::printf("%-44s query without keys not zero FAIL\n", name);
             ++failures;
@@ -1010,25 +1059,28 @@ static void test_route_experts() {
     }
 }
 
-int main() {
-    test_f16_decode();
-    test_elementwise();
-    test_copy();
-    test_norm();
-    test_rope();
-    test_attention();
-    test_linear();
-    test_sink_attention();
-    test_indexer_scores();
-    test_compress_pool();
-    test_grouped_linear();
-    test_moe();
-    test_lm_elementwise();
-    test_rope_tail();
-    test_hc_split();
-    test_rms_norm_heads();
-    test_topk();
-    test_route_experts();
+// sh cuda/emu/run.sh [TEST ...]: only the tests named (test_attention is "attention").
+int main(int argc, char** argv) {
+    const std::pair<const char*, void (*)()> tests[] = {
+        {"f16_decode", test_f16_decode},     {"elementwise", test_elementwise},
+        {"copy", test_copy},                 {"norm", test_norm},
+        {"rope", test_rope},                 {"attention", test_attention},
+        {"linear", test_linear},             {"sink_attention", test_sink_attention},
+        {"indexer_scores", test_indexer_scores}, {"compress_pool", test_compress_pool},
+        {"grouped_linear", test_grouped_linear}, {"moe", test_moe},
+        {"lm_elementwise", test_lm_elementwise}, {"rope_tail", test_rope_tail},
+        {"hc_split", test_hc_split},         {"rms_norm_heads", test_rms_norm_heads},
+        {"topk", test_topk},                 {"route_experts", test_route_experts}};
+    int ran = 0;
+    for (auto& [name, run] : tests) {
+        bool wanted = argc < 2;
+        for (int a = 1; a < argc; ++a) wanted = wanted || std::strcmp(argv[a], name) == 0;
+        if (wanted) run(), ++ran;
+    }
+    if (ran == 0) {
+        std::printf("no test named so\n");
+        return 2;
+    }
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "all ok", failures);
     return failures != 0;
 }

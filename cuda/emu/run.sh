@@ -1,7 +1,7 @@
 #!/bin/sh
 # Host-side logic check of the CUDA kernels (no GPU, no CUDA toolkit): builds every file of cuda/
 # against cuda_emu.h with g++ and compares each kernel with a plain C++ reference.
-#   sh cuda/emu/run.sh
+#   sh cuda/emu/run.sh [TEST ...]   (only the named tests, e.g. attention sink_attention)
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 out=${TMPDIR:-/tmp}/fovea-cuda-emu
@@ -10,5 +10,5 @@ mkdir -p "$out"
 for f in common.cuh elementwise.cu copy.cu norm.cu rope.cu attention.cu linear.cu debug.cu lm_small.cu lm_attention.cu moe.cu; do
     sed 's/extern __shared__ float smem\[\];/float* smem = g_dyn_smem.data();/' "$here/../$f"
 done > "$out/all_kernels.inc"
-g++ -std=c++20 -O2 -pthread -Wall -Wno-unused-function -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test"
-"$out/emu_test"
+g++ -std=c++20 -O2 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas -fno-strict-aliasing -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test"
+"$out/emu_test" "$@"

@@ -6,13 +6,22 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, MAX_BLOCKS, Source, check_u32};
+use super::{
+    CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, MAX_BLOCKS, Source, cfg_1d, check_u32, flash_stride,
+};
 use crate::backend::checks;
 use crate::backend::{DType, DeviceTensor, Op, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads per block of `sink_attention_f32` (`SA_THREADS` in cuda/lm_attention.cu).
-const SINK_THREADS: u32 = 128;
+const SINK_THREADS: u32 = 256;
+/// Heads per block of `sink_attention_f32` (`SA_HEADS`).
+const SINK_HEADS: usize = 16;
+/// Keys per shared-memory chunk of `sink_attention_f32` (`SA_KEYS`).
+const SINK_KEYS: usize = 16;
+/// Fewer (query, head group) blocks than this and `sink_attention` splits each query's keys over
+/// more blocks (two waves of an H200's 132 SMs: decode has one query, 4 head groups).
+const SINK_SPLIT_TARGET_BLOCKS: usize = 264;
 /// Threads per block of `indexer_scores_f32` (`IX_THREADS`).
 const INDEXER_THREADS: u32 = 256;
 /// Tile edge of `grouped_linear_*` (`GL_TILE`).
@@ -22,7 +31,10 @@ const GRID_Y: usize = 65535;
 
 impl CudaBackend {
     /// q `[n, heads·hd]`, kv `[m, hd]`, window i32 `[n, 2]`, comp (`[c, hd]`, idx i32 `[n, k]`),
-    /// sinks `[heads]` → `[n, heads·hd]`; one block per (query, head).
+    /// sinks `[heads]` → `[n, heads·hd]`; one block per (query, group of `SINK_HEADS` heads,
+    /// key split), the keys staged in shared memory once for the group. With few queries (decode)
+    /// each query's keys are split over several blocks and `sink_attention_merge_f32` combines
+    /// their partial softmax states.
     pub(super) fn sink_attention(
         &self,
         q: &CudaTensor,
@@ -34,36 +46,66 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "sink_attention";
         let (n, cols, hd, m, c_rows, kk) = checks::sink_attention(q, kv, window, comp, sinks, n_heads)?;
-        let shared = 2 * hd * 4;
-        // plus the kernel's static p[], krow[] (8-byte pointers) and red[]
-        let statics = SINK_THREADS as usize * (4 + 8) + SINK_THREADS as usize / 32 * 4;
-        if shared + statics > DEFAULT_SHARED_BYTES {
-            return Err(Self::unsupported(
-                Op::SinkAttention,
-                format!("head dim {hd} (the kernel keeps 2·hd floats in shared memory)"),
-            ));
-        }
-        if n_heads > GRID_Y {
-            return Err(Self::unsupported(Op::SinkAttention, format!("{n_heads} heads (grid limit {GRID_Y})")));
+        let groups = n_heads.div_ceil(SINK_HEADS);
+        if groups > GRID_Y {
+            return Err(Self::unsupported(Op::SinkAttention, format!("{n_heads} heads (grid limit {GRID_Y} groups)")));
         }
         let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
         if n == 0 || hd == 0 {
             return Ok(y);
         }
-        let f = self.func(Source::LmAttention, "sink_attention_f32")?;
+        // q, keys, acc tiles, then S, P^T, alpha, factor, present (the layout in cuda/lm_attention.cu)
+        let shared = 4
+            * ((2 * SINK_HEADS + SINK_KEYS) * flash_stride(hd)
+                + 2 * SINK_HEADS * SINK_KEYS
+                + 2 * SINK_HEADS
+                + SINK_KEYS);
+        let f = self.func_shared(
+            Op::SinkAttention,
+            Source::LmAttention,
+            "sink_attention_f32",
+            shared,
+            &format!("head dim {hd}"),
+        )?;
         let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
         let (m32, k32, c32) =
             (check_u32(OP, "kv rows", m)?, check_u32(OP, "comp_idx columns", kk)?, check_u32(OP, "comp rows", c_rows)?);
+        // split the keys when the blocks would not fill the GPU; at most one chunk per split
+        // of the most keys a query can see (the window lies in the m raw keys)
+        let blocks = n * groups;
+        let splits = if blocks >= SINK_SPLIT_TARGET_BLOCKS {
+            1
+        } else {
+            SINK_SPLIT_TARGET_BLOCKS.div_ceil(blocks).min((m + kk).div_ceil(SINK_KEYS)).max(1)
+        };
+        // the splits' states [n, heads, splits, 2 + hd] (max, denominator, acc)
+        let part =
+            if splits > 1 { Some(self.alloc(OP, vec![n * n_heads * splits, 2 + hd], DType::F32)?) } else { None };
         let scale = 1.0 / (hd as f32).sqrt();
         let (cbuf, ibuf) = comp.map_or((&self.dummy, &self.dummy), |(c, i)| (&c.buf, &i.buf));
-        let cfg =
-            LaunchConfig { grid_dim: (n32, h32, 1), block_dim: (SINK_THREADS, 1, 1), shared_mem_bytes: shared as u32 };
+        let cfg = LaunchConfig {
+            grid_dim: (n32, groups as u32, splits as u32),
+            block_dim: (SINK_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
         let mut l = self.stream.launch_builder(&f);
         l.arg(&q.buf).arg(&kv.buf).arg(&window.buf).arg(cbuf).arg(ibuf).arg(&sinks.buf).arg(&mut y.buf);
+        l.arg(part.as_ref().map_or(&self.dummy, |p| &p.buf));
         l.arg(&n32).arg(&h32).arg(&hd32).arg(&m32).arg(&k32).arg(&c32).arg(&scale);
         // SAFETY: arguments match `sink_attention_f32` in cuda/lm_attention.cu; shapes checked
-        // above (with no compressed entries kk = 0, so the dummy buffers are never read).
+        // above (with no compressed entries kk = 0, so the dummy buffers are never read; with one
+        // split the kernel writes out, never part).
         unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "sink_attention_f32", e))?;
+        if let Some(part) = part {
+            let total = n * cols;
+            let merge = self.func(Source::LmAttention, "sink_attention_merge_f32")?;
+            let (total32, s32) = (check_u32(OP, "outputs", total)?, splits as u32);
+            let mut l = self.stream.launch_builder(&merge);
+            l.arg(&part.buf).arg(&sinks.buf).arg(&mut y.buf).arg(&total32).arg(&h32).arg(&hd32).arg(&s32);
+            // SAFETY: arguments match `sink_attention_merge_f32`; part holds splits states per
+            // (query, head), written by the launch above on the same stream.
+            unsafe { l.launch(cfg_1d(total)) }.map_err(|e| Self::launch_err(OP, "sink_attention_merge_f32", e))?;
+        }
         Ok(y)
     }
 

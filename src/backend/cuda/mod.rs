@@ -80,6 +80,10 @@ const THREADS: u32 = 256;
 const MAX_BLOCKS: usize = 1 << 20;
 /// Threads per block of `attention_f32` (`ATT_THREADS` in cuda/attention.cu).
 const ATTENTION_THREADS: u32 = 128;
+/// Queries per block of `attention_f32` (`ATT_ROWS`).
+const ATTENTION_ROWS: usize = 32;
+/// Keys per shared-memory chunk of `attention_f32` (`ATT_KEYS`).
+const ATTENTION_KEYS: usize = 32;
 /// Tile edge of the linear kernels (`TILE` in cuda/linear.cu).
 const LINEAR_TILE: u32 = 16;
 /// Dynamic shared memory a block may use without opting in.
@@ -183,6 +187,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::LmSmall, "route_experts_f32"),
     (Source::LmSmall, "swiglu_clamp_f32"),
     (Source::LmAttention, "sink_attention_f32"),
+    (Source::LmAttention, "sink_attention_merge_f32"),
     (Source::LmAttention, "indexer_scores_f32"),
     (Source::LmAttention, "compress_pool_f32"),
     (Source::LmAttention, "grouped_linear_f32"),
@@ -464,6 +469,13 @@ fn check_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
     })
 }
 
+/// Row stride in floats of the flash-attention kernels' shared tiles (`fa_stride` in
+/// cuda/common.cuh): `hd` rounded up to 4, plus 4 when that is a multiple of 8.
+fn flash_stride(hd: usize) -> usize {
+    let s = hd.next_multiple_of(4);
+    if s % 8 == 0 { s + 4 } else { s }
+}
+
 /// A 1-D grid-stride launch over `total` items.
 fn cfg_1d(total: usize) -> LaunchConfig {
     let blocks = total.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS);
@@ -539,6 +551,33 @@ impl CudaBackend {
         let f =
             module.load_function(name).map_err(|e| dev_err(format!("kernel `{name}` of cuda/{}", src.file()), e))?;
         self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// `func`, allowed `bytes` of dynamic shared memory: above the 48 KiB default the kernel opts
+    /// in, up to the device's per-block limit (less the kernel's static shared memory); beyond
+    /// that `op` is unsupported at this size (`what` says which size).
+    fn func_shared(&self, op: Op, src: Source, name: &'static str, bytes: usize, what: &str) -> Result<CudaFunction> {
+        use cudarc::driver::sys::{CUdevice_attribute_enum, CUfunction_attribute_enum};
+        let f = self.func(src, name)?;
+        if bytes <= DEFAULT_SHARED_BYTES {
+            return Ok(f);
+        }
+        let err = |e| dev_err(format!("shared memory limits of kernel `{name}`"), e);
+        let limit = self
+            .ctx
+            .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(err)?;
+        let statics = f.shared_size_bytes().map_err(err)?;
+        let available = (limit.max(0) as usize).saturating_sub(statics.max(0) as usize);
+        if bytes > available {
+            return Err(Self::unsupported(
+                op,
+                format!("{what} (needs {bytes} bytes of shared memory per block, the device allows {available})"),
+            ));
+        }
+        f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+            .map_err(err)?;
         Ok(f)
     }
 
@@ -933,20 +972,11 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`: one block per (query, head), online softmax.
+    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`: flash attention, one block per (tile of
+    /// `ATTENTION_ROWS` queries, head), keys streamed through shared memory.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, n_heads: usize) -> Result<CudaTensor> {
         const OP: &str = "attention";
         let (n, hd) = checks::attention(q, k, v, n_heads)?;
-        let shared = 2 * hd * 4;
-        // plus the kernel's static p[ATT_THREADS] and red[ATT_THREADS / 32]
-        if shared + (ATTENTION_THREADS as usize + ATTENTION_THREADS as usize / 32) * 4 > DEFAULT_SHARED_BYTES {
-            return Err(Self::unsupported(
-                Op::Attention,
-                format!(
-                    "head dim {hd} (the kernel keeps 2·hd floats in shared memory, at most {DEFAULT_SHARED_BYTES} bytes)"
-                ),
-            ));
-        }
         if n_heads > 65535 {
             return Err(Self::unsupported(Op::Attention, format!("{n_heads} heads (grid limit 65535)")));
         }
@@ -954,11 +984,18 @@ impl Backend for CudaBackend {
         if n == 0 || hd == 0 {
             return Ok(y);
         }
-        let f = self.func(Source::Attention, "attention_f32")?;
-        let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, hd as u32);
+        // q, k, v, acc tiles, then S, P^T, alpha and factor (the layout in cuda/attention.cu)
+        let ld = flash_stride(hd);
+        let shared = 4
+            * ((2 * ATTENTION_ROWS + 2 * ATTENTION_KEYS) * ld
+                + 2 * ATTENTION_ROWS * ATTENTION_KEYS
+                + 2 * ATTENTION_ROWS);
+        let f =
+            self.func_shared(Op::Attention, Source::Attention, "attention_f32", shared, &format!("head dim {hd}"))?;
+        let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
         let scale = 1.0 / (hd as f32).sqrt();
         let cfg = LaunchConfig {
-            grid_dim: (n32, h32, 1),
+            grid_dim: (n.div_ceil(ATTENTION_ROWS) as u32, h32, 1),
             block_dim: (ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };

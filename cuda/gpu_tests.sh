@@ -1,0 +1,59 @@
+#!/bin/bash
+# The CUDA conformance tests on a GPU machine that has no Rust toolchain.
+#
+#   bash cuda/gpu_tests.sh pack OUT.tar.xz   # here: build the test executables and pack them (stripped)
+#   bash cuda/gpu_tests.sh run OUT.tar.xz    # there, in a copy of this repository (fixtures are read
+#                                            # from it): run each executable in its own process
+#
+# `run` sets FOVEA_REQUIRE_CUDA=1, so a missing driver fails instead of skipping, and finds NVRTC
+# under the CUDA toolkit or a pip-installed nvidia-cuda-nvrtc (never the toolkit's stubs, which
+# would shadow the real libcuda). One process per executable: a kernel fault poisons its context.
+set -u
+cmd=${1:-}
+archive=${2:-}
+tests="ops cuda_lane vision_cuda lm_cuda describe_image"
+case "$cmd" in
+pack)
+    [ -n "$archive" ] || { echo "usage: $0 pack OUT.tar.xz" >&2; exit 2; }
+    dir=$(mktemp -d)
+    set -o pipefail
+    args=""
+    for t in $tests; do args="$args --test $t"; done
+    # the executables cargo reports, by target name
+    cargo test --release --lib $args --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["target"]["name"], m["executable"])' |
+        while read -r name exe; do strip -o "$dir/$name" "$exe"; done || exit 1
+    cargo build --release --bin fovea || exit 1
+    strip -o "$dir/fovea-cli" "${CARGO_TARGET_DIR:-target}/release/fovea"
+    tar cJf "$archive" -C "$dir" . && rm -rf "$dir" && ls -l "$archive"
+    ;;
+run)
+    [ -f "$archive" ] || { echo "usage: $0 run OUT.tar.xz (from \`$0 pack\`)" >&2; exit 2; }
+    bin=$(mktemp -d)
+    tar xJf "$archive" -C "$bin" || exit 1
+    for f in $(find / -name 'libnvrtc.so*' -not -path '/proc/*' -not -path '*/stubs/*' 2>/dev/null); do
+        export LD_LIBRARY_PATH=$(dirname "$f"):${LD_LIBRARY_PATH:-}
+    done
+    export FOVEA_REQUIRE_CUDA=1 FOVEA_REPO_ROOT=$PWD FOVEA_BIN=$bin/fovea-cli
+    status=0
+    run_one() {
+        echo "=== $*"
+        "$@" || status=1
+    }
+    run_one "$bin/fovea" backend::cuda --test-threads=1
+    run_one "$bin/ops" cuda --test-threads=1 --nocapture
+    run_one "$bin/cuda_lane" --test-threads=1
+    run_one "$bin/vision_cuda" --test-threads=1
+    run_one "$bin/lm_cuda" --test-threads=1
+    run_one "$bin/describe_image" cuda --nocapture
+    exit $status
+    ;;
+*)
+    echo "usage: $0 pack OUT.tar.xz | run OUT.tar.xz" >&2
+    exit 2
+    ;;
+esac
