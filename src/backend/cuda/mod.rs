@@ -78,8 +78,12 @@ const THREADS: u32 = 256;
 const MAX_BLOCKS: usize = 1 << 20;
 /// Threads per block of `attention_f32` (`ATT_THREADS` in cuda/attention.cu).
 const ATTENTION_THREADS: u32 = 128;
-/// Tile edge of the linear kernels (`TILE` in cuda/linear.cu).
-const LINEAR_TILE: u32 = 16;
+/// Block tile of the shared GEMM (`GEMM_BM` rows x `GEMM_BN` columns in cuda/common.cuh) behind
+/// `linear`, `grouped_linear` and `moe_experts`, and its threads per block (`GEMM_THREADS`, 1-D).
+/// Its shared memory is static (at most 25 KiB, the tensor-core path with f16 weights).
+const GEMM_BM: u32 = 64;
+const GEMM_BN: u32 = 64;
+const GEMM_THREADS: u32 = 128;
 /// Dynamic shared memory a block may use without opting in.
 const DEFAULT_SHARED_BYTES: usize = 48 * 1024;
 
@@ -799,7 +803,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (tiled kernel, weight decoded in it).
+    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (the shared GEMM, weight decoded in it).
     fn linear(&self, x: &CudaTensor, w: &CudaWeight, bias: Option<&CudaTensor>) -> Result<CudaTensor> {
         const OP: &str = "linear";
         self.check_input(OP, "x", x, DType::F32)?;
@@ -823,7 +827,7 @@ impl Backend for CudaBackend {
         if n == 0 || w.rows == 0 {
             return Ok(y);
         }
-        let gy = n.div_ceil(LINEAR_TILE as usize);
+        let gy = n.div_ceil(GEMM_BM as usize);
         if gy > 65535 {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
@@ -837,8 +841,8 @@ impl Backend for CudaBackend {
         let has_bias = bias.is_some() as u32;
         let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
         let cfg = LaunchConfig {
-            grid_dim: (w.rows.div_ceil(LINEAR_TILE as usize) as u32, gy as u32, 1),
-            block_dim: (LINEAR_TILE, LINEAR_TILE, 1),
+            grid_dim: (w.rows.div_ceil(GEMM_BN as usize) as u32, gy as u32, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
