@@ -114,8 +114,10 @@ __device__ __forceinline__ float load_w(const void* w, u64 idx) {
 //   d[0], d[1] = D[g][2t], D[g][2t+1]                 d[2], d[3] = D[g+8][2t], D[g+8][2t+1]
 // The host emulator (cuda/emu/cuda_emu.h) provides emu_mma_m16n8k16_bf16 with the same layout.
 __device__ __forceinline__ void mma_m16n8k16_bf16(float* d, const unsigned int* a, const unsigned int* b) {
-#ifdef CUDA_EMU
+#if defined(CUDA_EMU)
     emu_mma_m16n8k16_bf16(d, a, b);
+#elif !GEMM_TENSOR_CORES
+    __trap(); // no such instruction below sm_80, where gemm_tile never calls this
 #else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

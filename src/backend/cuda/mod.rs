@@ -1195,4 +1195,14 @@ mod tests {
             assert!(KERNELS.iter().any(|(s, _)| *s == src), "cuda/{} has no kernel in KERNELS", src.file());
         }
     }
+
+    /// The launch geometry of the shared GEMM matches the kernels' `#define`s in cuda/common.cuh.
+    #[test]
+    fn gemm_launch_constants_match_common_cuh() {
+        let common = include_str!("../../../cuda/common.cuh");
+        for (name, value) in [("GEMM_BM", GEMM_BM), ("GEMM_BN", GEMM_BN), ("GEMM_THREADS", GEMM_THREADS)] {
+            let define = format!("#define {name} {value}\n");
+            assert!(common.contains(&define), "cuda/common.cuh lacks `{}`", define.trim_end());
+        }
+    }
 }
