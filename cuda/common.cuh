@@ -198,3 +198,291 @@ __device__ __forceinline__ void fa_accumulate(const float* PT, const float* alph
         for (int a = 0; a < 4; ++a) *(fa_f4*)(acc + (u64)(4 * rg + a) * ld + 4 * v) = o[a];
     }
 }
+
+// ---- One tiled GEMM for linear, grouped_linear and moe -----------------------------------------
+// C [rows, cols] = A [rows, k] . W [cols, k]^T for one block tile, with the caller's operand
+// addressing and epilogue in `Op` (a plain struct):
+//   const float* a_row(unsigned int m) const   row m (< rows) of A: k contiguous f32
+//   u64 w_row(unsigned int c) const            element offset of W's row for column c (< cols)
+//   void store2(unsigned int m, unsigned int c, float v0, float v1) const
+//                                              C[m][c], C[m][c+1] (m < rows, c < cols, c even;
+//                                              c + 1 may equal cols: the op drops v1 then)
+// Columns come in even/odd pairs so that an epilogue needing two columns of one row (moe's gate
+// and up, interleaved) gets both in one call.
+//
+// Block tile GEMM_BM x GEMM_BN (rows x cols) starting at (row0, col0), k in steps of GEMM_BK,
+// GEMM_THREADS threads (4 warps, 2 x 2, each warp a 32 x 32 sub-tile), 1-D blocks. Every operand
+// element outside rows / cols / k is staged as 0, so any size is correct (edge tiles included).
+//
+// Tensor cores (sm_80+, bf16 and f16 weights): mma.sync m16n8k16 bf16 x bf16 -> f32. The goldens
+// and the op harness hold the lane to f32 accuracy (nmse ~1e-10), which one bf16 rounding of x
+// (8 significant bits) would miss by far, so each f32 activation is split exactly into three bf16
+// terms x = hi + mid + lo (truncations; hi·w, mid·w, lo·w are exact products) and the tile does
+// 3 MMAs where a plain bf16 GEMM does one (exact for |x| >= 2^-110, see split_bf16x3). bf16 weights are exact in bf16; an f16 weight (11
+// significant bits) is split exactly into hi + lo, and the tile does 5 MMAs (every product but
+// lo·w_lo, which is below 2^-24 relative). f32 weights, and devices below sm_80 (chosen at compile
+// time by __CUDA_ARCH__), take the FMA path: the same tiles in shared memory, 32 outputs per
+// thread, k accumulated in order with fmaf.
+
+#define GEMM_BM 64
+#define GEMM_BN 64
+#define GEMM_BK 32
+#define GEMM_THREADS 128
+// k pairs per staged row (the MMA path keeps two bf16 of adjacent k in one 32-bit word) and the
+// padded row length in words: 20 words spreads the fragment loads of a warp over all 32 banks.
+#define GEMM_KP (GEMM_BK / 2)
+#define GEMM_KP_PAD (GEMM_KP + 4)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define GEMM_TENSOR_CORES 1
+#else
+#define GEMM_TENSOR_CORES 0
+#endif
+
+// D [16x8] += A [16x16] . B [16x8], bf16 inputs, f32 accumulators (PTX ISA "Matrix Fragments for
+// mma.m16n8k16 with floating point type"; g = lane / 4, t = lane % 4, low half = lower k):
+//   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..]   a[3] = A[g+8][2t+8..]
+//   b[0] = B[2t..2t+1][g]   b[1] = B[2t+8..2t+9][g]
+//   d[0], d[1] = D[g][2t], D[g][2t+1]                 d[2], d[3] = D[g+8][2t], D[g+8][2t+1]
+// The host emulator (cuda/emu/cuda_emu.h) provides emu_mma_m16n8k16_bf16 with the same layout.
+__device__ __forceinline__ void mma_m16n8k16_bf16(float* d, const unsigned int* a, const unsigned int* b) {
+#if defined(CUDA_EMU)
+    emu_mma_m16n8k16_bf16(d, a, b);
+#elif !GEMM_TENSOR_CORES
+    __trap(); // no such instruction below sm_80, where gemm_tile never calls this
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// The upper 16 bits of v as a bf16 (truncation, so v - bf16(v) is exact in f32); a NaN stays a
+// NaN (its payload may sit in the dropped bits).
+__device__ __forceinline__ unsigned int bf16_trunc_bits(float v) {
+    const unsigned int u = __float_as_uint(v);
+    const bool nan = (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u;
+    return nan ? (u >> 16) | 0x40u : u >> 16;
+}
+__device__ __forceinline__ float bf16_bits_to_f32(unsigned int b) { return __uint_as_float(b << 16); }
+__device__ __forceinline__ bool f32_is_finite(float v) {
+    return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+}
+
+// x = hi + mid + lo exactly for every finite f32 with |x| >= 2^-110 (each truncation takes the
+// next 8 significant bits; what is left after two fits the third). Below that, lo would need bits
+// under bf16's smallest subnormal (2^-133), which are dropped: an absolute error under 2^-133.
+// inf and NaN go whole into hi (mid = lo = 0); see gemm_combine.
+__device__ __forceinline__ void split_bf16x3(float x, unsigned int* hi, unsigned int* mid, unsigned int* lo) {
+    *hi = bf16_trunc_bits(x);
+    if (!f32_is_finite(x)) {
+        *mid = 0u;
+        *lo = 0u;
+        return;
+    }
+    const float r1 = x - bf16_bits_to_f32(*hi);
+    *mid = bf16_trunc_bits(r1);
+    *lo = bf16_trunc_bits(r1 - bf16_bits_to_f32(*mid));
+}
+
+// A decoded f16 weight (11 significant bits, subnormals included: they are normal f32) = hi + lo
+// exactly in bf16; inf and NaN go whole into hi.
+__device__ __forceinline__ void split_bf16x2(float w, unsigned int* hi, unsigned int* lo) {
+    *hi = bf16_trunc_bits(w);
+    *lo = f32_is_finite(w) ? bf16_trunc_bits(w - bf16_bits_to_f32(*hi)) : 0u;
+}
+
+// hi_sum = sum of hi·w_hi, aux_sum = sum of the smaller split terms. An inf or NaN operand lives
+// whole in its hi term with zeros beside it, so the cross terms can make a NaN (inf · 0) where the
+// f32 dot product has an inf; but then hi_sum is already non-finite and is the answer (an inf next
+// to a zero weight gives NaN in hi_sum too, as in f32). Otherwise hi_sum + aux_sum.
+__device__ __forceinline__ float gemm_combine(float hi_sum, float aux_sum) {
+    return f32_is_finite(hi_sum) ? hi_sum + aux_sum : hi_sum;
+}
+
+// The operand rows one thread stages: tile rows (and tile columns) tid / GEMM_KP + 8i, i < 8, at
+// k pair tid % GEMM_KP of every k step, so a warp reads two rows of 16 adjacent pairs.
+#define GEMM_STAGE_ROWS (GEMM_BM * GEMM_KP / GEMM_THREADS)
+
+template <class Op>
+struct GemmStage {
+    const float* a[GEMM_STAGE_ROWS]; // A rows (null outside rows)
+    u64 w[GEMM_STAGE_ROWS];          // W row offsets (~0 outside cols)
+    unsigned int kp;                 // k pair of this thread within the step
+
+    __device__ __forceinline__ void init(const Op& op, unsigned int rows, unsigned int cols, unsigned int row0,
+                                         unsigned int col0) {
+        kp = threadIdx.x % GEMM_KP;
+#pragma unroll
+        for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
+            const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
+            a[i] = row0 + r < rows ? op.a_row(row0 + r) : 0;
+            w[i] = col0 + r < cols ? op.w_row(col0 + r) : ~0ull;
+        }
+    }
+    // x at k, k + 1 of staged row i (0 outside)
+    __device__ __forceinline__ void load_a(unsigned int i, unsigned int kk, unsigned int k, float* v0,
+                                           float* v1) const {
+        *v0 = (a[i] && kk < k) ? a[i][kk] : 0.0f;
+        *v1 = (a[i] && kk + 1 < k) ? a[i][kk + 1] : 0.0f;
+    }
+    template <int FMT>
+    __device__ __forceinline__ void load_w2(const void* wp, unsigned int i, unsigned int kk, unsigned int k, float* v0,
+                                            float* v1) const {
+        const bool ok = w[i] != ~0ull;
+        *v0 = (ok && kk < k) ? load_w<FMT>(wp, w[i] + kk) : 0.0f;
+        *v1 = (ok && kk + 1 < k) ? load_w<FMT>(wp, w[i] + kk + 1) : 0.0f;
+    }
+};
+
+// FMA path. Shared: A and W tiles as f32 [64][GEMM_BK + 1]. Thread (tr = tid / 16, tc = tid % 16)
+// owns rows tr + 8i (i < 8) and columns 2tc + 32j + {0, 1} (j < 2).
+template <int FMT, class Op>
+__device__ __forceinline__ void gemm_tile_fma(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                              unsigned int k, unsigned int row0, unsigned int col0) {
+    __shared__ float as[GEMM_BM][GEMM_BK + 1];
+    __shared__ float ws[GEMM_BN][GEMM_BK + 1];
+    GemmStage<Op> st;
+    st.init(op, rows, cols, row0, col0);
+    const unsigned int tr = threadIdx.x / 16u, tc = threadIdx.x % 16u;
+    float acc[8][4];
+#pragma unroll
+    for (unsigned int i = 0; i < 8; ++i)
+        for (unsigned int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
+        const unsigned int kk = k0 + 2u * st.kp;
+#pragma unroll
+        for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
+            const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
+            st.load_a(i, kk, k, &as[r][2u * st.kp], &as[r][2u * st.kp + 1u]);
+            st.template load_w2<FMT>(w, i, kk, k, &ws[r][2u * st.kp], &ws[r][2u * st.kp + 1u]);
+        }
+        __syncthreads();
+        const unsigned int steps = k - k0 < GEMM_BK ? k - k0 : GEMM_BK;
+        for (unsigned int t = 0; t < steps; ++t) {
+            float b[4];
+#pragma unroll
+            for (unsigned int j = 0; j < 4; ++j) b[j] = ws[2u * tc + 32u * (j >> 1) + (j & 1u)][t];
+#pragma unroll
+            for (unsigned int i = 0; i < 8; ++i) {
+                const float av = as[tr + 8u * i][t];
+#pragma unroll
+                for (unsigned int j = 0; j < 4; ++j) acc[i][j] = fmaf(av, b[j], acc[i][j]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (unsigned int i = 0; i < 8; ++i) {
+        const unsigned int m = row0 + tr + 8u * i;
+        for (unsigned int j = 0; j < 2; ++j) {
+            const unsigned int c = col0 + 2u * tc + 32u * j;
+            if (m < rows && c < cols) op.store2(m, c, acc[i][2 * j], acc[i][2 * j + 1]);
+        }
+    }
+}
+
+// Tensor-core path. Shared: the three bf16 terms of the A tile and the one (bf16) or two (f16)
+// terms of the W tile, each [64][GEMM_KP_PAD] words of two bf16 (k, k + 1). Warp (wm, wn) =
+// (warp / 2, warp % 2) owns rows wm*32 + 16i (i < 2) and columns wn*32 + 8j (j < 4).
+template <int FMT, class Op>
+__device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                              unsigned int k, unsigned int row0, unsigned int col0) {
+    constexpr unsigned int WTERMS = FMT == 2 ? 2 : 1;
+    __shared__ unsigned int as[3][GEMM_BM][GEMM_KP_PAD];
+    __shared__ unsigned int ws[WTERMS][GEMM_BN][GEMM_KP_PAD];
+    GemmStage<Op> st;
+    st.init(op, rows, cols, row0, col0);
+    const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
+    const unsigned int g = lane / 4u, t = lane % 4u;
+    const unsigned int wm = warp / 2u, wn = warp % 2u;
+    // hi·w_hi in acc, the smaller terms in aux (see gemm_combine)
+    float acc[2][4][4], aux[2][4][4];
+#pragma unroll
+    for (unsigned int i = 0; i < 2; ++i)
+        for (unsigned int j = 0; j < 4; ++j)
+            for (unsigned int e = 0; e < 4; ++e) acc[i][j][e] = aux[i][j][e] = 0.0f;
+    for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
+        const unsigned int kk = k0 + 2u * st.kp;
+#pragma unroll
+        for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
+            const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
+            float x0, x1;
+            st.load_a(i, kk, k, &x0, &x1);
+            unsigned int h0, m0, l0, h1, m1, l1;
+            split_bf16x3(x0, &h0, &m0, &l0);
+            split_bf16x3(x1, &h1, &m1, &l1);
+            as[0][r][st.kp] = h0 | (h1 << 16);
+            as[1][r][st.kp] = m0 | (m1 << 16);
+            as[2][r][st.kp] = l0 | (l1 << 16);
+            float w0, w1;
+            st.template load_w2<FMT>(w, i, kk, k, &w0, &w1);
+            if constexpr (FMT == 2) {
+                unsigned int wh0, wl0, wh1, wl1;
+                split_bf16x2(w0, &wh0, &wl0);
+                split_bf16x2(w1, &wh1, &wl1);
+                ws[0][r][st.kp] = wh0 | (wh1 << 16);
+                ws[1][r][st.kp] = wl0 | (wl1 << 16);
+            } else {
+                // bf16 weights: the decoded f32 is exact, its upper 16 bits are the weight
+                ws[0][r][st.kp] = (__float_as_uint(w0) >> 16) | (__float_as_uint(w1) >> 16 << 16);
+            }
+        }
+        __syncthreads();
+        for (unsigned int ks = 0; ks < GEMM_KP; ks += 8u) { // two k16 steps per GEMM_BK
+            unsigned int af[3][2][4];
+#pragma unroll
+            for (unsigned int s = 0; s < 3; ++s)
+                for (unsigned int i = 0; i < 2; ++i) {
+                    const unsigned int r = wm * 32u + 16u * i + g;
+                    af[s][i][0] = as[s][r][ks + t];
+                    af[s][i][1] = as[s][r + 8u][ks + t];
+                    af[s][i][2] = as[s][r][ks + t + 4u];
+                    af[s][i][3] = as[s][r + 8u][ks + t + 4u];
+                }
+#pragma unroll
+            for (unsigned int j = 0; j < 4; ++j) {
+                const unsigned int c = wn * 32u + 8u * j + g;
+                unsigned int bf[WTERMS][2];
+                for (unsigned int q = 0; q < WTERMS; ++q) {
+                    bf[q][0] = ws[q][c][ks + t];
+                    bf[q][1] = ws[q][c][ks + t + 4u];
+                }
+#pragma unroll
+                for (unsigned int i = 0; i < 2; ++i) {
+                    // smallest terms first
+                    mma_m16n8k16_bf16(aux[i][j], af[2][i], bf[0]);
+                    if constexpr (FMT == 2) mma_m16n8k16_bf16(aux[i][j], af[1][i], bf[1]);
+                    mma_m16n8k16_bf16(aux[i][j], af[1][i], bf[0]);
+                    if constexpr (FMT == 2) mma_m16n8k16_bf16(aux[i][j], af[0][i], bf[1]);
+                    mma_m16n8k16_bf16(acc[i][j], af[0][i], bf[0]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (unsigned int i = 0; i < 2; ++i)
+#pragma unroll
+        for (unsigned int j = 0; j < 4; ++j) {
+            const unsigned int m = row0 + wm * 32u + 16u * i + g;
+            const unsigned int c = col0 + wn * 32u + 8u * j + 2u * t;
+            if (c >= cols) continue;
+            const float* v = acc[i][j];
+            const float* s = aux[i][j];
+            if (m < rows) op.store2(m, c, gemm_combine(v[0], s[0]), gemm_combine(v[1], s[1]));
+            if (m + 8u < rows) op.store2(m + 8u, c, gemm_combine(v[2], s[2]), gemm_combine(v[3], s[3]));
+        }
+}
+
+// The block's tile: blockDim.x == GEMM_THREADS.
+template <int FMT, class Op>
+__device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                          unsigned int k, unsigned int row0, unsigned int col0) {
+    if constexpr (FMT != 0 && GEMM_TENSOR_CORES)
+        gemm_tile_mma<FMT>(op, w, rows, cols, k, row0, col0);
+    else
+        gemm_tile_fma<FMT>(op, w, rows, cols, k, row0, col0);
+}

@@ -1,35 +1,30 @@
 // linear_{f32,bf16,f16}: y [n, out] = x [n, k] . W [out, k]^T (+ bias [out]).
-// The weight keeps its storage format in device memory and is decoded here, element by element,
-// as it is staged into shared memory: f32 as is, bf16 = the upper 16 bits of an f32, f16 by an
-// exact integer decode (subnormals, inf and NaN included; no cuda_fp16.h needed).
-//
-// Plain 16x16 shared-memory tiling (one output per thread), not tuned: block (16, 16),
-// grid (ceil(out/16), ceil(n/16)). threadIdx.x walks output columns, threadIdx.y rows of x.
+// The weight keeps its storage format in device memory and is decoded (and, on tensor cores,
+// split into bf16 terms) as it is staged into shared memory; the GEMM is common.cuh's gemm_tile.
+// Block GEMM_THREADS (1-D), grid (ceil(out / GEMM_BN), ceil(n / GEMM_BM)).
 
-#define TILE 16
+// Plain rows of x and W; the epilogue adds the bias.
+struct LinearOperands {
+    const float* x;
+    const float* bias; // [out], or null
+    float* y;
+    unsigned int k, out;
 
-// f16_to_f32 and load_w<FMT> live in common.cuh (shared with the LM kernels).
+    __device__ __forceinline__ const float* a_row(unsigned int m) const { return x + (u64)m * k; }
+    __device__ __forceinline__ u64 w_row(unsigned int c) const { return (u64)c * k; }
+    __device__ __forceinline__ void store2(unsigned int m, unsigned int c, float v0, float v1) const {
+        float* yr = y + (u64)m * out;
+        yr[c] = v0 + (bias ? bias[c] : 0.0f);
+        if (c + 1u < out) yr[c + 1u] = v1 + (bias ? bias[c + 1u] : 0.0f);
+    }
+};
 
 template <int FMT>
 __device__ __forceinline__ void linear_tiled(const float* x, const void* w, const float* bias, float* y,
                                              unsigned int n, unsigned int k, unsigned int out,
                                              unsigned int has_bias) {
-    __shared__ float xs[TILE][TILE + 1];
-    __shared__ float ws[TILE][TILE + 1];
-    const unsigned int tx = threadIdx.x, ty = threadIdx.y;
-    const unsigned int row = blockIdx.y * TILE + ty;  // row of x and y
-    const unsigned int col = blockIdx.x * TILE + tx;  // output column = weight row
-    const unsigned int wrow = blockIdx.x * TILE + ty; // weight row this thread stages
-    float acc = 0.0f;
-    for (unsigned int k0 = 0; k0 < k; k0 += TILE) {
-        const unsigned int kk = k0 + tx;
-        xs[ty][tx] = (row < n && kk < k) ? x[(u64)row * k + kk] : 0.0f;
-        ws[ty][tx] = (wrow < out && kk < k) ? load_w<FMT>(w, (u64)wrow * k + kk) : 0.0f;
-        __syncthreads();
-        for (unsigned int t = 0; t < TILE; ++t) acc = fmaf(xs[ty][t], ws[tx][t], acc);
-        __syncthreads();
-    }
-    if (row < n && col < out) y[(u64)row * out + col] = acc + (has_bias ? bias[col] : 0.0f);
+    const LinearOperands op{x, has_bias ? bias : 0, y, k, out};
+    gemm_tile<FMT>(op, w, n, out, k, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
 }
 
 extern "C" __global__ void linear_f32(const float* x, const float* w, const float* bias, float* y, unsigned int n,

@@ -279,37 +279,34 @@ extern "C" __global__ void compress_pool_f32(const float* kv, const float* gate,
 
 // ---- grouped_linear_{f32,bf16,f16} ----------------------------------------------------------
 // x [n, g*k], W [g*r, k] (storage format, decoded in the kernel) -> y [n, g*r]; group j maps
-// columns j*k .. (j+1)*k of x through rows j*r .. (j+1)*r of W. The linear kernel's 16x16
-// shared-memory tiling within one group: block (GL_TILE, GL_TILE), grid (g * ceil(r/GL_TILE),
-// ceil(n/GL_TILE)); blockIdx.x = group * tiles_r + tile of the group's r outputs, blockIdx.y
-// = tile of rows. threadIdx.x walks outputs, threadIdx.y rows of x.
+// columns j*k .. (j+1)*k of x through rows j*r .. (j+1)*r of W. One GEMM tile of one group per
+// block (common.cuh's gemm_tile): block GEMM_THREADS, grid (g * tiles_r, ceil(n / GEMM_BM)) with
+// tiles_r = ceil(r / GEMM_BN); blockIdx.x = group * tiles_r + tile of the group's r outputs.
 
-#define GL_TILE 16
+// The group's column slice of x and row slice of W.
+struct GroupedOperands {
+    const float* x;
+    float* y;
+    u64 xcols, ycols; // g*k, g*r
+    u64 xcol0, wrow0; // first x column and first W row (= first y column) of the group
+    unsigned int k, r;
+
+    __device__ __forceinline__ const float* a_row(unsigned int m) const { return x + (u64)m * xcols + xcol0; }
+    __device__ __forceinline__ u64 w_row(unsigned int c) const { return (wrow0 + c) * k; }
+    __device__ __forceinline__ void store2(unsigned int m, unsigned int c, float v0, float v1) const {
+        float* yr = y + (u64)m * ycols + wrow0;
+        yr[c] = v0;
+        if (c + 1u < r) yr[c + 1u] = v1;
+    }
+};
 
 template <int FMT>
 __device__ __forceinline__ void grouped_tiled(const float* x, const void* w, float* y, unsigned int n,
                                               unsigned int k, unsigned int r, unsigned int groups,
                                               unsigned int tiles_r) {
-    __shared__ float xs[GL_TILE][GL_TILE + 1];
-    __shared__ float ws[GL_TILE][GL_TILE + 1];
-    const unsigned int tx = threadIdx.x, ty = threadIdx.y;
     const unsigned int g = blockIdx.x / tiles_r, tile = blockIdx.x % tiles_r;
-    const u64 xcols = (u64)groups * k, ycols = (u64)groups * r;
-    const unsigned int row = blockIdx.y * GL_TILE + ty;   // row of x and y
-    const unsigned int col = tile * GL_TILE + tx;         // output within the group
-    const unsigned int wcol = tile * GL_TILE + ty;        // weight row (within the group) staged
-    const u64 wrow0 = (u64)g * r;                         // first weight row of the group
-    const u64 xcol0 = (u64)g * k;                         // first x column of the group
-    float acc = 0.0f;
-    for (unsigned int k0 = 0; k0 < k; k0 += GL_TILE) {
-        const unsigned int kk = k0 + tx;
-        xs[ty][tx] = (row < n && kk < k) ? x[(u64)row * xcols + xcol0 + kk] : 0.0f;
-        ws[ty][tx] = (wcol < r && kk < k) ? load_w<FMT>(w, (wrow0 + wcol) * k + kk) : 0.0f;
-        __syncthreads();
-        for (unsigned int t = 0; t < GL_TILE; ++t) acc += xs[ty][t] * ws[tx][t];
-        __syncthreads();
-    }
-    if (row < n && col < r) y[(u64)row * ycols + wrow0 + col] = acc;
+    const GroupedOperands op{x, y, (u64)groups * k, (u64)groups * r, (u64)g * k, (u64)g * r, k, r};
+    gemm_tile<FMT>(op, w, n, r, k, blockIdx.y * GEMM_BM, tile * GEMM_BN);
 }
 
 extern "C" __global__ void grouped_linear_f32(const float* x, const float* w, float* y, unsigned int n,

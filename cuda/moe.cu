@@ -83,43 +83,37 @@ extern "C" __global__ void moe_route(const int* ids, int* offsets, int* order, i
 // Gathered GEMM with the clamped SwiGLU fused in the epilogue, for one expert's rows
 // p = p0 .. p0 + cnt of order[]: hid [slots, h] row p = silu(min(g, limit)) * clamp(u, +-limit)
 // with g = w13[j] . x[order[p] / k], u = w13[h + j] . x[order[p] / k], j < h.
-// 16x16 tiles: block (MOE_TILE, MOE_TILE), grid (ceil(h/MOE_TILE), ceil(cnt/MOE_TILE));
-// threadIdx.x walks hidden units j, threadIdx.y the expert's rows; the gate and up rows of w13
-// are staged side by side (two weight tiles).
+// common.cuh's gemm_tile over 2h columns with the gate and up rows interleaved (column 2j = gate
+// row j, 2j + 1 = up row h + j), so each store2 gets the (g, u) pair of one hidden unit.
+// Block GEMM_THREADS, grid (ceil(2h / GEMM_BN), ceil(cnt / GEMM_BM)).
 
-#define MOE_TILE 16
+// A rows gathered through order[]; W rows gate/up interleaved; SwiGLU + clamp epilogue.
+struct MoeUpOperands {
+    const float* x;
+    const int* order; // the expert's slots start at order + p0
+    float* hid;
+    unsigned int p0, d, h, k;
+    float limit;
+
+    __device__ __forceinline__ const float* a_row(unsigned int m) const {
+        return x + (u64)order[p0 + m] / k * d;
+    }
+    __device__ __forceinline__ u64 w_row(unsigned int c) const {
+        return ((c & 1u) ? (u64)h + c / 2u : (u64)(c / 2u)) * d;
+    }
+    __device__ __forceinline__ void store2(unsigned int m, unsigned int c, float g, float u) const {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+        hid[((u64)p0 + m) * h + c / 2u] = g / (1.0f + expf(-g)) * u;
+    }
+};
 
 template <int FMT>
 __device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, const void* w13, float* hid,
                                              unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h,
                                              unsigned int k, float limit) {
-    __shared__ float xs[MOE_TILE][MOE_TILE + 1];
-    __shared__ float gs[MOE_TILE][MOE_TILE + 1];
-    __shared__ float us[MOE_TILE][MOE_TILE + 1];
-    const unsigned int tx = threadIdx.x, ty = threadIdx.y;
-    const unsigned int row = blockIdx.y * MOE_TILE + ty; // row of the expert's range
-    const unsigned int j = blockIdx.x * MOE_TILE + tx;   // hidden unit computed
-    const unsigned int wj = blockIdx.x * MOE_TILE + ty;  // hidden unit whose w13 rows are staged
-    const u64 tok = row < cnt ? (u64)order[p0 + row] / k : 0;
-    float g = 0.0f, u = 0.0f;
-    for (unsigned int k0 = 0; k0 < d; k0 += MOE_TILE) {
-        const unsigned int kk = k0 + tx;
-        xs[ty][tx] = (row < cnt && kk < d) ? x[tok * d + kk] : 0.0f;
-        const bool wok = wj < h && kk < d;
-        gs[ty][tx] = wok ? load_w<FMT>(w13, (u64)wj * d + kk) : 0.0f;
-        us[ty][tx] = wok ? load_w<FMT>(w13, ((u64)h + wj) * d + kk) : 0.0f;
-        __syncthreads();
-        for (unsigned int t = 0; t < MOE_TILE; ++t) {
-            g += xs[ty][t] * gs[tx][t];
-            u += xs[ty][t] * us[tx][t];
-        }
-        __syncthreads();
-    }
-    if (row < cnt && j < h) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-        hid[((u64)p0 + row) * h + j] = g / (1.0f + expf(-g)) * u;
-    }
+    const MoeUpOperands op{x, order, hid, p0, d, h, k, limit};
+    gemm_tile<FMT>(op, w13, cnt, 2u * h, d, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
 }
 
 extern "C" __global__ void moe_up_f32(const float* x, const int* order, const float* w13, float* hid,
@@ -141,29 +135,30 @@ extern "C" __global__ void moe_up_f16(const float* x, const int* order, const un
 }
 
 // ---- moe_down_{f32,bf16,f16} -----------------------------------------------------------------
-// ys [slots, d] row order[p] = w2 [d, h] . hid[p] for the expert's rows p = p0 .. p0 + cnt.
-// 16x16 tiles: block (MOE_TILE, MOE_TILE), grid (ceil(d/MOE_TILE), ceil(cnt/MOE_TILE));
-// threadIdx.x walks output columns, threadIdx.y the expert's rows.
+// ys [slots, d] row order[p] = w2 [d, h] . hid[p] for the expert's rows p = p0 .. p0 + cnt
+// (common.cuh's gemm_tile, plain store scattered back to the slot's row).
+// Block GEMM_THREADS, grid (ceil(d / GEMM_BN), ceil(cnt / GEMM_BM)).
+
+struct MoeDownOperands {
+    const float* hid;
+    const int* order;
+    float* ys;
+    unsigned int p0, d, h;
+
+    __device__ __forceinline__ const float* a_row(unsigned int m) const { return hid + ((u64)p0 + m) * h; }
+    __device__ __forceinline__ u64 w_row(unsigned int c) const { return (u64)c * h; }
+    __device__ __forceinline__ void store2(unsigned int m, unsigned int c, float v0, float v1) const {
+        float* yr = ys + (u64)order[p0 + m] * d;
+        yr[c] = v0;
+        if (c + 1u < d) yr[c + 1u] = v1;
+    }
+};
 
 template <int FMT>
 __device__ __forceinline__ void moe_down_tiled(const float* hid, const int* order, const void* w2, float* ys,
                                                unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h) {
-    __shared__ float hs[MOE_TILE][MOE_TILE + 1];
-    __shared__ float ws[MOE_TILE][MOE_TILE + 1];
-    const unsigned int tx = threadIdx.x, ty = threadIdx.y;
-    const unsigned int row = blockIdx.y * MOE_TILE + ty;
-    const unsigned int col = blockIdx.x * MOE_TILE + tx;
-    const unsigned int wrow = blockIdx.x * MOE_TILE + ty;
-    float acc = 0.0f;
-    for (unsigned int k0 = 0; k0 < h; k0 += MOE_TILE) {
-        const unsigned int kk = k0 + tx;
-        hs[ty][tx] = (row < cnt && kk < h) ? hid[((u64)p0 + row) * h + kk] : 0.0f;
-        ws[ty][tx] = (wrow < d && kk < h) ? load_w<FMT>(w2, (u64)wrow * h + kk) : 0.0f;
-        __syncthreads();
-        for (unsigned int t = 0; t < MOE_TILE; ++t) acc += hs[ty][t] * ws[tx][t];
-        __syncthreads();
-    }
-    if (row < cnt && col < d) ys[(u64)order[p0 + row] * d + col] = acc;
+    const MoeDownOperands op{hid, order, ys, p0, d, h};
+    gemm_tile<FMT>(op, w2, cnt, d, h, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
 }
 
 extern "C" __global__ void moe_down_f32(const float* hid, const int* order, const float* w2, float* ys,

@@ -4,6 +4,14 @@
 // about others. Blocks run one after another; the threads of a block are real std::threads
 // meeting at a std::barrier, so __syncthreads and __shfl_xor_sync behave like a block-wide sync.
 #pragma once
+// Kernels see CUDA_EMU (common.cuh then calls emu_mma_m16n8k16_bf16 instead of the PTX) and an
+// __CUDA_ARCH__ of EMU_CUDA_ARCH (default 900, the H200; run.sh also builds 750 for the paths
+// that devices below sm_80 take).
+#define CUDA_EMU 1
+#ifndef EMU_CUDA_ARCH
+#define EMU_CUDA_ARCH 900
+#endif
+#define __CUDA_ARCH__ EMU_CUDA_ARCH
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -20,6 +28,7 @@ inline dim3 blockDim, gridDim;
 inline std::barrier<>* g_bar = nullptr;
 inline std::vector<float> g_shfl;
 inline std::vector<float> g_dyn_smem;
+inline std::vector<unsigned> g_mma; // per thread: the 4 A and 2 B registers of its mma fragments
 
 #define __global__
 #define __device__
@@ -47,7 +56,43 @@ inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int o) {
 // Only for kernels whose block is one warp (the emulated barrier is block-wide).
 inline void __syncwarp(unsigned = 0xffffffffu) { g_bar->arrive_and_wait(); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 of one warp, D = A . B + C, following the
+// PTX ISA fragment layout (groupID g = lane >> 2, threadID_in_group t = lane % 4; each .b32 holds
+// two bf16, the lower-numbered element in the low half):
+//   A [16x16] register r of lane (g, t): row g + 8 (r & 1), columns 2t + 8 (r >> 1) + {0, 1}
+//   B [16x8]  register r of lane (g, t): rows 2t + 8r + {0, 1}, column g
+//   C/D [16x8] element e of lane (g, t): row g + 8 (e >> 1), column 2t + (e & 1)
+// Every lane of the warp publishes its fragments, then computes its own four outputs (products
+// summed in double, rounded once: the hardware's f32 accumulation differs in the last bits).
+// Needs every thread of the block to take part, as the kernels do (all warps run the same loop).
+inline float emu_bf16(unsigned bits) { return __uint_as_float((bits & 0xffffu) << 16); }
+inline void emu_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b) {
+    const unsigned tid = emu_tid(), lane = tid % 32, warp0 = tid - lane;
+    for (int r = 0; r < 4; ++r) g_mma[tid * 6 + r] = a[r];
+    for (int r = 0; r < 2; ++r) g_mma[tid * 6 + 4 + r] = b[r];
+    g_bar->arrive_and_wait();
+    auto elem = [&](unsigned owner, unsigned reg, unsigned hi) {
+        const unsigned w = g_mma[(warp0 + owner) * 6 + reg];
+        return emu_bf16(hi ? w >> 16 : w);
+    };
+    auto A = [&](unsigned row, unsigned col) {
+        return elem((row % 8) * 4 + (col % 8) / 2, (row >= 8 ? 1u : 0u) + (col >= 8 ? 2u : 0u), col & 1u);
+    };
+    auto B = [&](unsigned row, unsigned col) { return elem(col * 4 + (row % 8) / 2, 4 + (row >= 8 ? 1u : 0u), row & 1u); };
+    const unsigned g = lane / 4, t = lane % 4;
+    float out[4];
+    for (unsigned e = 0; e < 4; ++e) {
+        const unsigned row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        double s = d[e];
+        for (unsigned kk = 0; kk < 16; ++kk) s += double(A(row, kk)) * double(B(kk, col));
+        out[e] = float(s);
+    }
+    g_bar->arrive_and_wait(); // every lane has read the fragments before they are overwritten
+    for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
 #include <math.h> // erfcf, expf, fmaf, fmaxf, sqrtf in the global namespace, as in CUDA
 
 // Run kernel(args...) over grid x block, blocks sequentially, threads of a block concurrently.
@@ -57,6 +102,7 @@ void emu_launch(void (*k)(A...), dim3 grid, dim3 block, size_t dyn_smem_bytes, A
     blockDim = block;
     const unsigned nt = block.x * block.y;
     g_shfl.assign(nt, 0.0f);
+    g_mma.assign(nt * 6, 0u);
     g_dyn_smem.assign(dyn_smem_bytes / 4 + 1, 0.0f);
     for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)

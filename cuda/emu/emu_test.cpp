@@ -239,7 +239,7 @@ static void test_attention() {
 }
 
 static void test_linear() {
-    unsigned shapes[][3] = {{1, 7, 5}, {37, 70, 45}, {130, 96, 67}, {70, 300, 33}};
+    unsigned shapes[][3] = {{1, 7, 5}, {37, 70, 45}, {130, 96, 67}, {70, 300, 33}, {65, 33, 129}};
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto& sh : shapes) {
             unsigned n = sh[0], k = sh[1], o = sh[2];
@@ -265,7 +265,7 @@ static void test_linear() {
             }
             bool bias = n % 2;
             std::vector<float> y(n * o), want(n * o);
-            dim3 grid{(o + 15) / 16, (n + 15) / 16}, block{16, 16};
+            dim3 grid{(o + 63) / 64, (n + 63) / 64}, block{128};
             const float* bp = bias ? b.data() : nullptr;
             if (fmt == 0)
                 emu_launch(linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), bp, y.data(), n, k,
@@ -506,7 +506,8 @@ static void test_compress_pool() {
 }
 
 static void test_grouped_linear() {
-    struct Shape { unsigned n, g, k, r; } shapes[] = {{9, 3, 21, 5}, {2, 4, 30, 11}, {33, 2, 40, 17}, {1, 8, 7, 3}};
+    struct Shape { unsigned n, g, k, r; } shapes[] = {{9, 3, 21, 5}, {2, 4, 30, 11}, {33, 2, 40, 17}, {1, 8, 7, 3},
+                                                      {70, 2, 45, 67}};
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto sh : shapes) {
             unsigned n = sh.n, g = sh.g, k = sh.k, r = sh.r;
@@ -514,8 +515,8 @@ static void test_grouped_linear() {
             std::vector<uint16_t> w16;
             std::vector<float> wdec;
             make_weight(fmt, wf, w16, wdec);
-            unsigned tiles = (r + 15) / 16;
-            dim3 grid{g * tiles, (n + 15) / 16}, block{16, 16};
+            unsigned tiles = (r + 63) / 64;
+            dim3 grid{g * tiles, (n + 63) / 64}, block{128};
             std::vector<float> y(n * g * r, 9.0f), want(n * g * r);
             if (fmt == 0)
                 emu_launch(grouped_linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), y.data(),
@@ -538,7 +539,8 @@ static void test_grouped_linear() {
 // The host side of moe_experts (src/backend/cuda/moe.rs) on the emulator: route, then per expert
 // with slots an up and a down launch over its range, then the combine.
 static void test_moe() {
-    struct Shape { unsigned n, d, h, e, k; } shapes[] = {{6, 19, 13, 5, 3}, {90, 20, 17, 7, 6}, {1, 33, 40, 3, 2}};
+    struct Shape { unsigned n, d, h, e, k; } shapes[] = {{6, 19, 13, 5, 3}, {90, 20, 17, 7, 6}, {1, 33, 40, 3, 2},
+                                                          {40, 70, 37, 3, 2}};
     int which = 0;
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto sh : shapes) {
@@ -573,7 +575,7 @@ static void test_moe() {
             for (unsigned e = 0; e < E; ++e) {
                 unsigned p0 = offsets[e], cnt = offsets[e + 1] - offsets[e];
                 if (cnt == 0) continue;
-                dim3 gu{(h + 15) / 16, (cnt + 15) / 16}, gd{(d + 15) / 16, (cnt + 15) / 16}, block{16, 16};
+                dim3 gu{(2 * h + 63) / 64, (cnt + 63) / 64}, gd{(d + 63) / 64, (cnt + 63) / 64}, block{128};
                 if (fmt == 0) {
                     emu_launch(moe_up_f32, gu, block, 0, (const float*)x.data(), (const int*)order.data(),
                                (const float*)w13f[e].data(), hid.data(), p0, cnt, d, h, k, limit);
@@ -625,6 +627,91 @@ static void test_moe() {
             check_masked(name, out, want, 1e-10);
             ++which;
         }
+}
+
+// ---- common.cuh's GEMM: the exact bf16 splits and non-finite activations ----------------------
+
+static bool same_bits(float a, float b) {
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a, 4);
+    std::memcpy(&ub, &b, 4);
+    return ua == ub;
+}
+
+// hi + mid + lo == x exactly for |x| >= 2^-110 and within 2^-133 below (bf16 subnormals), over
+// random bit patterns of the whole f32 range; hi + lo == w exactly for every f16 value; inf stays
+// whole in hi, NaN stays NaN.
+static void test_gemm_split() {
+    size_t bad = 0;
+    auto check3 = [&](float x) {
+        unsigned hi, mid, lo;
+        split_bf16x3(x, &hi, &mid, &lo);
+        const float sum = (emu_bf16(hi) + emu_bf16(mid)) + emu_bf16(lo);
+        if (std::isnan(x)) bad += !std::isnan(emu_bf16(hi)) || mid || lo;
+        else if (std::isinf(x)) bad += !same_bits(emu_bf16(hi), x) || mid || lo;
+        else if (std::fabs(x) >= std::ldexp(1.0f, -110)) bad += sum != x;
+        else bad += std::fabs(double(sum) - double(x)) >= std::ldexp(1.0, -133);
+    };
+    for (int i = 0; i < 2000000; ++i) {
+        const uint32_t u = (uint32_t)rng();
+        float x;
+        std::memcpy(&x, &u, 4);
+        check3(x);
+    }
+    // zeros, subnormals, the smallest exact magnitude with all 24 bits set, the largest finite,
+    // inf, a NaN whose payload sits in the low 16 bits only, a negative NaN
+    for (float x : {0.0f, -0.0f, 1.0f, -3.0f, 1e-45f, -1e-40f, std::ldexp(-16777215.0f, -133), 3.4028235e38f,
+                    -3.4028235e38f, INFINITY, -INFINITY, __uint_as_float(0x7f800001u), __uint_as_float(0xffc00000u)})
+        check3(x);
+    std::printf("%-44s %zu of 2000012 wrong %s\n", "split_bf16x3 (x = hi + mid + lo)", bad, bad ? "FAIL" : "ok");
+    failures += bad != 0;
+    bad = 0;
+    for (unsigned h = 0; h < 65536; ++h) {
+        const float w = f16_to_f32(h);
+        unsigned hi, lo;
+        split_bf16x2(w, &hi, &lo);
+        if (std::isnan(w)) bad += !std::isnan(emu_bf16(hi)) || lo;
+        else if (std::isinf(w)) bad += !same_bits(emu_bf16(hi), w) || lo;
+        else bad += emu_bf16(hi) + emu_bf16(lo) != w || emu_bf16(hi) * 0.0f != 0.0f;
+    }
+    std::printf("%-44s %zu of 65536 wrong %s\n", "split_bf16x2 (every f16 = hi + lo)", bad, bad ? "FAIL" : "ok");
+    failures += bad != 0;
+}
+
+// inf and NaN in x (and a huge finite value, which a rounding split would overflow) propagate as in
+// the f32 dot product: each format, rows with specials next to plain rows.
+static void test_gemm_specials() {
+    const unsigned n = 5, k = 40, o = 9;
+    for (int fmt = 0; fmt < 3; ++fmt) {
+        auto x = randv(n * k, 1), wf = randv(o * k, 0.5f);
+        x[0 * k + 3] = INFINITY;
+        x[1 * k + 17] = NAN;
+        x[2 * k + 0] = -INFINITY;
+        x[2 * k + 39] = INFINITY; // +inf and -inf in one row: NaN
+        x[3 * k + 5] = 3.0e38f;
+        x[4 * k + 7] = 1.0f; // exact in bf16 (mid = lo = 0) against an infinite weight
+        wf[3 * k + 7] = -INFINITY;
+        std::vector<uint16_t> w16;
+        std::vector<float> wdec;
+        make_weight(fmt, wf, w16, wdec);
+        std::vector<float> y(n * o), want(n * o);
+        dim3 grid{1, 1}, block{128};
+        if (fmt == 0)
+            emu_launch(linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), (const float*)nullptr,
+                       y.data(), n, k, o, 0u);
+        else
+            emu_launch(fmt == 1 ? linear_bf16 : linear_f16, grid, block, 0, (const float*)x.data(),
+                       (const unsigned short*)w16.data(), (const float*)nullptr, y.data(), n, k, o, 0u);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned c = 0; c < o; ++c) {
+                float dot = 0;
+                for (unsigned j = 0; j < k; ++j) dot += x[i * k + j] * wdec[c * k + j];
+                want[i * o + c] = dot;
+            }
+        char name[64];
+        std::snprintf(name, sizeof name, "linear_%s x[5,40] inf/NaN x, inf w, 3e38", fmt_name(fmt));
+        check_masked(name, y, want, 1e-10);
+    }
 }
 
 // ---- cuda/lm_small.cu: each kernel against a port of its CPU reference (src/backend/cpu/lm.rs) ----
@@ -1059,10 +1146,12 @@ static void test_route_experts() {
     }
 }
 
-// sh cuda/emu/run.sh [TEST ...]: only the tests named (test_attention is "attention").
+// sh cuda/emu/run.sh [TEST ...]: only the tests named (test_attention is "attention"; `gemm` names
+// the GEMM tests, which run.sh's second build, for devices below sm_80, runs alone).
 int main(int argc, char** argv) {
     const std::pair<const char*, void (*)()> tests[] = {
-        {"f16_decode", test_f16_decode},     {"elementwise", test_elementwise},
+        {"f16_decode", test_f16_decode},     {"gemm_split", test_gemm_split},
+        {"elementwise", test_elementwise},
         {"copy", test_copy},                 {"norm", test_norm},
         {"rope", test_rope},                 {"attention", test_attention},
         {"linear", test_linear},             {"sink_attention", test_sink_attention},
@@ -1070,11 +1159,18 @@ int main(int argc, char** argv) {
         {"grouped_linear", test_grouped_linear}, {"moe", test_moe},
         {"lm_elementwise", test_lm_elementwise}, {"rope_tail", test_rope_tail},
         {"hc_split", test_hc_split},         {"rms_norm_heads", test_rms_norm_heads},
-        {"topk", test_topk},                 {"route_experts", test_route_experts}};
+        {"topk", test_topk},                 {"route_experts", test_route_experts},
+        {"gemm_specials", test_gemm_specials}};
+    const char* gemm_tests[] = {"linear", "grouped_linear", "moe", "gemm_specials"};
+    std::printf("__CUDA_ARCH__ %d\n", __CUDA_ARCH__);
     int ran = 0;
     for (auto& [name, run] : tests) {
         bool wanted = argc < 2;
-        for (int a = 1; a < argc; ++a) wanted = wanted || std::strcmp(argv[a], name) == 0;
+        for (int a = 1; a < argc; ++a) {
+            wanted = wanted || std::strcmp(argv[a], name) == 0;
+            if (std::strcmp(argv[a], "gemm") == 0)
+                for (const char* g : gemm_tests) wanted = wanted || std::strcmp(g, name) == 0;
+        }
         if (wanted) run(), ++ran;
     }
     if (ran == 0) {

@@ -7,7 +7,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{
-    CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, MAX_BLOCKS, Source, cfg_1d, check_u32, flash_stride,
+    CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_BN, GEMM_THREADS, MAX_BLOCKS, Source,
+    cfg_1d, check_u32, flash_stride,
 };
 use crate::backend::checks;
 use crate::backend::{DType, DeviceTensor, Op, WeightFormat};
@@ -24,8 +25,6 @@ const SINK_KEYS: usize = 16;
 const SINK_SPLIT_TARGET_BLOCKS: usize = 264;
 /// Threads per block of `indexer_scores_f32` (`IX_THREADS`).
 const INDEXER_THREADS: u32 = 256;
-/// Tile edge of `grouped_linear_*` (`GL_TILE`).
-const GROUPED_TILE: u32 = 16;
 /// Largest grid y dimension.
 const GRID_Y: usize = 65535;
 
@@ -196,8 +195,8 @@ impl CudaBackend {
         if n == 0 || r == 0 {
             return Ok(y);
         }
-        let tiles_r = r.div_ceil(GROUPED_TILE as usize);
-        let (gx, gy) = (groups * tiles_r, n.div_ceil(GROUPED_TILE as usize));
+        let tiles_r = r.div_ceil(GEMM_BN as usize);
+        let (gx, gy) = (groups * tiles_r, n.div_ceil(GEMM_BM as usize));
         if gy > GRID_Y || gx > i32::MAX as usize {
             return Err(Error::Device(format!(
                 "op `{OP}`: x {:?} / weight `{}` exceed the grid limits of the grouped kernel",
@@ -217,11 +216,8 @@ impl CudaBackend {
             check_u32(OP, "groups", groups)?,
             tiles_r as u32,
         ];
-        let cfg = LaunchConfig {
-            grid_dim: (gx as u32, gy as u32, 1),
-            block_dim: (GROUPED_TILE, GROUPED_TILE, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg =
+            LaunchConfig { grid_dim: (gx as u32, gy as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut l = self.stream.launch_builder(&f);
         l.arg(&x.buf).arg(&w.buf).arg(&mut y.buf);
         for s in &sizes {

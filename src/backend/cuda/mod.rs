@@ -84,8 +84,12 @@ const ATTENTION_THREADS: u32 = 128;
 const ATTENTION_ROWS: usize = 32;
 /// Keys per shared-memory chunk of `attention_f32` (`ATT_KEYS`).
 const ATTENTION_KEYS: usize = 32;
-/// Tile edge of the linear kernels (`TILE` in cuda/linear.cu).
-const LINEAR_TILE: u32 = 16;
+/// Block tile of the shared GEMM (`GEMM_BM` rows x `GEMM_BN` columns in cuda/common.cuh) behind
+/// `linear`, `grouped_linear` and `moe_experts`, and its threads per block (`GEMM_THREADS`, 1-D).
+/// Its shared memory is static (at most 25 KiB, the tensor-core path with f16 weights).
+const GEMM_BM: u32 = 64;
+const GEMM_BN: u32 = 64;
+const GEMM_THREADS: u32 = 128;
 /// Dynamic shared memory a block may use without opting in.
 const DEFAULT_SHARED_BYTES: usize = 48 * 1024;
 
@@ -837,7 +841,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (tiled kernel, weight decoded in it).
+    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (the shared GEMM, weight decoded in it).
     fn linear(&self, x: &CudaTensor, w: &CudaWeight, bias: Option<&CudaTensor>) -> Result<CudaTensor> {
         const OP: &str = "linear";
         let (n, k) = checks::linear(x, w, bias)?;
@@ -845,7 +849,7 @@ impl Backend for CudaBackend {
         if n == 0 || w.rows == 0 {
             return Ok(y);
         }
-        let gy = n.div_ceil(LINEAR_TILE as usize);
+        let gy = n.div_ceil(GEMM_BM as usize);
         if gy > 65535 {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
@@ -859,8 +863,8 @@ impl Backend for CudaBackend {
         let has_bias = bias.is_some() as u32;
         let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
         let cfg = LaunchConfig {
-            grid_dim: (w.rows.div_ceil(LINEAR_TILE as usize) as u32, gy as u32, 1),
-            block_dim: (LINEAR_TILE, LINEAR_TILE, 1),
+            grid_dim: (w.rows.div_ceil(GEMM_BN as usize) as u32, gy as u32, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
@@ -1167,6 +1171,16 @@ mod tests {
         }
         for src in Source::ALL {
             assert!(KERNELS.iter().any(|(s, _)| *s == src), "cuda/{} has no kernel in KERNELS", src.file());
+        }
+    }
+
+    /// The launch geometry of the shared GEMM matches the kernels' `#define`s in cuda/common.cuh.
+    #[test]
+    fn gemm_launch_constants_match_common_cuh() {
+        let common = include_str!("../../../cuda/common.cuh");
+        for (name, value) in [("GEMM_BM", GEMM_BM), ("GEMM_BN", GEMM_BN), ("GEMM_THREADS", GEMM_THREADS)] {
+            let define = format!("#define {name} {value}\n");
+            assert!(common.contains(&define), "cuda/common.cuh lacks `{}`", define.trim_end());
         }
     }
 }

@@ -7,20 +7,19 @@
 //!
 //! First version: the expert weights are separate allocations (`&[CudaWeight]`), so the host
 //! launches the two GEMMs per expert itself, after reading the per-expert offsets back once
-//! (one synchronisation per call). The arithmetic stays on the device; plain tiled kernels, tensor
-//! cores later. A slot id outside `0..experts` (the CPU lane's error) makes its token's row NaN.
+//! (one synchronisation per call). The arithmetic stays on the device, in the shared GEMM of
+//! cuda/common.cuh (tensor cores for bf16/f16 experts on sm_80+). A slot id outside `0..experts`
+//! (the CPU lane's error) makes its token's row NaN.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, CudaTensor, CudaWeight, Source, check_u32};
+use super::{CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_BN, GEMM_THREADS, Source, check_u32};
 use crate::backend::checks;
 use crate::backend::{DType, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads of the single `moe_route` block (`MR_THREADS` in cuda/moe.cu).
 const ROUTE_THREADS: u32 = 256;
-/// Tile edge of `moe_up_*` / `moe_down_*` (`MOE_TILE`).
-const MOE_TILE: u32 = 16;
 /// Largest grid y dimension.
 const GRID_Y: usize = 65535;
 
@@ -54,7 +53,7 @@ impl CudaBackend {
         let (d32, h32, k32) = (check_u32(OP, "d", d)?, check_u32(OP, "h", h)?, check_u32(OP, "k", k)?);
         let e32 = check_u32(OP, "experts", experts)?;
         check_u32(OP, "hidden elements", slots * h)?;
-        if slots.div_ceil(MOE_TILE as usize) > GRID_Y {
+        if slots.div_ceil(GEMM_BM as usize) > GRID_Y {
             return Err(Error::Device(format!("op `{OP}`: {slots} slots exceed the grid limit of the expert kernels")));
         }
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
@@ -86,13 +85,14 @@ impl CudaBackend {
                     continue;
                 }
                 let (p0, cnt) = (p0 as u32, (p1 - p0) as u32);
-                let gy = cnt.div_ceil(MOE_TILE);
-                let block = (MOE_TILE, MOE_TILE, 1);
+                let gy = cnt.div_ceil(GEMM_BM);
+                let block = (GEMM_THREADS, 1, 1);
                 if h > 0 {
                     let kernel = fmt_kernel(a.format, true);
                     let f = self.func(Source::Moe, kernel)?;
                     let cfg = LaunchConfig {
-                        grid_dim: (h32.div_ceil(MOE_TILE), gy, 1),
+                        // gate and up rows interleaved: 2h GEMM columns (the kernel counts them in u32)
+                        grid_dim: (check_u32(OP, "w13 rows", 2 * h)?.div_ceil(GEMM_BN), gy, 1),
                         block_dim: block,
                         shared_mem_bytes: 0,
                     };
@@ -106,7 +106,7 @@ impl CudaBackend {
                 let kernel = fmt_kernel(b.format, false);
                 let f = self.func(Source::Moe, kernel)?;
                 let cfg =
-                    LaunchConfig { grid_dim: (d32.div_ceil(MOE_TILE), gy, 1), block_dim: block, shared_mem_bytes: 0 };
+                    LaunchConfig { grid_dim: (d32.div_ceil(GEMM_BN), gy, 1), block_dim: block, shared_mem_bytes: 0 };
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&hid.buf).arg(&order.buf).arg(&b.buf).arg(&mut ys.buf);
                 l.arg(&p0).arg(&cnt).arg(&d32).arg(&h32);
