@@ -1,8 +1,8 @@
-//! Native CUDA lane (in progress): every op of the contract on CUDA C kernels (`cuda/*.cu`),
-//! driven through cudarc's driver API — the shared and vision ops here, the language-model ops in
-//! `lm_small.rs` (embeddings, hyper-connections, RoPE tail, routing), `lm_attention.rs` (sink
-//! attention, indexer, compressor, grouped projection) and `moe.rs` (routed experts), listed in
-//! `LM_SUPPORTED`. Not yet verified on a GPU, so `auto` never picks this lane.
+//! Native CUDA lane: every op of the contract on CUDA C kernels (`cuda/*.cu`), driven through
+//! cudarc's driver API — the shared and vision ops here, the language-model ops in `lm_small.rs`
+//! (embeddings, hyper-connections, RoPE tail, routing), `lm_attention.rs` (sink attention,
+//! indexer, compressor, grouped projection) and `moe.rs` (routed experts). Checked on an H200;
+//! `auto` does not pick it (name `--backend cuda`).
 //!
 //! - Loading: the CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are opened at run time
 //!   (cudarc `dynamic-loading`), so the binary builds and starts on machines without CUDA. Both
@@ -48,30 +48,6 @@ mod lm_attention;
 mod moe;
 
 const LANE: &str = "cuda";
-/// The language-model ops this lane implements (the others keep the trait's defaults).
-pub const LM_SUPPORTED: &[Op] = &[
-    // small ops (lm_small.rs, cuda/lm_small.cu)
-    Op::EmbedRows,
-    Op::HcExpand,
-    Op::RmsNormHeads,
-    Op::HcSplit,
-    Op::HcPre,
-    Op::HcPost,
-    Op::HcHeadWeights,
-    Op::RopeTail,
-    Op::TopkRows,
-    Op::SqrtSoftplus,
-    Op::HashRoute,
-    Op::RouteWeights,
-    Op::RouteExperts,
-    Op::SwigluClamp,
-    // lm_attention.rs, moe.rs
-    Op::SinkAttention,
-    Op::IndexerScores,
-    Op::CompressPool,
-    Op::GroupedLinear,
-    Op::MoeExperts,
-];
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 /// Threads per block of the 1-D (grid-stride) kernels.
@@ -461,6 +437,9 @@ pub struct CudaBackend {
     counters: Arc<Counters>,
     modules: Mutex<HashMap<Source, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Dynamic shared memory each kernel was opted in to beyond `DEFAULT_SHARED_BYTES` (by
+    /// `func_shared`), so a launch on the hot path does not ask the driver again.
+    shared_optin: Mutex<HashMap<&'static str, usize>>,
     /// Bound in place of an absent bias (never read).
     dummy: CudaSlice<u8>,
     /// cos/sin tables of rope_2d keyed by (n, grid_w, hd, theta bits).
@@ -511,6 +490,7 @@ impl CudaBackend {
                 counters: Arc::default(),
                 modules: Mutex::default(),
                 functions: Mutex::default(),
+                shared_optin: Mutex::default(),
                 dummy,
                 rope_tables: Mutex::default(),
             })
@@ -564,7 +544,8 @@ impl CudaBackend {
     fn func_shared(&self, op: Op, src: Source, name: &'static str, bytes: usize, what: &str) -> Result<CudaFunction> {
         use cudarc::driver::sys::{CUdevice_attribute_enum, CUfunction_attribute_enum};
         let f = self.func(src, name)?;
-        if bytes <= DEFAULT_SHARED_BYTES {
+        let mut optin = self.shared_optin.lock().unwrap_or_else(|e| e.into_inner());
+        if bytes <= DEFAULT_SHARED_BYTES || optin.get(name).is_some_and(|&granted| bytes <= granted) {
             return Ok(f);
         }
         let err = |e| dev_err(format!("shared memory limits of kernel `{name}`"), e);
@@ -582,6 +563,7 @@ impl CudaBackend {
         }
         f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
             .map_err(err)?;
+        optin.insert(name, bytes);
         Ok(f)
     }
 
@@ -771,8 +753,9 @@ impl Backend for CudaBackend {
         self.description.clone()
     }
 
-    fn supports(&self, op: Op, _format: WeightFormat) -> bool {
-        !op.is_lm() || LM_SUPPORTED.contains(&op)
+    /// Every op of the contract, language-model ops included, for every weight format.
+    fn supports(&self, _op: Op, _format: WeightFormat) -> bool {
+        true
     }
 
     fn memory(&self) -> MemoryReport {

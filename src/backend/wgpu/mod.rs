@@ -41,29 +41,6 @@ use crate::backend::{
 use crate::error::{Error, Result};
 
 const LANE: &str = "wgpu";
-/// The language-model ops with a WGSL kernel (shaders/lm.wgsl), and `route_experts`, the
-/// trait's composition of them; the others keep the trait's `Unsupported` default.
-const LM_SUPPORTED: &[Op] = &[
-    Op::SqrtSoftplus,
-    Op::SwigluClamp,
-    Op::HcExpand,
-    Op::HcHeadWeights,
-    Op::HcPre,
-    Op::HcPost,
-    Op::HashRoute,
-    Op::RouteWeights,
-    Op::RouteExperts,
-    Op::EmbedRows,
-    Op::RmsNormHeads,
-    Op::RopeTail,
-    Op::HcSplit,
-    Op::CompressPool,
-    Op::IndexerScores,
-    Op::TopkRows,
-    Op::GroupedLinear,
-    Op::SinkAttention,
-    Op::MoeExperts,
-];
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 /// Submit the pending encoder (without waiting) after this many dispatches.
@@ -944,7 +921,8 @@ impl Backend for WgpuBackend {
     fn supports(&self, op: Op, _format: WeightFormat) -> bool {
         match op {
             Op::Attention => self.limits.max_compute_workgroup_storage_size >= ATTENTION_SHARED_BYTES,
-            op if op.is_lm() => LM_SUPPORTED.contains(&op),
+            // every other op, the language-model ones included (shaders/lm.wgsl; `route_experts`
+            // is the trait's composition of them)
             _ => true,
         }
     }
