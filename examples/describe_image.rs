@@ -77,8 +77,8 @@ struct Args {
     /// Checkpoint directory (config.json, tokenizer.json, safetensors); default: the embedded model.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). cuda is in progress
-    /// (not yet verified on a GPU); auto never picks it.
+    /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). auto never picks
+    /// cuda (name it).
     #[arg(long)]
     backend: Option<String>,
     /// The question asked about the image.

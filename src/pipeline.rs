@@ -28,7 +28,7 @@ pub enum LaneChoice {
     Auto,
     Cpu,
     Wgpu,
-    /// The native CUDA lane (in progress: vision tower and aligner only; never chosen by `Auto`).
+    /// The native CUDA lane (the whole model; never chosen by `Auto`).
     Cuda,
 }
 

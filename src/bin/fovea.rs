@@ -36,8 +36,8 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
         /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). $FOVEA_ADAPTER picks a
-        /// wgpu adapter by name, $FOVEA_CUDA_DEVICE a CUDA device. cuda is in progress (not yet
-        /// verified on a GPU); auto never picks it.
+        /// wgpu adapter by name, $FOVEA_CUDA_DEVICE a CUDA device. auto never
+        /// picks cuda (name it).
         #[arg(long)]
         backend: Option<String>,
         /// Position of the image placeholder in the token stream (sets the lead pads; vision
@@ -77,8 +77,8 @@ enum Command {
         /// text. Needs no tokenizer.json with --token-ids.
         #[arg(long)]
         print_ids: bool,
-        /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). cuda is in progress
-        /// (not yet verified on a GPU); auto never picks it.
+        /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). auto never picks
+        /// cuda (name it).
         #[arg(long)]
         backend: Option<String>,
     },
