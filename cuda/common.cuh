@@ -306,27 +306,43 @@ __device__ __forceinline__ float gemm_combine(float hi_sum, float aux_sum) {
 // k pair tid % GEMM_KP of every k step, so a warp reads two rows of 16 adjacent pairs.
 #define GEMM_STAGE_ROWS (GEMM_BM * GEMM_KP / GEMM_THREADS)
 
+// How an operand struct (Op) feeds gemm_tile: `a_row(m)` names A row m as an `Op::ARow`,
+// `a_at(row, kk)` reads its element kk < k, `w_row(c)` is W row c's element offset, and
+// `store2(m, c, v0, v1)` writes the results of columns c and c + 1 (c + 1 may be past the last
+// column: store2 checks). Most operands read A rows as k contiguous floats (ContiguousRows); the
+// aligner gathers its rows from the ViT grid (UnfoldOperands, linear.cu).
+struct ContiguousRows {
+    using ARow = const float*;
+    __device__ __forceinline__ static float a_at(const float* row, unsigned int kk) { return row[kk]; }
+};
+
 template <class Op>
 struct GemmStage {
-    const float* a[GEMM_STAGE_ROWS]; // A rows (null outside rows)
-    u64 w[GEMM_STAGE_ROWS];          // W row offsets (~0 outside cols)
-    unsigned int kp;                 // k pair of this thread within the step
+    typename Op::ARow a[GEMM_STAGE_ROWS]; // A rows (valid where bit i of a_ok is set)
+    u64 w[GEMM_STAGE_ROWS];               // W row offsets (~0 outside cols)
+    unsigned int a_ok;                    // bit i: staged row i is inside rows
+    unsigned int kp;                      // k pair of this thread within the step
 
     __device__ __forceinline__ void init(const Op& op, unsigned int rows, unsigned int cols, unsigned int row0,
                                          unsigned int col0) {
         kp = threadIdx.x % GEMM_KP;
+        a_ok = 0u;
 #pragma unroll
         for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
             const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
-            a[i] = row0 + r < rows ? op.a_row(row0 + r) : 0;
+            if (row0 + r < rows) {
+                a[i] = op.a_row(row0 + r);
+                a_ok |= 1u << i;
+            }
             w[i] = col0 + r < cols ? op.w_row(col0 + r) : ~0ull;
         }
     }
     // x at k, k + 1 of staged row i (0 outside)
-    __device__ __forceinline__ void load_a(unsigned int i, unsigned int kk, unsigned int k, float* v0,
+    __device__ __forceinline__ void load_a(const Op& op, unsigned int i, unsigned int kk, unsigned int k, float* v0,
                                            float* v1) const {
-        *v0 = (a[i] && kk < k) ? a[i][kk] : 0.0f;
-        *v1 = (a[i] && kk + 1 < k) ? a[i][kk + 1] : 0.0f;
+        const bool ok = (a_ok >> i) & 1u;
+        *v0 = (ok && kk < k) ? op.a_at(a[i], kk) : 0.0f;
+        *v1 = (ok && kk + 1 < k) ? op.a_at(a[i], kk + 1) : 0.0f;
     }
     template <int FMT>
     __device__ __forceinline__ void load_w2(const void* wp, unsigned int i, unsigned int kk, unsigned int k, float* v0,
@@ -356,7 +372,7 @@ __device__ __forceinline__ void gemm_tile_fma(const Op& op, const void* w, unsig
 #pragma unroll
         for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
             const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
-            st.load_a(i, kk, k, &as[r][2u * st.kp], &as[r][2u * st.kp + 1u]);
+            st.load_a(op, i, kk, k, &as[r][2u * st.kp], &as[r][2u * st.kp + 1u]);
             st.template load_w2<FMT>(w, i, kk, k, &ws[r][2u * st.kp], &ws[r][2u * st.kp + 1u]);
         }
         __syncthreads();
@@ -410,7 +426,7 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
         for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
             const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
             float x0, x1;
-            st.load_a(i, kk, k, &x0, &x1);
+            st.load_a(op, i, kk, k, &x0, &x1);
             unsigned int h0, m0, l0, h1, m1, l1;
             split_bf16x3(x0, &h0, &m0, &l0);
             split_bf16x3(x1, &h1, &m1, &l1);
@@ -485,4 +501,66 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
         gemm_tile_mma<FMT>(op, w, rows, cols, k, row0, col0);
     else
         gemm_tile_fma<FMT>(op, w, rows, cols, k, row0, col0);
+}
+
+// Few rows (decode: one token, or the few slots of each expert): a 64-row tile would stage
+// mostly zeros and give only cols / 64 blocks to stream the weight, so instead each warp owns
+// one pair of output columns (c, c + 1) for all rows, its lanes stride over k (consecutive lanes,
+// consecutive weights: coalesced), and the grid has cols / 2 warps to keep the memory busy. Plain
+// f32 FMAs of the decoded weights (the f32 path's products), a warp-shuffle sum at the end.
+// Block GEMM_THREADS = GEMV_WARPS warps; block b, warp v owns columns 2 (GEMV_WARPS b + v) + {0, 1}.
+#define GEMV_ROWS 8
+#define GEMV_WARPS (GEMM_THREADS / 32)
+#define GEMV_COLS (2 * GEMV_WARPS)
+
+template <int FMT, class Op>
+__device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                          unsigned int k, unsigned int block) {
+    const unsigned int lane = threadIdx.x % 32u;
+    const unsigned int c = 2u * (block * GEMV_WARPS + threadIdx.x / 32u);
+    // no early return: every lane of the block reaches the shuffles (and the emulator's barrier)
+    const bool have0 = c < cols, have1 = c + 1u < cols;
+    const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : 0;
+    typename Op::ARow a[GEMV_ROWS];
+#pragma unroll
+    for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+        if (i < rows) a[i] = op.a_row(i);
+    float acc[GEMV_ROWS][2];
+#pragma unroll
+    for (unsigned int i = 0; i < GEMV_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
+    if (have0) {
+#pragma unroll 4
+        for (unsigned int kk = lane; kk < k; kk += 32u) {
+            const float wa = load_w<FMT>(w, w0 + kk), wb = have1 ? load_w<FMT>(w, w1 + kk) : 0.0f;
+#pragma unroll
+            for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+                if (i < rows) {
+                    const float xv = op.a_at(a[i], kk);
+                    acc[i][0] = fmaf(xv, wa, acc[i][0]);
+                    acc[i][1] = fmaf(xv, wb, acc[i][1]);
+                }
+        }
+    }
+#pragma unroll
+    for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+        for (int o = 16; o > 0; o >>= 1) {
+            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][0], o);
+            acc[i][1] += __shfl_xor_sync(0xffffffffu, acc[i][1], o);
+        }
+    if (lane == 0 && have0)
+        for (unsigned int i = 0; i < rows && i < GEMV_ROWS; ++i) op.store2(i, c, acc[i][0], acc[i][1]);
+}
+
+// The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
+// every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, column block
+// col_block of GEMV_COLS columns; else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
+// sizes the grid by the same rule (`gemm_cols_per_block` in src/backend/cuda/mod.rs).
+template <int FMT, class Op>
+__device__ __forceinline__ void gemm_block(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                           unsigned int k, unsigned int bound_rows, unsigned int col_block,
+                                           unsigned int row_tile) {
+    if (bound_rows <= GEMV_ROWS)
+        gemv_cols<FMT>(op, w, rows, cols, k, col_block);
+    else
+        gemm_tile<FMT>(op, w, rows, cols, k, row_tile * GEMM_BM, col_block * GEMM_BN);
 }

@@ -1,10 +1,13 @@
 // linear_{f32,bf16,f16}: y [n, out] = x [n, k] . W [out, k]^T (+ bias [out]).
+// unfold_linear_gelu_{f32,bf16,f16}: the aligner's first layer, gelu_erf(unfold(x) . W^T + bias),
+// with the zero-padded r x r unfold gathered in the A operand loads (no unfold buffer).
 // The weight keeps its storage format in device memory and is decoded (and, on tensor cores,
-// split into bf16 terms) as it is staged into shared memory; the GEMM is common.cuh's gemm_tile.
-// Block GEMM_THREADS (1-D), grid (ceil(out / GEMM_BN), ceil(n / GEMM_BM)).
+// split into bf16 terms) as it is staged into shared memory; the GEMM is common.cuh's gemm_block
+// (gemm_tile, or gemv_cols for a few rows). Block GEMM_THREADS (1-D), grid (column blocks, row
+// tiles) as gemm_block says.
 
 // Plain rows of x and W; the epilogue adds the bias.
-struct LinearOperands {
+struct LinearOperands : ContiguousRows {
     const float* x;
     const float* bias; // [out], or null
     float* y;
@@ -23,8 +26,8 @@ template <int FMT>
 __device__ __forceinline__ void linear_tiled(const float* x, const void* w, const float* bias, float* y,
                                              unsigned int n, unsigned int k, unsigned int out,
                                              unsigned int has_bias) {
-    const LinearOperands op{x, has_bias ? bias : 0, y, k, out};
-    gemm_tile<FMT>(op, w, n, out, k, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
+    const LinearOperands op{{}, x, has_bias ? bias : 0, y, k, out};
+    gemm_block<FMT>(op, w, n, out, k, n, blockIdx.x, blockIdx.y);
 }
 
 extern "C" __global__ void linear_f32(const float* x, const float* w, const float* bias, float* y, unsigned int n,
@@ -40,4 +43,68 @@ extern "C" __global__ void linear_bf16(const float* x, const unsigned short* w, 
 extern "C" __global__ void linear_f16(const float* x, const unsigned short* w, const float* bias, float* y,
                                       unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
     linear_tiled<2>(x, w, bias, y, n, k, out, has_bias);
+}
+
+// ---- the aligner's first layer --------------------------------------------------------------
+// x [h*w, c] is the ViT grid (row-major); A row m is unfold cell m = (cy, cx) = (m / cells_w,
+// m % cells_w), its feature kk = ch*r*r + dy*r + dx reads x[(cy*r + dy)*w + cx*r + dx][ch], zero
+// past the bottom/right edge (the padding to a multiple of r): the same features, in the same
+// order, as unfold_f32 (copy.cu) writes. The epilogue adds the bias and applies gelu_erf_f32's
+// formula. Block GEMM_THREADS, grid (ceil(out / GEMM_BN), ceil(cells / GEMM_BM)).
+struct UnfoldCell {
+    unsigned int y0, x0; // the cell's top-left grid position
+};
+
+struct UnfoldOperands {
+    using ARow = UnfoldCell;
+    const float* x;
+    const float* bias; // [out], or null
+    float* y;
+    unsigned int c, h, w, r, cells_w, k, out;
+
+    __device__ __forceinline__ UnfoldCell a_row(unsigned int m) const {
+        return UnfoldCell{m / cells_w * r, m % cells_w * r};
+    }
+    __device__ __forceinline__ float a_at(UnfoldCell cell, unsigned int kk) const {
+        const unsigned int rr = r * r, ch = kk / rr, rem = kk - ch * rr, dy = rem / r, dx = rem - dy * r;
+        const unsigned int gy = cell.y0 + dy, gx = cell.x0 + dx;
+        return (gy < h && gx < w) ? x[((u64)gy * w + gx) * c + ch] : 0.0f;
+    }
+    __device__ __forceinline__ u64 w_row(unsigned int col) const { return (u64)col * k; }
+    __device__ __forceinline__ static float gelu(float v) { return 0.5f * v * erfcf(-v * 0.70710678118654752f); }
+    __device__ __forceinline__ void store2(unsigned int m, unsigned int col, float v0, float v1) const {
+        float* yr = y + (u64)m * out;
+        yr[col] = gelu(v0 + (bias ? bias[col] : 0.0f));
+        if (col + 1u < out) yr[col + 1u] = gelu(v1 + (bias ? bias[col + 1u] : 0.0f));
+    }
+};
+
+template <int FMT>
+__device__ __forceinline__ void unfold_linear_gelu_tiled(const float* x, const void* w, const float* bias, float* y,
+                                                         unsigned int c, unsigned int h, unsigned int gw,
+                                                         unsigned int r, unsigned int cells_w, unsigned int cells,
+                                                         unsigned int out, unsigned int has_bias) {
+    const UnfoldOperands op{x, has_bias ? bias : 0, y, c, h, gw, r, cells_w, c * r * r, out};
+    gemm_tile<FMT>(op, w, cells, out, c * r * r, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
+}
+
+extern "C" __global__ void unfold_linear_gelu_f32(const float* x, const float* w, const float* bias, float* y,
+                                                 unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
+                                                 unsigned int cells_w, unsigned int cells, unsigned int out,
+                                                 unsigned int has_bias) {
+    unfold_linear_gelu_tiled<0>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
+}
+
+extern "C" __global__ void unfold_linear_gelu_bf16(const float* x, const unsigned short* w, const float* bias, float* y,
+                                                 unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
+                                                 unsigned int cells_w, unsigned int cells, unsigned int out,
+                                                 unsigned int has_bias) {
+    unfold_linear_gelu_tiled<1>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
+}
+
+extern "C" __global__ void unfold_linear_gelu_f16(const float* x, const unsigned short* w, const float* bias, float* y,
+                                                 unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
+                                                 unsigned int cells_w, unsigned int cells, unsigned int out,
+                                                 unsigned int has_bias) {
+    unfold_linear_gelu_tiled<2>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
 }

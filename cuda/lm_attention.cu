@@ -279,12 +279,12 @@ extern "C" __global__ void compress_pool_f32(const float* kv, const float* gate,
 
 // ---- grouped_linear_{f32,bf16,f16} ----------------------------------------------------------
 // x [n, g*k], W [g*r, k] (storage format, decoded in the kernel) -> y [n, g*r]; group j maps
-// columns j*k .. (j+1)*k of x through rows j*r .. (j+1)*r of W. One GEMM tile of one group per
-// block (common.cuh's gemm_tile): block GEMM_THREADS, grid (g * tiles_r, ceil(n / GEMM_BM)) with
-// tiles_r = ceil(r / GEMM_BN); blockIdx.x = group * tiles_r + tile of the group's r outputs.
+// columns j*k .. (j+1)*k of x through rows j*r .. (j+1)*r of W. One GEMM block of one group per
+// block (common.cuh's gemm_block): block GEMM_THREADS, grid (g * tiles_r, row tiles) with tiles_r
+// the group's column blocks; blockIdx.x = group * tiles_r + column block of the group's r outputs.
 
 // The group's column slice of x and row slice of W.
-struct GroupedOperands {
+struct GroupedOperands : ContiguousRows {
     const float* x;
     float* y;
     u64 xcols, ycols; // g*k, g*r
@@ -305,8 +305,8 @@ __device__ __forceinline__ void grouped_tiled(const float* x, const void* w, flo
                                               unsigned int k, unsigned int r, unsigned int groups,
                                               unsigned int tiles_r) {
     const unsigned int g = blockIdx.x / tiles_r, tile = blockIdx.x % tiles_r;
-    const GroupedOperands op{x, y, (u64)groups * k, (u64)groups * r, (u64)g * k, (u64)g * r, k, r};
-    gemm_tile<FMT>(op, w, n, r, k, blockIdx.y * GEMM_BM, tile * GEMM_BN);
+    const GroupedOperands op{{}, x, y, (u64)groups * k, (u64)groups * r, (u64)g * k, (u64)g * r, k, r};
+    gemm_block<FMT>(op, w, n, r, k, n, tile, blockIdx.y);
 }
 
 extern "C" __global__ void grouped_linear_f32(const float* x, const float* w, float* y, unsigned int n,

@@ -88,7 +88,7 @@ extern "C" __global__ void moe_route(const int* ids, int* offsets, int* order, i
 // Block GEMM_THREADS, grid (ceil(2h / GEMM_BN), ceil(cnt / GEMM_BM)).
 
 // A rows gathered through order[]; W rows gate/up interleaved; SwiGLU + clamp epilogue.
-struct MoeUpOperands {
+struct MoeUpOperands : ContiguousRows {
     const float* x;
     const int* order; // the expert's slots start at order + p0
     float* hid;
@@ -112,7 +112,7 @@ template <int FMT>
 __device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, const void* w13, float* hid,
                                              unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h,
                                              unsigned int k, float limit) {
-    const MoeUpOperands op{x, order, hid, p0, d, h, k, limit};
+    const MoeUpOperands op{{}, x, order, hid, p0, d, h, k, limit};
     gemm_tile<FMT>(op, w13, cnt, 2u * h, d, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
 }
 
@@ -139,7 +139,7 @@ extern "C" __global__ void moe_up_f16(const float* x, const int* order, const un
 // (common.cuh's gemm_tile, plain store scattered back to the slot's row).
 // Block GEMM_THREADS, grid (ceil(d / GEMM_BN), ceil(cnt / GEMM_BM)).
 
-struct MoeDownOperands {
+struct MoeDownOperands : ContiguousRows {
     const float* hid;
     const int* order;
     float* ys;
@@ -157,7 +157,7 @@ struct MoeDownOperands {
 template <int FMT>
 __device__ __forceinline__ void moe_down_tiled(const float* hid, const int* order, const void* w2, float* ys,
                                                unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h) {
-    const MoeDownOperands op{hid, order, ys, p0, d, h};
+    const MoeDownOperands op{{}, hid, order, ys, p0, d, h};
     gemm_tile<FMT>(op, w2, cnt, d, h, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
 }
 

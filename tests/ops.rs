@@ -96,6 +96,13 @@ enum Call {
         w: usize,
         r: usize,
     },
+    UnfoldLinearGelu {
+        x: usize,
+        h: usize,
+        w: usize,
+        r: usize,
+        bias: Option<usize>,
+    },
     // language model
     EmbedRows(usize),
     HcExpand(usize, usize),
@@ -231,6 +238,9 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::Rope2d { x, heads, grid_w, theta } => b.rope_2d(&ts[x], heads, grid_w, theta),
         Call::Attention { q, k, v, heads } => b.attention(&ts[q], &ts[k], &ts[v], heads),
         Call::Unfold { x, h, w, r } => b.unfold(&ts[x], h, w, r),
+        Call::UnfoldLinearGelu { x, h, w, r, bias } => {
+            b.unfold_linear_gelu(&ts[x], h, w, r, weight.as_ref().unwrap(), bias.map(|i| &ts[i]))
+        }
         Call::EmbedRows(ids) => b.embed_rows(weight.as_ref().unwrap(), &ts[ids]),
         Call::HcExpand(x, hc) => b.hc_expand(&ts[x], hc),
         Call::RmsNormHeads { x, heads, eps } => b.rms_norm_heads(&ts[x], heads, eps),
@@ -404,6 +414,21 @@ fn cases() -> Vec<Case> {
             |a| Call::Unfold { x: 0, h: a.a, w: a.b, r: a.c },
             Args { a: h, b: w, c: rr, f: 0.0 },
         ));
+    }
+    // the aligner's first layer: grids padded on both edges, on one, on none; r = 3 and 2
+    for (i, (h, w, c, rr, o)) in [(7, 5, 6, 3, 70), (6, 9, 4, 3, 33), (23, 17, 5, 2, 65)].into_iter().enumerate() {
+        let format = [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16][i];
+        let k = c * rr * rr;
+        let mut c = case(
+            format!("unfold_linear_gelu {format} {h}x{w}x{c} r={rr} -> {o}"),
+            Op::UnfoldLinearGelu,
+            REDUCTION,
+            vec![randn(&mut r, &[h * w, c], 2.0), randn(&mut r, &[o], 0.5)],
+            |a| Call::UnfoldLinearGelu { x: 0, h: a.a, w: a.b, r: a.c, bias: Some(1) },
+            Args { a: h, b: w, c: rr, f: 0.0 },
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
     }
     out
 }

@@ -37,6 +37,12 @@ static unsigned blocks1d(size_t total) {
     return (unsigned)(b < 1 ? 1 : b > (1u << 20) ? (1u << 20) : b);
 }
 
+// gemm_block's grid (common.cuh): (column blocks, row tiles) for cols columns, rows rows.
+static dim3 gemm_grid(unsigned rows, unsigned cols) {
+    if (rows <= GEMV_ROWS) return dim3{(cols + GEMV_COLS - 1) / GEMV_COLS, 1};
+    return dim3{(cols + 63) / 64, (rows + 63) / 64};
+}
+
 static float f16_ref(uint16_t h) {
     _Float16 f;
     std::memcpy(&f, &h, 2);
@@ -239,7 +245,9 @@ static void test_attention() {
 }
 
 static void test_linear() {
-    unsigned shapes[][3] = {{1, 7, 5}, {37, 70, 45}, {130, 96, 67}, {70, 300, 33}, {65, 33, 129}};
+    // n <= 8 takes gemv_cols: one row, eight (the bound), an odd column count
+    unsigned shapes[][3] = {{1, 7, 5},    {37, 70, 45}, {130, 96, 67}, {70, 300, 33},
+                            {65, 33, 129}, {8, 300, 45}, {3, 70, 17},  {9, 40, 9}};
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto& sh : shapes) {
             unsigned n = sh[0], k = sh[1], o = sh[2];
@@ -265,7 +273,7 @@ static void test_linear() {
             }
             bool bias = n % 2;
             std::vector<float> y(n * o), want(n * o);
-            dim3 grid{(o + 63) / 64, (n + 63) / 64}, block{128};
+            dim3 grid = gemm_grid(n, o), block{128};
             const float* bp = bias ? b.data() : nullptr;
             if (fmt == 0)
                 emu_launch(linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), bp, y.data(), n, k,
@@ -334,6 +342,46 @@ static void make_weight(int fmt, const std::vector<float>& wf, std::vector<uint1
     }
 }
 static const char* fmt_name(int fmt) { return fmt == 0 ? "f32" : fmt == 1 ? "bf16" : "f16"; }
+
+// The fused aligner layer against unfold_f32 (copy.cu) then a plain dot product, bias and GELU:
+// grids that pad on both edges, on one, on none; r = 3 (the model's) and 2.
+static void test_unfold_linear_gelu() {
+    struct Shape { unsigned h, w, c, r, o; } shapes[] = {{7, 5, 6, 3, 70}, {6, 9, 4, 3, 33}, {23, 17, 5, 2, 65},
+                                                          {1, 1, 3, 3, 9}};
+    for (int fmt = 0; fmt < 3; ++fmt)
+        for (auto sh : shapes) {
+            const unsigned h = sh.h, w = sh.w, c = sh.c, r = sh.r, o = sh.o;
+            const unsigned cw = (w + r - 1) / r, cells = (h + r - 1) / r * cw, k = c * r * r;
+            auto x = randv(h * w * c, 2), b = randv(o, 0.5), wf = randv(o * k, std::sqrt(3.0f / k));
+            std::vector<uint16_t> w16;
+            std::vector<float> wdec;
+            make_weight(fmt, wf, w16, wdec);
+            std::vector<float> cellsv(cells * k), y(cells * o), want(cells * o);
+            emu_launch(unfold_f32, {blocks1d(cells * k)}, {256}, 0, (const float*)x.data(), cellsv.data(), c, h, w, r,
+                       cw, cells);
+            const bool bias = fmt != 1;
+            const float* bp = bias ? b.data() : nullptr;
+            dim3 grid{(o + 63) / 64, (cells + 63) / 64}, block{128};
+            if (fmt == 0)
+                emu_launch(unfold_linear_gelu_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), bp,
+                           y.data(), c, h, w, r, cw, cells, o, (unsigned)bias);
+            else
+                emu_launch(fmt == 1 ? unfold_linear_gelu_bf16 : unfold_linear_gelu_f16, grid, block, 0,
+                           (const float*)x.data(), (const unsigned short*)w16.data(), bp, y.data(), c, h, w, r, cw,
+                           cells, o, (unsigned)bias);
+            for (unsigned m = 0; m < cells; ++m)
+                for (unsigned col = 0; col < o; ++col) {
+                    double dot = bias ? b[col] : 0.0;
+                    for (unsigned j = 0; j < k; ++j) dot += (double)cellsv[m * k + j] * wdec[col * k + j];
+                    want[m * o + col] = float(0.5 * dot * std::erfc(-dot / std::sqrt(2.0)));
+                }
+            char name[80];
+            std::snprintf(name, sizeof name, "unfold_linear_gelu_%s %ux%ux%u r=%u ->%u%s", fmt_name(fmt), h, w, c, r, o,
+                          bias ? " +b" : "");
+            check(name, y, want, 1e-10);
+        }
+}
+
 
 // The CPU lane's sink_attention (src/backend/cpu/lm.rs), NaN heads for bad operands.
 static std::vector<float> sink_ref(const std::vector<float>& q, const std::vector<float>& kv, const std::vector<int>& win,
@@ -506,8 +554,9 @@ static void test_compress_pool() {
 }
 
 static void test_grouped_linear() {
-    struct Shape { unsigned n, g, k, r; } shapes[] = {{9, 3, 21, 5}, {2, 4, 30, 11}, {33, 2, 40, 17}, {1, 8, 7, 3},
-                                                      {70, 2, 45, 67}};
+    struct Shape { unsigned n, g, k, r; } shapes[] = {{9, 3, 21, 5},  {2, 4, 30, 11}, {33, 2, 40, 17},
+                                                      {1, 8, 7, 3},   {70, 2, 45, 67}, {8, 2, 45, 67},
+                                                      {1, 3, 100, 9}};
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto sh : shapes) {
             unsigned n = sh.n, g = sh.g, k = sh.k, r = sh.r;
@@ -515,8 +564,8 @@ static void test_grouped_linear() {
             std::vector<uint16_t> w16;
             std::vector<float> wdec;
             make_weight(fmt, wf, w16, wdec);
-            unsigned tiles = (r + 63) / 64;
-            dim3 grid{g * tiles, (n + 63) / 64}, block{128};
+            const unsigned tiles = gemm_grid(n, r).x;
+            dim3 grid{g * tiles, gemm_grid(n, r).y}, block{128};
             std::vector<float> y(n * g * r, 9.0f), want(n * g * r);
             if (fmt == 0)
                 emu_launch(grouped_linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), y.data(),
@@ -680,37 +729,40 @@ static void test_gemm_split() {
 
 // inf and NaN in x (and a huge finite value, which a rounding split would overflow) propagate as in
 // the f32 dot product: each format, rows with specials next to plain rows.
+// n = 5 takes gemv_cols, n = 13 the tile
 static void test_gemm_specials() {
-    const unsigned n = 5, k = 40, o = 9;
-    for (int fmt = 0; fmt < 3; ++fmt) {
-        auto x = randv(n * k, 1), wf = randv(o * k, 0.5f);
-        x[0 * k + 3] = INFINITY;
-        x[1 * k + 17] = NAN;
-        x[2 * k + 0] = -INFINITY;
-        x[2 * k + 39] = INFINITY; // +inf and -inf in one row: NaN
-        x[3 * k + 5] = 3.0e38f;
-        x[4 * k + 7] = 1.0f; // exact in bf16 (mid = lo = 0) against an infinite weight
-        wf[3 * k + 7] = -INFINITY;
-        std::vector<uint16_t> w16;
-        std::vector<float> wdec;
-        make_weight(fmt, wf, w16, wdec);
-        std::vector<float> y(n * o), want(n * o);
-        dim3 grid{1, 1}, block{128};
-        if (fmt == 0)
-            emu_launch(linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), (const float*)nullptr,
-                       y.data(), n, k, o, 0u);
-        else
-            emu_launch(fmt == 1 ? linear_bf16 : linear_f16, grid, block, 0, (const float*)x.data(),
-                       (const unsigned short*)w16.data(), (const float*)nullptr, y.data(), n, k, o, 0u);
-        for (unsigned i = 0; i < n; ++i)
-            for (unsigned c = 0; c < o; ++c) {
-                float dot = 0;
-                for (unsigned j = 0; j < k; ++j) dot += x[i * k + j] * wdec[c * k + j];
-                want[i * o + c] = dot;
-            }
-        char name[64];
-        std::snprintf(name, sizeof name, "linear_%s x[5,40] inf/NaN x, inf w, 3e38", fmt_name(fmt));
-        check_masked(name, y, want, 1e-10);
+    const unsigned k = 40, o = 9;
+    for (unsigned n : {5u, 13u}) {
+        for (int fmt = 0; fmt < 3; ++fmt) {
+            auto x = randv(n * k, 1), wf = randv(o * k, 0.5f);
+            x[0 * k + 3] = INFINITY;
+            x[1 * k + 17] = NAN;
+            x[2 * k + 0] = -INFINITY;
+            x[2 * k + 39] = INFINITY; // +inf and -inf in one row: NaN
+            x[3 * k + 5] = 3.0e38f;
+            x[4 * k + 7] = 1.0f; // exact in bf16 (mid = lo = 0) against an infinite weight
+            wf[3 * k + 7] = -INFINITY;
+            std::vector<uint16_t> w16;
+            std::vector<float> wdec;
+            make_weight(fmt, wf, w16, wdec);
+            std::vector<float> y(n * o), want(n * o);
+            dim3 grid = gemm_grid(n, o), block{128};
+            if (fmt == 0)
+                emu_launch(linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), (const float*)nullptr,
+                           y.data(), n, k, o, 0u);
+            else
+                emu_launch(fmt == 1 ? linear_bf16 : linear_f16, grid, block, 0, (const float*)x.data(),
+                           (const unsigned short*)w16.data(), (const float*)nullptr, y.data(), n, k, o, 0u);
+            for (unsigned i = 0; i < n; ++i)
+                for (unsigned c = 0; c < o; ++c) {
+                    float dot = 0;
+                    for (unsigned j = 0; j < k; ++j) dot += x[i * k + j] * wdec[c * k + j];
+                    want[i * o + c] = dot;
+                }
+            char name[64];
+            std::snprintf(name, sizeof name, "linear_%s x[%u,40] inf/NaN x, inf w, 3e38", fmt_name(fmt), n);
+            check_masked(name, y, want, 1e-10);
+        }
     }
 }
 
@@ -1160,8 +1212,8 @@ int main(int argc, char** argv) {
         {"lm_elementwise", test_lm_elementwise}, {"rope_tail", test_rope_tail},
         {"hc_split", test_hc_split},         {"rms_norm_heads", test_rms_norm_heads},
         {"topk", test_topk},                 {"route_experts", test_route_experts},
-        {"gemm_specials", test_gemm_specials}};
-    const char* gemm_tests[] = {"linear", "grouped_linear", "moe", "gemm_specials"};
+        {"gemm_specials", test_gemm_specials}, {"unfold_linear_gelu", test_unfold_linear_gelu}};
+    const char* gemm_tests[] = {"linear", "grouped_linear", "moe", "gemm_specials", "unfold_linear_gelu"};
     std::printf("__CUDA_ARCH__ %d\n", __CUDA_ARCH__);
     int ran = 0;
     for (auto& [name, run] : tests) {

@@ -184,6 +184,46 @@ pub(crate) fn unfold(x: &impl DeviceTensor, h: usize, w: usize, r: usize) -> Res
     Ok(x.cols())
 }
 
+/// x `[h·w, c]`, weight `[out, c·r²]`, bias `[out]` → `(c, cells, c·r²)` with
+/// `cells = ceil(h/r)·ceil(w/r)`.
+pub(crate) fn unfold_linear_gelu<T: DeviceTensor>(
+    x: &T,
+    h: usize,
+    w: usize,
+    r: usize,
+    weight: &impl NamedWeight,
+    bias: Option<&T>,
+) -> Result<(usize, usize, usize)> {
+    const OP: &str = "unfold_linear_gelu";
+    input(OP, "x", x, DType::F32)?;
+    if h.checked_mul(w) != Some(x.rows()) || r == 0 {
+        return Err(Error::shape(OP, format!("x {:?} is not a {h}x{w} grid (r = {r})", x.shape())));
+    }
+    let c = x.cols();
+    let feat = r.checked_mul(r).and_then(|rr| rr.checked_mul(c));
+    if feat != Some(weight.cols()) {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "weight `{}` has {} columns (in_features), the {r}x{r} cells of x {:?} have {c}·{r}·{r}",
+                weight.name(),
+                weight.cols(),
+                x.shape()
+            ),
+        ));
+    }
+    if let Some(b) = bias {
+        input(OP, "bias", b, DType::F32)?;
+        if numel(b) != weight.rows() {
+            return Err(Error::shape(
+                OP,
+                format!("bias {:?} for weight `{}` with {} rows", b.shape(), weight.name(), weight.rows()),
+            ));
+        }
+    }
+    Ok((c, h.div_ceil(r) * w.div_ceil(r), weight.cols()))
+}
+
 // ---- language model ----------------------------------------------------------------------
 
 /// table `[vocab, d]`, ids i32 `[n]` → `(n, d)`.
@@ -635,6 +675,30 @@ mod tests {
             &format!("x [4, 2] is not a {}x2 grid (r = 1)", usize::MAX),
         );
         assert_eq!(unfold(&f(&[4, 3]), 2, 2, 2).unwrap(), 3);
+        let op = "unfold_linear_gelu";
+        refused(
+            unfold_linear_gelu(&f(&[6, 2]), 2, 2, 2, &Weight(5, 8), None),
+            op,
+            "x [6, 2] is not a 2x2 grid (r = 2)",
+        );
+        refused(
+            unfold_linear_gelu(&f(&[4, 2]), 2, 2, 2, &Weight(5, 9), None),
+            op,
+            "weight `w` has 9 columns (in_features), the 2x2 cells of x [4, 2] have 2·2·2",
+        );
+        refused(
+            unfold_linear_gelu(&f(&[4, 2]), 2, 2, 2, &Weight(5, 8), Some(&f(&[4]))),
+            op,
+            "bias [4] for weight `w` with 5 rows",
+        );
+        // c·r² overflows: refused, not wrapped
+        let r = usize::MAX / 2;
+        refused(
+            unfold_linear_gelu(&f(&[4, 2]), 2, 2, r, &Weight(5, 8), None),
+            op,
+            &format!("weight `w` has 8 columns (in_features), the {r}x{r} cells of x [4, 2] have 2·{r}·{r}"),
+        );
+        assert_eq!(unfold_linear_gelu(&f(&[35, 2]), 7, 5, 3, &Weight(5, 18), Some(&f(&[5]))).unwrap(), (2, 6, 18));
     }
 
     #[test]

@@ -203,6 +203,7 @@ pub enum Op {
     Rope2d,
     Attention,
     Unfold,
+    UnfoldLinearGelu,
     // language model (see the trait's language-model sections)
     EmbedRows,
     HcExpand,
@@ -228,7 +229,7 @@ pub enum Op {
 impl Op {
     /// The shared and vision ops: every lane implements them, and the op harness
     /// (`tests/ops.rs`) asserts a case for each.
-    pub const VISION: [Op; 11] = [
+    pub const VISION: [Op; 12] = [
         Op::Linear,
         Op::RmsNorm,
         Op::Add,
@@ -240,6 +241,7 @@ impl Op {
         Op::Rope2d,
         Op::Attention,
         Op::Unfold,
+        Op::UnfoldLinearGelu,
     ];
     /// The language-model ops. The CPU lane implements them; a lane without them says so in
     /// `supports` and answers `Error::Unsupported` from the trait's default implementations.
@@ -281,6 +283,7 @@ impl Op {
             Op::Rope2d => "rope_2d",
             Op::Attention => "attention",
             Op::Unfold => "unfold",
+            Op::UnfoldLinearGelu => "unfold_linear_gelu",
             Op::EmbedRows => "embed_rows",
             Op::HcExpand => "hc_expand",
             Op::RmsNormHeads => "rms_norm_heads",
@@ -390,6 +393,21 @@ pub trait Backend {
     /// r×r cells: `[ceil(h/r)·ceil(w/r), c·r·r]`, feature index `ch·r² + dy·r + dx`, cells
     /// row-major.
     fn unfold(&self, x: &Self::Tensor, h: usize, w: usize, r: usize) -> Result<Self::Tensor>;
+    /// The aligner's first layer: `gelu_erf(linear(unfold(x, h, w, r), weight, bias))`, x
+    /// `[h·w, c]`, weight `[out, c·r²]` → `[ceil(h/r)·ceil(w/r), out]`. The default composes
+    /// exactly those ops; a lane may fuse them (the CUDA lane gathers the unfold inside the
+    /// GEMM's operand loads, so the `c·r²`-wide cells are never materialised).
+    fn unfold_linear_gelu(
+        &self,
+        x: &Self::Tensor,
+        h: usize,
+        w: usize,
+        r: usize,
+        weight: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        self.gelu_erf(&self.linear(&self.unfold(x, h, w, r)?, weight, bias)?)
+    }
 
     // ==== language model ===================================================================
     // Sections mirror the model (language.md §2-4, antirez/ds4 `ds4_gpu.h`): embeddings,

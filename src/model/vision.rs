@@ -108,8 +108,8 @@ impl<B: Backend> VisionModel<B> {
         }
         let vit = b.rms_norm(&x, &self.norm, eps)?; // [n, dim]
         let r = cfg.downsample_ratio;
-        let cells = b.unfold(&vit, n_vit_h, n_vit_w, r)?; // [n_llm_h·n_llm_w, dim·r²]
-        let hidden = b.gelu_erf(&b.linear(&cells, &self.aligner_w1, Some(&self.aligner_b1))?)?;
+        // zero-pad + r×r unfold → Linear → GELU: [n_llm_h·n_llm_w, dim·r²] → [n_llm, aligner_w1 rows]
+        let hidden = b.unfold_linear_gelu(&vit, n_vit_h, n_vit_w, r, &self.aligner_w1, Some(&self.aligner_b1))?;
         let aligner = b.linear(&hidden, &self.aligner_w2, Some(&self.aligner_b2))?; // [n_llm, hidden]
         Ok(VisionStages { vit, aligner })
     }

@@ -7,8 +7,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{
-    CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_BN, GEMM_THREADS, MAX_BLOCKS, Source,
-    cfg_1d, check_u32, flash_stride,
+    CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_THREADS, MAX_BLOCKS, Source, cfg_1d, check_u32,
+    flash_stride, gemm_grid,
 };
 use crate::backend::checks;
 use crate::backend::{DType, DeviceTensor, Op, WeightFormat};
@@ -195,8 +195,8 @@ impl CudaBackend {
         if n == 0 || r == 0 {
             return Ok(y);
         }
-        let tiles_r = r.div_ceil(GEMM_BN as usize);
-        let (gx, gy) = (groups * tiles_r, n.div_ceil(GEMM_BM as usize));
+        let (tiles_r, gy) = gemm_grid(n, r);
+        let gx = groups * tiles_r;
         if gy > GRID_Y || gx > i32::MAX as usize {
             return Err(Error::Device(format!(
                 "op `{OP}`: x {:?} / weight `{}` exceed the grid limits of the grouped kernel",

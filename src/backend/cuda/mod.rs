@@ -66,6 +66,20 @@ const ATTENTION_KEYS: usize = 32;
 const GEMM_BM: u32 = 64;
 const GEMM_BN: u32 = 64;
 const GEMM_THREADS: u32 = 128;
+/// At most this many rows (`GEMV_ROWS`), `gemm_block` takes the small-row path: `GEMV_COLS`
+/// output columns per block (two per warp) and one row block.
+const GEMV_ROWS: usize = 8;
+const GEMV_COLS: u32 = 8;
+
+/// `gemm_block`'s grid for `cols` output columns when no block sees more than `bound_rows` rows
+/// (cuda/common.cuh): (column blocks, row tiles).
+fn gemm_grid(bound_rows: usize, cols: usize) -> (usize, usize) {
+    if bound_rows <= GEMV_ROWS {
+        (cols.div_ceil(GEMV_COLS as usize), 1)
+    } else {
+        (cols.div_ceil(GEMM_BN as usize), bound_rows.div_ceil(GEMM_BM as usize))
+    }
+}
 /// Dynamic shared memory a block may use without opting in.
 const DEFAULT_SHARED_BYTES: usize = 48 * 1024;
 
@@ -151,6 +165,9 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Linear, "linear_f32"),
     (Source::Linear, "linear_bf16"),
     (Source::Linear, "linear_f16"),
+    (Source::Linear, "unfold_linear_gelu_f32"),
+    (Source::Linear, "unfold_linear_gelu_bf16"),
+    (Source::Linear, "unfold_linear_gelu_f16"),
     (Source::Debug, "debug_poke_u32"),
     (Source::LmSmall, "embed_rows_f32"),
     (Source::LmSmall, "hc_expand_f32"),
@@ -832,7 +849,7 @@ impl Backend for CudaBackend {
         if n == 0 || w.rows == 0 {
             return Ok(y);
         }
-        let gy = n.div_ceil(GEMM_BM as usize);
+        let (gx, gy) = gemm_grid(n, w.rows);
         if gy > 65535 {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
@@ -845,11 +862,8 @@ impl Backend for CudaBackend {
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
         let has_bias = bias.is_some() as u32;
         let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
-        let cfg = LaunchConfig {
-            grid_dim: (w.rows.div_ceil(GEMM_BN as usize) as u32, gy as u32, 1),
-            block_dim: (GEMM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg =
+            LaunchConfig { grid_dim: (gx as u32, gy as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut l = self.stream.launch_builder(&f);
         l.arg(&x.buf).arg(&w.buf).arg(bias_buf).arg(&mut y.buf).arg(&n32).arg(&k32).arg(&o32).arg(&has_bias);
         // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above.
@@ -1002,6 +1016,54 @@ impl Backend for CudaBackend {
         let mut y = self.alloc(OP, vec![gh * gw, feat], DType::F32)?;
         let sizes = [c as u32, h as u32, w as u32, r as u32, gw as u32, (gh * gw) as u32];
         self.launch_1d(OP, Source::Copy, "unfold_f32", &[&x.buf], &mut y, &sizes, gh * gw * feat)?;
+        Ok(y)
+    }
+
+    /// x `[h·w, c]`, weight `[out, c·r²]` → `[ceil(h/r)·ceil(w/r), out]`: one GEMM whose A rows
+    /// are gathered from the grid (no unfold buffer), GELU in its epilogue (cuda/linear.cu).
+    fn unfold_linear_gelu(
+        &self,
+        x: &CudaTensor,
+        h: usize,
+        w: usize,
+        r: usize,
+        weight: &CudaWeight,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "unfold_linear_gelu";
+        let (c, cells, _) = checks::unfold_linear_gelu(x, h, w, r, weight, bias)?;
+        let mut y = self.alloc(OP, vec![cells, weight.rows], DType::F32)?;
+        if cells == 0 || weight.rows == 0 {
+            return Ok(y);
+        }
+        let gy = cells.div_ceil(GEMM_BM as usize);
+        if gy > 65535 {
+            return Err(Error::Device(format!("op `{OP}`: {cells} cells exceed the grid limit of the kernel")));
+        }
+        let kernel = match weight.format {
+            WeightFormat::F32 => "unfold_linear_gelu_f32",
+            WeightFormat::BF16 => "unfold_linear_gelu_bf16",
+            WeightFormat::F16 => "unfold_linear_gelu_f16",
+        };
+        let f = self.func(Source::Linear, kernel)?;
+        // the kernel indexes features (c·r²) and grid positions in u32
+        check_u32(OP, "in_features", weight.cols)?; // c·r², so c and r fit too (c > 0)
+        let (h32, w32, r32) =
+            (check_u32(OP, "grid height", h)?, check_u32(OP, "grid width", w)?, check_u32(OP, "r", r)?);
+        let (c32, cw32, cells32, o32) =
+            (c as u32, w.div_ceil(r) as u32, check_u32(OP, "cells", cells)?, weight.rows as u32);
+        let has_bias = bias.is_some() as u32;
+        let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
+        let cfg = LaunchConfig {
+            grid_dim: (weight.rows.div_ceil(GEMM_BN as usize) as u32, gy as u32, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&x.buf).arg(&weight.buf).arg(bias_buf).arg(&mut y.buf);
+        l.arg(&c32).arg(&h32).arg(&w32).arg(&r32).arg(&cw32).arg(&cells32).arg(&o32).arg(&has_bias);
+        // SAFETY: arguments match `unfold_linear_gelu_*` in cuda/linear.cu; shapes checked above.
+        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
         Ok(y)
     }
 
@@ -1161,9 +1223,17 @@ mod tests {
     #[test]
     fn gemm_launch_constants_match_common_cuh() {
         let common = include_str!("../../../cuda/common.cuh");
-        for (name, value) in [("GEMM_BM", GEMM_BM), ("GEMM_BN", GEMM_BN), ("GEMM_THREADS", GEMM_THREADS)] {
+        for (name, value) in [
+            ("GEMM_BM", GEMM_BM),
+            ("GEMM_BN", GEMM_BN),
+            ("GEMM_THREADS", GEMM_THREADS),
+            ("GEMV_ROWS", GEMV_ROWS as u32),
+        ] {
             let define = format!("#define {name} {value}\n");
             assert!(common.contains(&define), "cuda/common.cuh lacks `{}`", define.trim_end());
         }
+        // gemv_cols: one warp per two columns
+        assert!(common.contains("#define GEMV_WARPS (GEMM_THREADS / 32)\n#define GEMV_COLS (2 * GEMV_WARPS)\n"));
+        assert_eq!(GEMV_COLS, 2 * GEMM_THREADS / 32);
     }
 }
