@@ -1,25 +1,35 @@
-// Routed experts (language.md §3): moe_experts as route -> per-expert gathered GEMMs -> combine.
+// Routed experts (language.md §3): moe_experts as route -> grouped GEMMs over all experts -> combine.
 // x [n, d], ids i32 [n, k], weights [n, k]; per expert e: w13[e] [2h, d] (w1 rows, then w3 rows)
-// and w2[e] [d, h], each in its storage format (decoded in the kernels, load_w in common.cuh).
+// and w2[e] [d, h], each a separate allocation, all experts of a call in one storage format per
+// projection (decoded in the kernels, load_w in common.cuh).
 // A slot is one (token, k-index) pair, numbered s = token*k + k-index.
 //
-// 1. moe_route: groups the slots by expert on the device (stable: slot order within an expert).
-// 2. per expert with slots (launched from the host, see src/backend/cuda/moe.rs):
-//    moe_up_*:   hid[p] = swiglu_clamp(w13[e] . x[token of order[p]]) for p in the expert's range
+// 1. moe_route: groups the slots by expert on the device (stable: slot order within an expert) and
+//    cuts each expert's range into row tiles of GEMM_BM (the tile list below).
+// 2. one launch each, every block one (column tile, row tile), its expert's weight taken from a
+//    device-side table of expert weight addresses (src/backend/cuda/moe.rs builds it):
+//    moe_up_*:   hid[p] = swiglu_clamp(w13[e] . x[token of order[p]]) for p in the tile's rows
 //    moe_down_*: ys[order[p]] = w2[e] . hid[p]
+//    The host never reads the routing back: the grid is sized for the most tiles any routing can
+//    give, and blocks past the device-side tile count exit at once.
 // 3. moe_combine: out[token] = sum over its k slots, in slot order, of weights[s] * ys[s]
 //    (no float atomics: the result is reproducible run to run).
+//
+// Tile list, i32 [1 + 3 * max_tiles]: word 0 the number of tiles T, then tile t at 1 + 3t as
+// (expert e, first row p of the tile in order[], end of e's range in order[]); the tile's rows
+// are p .. min(p + GEMM_BM, end). Tiles come in expert order, each expert's in row order. An
+// expert with c slots has ceil(c / GEMM_BM) tiles, so T <= min(slots, ceil(slots / GEMM_BM) +
+// experts) = max_tiles (the host's bound).
 
 // ---- moe_route -----------------------------------------------------------------------------
-// ids i32 [slots] -> offsets i32 [experts + 1] (exclusive prefix of the per-expert counts;
-// offsets[experts] = the slots with a valid id), order i32 [slots] (slot numbers grouped by expert,
-// ascending within an expert), cursor i32 [experts] (scratch). A slot whose id is outside
+// ids i32 [slots] -> order i32 [slots] (slot numbers grouped by expert, ascending within an
+// expert), tiles (the tile list above), cursor i32 [experts] (scratch). A slot whose id is outside
 // 0..experts is left out (moe_combine turns its token's row into NaN).
 // ONE block of MR_THREADS threads (sizes here are small: n*k slots, a few hundred experts). The
 // slots are visited in chunks of MR_THREADS; in a chunk each thread ranks its slot among the
 // earlier slots of the chunk with the same expert (a shared-memory scan), and the last slot of
 // each expert in the chunk bumps that expert's counter by its rank + 1: no atomics, and the
-// order is deterministic and stable.
+// order and the tile list are deterministic.
 
 #define MR_THREADS 256
 
@@ -33,7 +43,7 @@ __device__ __forceinline__ unsigned int mr_rank(const int* chunk, unsigned int t
     return rank;
 }
 
-extern "C" __global__ void moe_route(const int* ids, int* offsets, int* order, int* cursor, unsigned int slots,
+extern "C" __global__ void moe_route(const int* ids, int* order, int* tiles, int* cursor, unsigned int slots,
                                      unsigned int experts) {
     __shared__ int chunk[MR_THREADS];
     const unsigned int tid = threadIdx.x;
@@ -51,16 +61,21 @@ extern "C" __global__ void moe_route(const int* ids, int* offsets, int* order, i
         if (e >= 0 && last) cursor[e] += (int)rank + 1;
         __syncthreads(); // chunk[] and cursor[] settled before the next chunk
     }
-    // exclusive prefix (one thread; experts is small), cursor[] becomes each expert's start
+    // exclusive prefix and the tile list (one thread; experts and tiles are few), cursor[] becomes
+    // each expert's start
     if (tid == 0) {
-        int run = 0;
+        int run = 0, t = 0;
         for (unsigned int e = 0; e < experts; ++e) {
             const int c = cursor[e];
-            offsets[e] = run;
             cursor[e] = run;
+            for (int p = run; p < run + c; p += GEMM_BM, ++t) {
+                tiles[1 + 3 * t] = (int)e;
+                tiles[2 + 3 * t] = p;
+                tiles[3 + 3 * t] = run + c;
+            }
             run += c;
         }
-        offsets[experts] = run;
+        tiles[0] = t;
     }
     __syncthreads();
     // pass 2: scatter the slot numbers
@@ -79,18 +94,36 @@ extern "C" __global__ void moe_route(const int* ids, int* offsets, int* order, i
     }
 }
 
+// The row tile of this block (blockIdx.y) in the tile list: false past the tile count, where the
+// whole block exits (uniformly, before any barrier of gemm_block).
+struct MoeTile {
+    unsigned int expert, p0, rows;
+};
+
+__device__ __forceinline__ bool moe_tile(const int* tiles, MoeTile* t) {
+    if (blockIdx.y >= (unsigned int)tiles[0]) return false;
+    const int* r = tiles + 1 + 3u * blockIdx.y;
+    t->expert = (unsigned int)r[0];
+    t->p0 = (unsigned int)r[1];
+    const unsigned int left = (unsigned int)(r[2] - r[1]);
+    t->rows = left < GEMM_BM ? left : GEMM_BM;
+    return true;
+}
+
 // ---- moe_up_{f32,bf16,f16} -------------------------------------------------------------------
-// Gathered GEMM with the clamped SwiGLU fused in the epilogue, for one expert's rows
-// p = p0 .. p0 + cnt of order[]: hid [slots, h] row p = silu(min(g, limit)) * clamp(u, +-limit)
-// with g = w13[j] . x[order[p] / k], u = w13[h + j] . x[order[p] / k], j < h.
-// common.cuh's gemm_tile over 2h columns with the gate and up rows interleaved (column 2j = gate
+// Gathered GEMM with the clamped SwiGLU fused in the epilogue, for the rows p = p0 .. p0 + rows
+// of one tile: hid [slots, h] row p = silu(min(g, limit)) * clamp(u, +-limit)
+// with g = w13[e][j] . x[order[p] / k], u = w13[e][h + j] . x[order[p] / k], j < h.
+// common.cuh's gemm_block over 2h columns with the gate and up rows interleaved (column 2j = gate
 // row j, 2j + 1 = up row h + j), so each store2 gets the (g, u) pair of one hidden unit.
-// Block GEMM_THREADS, grid (ceil(2h / GEMM_BN), ceil(cnt / GEMM_BM)).
+// w13 is the table of the experts' w13 device addresses (all in the kernel's format).
+// Block GEMM_THREADS, grid (column blocks of 2h, max_tiles); slots bounds every tile's rows, so
+// gemm_block takes its small-row path in every block or in none.
 
 // A rows gathered through order[]; W rows gate/up interleaved; SwiGLU + clamp epilogue.
 struct MoeUpOperands : ContiguousRows {
     const float* x;
-    const int* order; // the expert's slots start at order + p0
+    const int* order; // the tile's slots start at order + p0
     float* hid;
     unsigned int p0, d, h, k;
     float limit;
@@ -109,35 +142,35 @@ struct MoeUpOperands : ContiguousRows {
 };
 
 template <int FMT>
-__device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, const void* w13, float* hid,
-                                             unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h,
+__device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, const int* tiles, const u64* w13,
+                                             float* hid, unsigned int slots, unsigned int d, unsigned int h,
                                              unsigned int k, float limit) {
-    const MoeUpOperands op{{}, x, order, hid, p0, d, h, k, limit};
-    gemm_tile<FMT>(op, w13, cnt, 2u * h, d, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
+    MoeTile t;
+    if (!moe_tile(tiles, &t)) return;
+    const MoeUpOperands op{{}, x, order, hid, t.p0, d, h, k, limit};
+    gemm_block<FMT>(op, (const void*)w13[t.expert], t.rows, 2u * h, d, slots, blockIdx.x, 0u);
 }
 
-extern "C" __global__ void moe_up_f32(const float* x, const int* order, const float* w13, float* hid,
-                                      unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h,
-                                      unsigned int k, float limit) {
-    moe_up_tiled<0>(x, order, w13, hid, p0, cnt, d, h, k, limit);
+extern "C" __global__ void moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
+                                      unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
+    moe_up_tiled<0>(x, order, tiles, w13, hid, slots, d, h, k, limit);
 }
 
-extern "C" __global__ void moe_up_bf16(const float* x, const int* order, const unsigned short* w13, float* hid,
-                                       unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h,
-                                       unsigned int k, float limit) {
-    moe_up_tiled<1>(x, order, w13, hid, p0, cnt, d, h, k, limit);
+extern "C" __global__ void moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
+                                       unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
+    moe_up_tiled<1>(x, order, tiles, w13, hid, slots, d, h, k, limit);
 }
 
-extern "C" __global__ void moe_up_f16(const float* x, const int* order, const unsigned short* w13, float* hid,
-                                      unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h,
-                                      unsigned int k, float limit) {
-    moe_up_tiled<2>(x, order, w13, hid, p0, cnt, d, h, k, limit);
+extern "C" __global__ void moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
+                                      unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
+    moe_up_tiled<2>(x, order, tiles, w13, hid, slots, d, h, k, limit);
 }
 
 // ---- moe_down_{f32,bf16,f16} -----------------------------------------------------------------
-// ys [slots, d] row order[p] = w2 [d, h] . hid[p] for the expert's rows p = p0 .. p0 + cnt
-// (common.cuh's gemm_tile, plain store scattered back to the slot's row).
-// Block GEMM_THREADS, grid (ceil(d / GEMM_BN), ceil(cnt / GEMM_BM)).
+// ys [slots, d] row order[p] = w2[e] [d, h] . hid[p] for the tile's rows p = p0 .. p0 + rows
+// (common.cuh's gemm_block, plain store scattered back to the slot's row). w2 is the table of the
+// experts' w2 device addresses.
+// Block GEMM_THREADS, grid (column blocks of d, max_tiles), as moe_up.
 
 struct MoeDownOperands : ContiguousRows {
     const float* hid;
@@ -155,25 +188,27 @@ struct MoeDownOperands : ContiguousRows {
 };
 
 template <int FMT>
-__device__ __forceinline__ void moe_down_tiled(const float* hid, const int* order, const void* w2, float* ys,
-                                               unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h) {
-    const MoeDownOperands op{{}, hid, order, ys, p0, d, h};
-    gemm_tile<FMT>(op, w2, cnt, d, h, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN);
+__device__ __forceinline__ void moe_down_tiled(const float* hid, const int* order, const int* tiles, const u64* w2,
+                                               float* ys, unsigned int slots, unsigned int d, unsigned int h) {
+    MoeTile t;
+    if (!moe_tile(tiles, &t)) return;
+    const MoeDownOperands op{{}, hid, order, ys, t.p0, d, h};
+    gemm_block<FMT>(op, (const void*)w2[t.expert], t.rows, d, h, slots, blockIdx.x, 0u);
 }
 
-extern "C" __global__ void moe_down_f32(const float* hid, const int* order, const float* w2, float* ys,
-                                        unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h) {
-    moe_down_tiled<0>(hid, order, w2, ys, p0, cnt, d, h);
+extern "C" __global__ void moe_down_f32(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
+                                        unsigned int slots, unsigned int d, unsigned int h) {
+    moe_down_tiled<0>(hid, order, tiles, w2, ys, slots, d, h);
 }
 
-extern "C" __global__ void moe_down_bf16(const float* hid, const int* order, const unsigned short* w2, float* ys,
-                                         unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h) {
-    moe_down_tiled<1>(hid, order, w2, ys, p0, cnt, d, h);
+extern "C" __global__ void moe_down_bf16(const float* hid, const int* order, const int* tiles, const u64* w2,
+                                         float* ys, unsigned int slots, unsigned int d, unsigned int h) {
+    moe_down_tiled<1>(hid, order, tiles, w2, ys, slots, d, h);
 }
 
-extern "C" __global__ void moe_down_f16(const float* hid, const int* order, const unsigned short* w2, float* ys,
-                                        unsigned int p0, unsigned int cnt, unsigned int d, unsigned int h) {
-    moe_down_tiled<2>(hid, order, w2, ys, p0, cnt, d, h);
+extern "C" __global__ void moe_down_f16(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
+                                        unsigned int slots, unsigned int d, unsigned int h) {
+    moe_down_tiled<2>(hid, order, tiles, w2, ys, slots, d, h);
 }
 
 // ---- moe_combine ---------------------------------------------------------------------------

@@ -585,18 +585,24 @@ static void test_grouped_linear() {
         }
 }
 
-// The host side of moe_experts (src/backend/cuda/moe.rs) on the emulator: route, then per expert
-// with slots an up and a down launch over its range, then the combine.
+// The host side of moe_experts (src/backend/cuda/moe.rs) on the emulator: route (order and tile
+// list, checked exactly), then one up and one down launch over all tiles with the experts' weights
+// taken from address tables, then the combine.
 static void test_moe() {
-    struct Shape { unsigned n, d, h, e, k; } shapes[] = {{6, 19, 13, 5, 3}, {90, 20, 17, 7, 6}, {1, 33, 40, 3, 2},
-                                                          {40, 70, 37, 3, 2}};
+    // skew: 3/4 of the slots on expert 0 (several row tiles), none on expert 1 (between others)
+    // slots <= 8 (n = 1 and n = 4 here) take gemm_block's small-row path
+    struct Shape { unsigned n, d, h, e, k; bool skew; } shapes[] = {
+        {6, 19, 13, 5, 3, false}, {90, 20, 17, 7, 6, false}, {1, 33, 40, 3, 2, false},
+        {40, 70, 37, 3, 2, false}, {100, 24, 9, 5, 2, true}, {4, 50, 30, 6, 2, false}};
     int which = 0;
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto sh : shapes) {
             unsigned n = sh.n, d = sh.d, h = sh.h, E = sh.e, k = sh.k, slots = n * k;
             auto x = randv(n * d, 3), wt = randv(slots, 1);
             std::vector<int> ids(slots);
-            for (unsigned s = 0; s < slots; ++s) ids[s] = (int)(rng() % (E - 1)); // expert E-1 unused
+            for (unsigned s = 0; s < slots; ++s)
+                ids[s] = sh.skew ? (rng() % 4 ? 0 : 2 + (int)(rng() % (E - 2))) // expert 1 unused
+                                 : (int)(rng() % (E - 1));                      // expert E-1 unused
             if (which == 2) ids[slots - 1] = (int)E;                           // bad id: token n-1 → NaN row
             std::vector<std::vector<uint16_t>> w13h(E), w2h(E);
             std::vector<std::vector<float>> w13f(E), w2f(E), w13d(E), w2d(E);
@@ -606,38 +612,41 @@ static void test_moe() {
                 make_weight(fmt, w13f[e], w13h[e], w13d[e]);
                 make_weight(fmt, w2f[e], w2h[e], w2d[e]);
             }
-            std::vector<int> offsets(E + 1, -5), order(slots, -5), cursor(E);
-            emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), offsets.data(), order.data(), cursor.data(),
-                       slots, E);
-            // the routing itself: stable grouping by expert
-            std::vector<int> want_order;
-            std::vector<int> want_off(E + 1, 0);
+            // the address tables (device addresses are host addresses here): every w13, then every w2
+            std::vector<unsigned long long> table(2 * E);
             for (unsigned e = 0; e < E; ++e) {
-                want_off[e] = (int)want_order.size();
+                const void* a = fmt == 0 ? (const void*)w13f[e].data() : (const void*)w13h[e].data();
+                const void* b = fmt == 0 ? (const void*)w2f[e].data() : (const void*)w2h[e].data();
+                table[e] = (unsigned long long)(uintptr_t)a;
+                table[E + e] = (unsigned long long)(uintptr_t)b;
+            }
+            const unsigned max_tiles = std::min(slots, (slots + 63) / 64 + E); // the host's bound
+            std::vector<int> order(slots, -5), tiles(1 + 3 * max_tiles, -5), cursor(E);
+            emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(),
+                       slots, E);
+            // the routing itself: stable grouping by expert, each expert's range cut into 64-row tiles
+            std::vector<int> want_order, want_tiles{0};
+            for (unsigned e = 0; e < E; ++e) {
+                const int p0 = (int)want_order.size();
                 for (unsigned s = 0; s < slots; ++s)
                     if (ids[s] == (int)e) want_order.push_back((int)s);
+                const int end = (int)want_order.size();
+                for (int p = p0; p < end; p += 64, ++want_tiles[0]) want_tiles.insert(want_tiles.end(), {(int)e, p, end});
             }
-            want_off[E] = (int)want_order.size();
-            bool route_ok = offsets == want_off && std::equal(want_order.begin(), want_order.end(), order.begin());
+            want_tiles.resize(tiles.size(), -5); // entries past the count stay unwritten
+            bool route_ok = tiles == want_tiles && std::equal(want_order.begin(), want_order.end(), order.begin());
+            // the skewed shape must cover what it is for: several tiles of expert 0, none of expert 1
+            if (sh.skew) route_ok = route_ok && tiles[3] - tiles[2] > 2 * 64 && tiles[1 + 3 * 3] == 2;
             float limit = 0.8f;
             std::vector<float> hid(std::max(slots * h, 1u), 0.0f), ys(std::max(slots * d, 1u), 0.0f), out(n * d);
-            for (unsigned e = 0; e < E; ++e) {
-                unsigned p0 = offsets[e], cnt = offsets[e + 1] - offsets[e];
-                if (cnt == 0) continue;
-                dim3 gu{(2 * h + 63) / 64, (cnt + 63) / 64}, gd{(d + 63) / 64, (cnt + 63) / 64}, block{128};
-                if (fmt == 0) {
-                    emu_launch(moe_up_f32, gu, block, 0, (const float*)x.data(), (const int*)order.data(),
-                               (const float*)w13f[e].data(), hid.data(), p0, cnt, d, h, k, limit);
-                    emu_launch(moe_down_f32, gd, block, 0, (const float*)hid.data(), (const int*)order.data(),
-                               (const float*)w2f[e].data(), ys.data(), p0, cnt, d, h);
-                } else {
-                    emu_launch(fmt == 1 ? moe_up_bf16 : moe_up_f16, gu, block, 0, (const float*)x.data(),
-                               (const int*)order.data(), (const unsigned short*)w13h[e].data(), hid.data(), p0, cnt, d,
-                               h, k, limit);
-                    emu_launch(fmt == 1 ? moe_down_bf16 : moe_down_f16, gd, block, 0, (const float*)hid.data(),
-                               (const int*)order.data(), (const unsigned short*)w2h[e].data(), ys.data(), p0, cnt, d, h);
-                }
-            }
+            dim3 gu{gemm_grid(slots, 2 * h).x, max_tiles}, gd{gemm_grid(slots, d).x, max_tiles}, block{128};
+            const unsigned long long *t13 = table.data(), *t2 = table.data() + E;
+            auto up = fmt == 0 ? moe_up_f32 : fmt == 1 ? moe_up_bf16 : moe_up_f16;
+            auto down = fmt == 0 ? moe_down_f32 : fmt == 1 ? moe_down_bf16 : moe_down_f16;
+            emu_launch(up, gu, block, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(), t13,
+                       hid.data(), slots, d, h, k, limit);
+            emu_launch(down, gd, block, 0, (const float*)hid.data(), (const int*)order.data(), (const int*)tiles.data(),
+                       t2, ys.data(), slots, d, h);
             emu_launch(moe_combine, {blocks1d(n * d)}, {256}, 0, (const float*)ys.data(), (const float*)wt.data(),
                        (const int*)ids.data(), out.data(), n * d, d, k, E);
             // reference: the CPU lane, one token at a time through its k experts
@@ -668,9 +677,9 @@ static void test_moe() {
             }
             char name[80];
             std::snprintf(name, sizeof name, "moe_%s n=%u d=%u h=%u %u experts k=%u%s", fmt_name(fmt), n, d, h, E, k,
-                          which == 2 ? " bad id" : "");
+                          which == 2 ? " bad id" : sh.skew ? " skewed" : "");
             if (!route_ok) {
-                std::printf("%-44s moe_route grouping differs FAIL\n", name);
+                std::printf("%-44s moe_route grouping or tile list differs FAIL\n", name);
                 ++failures;
             }
             check_masked(name, out, want, 1e-10);

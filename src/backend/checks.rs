@@ -4,12 +4,14 @@
 //! always returned (tests match on the op and on these texts).
 //!
 //! What stays in a lane: limits of its device (bindings, grids, shared memory, 32-bit sizes), and
-//! formats or head widths its kernels do not implement (`Error::Unsupported`).
+//! formats or head widths its kernels do not implement (`Error::Unsupported`). One such limit is
+//! here all the same, `moe_one_format` (the CUDA lane's), beside the op's check so that a unit test
+//! covers it without a device.
 //!
 //! Shapes follow `DeviceTensor`: a tensor of any rank ≥ 1 is read as `[rows, cols]` with `rows` its
 //! first dimension and `cols` the product of the others.
 
-use crate::backend::{DType, DeviceTensor, DeviceWeight};
+use crate::backend::{DType, DeviceTensor, DeviceWeight, WeightFormat};
 use crate::error::{Error, Result};
 
 /// A weight as the checks see it: its `DeviceWeight` sizes plus the checkpoint name that the GPU
@@ -573,6 +575,34 @@ pub(crate) fn moe_experts<T: DeviceTensor, W: NamedWeight>(
     Ok((n, d, k, h))
 }
 
+/// `moe_experts` on a lane whose kernels take all experts of a call at once, by address: every
+/// w13[e] in one weight format and every w2[e] in one → `(w13 format, w2 format)`, or the lane's
+/// `Error::Unsupported` naming the first expert that differs from expert 0. No experts → f32.
+pub(crate) fn moe_one_format<W: NamedWeight>(
+    lane: &'static str,
+    w13: &[W],
+    w2: &[W],
+) -> Result<(WeightFormat, WeightFormat)> {
+    let one = |what: &str, ws: &[W]| {
+        let Some(first) = ws.first() else { return Ok(WeightFormat::F32) };
+        match ws.iter().enumerate().find(|(_, w)| w.format() != first.format()) {
+            None => Ok(first.format()),
+            Some((e, w)) => Err(Error::Unsupported {
+                lane,
+                op: "moe_experts",
+                what: format!(
+                    "experts in mixed weight formats: {what} of expert {e} (`{}`) is {}, of expert 0 (`{}`) {}",
+                    w.name(),
+                    w.format(),
+                    first.name(),
+                    first.format()
+                ),
+            }),
+        }
+    };
+    Ok((one("w13", w13)?, one("w2", w2)?))
+}
+
 #[cfg(test)]
 mod tests {
     //! Each check on its own (the CUDA lane's shape-error test needs a GPU): a bad operand gives
@@ -840,5 +870,42 @@ mod tests {
             "expert `w` [6, 4] / `w` [4, 2] for d = 4, h = 3",
         );
         assert_eq!(moe_experts(&x, &ids, &wts, &w13, &w2).unwrap(), (3, 4, 2, 3));
+    }
+
+    /// A weight named `name` in `format` (sizes unused).
+    struct Typed(&'static str, WeightFormat);
+    impl DeviceWeight for Typed {
+        fn format(&self) -> WeightFormat {
+            self.1
+        }
+        fn rows(&self) -> usize {
+            1
+        }
+        fn cols(&self) -> usize {
+            1
+        }
+    }
+    impl NamedWeight for Typed {
+        fn name(&self) -> &str {
+            self.0
+        }
+    }
+
+    #[test]
+    fn moe_experts_in_one_format_per_projection() {
+        use WeightFormat::{BF16, F16, F32};
+        let w13 = [Typed("up.0", BF16), Typed("up.1", BF16), Typed("up.2", BF16)];
+        let w2 = [Typed("down.0", F16), Typed("down.1", F16), Typed("down.2", F16)];
+        assert_eq!(moe_one_format("cuda", &w13, &w2).unwrap(), (BF16, F16));
+        assert_eq!(moe_one_format::<Typed>("cuda", &[], &[]).unwrap(), (F32, F32));
+        let mixed = [Typed("down.0", F16), Typed("down.1", F16), Typed("down.2", F32)];
+        match moe_one_format("cuda", &w13, &mixed) {
+            Err(e @ Error::Unsupported { lane: "cuda", op: "moe_experts", .. }) => assert_eq!(
+                e.to_string(),
+                "the cuda lane does not support op `moe_experts` with experts in mixed weight formats: w2 of \
+                 expert 2 (`down.2`) is F32, of expert 0 (`down.0`) F16"
+            ),
+            other => panic!("expected the mixed-format error, got {other:?}"),
+        }
     }
 }

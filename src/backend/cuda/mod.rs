@@ -27,6 +27,8 @@
 //!   (the CPU lane returns an error; a GPU lane cannot without a host round trip).
 //! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
 //!   (grid, head dim, θ) and counted as weight memory while cached.
+//! - `moe_experts` passes its experts to the kernels as a device table of their weights'
+//!   addresses, cached per set of addresses and counted as weight memory while cached.
 
 mod lm_small;
 
@@ -461,6 +463,8 @@ pub struct CudaBackend {
     dummy: CudaSlice<u8>,
     /// cos/sin tables of rope_2d keyed by (n, grid_w, hd, theta bits).
     rope_tables: Mutex<HashMap<(usize, usize, usize, u32), Arc<CudaTensor>>>,
+    /// Device tables of expert weight addresses for `moe_experts`, keyed by those addresses.
+    expert_tables: Mutex<HashMap<Vec<u64>, Arc<CudaTensor>>>,
 }
 
 fn check_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
@@ -510,6 +514,7 @@ impl CudaBackend {
                 shared_optin: Mutex::default(),
                 dummy,
                 rope_tables: Mutex::default(),
+                expert_tables: Mutex::default(),
             })
         })
     }

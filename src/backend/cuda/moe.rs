@@ -1,19 +1,24 @@
 //! Routed experts (`moe_experts`) on the CUDA lane, kernels in cuda/moe.cu:
-//! 1. `moe_route` (one block) groups the n·k slots by expert on the device: per-expert offsets
-//!    (exclusive prefix of the counts) and the slot numbers in expert order (stable);
-//! 2. per expert with slots, a gathered GEMM `x[tokens] · w13[e]ᵀ` with the clamped SwiGLU in its
-//!    epilogue (`moe_up_*`), then `· w2[e]ᵀ` (`moe_down_*`) into a per-slot buffer;
+//! 1. `moe_route` (one block) groups the n·k slots by expert on the device (slot numbers in expert
+//!    order, stable) and cuts each expert's range into row tiles of `GEMM_BM` (the tile list);
+//! 2. one launch of a gathered GEMM `x[tokens] · w13[e]ᵀ` with the clamped SwiGLU in its epilogue
+//!    (`moe_up_*`), then one of `· w2[e]ᵀ` (`moe_down_*`) into a per-slot buffer: each block
+//!    takes one tile and its expert's weight from a device table of expert weight addresses;
 //! 3. `moe_combine` sums each token's k slots in slot order (no float atomics: reproducible).
 //!
-//! First version: the expert weights are separate allocations (`&[CudaWeight]`), so the host
-//! launches the two GEMMs per expert itself, after reading the per-expert offsets back once
-//! (one synchronisation per call). The arithmetic stays on the device, in the shared GEMM of
+//! Nothing is read back: the GEMM grids are sized for the most tiles any routing of these slots
+//! can give, and the blocks past the routing's tile count exit at once, so a call is four launches
+//! whatever the routing. The expert weights stay separate allocations (`&[CudaWeight]`); the
+//! kernels take them by address, which is why all experts of a call must share one weight format
+//! per projection (`checks::moe_one_format`). The arithmetic is the shared GEMM of
 //! cuda/common.cuh (tensor cores for bf16/f16 experts on sm_80+). A slot id outside `0..experts`
 //! (the CPU lane's error) makes its token's row NaN.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::sync::Arc;
 
-use super::{CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_BN, GEMM_THREADS, Source, check_u32};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+
+use super::{CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, LANE, Role, Source, check_u32, gemm_grid};
 use crate::backend::checks;
 use crate::backend::{DType, WeightFormat};
 use crate::error::{Error, Result};
@@ -22,6 +27,8 @@ use crate::error::{Error, Result};
 const ROUTE_THREADS: u32 = 256;
 /// Largest grid y dimension.
 const GRID_Y: usize = 65535;
+/// Address tables kept by `expert_table` before it starts over (a model has one per MoE layer).
+const EXPERT_TABLES_MAX: usize = 256;
 
 fn fmt_kernel(format: WeightFormat, up: bool) -> &'static str {
     match (format, up) {
@@ -35,6 +42,37 @@ fn fmt_kernel(format: WeightFormat, up: bool) -> &'static str {
 }
 
 impl CudaBackend {
+    /// The device addresses of every w13[e], then every w2[e] (u64 each, stored as pairs of i32
+    /// words: the lane's tensors have 4-byte elements), for the grouped GEMMs.
+    ///
+    /// Cached rather than uploaded per call: a copy from pageable host memory may be synchronous
+    /// with respect to the host (CUDA's notes on API synchronisation), the very wait the grouped
+    /// launches remove, and a model passes the same experts every step. The key is the addresses themselves, so an entry is
+    /// never stale, even when a freed weight's address is reused. A table dropped from the cache
+    /// while a kernel still reads it is safe: cudarc frees a `CudaSlice` in stream order
+    /// (`cuMemFreeAsync` on this lane's one stream, or a synchronise first where the device has no
+    /// stream-ordered allocator), so after every kernel issued before the drop.
+    fn expert_table(&self, w13: &[CudaWeight], w2: &[CudaWeight]) -> Result<Arc<CudaTensor>> {
+        // The guard of `device_ptr` records a read event; a no-op here (event tracking is off).
+        let key: Vec<u64> = w13.iter().chain(w2).map(|w| w.buf.device_ptr(&self.stream).0).collect();
+        let mut tables = self.expert_tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = tables.get(&key) {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(self.new_tensor(
+            "moe_experts",
+            vec![2 * key.len()],
+            DType::I32,
+            Role::Weight,
+            Some(bytemuck::cast_slice(&key)),
+        )?);
+        if tables.len() >= EXPERT_TABLES_MAX {
+            tables.clear();
+        }
+        tables.insert(key, t.clone());
+        Ok(t)
+    }
+
     /// x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, w13[e] `[2h, d]`, w2[e] `[d, h]` → `[n, d]`.
     pub(super) fn moe_experts(
         &self,
@@ -47,14 +85,20 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts";
         let (n, d, k, h) = checks::moe_experts(x, ids, weights, w13, w2)?;
+        let (up_format, down_format) = checks::moe_one_format(LANE, w13, w2)?;
         let experts = w13.len();
         let slots = n * k;
         let (n_d, slots32) = (check_u32(OP, "outputs", n * d)?, check_u32(OP, "slots", slots)?);
         let (d32, h32, k32) = (check_u32(OP, "d", d)?, check_u32(OP, "h", h)?, check_u32(OP, "k", k)?);
         let e32 = check_u32(OP, "experts", experts)?;
         check_u32(OP, "hidden elements", slots * h)?;
-        if slots.div_ceil(GEMM_BM as usize) > GRID_Y {
-            return Err(Error::Device(format!("op `{OP}`: {slots} slots exceed the grid limit of the expert kernels")));
+        // every tile holds at least one slot, and each expert has at most one partial tile
+        let max_tiles = slots.min(slots.div_ceil(GEMM_BM as usize) + experts);
+        if max_tiles > GRID_Y {
+            return Err(Error::Device(format!(
+                "op `{OP}`: {slots} slots over {experts} experts give up to {max_tiles} row tiles, more than the \
+                 grid limit of the expert kernels ({GRID_Y})"
+            )));
         }
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
         if n == 0 || d == 0 {
@@ -63,56 +107,50 @@ impl CudaBackend {
         // per-slot expert outputs (row s = token s / k, slot s % k); every valid slot is written
         let mut ys = self.alloc(OP, vec![slots.max(1), d], DType::F32)?;
         if slots > 0 && experts > 0 {
-            // 1. group the slots by expert
-            let mut offsets = self.alloc(OP, vec![experts + 1], DType::I32)?;
+            // 1. group the slots by expert, cut the groups into row tiles
             let mut order = self.alloc(OP, vec![slots], DType::I32)?;
+            let mut tiles = self.alloc(OP, vec![1 + 3 * max_tiles], DType::I32)?;
             let mut cursor = self.alloc(OP, vec![experts], DType::I32)?;
             let f = self.func(Source::Moe, "moe_route")?;
             let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_THREADS, 1, 1), shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);
-            l.arg(&ids.buf).arg(&mut offsets.buf).arg(&mut order.buf).arg(&mut cursor.buf).arg(&slots32).arg(&e32);
-            // SAFETY: arguments match `moe_route` in cuda/moe.cu; offsets holds experts + 1,
-            // order slots, cursor experts i32.
+            l.arg(&ids.buf).arg(&mut order.buf).arg(&mut tiles.buf).arg(&mut cursor.buf).arg(&slots32).arg(&e32);
+            // SAFETY: arguments match `moe_route` in cuda/moe.cu; order holds slots, tiles
+            // 1 + 3·max_tiles (the most any routing gives), cursor experts i32.
             unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "moe_route", e))?;
-            // the per-expert ranges, read back once (this version launches per expert from the host)
-            let raw = self.read_back(&offsets, 0, (experts + 1) * 4)?;
-            let offs: Vec<i32> = bytemuck::pod_collect_to_vec(&raw);
-            // 2. per expert with slots: gathered up GEMM + clamped SwiGLU, then down GEMM
+            // 2. every tile at once: gathered up GEMM + clamped SwiGLU, then down GEMM
+            let table = self.expert_table(w13, w2)?;
+            let w2_table = table.buf.slice(experts * 8..);
             let mut hid = self.alloc(OP, vec![slots, h.max(1)], DType::F32)?;
-            for (e, (a, b)) in w13.iter().zip(w2).enumerate() {
-                let (p0, p1) = (offs[e], offs[e + 1]);
-                if p1 <= p0 || p0 < 0 || p1 as usize > slots {
-                    continue;
-                }
-                let (p0, cnt) = (p0 as u32, (p1 - p0) as u32);
-                let gy = cnt.div_ceil(GEMM_BM);
-                let block = (GEMM_THREADS, 1, 1);
-                if h > 0 {
-                    let kernel = fmt_kernel(a.format, true);
-                    let f = self.func(Source::Moe, kernel)?;
-                    let cfg = LaunchConfig {
-                        // gate and up rows interleaved: 2h GEMM columns (the kernel counts them in u32)
-                        grid_dim: (check_u32(OP, "w13 rows", 2 * h)?.div_ceil(GEMM_BN), gy, 1),
-                        block_dim: block,
-                        shared_mem_bytes: 0,
-                    };
-                    let mut l = self.stream.launch_builder(&f);
-                    l.arg(&x.buf).arg(&order.buf).arg(&a.buf).arg(&mut hid.buf);
-                    l.arg(&p0).arg(&cnt).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
-                    // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; rows p0..p0+cnt of
-                    // order lie in 0..slots, w13[e] is [2h, d].
-                    unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
-                }
-                let kernel = fmt_kernel(b.format, false);
+            let gy = max_tiles as u32;
+            let block = (GEMM_THREADS, 1, 1);
+            if h > 0 {
+                let kernel = fmt_kernel(up_format, true);
                 let f = self.func(Source::Moe, kernel)?;
-                let cfg =
-                    LaunchConfig { grid_dim: (d32.div_ceil(GEMM_BN), gy, 1), block_dim: block, shared_mem_bytes: 0 };
+                let cfg = LaunchConfig {
+                    // gate and up rows interleaved: 2h GEMM columns (the kernel counts them in u32)
+                    grid_dim: (gemm_grid(slots, check_u32(OP, "w13 rows", 2 * h)? as usize).0 as u32, gy, 1),
+                    block_dim: block,
+                    shared_mem_bytes: 0,
+                };
                 let mut l = self.stream.launch_builder(&f);
-                l.arg(&hid.buf).arg(&order.buf).arg(&b.buf).arg(&mut ys.buf);
-                l.arg(&p0).arg(&cnt).arg(&d32).arg(&h32);
-                // SAFETY: arguments match `moe_down_*` in cuda/moe.cu; w2[e] is [d, h].
+                l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&table.buf).arg(&mut hid.buf);
+                l.arg(&slots32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
+                // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; the tiles' rows lie in
+                // 0..slots, the table's first `experts` addresses are the w13[e] [2h, d], all in
+                // this kernel's format.
                 unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
             }
+            let kernel = fmt_kernel(down_format, false);
+            let f = self.func(Source::Moe, kernel)?;
+            let gx = gemm_grid(slots, d).0 as u32;
+            let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };
+            let mut l = self.stream.launch_builder(&f);
+            l.arg(&hid.buf).arg(&order.buf).arg(&tiles.buf).arg(&w2_table).arg(&mut ys.buf);
+            l.arg(&slots32).arg(&d32).arg(&h32);
+            // SAFETY: arguments match `moe_down_*` in cuda/moe.cu; w2_table holds the addresses
+            // of the w2[e] [d, h], all in this kernel's format.
+            unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
         }
         // 3. weighted combine per token in slot order
         self.launch_1d(
