@@ -184,43 +184,79 @@ extern "C" __global__ void sink_attention_merge_f32(const float* part, const flo
 // ---- indexer_scores ------------------------------------------------------------------------
 // q [n, heads*hd], k [m, hd], w [n, heads] -> out [n, m]:
 // out[i, j] = scale * sum_h w[i, h] * max(q_h . k_j, 0) for j < min((pos0 + i + 1) / ratio, m),
-// -inf otherwise. One block (IX_THREADS) per query row i (blockIdx.x; blockIdx.y continues it
-// when n exceeds the grid's x limit: i = blockIdx.y * gridDim.x + blockIdx.x); the row's q and w
-// sit in dynamic shared memory (heads*hd + heads floats) and the threads stride over the keys j,
-// one full score per thread (heads x hd products, the CPU lane's order).
+// -inf otherwise.
+// For one query this is a small GEMM, Q_i [heads, hd] . K^T [hd, keys], then a weighted sum of
+// the relu'd column over the heads. Block (IX_THREADS) = one query i and IX_KEYS keys j0.. (grid
+// (ceil(m / IX_KEYS), queries): i = blockIdx.z * gridDim.y + blockIdx.y); a tile of keys nobody
+// may see is written as -inf without reading anything (about half of a causal prefill). Heads go
+// IX_HEADS at a time: q and k chunks of IX_D dims through shared memory, each thread a 4 x 4
+// block of (head, key) dot products summed over d in order; then one thread per key adds the
+// heads' w * relu(dot) in head order. Both sums run in the CPU lane's order.
 
 #define IX_THREADS 256
+#define IX_HEADS 64
+#define IX_KEYS 64
+#define IX_D 32
 
 extern "C" __global__ void indexer_scores_f32(const float* q, const float* k, const float* w, float* out,
                                               unsigned int n, unsigned int m, unsigned int heads,
                                               unsigned int hd, float scale, unsigned int pos0,
                                               unsigned int ratio) {
-    extern __shared__ float smem[];
-    const unsigned int i = blockIdx.y * gridDim.x + blockIdx.x;
+    __shared__ float qs[IX_D][IX_HEADS + 1];
+    __shared__ float ks[IX_D][IX_KEYS + 1];
+    __shared__ float dots[IX_HEADS][IX_KEYS + 1];
+    __shared__ float ws[IX_HEADS];
+    const unsigned int i = blockIdx.z * gridDim.y + blockIdx.y, j0 = blockIdx.x * IX_KEYS, tid = threadIdx.x;
     if (i >= n) return; // whole block: no barrier below is skipped by only some threads
-    const u64 cols = (u64)heads * hd;
-    float* qs = smem;        // [heads*hd]
-    float* ws = smem + cols; // [heads]
-    for (u64 e = threadIdx.x; e < cols; e += IX_THREADS) qs[e] = q[(u64)i * cols + e];
-    for (unsigned int e = threadIdx.x; e < heads; e += IX_THREADS) ws[e] = w[(u64)i * heads + e];
-    __syncthreads();
     u64 visible = ((u64)pos0 + i + 1) / ratio;
     if (visible > m) visible = m;
-    for (unsigned int j = threadIdx.x; j < m; j += IX_THREADS) {
-        float r = NEG_INF;
-        if (j < visible) {
-            const float* kj = k + (u64)j * hd;
-            float s = 0.0f;
-            for (unsigned int hh = 0; hh < heads; ++hh) {
-                const float* qh = qs + (u64)hh * hd;
-                float dot = 0.0f;
-                for (unsigned int d = 0; d < hd; ++d) dot += qh[d] * kj[d];
-                s += ws[hh] * fmaxf(dot, 0.0f);
-            }
-            r = s * scale;
-        }
-        out[(u64)i * m + j] = r;
+    float* row = out + (u64)i * m;
+    if (j0 >= visible) { // whole block
+        for (unsigned int j = j0 + tid; j < m && j < j0 + IX_KEYS; j += IX_THREADS) row[j] = NEG_INF;
+        return;
     }
+    const u64 cols = (u64)heads * hd;
+    const unsigned int tk = tid % 16u, th = tid / 16u; // keys 4tk.., heads 4th.. of the tile
+    float sum = 0.0f;                                  // key j0 + tid (tid < IX_KEYS)
+    for (unsigned int h0 = 0; h0 < heads; h0 += IX_HEADS) {
+        float acc[4][4];
+#pragma unroll
+        for (unsigned int a = 0; a < 4; ++a)
+            for (unsigned int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
+        for (unsigned int d0 = 0; d0 < hd; d0 += IX_D) {
+            for (unsigned int e = tid; e < IX_HEADS * IX_D; e += IX_THREADS) {
+                const unsigned int r = e / IX_D, dd = e % IX_D;
+                const bool in_d = d0 + dd < hd;
+                qs[dd][r] = (h0 + r < heads && in_d) ? q[(u64)i * cols + (u64)(h0 + r) * hd + d0 + dd] : 0.0f;
+                ks[dd][r] = (j0 + r < m && in_d) ? k[(u64)(j0 + r) * hd + d0 + dd] : 0.0f;
+            }
+            __syncthreads();
+            const unsigned int steps = hd - d0 < IX_D ? hd - d0 : IX_D;
+            for (unsigned int dd = 0; dd < steps; ++dd) {
+                float qa[4], kb[4];
+#pragma unroll
+                for (unsigned int a = 0; a < 4; ++a) qa[a] = qs[dd][4u * th + a];
+#pragma unroll
+                for (unsigned int b = 0; b < 4; ++b) kb[b] = ks[dd][4u * tk + b];
+#pragma unroll
+                for (unsigned int a = 0; a < 4; ++a)
+                    for (unsigned int b = 0; b < 4; ++b) acc[a][b] = fmaf(qa[a], kb[b], acc[a][b]);
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (unsigned int a = 0; a < 4; ++a)
+            for (unsigned int b = 0; b < 4; ++b) dots[4u * th + a][4u * tk + b] = acc[a][b];
+        if (tid < IX_HEADS) ws[tid] = h0 + tid < heads ? w[(u64)i * heads + h0 + tid] : 0.0f;
+        __syncthreads();
+        if (tid < IX_KEYS) {
+            const unsigned int hn = heads - h0 < IX_HEADS ? heads - h0 : IX_HEADS;
+            for (unsigned int hh = 0; hh < hn; ++hh) sum += ws[hh] * fmaxf(dots[hh][tid], 0.0f);
+        }
+        __syncthreads(); // dots and ws are rewritten by the next head tile
+    }
+    const unsigned int j = j0 + tid;
+    if (tid < IX_KEYS && j < m) row[j] = j < visible ? sum * scale : NEG_INF;
 }
 
 // ---- compress_pool -------------------------------------------------------------------------

@@ -6,12 +6,9 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{
-    CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_THREADS, MAX_BLOCKS, Source, cfg_1d, check_u32,
-    flash_stride, gemm_grid,
-};
+use super::{CudaBackend, CudaTensor, CudaWeight, GEMM_THREADS, Source, cfg_1d, check_u32, flash_stride, gemm_grid};
 use crate::backend::checks;
-use crate::backend::{DType, DeviceTensor, Op, WeightFormat};
+use crate::backend::{DType, Op, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads per block of `sink_attention_f32` (`SA_THREADS` in cuda/lm_attention.cu).
@@ -25,6 +22,8 @@ const SINK_KEYS: usize = 16;
 const SINK_SPLIT_TARGET_BLOCKS: usize = 264;
 /// Threads per block of `indexer_scores_f32` (`IX_THREADS`).
 const INDEXER_THREADS: u32 = 256;
+/// Keys per block of `indexer_scores_f32` (`IX_KEYS`).
+const INDEXER_KEYS: usize = 64;
 /// Largest grid y dimension.
 const GRID_Y: usize = 65535;
 
@@ -108,7 +107,7 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// q `[n, heads·hd]`, k `[m, hd]`, w `[n, heads]` → `[n, m]`; one block per query row.
+    /// q `[n, heads·hd]`, k `[m, hd]`, w `[n, heads]` → `[n, m]`; one block per (query, key tile).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn indexer_scores(
         &self,
@@ -122,14 +121,6 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "indexer_scores";
         let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
-        let cols = q.cols();
-        let shared = (cols + n_heads) * 4;
-        if shared > DEFAULT_SHARED_BYTES {
-            return Err(Self::unsupported(
-                Op::IndexerScores,
-                format!("{n_heads}x{hd} query heads (the kernel keeps a query row in shared memory)"),
-            ));
-        }
         let mut y = self.alloc(OP, vec![n, m], DType::F32)?;
         if n == 0 || m == 0 {
             return Ok(y);
@@ -142,11 +133,12 @@ impl CudaBackend {
             check_u32(OP, "head dim", hd)?,
         ];
         let (pos32, r32) = (check_u32(OP, "pos0", pos0)?, check_u32(OP, "ratio", ratio)?);
-        let gx = n.min(MAX_BLOCKS);
+        // key tiles x queries (y, continued in z past the grid's y limit)
+        let gy = n.min(GRID_Y);
         let cfg = LaunchConfig {
-            grid_dim: (gx as u32, n.div_ceil(gx) as u32, 1),
+            grid_dim: (m.div_ceil(INDEXER_KEYS) as u32, gy as u32, n.div_ceil(gy) as u32),
             block_dim: (INDEXER_THREADS, 1, 1),
-            shared_mem_bytes: shared as u32,
+            shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
         l.arg(&q.buf).arg(&k.buf).arg(&w.buf).arg(&mut y.buf);
