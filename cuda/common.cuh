@@ -420,29 +420,21 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
     for (unsigned int i = 0; i < 2; ++i)
         for (unsigned int j = 0; j < 4; ++j)
             for (unsigned int e = 0; e < 4; ++e) acc[i][j][e] = aux[i][j][e] = 0.0f;
-    // Software pipeline: the operands of step k0 + GEMM_BK are fetched from global memory into
-    // registers (xa, xw) while the tensor cores work on step k0 from shared memory.
-    float xa[GEMM_STAGE_ROWS][2], xw[GEMM_STAGE_ROWS][2];
-    auto fetch = [&](unsigned int k0) {
+    for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
         const unsigned int kk = k0 + 2u * st.kp;
 #pragma unroll
         for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
-            st.load_a(op, i, kk, k, &xa[i][0], &xa[i][1]);
-            st.template load_w2<FMT>(w, i, kk, k, &xw[i][0], &xw[i][1]);
-        }
-    };
-    fetch(0);
-    for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
-#pragma unroll
-        for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
             const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
+            float x0, x1;
+            st.load_a(op, i, kk, k, &x0, &x1);
             unsigned int h0, m0, l0, h1, m1, l1;
-            split_bf16x3(xa[i][0], &h0, &m0, &l0);
-            split_bf16x3(xa[i][1], &h1, &m1, &l1);
+            split_bf16x3(x0, &h0, &m0, &l0);
+            split_bf16x3(x1, &h1, &m1, &l1);
             as[0][r][st.kp] = h0 | (h1 << 16);
             as[1][r][st.kp] = m0 | (m1 << 16);
             as[2][r][st.kp] = l0 | (l1 << 16);
-            const float w0 = xw[i][0], w1 = xw[i][1];
+            float w0, w1;
+            st.template load_w2<FMT>(w, i, kk, k, &w0, &w1);
             if constexpr (FMT == 2) {
                 unsigned int wh0, wl0, wh1, wl1;
                 split_bf16x2(w0, &wh0, &wl0);
@@ -455,7 +447,6 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
             }
         }
         __syncthreads();
-        if (k0 + GEMM_BK < k) fetch(k0 + GEMM_BK);
         for (unsigned int ks = 0; ks < GEMM_KP; ks += 8u) { // two k16 steps per GEMM_BK
             unsigned int af[3][2][4];
 #pragma unroll
