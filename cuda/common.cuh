@@ -504,20 +504,28 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 }
 
 // Few rows (decode: one token, or the few slots of each expert): a 64-row tile would stage
-// mostly zeros and give only cols / 64 blocks to stream the weight, so instead each warp owns
-// one pair of output columns (c, c + 1) for all rows, its lanes stride over k (consecutive lanes,
-// consecutive weights: coalesced), and the grid has cols / 2 warps to keep the memory busy. Plain
-// f32 FMAs of the decoded weights (the f32 path's products), a warp-shuffle sum at the end.
-// Block GEMM_THREADS = GEMV_WARPS warps; block b, warp v owns columns 2 (GEMV_WARPS b + v) + {0, 1}.
+// mostly zeros and give only cols / 64 blocks to stream the weight, so instead a warp owns one
+// pair of output columns (c, c + 1) for all rows, its lanes stride over k (consecutive lanes,
+// consecutive weights: coalesced), and the grid has a warp per column pair to keep the memory
+// busy. With fewer than GEMV_SPLIT_PAIRS pairs (a narrow projection, such as the mHC mix) that
+// is too few warps, so the four warps of a block share one pair, each taking every fourth run of
+// 32 k, and their sums meet in shared memory (warp order). Plain f32 FMAs of the decoded weights
+// (the f32 path's products), a warp-shuffle sum at the end.
+// Block GEMM_THREADS = GEMV_WARPS warps; block b, warp v owns columns 2 (GEMV_WARPS b + v) + {0, 1},
+// or all warps columns 2b + {0, 1} when split.
 #define GEMV_ROWS 8
 #define GEMV_WARPS (GEMM_THREADS / 32)
 #define GEMV_COLS (2 * GEMV_WARPS)
+#define GEMV_SPLIT_PAIRS 512
 
 template <int FMT, class Op>
 __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
                                           unsigned int k, unsigned int block) {
-    const unsigned int lane = threadIdx.x % 32u;
-    const unsigned int c = 2u * (block * GEMV_WARPS + threadIdx.x / 32u);
+    __shared__ float part[GEMV_WARPS][GEMV_ROWS][2];
+    const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
+    const bool split = cols < 2u * GEMV_SPLIT_PAIRS; // the same in every block
+    const unsigned int c = split ? 2u * block : 2u * (block * GEMV_WARPS + warp);
+    const unsigned int k_first = split ? 32u * warp + lane : lane, k_step = split ? GEMM_THREADS : 32u;
     // no early return: every lane of the block reaches the shuffles (and the emulator's barrier)
     const bool have0 = c < cols, have1 = c + 1u < cols;
     const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : 0;
@@ -530,7 +538,7 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
     for (unsigned int i = 0; i < GEMV_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
     if (have0) {
 #pragma unroll 4
-        for (unsigned int kk = lane; kk < k; kk += 32u) {
+        for (unsigned int kk = k_first; kk < k; kk += k_step) {
             const float wa = load_w<FMT>(w, w0 + kk), wb = have1 ? load_w<FMT>(w, w1 + kk) : 0.0f;
 #pragma unroll
             for (unsigned int i = 0; i < GEMV_ROWS; ++i)
@@ -547,13 +555,30 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
             acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][0], o);
             acc[i][1] += __shfl_xor_sync(0xffffffffu, acc[i][1], o);
         }
-    if (lane == 0 && have0)
+    if (split) {
+        if (lane == 0)
+            for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
+                part[warp][i][0] = acc[i][0];
+                part[warp][i][1] = acc[i][1];
+            }
+        __syncthreads();
+        if (threadIdx.x == 0 && have0)
+            for (unsigned int i = 0; i < rows && i < GEMV_ROWS; ++i) {
+                float v0 = 0.0f, v1 = 0.0f;
+                for (unsigned int v = 0; v < GEMV_WARPS; ++v) {
+                    v0 += part[v][i][0];
+                    v1 += part[v][i][1];
+                }
+                op.store2(i, c, v0, v1);
+            }
+    } else if (lane == 0 && have0) {
         for (unsigned int i = 0; i < rows && i < GEMV_ROWS; ++i) op.store2(i, c, acc[i][0], acc[i][1]);
+    }
 }
 
 // The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
 // every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, column block
-// col_block of GEMV_COLS columns; else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
+// col_block of GEMV_COLS columns (of 2 when it splits k); else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
 // sizes the grid by the same rule (`gemm_cols_per_block` in src/backend/cuda/mod.rs).
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_block(const Op& op, const void* w, unsigned int rows, unsigned int cols,

@@ -27,9 +27,10 @@
 //   rms_norm_heads_f32:  one block (blockDim multiple of 32) per (row, head) segment of hd
 //                        elements, segments grid-strided; x [segs*hd] -> x * rsqrt(mean(x^2)+eps)
 //   topk_rows_i32:       one block (LMS_TOPK_THREADS) per row, rows grid-strided; x [n, m] ->
-//                        i32 [n, k]: k rounds of a block argmax over the finite values ranked
-//                        after the previous pick (value descending, then column ascending);
-//                        once none is left, the remaining slots get -1
+//                        i32 [n, k]: the finite values ranked value descending, then column
+//                        ascending; slot s = the column of rank s, -1 past the finite ones
+//                        (ranks counted in shared memory for short rows, else k rounds of a
+//                        block argmax, see topk_row_by_rank)
 // Warp kernels (blockDim = 32: one warp per block, so __syncwarp orders the block's memory):
 //   route_experts_f32:   one warp per token row, rows grid-strided: logits [n, e], bias [kinds, e],
 //                        kind i32 [n], (hashed) table i32 [vocab, k] and tok i32 [n] -> ids i32
@@ -265,13 +266,49 @@ __device__ __forceinline__ bool lms_ranks_before(float v1, unsigned int c1, floa
     return v1 > v2 || (v1 == v2 && c1 < c2);
 }
 
+// Rows of at most LMS_TOPK_RANK_MAX columns (the indexer's up to a few thousand compressed
+// entries): the row is staged in shared memory and every finite element counts the finite
+// elements ranked before it; its rank, if below k, is its slot. One pass, no rounds: O(m^2)
+// comparisons, all reading the same shared word at a time. Longer rows take k rounds of a block
+// argmax, O(k m). Both give the same slots.
+#define LMS_TOPK_RANK_MAX 2048
+
+__device__ __forceinline__ void topk_row_by_rank(const float* xr, int* yr, unsigned int m, unsigned int k,
+                                                 float* sv, float* red) {
+    const unsigned int tid = threadIdx.x;
+    float finite = 0.0f;
+    for (unsigned int j = tid; j < m; j += LMS_TOPK_THREADS) {
+        sv[j] = xr[j];
+        finite += lms_is_finite(sv[j]) ? 1.0f : 0.0f;
+    }
+    const unsigned int f = (unsigned int)block_sum(finite, red); // exact: at most 2048; syncs sv too
+    for (unsigned int j = tid; j < m; j += LMS_TOPK_THREADS) {
+        const float v = sv[j];
+        if (!lms_is_finite(v)) continue;
+        unsigned int rank = 0;
+        for (unsigned int i = 0; i < m; ++i) {
+            const float u = sv[i];
+            rank += lms_is_finite(u) && lms_ranks_before(u, i, v, j);
+        }
+        if (rank < k) yr[rank] = (int)j;
+    }
+    for (unsigned int s = (f < k ? f : k) + tid; s < k; s += LMS_TOPK_THREADS) yr[s] = -1;
+    __syncthreads(); // sv is read before the next row overwrites it
+}
+
 extern "C" __global__ void topk_rows_i32(const float* x, int* out, unsigned int n, unsigned int m, unsigned int k) {
     __shared__ float rv[LMS_TOPK_THREADS];
     __shared__ unsigned int rc[LMS_TOPK_THREADS];
+    __shared__ float sv[LMS_TOPK_RANK_MAX];
+    __shared__ float red[32];
     const unsigned int tid = threadIdx.x;
     for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {
         const float* xr = x + (u64)row * m;
         int* yr = out + (u64)row * k;
+        if (m <= LMS_TOPK_RANK_MAX) { // the same in every block
+            topk_row_by_rank(xr, yr, m, k, sv, red);
+            continue;
+        }
         float pv = 0.0f;          // previous pick (value, column); none before the first round
         unsigned int pc = LMS_NONE;
         unsigned int s = 0;

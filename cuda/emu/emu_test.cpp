@@ -39,6 +39,7 @@ static unsigned blocks1d(size_t total) {
 
 // gemm_block's grid (common.cuh): (column blocks, row tiles) for cols columns, rows rows.
 static dim3 gemm_grid(unsigned rows, unsigned cols) {
+    if (rows <= GEMV_ROWS && cols < 2 * GEMV_SPLIT_PAIRS) return dim3{(cols + 1) / 2, 1};
     if (rows <= GEMV_ROWS) return dim3{(cols + GEMV_COLS - 1) / GEMV_COLS, 1};
     return dim3{(cols + 63) / 64, (rows + 63) / 64};
 }
@@ -245,9 +246,10 @@ static void test_attention() {
 }
 
 static void test_linear() {
-    // n <= 8 takes gemv_cols: one row, eight (the bound), an odd column count
+    // n <= 8 takes gemv_cols (its warps split k below 1024 columns): one row, eight (the bound), odd counts
     unsigned shapes[][3] = {{1, 7, 5},    {37, 70, 45}, {130, 96, 67}, {70, 300, 33},
-                            {65, 33, 129}, {8, 300, 45}, {3, 70, 17},  {9, 40, 9}};
+                            {65, 33, 129}, {8, 300, 45}, {3, 70, 17},  {9, 40, 9},
+                            {2, 40, 1029}}; // the last: enough columns for a warp per column pair
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto& sh : shapes) {
             unsigned n = sh[0], k = sh[1], o = sh[2];
@@ -1102,8 +1104,9 @@ static std::vector<int> topk_ref(const std::vector<float>& x, unsigned n, unsign
 
 static void test_topk() {
     // {n, m, k, blocks}: ties, -inf / NaN / +inf, a short row, k > m, m beyond one block pass,
-    // fewer blocks than rows (grid-stride over rows)
-    unsigned configs[][4] = {{6, 300, 40, 6}, {3, 5, 9, 3}, {4, 1000, 7, 2}, {2, 0, 3, 2}, {5, 600, 600, 5}};
+    // fewer blocks than rows (grid-stride over rows); m > 2048 takes the rounds, the others the ranks
+    unsigned configs[][4] = {{6, 300, 40, 6}, {3, 5, 9, 3},    {4, 1000, 7, 2},
+                             {2, 0, 3, 2},    {5, 600, 600, 5}, {3, 3000, 40, 2}};
     for (auto& cf : configs) {
         unsigned n = cf[0], m = cf[1], k = cf[2], blocks = cf[3];
         std::vector<float> x(n * m);

@@ -69,14 +69,18 @@ const GEMM_BM: u32 = 64;
 const GEMM_BN: u32 = 64;
 const GEMM_THREADS: u32 = 128;
 /// At most this many rows (`GEMV_ROWS`), `gemm_block` takes the small-row path: `GEMV_COLS`
-/// output columns per block (two per warp) and one row block.
+/// output columns per block (two per warp) and one row block; with fewer than
+/// `GEMV_SPLIT_PAIRS` column pairs, two columns per block (its warps split k).
 const GEMV_ROWS: usize = 8;
 const GEMV_COLS: u32 = 8;
+const GEMV_SPLIT_PAIRS: usize = 512;
 
 /// `gemm_block`'s grid for `cols` output columns when no block sees more than `bound_rows` rows
 /// (cuda/common.cuh): (column blocks, row tiles).
 fn gemm_grid(bound_rows: usize, cols: usize) -> (usize, usize) {
-    if bound_rows <= GEMV_ROWS {
+    if bound_rows <= GEMV_ROWS && cols < 2 * GEMV_SPLIT_PAIRS {
+        (cols.div_ceil(2), 1)
+    } else if bound_rows <= GEMV_ROWS {
         (cols.div_ceil(GEMV_COLS as usize), 1)
     } else {
         (cols.div_ceil(GEMM_BN as usize), bound_rows.div_ceil(GEMM_BM as usize))
@@ -1233,6 +1237,7 @@ mod tests {
             ("GEMM_BN", GEMM_BN),
             ("GEMM_THREADS", GEMM_THREADS),
             ("GEMV_ROWS", GEMV_ROWS as u32),
+            ("GEMV_SPLIT_PAIRS", GEMV_SPLIT_PAIRS as u32),
         ] {
             let define = format!("#define {name} {value}\n");
             assert!(common.contains(&define), "cuda/common.cuh lacks `{}`", define.trim_end());
