@@ -228,6 +228,11 @@ __device__ __forceinline__ void fa_accumulate(const float* PT, const float* alph
 #define GEMM_BN 64
 #define GEMM_BK 32
 #define GEMM_THREADS 128
+// Every GEMM kernel is declared GEMM_LAUNCH: at most 128 registers a thread, so four blocks (16
+// warps) fit an SM; unbounded, NVRTC gave 130-154 and three blocks (12 warps), and the tiles'
+// load latency went unhidden (Nsight Compute: 30 % issue-slot use, ViT and expert GEMMs).
+#define GEMM_MIN_BLOCKS 4
+#define GEMM_LAUNCH __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 // k pairs per staged row (the MMA path keeps two bf16 of adjacent k in one 32-bit word) and the
 // padded row length in words: 20 words spreads the fragment loads of a warp over all 32 banks.
 #define GEMM_KP (GEMM_BK / 2)

@@ -151,17 +151,17 @@ __device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, c
     gemm_block<FMT>(op, (const void*)w13[t.expert], t.rows, 2u * h, d, slots, blockIdx.x, 0u);
 }
 
-extern "C" __global__ void moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
+extern "C" __global__ void GEMM_LAUNCH moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
                                       unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
     moe_up_tiled<0>(x, order, tiles, w13, hid, slots, d, h, k, limit);
 }
 
-extern "C" __global__ void moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
+extern "C" __global__ void GEMM_LAUNCH moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
                                        unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
     moe_up_tiled<1>(x, order, tiles, w13, hid, slots, d, h, k, limit);
 }
 
-extern "C" __global__ void moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
+extern "C" __global__ void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
                                       unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
     moe_up_tiled<2>(x, order, tiles, w13, hid, slots, d, h, k, limit);
 }
@@ -196,17 +196,17 @@ __device__ __forceinline__ void moe_down_tiled(const float* hid, const int* orde
     gemm_block<FMT>(op, (const void*)w2[t.expert], t.rows, d, h, slots, blockIdx.x, 0u);
 }
 
-extern "C" __global__ void moe_down_f32(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
+extern "C" __global__ void GEMM_LAUNCH moe_down_f32(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
                                         unsigned int slots, unsigned int d, unsigned int h) {
     moe_down_tiled<0>(hid, order, tiles, w2, ys, slots, d, h);
 }
 
-extern "C" __global__ void moe_down_bf16(const float* hid, const int* order, const int* tiles, const u64* w2,
+extern "C" __global__ void GEMM_LAUNCH moe_down_bf16(const float* hid, const int* order, const int* tiles, const u64* w2,
                                          float* ys, unsigned int slots, unsigned int d, unsigned int h) {
     moe_down_tiled<1>(hid, order, tiles, w2, ys, slots, d, h);
 }
 
-extern "C" __global__ void moe_down_f16(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
+extern "C" __global__ void GEMM_LAUNCH moe_down_f16(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
                                         unsigned int slots, unsigned int d, unsigned int h) {
     moe_down_tiled<2>(hid, order, tiles, w2, ys, slots, d, h);
 }

@@ -31,6 +31,7 @@ inline std::vector<float> g_dyn_smem;
 inline std::vector<unsigned> g_mma; // per thread: the 4 A and 2 B registers of its mma fragments
 
 #define __global__
+#define __launch_bounds__(...)
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
