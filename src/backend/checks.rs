@@ -69,13 +69,7 @@ pub(crate) fn linear<T: DeviceTensor>(x: &T, w: &impl NamedWeight, bias: Option<
         ));
     }
     if let Some(b) = bias {
-        input(OP, "bias", b, DType::F32)?;
-        if numel(b) != w.rows() {
-            return Err(Error::shape(
-                OP,
-                format!("bias {:?} for weight `{}` with {} rows", b.shape(), w.name(), w.rows()),
-            ));
-        }
+        bias_of(OP, b, w)?;
     }
     Ok((n, k))
 }
@@ -215,15 +209,18 @@ pub(crate) fn unfold_linear_gelu<T: DeviceTensor>(
         ));
     }
     if let Some(b) = bias {
-        input(OP, "bias", b, DType::F32)?;
-        if numel(b) != weight.rows() {
-            return Err(Error::shape(
-                OP,
-                format!("bias {:?} for weight `{}` with {} rows", b.shape(), weight.name(), weight.rows()),
-            ));
-        }
+        bias_of(OP, b, weight)?;
     }
     Ok((c, h.div_ceil(r) * w.div_ceil(r), weight.cols()))
+}
+
+/// A bias `[out]` for a weight of `out` rows.
+fn bias_of(op: &'static str, b: &impl DeviceTensor, w: &impl NamedWeight) -> Result<()> {
+    input(op, "bias", b, DType::F32)?;
+    if numel(b) != w.rows() {
+        return Err(Error::shape(op, format!("bias {:?} for weight `{}` with {} rows", b.shape(), w.name(), w.rows())));
+    }
+    Ok(())
 }
 
 // ---- language model ----------------------------------------------------------------------

@@ -47,8 +47,8 @@ impl CudaBackend {
     ///
     /// Cached rather than uploaded per call: a copy from pageable host memory may be synchronous
     /// with respect to the host (CUDA's notes on API synchronisation), the very wait the grouped
-    /// launches remove, and a model passes the same experts every step. The key is the addresses themselves, so an entry is
-    /// never stale, even when a freed weight's address is reused. A table dropped from the cache
+    /// launches remove, and a model passes the same experts every step. The key is the addresses
+    /// themselves, so an entry is never stale, even when a freed weight's address is reused. A table dropped from the cache
     /// while a kernel still reads it is safe: cudarc frees a `CudaSlice` in stream order
     /// (`cuMemFreeAsync` on this lane's one stream, or a synchronise first where the device has no
     /// stream-ordered allocator), so after every kernel issued before the drop.
