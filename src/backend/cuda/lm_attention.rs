@@ -6,7 +6,9 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, CudaTensor, CudaWeight, GEMM_THREADS, Source, cfg_1d, check_u32, flash_stride, gemm_grid};
+use super::{
+    CudaBackend, CudaTensor, CudaWeight, GEMM_THREADS, GRID_Y, Source, cfg_1d, check_u32, flash_stride, gemm_grid,
+};
 use crate::backend::checks;
 use crate::backend::{DType, Op, WeightFormat};
 use crate::error::{Error, Result};
@@ -24,8 +26,6 @@ const SINK_SPLIT_TARGET_BLOCKS: usize = 264;
 const INDEXER_THREADS: u32 = 256;
 /// Keys per block of `indexer_scores_f32` (`IX_KEYS`).
 const INDEXER_KEYS: usize = 64;
-/// Largest grid y dimension.
-const GRID_Y: usize = 65535;
 
 impl CudaBackend {
     /// q `[n, heads·hd]`, kv `[m, hd]`, window i32 `[n, 2]`, comp (`[c, hd]`, idx i32 `[n, k]`),

@@ -56,6 +56,8 @@ pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 const THREADS: u32 = 256;
 /// Cap on the blocks of a 1-D launch (the kernels grid-stride over the rest).
 const MAX_BLOCKS: usize = 1 << 20;
+/// Largest grid y (and z) dimension.
+const GRID_Y: usize = 65535;
 /// Threads per block of `attention_f32` (`ATT_THREADS` in cuda/attention.cu).
 const ATTENTION_THREADS: u32 = 128;
 /// Queries per block of `attention_f32` (`ATT_ROWS`).
@@ -859,7 +861,7 @@ impl Backend for CudaBackend {
             return Ok(y);
         }
         let (gx, gy) = gemm_grid(n, w.rows);
-        if gy > 65535 {
+        if gy > GRID_Y {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
         let kernel = match w.format {
@@ -987,8 +989,8 @@ impl Backend for CudaBackend {
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, n_heads: usize) -> Result<CudaTensor> {
         const OP: &str = "attention";
         let (n, hd) = checks::attention(q, k, v, n_heads)?;
-        if n_heads > 65535 {
-            return Err(Self::unsupported(Op::Attention, format!("{n_heads} heads (grid limit 65535)")));
+        if n_heads > GRID_Y {
+            return Err(Self::unsupported(Op::Attention, format!("{n_heads} heads (grid limit {GRID_Y})")));
         }
         let mut y = self.alloc(OP, q.shape.clone(), DType::F32)?;
         if n == 0 || hd == 0 {
@@ -1046,7 +1048,7 @@ impl Backend for CudaBackend {
             return Ok(y);
         }
         let gy = cells.div_ceil(GEMM_BM as usize);
-        if gy > 65535 {
+        if gy > GRID_Y {
             return Err(Error::Device(format!("op `{OP}`: {cells} cells exceed the grid limit of the kernel")));
         }
         let kernel = match weight.format {

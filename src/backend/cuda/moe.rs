@@ -18,15 +18,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, LANE, Role, Source, check_u32, gemm_grid};
+use super::{
+    CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, GRID_Y, LANE, Role, Source, check_u32, gemm_grid,
+};
 use crate::backend::checks;
 use crate::backend::{DType, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads of the single `moe_route` block (`MR_THREADS` in cuda/moe.cu).
 const ROUTE_THREADS: u32 = 256;
-/// Largest grid y dimension.
-const GRID_Y: usize = 65535;
 /// Address tables kept by `expert_table` before it starts over (a model has one per MoE layer).
 const EXPERT_TABLES_MAX: usize = 256;
 
