@@ -6,6 +6,7 @@
 //! - [`weights`]: safetensors (mmap, shards) and the tensor accounting
 //! - [`processor`]: image decode, Pillow-exact resize/pad, size solver, N-layout block
 //! - [`tokenizer`]: tokenizer.json, the chat prompt, streamed text output
+//! - [`formats`]: weight storage formats (float and block-quantised) and their reference decoders
 //! - [`backend`]: the `Backend` contract and its lanes
 //! - [`progress`]: the load progress bar on stderr
 //! - [`model`]: the graph, written once against `Backend`
@@ -13,6 +14,7 @@
 pub mod backend;
 pub mod config;
 pub mod error;
+pub mod formats;
 pub mod model;
 pub mod pipeline;
 pub mod processor;

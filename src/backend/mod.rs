@@ -8,7 +8,7 @@
 //!   forward pass never calls `download` between ops.
 //! - The matrix operand of `linear` is a separate `Weight` handle that keeps the checkpoint's
 //!   storage format (`WeightFormat`): a bf16 weight stays bf16 in device memory and is converted
-//!   inside the kernel. Block-quantised formats are added to `WeightFormat` later, the same way.
+//!   inside the kernel; so are the block formats (GGUF K/IQ quants, MXFP4, FP8; `crate::formats`).
 //! - A lane that lacks an op or a format returns `Error::Unsupported` naming the op; it never
 //!   falls back to another lane silently.
 
@@ -38,38 +38,7 @@ impl fmt::Display for DType {
     }
 }
 
-/// Storage format of a `linear` weight matrix, as it lies in the checkpoint and on the device.
-/// Later issues add block formats (GGUF Q8_0, K-quants, IQ1_S/IQ2_XXS, FP8/FP4 with E8M0
-/// scales); each is dequantised inside the kernels, never expanded in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WeightFormat {
-    F32,
-    F16,
-    BF16,
-}
-
-impl WeightFormat {
-    /// Bytes one row of `cols` elements occupies in this format.
-    pub fn row_bytes(self, cols: usize) -> usize {
-        match self {
-            WeightFormat::F32 => cols * 4,
-            WeightFormat::F16 | WeightFormat::BF16 => cols * 2,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightFormat::F32 => "F32",
-            WeightFormat::F16 => "F16",
-            WeightFormat::BF16 => "BF16",
-        }
-    }
-}
-
-impl fmt::Display for WeightFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::formats::{WeightFormat, decode_row};
 
 /// Host-side data of an activation tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -142,6 +111,7 @@ pub struct HostWeight<'a> {
 
 impl HostWeight<'_> {
     pub fn validate(&self) -> Result<()> {
+        self.format.check_cols(self.cols).map_err(|msg| Error::tensor(&self.name, msg))?;
         let want = self.rows * self.format.row_bytes(self.cols);
         if self.bytes.len() != want {
             return Err(Error::tensor(
@@ -165,27 +135,6 @@ impl HostWeight<'_> {
             &self.bytes[r * self.format.row_bytes(self.cols)..][..self.format.row_bytes(self.cols)],
             out,
         );
-    }
-}
-
-/// Decode one little-endian row of `format` elements into f32.
-pub fn decode_row(format: WeightFormat, bytes: &[u8], out: &mut [f32]) {
-    match format {
-        WeightFormat::F32 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        WeightFormat::F16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        WeightFormat::BF16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
     }
 }
 

@@ -199,6 +199,7 @@ impl CudaBackend {
             WeightFormat::F32 => "grouped_linear_f32",
             WeightFormat::BF16 => "grouped_linear_bf16",
             WeightFormat::F16 => "grouped_linear_f16",
+            f => return Err(Self::unsupported(Op::GroupedLinear, format!("{f} weights"))),
         };
         let f = self.func(Source::LmAttention, kernel)?;
         let sizes = [

@@ -10,7 +10,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{CudaBackend, CudaTensor, CudaWeight, MAX_BLOCKS, Source, THREADS, check_u32};
 use crate::backend::checks;
-use crate::backend::{DType, DeviceTensor, WeightFormat};
+use crate::backend::{DType, DeviceTensor, Op, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
@@ -29,6 +29,7 @@ impl CudaBackend {
             WeightFormat::F32 => 0,
             WeightFormat::BF16 => 1,
             WeightFormat::F16 => 2,
+            f => return Err(Self::unsupported(Op::EmbedRows, format!("{f} weights"))),
         };
         let sizes = [check_u32(OP, "ids", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "vocab", table.rows)?, fmt];
         self.launch_1d(OP, Source::LmSmall, "embed_rows_f32", &[&table.buf, &ids.buf], &mut y, &sizes, n * d)?;

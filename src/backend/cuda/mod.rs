@@ -782,8 +782,8 @@ impl Backend for CudaBackend {
     }
 
     /// Every op of the contract, language-model ops included, for every weight format.
-    fn supports(&self, _op: Op, _format: WeightFormat) -> bool {
-        true
+    fn supports(&self, _op: Op, format: WeightFormat) -> bool {
+        !format.is_block()
     }
 
     fn memory(&self) -> MemoryReport {
@@ -868,6 +868,7 @@ impl Backend for CudaBackend {
             WeightFormat::F32 => "linear_f32",
             WeightFormat::BF16 => "linear_bf16",
             WeightFormat::F16 => "linear_f16",
+            f => return Err(Self::unsupported(Op::Linear, format!("{f} weights"))),
         };
         let f = self.func(Source::Linear, kernel)?;
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
@@ -1055,6 +1056,7 @@ impl Backend for CudaBackend {
             WeightFormat::F32 => "unfold_linear_gelu_f32",
             WeightFormat::BF16 => "unfold_linear_gelu_bf16",
             WeightFormat::F16 => "unfold_linear_gelu_f16",
+            f => return Err(Self::unsupported(Op::UnfoldLinearGelu, format!("{f} weights"))),
         };
         let f = self.func(Source::Linear, kernel)?;
         // the kernel indexes features (c·r²) and grid positions in u32

@@ -905,6 +905,16 @@ impl WgpuBackend {
     }
 }
 
+/// The shaders' `fmt` code of a float weight format (0 f32, 1 bf16, 2 f16).
+fn float_format_code(op: Op, format: WeightFormat) -> Result<u32> {
+    match format {
+        WeightFormat::F32 => Ok(0),
+        WeightFormat::BF16 => Ok(1),
+        WeightFormat::F16 => Ok(2),
+        f => Err(WgpuBackend::unsupported(op, format!("{f} weights"))),
+    }
+}
+
 impl Backend for WgpuBackend {
     type Tensor = WgpuTensor;
     type Weight = WgpuWeight;
@@ -918,7 +928,10 @@ impl Backend for WgpuBackend {
         format!("{} ({:?}, {:?}; driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
     }
 
-    fn supports(&self, op: Op, _format: WeightFormat) -> bool {
+    fn supports(&self, op: Op, format: WeightFormat) -> bool {
+        if format.is_block() {
+            return false;
+        }
         match op {
             Op::Attention => self.limits.max_compute_workgroup_storage_size >= ATTENTION_SHARED_BYTES,
             // every other op, the language-model ones included (shaders/lm.wgsl; `route_experts`
@@ -980,6 +993,7 @@ impl Backend for WgpuBackend {
         let stride_words = match w.format {
             WeightFormat::F32 => w.cols,
             WeightFormat::F16 | WeightFormat::BF16 => w.cols.div_ceil(2),
+            f => return Err(Self::unsupported(Op::Linear, format!("weight `{}` in format {f}", w.name))),
         };
         let padded_row = (stride_words * 4) as u64;
         if padded_row > self.max_binding {
@@ -1049,6 +1063,7 @@ impl Backend for WgpuBackend {
             WeightFormat::BF16 => (Shader::Linear, 1),
             WeightFormat::F16 if self.native_f16 => (Shader::LinearF16, 0),
             WeightFormat::F16 => (Shader::Linear, 2),
+            f => return Err(Self::unsupported(Op::Linear, format!("{f} weights"))),
         };
         let bias_res = match bias {
             Some(b) => b.binding(),
@@ -1313,11 +1328,7 @@ impl Backend for WgpuBackend {
         let (n, d) = checks::embed_rows(table, ids)?;
         self.check_inputs(OP, [("ids", ids)])?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let fmt = match table.format {
-            WeightFormat::F32 => 0,
-            WeightFormat::BF16 => 1,
-            WeightFormat::F16 => 2,
-        };
+        let fmt = float_format_code(Op::EmbedRows, table.format)?;
         for (ci, c) in table.chunks.iter().enumerate() {
             let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &c.buf,
@@ -1596,11 +1607,7 @@ impl Backend for WgpuBackend {
         self.check_inputs(OP, [("x", x)])?;
         let cols = x.cols();
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
-        let fmt = match w.format {
-            WeightFormat::F32 => 0,
-            WeightFormat::BF16 => 1,
-            WeightFormat::F16 => 2,
-        };
+        let fmt = float_format_code(Op::GroupedLinear, w.format)?;
         for c in &w.chunks {
             let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &c.buf,
@@ -1693,11 +1700,7 @@ impl Backend for WgpuBackend {
                 ));
             }
         }
-        let fmt_of = |w: &WgpuWeight| match w.format {
-            WeightFormat::F32 => 0u32,
-            WeightFormat::BF16 => 1,
-            WeightFormat::F16 => 2,
-        };
+        let fmt_of = |w: &WgpuWeight| float_format_code(Op::MoeExperts, w.format);
         fn bind(w: &WgpuWeight) -> wgpu::BindingResource<'_> {
             let c = &w.chunks[0];
             wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -1719,7 +1722,7 @@ impl Backend for WgpuBackend {
                     d as u32,
                     k as u32,
                     e as u32,
-                    fmt_of(a),
+                    fmt_of(a)?,
                     a.stride_words as u32,
                     limit.to_bits(),
                 ],
@@ -1728,7 +1731,7 @@ impl Backend for WgpuBackend {
             self.lm_1d(
                 "moe_down",
                 slots * d,
-                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, fmt_of(b), b.stride_words as u32],
+                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, fmt_of(b)?, b.stride_words as u32],
                 &[(2, hid.binding()), (4, ids.binding()), (8, bind(b)), (6, ys.binding())],
             )?;
         }
