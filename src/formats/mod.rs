@@ -19,6 +19,8 @@
 
 use std::fmt;
 
+pub mod tables;
+
 /// Storage format of a weight matrix, as it lies in the checkpoint and on the device. Each is
 /// decoded inside the kernels, never expanded in memory.
 #[allow(non_camel_case_types)]
