@@ -208,7 +208,7 @@ fn valid_single_file() {
     assert!(matches!(hw.bytes, Cow::Borrowed(_)));
     assert_eq!((hw.rows, hw.cols, hw.format), (DIM, INTER, fovea::backend::WeightFormat::BF16));
     let mut row = vec![0f32; INTER];
-    hw.row_f32(1, &mut row);
+    hw.row_f32(1, &mut row).unwrap();
     let seed = "vision.blocks.1.mlp.w2.weight".len();
     assert_eq!(row, (INTER..2 * INTER).map(|i| value(seed, i)).collect::<Vec<_>>());
 }
@@ -274,7 +274,7 @@ fn unaligned_offset_is_copied_and_read_correctly() {
     let hw = w.as_weight("w").unwrap();
     assert!(matches!(hw.bytes, Cow::Owned(_)));
     let mut row = vec![0f32; 3];
-    hw.row_f32(1, &mut row);
+    hw.row_f32(1, &mut row).unwrap();
     assert_eq!(row, &vals[3..]);
     let hw2 = w.into_weight("w").unwrap();
     assert_eq!(hw2.bytes.len(), 24);

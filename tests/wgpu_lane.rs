@@ -145,7 +145,7 @@ fn check_linear(
     let mut row = vec![0f32; k];
     let mut want = vec![0f64; n * out];
     for o in 0..out {
-        hw.row_f32(o, &mut row);
+        hw.row_f32(o, &mut row).unwrap();
         for i in 0..n {
             let mut s: f64 = if with_bias { bias[o] as f64 } else { 0.0 };
             for j in 0..k {

@@ -110,10 +110,14 @@ pub struct HostWeight<'a> {
 }
 
 impl HostWeight<'_> {
+    /// Checks that the bytes are exactly `rows` rows of `cols` elements in `format`: `cols` a
+    /// whole number of blocks (block formats pack 32, 128 or 256 values per block), and the
+    /// byte count `rows · row_bytes(cols)` without overflow (shapes may come from a file header).
     pub fn validate(&self) -> Result<()> {
         self.format.check_cols(self.cols).map_err(|msg| Error::tensor(&self.name, msg))?;
-        let want = self.rows * self.format.row_bytes(self.cols);
-        if self.bytes.len() != want {
+        let want = self.rows.checked_mul(self.format.row_bytes(self.cols));
+        if want != Some(self.bytes.len()) {
+            let want = want.map_or("more than fits in memory".to_string(), |n| n.to_string());
             return Err(Error::tensor(
                 &self.name,
                 format!(
@@ -128,13 +132,19 @@ impl HostWeight<'_> {
         Ok(())
     }
 
-    /// Row `r` converted to f32 (used by the CPU lane and by tests).
-    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
-        decode_row(
-            self.format,
-            &self.bytes[r * self.format.row_bytes(self.cols)..][..self.format.row_bytes(self.cols)],
-            out,
-        );
+    /// Row `r` decoded to f32 into `out` (`cols` values); for tests and tools. Errors name the
+    /// weight when `r` is not a row of a valid matrix or `out` is not one row long.
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        self.validate()?;
+        if r >= self.rows || out.len() != self.cols {
+            return Err(Error::tensor(
+                &self.name,
+                format!("row {r} into {} values: the matrix is {}x{}", out.len(), self.rows, self.cols),
+            ));
+        }
+        let row_bytes = self.format.row_bytes(self.cols);
+        decode_row(self.format, &self.bytes[r * row_bytes..][..row_bytes], out);
+        Ok(())
     }
 }
 
