@@ -214,52 +214,46 @@ impl fmt::Display for WeightFormat {
 /// Decode one row (`out.len()` elements, `bytes.len() == format.row_bytes(out.len())`) into f32.
 pub fn decode_row(format: WeightFormat, bytes: &[u8], out: &mut [f32]) {
     debug_assert_eq!(bytes.len(), format.row_bytes(out.len()));
-    match format {
-        WeightFormat::F32 => {
+    use WeightFormat::*;
+    // The block decoder: `block_bytes()` bytes → `block_elems()` values.
+    let decode_block: fn(&[u8], &mut [f32]) = match format {
+        F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
+            return;
         }
-        WeightFormat::F16 => {
+        F16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
             }
+            return;
         }
-        WeightFormat::BF16 => {
+        BF16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                 *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
+            return;
         }
-        block => {
-            let (n, nb) = (block.block_elems(), block.block_bytes());
-            for (o, b) in out.chunks_exact_mut(n).zip(bytes.chunks_exact(nb)) {
-                decode_block(block, b, o);
-            }
-        }
-    }
-}
-
-/// Decode one block of a block format: `b` is `block_bytes()` bytes, `out` `block_elems()` values.
-fn decode_block(format: WeightFormat, b: &[u8], out: &mut [f32]) {
-    use WeightFormat::*;
-    match format {
-        Q8_0 => fp::q8_0(b, out),
-        MXFP4 => fp::mxfp4(b, out),
-        FP8_E4M3_B128_E8M0 => fp::fp8_e4m3_b128_e8m0(b, out),
-        FP8_E4M3_B128_F32 => fp::fp8_e4m3_b128_f32(b, out),
-        Q2_K => kquants::q2_k(b, out),
-        Q3_K => kquants::q3_k(b, out),
-        Q4_K => kquants::q4_k(b, out),
-        Q5_K => kquants::q5_k(b, out),
-        Q6_K => kquants::q6_k(b, out),
-        IQ1_S => iquants::iq1_s(b, out),
-        IQ1_M => iquants::iq1_m(b, out),
-        IQ2_XXS => iquants::iq2_xxs(b, out),
-        IQ2_XS => iquants::iq2_xs(b, out),
-        IQ3_XXS => iquants::iq3_xxs(b, out),
-        IQ4_XS => iquants::iq4_xs(b, out),
-        // one-element "blocks": decode_row handles these without coming here
-        F32 | F16 | BF16 => decode_row(format, b, out),
+        Q8_0 => fp::q8_0,
+        MXFP4 => fp::mxfp4,
+        FP8_E4M3_B128_E8M0 => fp::fp8_e4m3_b128_e8m0,
+        FP8_E4M3_B128_F32 => fp::fp8_e4m3_b128_f32,
+        Q2_K => kquants::q2_k,
+        Q3_K => kquants::q3_k,
+        Q4_K => kquants::q4_k,
+        Q5_K => kquants::q5_k,
+        Q6_K => kquants::q6_k,
+        IQ1_S => iquants::iq1_s,
+        IQ1_M => iquants::iq1_m,
+        IQ2_XXS => iquants::iq2_xxs,
+        IQ2_XS => iquants::iq2_xs,
+        IQ3_XXS => iquants::iq3_xxs,
+        IQ4_XS => iquants::iq4_xs,
+    };
+    let (n, nb) = (format.block_elems(), format.block_bytes());
+    for (o, b) in out.chunks_exact_mut(n).zip(bytes.chunks_exact(nb)) {
+        decode_block(b, o);
     }
 }
 
