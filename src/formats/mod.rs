@@ -19,7 +19,12 @@
 
 use std::fmt;
 
+mod fp;
+mod iquants;
+mod kquants;
 pub mod tables;
+
+pub use fp::{e4m3_to_f32, e8m0_to_f32};
 
 /// Storage format of a weight matrix, as it lies in the checkpoint and on the device. Each is
 /// decoded inside the kernels, never expanded in memory.
@@ -236,8 +241,47 @@ pub fn decode_row(format: WeightFormat, bytes: &[u8], out: &mut [f32]) {
 
 /// Decode one block of a block format: `b` is `block_bytes()` bytes, `out` `block_elems()` values.
 fn decode_block(format: WeightFormat, b: &[u8], out: &mut [f32]) {
-    let _ = (format, b, out);
-    unimplemented!("block decoders: filled in by the formats work")
+    use WeightFormat::*;
+    match format {
+        Q8_0 => fp::q8_0(b, out),
+        MXFP4 => fp::mxfp4(b, out),
+        FP8_E4M3_B128_E8M0 => fp::fp8_e4m3_b128_e8m0(b, out),
+        FP8_E4M3_B128_F32 => fp::fp8_e4m3_b128_f32(b, out),
+        Q2_K => kquants::q2_k(b, out),
+        Q3_K => kquants::q3_k(b, out),
+        Q4_K => kquants::q4_k(b, out),
+        Q5_K => kquants::q5_k(b, out),
+        Q6_K => kquants::q6_k(b, out),
+        IQ1_S => iquants::iq1_s(b, out),
+        IQ1_M => iquants::iq1_m(b, out),
+        IQ2_XXS => iquants::iq2_xxs(b, out),
+        IQ2_XS => iquants::iq2_xs(b, out),
+        IQ3_XXS => iquants::iq3_xxs(b, out),
+        IQ4_XS => iquants::iq4_xs(b, out),
+        // one-element "blocks": decode_row handles these without coming here
+        F32 | F16 | BF16 => decode_row(format, b, out),
+    }
+}
+
+/// The little-endian f16 at byte `at` of a block, as f32 (exact, like ggml's
+/// `GGML_FP16_TO_FP32`; a NaN keeps its payload, quieted).
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16_at(b, at)).to_f32()
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// ggml's `ggml_e8m0_to_fp32_half`: half of the E8M0 scale, `2^(e−128)`, built from bits as
+/// ggml does — e = 0 and 1 give the subnormals 2^−128 and 2^−127, and e = 255 gives 2^127
+/// (ggml does not treat 255 as NaN here). Used by MXFP4, whose table holds doubled values.
+fn e8m0_to_f32_half(e: u8) -> f32 {
+    if e < 2 { f32::from_bits(0x0020_0000 << e) } else { f32::from_bits(((e - 1) as u32) << 23) }
 }
 
 #[cfg(test)]
