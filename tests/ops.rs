@@ -853,6 +853,47 @@ fn block_cases() -> Vec<Case> {
     out
 }
 
+/// The CUDA lane's GEMM paths that `block_cases` leaves out, in block formats: linear over 1030
+/// columns (the small-row path with a warp per column pair; `block_cases` has the split-k one and
+/// the tile) and the experts' small-row path (6 slots ≤ `GEMV_ROWS`), every format for both.
+fn cuda_block_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0xc0da);
+    let mut out = Vec::new();
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+        let (n, o, k) = (3, 1030, block_cols(format));
+        let mut c = case(
+            format!("linear {format} x[{n},{k}] W[{o},{k}] + bias"),
+            Op::Linear,
+            REDUCTION,
+            vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[o], 0.5)],
+            |_| Call::Linear { x: 0, bias: Some(1) },
+            Args::default(),
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
+        let (n, e, k) = (2, 4, 3);
+        let d = format.block_elems();
+        let h = 2 * d;
+        let ids: Vec<i32> = (0..n * k).map(|j| [3, 0, 2, 0, 1, 3][j % 6]).collect();
+        let mut c = case(
+            format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k} (small-row path)"),
+            Op::MoeExperts,
+            REDUCTION,
+            vec![randn(&mut r, &[n, d], 3.0), ints(&[n, k], ids), randn(&mut r, &[n, k], 1.0)],
+            |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
+            Args::default(),
+        );
+        for _ in 0..e {
+            c.experts.push((format, 2 * h, d, weight_bytes(&mut r, format, 2 * h, d)));
+        }
+        for _ in 0..e {
+            c.experts.push((format, d, h, weight_bytes(&mut r, format, d, h)));
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Block-format weights over many row chunks (run with a 1 KiB binding cap; x stays under it):
 /// linear and embed_rows in every block format.
 fn block_chunked_cases() -> Vec<Case> {
@@ -1114,7 +1155,12 @@ fn cuda_ops_match_cpu() {
     eprintln!("cuda lane: {}", lane.device_name());
     let mut all = cases();
     all.extend(extra_cases());
-    all.extend(block_cases().into_iter().filter(|c| !c.op.is_lm() || lane.supports(c.op, WeightFormat::F32)));
+    all.extend(
+        block_cases()
+            .into_iter()
+            .chain(cuda_block_cases())
+            .filter(|c| !c.op.is_lm() || lane.supports(c.op, WeightFormat::F32)),
+    );
     // the language-model ops the lane claims (the others answer Unsupported)
     all.extend(
         lm_cases()

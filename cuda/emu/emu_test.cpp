@@ -1258,6 +1258,46 @@ static std::vector<GoldenBlocks> load_golden_blocks() {
     return out;
 }
 
+// fixtures/goldens/formats/<FORMAT>.safetensors (fixtures/gen/formats, the CPU decoders' goldens:
+// quantized rows from ggml_quantize_chunk, edge and random blocks, llama.cpp's to_float values):
+// tensors `blocks` U8 [rows, row bytes] and `values` U32 [rows, cols], read as one GoldenBlocks
+// (rows are whole blocks). An empty name when the file cannot be read as that.
+static GoldenBlocks load_format_goldens(const std::string& format, unsigned bytes, unsigned qk) {
+    GoldenBlocks g{"", bytes, qk, 0, {}, {}};
+    const std::string path = std::string(FORMAT_GOLDENS) + "/" + format + ".safetensors";
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return g;
+    std::vector<unsigned char> file;
+    unsigned char buf[65536];
+    for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) file.insert(file.end(), buf, buf + got);
+    std::fclose(f);
+    uint64_t hlen = 0;
+    if (file.size() < 8) return g;
+    std::memcpy(&hlen, file.data(), 8);
+    if (hlen > file.size() - 8) return g;
+    const std::string header(file.begin() + 8, file.begin() + 8 + hlen);
+    auto tensor = [&](const char* key, unsigned long* rows, unsigned long* cols, unsigned long* a, unsigned long* b) {
+        const size_t at = header.find(std::string("\"") + key + "\"");
+        if (at == std::string::npos) return false;
+        const size_t shape = header.find("\"shape\"", at), offs = header.find("\"data_offsets\"", at);
+        return shape != std::string::npos && offs != std::string::npos &&
+               std::sscanf(header.c_str() + shape, "\"shape\": [%lu, %lu]", rows, cols) == 2 &&
+               std::sscanf(header.c_str() + offs, "\"data_offsets\": [%lu, %lu]", a, b) == 2;
+    };
+    unsigned long br, bc, ba, bb, vr, vc, va, vb;
+    const size_t data = 8 + hlen;
+    if (!tensor("blocks", &br, &bc, &ba, &bb) || !tensor("values", &vr, &vc, &va, &vb) || br != vr ||
+        bc % bytes != 0 || vc != bc / bytes * qk || bb - ba != br * bc || vb - va != vr * vc * 4 ||
+        data + bb > file.size() || data + vb > file.size())
+        return g;
+    g.raw.assign(file.begin() + data + ba, file.begin() + data + bb);
+    g.values.resize(vr * vc);
+    std::memcpy(g.values.data(), file.data() + data + va, vb - va);
+    g.blocks = (unsigned)(br * (bc / bytes));
+    g.name = format + " (fixtures/goldens/formats)";
+    return g;
+}
+
 // Every value of every golden block through dq_run, one at a time and in pairs (the GEMM tile's
 // runs): bit-exact (NaN for NaN).
 template <int FMT>
@@ -1275,7 +1315,7 @@ static void dequant_exact(const GoldenBlocks& g) {
             bad += !same(one[t]) + !same(two[t]);
         }
     }
-    char name[80];
+    char name[96];
     std::snprintf(name, sizeof name, "dq_run %s, %u blocks", g.name.c_str(), g.blocks);
     std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 2 * n,
                 bad || !geometry ? "FAIL" : "ok");
@@ -1471,6 +1511,13 @@ static void test_dequant() {
         for (auto& ch : lower) ch = (char)std::tolower((unsigned char)ch);                                  \
         if (lower == #SFX) {                                                                                \
             dequant_exact<FMT>(g);                                                                          \
+            const GoldenBlocks cpu = load_format_goldens(g.name, g.bytes, g.qk);                            \
+            if (cpu.name.empty()) {                                                                         \
+                std::printf("%-44s cannot read %s.safetensors FAIL\n", "format goldens", g.name.c_str());   \
+                ++failures;                                                                                 \
+            } else {                                                                                        \
+                dequant_exact<FMT>(cpu);                                                                    \
+            }                                                                                               \
             ++seen;                                                                                         \
         }                                                                                                   \
     }

@@ -27,7 +27,8 @@ for f in common.cuh tables dequant.cuh elementwise.cu copy.cu norm.cu rope.cu at
 done > "$out/all_kernels.inc"
 build() {
     g++ -std=c++20 -O2 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas -fno-strict-aliasing \
-        -DEMU_CUDA_ARCH="$1" -DDEQUANT_GOLDENS="\"$here/../../fixtures/goldens/cuda/dequant_blocks.bin\"" -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test_$1"
+        -DEMU_CUDA_ARCH="$1" -DDEQUANT_GOLDENS="\"$here/../../fixtures/goldens/cuda/dequant_blocks.bin\"" \
+        -DFORMAT_GOLDENS="\"$here/../../fixtures/goldens/formats\"" -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test_$1"
 }
 build 900
 build 750
