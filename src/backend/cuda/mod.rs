@@ -1354,6 +1354,30 @@ mod tests {
         }
     }
 
+    /// NVRTC compiles every file for this device (the weight files with the emitted tables and
+    /// cuda/dequant.cuh) and every kernel the lane launches, each weight kernel in every format,
+    /// is in its module. On a GPU machine only: skips without a driver, fails instead under
+    /// `FOVEA_REQUIRE_CUDA=1`.
+    #[test]
+    fn every_kernel_compiles_and_loads() {
+        let b = match CudaBackend::new(0) {
+            Ok(b) => b,
+            Err(e) if std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1") => {
+                panic!("FOVEA_REQUIRE_CUDA=1 but no CUDA lane: {e}")
+            }
+            Err(_) => return,
+        };
+        for (src, name) in KERNELS {
+            b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        for (src, kernels) in WEIGHT_KERNELS {
+            for format in WeightFormat::ALL {
+                let name = kernels.of(format);
+                b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+    }
+
     /// The block formats' codes in cuda/dequant.cuh (`WF_*`, the kernels' compile-time FMT) are
     /// their positions in `WeightFormat::ALL` (which `WeightKernels` indexes by), and its block
     /// geometry is `crate::formats`'.
