@@ -231,8 +231,8 @@ __device__ __forceinline__ void fa_accumulate(const float* PT, const float* alph
 // terms x = hi + mid + lo (truncations; hi·w, mid·w, lo·w are exact products) and the tile does
 // 3 MMAs where a plain bf16 GEMM does one (exact for |x| >= 2^-110, see split_bf16x3). bf16 weights are exact in bf16; an f16 weight (11
 // significant bits) is split exactly into hi + lo, and the tile does 5 MMAs (every product but
-// lo·w_lo, which is below 2^-24 relative). f32 weights, and devices below sm_80 (chosen at compile
-// time by __CUDA_ARCH__), take the FMA path: the same tiles in shared memory, 32 outputs per
+// lo·w_lo, which is below 2^-24 relative). f32 and block-format weights (see gemm_tile), and
+// devices below sm_80 (chosen at compile time by __CUDA_ARCH__), take the FMA path: the same tiles in shared memory, 32 outputs per
 // thread, k accumulated in order with fmaf.
 
 #define GEMM_BM 64
