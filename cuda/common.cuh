@@ -58,9 +58,20 @@ __device__ __forceinline__ float f16_to_f32(unsigned int h) {
     return sign ? -f : f;
 }
 
-// FMT: 0 = f32, 1 = bf16, 2 = f16.
+// FMT: 0 = f32, 1 = bf16, 2 = f16; WF_FIRST_BLOCK and up the block formats, decoded by dq_run
+// (cuda/dequant.cuh, prepended after this prelude to the files with weight kernels; declared here
+// for the GEMM below). idx is a flat element index.
+#define WF_FIRST_BLOCK 3
+template <int FMT>
+__device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsigned int n);
+
 template <int FMT>
 __device__ __forceinline__ float load_w(const void* w, u64 idx) {
+    if constexpr (FMT >= WF_FIRST_BLOCK) {
+        float v;
+        dq_run<FMT>(w, idx, &v, 1u);
+        return v;
+    }
     if (FMT == 0) return ((const float*)w)[idx];
     const unsigned int bits = ((const unsigned short*)w)[idx];
     if (FMT == 1) return __uint_as_float(bits << 16);
@@ -220,8 +231,8 @@ __device__ __forceinline__ void fa_accumulate(const float* PT, const float* alph
 // terms x = hi + mid + lo (truncations; hi·w, mid·w, lo·w are exact products) and the tile does
 // 3 MMAs where a plain bf16 GEMM does one (exact for |x| >= 2^-110, see split_bf16x3). bf16 weights are exact in bf16; an f16 weight (11
 // significant bits) is split exactly into hi + lo, and the tile does 5 MMAs (every product but
-// lo·w_lo, which is below 2^-24 relative). f32 weights, and devices below sm_80 (chosen at compile
-// time by __CUDA_ARCH__), take the FMA path: the same tiles in shared memory, 32 outputs per
+// lo·w_lo, which is below 2^-24 relative). f32 and block-format weights (see gemm_tile), and
+// devices below sm_80 (chosen at compile time by __CUDA_ARCH__), take the FMA path: the same tiles in shared memory, 32 outputs per
 // thread, k accumulated in order with fmaf.
 
 #define GEMM_BM 64
@@ -353,6 +364,15 @@ struct GemmStage {
     __device__ __forceinline__ void load_w2(const void* wp, unsigned int i, unsigned int kk, unsigned int k, float* v0,
                                             float* v1) const {
         const bool ok = w[i] != ~0ull;
+        if constexpr (FMT >= WF_FIRST_BLOCK) {
+            // k is a whole number of (even-sized) blocks and kk is even: both values or neither,
+            // decoded as one run of the block
+            float v[2] = {0.0f, 0.0f};
+            if (ok && kk < k) dq_run<FMT>(wp, w[i] + kk, v, 2u);
+            *v0 = v[0];
+            *v1 = v[1];
+            return;
+        }
         *v0 = (ok && kk < k) ? load_w<FMT>(wp, w[i] + kk) : 0.0f;
         *v1 = (ok && kk + 1 < k) ? load_w<FMT>(wp, w[i] + kk + 1) : 0.0f;
     }
@@ -499,10 +519,16 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
 }
 
 // The block's tile: blockDim.x == GEMM_THREADS.
+// Block formats take the FMA path on every device: a decoded weight is a product such as
+// (d * sc) * q - dmin * m, with up to 24 significant bits, so unlike bf16 (one term) and f16 (two)
+// it is not exact in one or two bf16 terms; a three-term split of it would make 9 MMAs (or 6,
+// dropping the smallest cross terms, no longer exact) per product where the FMA path keeps f32
+// products of the exact decoded value, the same arithmetic as f32 weights. Faster block-format
+// tiles (decode once per block into shared memory, integer MMAs) are the speed issue's.
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned int rows, unsigned int cols,
                                           unsigned int k, unsigned int row0, unsigned int col0) {
-    if constexpr (FMT != 0 && GEMM_TENSOR_CORES)
+    if constexpr ((FMT == 1 || FMT == 2) && GEMM_TENSOR_CORES)
         gemm_tile_mma<FMT>(op, w, rows, cols, k, row0, col0);
     else
         gemm_tile_fma<FMT>(op, w, rows, cols, k, row0, col0);

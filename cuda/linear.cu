@@ -1,5 +1,6 @@
-// linear_{f32,bf16,f16}: y [n, out] = x [n, k] . W [out, k]^T (+ bias [out]).
-// unfold_linear_gelu_{f32,bf16,f16}: the aligner's first layer, gelu_erf(unfold(x) . W^T + bias),
+// linear_{f32,bf16,f16} and linear_<block format> (FOR_EACH_BLOCK_FORMAT in cuda/dequant.cuh:
+// linear_q8_0, ..., linear_fp8_e4m3_b128_f32): y [n, out] = x [n, k] . W [out, k]^T (+ bias [out]).
+// unfold_linear_gelu_{f32,bf16,f16,<block format>}: the aligner's first layer, gelu_erf(unfold(x) . W^T + bias),
 // with the zero-padded r x r unfold gathered in the A operand loads (no unfold buffer).
 // The weight keeps its storage format in device memory and is decoded (and, on tensor cores,
 // split into bf16 terms) as it is staged into shared memory; the GEMM is common.cuh's gemm_block
@@ -44,6 +45,14 @@ extern "C" __global__ void GEMM_LAUNCH linear_f16(const float* x, const unsigned
                                       unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
     linear_tiled<2>(x, w, bias, y, n, k, out, has_bias);
 }
+
+#define LINEAR_BLOCK_KERNEL(SFX, FMT)                                                                       \
+    extern "C" __global__ void GEMM_LAUNCH linear_##SFX(const float* x, const void* w, const float* bias, float* y, \
+                                                        unsigned int n, unsigned int k, unsigned int out,           \
+                                                        unsigned int has_bias) {                                    \
+        linear_tiled<FMT>(x, w, bias, y, n, k, out, has_bias);                                                      \
+    }
+FOR_EACH_BLOCK_FORMAT(LINEAR_BLOCK_KERNEL)
 
 // ---- the aligner's first layer --------------------------------------------------------------
 // x [h*w, c] is the ViT grid (row-major); A row m is unfold cell m = (cy, cx) = (m / cells_w,
@@ -108,3 +117,12 @@ extern "C" __global__ void GEMM_LAUNCH unfold_linear_gelu_f16(const float* x, co
                                                  unsigned int has_bias) {
     unfold_linear_gelu_tiled<2>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
 }
+
+#define UNFOLD_LINEAR_GELU_BLOCK_KERNEL(SFX, FMT)                                                           \
+    extern "C" __global__ void GEMM_LAUNCH unfold_linear_gelu_##SFX(                                        \
+        const float* x, const void* w, const float* bias, float* y, unsigned int c, unsigned int h,         \
+        unsigned int gw, unsigned int r, unsigned int cells_w, unsigned int cells, unsigned int out,        \
+        unsigned int has_bias) {                                                                            \
+        unfold_linear_gelu_tiled<FMT>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);           \
+    }
+FOR_EACH_BLOCK_FORMAT(UNFOLD_LINEAR_GELU_BLOCK_KERNEL)

@@ -313,7 +313,7 @@ extern "C" __global__ void compress_pool_f32(const float* kv, const float* gate,
     }
 }
 
-// ---- grouped_linear_{f32,bf16,f16} ----------------------------------------------------------
+// ---- grouped_linear_{f32,bf16,f16,<block format>} ----------------------------------------------------------
 // x [n, g*k], W [g*r, k] (storage format, decoded in the kernel) -> y [n, g*r]; group j maps
 // columns j*k .. (j+1)*k of x through rows j*r .. (j+1)*r of W. One GEMM block of one group per
 // block (common.cuh's gemm_block): block GEMM_THREADS, grid (g * tiles_r, row tiles) with tiles_r
@@ -362,3 +362,12 @@ extern "C" __global__ void GEMM_LAUNCH grouped_linear_f16(const float* x, const 
                                               unsigned int tiles_r) {
     grouped_tiled<2>(x, w, y, n, k, r, groups, tiles_r);
 }
+
+#define GROUPED_LINEAR_BLOCK_KERNEL(SFX, FMT)                                                               \
+    extern "C" __global__ void GEMM_LAUNCH grouped_linear_##SFX(const float* x, const void* w, float* y,    \
+                                                                unsigned int n, unsigned int k,             \
+                                                                unsigned int r, unsigned int groups,        \
+                                                                unsigned int tiles_r) {                     \
+        grouped_tiled<FMT>(x, w, y, n, k, r, groups, tiles_r);                                              \
+    }
+FOR_EACH_BLOCK_FORMAT(GROUPED_LINEAR_BLOCK_KERNEL)

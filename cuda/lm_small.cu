@@ -4,7 +4,8 @@
 // f32 parameters that go through the lane's 1-D launcher arrive as bit patterns (`*_bits`).
 //
 // 1-D kernels (grid-stride, one output element per loop step; block 256, any grid):
-//   embed_rows_f32:      table [vocab, d] (fmt 0 f32, 1 bf16, 2 f16), ids i32 [n] -> out [n, d];
+//   embed_rows_f32:      table [vocab, d] (fmt 0 f32, 1 bf16, 2 f16; embed_rows_<block format> for
+//                        the block formats), ids i32 [n] -> out [n, d];
 //                        id >= vocab gives a zero row, a negative id a row of NaN (the CPU lane
 //                        returns an error; a GPU lane cannot without a host round trip)
 //   hc_expand_f32:       x [n, d] -> out [n, hc*d], every stream a copy of the row
@@ -52,8 +53,9 @@ __device__ __forceinline__ bool lms_is_finite(float x) {
     return fabsf(x) <= 3.40282346638528859812e+38f;
 }
 
-extern "C" __global__ void embed_rows_f32(const void* table, const int* ids, float* out, unsigned int n,
-                                          unsigned int d, unsigned int vocab, unsigned int fmt) {
+template <int FMT>
+__device__ __forceinline__ void lms_embed_rows(const void* table, const int* ids, float* out, unsigned int n,
+                                               unsigned int d, unsigned int vocab) {
     const u64 total = (u64)n * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 r = i / d, c = i % d;
@@ -64,12 +66,26 @@ extern "C" __global__ void embed_rows_f32(const void* table, const int* ids, flo
         } else if ((unsigned int)id >= vocab) {
             v = 0.0f;
         } else {
-            const u64 at = (u64)id * d + c;
-            v = fmt == 0 ? load_w<0>(table, at) : fmt == 1 ? load_w<1>(table, at) : load_w<2>(table, at);
+            v = load_w<FMT>(table, (u64)id * d + c);
         }
         out[i] = v;
     }
 }
+
+extern "C" __global__ void embed_rows_f32(const void* table, const int* ids, float* out, unsigned int n,
+                                          unsigned int d, unsigned int vocab, unsigned int fmt) {
+    if (fmt == 0) lms_embed_rows<0>(table, ids, out, n, d, vocab);
+    else if (fmt == 1) lms_embed_rows<1>(table, ids, out, n, d, vocab);
+    else lms_embed_rows<2>(table, ids, out, n, d, vocab);
+}
+
+// embed_rows_<block format>: the same for a block-format table (one value decoded per element).
+#define EMBED_ROWS_BLOCK_KERNEL(SFX, FMT)                                                                   \
+    extern "C" __global__ void embed_rows_##SFX(const void* table, const int* ids, float* out,              \
+                                                unsigned int n, unsigned int d, unsigned int vocab) {       \
+        lms_embed_rows<FMT>(table, ids, out, n, d, vocab);                                                  \
+    }
+FOR_EACH_BLOCK_FORMAT(EMBED_ROWS_BLOCK_KERNEL)
 
 extern "C" __global__ void hc_expand_f32(const float* x, float* out, unsigned int n, unsigned int d,
                                          unsigned int hc) {

@@ -110,7 +110,7 @@ __device__ __forceinline__ bool moe_tile(const int* tiles, MoeTile* t) {
     return true;
 }
 
-// ---- moe_up_{f32,bf16,f16} -------------------------------------------------------------------
+// ---- moe_up_{f32,bf16,f16,<block format>} -------------------------------------------------------------------
 // Gathered GEMM with the clamped SwiGLU fused in the epilogue, for the rows p = p0 .. p0 + rows
 // of one tile: hid [slots, h] row p = silu(min(g, limit)) * clamp(u, +-limit)
 // with g = w13[e][j] . x[order[p] / k], u = w13[e][h + j] . x[order[p] / k], j < h.
@@ -166,7 +166,16 @@ extern "C" __global__ void GEMM_LAUNCH moe_up_f16(const float* x, const int* ord
     moe_up_tiled<2>(x, order, tiles, w13, hid, slots, d, h, k, limit);
 }
 
-// ---- moe_down_{f32,bf16,f16} -----------------------------------------------------------------
+#define MOE_UP_BLOCK_KERNEL(SFX, FMT)                                                                       \
+    extern "C" __global__ void GEMM_LAUNCH moe_up_##SFX(const float* x, const int* order, const int* tiles, \
+                                                        const u64* w13, float* hid, unsigned int slots,     \
+                                                        unsigned int d, unsigned int h, unsigned int k,     \
+                                                        float limit) {                                      \
+        moe_up_tiled<FMT>(x, order, tiles, w13, hid, slots, d, h, k, limit);                                \
+    }
+FOR_EACH_BLOCK_FORMAT(MOE_UP_BLOCK_KERNEL)
+
+// ---- moe_down_{f32,bf16,f16,<block format>} -----------------------------------------------------------------
 // ys [slots, d] row order[p] = w2[e] [d, h] . hid[p] for the tile's rows p = p0 .. p0 + rows
 // (common.cuh's gemm_block, plain store scattered back to the slot's row). w2 is the table of the
 // experts' w2 device addresses.
@@ -210,6 +219,15 @@ extern "C" __global__ void GEMM_LAUNCH moe_down_f16(const float* hid, const int*
                                         unsigned int slots, unsigned int d, unsigned int h) {
     moe_down_tiled<2>(hid, order, tiles, w2, ys, slots, d, h);
 }
+
+#define MOE_DOWN_BLOCK_KERNEL(SFX, FMT)                                                                     \
+    extern "C" __global__ void GEMM_LAUNCH moe_down_##SFX(const float* hid, const int* order,               \
+                                                          const int* tiles, const u64* w2, float* ys,       \
+                                                          unsigned int slots, unsigned int d,               \
+                                                          unsigned int h) {                                 \
+        moe_down_tiled<FMT>(hid, order, tiles, w2, ys, slots, d, h);                                        \
+    }
+FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
 
 // ---- moe_combine ---------------------------------------------------------------------------
 // ys [n*k, d], weights [n, k], ids [n, k] -> out [n, d] = sum_s weights[i, s] * ys[i*k + s] in slot

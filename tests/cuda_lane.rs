@@ -83,7 +83,7 @@ fn cuda_lane_claims_every_op_of_the_contract() {
     assert_eq!(b.lane(), "cuda");
     assert!(b.device_name().contains("sm_"), "{}", b.device_name());
     for op in Op::VISION {
-        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        for f in WeightFormat::ALL {
             assert!(b.supports(op, f), "{op:?} {f}");
         }
     }

@@ -7,11 +7,19 @@
 //! elementwise ops (exp, erf, cos/sin, rsqrt) differ by a few f32 ulps: NMSE ≈ (4·2⁻²⁴)² ≈ 6e-14,
 //! bound 1e-12. Reductions (linear, norms, attention) also differ in summation order: a length-K
 //! dot product has relative error ≈ √K·2⁻²⁴; for K ≤ 300 that is ≈ 1e-6, NMSE ≈ 1e-12, bound 1e-10.
+//!
+//! Block formats (Q8_0 … FP8, `block_cases`): every lane decodes each weight to the same f32 as
+//! the CPU lane's `formats::decode_row` (ggml's arithmetic, each product exact in f32), so the
+//! weight ops keep the bounds above: embed_rows EXACT, the reductions REDUCTION (K ≤ 768 here:
+//! relative error ≈ √768·2⁻²⁴ ≈ 1.7e-6, NMSE ≈ 3e-12, still two decades under 1e-10). A decoder
+//! that gets one code, scale or nibble order wrong moves whole runs of weights by O(1) of their
+//! size: NMSE ≳ 1e-3.
 
 mod common;
 
 use std::borrow::Cow;
 
+use common::blocks::weight_bytes;
 use fovea::backend::cpu::CpuBackend;
 use fovea::backend::cuda::CudaBackend;
 use fovea::backend::wgpu::{Options, WgpuBackend};
@@ -279,20 +287,6 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
 fn randn(r: &mut StdRng, shape: &[usize], scale: f32) -> HostTensor {
     let n = shape.iter().product();
     HostTensor::f32(shape.to_vec(), (0..n).map(|_| r.random_range(-scale..scale)).collect()).unwrap()
-}
-
-fn weight_bytes(r: &mut StdRng, format: WeightFormat, rows: usize, cols: usize) -> Vec<u8> {
-    let a = (3.0 / cols as f32).sqrt();
-    (0..rows * cols)
-        .flat_map(|_| {
-            let v = r.random_range(-a..a);
-            match format {
-                WeightFormat::F32 => v.to_le_bytes().to_vec(),
-                WeightFormat::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
-                WeightFormat::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
-            }
-        })
-        .collect()
 }
 
 fn case(
@@ -775,6 +769,164 @@ fn lm_cases() -> Vec<Case> {
     out
 }
 
+/// Weight shapes for a block format: `cols` a whole, odd number of blocks (3) where that stays
+/// small, so row padding and blocks straddling words are exercised (MXFP4 rows of 51 bytes …).
+fn block_cols(format: WeightFormat) -> usize {
+    3 * format.block_elems()
+}
+
+/// Every weight op on every block format (tests/common/blocks.rs makes the bytes): linear with
+/// and without bias over more than one 64-row/64-column tile, grouped_linear, moe_experts (one
+/// format per projection: the format for both, and the published mixes), embed_rows with the
+/// sentinel ids, and the aligner's unfold_linear_gelu.
+fn block_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0xb10c);
+    let mut out = Vec::new();
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+        let k = block_cols(format);
+        for (n, o, bias) in [(5, 67, true), (70, 9, false)] {
+            let mut c = case(
+                format!("linear {format} x[{n},{k}] W[{o},{k}]{}", if bias { " + bias" } else { "" }),
+                Op::Linear,
+                REDUCTION,
+                vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[o], 0.5)],
+                |a| Call::Linear { x: 0, bias: (a.a == 1).then_some(1) },
+                Args { a: bias as usize, ..Default::default() },
+            );
+            c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+            out.push(c);
+        }
+        out.push(grouped_case(&mut r, format, 3, 2, format.block_elems(), 5, ""));
+        let (vocab, d) = (23, 2 * format.block_elems());
+        let mut c = case(
+            format!("embed_rows {format} [{vocab},{d}] sentinels"),
+            Op::EmbedRows,
+            EXACT,
+            vec![ints(&[7], vec![3, 22, -1, 23, 3, 1000, 0])],
+            |_| Call::EmbedRows(0),
+            Args::default(),
+        );
+        c.weight = Some((format, vocab, d, weight_bytes(&mut r, format, vocab, d)));
+        out.push(c);
+        // the aligner: r = 2 over a 5×7 grid (padded on one edge), c·r² = one block
+        let (h, w, rr, o) = (5, 7, 2, 33);
+        let ch = format.block_elems() / (rr * rr);
+        let k = ch * rr * rr;
+        let mut c = case(
+            format!("unfold_linear_gelu {format} {h}x{w}x{ch} r={rr} -> {o}"),
+            Op::UnfoldLinearGelu,
+            REDUCTION,
+            vec![randn(&mut r, &[h * w, ch], 2.0), randn(&mut r, &[o], 0.5)],
+            |a| Call::UnfoldLinearGelu { x: 0, h: a.a, w: a.b, r: a.c, bias: Some(1) },
+            Args { a: h, b: w, c: rr, f: 0.0 },
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
+    }
+    // moe_experts: gate/up (w13) in one format, down (w2) in another, as the published quants mix
+    // them; then every format for both.
+    use WeightFormat::*;
+    let mixes = [(IQ2_XXS, Q2_K), (MXFP4, MXFP4), (IQ1_M, IQ2_XS), (FP8_E4M3_B128_E8M0, Q8_0)]
+        .into_iter()
+        .chain(WeightFormat::ALL.into_iter().filter(|f| f.is_block()).map(|f| (f, f)));
+    for (up, down) in mixes {
+        let (n, e, k) = (6, 5, 3);
+        let d = up.block_elems().max(down.block_elems());
+        let h = d;
+        let ids: Vec<i32> = (0..n * k).map(|j| [0, 2, 3, 1, 2, 0, 3, 1, 2][j % 9]).collect();
+        let mut c = case(
+            format!("moe_experts {up}/{down} n={n} d={d} h={h} {e} experts k={k}"),
+            Op::MoeExperts,
+            REDUCTION,
+            vec![randn(&mut r, &[n, d], 3.0), ints(&[n, k], ids), randn(&mut r, &[n, k], 1.0)],
+            |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
+            Args::default(),
+        );
+        for _ in 0..e {
+            c.experts.push((up, 2 * h, d, weight_bytes(&mut r, up, 2 * h, d)));
+        }
+        for _ in 0..e {
+            c.experts.push((down, d, h, weight_bytes(&mut r, down, d, h)));
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The CUDA lane's GEMM paths that `block_cases` leaves out, in block formats: linear over 1030
+/// columns (the small-row path with a warp per column pair; `block_cases` has the split-k one and
+/// the tile) and the experts' small-row path (6 slots ≤ `GEMV_ROWS`), every format for both.
+fn cuda_block_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0xc0da);
+    let mut out = Vec::new();
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+        let (n, o, k) = (3, 1030, block_cols(format));
+        let mut c = case(
+            format!("linear {format} x[{n},{k}] W[{o},{k}] + bias"),
+            Op::Linear,
+            REDUCTION,
+            vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[o], 0.5)],
+            |_| Call::Linear { x: 0, bias: Some(1) },
+            Args::default(),
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
+        let (n, e, k) = (2, 4, 3);
+        let d = format.block_elems();
+        let h = 2 * d;
+        let ids: Vec<i32> = (0..n * k).map(|j| [3, 0, 2, 0, 1, 3][j % 6]).collect();
+        let mut c = case(
+            format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k} (small-row path)"),
+            Op::MoeExperts,
+            REDUCTION,
+            vec![randn(&mut r, &[n, d], 3.0), ints(&[n, k], ids), randn(&mut r, &[n, k], 1.0)],
+            |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
+            Args::default(),
+        );
+        for _ in 0..e {
+            c.experts.push((format, 2 * h, d, weight_bytes(&mut r, format, 2 * h, d)));
+        }
+        for _ in 0..e {
+            c.experts.push((format, d, h, weight_bytes(&mut r, format, d, h)));
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Block-format weights over many row chunks (run with a 1 KiB binding cap; x stays under it):
+/// linear and embed_rows in every block format.
+fn block_chunked_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0xb1c4);
+    let mut out = Vec::new();
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+        let k = if format.block_elems() == 32 { 96 } else { format.block_elems() };
+        let (n, o) = (1, 45);
+        let mut c = case(
+            format!("linear {format} x[{n},{k}] W[{o},{k}] chunked"),
+            Op::Linear,
+            REDUCTION,
+            vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[o], 0.5)],
+            |_| Call::Linear { x: 0, bias: Some(1) },
+            Args::default(),
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
+        let vocab = 40;
+        let mut c = case(
+            format!("embed_rows {format} [{vocab},{k}] chunked"),
+            Op::EmbedRows,
+            EXACT,
+            vec![ints(&[2], vec![39, 17])],
+            |_| Call::EmbedRows(0),
+            Args::default(),
+        );
+        c.weight = Some((format, vocab, k, weight_bytes(&mut r, format, vocab, k)));
+        out.push(c);
+    }
+    out
+}
+
 /// route_experts: the full-size router (e 256, k 6) with text and image rows (bias / bias_vl),
 /// a NaN and a −inf logit; the vl-scenes hash layer (e 8, k 2) with image tokens; quantised
 /// logits and bias (ties); k = e; n = 1 and n = 0. Tensors: logits, bias `[2, e]`, kind, then
@@ -968,6 +1120,7 @@ fn wgpu_ops_match_cpu() {
     let Some(lane) = common::wgpu_lane(Options { guard_words: 8, ..Options::default() }) else { return };
     let mut all = cases();
     all.extend(lm_cases());
+    all.extend(block_cases());
     let covered = compare_with_cpu(&lane, all);
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
     assert!(missing.is_empty(), "ops without a harness case: {missing:?}");
@@ -984,7 +1137,9 @@ fn wgpu_ops_match_cpu() {
     let opts =
         Options { guard_words: 8, max_binding_bytes: Some(1024), force_f16_fallback: true, ..Options::default() };
     let Some(lane) = common::wgpu_lane(opts) else { return };
-    compare_with_cpu(&lane, chunked_linear_cases());
+    let mut chunked = chunked_linear_cases();
+    chunked.extend(block_chunked_cases());
+    compare_with_cpu(&lane, chunked);
 }
 
 /// The CUDA lane against the CPU lane on every shared/vision op and every language-model op it
@@ -1000,6 +1155,12 @@ fn cuda_ops_match_cpu() {
     eprintln!("cuda lane: {}", lane.device_name());
     let mut all = cases();
     all.extend(extra_cases());
+    all.extend(
+        block_cases()
+            .into_iter()
+            .chain(cuda_block_cases())
+            .filter(|c| !c.op.is_lm() || lane.supports(c.op, WeightFormat::F32)),
+    );
     // the language-model ops the lane claims (the others answer Unsupported)
     all.extend(
         lm_cases()

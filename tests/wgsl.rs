@@ -2,7 +2,8 @@
 //! allowed). New files are picked up automatically; errors print as `file:line`. A few files are
 //! parts that the lane concatenates into one shader (`COMPOSED`, the same order as in
 //! `src/backend/wgpu`): those are validated as the composed shader, and an error line is mapped
-//! back to the part it falls in.
+//! back to the part it falls in. The block-format kernels (`shaders/dequant/`, built per format
+//! with emitted lookup tables) are validated as the lane builds them, one per (kernel, format).
 
 use std::path::Path;
 
@@ -10,6 +11,16 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 /// Shaders the lane builds from several files, in concatenation order.
 const COMPOSED: &[&[&str]] = &[&["linear_packed.wgsl", "linear_tile.wgsl"], &["linear_f16.wgsl", "linear_tile.wgsl"]];
+
+/// Parse and validate one WGSL source; errors carry the 1-based line (when naga gives one).
+fn validate_source(src: &str) -> Result<naga::Module, (Option<u32>, String)> {
+    let module = naga::front::wgsl::parse_str(src)
+        .map_err(|e| (e.location(src).map(|l| l.line_number), e.emit_to_string(src)))?;
+    Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16 | Capabilities::SUBGROUP)
+        .validate(&module)
+        .map_err(|e| (e.location(src).map(|l| l.line_number), e.emit_to_string(src)))?;
+    Ok(module)
+}
 
 /// Validate the concatenation of `parts`; on error name `part:line` of the offending line.
 fn validate(parts: &[&Path]) -> Result<(), String> {
@@ -29,11 +40,7 @@ fn validate(parts: &[&Path]) -> Result<(), String> {
             None => starts.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>().join(" + "),
         }
     };
-    let module = naga::front::wgsl::parse_str(&src)
-        .map_err(|e| format!("{}: {}", locate(e.location(&src).map(|l| l.line_number)), e.emit_to_string(&src)))?;
-    Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16 | Capabilities::SUBGROUP)
-        .validate(&module)
-        .map_err(|e| format!("{}: {}", locate(e.location(&src).map(|l| l.line_number)), e.emit_to_string(&src)))?;
+    let module = validate_source(&src).map_err(|(line, e)| format!("{}: {e}", locate(line)))?;
     if module.entry_points.is_empty() {
         return Err(format!("{}: no entry points", locate(None)));
     }
@@ -60,4 +67,27 @@ fn every_shader_validates() {
         eprintln!("checked {}", f.display());
     }
     assert!(errors.is_empty(), "{} of {} shaders failed:\n{}", errors.len(), shaders.len(), errors.join("\n"));
+}
+
+/// Every block format's build of every block kernel, as the lane creates it (tables emitted from
+/// `src/formats/tables.rs` + `shaders/dequant/common.wgsl` + the format's decoder + the body).
+#[test]
+fn every_block_format_build_validates() {
+    use fovea::backend::WeightFormat;
+    use fovea::backend::wgpu::formats::{BlockKernel, block_shader_source};
+    let mut errors = Vec::new();
+    let mut built = 0;
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+        for kernel in BlockKernel::ALL {
+            let (label, src) = block_shader_source(format, kernel).unwrap_or_else(|| panic!("{format}: no build"));
+            built += 1;
+            match validate_source(&src) {
+                Ok(m) if m.entry_points.is_empty() => errors.push(format!("{label}: no entry points")),
+                Ok(_) => eprintln!("checked {label}"),
+                Err((line, e)) => errors.push(format!("{label}, line {line:?} of the build: {e}")),
+            }
+        }
+    }
+    assert_eq!(built, 2 * 15, "15 block formats x 2 kernels");
+    assert!(errors.is_empty(), "{} of {built} block builds failed:\n{}", errors.len(), errors.join("\n"));
 }

@@ -35,6 +35,13 @@ inline std::vector<unsigned> g_mma; // per thread: the 4 A and 2 B registers of 
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __constant__ static const
+
+// Round-to-nearest float operations that the compiler never fuses (cuda/dequant.cuh): g++ on
+// x86-64 without -mfma emits no fused multiply-add, so the plain operators round the same way.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 
 inline void __syncthreads() { g_bar->arrive_and_wait(); }
 inline unsigned emu_tid() { return threadIdx.y * blockDim.x + threadIdx.x; }

@@ -2,8 +2,10 @@
 #include "cuda_emu.h"
 #include "all_kernels.inc"
 
+#include <cctype>
 #include <cstdio>
 #include <random>
+#include <string>
 
 static std::mt19937 rng(42);
 static int failures = 0;
@@ -1211,6 +1213,342 @@ static void test_route_experts() {
     }
 }
 
+
+// ---- block formats (cuda/dequant.cuh) against llama.cpp's own decoded values -----------------
+// fixtures/goldens/cuda/dequant_blocks.bin (fixtures/gen/cuda/dequant_goldens.py): per format,
+// 8 blocks (5 with random normal scales, then zero, subnormal and largest scales) and the f32 bits
+// llama.cpp's dequantize_row_* (or, for the re-laid FP8, the published formula) gives them.
+
+struct GoldenBlocks {
+    std::string name;
+    unsigned bytes, qk, blocks;
+    std::vector<unsigned char> raw;
+    std::vector<float> values;
+};
+
+static std::vector<GoldenBlocks> load_golden_blocks() {
+    std::vector<GoldenBlocks> out;
+    FILE* f = std::fopen(DEQUANT_GOLDENS, "rb");
+    if (!f) {
+        std::printf("%-44s cannot open %s FAIL\n", "dequant goldens", DEQUANT_GOLDENS);
+        ++failures;
+        return out;
+    }
+    auto u32 = [&](unsigned* v) { return std::fread(v, 4, 1, f) == 1; };
+    unsigned len;
+    while (u32(&len)) {
+        GoldenBlocks g;
+        g.name.resize(len);
+        bool ok = len < 64 && std::fread(g.name.data(), 1, len, f) == len && u32(&g.bytes) && u32(&g.qk) &&
+                  u32(&g.blocks) && g.blocks < 64 && g.qk <= 256 && g.bytes <= 256;
+        if (ok) {
+            g.raw.resize(g.blocks * g.bytes);
+            g.values.resize(g.blocks * g.qk);
+            ok = std::fread(g.raw.data(), 1, g.raw.size(), f) == g.raw.size() &&
+                 std::fread(g.values.data(), 4, g.values.size(), f) == g.values.size();
+        }
+        if (!ok) {
+            std::printf("%-44s truncated or malformed record FAIL\n", "dequant goldens");
+            ++failures;
+            break;
+        }
+        out.push_back(std::move(g));
+    }
+    std::fclose(f);
+    return out;
+}
+
+// fixtures/goldens/formats/<FORMAT>.safetensors (fixtures/gen/formats, the CPU decoders' goldens:
+// quantized rows from ggml_quantize_chunk, edge and random blocks, llama.cpp's to_float values):
+// tensors `blocks` U8 [rows, row bytes] and `values` U32 [rows, cols], read as one GoldenBlocks
+// (rows are whole blocks). An empty name when the file cannot be read as that.
+static GoldenBlocks load_format_goldens(const std::string& format, unsigned bytes, unsigned qk) {
+    GoldenBlocks g{"", bytes, qk, 0, {}, {}};
+    const std::string path = std::string(FORMAT_GOLDENS) + "/" + format + ".safetensors";
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return g;
+    std::vector<unsigned char> file;
+    unsigned char buf[65536];
+    for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) file.insert(file.end(), buf, buf + got);
+    std::fclose(f);
+    uint64_t hlen = 0;
+    if (file.size() < 8) return g;
+    std::memcpy(&hlen, file.data(), 8);
+    if (hlen > file.size() - 8) return g;
+    const std::string header(file.begin() + 8, file.begin() + 8 + hlen);
+    auto tensor = [&](const char* key, unsigned long* rows, unsigned long* cols, unsigned long* a, unsigned long* b) {
+        const size_t at = header.find(std::string("\"") + key + "\"");
+        if (at == std::string::npos) return false;
+        const size_t shape = header.find("\"shape\"", at), offs = header.find("\"data_offsets\"", at);
+        return shape != std::string::npos && offs != std::string::npos &&
+               std::sscanf(header.c_str() + shape, "\"shape\": [%lu, %lu]", rows, cols) == 2 &&
+               std::sscanf(header.c_str() + offs, "\"data_offsets\": [%lu, %lu]", a, b) == 2;
+    };
+    unsigned long br, bc, ba, bb, vr, vc, va, vb;
+    const size_t data = 8 + hlen;
+    if (!tensor("blocks", &br, &bc, &ba, &bb) || !tensor("values", &vr, &vc, &va, &vb) || br != vr ||
+        bc % bytes != 0 || vc != bc / bytes * qk || bb - ba != br * bc || vb - va != vr * vc * 4 ||
+        data + bb > file.size() || data + vb > file.size())
+        return g;
+    g.raw.assign(file.begin() + data + ba, file.begin() + data + bb);
+    g.values.resize(vr * vc);
+    std::memcpy(g.values.data(), file.data() + data + va, vb - va);
+    g.blocks = (unsigned)(br * (bc / bytes));
+    g.name = format + " (fixtures/goldens/formats)";
+    return g;
+}
+
+// Every value of every golden block through dq_run, one at a time and in pairs (the GEMM tile's
+// runs): bit-exact (NaN for NaN).
+template <int FMT>
+static void dequant_exact(const GoldenBlocks& g) {
+    size_t bad = 0, n = g.values.size();
+    bool geometry = WBlock<FMT>::QK == g.qk && WBlock<FMT>::BYTES == g.bytes;
+    for (size_t i = 0; geometry && i < n; i += 2) {
+        float one[2], two[2];
+        dq_run<FMT>(g.raw.data(), i, &one[0], 1);
+        dq_run<FMT>(g.raw.data(), i + 1, &one[1], 1);
+        dq_run<FMT>(g.raw.data(), i, two, 2);
+        for (int t = 0; t < 2; ++t) {
+            const float want = g.values[i + t];
+            auto same = [&](float v) { return std::isnan(want) ? std::isnan(v) : same_bits(v, want); };
+            bad += !same(one[t]) + !same(two[t]);
+        }
+    }
+    char name[96];
+    std::snprintf(name, sizeof name, "dq_run %s, %u blocks", g.name.c_str(), g.blocks);
+    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 2 * n,
+                bad || !geometry ? "FAIL" : "ok");
+    failures += bad != 0 || !geometry;
+}
+
+// A [rows, k] matrix of golden blocks (each drawn at random from the 5 with normal scales, so the
+// products stay finite and every row differs) and its decoded values.
+static void golden_matrix(const GoldenBlocks& g, unsigned rows, unsigned k, std::vector<unsigned char>& w,
+                          std::vector<float>& wdec) {
+    const unsigned per_row = k / g.qk;
+    w.clear();
+    wdec.clear();
+    for (unsigned b = 0; b < rows * per_row; ++b) {
+        const unsigned src = rng() % 5;
+        w.insert(w.end(), g.raw.begin() + src * g.bytes, g.raw.begin() + (src + 1) * g.bytes);
+        wdec.insert(wdec.end(), g.values.begin() + src * g.qk, g.values.begin() + (src + 1) * g.qk);
+    }
+}
+
+typedef void (*BlockLinear)(const float*, const void*, const float*, float*, unsigned, unsigned, unsigned, unsigned);
+typedef void (*BlockGrouped)(const float*, const void*, float*, unsigned, unsigned, unsigned, unsigned, unsigned);
+typedef void (*BlockEmbed)(const void*, const int*, float*, unsigned, unsigned, unsigned);
+typedef void (*BlockMoeUp)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned, unsigned,
+                           unsigned, unsigned, float);
+typedef void (*BlockMoeDown)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned, unsigned,
+                             unsigned);
+typedef void (*BlockUnfold)(const float*, const void*, const float*, float*, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, unsigned, unsigned, unsigned);
+struct BlockKernels {
+    BlockLinear linear;
+    BlockUnfold unfold;
+    BlockGrouped grouped;
+    BlockEmbed embed;
+    BlockMoeUp up;
+    BlockMoeDown down;
+};
+
+// The weight kernels of one block format on golden matrices against a double-precision dot
+// product of the decoded values (k = 2 blocks, or 5 of Q8_0 / MXFP4's 32): f32 FMAs over at most a
+// few hundred terms, so the NMSE bound of the f32 path, 1e-10, holds with orders to spare.
+// Every format runs linear on both GEMM paths; the formats of `full` (one of each block size and
+// family: the decoding is per format, the addressing is common) run every kernel, as the emulator
+// is slow (a thread per CUDA thread).
+static void block_gemms(const GoldenBlocks& g, const BlockKernels& kn) {
+    const unsigned k = g.qk == 32 ? 160 : 2 * g.qk;
+    const char* fn = g.name.c_str();
+    bool full = false;
+    for (const char* f : {"Q8_0", "Q4_K", "IQ2_XS", "MXFP4", "FP8_E4M3_B128_E8M0"}) full = full || g.name == f;
+    // linear: small-row path (warps split k), tile, small-row with a warp per column pair
+    const unsigned shapes[][2] = {{3, 37}, {70, 45}, {2, 1030}};
+    for (unsigned s = 0; s < (full ? 3u : 2u); ++s) {
+        const unsigned n = shapes[s][0], o = shapes[s][1];
+        std::vector<unsigned char> w;
+        std::vector<float> wdec;
+        golden_matrix(g, o, k, w, wdec);
+        auto x = randv(n * k, 1), b = randv(o, 0.5);
+        std::vector<float> y(n * o), want(n * o);
+        emu_launch(kn.linear, gemm_grid(n, o), {128}, 0, (const float*)x.data(), (const void*)w.data(),
+                   (const float*)b.data(), y.data(), n, k, o, 1u);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned c = 0; c < o; ++c) {
+                double dot = b[c];
+                for (unsigned j = 0; j < k; ++j) dot += double(x[i * k + j]) * wdec[(size_t)c * k + j];
+                want[i * o + c] = float(dot);
+            }
+        char name[80];
+        std::snprintf(name, sizeof name, "linear_%s x[%u,%u] W[%u,%u] +b", fn, n, k, o, k);
+        check(name, y, want, 1e-10);
+    }
+    if (!full) return;
+    // grouped_linear: 2 groups of k columns, r = 37 rows each; tile and small-row paths
+    for (unsigned n : {9u, 4u}) {
+        const unsigned gr = 2, r = 37;
+        std::vector<unsigned char> w;
+        std::vector<float> wdec;
+        golden_matrix(g, gr * r, k, w, wdec);
+        auto x = randv(n * gr * k, 1);
+        const unsigned tiles = gemm_grid(n, r).x;
+        std::vector<float> y(n * gr * r), want(n * gr * r);
+        emu_launch(kn.grouped, dim3{gr * tiles, gemm_grid(n, r).y}, {128}, 0, (const float*)x.data(),
+                   (const void*)w.data(), y.data(), n, k, r, gr, tiles);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned o = 0; o < gr * r; ++o) {
+                double dot = 0;
+                for (unsigned j = 0; j < k; ++j) dot += double(x[i * gr * k + (o / r) * k + j]) * wdec[(size_t)o * k + j];
+                want[i * gr * r + o] = float(dot);
+            }
+        char name[80];
+        std::snprintf(name, sizeof name, "grouped_linear_%s x[%u,2x%u] W[2x37,%u]", fn, n, k, k);
+        check(name, y, want, 1e-10);
+    }
+    // moe: experts' tile path (40 slots) and small-row path (6 slots); d = h = k
+    for (unsigned n : {20u, 3u}) {
+        const unsigned d = k, h = k, E = 3, kk = 2, slots = n * kk;
+        auto x = randv(n * d, 1), wt = randv(slots, 1);
+        std::vector<int> ids(slots);
+        for (unsigned s = 0; s < slots; ++s) ids[s] = (int)(rng() % E);
+        std::vector<std::vector<unsigned char>> w13(E), w2(E);
+        std::vector<std::vector<float>> w13d(E), w2d(E);
+        std::vector<unsigned long long> table(2 * E);
+        for (unsigned e = 0; e < E; ++e) {
+            golden_matrix(g, 2 * h, d, w13[e], w13d[e]);
+            golden_matrix(g, d, h, w2[e], w2d[e]);
+            table[e] = (unsigned long long)(uintptr_t)w13[e].data();
+            table[E + e] = (unsigned long long)(uintptr_t)w2[e].data();
+        }
+        const unsigned max_tiles = std::min(slots, (slots + 63) / 64 + E);
+        std::vector<int> order(slots), tiles(1 + 3 * max_tiles), cursor(E);
+        emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E);
+        const float limit = 1e30f; // no clamping: the check is of the GEMMs
+        std::vector<float> hid(slots * h), ys(slots * d), out(n * d);
+        emu_launch(kn.up, dim3{gemm_grid(slots, 2 * h).x, max_tiles}, {128}, 0, (const float*)x.data(),
+                   (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data(),
+                   hid.data(), slots, d, h, kk, limit);
+        emu_launch(kn.down, dim3{gemm_grid(slots, d).x, max_tiles}, {128}, 0, (const float*)hid.data(),
+                   (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data() + E,
+                   ys.data(), slots, d, h);
+        emu_launch(moe_combine, {blocks1d(n * d)}, {256}, 0, (const float*)ys.data(), (const float*)wt.data(),
+                   (const int*)ids.data(), out.data(), n * d, d, kk, E);
+        std::vector<float> want(n * d, 0.0f);
+        std::vector<double> hh(h);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned s = 0; s < kk; ++s) {
+                const unsigned e = ids[i * kk + s];
+                for (unsigned j = 0; j < h; ++j) {
+                    double gg = 0, u = 0;
+                    for (unsigned c = 0; c < d; ++c) {
+                        gg += double(x[i * d + c]) * w13d[e][(size_t)j * d + c];
+                        u += double(x[i * d + c]) * w13d[e][(size_t)(h + j) * d + c];
+                    }
+                    hh[j] = gg / (1.0 + std::exp(-gg)) * u;
+                }
+                for (unsigned c = 0; c < d; ++c) {
+                    double yv = 0;
+                    for (unsigned j = 0; j < h; ++j) yv += hh[j] * w2d[e][(size_t)c * h + j];
+                    want[i * d + c] += float(wt[i * kk + s] * yv);
+                }
+            }
+        char name[80];
+        std::snprintf(name, sizeof name, "moe_%s n=%u d=h=%u 3 experts k=2", fn, n, k);
+        check(name, out, want, 1e-10);
+    }
+    // unfold_linear_gelu (always the tile): c = k / 4 channels, r = 2, a 5 x 3 grid (padded cells)
+    {
+        const unsigned r = 2, c = k / 4, gh = 5, gw = 3, cw = 2, cells = 3 * cw, o = 21;
+        std::vector<unsigned char> w;
+        std::vector<float> wdec;
+        golden_matrix(g, o, k, w, wdec);
+        auto x = randv(gh * gw * c, 1), b = randv(o, 0.5);
+        std::vector<float> y(cells * o), want(cells * o);
+        emu_launch(kn.unfold, dim3{(o + 63) / 64, (cells + 63) / 64}, {128}, 0, (const float*)x.data(),
+                   (const void*)w.data(), (const float*)b.data(), y.data(), c, gh, gw, r, cw, cells, o, 1u);
+        for (unsigned m = 0; m < cells; ++m)
+            for (unsigned oc = 0; oc < o; ++oc) {
+                double dot = b[oc];
+                for (unsigned f = 0; f < k; ++f) {
+                    const unsigned ch = f / (r * r), dy = f % (r * r) / r, dx = f % r;
+                    const unsigned yy = m / cw * r + dy, xx = m % cw * r + dx;
+                    if (yy < gh && xx < gw) dot += double(x[(yy * gw + xx) * c + ch]) * wdec[(size_t)oc * k + f];
+                }
+                want[m * o + oc] = float(0.5 * dot * std::erfc(-dot / std::sqrt(2.0)));
+            }
+        char name[80];
+        std::snprintf(name, sizeof name, "unfold_linear_gelu_%s 5x3x%u r=2 ->21 +b", fn, c);
+        check(name, y, want, 1e-10);
+    }
+    // embed_rows: ids in range, past the vocabulary (zero row) and negative (NaN row)
+    {
+        const unsigned vocab = 7, n = 5;
+        std::vector<unsigned char> w;
+        std::vector<float> wdec;
+        golden_matrix(g, vocab, k, w, wdec);
+        const std::vector<int> ids = {3, 0, 9, -1, 6};
+        std::vector<float> y(n * k), want(n * k);
+        emu_launch(kn.embed, {blocks1d(n * k)}, {256}, 0, (const void*)w.data(), (const int*)ids.data(), y.data(), n, k,
+                   vocab);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned c = 0; c < k; ++c)
+                want[i * k + c] = ids[i] < 0 ? NAN : ids[i] >= (int)vocab ? 0.0f : wdec[(size_t)ids[i] * k + c];
+        char name[80];
+        std::snprintf(name, sizeof name, "embed_rows_%s [7,%u] 5 ids", fn, k);
+        check_masked(name, y, want, 0);
+    }
+}
+
+static void test_dequant() {
+    const auto goldens = load_golden_blocks();
+    unsigned seen = 0;
+#define DEQUANT_CASE(SFX, FMT)                                                                              \
+    for (auto& g : goldens) {                                                                               \
+        std::string lower = g.name;                                                                         \
+        for (auto& ch : lower) ch = (char)std::tolower((unsigned char)ch);                                  \
+        if (lower == #SFX) {                                                                                \
+            dequant_exact<FMT>(g);                                                                          \
+            const GoldenBlocks cpu = load_format_goldens(g.name, g.bytes, g.qk);                            \
+            if (cpu.name.empty()) {                                                                         \
+                std::printf("%-44s cannot read %s.safetensors FAIL\n", "format goldens", g.name.c_str());   \
+                ++failures;                                                                                 \
+            } else {                                                                                        \
+                dequant_exact<FMT>(cpu);                                                                    \
+            }                                                                                               \
+            ++seen;                                                                                         \
+        }                                                                                                   \
+    }
+    FOR_EACH_BLOCK_FORMAT(DEQUANT_CASE)
+#undef DEQUANT_CASE
+    std::printf("%-44s %u of 15 formats %s\n", "dequant goldens", seen, seen == 15 ? "ok" : "FAIL");
+    failures += seen != 15;
+}
+
+// The weight kernels of every block format. Not among run.sh's sm_75 `gemm` tests: block formats
+// take the FMA tile on every architecture, which the sm_90 build already runs.
+static void test_block_formats() {
+    const auto goldens = load_golden_blocks();
+    unsigned seen = 0;
+#define BLOCK_GEMM_CASE(SFX, FMT)                                                                           \
+    for (auto& g : goldens) {                                                                               \
+        std::string lower = g.name;                                                                         \
+        for (auto& ch : lower) ch = (char)std::tolower((unsigned char)ch);                                  \
+        if (lower == #SFX) {                                                                                \
+            block_gemms(g,                                                                                  \
+                        BlockKernels{linear_##SFX, unfold_linear_gelu_##SFX, grouped_linear_##SFX,          \
+                                     embed_rows_##SFX, moe_up_##SFX, moe_down_##SFX});                      \
+            ++seen;                                                                                         \
+        }                                                                                                   \
+    }
+    FOR_EACH_BLOCK_FORMAT(BLOCK_GEMM_CASE)
+#undef BLOCK_GEMM_CASE
+    std::printf("%-44s %u of 15 formats %s\n", "block-format kernels", seen, seen == 15 ? "ok" : "FAIL");
+    failures += seen != 15;
+}
+
 // sh cuda/emu/run.sh [TEST ...]: only the tests named (test_attention is "attention"; `gemm` names
 // the GEMM tests, which run.sh's second build, for devices below sm_80, runs alone).
 int main(int argc, char** argv) {
@@ -1225,7 +1563,8 @@ int main(int argc, char** argv) {
         {"lm_elementwise", test_lm_elementwise}, {"rope_tail", test_rope_tail},
         {"hc_split", test_hc_split},         {"rms_norm_heads", test_rms_norm_heads},
         {"topk", test_topk},                 {"route_experts", test_route_experts},
-        {"gemm_specials", test_gemm_specials}, {"unfold_linear_gelu", test_unfold_linear_gelu}};
+        {"gemm_specials", test_gemm_specials}, {"unfold_linear_gelu", test_unfold_linear_gelu},
+        {"dequant", test_dequant},           {"block_formats", test_block_formats}};
     const char* gemm_tests[] = {"linear", "grouped_linear", "moe", "gemm_specials", "unfold_linear_gelu"};
     std::printf("__CUDA_ARCH__ %d\n", __CUDA_ARCH__);
     int ran = 0;

@@ -9,13 +9,26 @@ set -e
 here=$(cd "$(dirname "$0")" && pwd)
 out=${TMPDIR:-/tmp}/fovea-cuda-emu
 mkdir -p "$out"
-# what NVRTC compiles (common.cuh + each file), with dynamic shared memory mapped to the emulator's
-for f in common.cuh elementwise.cu copy.cu norm.cu rope.cu attention.cu linear.cu debug.cu lm_small.cu lm_attention.cu moe.cu; do
+# what NVRTC compiles (common.cuh + each file), with dynamic shared memory mapped to the emulator's;
+# after common.cuh: ggml's lookup tables as __constant__ arrays, converted from the same Rust
+# arrays (src/formats/tables.rs) that src/backend/cuda/mod.rs emits into the NVRTC source, then
+# dequant.cuh (the lane prepends both to the files with weight kernels)
+tables() {
+    sed -n -E -e 's/^pub const IQ1_DELTA: f32 = (.*);$/#define IQ1_DELTA \1f/p' \
+        -e 's/^pub static ([A-Z0-9_]+): \[u8; ([0-9]+)\] = \[$/__constant__ unsigned char \1[\2] = {/p' \
+        -e 's/^pub static ([A-Z0-9_]+): \[i8; ([0-9]+)\] = \[$/__constant__ signed char \1[\2] = {/p' \
+        -e 's/^pub static ([A-Z0-9_]+): \[u32; ([0-9]+)\] = \[$/__constant__ unsigned int \1[\2] = {/p' \
+        -e 's/^pub static ([A-Z0-9_]+): \[u64; ([0-9]+)\] = \[$/__constant__ unsigned long long \1[\2] = {/p' \
+        -e 's/^\];$/};/p' -e 's/^( +[-0-9].*)$/\1/p' "$here/../../src/formats/tables.rs"
+}
+for f in common.cuh tables dequant.cuh elementwise.cu copy.cu norm.cu rope.cu attention.cu linear.cu debug.cu lm_small.cu lm_attention.cu moe.cu; do
+    if [ "$f" = tables ]; then tables; continue; fi
     sed 's/extern __shared__ float smem\[\];/float* smem = g_dyn_smem.data();/' "$here/../$f"
 done > "$out/all_kernels.inc"
 build() {
     g++ -std=c++20 -O2 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas -fno-strict-aliasing \
-        -DEMU_CUDA_ARCH="$1" -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test_$1"
+        -DEMU_CUDA_ARCH="$1" -DDEQUANT_GOLDENS="\"$here/../../fixtures/goldens/cuda/dequant_blocks.bin\"" \
+        -DFORMAT_GOLDENS="\"$here/../../fixtures/goldens/formats\"" -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test_$1"
 }
 build 900
 build 750

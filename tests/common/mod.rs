@@ -2,6 +2,7 @@
 //! `fixtures/gen/make_vision.py` from Pillow + timm) and comparing a lane's stages with them.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod blocks;
 pub mod lm;
 
 use std::path::PathBuf;

@@ -7,10 +7,11 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{
-    CudaBackend, CudaTensor, CudaWeight, GEMM_THREADS, GRID_Y, Source, cfg_1d, check_u32, flash_stride, gemm_grid,
+    CudaBackend, CudaTensor, CudaWeight, GEMM_THREADS, GRID_Y, GROUPED_LINEAR_KERNELS, Source, cfg_1d, check_u32,
+    flash_stride, gemm_grid,
 };
 use crate::backend::checks;
-use crate::backend::{DType, Op, WeightFormat};
+use crate::backend::{DType, Op};
 use crate::error::{Error, Result};
 
 /// Threads per block of `sink_attention_f32` (`SA_THREADS` in cuda/lm_attention.cu).
@@ -195,12 +196,7 @@ impl CudaBackend {
                 x.shape, w.name
             )));
         }
-        let kernel = match w.format {
-            WeightFormat::F32 => "grouped_linear_f32",
-            WeightFormat::BF16 => "grouped_linear_bf16",
-            WeightFormat::F16 => "grouped_linear_f16",
-            f => return Err(Self::unsupported(Op::GroupedLinear, format!("{f} weights"))),
-        };
+        let kernel = GROUPED_LINEAR_KERNELS.of(w.format);
         let f = self.func(Source::LmAttention, kernel)?;
         let sizes = [
             check_u32(OP, "rows", n)?,

@@ -8,9 +8,9 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, CudaTensor, CudaWeight, MAX_BLOCKS, Source, THREADS, check_u32};
+use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, MAX_BLOCKS, Source, THREADS, check_u32};
 use crate::backend::checks;
-use crate::backend::{DType, DeviceTensor, Op, WeightFormat};
+use crate::backend::{DType, DeviceTensor, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
@@ -19,20 +19,23 @@ const TOPK_THREADS: u32 = 256;
 const ROUTE_THREADS: u32 = 32;
 
 impl CudaBackend {
-    /// table `[vocab, d]` (f32/f16/bf16, decoded in the kernel), ids i32 `[n]` → `[n, d]`; an
+    /// table `[vocab, d]` (any weight format, decoded in the kernel), ids i32 `[n]` → `[n, d]`; an
     /// id ≥ vocab gives a zero row, a negative id a row of NaN.
     pub(super) fn embed_rows(&self, table: &CudaWeight, ids: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "embed_rows";
         let (n, d) = checks::embed_rows(table, ids)?;
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let fmt = match table.format {
-            WeightFormat::F32 => 0,
-            WeightFormat::BF16 => 1,
-            WeightFormat::F16 => 2,
-            f => return Err(Self::unsupported(Op::EmbedRows, format!("{f} weights"))),
-        };
-        let sizes = [check_u32(OP, "ids", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "vocab", table.rows)?, fmt];
-        self.launch_1d(OP, Source::LmSmall, "embed_rows_f32", &[&table.buf, &ids.buf], &mut y, &sizes, n * d)?;
+        let mut sizes = vec![check_u32(OP, "ids", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "vocab", table.rows)?];
+        // the float formats share embed_rows_f32 and tell it theirs by a code; a block format has
+        // its own kernel
+        match table.format {
+            WeightFormat::F32 => sizes.push(0),
+            WeightFormat::BF16 => sizes.push(1),
+            WeightFormat::F16 => sizes.push(2),
+            _ => {}
+        }
+        let kernel = EMBED_ROWS_KERNELS.of(table.format);
+        self.launch_1d(OP, Source::LmSmall, kernel, &[&table.buf, &ids.buf], &mut y, &sizes, n * d)?;
         Ok(y)
     }
 

@@ -16,7 +16,9 @@
 //!   of the process (every backend on a device of that architecture reuses it); each backend
 //!   loads the module into its own context once.
 //! - Memory: every tensor and weight is one plain device allocation (`CudaSlice<u8>`); weights
-//!   keep their checkpoint format (f32, f16, bf16) and `linear` decodes them in the kernel.
+//!   keep their checkpoint format (f32, f16, bf16, or a block format: `crate::formats`) and the
+//!   kernels decode them as they load them (cuda/dequant.cuh for the block formats): device bytes
+//!   are the weight's bytes.
 //!   Allocations are never zero-sized (at least 4 bytes).
 //! - Ordering: one stream (the context's default stream) carries every copy and kernel, so ops
 //!   run in issue order; cudarc's per-allocation event tracking is switched off (it only matters
@@ -107,6 +109,7 @@ pub enum Source {
 }
 
 const COMMON: &str = include_str!("../../../cuda/common.cuh");
+const DEQUANT: &str = include_str!("../../../cuda/dequant.cuh");
 
 impl Source {
     pub const ALL: [Source; 10] = [
@@ -153,13 +156,113 @@ impl Source {
         }
     }
 
-    /// What NVRTC compiles: the common prelude, then the file.
+    /// Whether the file's kernels take weights, and so decode the block formats (cuda/dequant.cuh
+    /// with ggml's lookup tables is prepended to it).
+    pub fn takes_weights(self) -> bool {
+        matches!(self, Source::Linear | Source::LmSmall | Source::LmAttention | Source::Moe)
+    }
+
+    /// What NVRTC compiles: the common prelude, for the weight kernels the lookup tables and the
+    /// block decoders, then the file.
     pub fn program(self) -> String {
-        format!("{COMMON}\n#line 1 \"{}\"\n{}", self.file(), self.text())
+        if self.takes_weights() {
+            format!(
+                "{COMMON}\n{}\n#line 1 \"dequant.cuh\"\n{DEQUANT}\n#line 1 \"{}\"\n{}",
+                dequant_tables(),
+                self.file(),
+                self.text()
+            )
+        } else {
+            format!("{COMMON}\n#line 1 \"{}\"\n{}", self.file(), self.text())
+        }
     }
 }
 
-/// Every kernel the lane launches, with its file (a unit test checks each is defined there).
+/// ggml's IQ grids and value tables (`crate::formats::tables`, the arrays the CPU lane decodes
+/// with) as the `__constant__` arrays cuda/dequant.cuh reads: one source of truth. 23 KiB of the
+/// 64 KiB of constant memory a module may have (IQ1S_GRID alone is 16 KiB).
+/// (`kmask_iq2xs` is not emitted: entry j is `1 << j`, which the decoders shift instead.)
+fn dequant_tables() -> String {
+    use crate::formats::tables::*;
+    use std::fmt::Write;
+    fn array<T: Copy>(out: &mut String, c_type: &str, name: &str, values: &[T], item: impl Fn(T) -> String) {
+        let items: Vec<String> = values.iter().map(|&v| item(v)).collect();
+        // writing to a String cannot fail
+        let _ = writeln!(out, "__constant__ {c_type} {name}[{}] = {{{}}};", values.len(), items.join(","));
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, "#define IQ1_DELTA {:?}f", IQ1_DELTA);
+    array(&mut s, "unsigned char", "KSIGNS_IQ2XS", &KSIGNS_IQ2XS, |v| v.to_string());
+    array(&mut s, "unsigned long long", "IQ2XXS_GRID", &IQ2XXS_GRID, |v| format!("{v:#018x}ull"));
+    array(&mut s, "unsigned long long", "IQ2XS_GRID", &IQ2XS_GRID, |v| format!("{v:#018x}ull"));
+    array(&mut s, "unsigned int", "IQ3XXS_GRID", &IQ3XXS_GRID, |v| format!("{v:#010x}u"));
+    array(&mut s, "signed char", "KVALUES_IQ4NL", &KVALUES_IQ4NL, |v| v.to_string());
+    array(&mut s, "signed char", "KVALUES_MXFP4", &KVALUES_MXFP4, |v| v.to_string());
+    array(&mut s, "unsigned long long", "IQ1S_GRID", &IQ1S_GRID, |v| format!("{v:#018x}ull"));
+    s
+}
+
+/// The names of one weight-taking kernel family per weight format, indexed by the format's
+/// position in `WeightFormat::ALL` (`f as usize`): `{family}_{suffix}` with the suffix the format's
+/// name in lower case. The block formats' kernels are instantiated by `FOR_EACH_BLOCK_FORMAT` in
+/// cuda/dequant.cuh (a unit test checks each name against it).
+pub struct WeightKernels(pub [&'static str; WeightFormat::ALL.len()]);
+
+impl WeightKernels {
+    pub fn of(&self, format: WeightFormat) -> &'static str {
+        self.0[format as usize]
+    }
+}
+
+macro_rules! weight_kernels {
+    ($family:literal) => {
+        weight_kernels!($family, concat!($family, "_f32"), concat!($family, "_f16"), concat!($family, "_bf16"))
+    };
+    ($family:literal, $f32:expr, $f16:expr, $bf16:expr) => {
+        WeightKernels([
+            $f32,
+            $f16,
+            $bf16,
+            concat!($family, "_q8_0"),
+            concat!($family, "_q2_k"),
+            concat!($family, "_q3_k"),
+            concat!($family, "_q4_k"),
+            concat!($family, "_q5_k"),
+            concat!($family, "_q6_k"),
+            concat!($family, "_iq1_s"),
+            concat!($family, "_iq1_m"),
+            concat!($family, "_iq2_xxs"),
+            concat!($family, "_iq2_xs"),
+            concat!($family, "_iq3_xxs"),
+            concat!($family, "_iq4_xs"),
+            concat!($family, "_mxfp4"),
+            concat!($family, "_fp8_e4m3_b128_e8m0"),
+            concat!($family, "_fp8_e4m3_b128_f32"),
+        ])
+    };
+}
+
+pub const LINEAR_KERNELS: WeightKernels = weight_kernels!("linear");
+pub const UNFOLD_LINEAR_GELU_KERNELS: WeightKernels = weight_kernels!("unfold_linear_gelu");
+pub const GROUPED_LINEAR_KERNELS: WeightKernels = weight_kernels!("grouped_linear");
+pub const MOE_UP_KERNELS: WeightKernels = weight_kernels!("moe_up");
+pub const MOE_DOWN_KERNELS: WeightKernels = weight_kernels!("moe_down");
+/// `embed_rows_f32` takes the float formats by a run-time code (its argument `fmt`).
+pub const EMBED_ROWS_KERNELS: WeightKernels =
+    weight_kernels!("embed_rows", "embed_rows_f32", "embed_rows_f32", "embed_rows_f32");
+
+/// Every weight-kernel family with its file (a unit test checks each name is defined there).
+pub const WEIGHT_KERNELS: &[(Source, &WeightKernels)] = &[
+    (Source::Linear, &LINEAR_KERNELS),
+    (Source::Linear, &UNFOLD_LINEAR_GELU_KERNELS),
+    (Source::LmAttention, &GROUPED_LINEAR_KERNELS),
+    (Source::Moe, &MOE_UP_KERNELS),
+    (Source::Moe, &MOE_DOWN_KERNELS),
+    (Source::LmSmall, &EMBED_ROWS_KERNELS),
+];
+
+/// Every kernel the lane launches but the weight kernels (`WEIGHT_KERNELS`), with its file (a unit
+/// test checks each is defined there).
 pub const KERNELS: &[(Source, &str)] = &[
     (Source::Elementwise, "add_f32"),
     (Source::Elementwise, "swiglu_f32"),
@@ -170,14 +273,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Norm, "rms_norm_f32"),
     (Source::Rope, "rope_2d_f32"),
     (Source::Attention, "attention_f32"),
-    (Source::Linear, "linear_f32"),
-    (Source::Linear, "linear_bf16"),
-    (Source::Linear, "linear_f16"),
-    (Source::Linear, "unfold_linear_gelu_f32"),
-    (Source::Linear, "unfold_linear_gelu_bf16"),
-    (Source::Linear, "unfold_linear_gelu_f16"),
     (Source::Debug, "debug_poke_u32"),
-    (Source::LmSmall, "embed_rows_f32"),
     (Source::LmSmall, "hc_expand_f32"),
     (Source::LmSmall, "rms_norm_heads_f32"),
     (Source::LmSmall, "hc_split_f32"),
@@ -195,16 +291,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::LmAttention, "sink_attention_merge_f32"),
     (Source::LmAttention, "indexer_scores_f32"),
     (Source::LmAttention, "compress_pool_f32"),
-    (Source::LmAttention, "grouped_linear_f32"),
-    (Source::LmAttention, "grouped_linear_bf16"),
-    (Source::LmAttention, "grouped_linear_f16"),
     (Source::Moe, "moe_route"),
-    (Source::Moe, "moe_up_f32"),
-    (Source::Moe, "moe_up_bf16"),
-    (Source::Moe, "moe_up_f16"),
-    (Source::Moe, "moe_down_f32"),
-    (Source::Moe, "moe_down_bf16"),
-    (Source::Moe, "moe_down_f16"),
     (Source::Moe, "moe_combine"),
 ];
 
@@ -781,9 +868,10 @@ impl Backend for CudaBackend {
         self.description.clone()
     }
 
-    /// Every op of the contract, language-model ops included, for every weight format.
-    fn supports(&self, _op: Op, format: WeightFormat) -> bool {
-        !format.is_block()
+    /// Every op of the contract, language-model ops included, for every weight format (the block
+    /// formats decoded in the kernels by cuda/dequant.cuh).
+    fn supports(&self, _op: Op, _format: WeightFormat) -> bool {
+        true
     }
 
     fn memory(&self) -> MemoryReport {
@@ -864,12 +952,7 @@ impl Backend for CudaBackend {
         if gy > GRID_Y {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
-        let kernel = match w.format {
-            WeightFormat::F32 => "linear_f32",
-            WeightFormat::BF16 => "linear_bf16",
-            WeightFormat::F16 => "linear_f16",
-            f => return Err(Self::unsupported(Op::Linear, format!("{f} weights"))),
-        };
+        let kernel = LINEAR_KERNELS.of(w.format);
         let f = self.func(Source::Linear, kernel)?;
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
         let has_bias = bias.is_some() as u32;
@@ -1052,12 +1135,7 @@ impl Backend for CudaBackend {
         if gy > GRID_Y {
             return Err(Error::Device(format!("op `{OP}`: {cells} cells exceed the grid limit of the kernel")));
         }
-        let kernel = match weight.format {
-            WeightFormat::F32 => "unfold_linear_gelu_f32",
-            WeightFormat::BF16 => "unfold_linear_gelu_bf16",
-            WeightFormat::F16 => "unfold_linear_gelu_f16",
-            f => return Err(Self::unsupported(Op::UnfoldLinearGelu, format!("{f} weights"))),
-        };
+        let kernel = UNFOLD_LINEAR_GELU_KERNELS.of(weight.format);
         let f = self.func(Source::Linear, kernel)?;
         // the kernel indexes features (c·r²) and grid positions in u32
         check_u32(OP, "in_features", weight.cols)?; // c·r², so c and r fit too (c > 0)
@@ -1233,9 +1311,131 @@ mod tests {
                 src.file()
             );
         }
-        for src in Source::ALL {
-            assert!(KERNELS.iter().any(|(s, _)| *s == src), "cuda/{} has no kernel in KERNELS", src.file());
+        // weight kernels: the float formats' written out, the block formats' instantiated by
+        // FOR_EACH_BLOCK_FORMAT(X) in cuda/dequant.cuh with X defining `{family}_##SFX(`
+        let dequant = include_str!("../../../cuda/dequant.cuh");
+        for (src, kernels) in WEIGHT_KERNELS {
+            for format in WeightFormat::ALL {
+                let name = kernels.of(format);
+                let suffix = format.name().to_lowercase();
+                if !format.is_block() {
+                    let decl = format!("extern \"C\" __global__ void {name}(");
+                    let gemm_decl = format!("extern \"C\" __global__ void GEMM_LAUNCH {name}(");
+                    assert!(
+                        src.text().contains(&decl) || src.text().contains(&gemm_decl),
+                        "{name} is not defined in cuda/{}",
+                        src.file()
+                    );
+                    continue;
+                }
+                let family = name.strip_suffix(&format!("_{suffix}")).expect("block kernel names end in the format");
+                assert!(src.takes_weights(), "cuda/{} gets no dequant.cuh", src.file());
+                assert!(dequant.contains(&format!("X({suffix}, WF_{})", format.name())), "{format} not in dequant.cuh");
+                let text = src.text();
+                let definer = format!("void GEMM_LAUNCH {family}_##SFX(");
+                let definer_1d = format!("void {family}_##SFX(");
+                let at = text.find(&definer).or_else(|| text.find(&definer_1d));
+                let at = at.unwrap_or_else(|| panic!("no block-format kernel {family}_##SFX in cuda/{}", src.file()));
+                // the macro defined on the lines before is the one instantiated for every format
+                let macro_name = text[..at].rsplit("#define ").next().and_then(|m| m.split('(').next()).unwrap_or("");
+                assert!(
+                    text.contains(&format!("FOR_EACH_BLOCK_FORMAT({macro_name})")),
+                    "cuda/{} does not instantiate {macro_name}",
+                    src.file()
+                );
+            }
         }
+        for src in Source::ALL {
+            assert!(
+                KERNELS.iter().any(|(s, _)| *s == src) || WEIGHT_KERNELS.iter().any(|(s, _)| *s == src),
+                "cuda/{} has no kernel in KERNELS",
+                src.file()
+            );
+        }
+    }
+
+    /// NVRTC compiles every file for this device (the weight files with the emitted tables and
+    /// cuda/dequant.cuh) and every kernel the lane launches, each weight kernel in every format,
+    /// is in its module. On a GPU machine only: skips without a driver, fails instead under
+    /// `FOVEA_REQUIRE_CUDA=1`.
+    #[test]
+    fn every_kernel_compiles_and_loads() {
+        let b = match CudaBackend::new(0) {
+            Ok(b) => b,
+            Err(e) if std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1") => {
+                panic!("FOVEA_REQUIRE_CUDA=1 but no CUDA lane: {e}")
+            }
+            Err(_) => return,
+        };
+        for (src, name) in KERNELS {
+            b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        for (src, kernels) in WEIGHT_KERNELS {
+            for format in WeightFormat::ALL {
+                let name = kernels.of(format);
+                b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+    }
+
+    /// The block formats' codes in cuda/dequant.cuh (`WF_*`, the kernels' compile-time FMT) are
+    /// their positions in `WeightFormat::ALL` (which `WeightKernels` indexes by), and its block
+    /// geometry is `crate::formats`'.
+    #[test]
+    fn dequant_codes_and_geometry_match_weight_format() {
+        let dequant = include_str!("../../../cuda/dequant.cuh");
+        let common = include_str!("../../../cuda/common.cuh");
+        for (i, format) in WeightFormat::ALL.into_iter().enumerate() {
+            assert_eq!(format as usize, i, "{format}");
+            if !format.is_block() {
+                continue;
+            }
+            let code = format!("#define WF_{} {i}\n", format.name());
+            assert!(dequant.contains(&code), "cuda/dequant.cuh lacks `{}`", code.trim_end());
+            let geometry =
+                format!("WBLOCK(WF_{}, {}, {})\n", format.name(), format.block_elems(), format.block_bytes());
+            assert!(dequant.contains(&geometry), "cuda/dequant.cuh lacks `{}`", geometry.trim_end());
+        }
+        let first_block = WeightFormat::ALL.iter().position(|f| f.is_block()).expect("block formats exist");
+        assert!(WeightFormat::ALL[first_block..].iter().all(|f| f.is_block()));
+        assert!(common.contains(&format!("#define WF_FIRST_BLOCK {first_block}\n")));
+    }
+
+    /// The lookup tables in the NVRTC source are `crate::formats::tables`' arrays, entry for entry,
+    /// and fit the 64 KiB of constant memory a module may have.
+    #[test]
+    fn emitted_tables_are_the_rust_tables() {
+        use crate::formats::tables::*;
+        let text = dequant_tables();
+        let entries = |name: &str| -> Vec<String> {
+            let start = text.find(&format!(" {name}[")).unwrap_or_else(|| panic!("{name} not emitted"));
+            let body = &text[start..];
+            let open = body.find('{').expect("array body");
+            let close = body.find('}').expect("array end");
+            body[open + 1..close].split(',').map(|e| e.trim().to_string()).collect()
+        };
+        let hex =
+            |e: &str| u64::from_str_radix(e.trim_start_matches("0x").trim_end_matches("ull").trim_end_matches('u'), 16);
+        let as_u64 = |name: &str| -> Vec<u64> { entries(name).iter().map(|e| hex(e).expect("hex entry")).collect() };
+        let as_i64 =
+            |name: &str| -> Vec<i64> { entries(name).iter().map(|e| e.parse().expect("integer entry")).collect() };
+        assert_eq!(as_u64("IQ2XXS_GRID"), IQ2XXS_GRID);
+        assert_eq!(as_u64("IQ2XS_GRID"), IQ2XS_GRID);
+        assert_eq!(as_u64("IQ1S_GRID"), IQ1S_GRID);
+        assert_eq!(as_u64("IQ3XXS_GRID"), IQ3XXS_GRID.map(u64::from));
+        assert_eq!(as_i64("KSIGNS_IQ2XS"), KSIGNS_IQ2XS.map(i64::from));
+        assert_eq!(as_i64("KVALUES_IQ4NL"), KVALUES_IQ4NL.map(i64::from));
+        assert_eq!(as_i64("KVALUES_MXFP4"), KVALUES_MXFP4.map(i64::from));
+        assert!(text.contains(&format!("#define IQ1_DELTA {:?}f\n", IQ1_DELTA)));
+        // kmask_iq2xs, not emitted, is what the decoders shift: entry j is 1 << j
+        assert!(KMASK_IQ2XS.iter().enumerate().all(|(j, &m)| m == 1 << j));
+        let bytes = 8 * (IQ2XXS_GRID.len() + IQ2XS_GRID.len() + IQ1S_GRID.len())
+            + 4 * IQ3XXS_GRID.len()
+            + KSIGNS_IQ2XS.len()
+            + KVALUES_IQ4NL.len()
+            + KVALUES_MXFP4.len();
+        assert_eq!(text.matches("__constant__").count(), 7);
+        assert!(bytes < 64 * 1024, "{bytes} bytes of constant memory");
     }
 
     /// The launch geometry of the shared GEMM matches the kernels' `#define`s in cuda/common.cuh.

@@ -19,28 +19,17 @@ use std::sync::Arc;
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::{
-    CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, GRID_Y, LANE, Role, Source, check_u32, gemm_grid,
+    CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, GRID_Y, LANE, MOE_DOWN_KERNELS, MOE_UP_KERNELS, Role,
+    Source, check_u32, gemm_grid,
 };
+use crate::backend::DType;
 use crate::backend::checks;
-use crate::backend::{DType, Op, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads of the single `moe_route` block (`MR_THREADS` in cuda/moe.cu).
 const ROUTE_THREADS: u32 = 256;
 /// Address tables kept by `expert_table` before it starts over (a model has one per MoE layer).
 const EXPERT_TABLES_MAX: usize = 256;
-
-fn fmt_kernel(format: WeightFormat, up: bool) -> Result<&'static str> {
-    Ok(match (format, up) {
-        (WeightFormat::F32, true) => "moe_up_f32",
-        (WeightFormat::BF16, true) => "moe_up_bf16",
-        (WeightFormat::F16, true) => "moe_up_f16",
-        (WeightFormat::F32, false) => "moe_down_f32",
-        (WeightFormat::BF16, false) => "moe_down_bf16",
-        (WeightFormat::F16, false) => "moe_down_f16",
-        (f, _) => return Err(CudaBackend::unsupported(Op::MoeExperts, format!("{f} weights"))),
-    })
-}
 
 impl CudaBackend {
     /// The device addresses of every w13[e], then every w2[e] (u64 each, stored as pairs of i32
@@ -126,7 +115,7 @@ impl CudaBackend {
             let gy = max_tiles as u32;
             let block = (GEMM_THREADS, 1, 1);
             if h > 0 {
-                let kernel = fmt_kernel(up_format, true)?;
+                let kernel = MOE_UP_KERNELS.of(up_format);
                 let f = self.func(Source::Moe, kernel)?;
                 let cfg = LaunchConfig {
                     // gate and up rows interleaved: 2h GEMM columns (the kernel counts them in u32)
@@ -142,7 +131,7 @@ impl CudaBackend {
                 // this kernel's format.
                 unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
             }
-            let kernel = fmt_kernel(down_format, false)?;
+            let kernel = MOE_DOWN_KERNELS.of(down_format);
             let f = self.func(Source::Moe, kernel)?;
             let gx = gemm_grid(slots, d).0 as u32;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };

@@ -4,10 +4,12 @@
 //!   diagnostics) submit and wait. The encoder is also submitted, without waiting, every
 //!   `FLUSH_EVERY` dispatches so command buffers stay small.
 //! - Pipelines are created lazily, once per (shader, entry point, weight format), and cached.
-//! - Weights keep their checkpoint format on the device (f32, f16, bf16) and are sub-allocated
+//! - Weights keep their checkpoint format on the device (f32, f16, bf16, and every block format,
+//!   decoded inside the kernels: see formats.rs and `shaders/dequant/`) and are sub-allocated
 //!   from pool buffers at offsets aligned to `min_storage_buffer_offset_alignment`. Rows of 16-bit
-//!   formats are padded to an even element count (one zero element for odd `cols`) so every row
-//!   starts on a 32-bit word; the pad is counted in the memory report. A matrix larger than the
+//!   formats are padded to an even element count (one zero element for odd `cols`), and rows of
+//!   block formats to a multiple of 4 bytes, so every row starts on a 32-bit word; the pad is
+//!   counted in the memory report. A matrix larger than the
 //!   binding limit is split into row chunks, each bound on its own and written into its own
 //!   output columns by `linear`.
 //! - Activations are buffers of their own (recycled through a free list by exact size); an
@@ -27,12 +29,16 @@
 //!   one was seen to deadlock, so device creation is serialised here and tests that open extra
 //!   devices run alone.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
+
+pub mod formats;
+use formats::BlockKernel;
 
 use crate::backend::checks::{self, NamedWeight};
 use crate::backend::{
@@ -261,33 +267,41 @@ enum Shader {
     Attention,
     Debug,
     Lm,
+    /// A kernel over block-format weights, built for one format (formats.rs).
+    Block(BlockKernel, WeightFormat),
 }
 
 impl Shader {
-    fn source(self) -> (&'static str, &'static str) {
+    /// A label naming the shader's files, and its WGSL.
+    fn source(self) -> Result<(String, Cow<'static, str>)> {
+        let fixed = |label: &str, src: &'static str| Ok((label.to_owned(), Cow::Borrowed(src)));
         match self {
             // The format file first (it may hold `enable f16;`, which must lead), then the shared body.
-            Shader::Linear => (
+            Shader::Linear => fixed(
                 "linear_packed.wgsl + linear_tile.wgsl",
                 concat!(
                     include_str!("../../../shaders/linear_packed.wgsl"),
                     include_str!("../../../shaders/linear_tile.wgsl")
                 ),
             ),
-            Shader::LinearF16 => (
+            Shader::LinearF16 => fixed(
                 "linear_f16.wgsl + linear_tile.wgsl",
                 concat!(
                     include_str!("../../../shaders/linear_f16.wgsl"),
                     include_str!("../../../shaders/linear_tile.wgsl")
                 ),
             ),
-            Shader::Elementwise => ("elementwise.wgsl", include_str!("../../../shaders/elementwise.wgsl")),
-            Shader::Copy => ("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
-            Shader::Norm => ("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
-            Shader::Rope => ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
-            Shader::Attention => ("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
-            Shader::Debug => ("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
-            Shader::Lm => ("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
+            Shader::Elementwise => fixed("elementwise.wgsl", include_str!("../../../shaders/elementwise.wgsl")),
+            Shader::Copy => fixed("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
+            Shader::Norm => fixed("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
+            Shader::Rope => fixed("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
+            Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
+            Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
+            Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
+            Shader::Block(kernel, format) => match formats::block_shader_source(format, kernel) {
+                Some((label, src)) => Ok((label, Cow::Owned(src))),
+                None => Err(Error::Device(format!("{}: {format} is not a block format", kernel.file()))),
+            },
         }
     }
 }
@@ -577,7 +591,7 @@ impl WgpuBackend {
         if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return Ok(p.clone());
         }
-        let (file, src) = shader.source();
+        let (file, src) = shader.source()?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = {
             let mut modules = self.modules.lock().unwrap();
@@ -585,8 +599,8 @@ impl WgpuBackend {
                 .entry(shader)
                 .or_insert_with(|| {
                     self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(file),
-                        source: wgpu::ShaderSource::Wgsl(src.into()),
+                        label: Some(&file),
+                        source: wgpu::ShaderSource::Wgsl(src),
                     })
                 })
                 .clone()
@@ -893,11 +907,23 @@ impl WgpuBackend {
         params: &[u32],
         bindings: &[(u32, wgpu::BindingResource<'_>)],
     ) -> Result<()> {
+        self.dispatch_1d(Shader::Lm, entry, total, params, bindings)
+    }
+
+    /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
+    fn dispatch_1d(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        total: usize,
+        params: &[u32],
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+    ) -> Result<()> {
         if total == 0 {
             return Ok(());
         }
         let (gx, gy) = groups_1d(total);
-        self.dispatch(Shader::Lm, entry, 0, params, bindings, (gx, gy, 1))
+        self.dispatch(shader, entry, 0, params, bindings, (gx, gy, 1))
     }
 
     fn unsupported(op: Op, what: impl Into<String>) -> Error {
@@ -905,13 +931,15 @@ impl WgpuBackend {
     }
 }
 
-/// The shaders' `fmt` code of a float weight format (0 f32, 1 bf16, 2 f16).
-fn float_format_code(op: Op, format: WeightFormat) -> Result<u32> {
+/// The kernel of lm.wgsl's weight ops for `format`, with the `fmt` parameter it reads: lm.wgsl
+/// itself for the float formats (0 f32, 1 bf16, 2 f16), else the format's block build of
+/// dequant/lm.wgsl (which has no `fmt`).
+fn lm_weight_shader(format: WeightFormat) -> (Shader, u32) {
     match format {
-        WeightFormat::F32 => Ok(0),
-        WeightFormat::BF16 => Ok(1),
-        WeightFormat::F16 => Ok(2),
-        f => Err(WgpuBackend::unsupported(op, format!("{f} weights"))),
+        WeightFormat::F32 => (Shader::Lm, 0),
+        WeightFormat::BF16 => (Shader::Lm, 1),
+        WeightFormat::F16 => (Shader::Lm, 2),
+        f => (Shader::Block(BlockKernel::Lm, f), 0),
     }
 }
 
@@ -928,10 +956,9 @@ impl Backend for WgpuBackend {
         format!("{} ({:?}, {:?}; driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
     }
 
-    fn supports(&self, op: Op, format: WeightFormat) -> bool {
-        if format.is_block() {
-            return false;
-        }
+    /// Every weight format is read inside the kernels that take weights (block formats through
+    /// their `shaders/dequant/` builds), so only the op matters.
+    fn supports(&self, op: Op, _format: WeightFormat) -> bool {
         match op {
             Op::Attention => self.limits.max_compute_workgroup_storage_size >= ATTENTION_SHARED_BYTES,
             // every other op, the language-model ones included (shaders/lm.wgsl; `route_experts`
@@ -986,15 +1013,12 @@ impl Backend for WgpuBackend {
         self.pooled_tensor(raw, host.shape.clone(), dtype, "upload_param")
     }
 
-    /// W `[rows, cols]` → row chunks in weight pools, 16-bit rows padded to an even length.
+    /// W `[rows, cols]` → row chunks in weight pools, in the checkpoint's bytes, each row padded to
+    /// a 4-byte stride (16-bit rows to an even length, block rows by at most 3 bytes).
     fn upload_weight(&self, w: &HostWeight<'_>) -> Result<WgpuWeight> {
         w.validate()?;
         let row_bytes = w.format.row_bytes(w.cols);
-        let stride_words = match w.format {
-            WeightFormat::F32 => w.cols,
-            WeightFormat::F16 | WeightFormat::BF16 => w.cols.div_ceil(2),
-            f => return Err(Self::unsupported(Op::Linear, format!("weight `{}` in format {f}", w.name))),
-        };
+        let stride_words = formats::stride_words(w.format, w.cols);
         let padded_row = (stride_words * 4) as u64;
         if padded_row > self.max_binding {
             return Err(Self::unsupported(
@@ -1063,7 +1087,7 @@ impl Backend for WgpuBackend {
             WeightFormat::BF16 => (Shader::Linear, 1),
             WeightFormat::F16 if self.native_f16 => (Shader::LinearF16, 0),
             WeightFormat::F16 => (Shader::Linear, 2),
-            f => return Err(Self::unsupported(Op::Linear, format!("{f} weights"))),
+            f => (Shader::Block(BlockKernel::Linear, f), 0),
         };
         let bias_res = match bias {
             Some(b) => b.binding(),
@@ -1328,7 +1352,9 @@ impl Backend for WgpuBackend {
         let (n, d) = checks::embed_rows(table, ids)?;
         self.check_inputs(OP, [("ids", ids)])?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let fmt = float_format_code(Op::EmbedRows, table.format)?;
+        let (shader, fmt) = lm_weight_shader(table.format);
+        // block formats: one thread per run of 32 values (d is a whole number of blocks)
+        let threads = if table.format.is_block() { n * d / 32 } else { n * d };
         for (ci, c) in table.chunks.iter().enumerate() {
             let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &c.buf,
@@ -1345,7 +1371,7 @@ impl Backend for WgpuBackend {
                 table.stride_words as u32,
                 (ci == 0) as u32,
             ];
-            self.lm_1d(OP, n * d, &params, &[(4, ids.binding()), (6, y.binding()), (8, wres)])?;
+            self.dispatch_1d(shader, OP, threads, &params, &[(4, ids.binding()), (6, y.binding()), (8, wres)])?;
         }
         Ok(y)
     }
@@ -1607,7 +1633,7 @@ impl Backend for WgpuBackend {
         self.check_inputs(OP, [("x", x)])?;
         let cols = x.cols();
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
-        let fmt = float_format_code(Op::GroupedLinear, w.format)?;
+        let (shader, fmt) = lm_weight_shader(w.format);
         for c in &w.chunks {
             let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &c.buf,
@@ -1625,7 +1651,7 @@ impl Backend for WgpuBackend {
                 fmt,
                 w.stride_words as u32,
             ];
-            self.lm_1d(OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, wres)])?;
+            self.dispatch_1d(shader, OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, wres)])?;
         }
         Ok(y)
     }
@@ -1700,7 +1726,7 @@ impl Backend for WgpuBackend {
                 ));
             }
         }
-        let fmt_of = |w: &WgpuWeight| float_format_code(Op::MoeExperts, w.format);
+
         fn bind(w: &WgpuWeight) -> wgpu::BindingResource<'_> {
             let c = &w.chunks[0];
             wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -1713,7 +1739,10 @@ impl Backend for WgpuBackend {
         let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
         let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
         for (e, (a, b)) in w13.iter().zip(w2).enumerate() {
-            self.lm_1d(
+            let (up, up_fmt) = lm_weight_shader(a.format);
+            let (down, down_fmt) = lm_weight_shader(b.format);
+            self.dispatch_1d(
+                up,
                 "moe_up",
                 slots * h,
                 &[
@@ -1722,16 +1751,17 @@ impl Backend for WgpuBackend {
                     d as u32,
                     k as u32,
                     e as u32,
-                    fmt_of(a)?,
+                    up_fmt,
                     a.stride_words as u32,
                     limit.to_bits(),
                 ],
                 &[(1, x.binding()), (4, ids.binding()), (8, bind(a)), (6, hid.binding())],
             )?;
-            self.lm_1d(
+            self.dispatch_1d(
+                down,
                 "moe_down",
                 slots * d,
-                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, fmt_of(b)?, b.stride_words as u32],
+                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, down_fmt, b.stride_words as u32],
                 &[(2, hid.binding()), (4, ids.binding()), (8, bind(b)), (6, ys.binding())],
             )?;
         }

@@ -1,0 +1,315 @@
+// Device decoders of the block weight formats (src/formats/mod.rs `WeightFormat`), prepended after
+// common.cuh to the files whose kernels take weights (linear.cu, lm_small.cu, lm_attention.cu,
+// moe.cu), after the lookup tables that src/backend/cuda/mod.rs emits from src/formats/tables.rs
+// (IQ2XXS_GRID, IQ2XS_GRID, IQ3XXS_GRID, IQ1S_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, KVALUES_MXFP4 as
+// __constant__ arrays, IQ1_DELTA as a float literal): one source of truth for the tables.
+//
+// Every format is row-local and a row is a whole number of blocks (the host checks cols), so a
+// flat element index idx of a [rows, cols] matrix is value idx % QK of block idx / QK: the GEMM's
+// element offsets (w_row(c) + kk) address block formats unchanged.
+//
+// Each value is the same f32 as the CPU lane's `crate::formats::decode_row`, i.e. ggml's
+// dequantize_row_* (ggml/src/ggml-quants.c, llama.cpp v0.5.0): the same operations in the same
+// order, each rounded on its own. NVRTC contracts a * b - c into one fma by default, which would
+// round once where ggml rounds twice, so every float operation here is an explicit
+// round-to-nearest intrinsic (__fmul_rn, __fadd_rn, __fsub_rn), which the compiler never fuses.
+// Blocks are not aligned (34, 17, 129, ... bytes), so multi-byte fields are assembled from bytes.
+
+// Format codes: the compile-time FMT of load_w and the GEMM (0 f32, 1 bf16, 2 f16 in common.cuh),
+// equal to the position of the format in `WeightFormat::ALL` (a unit test in
+// src/backend/cuda/mod.rs checks the codes and the block geometry below).
+#define WF_Q8_0 3
+#define WF_Q2_K 4
+#define WF_Q3_K 5
+#define WF_Q4_K 6
+#define WF_Q5_K 7
+#define WF_Q6_K 8
+#define WF_IQ1_S 9
+#define WF_IQ1_M 10
+#define WF_IQ2_XXS 11
+#define WF_IQ2_XS 12
+#define WF_IQ3_XXS 13
+#define WF_IQ4_XS 14
+#define WF_MXFP4 15
+#define WF_FP8_E4M3_B128_E8M0 16
+#define WF_FP8_E4M3_B128_F32 17
+
+// X(kernel-name suffix, format code) for every block format: the kernel files instantiate their
+// weight kernels with it (`linear_q8_0`, ...; the suffix is the format's name in lower case).
+#define FOR_EACH_BLOCK_FORMAT(X)                                                                            \
+    X(q8_0, WF_Q8_0)                                                                                        \
+    X(q2_k, WF_Q2_K)                                                                                        \
+    X(q3_k, WF_Q3_K)                                                                                        \
+    X(q4_k, WF_Q4_K)                                                                                        \
+    X(q5_k, WF_Q5_K)                                                                                        \
+    X(q6_k, WF_Q6_K)                                                                                        \
+    X(iq1_s, WF_IQ1_S)                                                                                      \
+    X(iq1_m, WF_IQ1_M)                                                                                      \
+    X(iq2_xxs, WF_IQ2_XXS)                                                                                  \
+    X(iq2_xs, WF_IQ2_XS)                                                                                    \
+    X(iq3_xxs, WF_IQ3_XXS)                                                                                  \
+    X(iq4_xs, WF_IQ4_XS)                                                                                    \
+    X(mxfp4, WF_MXFP4)                                                                                      \
+    X(fp8_e4m3_b128_e8m0, WF_FP8_E4M3_B128_E8M0)                                                            \
+    X(fp8_e4m3_b128_f32, WF_FP8_E4M3_B128_F32)
+
+// Block geometry: values (QK) and bytes (BYTES) per block.
+template <int FMT>
+struct WBlock;
+#define WBLOCK(FMT, QK_, BYTES_)                                                                            \
+    template <>                                                                                             \
+    struct WBlock<FMT> {                                                                                    \
+        static constexpr unsigned int QK = QK_, BYTES = BYTES_;                                             \
+    };
+WBLOCK(WF_Q8_0, 32, 34)
+WBLOCK(WF_Q2_K, 256, 84)
+WBLOCK(WF_Q3_K, 256, 110)
+WBLOCK(WF_Q4_K, 256, 144)
+WBLOCK(WF_Q5_K, 256, 176)
+WBLOCK(WF_Q6_K, 256, 210)
+WBLOCK(WF_IQ1_S, 256, 50)
+WBLOCK(WF_IQ1_M, 256, 56)
+WBLOCK(WF_IQ2_XXS, 256, 66)
+WBLOCK(WF_IQ2_XS, 256, 74)
+WBLOCK(WF_IQ3_XXS, 256, 98)
+WBLOCK(WF_IQ4_XS, 256, 136)
+WBLOCK(WF_MXFP4, 32, 17)
+WBLOCK(WF_FP8_E4M3_B128_E8M0, 128, 129)
+WBLOCK(WF_FP8_E4M3_B128_F32, 128, 132)
+
+typedef unsigned char u8;
+
+__device__ __forceinline__ unsigned int dq_u16(const u8* p) { return p[0] | ((unsigned int)p[1] << 8); }
+__device__ __forceinline__ unsigned int dq_u32(const u8* p) {
+    return p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) | ((unsigned int)p[3] << 24);
+}
+// An f16 field (ggml_half) as f32, exactly (GGML_FP16_TO_FP32).
+__device__ __forceinline__ float dq_f16(const u8* p) { return f16_to_f32(dq_u16(p)); }
+// Byte j (0 = least significant) of a grid entry: ggml reads the entries as byte arrays on a
+// little-endian host.
+__device__ __forceinline__ unsigned int dq_byte(unsigned long long v, unsigned int j) {
+    return (unsigned int)(v >> (8u * j)) & 0xffu;
+}
+// ksigns_iq2xs bit j set: value j of the group is negated (kmask_iq2xs[j] = 1 << j).
+__device__ __forceinline__ float dq_sign(unsigned int signs, unsigned int j) {
+    return (signs >> j) & 1u ? -1.0f : 1.0f;
+}
+
+// ggml_e8m0_to_fp32_half (MXFP4: kvalues_mxfp4 are twice the e2m1 values, so the scale is halved):
+// 2^(e-128), subnormal for e < 2.
+__device__ __forceinline__ float dq_e8m0_half(unsigned int e) {
+    return __uint_as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+}
+// E8M0 as 2^(e-127) (ggml_e8m0_to_fp32; e = 0 is the subnormal 2^-127), e = 255 NaN (the MX
+// encoding; 2^128 does not fit an f32), as the CPU lane's e8m0_to_f32.
+__device__ __forceinline__ float dq_e8m0(unsigned int e) {
+    if (e == 0u) return __uint_as_float(0x00400000u);
+    return e == 255u ? QUIET_NAN : __uint_as_float(e << 23);
+}
+// FP8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 subnormal (m * 2^-9),
+// no infinity, S.1111.111 NaN. Exact in f32.
+__device__ __forceinline__ float dq_e4m3(unsigned int c) {
+    const unsigned int sign = (c & 0x80u) << 24, e = (c >> 3) & 0xfu, m = c & 7u;
+    float mag;
+    if (e == 15u && m == 7u) mag = QUIET_NAN;
+    else if (e == 0u) mag = __fmul_rn((float)m, __uint_as_float((127u - 9u) << 23));
+    else mag = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return __uint_as_float(__float_as_uint(mag) | sign);
+}
+
+// ---- one value j (< QK) of block b, per format (ggml's field names and operation order) ----
+
+// Q8_0: d f16, qs[32] i8. y = qs[j] * d.
+__device__ __forceinline__ float dq_q8_0(const u8* b, unsigned int j) {
+    return __fmul_rn((float)(signed char)b[2 + j], dq_f16(b));
+}
+
+// Q2_K: scales[16], qs[64], d f16, dmin f16. Value j: 16-group j / 16 (its scale byte: low nibble
+// scale, high nibble min), 2-bit code at bit 2 ((j % 128) / 32) of qs[32 (j / 128) + j % 32].
+// y = (d * sc) * q - dmin * m.
+__device__ __forceinline__ float dq_q2_k(const u8* b, unsigned int j) {
+    const unsigned int sc = b[j / 16u];
+    const unsigned int q = (b[16u + 32u * (j / 128u) + j % 32u] >> (2u * ((j % 128u) / 32u))) & 3u;
+    const float dl = __fmul_rn(dq_f16(b + 80), (float)(sc & 15u));
+    const float ml = __fmul_rn(dq_f16(b + 82), (float)(sc >> 4));
+    return __fsub_rn(__fmul_rn(dl, (float)q), ml);
+}
+
+// Q3_K: hmask[32], qs[64], scales[12] (16 6-bit scales), d f16. Value j: scale j / 16, 2 low bits
+// as Q2_K, high bit (j / 32) of hmask[j % 32] (clear: subtract 4). y = (d * (s - 32)) * q.
+__device__ __forceinline__ float dq_q3_k(const u8* b, unsigned int j) {
+    const u8* sc = b + 96;
+    const unsigned int is = j / 16u;
+    const unsigned int lo = is < 8u ? sc[is] & 15u : sc[is - 8u] >> 4;
+    const unsigned int hi = (sc[8u + is % 4u] >> (2u * (is / 4u))) & 3u;
+    const int s = (int)(lo | (hi << 4)) - 32;
+    const int q2 = (b[32u + 32u * (j / 128u) + j % 32u] >> (2u * ((j % 128u) / 32u))) & 3u;
+    const int q = q2 - ((b[j % 32u] >> (j / 32u)) & 1u ? 0 : 4);
+    return __fmul_rn(__fmul_rn(dq_f16(b + 108), (float)s), (float)q);
+}
+
+// get_scale_min_k4 of Q4_K / Q5_K: 6-bit scale and min of 32-group g from scales[12].
+__device__ __forceinline__ void dq_scale_min_k4(const u8* s, unsigned int g, unsigned int* sc, unsigned int* m) {
+    if (g < 4u) {
+        *sc = s[g] & 63u;
+        *m = s[g + 4u] & 63u;
+    } else {
+        *sc = (s[g + 4u] & 15u) | ((s[g - 4u] >> 6) << 4);
+        *m = (s[g + 4u] >> 4) | ((s[g] >> 6) << 4);
+    }
+}
+
+// Q4_K: d f16, dmin f16, scales[12], qs[128]. Value j: 32-group j / 32; code = the low (even
+// group) or high (odd group) nibble of qs[32 (j / 64) + j % 32]. y = (d * sc) * q - dmin * m.
+__device__ __forceinline__ float dq_q4_k(const u8* b, unsigned int j) {
+    unsigned int sc, m;
+    dq_scale_min_k4(b + 4, j / 32u, &sc, &m);
+    const unsigned int q = (b[16u + 32u * (j / 64u) + j % 32u] >> (4u * ((j / 32u) & 1u))) & 15u;
+    const float d1 = __fmul_rn(dq_f16(b), (float)sc), m1 = __fmul_rn(dq_f16(b + 2), (float)m);
+    return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+}
+
+// Q5_K: d, dmin, scales[12], qh[32], qs[128]. As Q4_K, plus 16 when bit j / 32 of qh[j % 32] is
+// set.
+__device__ __forceinline__ float dq_q5_k(const u8* b, unsigned int j) {
+    unsigned int sc, m;
+    dq_scale_min_k4(b + 4, j / 32u, &sc, &m);
+    const unsigned int lo = (b[48u + 32u * (j / 64u) + j % 32u] >> (4u * ((j / 32u) & 1u))) & 15u;
+    const unsigned int q = lo + ((b[16u + j % 32u] >> (j / 32u)) & 1u ? 16u : 0u);
+    const float d1 = __fmul_rn(dq_f16(b), (float)sc), m1 = __fmul_rn(dq_f16(b + 2), (float)m);
+    return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+}
+
+// Q6_K: ql[128], qh[64], scales[16] i8, d f16. Value j: half h = j / 128, quarter t = (j % 128)
+// / 32, l = j % 32: 4 low bits = nibble t / 2 of ql[64 h + l + 32 (t % 2)], 2 high bits at bit 2t
+// of qh[32 h + l], scale scales[8 h + l / 16 + 2t]. y = (d * sc) * (q - 32).
+__device__ __forceinline__ float dq_q6_k(const u8* b, unsigned int j) {
+    const unsigned int h = j / 128u, t = (j % 128u) / 32u, l = j % 32u;
+    const unsigned int lo = (b[64u * h + l + 32u * (t & 1u)] >> (4u * (t >> 1))) & 15u;
+    const unsigned int hi = (b[128u + 32u * h + l] >> (2u * t)) & 3u;
+    const int q = (int)(lo | (hi << 4)) - 32;
+    const int sc = (signed char)b[192u + 8u * h + l / 16u + 2u * t];
+    return __fmul_rn(__fmul_rn(dq_f16(b + 208), (float)sc), (float)q);
+}
+
+// IQ1_S: d f16, qs[32], qh u16[8]. 32-group g = j / 32: qh[g] holds the 3 high index bits of
+// each 8-run (bits 3l..3l+2), the scale (bits 12..14) and the delta sign (bit 15).
+// y = (d * (2 s + 1)) * (grid + delta), grid = int8 byte j % 8 of iq1s_grid[index].
+__device__ __forceinline__ float dq_iq1_s(const u8* b, unsigned int j) {
+    const unsigned int g = j / 32u, l = (j % 32u) / 8u;
+    const unsigned int qh = dq_u16(b + 34u + 2u * g);
+    const float dl = __fmul_rn(dq_f16(b), (float)(2u * ((qh >> 12) & 7u) + 1u));
+    const float delta = qh & 0x8000u ? -IQ1_DELTA : IQ1_DELTA;
+    const unsigned int idx = b[2u + 4u * g + l] | (((qh >> (3u * l)) & 7u) << 8);
+    const float v = (float)(signed char)dq_byte(IQ1S_GRID[idx], j % 8u);
+    return __fmul_rn(dl, __fadd_rn(v, delta));
+}
+
+// IQ1_M: qs[32], qh[16], scales[8] (u16[4]; their top nibbles are the f16 super-scale). 32-group
+// g = j / 32, 8-run l = (j % 32) / 8: index low bits qs[4g + l], high bits and delta sign in the
+// low (l even) or high (l odd) nibble of qh[2g + l / 2]; 3-bit scale at bit 6 (g % 2) + 3 (l / 2)
+// of u16 scales[g / 2]. y = (d * (2 s + 1)) * (grid + delta).
+__device__ __forceinline__ float dq_iq1_m(const u8* b, unsigned int j) {
+    const u8* sc = b + 48;
+    const unsigned int d16 = (dq_u16(sc) >> 12) | ((dq_u16(sc + 2) >> 8) & 0x00f0u) |
+                             ((dq_u16(sc + 4) >> 4) & 0x0f00u) | (dq_u16(sc + 6) & 0xf000u);
+    const unsigned int g = j / 32u, l = (j % 32u) / 8u;
+    const unsigned int s = (dq_u16(sc + 2u * (g / 2u)) >> (6u * (g % 2u) + 3u * (l / 2u))) & 7u;
+    const float dl = __fmul_rn(f16_to_f32(d16), (float)(2u * s + 1u));
+    const unsigned int qh = b[32u + 2u * g + l / 2u];
+    const unsigned int idx = b[4u * g + l] | ((qh << (l % 2u ? 4u : 8u)) & 0x700u);
+    const float delta = qh & (l % 2u ? 0x80u : 0x08u) ? -IQ1_DELTA : IQ1_DELTA;
+    const float v = (float)(signed char)dq_byte(IQ1S_GRID[idx], j % 8u);
+    return __fmul_rn(dl, __fadd_rn(v, delta));
+}
+
+// IQ2_XXS: d f16, then per 32-group g two u32: the four 8-run grid indices (bytes) and
+// signs/scale (7 sign bits per run, scale in bits 28..31). y = ((d * (0.5 + s)) * 0.25) * grid * ±1.
+__device__ __forceinline__ float dq_iq2_xxs(const u8* b, unsigned int j) {
+    const unsigned int g = j / 32u, l = (j % 32u) / 8u;
+    const u8* q = b + 2u + 8u * g;
+    const unsigned int aux1 = dq_u32(q + 4);
+    const float db = __fmul_rn(__fmul_rn(dq_f16(b), __fadd_rn(0.5f, (float)(aux1 >> 28))), 0.25f);
+    const float grid = (float)dq_byte(IQ2XXS_GRID[q[l]], j % 8u);
+    const unsigned int signs = KSIGNS_IQ2XS[(aux1 >> (7u * l)) & 127u];
+    return __fmul_rn(__fmul_rn(db, grid), dq_sign(signs, j % 8u));
+}
+
+// IQ2_XS: d f16, qs u16[32] (9-bit grid index, 7-bit sign pattern index), scales[8] (a nibble per
+// 16 values). y = ((d * (0.5 + s)) * 0.25) * grid * ±1.
+__device__ __forceinline__ float dq_iq2_xs(const u8* b, unsigned int j) {
+    const unsigned int g = j / 32u, l = (j % 32u) / 8u;
+    const unsigned int q = dq_u16(b + 2u + 2u * (4u * g + l));
+    const unsigned int s = (b[66u + g] >> (4u * (l / 2u))) & 15u;
+    const float db = __fmul_rn(__fmul_rn(dq_f16(b), __fadd_rn(0.5f, (float)s)), 0.25f);
+    const float grid = (float)dq_byte(IQ2XS_GRID[q & 511u], j % 8u);
+    return __fmul_rn(__fmul_rn(db, grid), dq_sign(KSIGNS_IQ2XS[q >> 9], j % 8u));
+}
+
+// IQ3_XXS: d f16, qs[64] grid indices (a 4-value entry each), then a u32 per 32-group (7 sign
+// bits per 8-run, scale in bits 28..31). y = ((d * (0.5 + s)) * 0.5) * grid * ±1.
+__device__ __forceinline__ float dq_iq3_xxs(const u8* b, unsigned int j) {
+    const unsigned int g = j / 32u, l = (j % 32u) / 8u, r = j % 8u;
+    const unsigned int aux = dq_u32(b + 66u + 4u * g);
+    const float db = __fmul_rn(__fmul_rn(dq_f16(b), __fadd_rn(0.5f, (float)(aux >> 28))), 0.5f);
+    const unsigned int idx = b[2u + 8u * g + 2u * l + r / 4u];
+    const float grid = (float)dq_byte(IQ3XXS_GRID[idx], r % 4u);
+    const unsigned int signs = KSIGNS_IQ2XS[(aux >> (7u * l)) & 127u];
+    return __fmul_rn(__fmul_rn(db, grid), dq_sign(signs, r));
+}
+
+// IQ4_XS: d f16, scales_h u16, scales_l[4], qs[128]. 32-group g: 6-bit scale = nibble g % 2 of
+// scales_l[g / 2] | bits 2g..2g+1 of scales_h << 4; code = low (j % 32 < 16) or high nibble of
+// qs[16 g + j % 16]. y = (d * (s - 32)) * kvalues_iq4nl[code].
+__device__ __forceinline__ float dq_iq4_xs(const u8* b, unsigned int j) {
+    const unsigned int g = j / 32u;
+    const unsigned int ls = ((b[4u + g / 2u] >> (4u * (g % 2u))) & 15u) | (((dq_u16(b + 2) >> (2u * g)) & 3u) << 4);
+    const float dl = __fmul_rn(dq_f16(b), (float)((int)ls - 32));
+    const unsigned int code = (b[8u + 16u * g + j % 16u] >> (4u * ((j % 32u) / 16u))) & 15u;
+    return __fmul_rn(dl, (float)KVALUES_IQ4NL[code]);
+}
+
+// MXFP4: E8M0 e, qs[16]: values 0..15 in the low nibbles, 16..31 in the high ones.
+// y = kvalues_mxfp4[code] * 2^(e-128).
+__device__ __forceinline__ float dq_mxfp4(const u8* b, unsigned int j) {
+    const unsigned int code = (b[1u + j % 16u] >> (4u * (j / 16u))) & 15u;
+    return __fmul_rn((float)KVALUES_MXFP4[code], dq_e8m0_half(b[0]));
+}
+
+// FP8 e4m3 with its 128-value block's scale in front: E8M0 (1 byte) or f32 LE (4 bytes).
+// y = e4m3(w[j]) * scale.
+__device__ __forceinline__ float dq_fp8_e8m0(const u8* b, unsigned int j) {
+    return __fmul_rn(dq_e4m3(b[1u + j]), dq_e8m0(b[0]));
+}
+__device__ __forceinline__ float dq_fp8_f32(const u8* b, unsigned int j) {
+    return __fmul_rn(dq_e4m3(b[4u + j]), __uint_as_float(dq_u32(b)));
+}
+
+// out[0 .. n) = values idx .. idx + n of a block-format matrix starting at w (idx a flat element
+// index; the run lies in one block: the GEMM decodes pairs (idx even, QK even) or single values).
+// FMT is a compile-time constant, so each instantiation is one format's code, no branching on it.
+template <int FMT>
+__device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsigned int n) {
+    constexpr unsigned int QK = WBlock<FMT>::QK;
+    const u8* b = (const u8*)w + idx / QK * WBlock<FMT>::BYTES;
+    const unsigned int j0 = (unsigned int)(idx % QK);
+    for (unsigned int i = 0; i < n; ++i) {
+        const unsigned int j = j0 + i;
+        if constexpr (FMT == WF_Q8_0) out[i] = dq_q8_0(b, j);
+        else if constexpr (FMT == WF_Q2_K) out[i] = dq_q2_k(b, j);
+        else if constexpr (FMT == WF_Q3_K) out[i] = dq_q3_k(b, j);
+        else if constexpr (FMT == WF_Q4_K) out[i] = dq_q4_k(b, j);
+        else if constexpr (FMT == WF_Q5_K) out[i] = dq_q5_k(b, j);
+        else if constexpr (FMT == WF_Q6_K) out[i] = dq_q6_k(b, j);
+        else if constexpr (FMT == WF_IQ1_S) out[i] = dq_iq1_s(b, j);
+        else if constexpr (FMT == WF_IQ1_M) out[i] = dq_iq1_m(b, j);
+        else if constexpr (FMT == WF_IQ2_XXS) out[i] = dq_iq2_xxs(b, j);
+        else if constexpr (FMT == WF_IQ2_XS) out[i] = dq_iq2_xs(b, j);
+        else if constexpr (FMT == WF_IQ3_XXS) out[i] = dq_iq3_xxs(b, j);
+        else if constexpr (FMT == WF_IQ4_XS) out[i] = dq_iq4_xs(b, j);
+        else if constexpr (FMT == WF_MXFP4) out[i] = dq_mxfp4(b, j);
+        else if constexpr (FMT == WF_FP8_E4M3_B128_E8M0) out[i] = dq_fp8_e8m0(b, j);
+        else if constexpr (FMT == WF_FP8_E4M3_B128_F32) out[i] = dq_fp8_f32(b, j);
+        else static_assert(FMT < 0, "dq_run: not a block format");
+    }
+}

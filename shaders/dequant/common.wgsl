@@ -1,0 +1,101 @@
+// Helpers shared by every block-format decoder (shaders/dequant/<format>.wgsl). The kernel body
+// that follows declares `w: array<u32>`, the weight words of one row chunk; every row starts on
+// a word (upload pads rows to a 4-byte stride), but ggml blocks are 17, 34, 110 … bytes, so
+// fields are read byte by byte relative to the row's first word `base`.
+//
+// Each decoder defines `decode_run(base, run) -> array<f32, 32>`: values 32·run … 32·run + 31 of
+// the row, computed with ggml's f32 operations in ggml's order (`dequantize_row_*` in
+// ggml-quants.c), so each equals the CPU lane's `formats::decode_row` bit for bit. Every
+// product there is exact in f32 (scale bits + code bits ≤ 24), so a driver that fuses a
+// multiply-subtract into an fma cannot change a value either.
+
+fn byte_at(base: u32, off: u32) -> u32 {
+    return (w[base + (off >> 2u)] >> ((off & 3u) * 8u)) & 0xffu;
+}
+
+// Little-endian u16 / u32 at any byte offset (fields need not be aligned).
+fn u16_at(base: u32, off: u32) -> u32 {
+    return byte_at(base, off) | (byte_at(base, off + 1u) << 8u);
+}
+
+fn u32_at(base: u32, off: u32) -> u32 {
+    return u16_at(base, off) | (u16_at(base, off + 2u) << 16u);
+}
+
+// A byte as the signed int8 it stores.
+fn i8_of(b: u32) -> i32 {
+    return bitcast<i32>(b << 24u) >> 24u;
+}
+
+fn nan_f32() -> f32 {
+    return bitcast<f32>(0x7fc00000u);
+}
+
+// IEEE half bits → f32 by integer construction, exact (subnormals included), like the lane's
+// f16 weights: unpack2x16float needs naga's SHADER_FLOAT16_IN_FLOAT32 capability, which not
+// every backend has, and may flush subnormal halves.
+fn half_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        let mag = f32(m) * 5.9604644775390625e-8; // m · 2^-24
+        return select(mag, -mag, sign != 0u);
+    }
+    if (e == 31u) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+fn f16_at(base: u32, off: u32) -> f32 {
+    return half_to_f32(u16_at(base, off));
+}
+
+// ggml_e8m0_to_fp32 with the MX NaN (as the CPU lane): 2^(e−127); e = 0 is the f32 subnormal
+// 2^−127, e = 255 NaN.
+fn e8m0_to_f32(e: u32) -> f32 {
+    if (e == 0u) {
+        return bitcast<f32>(0x00400000u);
+    }
+    if (e == 255u) {
+        return nan_f32();
+    }
+    return bitcast<f32>(e << 23u);
+}
+
+// ggml_e8m0_to_fp32_half (MXFP4's table holds the e2m1 values doubled): 2^(e−128), e < 2 as the
+// f32 subnormals 2^−128 and 2^−127.
+fn e8m0_to_f32_half(e: u32) -> f32 {
+    if (e < 2u) {
+        return bitcast<f32>(0x00200000u << e);
+    }
+    return bitcast<f32>((e - 1u) << 23u);
+}
+
+// FP8 e4m3fn code → f32, exact: bias 7, exponent 0 subnormal (m · 2^−9), S.1111.111 NaN.
+fn e4m3_to_f32(c: u32) -> f32 {
+    let sign = (c & 0x80u) << 24u;
+    let e = (c >> 3u) & 0xfu;
+    let m = c & 7u;
+    var mag: f32;
+    if (e == 15u && m == 7u) {
+        mag = nan_f32();
+    } else if (e == 0u) {
+        mag = f32(m) * bitcast<f32>(118u << 23u); // m · 2^−9
+    } else {
+        mag = bitcast<f32>(((e + 120u) << 23u) | (m << 20u));
+    }
+    return bitcast<f32>(bitcast<u32>(mag) | sign);
+}
+
+// ggml get_scale_min_k4 (Q4_K, Q5_K): 6-bit scale and min `j` of the 12 packed bytes at `off`.
+fn scale_min_k4(base: u32, off: u32, j: u32) -> vec2<u32> {
+    if (j < 4u) {
+        return vec2<u32>(byte_at(base, off + j) & 63u, byte_at(base, off + j + 4u) & 63u);
+    }
+    let hi = byte_at(base, off + j + 4u);
+    let sc = (hi & 0xfu) | ((byte_at(base, off + j - 4u) >> 6u) << 4u);
+    let mn = (hi >> 4u) | ((byte_at(base, off + j) >> 6u) << 4u);
+    return vec2<u32>(sc, mn);
+}

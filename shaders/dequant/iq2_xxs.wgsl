@@ -1,0 +1,22 @@
+// IQ2_XXS, 66 bytes → 256 values: d @0, then per 32 values (run ib) 8 bytes @2 + 8ib: a0 = four
+// grid indices, a1 = four 7-bit sign-pattern indices (bits 7l …) and a 4-bit scale (bits 28 …).
+// value 8l + j = d·(0.5 + a1 >> 28)·0.25 · grid[a0 byte l] byte j · (sign bit j ? −1 : 1).
+// Grids are emitted by the lane as u32 pairs (low word = bytes 0-3).
+fn decode_run(base: u32, run: u32) -> array<f32, 32> {
+    let o = (run / 8u) * 66u;
+    let q = o + 2u + 8u * (run % 8u);
+    let a0 = u32_at(base, q);
+    let a1 = u32_at(base, q + 4u);
+    let db = f16_at(base, o) * (0.5 + f32(a1 >> 28u)) * 0.25;
+    var v: array<f32, 32>;
+    for (var l = 0u; l < 4u; l++) {
+        let g = (a0 >> (8u * l)) & 0xffu;
+        let signs = KSIGNS_IQ2XS[(a1 >> (7u * l)) & 127u];
+        for (var j = 0u; j < 8u; j++) {
+            let gv = (IQ2XXS_GRID[2u * g + j / 4u] >> (8u * (j % 4u))) & 0xffu;
+            let s = select(1.0, -1.0, (signs & KMASK_IQ2XS[j]) != 0u);
+            v[8u * l + j] = db * f32(gv) * s;
+        }
+    }
+    return v;
+}

@@ -1,0 +1,16 @@
+// IQ4_XS, 136 bytes → 256 values: d @0, scales_h u16 @2, scales_l[4] @4, qs[128] @8. Run ib:
+// ls = nibble ib%2 of scales_l[ib/2] | bits 2ib … of scales_h << 4; value j (low nibble of
+// qs[16ib + j]) and j + 16 (high) = d·(ls − 32) · KVALUES_IQ4NL[nibble].
+fn decode_run(base: u32, run: u32) -> array<f32, 32> {
+    let o = (run / 8u) * 136u;
+    let ib = run % 8u;
+    let ls = ((byte_at(base, o + 4u + ib / 2u) >> (4u * (ib % 2u))) & 0xfu) | (((u16_at(base, o + 2u) >> (2u * ib)) & 3u) << 4u);
+    let dl = f16_at(base, o) * f32(i32(ls) - 32);
+    var v: array<f32, 32>;
+    for (var j = 0u; j < 16u; j++) {
+        let q = byte_at(base, o + 8u + 16u * ib + j);
+        v[j] = dl * f32(KVALUES_IQ4NL[q & 0xfu]);
+        v[j + 16u] = dl * f32(KVALUES_IQ4NL[q >> 4u]);
+    }
+    return v;
+}

@@ -1,0 +1,103 @@
+// linear over a block-format weight: y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row chunk of W
+// per dispatch. Not a complete shader: the lane builds it per format as emitted tables +
+// dequant/common.wgsl + dequant/<format>.wgsl (`decode_run`) + this body.
+// Tiling as linear_tile.wgsl, with K walked in runs of 32 (k is a whole number of blocks, so of
+// runs): workgroup 16×16 threads, 64×64 output tile (4×4 per thread, strided by 16); per step,
+// x tile [32][64] and W tile [32][64] in workgroup memory, the W tile decoded by 64 threads one
+// run (32 values of one row) each, so every block scale is read once per run.
+// Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
+
+struct P {
+    n: u32,          // rows of x
+    k: u32,          // in_features (a multiple of 32)
+    out_cols: u32,   // columns of y (= total out_features)
+    col_off: u32,    // first output column of this chunk
+    chunk_rows: u32, // W rows in this chunk
+    w_stride: u32,   // words per (padded) W row
+    has_bias: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+const BM: u32 = 64u;
+const BN: u32 = 64u;
+const BK: u32 = 32u;
+
+var<workgroup> xs: array<f32, 2048>; // [BK][BM]
+var<workgroup> ws: array<f32, 2048>; // [BK][BN]
+
+@compute @workgroup_size(16, 16, 1)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let row0 = wg.y * BM;
+    let col0 = wg.x * BN;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        // x tile: 64 rows × 32 k, 8 elements per thread, consecutive threads walk k.
+        for (var e = 0u; e < 8u; e++) {
+            let idx = li + e * 256u;
+            let m = idx / BK;
+            let kk = idx % BK;
+            let gr = row0 + m;
+            var v = 0.0;
+            if (gr < p.n) {
+                v = x[gr * p.k + k0 + kk];
+            }
+            xs[kk * BM + m] = v;
+        }
+        // W tile: thread li < 64 decodes run k0/32 of row col0 + li.
+        if (li < BN) {
+            let gc = col0 + li;
+            if (gc < p.chunk_rows) {
+                let v = decode_run(gc * p.w_stride, k0 / BK);
+                for (var kk = 0u; kk < BK; kk++) {
+                    ws[kk * BN + li] = v[kk];
+                }
+            } else {
+                for (var kk = 0u; kk < BK; kk++) {
+                    ws[kk * BN + li] = 0.0;
+                }
+            }
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            let xo = kk * BM + lid.y;
+            let wo = kk * BN + lid.x;
+            let b = vec4<f32>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]);
+            acc0 = fma(vec4<f32>(xs[xo]), b, acc0);
+            acc1 = fma(vec4<f32>(xs[xo + 16u]), b, acc1);
+            acc2 = fma(vec4<f32>(xs[xo + 32u]), b, acc2);
+            acc3 = fma(vec4<f32>(xs[xo + 48u]), b, acc3);
+        }
+        workgroupBarrier();
+    }
+
+    store_row(row0 + lid.y, col0 + lid.x, acc0);
+    store_row(row0 + lid.y + 16u, col0 + lid.x, acc1);
+    store_row(row0 + lid.y + 32u, col0 + lid.x, acc2);
+    store_row(row0 + lid.y + 48u, col0 + lid.x, acc3);
+}
+
+// y[gr, col_off + gc + 16·j] = acc[j] (+ bias) for the columns inside this chunk.
+fn store_row(gr: u32, gc: u32, acc: vec4<f32>) {
+    if (gr >= p.n) { return; }
+    for (var j = 0u; j < 4u; j++) {
+        let c = gc + 16u * j;
+        if (c >= p.chunk_rows) { return; }
+        let oc = p.col_off + c;
+        var v = acc[j];
+        if (p.has_bias != 0u) {
+            v += bias[oc];
+        }
+        y[gr * p.out_cols + oc] = v;
+    }
+}

@@ -1,0 +1,119 @@
+// The language-model ops with a weight operand, over a block-format weight: the same entry
+// points, bindings and parameter blocks as lm.wgsl's (see there), each reading W a run of 32
+// values at a time through `decode_run` (dequant/<format>.wgsl). Not a complete shader: the
+// lane builds it per format as emitted tables + dequant/common.wgsl + the format file + this.
+// Every weight row length (k, d, h) is a whole number of blocks, so of runs.
+
+struct P {
+    u0: u32, u1: u32, u2: u32, u3: u32,
+    u4: u32, u5: u32, u6: u32, u7: u32,
+    u8: u32, u9: u32, u10: u32, u11: u32,
+    u12: u32, u13: u32, u14: u32, u15: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> ia: array<i32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+@group(0) @binding(8) var<storage, read> w: array<u32>;
+
+fn flat(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
+    return (wg.y * nwg.x + wg.x) * 256u + li;
+}
+
+// embed_rows, one thread per run of 32 output values (u0 = n·d elements; otherwise as lm.wgsl:
+// u1 = d, u2 = vocab, u3 = row0, u4 = rows, u6 = stride words, u7 = first chunk).
+@compute @workgroup_size(256, 1, 1)
+fn embed_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    let t = flat(wg, nwg, li);
+    if (t >= p.u0 / 32u) { return; }
+    let d = p.u1;
+    let i0 = t * 32u;
+    let id = ia[i0 / d];
+    if (id < 0) {
+        if (p.u7 == 1u) {
+            for (var j = 0u; j < 32u; j++) { out[i0 + j] = nan_f32(); }
+        }
+        return;
+    }
+    let r = u32(id);
+    if (r >= p.u2) {
+        if (p.u7 == 1u) {
+            for (var j = 0u; j < 32u; j++) { out[i0 + j] = 0.0; }
+        }
+        return;
+    }
+    if (r >= p.u3 && r < p.u3 + p.u4) {
+        let v = decode_run((r - p.u3) * p.u6, (i0 % d) / 32u);
+        for (var j = 0u; j < 32u; j++) { out[i0 + j] = v[j]; }
+    }
+}
+
+// grouped_linear: one thread per output (u0 = n·rows, u1 = rows, u2 = row0, u3 = k, u4 = r,
+// u5 = g·k, u6 = g·r, u8 = stride).
+@compute @workgroup_size(256, 1, 1)
+fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let ol = x % p.u1;
+    let o = p.u2 + ol;
+    let k = p.u3;
+    let xb = i * p.u5 + (o / p.u4) * k;
+    var s = 0.0;
+    for (var run = 0u; run < k / 32u; run++) {
+        let v = decode_run(ol * p.u8, run);
+        for (var j = 0u; j < 32u; j++) {
+            s += a[xb + 32u * run + j] * v[j];
+        }
+    }
+    out[i * p.u6 + o] = s;
+}
+
+// moe_up (u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u6 = stride, u7 = limit).
+@compute @workgroup_size(256, 1, 1)
+fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let t = x / p.u1;
+    let j = x % p.u1;
+    if (ia[t] != i32(p.u4)) { return; }
+    let xo = (t / p.u3) * p.u2;
+    var g = 0.0;
+    var u = 0.0;
+    for (var run = 0u; run < p.u2 / 32u; run++) {
+        let vg = decode_run(j * p.u6, run);
+        let vu = decode_run((p.u1 + j) * p.u6, run);
+        for (var e = 0u; e < 32u; e++) {
+            let xv = a[xo + 32u * run + e];
+            g += xv * vg[e];
+            u += xv * vu[e];
+        }
+    }
+    let lim = bitcast<f32>(p.u7);
+    g = min(g, lim);
+    out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
+}
+
+// moe_down (u0 = n·k·d, u1 = d, u2 = h, u4 = e, u6 = stride).
+@compute @workgroup_size(256, 1, 1)
+fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let t = x / p.u1;
+    let o = x % p.u1;
+    if (ia[t] != i32(p.u4)) { return; }
+    var s = 0.0;
+    for (var run = 0u; run < p.u2 / 32u; run++) {
+        let v = decode_run(o * p.u6, run);
+        for (var e = 0u; e < 32u; e++) {
+            s += b[t * p.u2 + 32u * run + e] * v[e];
+        }
+    }
+    out[x] = s;
+}

@@ -1,0 +1,17 @@
+// Q4_K, 144 bytes → 256 values: d @0, dmin @2, scales[12] @4 (get_scale_min_k4), qs[128] @16.
+// Run `sub` (32 values) = the low (even sub) or high (odd) nibbles of qs[32·(sub/2) …]:
+// value = d·sc · q − dmin·mn with (sc, mn) = scale_min_k4(sub).
+fn decode_run(base: u32, run: u32) -> array<f32, 32> {
+    let o = (run / 8u) * 144u;
+    let sub = run % 8u;
+    let sm = scale_min_k4(base, o + 4u, sub);
+    let d1 = f16_at(base, o) * f32(sm.x);
+    let m1 = f16_at(base, o + 2u) * f32(sm.y);
+    let shift = 4u * (sub % 2u);
+    var v: array<f32, 32>;
+    for (var l = 0u; l < 32u; l++) {
+        let q = (byte_at(base, o + 16u + 32u * (sub / 2u) + l) >> shift) & 0xfu;
+        v[l] = d1 * f32(q) - m1;
+    }
+    return v;
+}
