@@ -470,3 +470,59 @@ fn mutated_headers_never_panic_or_over_allocate() {
     eprintln!("mutations: {ok} opened, {err} refused; peak heap / file bytes at most {max_ratio:.2}");
     assert!(ok > 100 && err > 1000, "ok {ok}, err {err}: the mutations should hit both outcomes");
 }
+
+/// A file written by llama.cpp's own gguf-py `GGUFWriter` (fixtures/gen/gguf/write_sample.py):
+/// every key, type, shape, offset and data byte as that writer laid them out.
+#[test]
+fn reads_a_file_written_by_gguf_py() {
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/gguf/sample.gguf"));
+    let g = Gguf::open(path).unwrap();
+    let f = g.meta();
+    assert_eq!((f.version(), f.alignment(), g.len()), (3, 64, 4));
+    assert_eq!(g.kv("general.architecture").unwrap().as_str(), Some("deepseek4"));
+    assert_eq!(g.kv("general.name").unwrap().as_str(), Some("sample"));
+    assert_eq!(g.kv("deepseek4.block_count").unwrap().as_int(), Some(5));
+    assert_eq!(g.kv("deepseek4.attention.layer_norm_rms_epsilon").unwrap().as_float(), Some(1e-6f32 as f64));
+    assert_eq!(g.kv("deepseek4.expert_weights_norm").unwrap().as_bool(), Some(true));
+    let ratios: Vec<i128> = g
+        .kv("deepseek4.attention.compress_ratios")
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_int().unwrap())
+        .collect();
+    assert_eq!(ratios, [0, 4, 128, 4, 0]);
+    let tokens: Vec<&str> =
+        g.kv("tokenizer.ggml.tokens").unwrap().as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(tokens, ["<｜begin▁of▁sentence｜>", "Ġthe", "a"]);
+    let clamp = g.kv("deepseek4.swiglu_clamp_exp").unwrap().as_array().unwrap();
+    assert_eq!(
+        (clamp.elem_type(), clamp.iter().map(|v| v.as_float().unwrap()).collect::<Vec<_>>()),
+        (ValueType::F32, vec![10.0, 10.0])
+    );
+
+    let (emb, _) = g.tensor("token_embd.weight").unwrap();
+    assert_eq!((emb.ne.clone(), emb.shape(), emb.ty), (vec![4, 6], vec![6, 4], GgmlType::Weight(WeightFormat::F32)));
+    let vals: Vec<f32> =
+        g.data("token_embd.weight").unwrap().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(vals, (0..24).map(|i| i as f32 * 0.5 - 3.0).collect::<Vec<_>>());
+    let (q, _) = g.tensor("blk.0.attn_q_a.weight").unwrap();
+    assert_eq!(
+        (q.ne.clone(), q.ty, q.nbytes, q.offset % 64),
+        (vec![64, 2], GgmlType::Weight(WeightFormat::Q8_0), 4 * 34, 0)
+    );
+    // row 0 block 0 holds i/16 - 4 for i < 32: scale max|x| / 127 = 4/127 as f16
+    let d = g.data("blk.0.attn_q_a.weight").unwrap();
+    assert_eq!(half::f16::from_le_bytes([d[0], d[1]]), half::f16::from_f32(4.0 / 127.0));
+    let (ids, _) = g.tensor("blk.0.ffn_gate_tid2eid.weight").unwrap();
+    assert_eq!((ids.shape(), ids.ty), (vec![3, 2], GgmlType::I32));
+    let ints: Vec<i32> = g
+        .data("blk.0.ffn_gate_tid2eid.weight")
+        .unwrap()
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(ints, [0, 1, 2, 3, 4, 5]);
+    assert_eq!(g.tensor("output_norm.weight").unwrap().0.ty, GgmlType::Weight(WeightFormat::F16));
+}
