@@ -10,6 +10,7 @@
 //! Tensor data is borrowed from the mmap when its offset is aligned for its dtype, and copied out
 //! otherwise (safetensors does not require aligned offsets).
 
+pub mod gguf;
 pub mod lm;
 pub mod vision;
 
