@@ -125,3 +125,15 @@ fn inconsistent_keys_are_refused_by_name() {
     v.tokens[10] = dup;
     assert!(v.to_tokenizer().unwrap_err().to_string().contains("appears twice"));
 }
+
+#[test]
+fn add_bos_token_prepends_bos_when_special_tokens_are_added() {
+    let mut v = vocab("lm-tiny");
+    let plain = v.to_tokenizer().unwrap().encode("The cat", true).unwrap().get_ids().to_vec();
+    v.add_bos_token = Some(true);
+    let with_bos = v.to_tokenizer().unwrap().encode("The cat", true).unwrap().get_ids().to_vec();
+    let bos = v.bos_token_id.unwrap();
+    assert_eq!(with_bos, [&[bos][..], &plain[..]].concat());
+    v.bos_token_id = None;
+    assert!(v.to_tokenizer().unwrap_err().to_string().contains("tokenizer.ggml.add_bos_token"));
+}
