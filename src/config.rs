@@ -461,6 +461,102 @@ impl LmConfig {
 }
 
 /// "a string (\"16\")"-style description of a JSON value for error messages.
+/// How the routed experts of an official checkpoint are stored (`expert_dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertDtype {
+    /// `"fp4"`: e2m1 packed two per byte (I8 `[out, in/2]`), E8M0 scale per 32 values.
+    Fp4,
+    /// `"fp8"`: e4m3 with 128×128 block scales, like the other FP8 matrices.
+    Fp8,
+}
+
+/// Scale storage of the FP8 matrices (`quantization_config.scale_fmt`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleFmt {
+    /// `"ue8m0"`: one F8_E8M0 power-of-two exponent per block (V4 Flash, Vision-Exp).
+    Ue8m0,
+    /// key absent or null: one F32 multiplier per block (the DeepSeek-V3 convention).
+    F32,
+}
+
+/// The official FP8/FP4 storage announced by config.json (formats.md §1), validated key by key.
+/// `None` from [`QuantConfig::from_value`] means a plain F32/BF16/F16 checkpoint: then no FP8
+/// or FP4 tensor is accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantConfig {
+    pub scale_fmt: ScaleFmt,
+    /// `expert_dtype`; absent means the experts are FP8 like every other quantized matrix.
+    pub expert_dtype: ExpertDtype,
+}
+
+/// The one block shape the official checkpoints use and the row-local re-lay supports.
+pub const FP8_BLOCK: usize = 128;
+
+impl QuantConfig {
+    /// Read `quantization_config` and `expert_dtype` from a parsed config.json. Accepted:
+    /// `quant_method "fp8"`, `fmt "e4m3"`, `weight_block_size [128, 128]`, `scale_fmt "ue8m0"`
+    /// or absent/null, `activation_scheme "dynamic"` or absent (activations stay f32 here, so a
+    /// dynamic scheme needs nothing; a static one would need input scales we do not read).
+    /// Any other value is refused naming its key. `expert_dtype` without a quantization_config
+    /// is accepted (a dequantized twin may keep it) and announces nothing.
+    pub fn from_value(raw: &Value) -> Result<Option<QuantConfig>> {
+        let obj = raw.as_object().ok_or_else(|| Error::Invalid("config must be a JSON object".into()))?;
+        let expert_dtype = match obj.get("expert_dtype") {
+            None | Some(Value::Null) => ExpertDtype::Fp8,
+            Some(Value::String(s)) if s == "fp4" => ExpertDtype::Fp4,
+            Some(Value::String(s)) if s == "fp8" => ExpertDtype::Fp8,
+            Some(v) => {
+                return Err(Error::config(
+                    "expert_dtype",
+                    format!("expected \"fp4\" or \"fp8\", found {}", describe(v)),
+                ));
+            }
+        };
+        let q = match obj.get("quantization_config") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Object(q)) => q,
+            Some(v) => {
+                return Err(Error::config("quantization_config", format!("expected an object, found {}", describe(v))));
+            }
+        };
+        let string = |key: &str, want: &str, required: bool| -> Result<bool> {
+            match q.get(key) {
+                Some(Value::String(s)) if s == want => Ok(true),
+                None | Some(Value::Null) if !required => Ok(false),
+                None => {
+                    Err(Error::config(format!("quantization_config.{key}"), format!("missing (expected \"{want}\")")))
+                }
+                Some(v) => Err(Error::config(
+                    format!("quantization_config.{key}"),
+                    format!("only \"{want}\" is supported, found {}", describe(v)),
+                )),
+            }
+        };
+        string("quant_method", "fp8", true)?;
+        string("fmt", "e4m3", true)?;
+        string("activation_scheme", "dynamic", false)?;
+        let scale_fmt = if string("scale_fmt", "ue8m0", false)? { ScaleFmt::Ue8m0 } else { ScaleFmt::F32 };
+        let block_key = "quantization_config.weight_block_size";
+        match q.get("weight_block_size") {
+            Some(Value::Array(a)) if a.len() == 2 && a.iter().all(|v| v.as_u64() == Some(FP8_BLOCK as u64)) => {}
+            Some(v) => {
+                return Err(Error::config(
+                    block_key,
+                    format!("only [{FP8_BLOCK}, {FP8_BLOCK}] is supported, found {}", compact(v)),
+                ));
+            }
+            None => return Err(Error::config(block_key, format!("missing (expected [{FP8_BLOCK}, {FP8_BLOCK}])"))),
+        }
+        Ok(Some(QuantConfig { scale_fmt, expert_dtype }))
+    }
+}
+
+/// A short rendering of a value for an error message (arrays and objects shown, not just typed).
+fn compact(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 80 { describe(v) } else { s }
+}
+
 fn describe(v: &Value) -> String {
     match v {
         Value::Null => "null".to_string(),

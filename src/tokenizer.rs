@@ -2,6 +2,8 @@
 //! `tokenizers` crate), the DeepSeek chat prompt of vision.md §2.4, and a streaming detokenizer
 //! that turns generated ids into text as soon as it is complete UTF-8.
 
+pub mod gguf;
+
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -75,6 +77,18 @@ impl ChatTokenizer {
         let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
         let inner =
             Tokenizer::from_str(&text).map_err(|e| Error::file(path, format!("not a valid tokenizer.json: {e}")))?;
+        Self::new(inner, path)
+    }
+
+    /// The tokenizer of a GGUF's `tokenizer.ggml.*` keys ([`gguf::GgufVocab`]); `path` is the
+    /// GGUF file, named in errors.
+    pub fn from_gguf_vocab(vocab: &gguf::GgufVocab, path: &Path) -> Result<Self> {
+        let inner = vocab.to_tokenizer().map_err(|e| Error::file(path, e.to_string()))?;
+        Self::new(inner, path)
+    }
+
+    /// Resolve the chat special tokens by name.
+    fn new(inner: Tokenizer, path: &Path) -> Result<Self> {
         let added = inner.get_added_vocabulary();
         let resolve = |name: &str| {
             added

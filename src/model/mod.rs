@@ -25,7 +25,7 @@ pub trait ParamSource {
 
 impl ParamSource for crate::weights::Checkpoint {
     fn matrix(&self, name: &str) -> Result<HostWeight<'_>> {
-        self.tensor(name)?.into_weight(name)
+        self.weight(name)
     }
     fn vector(&self, name: &str) -> Result<Vec<f32>> {
         self.tensor(name)?.to_f32_vec()
@@ -73,7 +73,9 @@ impl<'c, 'f> CountingSource<'c, 'f> {
         if !self.counted.borrow_mut().insert(name.to_string()) {
             return;
         }
-        let bytes = self.ckpt.meta(name).map_or(0, |m| m.nbytes as u64);
+        // a quantized weight's `.scale` is read with it
+        let scale = crate::weights::fp8::scale_name(name).and_then(|s| self.ckpt.meta(&s));
+        let bytes = self.ckpt.meta(name).map_or(0, |m| m.nbytes as u64) + scale.map_or(0, |m| m.nbytes as u64);
         self.done.set(self.done.get() + bytes);
         self.emit(self.done.get());
     }

@@ -6,7 +6,9 @@
 //! is present with its shape and an accepted dtype, and every checkpoint tensor is either in the
 //! manifest, a vision-side tensor of a checkpoint that has a vision config (checked by
 //! [`super::check_vision`]), or an `mtp.*` tensor (the multi-token-prediction block, recognised
-//! by name and skipped: nothing here runs it).
+//! by name and skipped: nothing here runs it). The official FP8/FP4 dtypes are accepted for
+//! exactly the matrices formats.md §1 lists ([`ValueKind::Fp8`], [`ValueKind::Expert`]); each
+//! one's `.scale` is part of it (its bytes are counted with the weight), not a tensor of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -14,12 +16,17 @@ use std::fmt;
 use safetensors::Dtype;
 
 use super::vision::is_vision_name;
-use super::{Checkpoint, DtypeStat};
+use super::{Checkpoint, DtypeStat, fp8};
 use crate::config::LmConfig;
 use crate::error::{Error, Result};
 
 /// Storage dtypes accepted for floating-point LM tensors.
 pub const FLOAT_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::BF16, Dtype::F16];
+/// Storage dtypes accepted for the matrices the official checkpoint stores in FP8 (attention
+/// `wq_a`, `wq_b`, `wkv`, `wo_a`, `wo_b`, the shared experts, the indexer's `wq_b`; formats.md §1).
+pub const FP8_DTYPES: [Dtype; 4] = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::F8_E4M3];
+/// Storage dtypes accepted for routed experts: FP8, or FP4 packed two per byte as I8.
+pub const EXPERT_DTYPES: [Dtype; 5] = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::F8_E4M3, Dtype::I8];
 /// Storage dtypes accepted for `gate.tid2eid` (I64 in the HF checkpoint, I32 after llama.cpp's
 /// conversion).
 pub const INDEX_DTYPES: [Dtype; 2] = [Dtype::I64, Dtype::I32];
@@ -33,6 +40,10 @@ pub const SENTINELS: [&str; 4] = ["image_start", "image_pad", "image_newline", "
 pub enum ValueKind {
     /// Weights, norms, biases: [`FLOAT_DTYPES`].
     Float,
+    /// A matrix the official checkpoint stores in FP8: [`FP8_DTYPES`].
+    Fp8,
+    /// A routed expert's matrix (FP4 or FP8 officially): [`EXPERT_DTYPES`].
+    Expert,
     /// Expert ids (`tid2eid`): [`INDEX_DTYPES`].
     Index,
 }
@@ -41,6 +52,8 @@ impl ValueKind {
     pub fn accepted(self) -> &'static [Dtype] {
         match self {
             ValueKind::Float => &FLOAT_DTYPES,
+            ValueKind::Fp8 => &FP8_DTYPES,
+            ValueKind::Expert => &EXPERT_DTYPES,
             ValueKind::Index => &INDEX_DTYPES,
         }
     }
@@ -60,6 +73,16 @@ pub struct ExpectedLm {
 /// A required floating-point tensor.
 fn float(name: String, shape: &[usize]) -> ExpectedLm {
     ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Float, required: true }
+}
+
+/// A required matrix the official checkpoint stores in FP8.
+fn fp8(name: String, shape: &[usize]) -> ExpectedLm {
+    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Fp8, required: true }
+}
+
+/// A required routed-expert matrix.
+fn expert(name: String, shape: &[usize]) -> ExpectedLm {
+    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Expert, required: true }
 }
 
 /// `a · b` for a shape, refusing a config whose product overflows (named by `keys`).
@@ -127,13 +150,13 @@ fn manifest_upto(cfg: &LmConfig, max_required: usize) -> Result<Manifest> {
         }
         let a = format!("{p}attn.");
         m.push(float(format!("{a}attn_sink"), &[nh]));
-        m.push(float(format!("{a}wq_a.weight"), &[q, d]));
+        m.push(fp8(format!("{a}wq_a.weight"), &[q, d]));
         m.push(float(format!("{a}q_norm.weight"), &[q]));
-        m.push(float(format!("{a}wq_b.weight"), &[q_width, q]));
-        m.push(float(format!("{a}wkv.weight"), &[hd, d]));
+        m.push(fp8(format!("{a}wq_b.weight"), &[q_width, q]));
+        m.push(fp8(format!("{a}wkv.weight"), &[hd, d]));
         m.push(float(format!("{a}kv_norm.weight"), &[hd]));
-        m.push(float(format!("{a}wo_a.weight"), &[o_rank, q_width / cfg.o_groups]));
-        m.push(float(format!("{a}wo_b.weight"), &[d, o_rank]));
+        m.push(fp8(format!("{a}wo_a.weight"), &[o_rank, q_width / cfg.o_groups]));
+        m.push(fp8(format!("{a}wo_b.weight"), &[d, o_rank]));
         let ratio = cfg.ratio(l);
         if ratio != 0 {
             // ratio 4 overlaps two blocks: every compressor row is twice as wide (§2.2)
@@ -146,7 +169,7 @@ fn manifest_upto(cfg: &LmConfig, max_required: usize) -> Result<Manifest> {
         }
         if ratio == 4 {
             let i = format!("{a}indexer.");
-            m.push(float(format!("{i}wq_b.weight"), &[index_q, q]));
+            m.push(fp8(format!("{i}wq_b.weight"), &[index_q, q]));
             m.push(float(format!("{i}weights_proj.weight"), &[cfg.index_n_heads, d]));
             m.push(float(format!("{i}compressor.wkv.weight"), &[index_w, d]));
             m.push(float(format!("{i}compressor.wgate.weight"), &[index_w, d]));
@@ -175,13 +198,13 @@ fn manifest_upto(cfg: &LmConfig, max_required: usize) -> Result<Manifest> {
             if m.truncated {
                 break;
             }
-            m.push(float(format!("{f}experts.{j}.w1.weight"), &[inter, d]));
-            m.push(float(format!("{f}experts.{j}.w2.weight"), &[d, inter]));
-            m.push(float(format!("{f}experts.{j}.w3.weight"), &[inter, d]));
+            m.push(expert(format!("{f}experts.{j}.w1.weight"), &[inter, d]));
+            m.push(expert(format!("{f}experts.{j}.w2.weight"), &[d, inter]));
+            m.push(expert(format!("{f}experts.{j}.w3.weight"), &[inter, d]));
         }
-        m.push(float(format!("{f}shared_experts.w1.weight"), &[shared, d]));
-        m.push(float(format!("{f}shared_experts.w2.weight"), &[d, shared]));
-        m.push(float(format!("{f}shared_experts.w3.weight"), &[shared, d]));
+        m.push(fp8(format!("{f}shared_experts.w1.weight"), &[shared, d]));
+        m.push(fp8(format!("{f}shared_experts.w2.weight"), &[d, shared]));
+        m.push(fp8(format!("{f}shared_experts.w3.weight"), &[shared, d]));
     }
     m.push(float("hc_head_fn".into(), &[hc, hc_d]));
     m.push(float("hc_head_base".into(), &[hc]));
@@ -215,7 +238,7 @@ pub struct LmAccounting {
     pub lm_params: u64,
     /// LM bytes in storage.
     pub lm_bytes: u64,
-    /// LM tensors per storage dtype.
+    /// LM tensors per storage dtype (a quantized weight's bytes include its `.scale`).
     pub by_dtype: BTreeMap<Dtype, DtypeStat>,
     /// Layers carrying `gate.bias_vl` (the others route image tokens with the text bias).
     pub bias_vl_layers: usize,
@@ -294,6 +317,12 @@ pub fn check_lm(ckpt: &Checkpoint, cfg: &LmConfig) -> Result<LmAccounting> {
         if expected.contains(meta.name) {
             continue;
         }
+        // a quantized weight's block scale is part of it (paired when the checkpoint opened):
+        // counted with it below
+        let weight = fp8::weight_name(meta.name).filter(|w| expected.contains(w.as_str()));
+        if weight.and_then(|w| ckpt.meta(&w)).is_some_and(|w| fp8::is_quantized(w.dtype)) {
+            continue;
+        }
         if meta.name.starts_with(MTP_PREFIX) {
             mtp.add(meta.nbytes);
         } else if has_vision && is_vision_name(meta.name) {
@@ -324,10 +353,21 @@ pub fn check_lm(ckpt: &Checkpoint, cfg: &LmConfig) -> Result<LmAccounting> {
             }
             continue;
         };
-        if meta.shape != exp.shape.as_slice() {
+        // FP4 stores two values per I8 byte: the header's in-dim is half the matrix's
+        let fp4 = meta.dtype == Dtype::I8 && exp.kind == ValueKind::Expert;
+        let logical: Vec<usize> = match meta.shape {
+            [r, c] if fp4 => vec![*r, c.saturating_mul(2)],
+            s => s.to_vec(),
+        };
+        if logical != exp.shape {
+            let packed = if fp4 { format!(" (I8 {:?}, two FP4 values per byte)", meta.shape) } else { String::new() };
             problems.push((
                 exp.name.clone(),
-                format!("wrong shape: found {:?}, expected {:?} (in {})", meta.shape, exp.shape, meta.file.display()),
+                format!(
+                    "wrong shape: found {logical:?}{packed}, expected {:?} (in {})",
+                    exp.shape,
+                    meta.file.display()
+                ),
             ));
             continue;
         }
@@ -344,13 +384,19 @@ pub fn check_lm(ckpt: &Checkpoint, cfg: &LmConfig) -> Result<LmAccounting> {
             ));
             continue;
         }
+        // a quantized weight's bytes include its `.scale`'s
+        let scale = if fp8::is_quantized(meta.dtype) {
+            fp8::scale_name(&exp.name).and_then(|n| ckpt.meta(&n)).map_or(0, |m| m.nbytes as u64)
+        } else {
+            0
+        };
         let s = by_dtype.entry(meta.dtype).or_default();
         s.count += 1;
-        s.bytes += meta.nbytes as u64;
+        s.bytes += meta.nbytes as u64 + scale;
         lm_tensors += 1;
         // header sizes: the safetensors crate checked dtype × shape against the byte span
-        lm_params += meta.numel() as u64;
-        lm_bytes += meta.nbytes as u64;
+        lm_params += logical.iter().product::<usize>() as u64;
+        lm_bytes += meta.nbytes as u64 + scale;
         bias_vl_layers += usize::from(exp.name.ends_with(".gate.bias_vl"));
     }
 

@@ -8,8 +8,11 @@
 //! data section exactly. Every refusal names the file (and the tensor where there is one).
 //!
 //! Tensor data is borrowed from the mmap when its offset is aligned for its dtype, and copied out
-//! otherwise (safetensors does not require aligned offsets).
+//! otherwise (safetensors does not require aligned offsets). The official FP8/FP4 matrices and
+//! their `.scale` tensors are paired when the checkpoint opens and re-laid row-local by
+//! [`Checkpoint::weight`] ([`fp8`]).
 
+pub mod fp8;
 pub mod gguf;
 pub mod lm;
 pub mod vision;
@@ -26,7 +29,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
 use crate::backend::{HostTensor, HostWeight, WeightFormat, decode_row};
-use crate::config::VisionConfig;
+use crate::config::{QuantConfig, VisionConfig};
 use crate::error::{Error, Result};
 
 pub use lm::{ExpectedLm, LmAccounting, check_lm, lm_manifest};
@@ -90,6 +93,8 @@ pub struct Checkpoint {
     tensors: BTreeMap<String, Entry>,
     /// The index's `metadata` object, when the checkpoint is sharded.
     index_metadata: Option<Value>,
+    /// The official FP8/FP4 storage config.json announces (`None`: plain float checkpoint).
+    quant: Option<QuantConfig>,
 }
 
 impl fmt::Debug for Checkpoint {
@@ -210,47 +215,57 @@ impl Checkpoint {
     /// `model.safetensors` if present, otherwise `model.safetensors.index.json` and its shards.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         let config = VisionConfig::from_file(&dir.join(CONFIG_FILE))?;
-        Self::open_with(dir, Some(config))
+        let quant = QuantConfig::from_value(&config.raw)?;
+        Self::open_with(dir, Some(config), quant)
     }
 
     /// Open the tensors of a checkpoint directory without validating a vision config (a
     /// text-only language-model checkpoint such as `lm-tiny`); the caller validates config.json
     /// itself (e.g. with [`crate::config::LmConfig`]). [`Checkpoint::config`] panics on such a
     /// checkpoint; use [`Checkpoint::vision_config`].
+    /// Its `quantization_config` is read here when config.json exists (FP8/FP4 weights need
+    /// it); without a config.json the checkpoint holds plain float tensors only.
     pub fn open_without_vision(dir: &Path) -> Result<Checkpoint> {
-        Self::open_with(dir, None)
+        let path = dir.join(CONFIG_FILE);
+        let quant = if path.is_file() { QuantConfig::from_value(&read_config(&path)?)? } else { None };
+        Self::open_with(dir, None, quant)
     }
 
     /// Open a checkpoint that may or may not have a vision side: the vision config is validated
     /// (as by [`Checkpoint::open`]) when config.json has any `vision_*` key, as a Vision-Exp
     /// checkpoint does, and left out otherwise (a text-only checkpoint such as `lm-tiny`).
     pub fn open_auto(dir: &Path) -> Result<Checkpoint> {
-        let path = dir.join(CONFIG_FILE);
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| Error::file(&path, format!("cannot read config: {e}")))?;
-        let raw: Value =
-            serde_json::from_str(&text).map_err(|e| Error::file(&path, format!("config is not valid JSON: {e}")))?;
+        let raw = read_config(&dir.join(CONFIG_FILE))?;
+        let quant = QuantConfig::from_value(&raw)?;
         let has_vision = raw.as_object().is_some_and(|o| o.keys().any(|k| k.starts_with("vision_")));
         let config = if has_vision { Some(VisionConfig::from_value(raw)?) } else { None };
-        Self::open_with(dir, config)
+        Self::open_with(dir, config, quant)
     }
 
-    fn open_with(dir: &Path, config: Option<VisionConfig>) -> Result<Checkpoint> {
+    /// Open the tensors, then pair every FP8/FP4 weight with its `.scale` (from headers).
+    fn open_with(dir: &Path, config: Option<VisionConfig>, quant: Option<QuantConfig>) -> Result<Checkpoint> {
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
-        if single.is_file() {
+        let ckpt = if single.is_file() {
             let (shard, meta) = open_shard(&single)?;
             let mut tensors = BTreeMap::new();
             insert_all(&mut tensors, 0, &meta);
-            Ok(Checkpoint { dir: dir.to_path_buf(), config, shards: vec![shard], tensors, index_metadata: None })
+            Checkpoint { dir: dir.to_path_buf(), config, shards: vec![shard], tensors, index_metadata: None, quant }
         } else if index.is_file() {
-            Self::open_sharded(dir, &index, config)
+            Self::open_sharded(dir, &index, config, quant)?
         } else {
-            Err(Error::file(dir, format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory")))
-        }
+            return Err(Error::file(dir, format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory")));
+        };
+        fp8::check_scales(&ckpt)?;
+        Ok(ckpt)
     }
 
-    fn open_sharded(dir: &Path, index_path: &Path, config: Option<VisionConfig>) -> Result<Checkpoint> {
+    fn open_sharded(
+        dir: &Path,
+        index_path: &Path,
+        config: Option<VisionConfig>,
+        quant: Option<QuantConfig>,
+    ) -> Result<Checkpoint> {
         let text = std::fs::read_to_string(index_path)
             .map_err(|e| Error::file(index_path, format!("cannot read shard index: {e}")))?;
         let root: Value = serde_json::from_str(&text)
@@ -349,6 +364,7 @@ impl Checkpoint {
             shards,
             tensors,
             index_metadata: root.get("metadata").cloned(),
+            quant,
         })
     }
 
@@ -367,6 +383,37 @@ impl Checkpoint {
     /// The vision configuration, `None` when opened with [`Checkpoint::open_without_vision`].
     pub fn vision_config(&self) -> Option<&VisionConfig> {
         self.config.as_ref()
+    }
+
+    /// The FP8/FP4 storage config.json announces (`None` for a plain float checkpoint).
+    pub fn quant(&self) -> Option<QuantConfig> {
+        self.quant
+    }
+
+    /// A 2-D weight matrix `[out, in]` ready for a lane. F32/F16/BF16 matrices keep their
+    /// storage format and are borrowed from the mmap when aligned. The official FP8/FP4 forms
+    /// ([`fp8`]) are re-laid row-local into [`WeightFormat::FP8_E4M3_B128_E8M0`],
+    /// [`WeightFormat::FP8_E4M3_B128_F32`] or [`WeightFormat::MXFP4`]: those bytes are an owned
+    /// copy, the weight and its scale moved together, about the file's size (MXFP4 exactly,
+    /// FP8 +0.8 % with E8M0 scales, +3.1 % with F32 scales). GGUF block formats need no re-lay.
+    pub fn weight(&self, name: &str) -> Result<HostWeight<'_>> {
+        let t = self.tensor(name)?;
+        if !fp8::is_quantized(t.dtype) {
+            return t.into_weight(name);
+        }
+        let meta = self.meta(name).ok_or_else(|| Error::tensor(name, "not in checkpoint"))?;
+        let plan = fp8::plan(self, &meta)?;
+        let scale = self.tensor(&plan.scale)?;
+        let bytes = fp8::relay(name, &plan, &t.bytes, &scale.bytes)?;
+        let w = HostWeight {
+            name: name.to_string(),
+            format: plan.format,
+            rows: plan.rows,
+            cols: plan.cols,
+            bytes: bytes.into(),
+        };
+        w.validate()?;
+        Ok(w)
     }
 
     /// The index's `metadata` object (sharded checkpoints only).
@@ -467,6 +514,12 @@ impl fmt::Display for Checkpoint {
             None => write!(f, "(no vision config)"),
         }
     }
+}
+
+/// A config.json parsed as JSON (not yet validated).
+fn read_config(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, format!("cannot read config: {e}")))?;
+    serde_json::from_str(&text).map_err(|e| Error::file(path, format!("config is not valid JSON: {e}")))
 }
 
 fn insert_all(tensors: &mut BTreeMap<String, Entry>, shard: usize, meta: &ShardMeta) {
