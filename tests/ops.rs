@@ -802,7 +802,7 @@ fn block_cases() -> Vec<Case> {
             format!("embed_rows {format} [{vocab},{d}] sentinels"),
             Op::EmbedRows,
             EXACT,
-            vec![ints(&[7], vec![3, 22, -1, 23, 3, 1000, 0])],
+            vec![ints(&[7], vec![3, 22, 5, 23, 3, 1000, 0])],
             |_| Call::EmbedRows(0),
             Args::default(),
         );

@@ -1,8 +1,8 @@
 //! Block weight formats on the wgpu lane: the WGSL source of each (kernel, format) pipeline.
 //!
 //! A block-format kernel is built per format from one template: the lookup tables that format
-//! needs, emitted as WGSL `const` arrays from the Rust arrays in [`crate::formats::tables`] (one
-//! source of truth; WGSL has no u64, so a u64 grid entry becomes two u32, low word first), then
+//! needs, emitted as WGSL arrays from the Rust arrays in [`crate::formats::tables`] (one source
+//! of truth; WGSL has no u64, so a u64 grid entry becomes two u32, low word first), then
 //! `shaders/dequant/common.wgsl` (byte access, f16/E8M0/e4m3 by bit construction), the format's
 //! `shaders/dequant/<format>.wgsl` (its `decode_run`: 32 consecutive values of a row, each block
 //! scale decoded once per run), then the kernel body (`shaders/dequant/linear.wgsl` or
@@ -67,8 +67,13 @@ fn decoder(format: WeightFormat) -> Option<(&'static str, &'static str)> {
     })
 }
 
+// Tables are `var<private>` with an initializer, never written. A module-scope `const` array
+// indexed at run time is spilled by naga into a function-local copy at each access (inside the
+// decode loops); on lavapipe the first IQ3_XXS linear (pipeline build included) took 9.6 s with
+// `const` and 4.0 s with `var<private>` (one measurement each). Building a pipeline over the
+// 4096-word IQ1S grid still takes lavapipe ~30 s (issue 13: pack the grids).
 fn emit_u32(out: &mut String, name: &str, values: &[u32]) {
-    let _ = write!(out, "const {name}: array<u32, {}> = array<u32, {}>(", values.len(), values.len());
+    let _ = write!(out, "var<private> {name}: array<u32, {}> = array<u32, {}>(", values.len(), values.len());
     for (i, v) in values.iter().enumerate() {
         if i % 8 == 0 {
             out.push_str("\n   ");
@@ -84,7 +89,7 @@ fn emit_u64_pairs(out: &mut String, name: &str, values: &[u64]) {
 }
 
 fn emit_i32(out: &mut String, name: &str, values: &[i8]) {
-    let _ = write!(out, "const {name}: array<i32, {}> = array<i32, {}>(", values.len(), values.len());
+    let _ = write!(out, "var<private> {name}: array<i32, {}> = array<i32, {}>(", values.len(), values.len());
     for v in values {
         let _ = write!(out, "{v}, ");
     }
