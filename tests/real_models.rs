@@ -103,9 +103,14 @@ impl Golden {
     }
 }
 
+/// The `fovea` binary built with this test, unless `FOVEA_BIN` names another (prebuilt test
+/// executables run on a GPU machine: cuda/gpu_tests.sh), run from the repository root.
 fn fovea() -> Command {
     common::ensure_runtime_dir();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_fovea"));
+    let mut c = match std::env::var_os("FOVEA_BIN") {
+        Some(bin) if !bin.is_empty() => Command::new(bin),
+        _ => Command::new(env!("CARGO_BIN_EXE_fovea")),
+    };
     c.current_dir(common::root());
     c
 }
