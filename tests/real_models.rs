@@ -125,7 +125,9 @@ fn ids_arg(ids: &[i64]) -> String {
 
 /// Positions whose top-1 differs between two `[t, VOCAB]` logit tables.
 fn top1_differs(a: &[f32], b: &[f32]) -> Vec<usize> {
-    (0..a.len() / VOCAB).filter(|&i| argmax(&a[i * VOCAB..(i + 1) * VOCAB]) != argmax(&b[i * VOCAB..(i + 1) * VOCAB])).collect()
+    (0..a.len() / VOCAB)
+        .filter(|&i| argmax(&a[i * VOCAB..(i + 1) * VOCAB]) != argmax(&b[i * VOCAB..(i + 1) * VOCAB]))
+        .collect()
 }
 
 /// `fovea dump` then `fovea generate` for one prompt (`text` or `image`) of one form on `lane`;
@@ -134,7 +136,10 @@ fn check_prompt(lane: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut V
     let tag = format!("{} {prompt} on {lane}", g.name);
     let (ids_key, image): (String, Option<PathBuf>) = if prompt == "image" {
         let gain: f64 = g.meta("image.aligner_sensitivity").parse().unwrap();
-        assert!(gain <= MAX_ALIGNER_GAIN, "{tag}: aligner sensitivity {gain} > {MAX_ALIGNER_GAIN}: re-derive the bound");
+        assert!(
+            gain <= MAX_ALIGNER_GAIN,
+            "{tag}: aligner sensitivity {gain} > {MAX_ALIGNER_GAIN}: re-derive the bound"
+        );
         ("image.prompt_ids".into(), Some(common::root().join(g.meta("image.image"))))
     } else {
         ("text.input_ids".into(), None)
@@ -180,7 +185,8 @@ fn check_prompt(lane: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut V
     }
 
     let mut generate = fovea();
-    generate.args(["generate", "--backend", lane, "--print-ids", "--temperature", "0"])
+    generate
+        .args(["generate", "--backend", lane, "--print-ids", "--temperature", "0"])
         .args(["--max-tokens", &GREEDY.to_string(), "--token-ids", &prompt_ids])
         .args(form.model_args);
     if let Some(img) = &image {

@@ -137,3 +137,28 @@ fn add_bos_token_prepends_bos_when_special_tokens_are_added() {
     v.bos_token_id = None;
     assert!(v.to_tokenizer().unwrap_err().to_string().contains("tokenizer.ggml.add_bos_token"));
 }
+
+/// The keys as llama.cpp's converter wrote them into real GGUF files (read by our GGUF reader):
+/// the shipped model's pair and the tiny real-format model each encode and decode the golden
+/// prompts exactly as their HF tokenizer.json does.
+#[test]
+fn tokenizer_keys_of_converted_gguf_files_match_their_tokenizer_json() {
+    let g = json("fixtures/goldens/tokenizer/lm-tiny.json");
+    for (gguf, dir) in [
+        ("fixtures/models/vl-scenes-gguf/text-Q8_0.gguf", "vl-scenes"),
+        ("fixtures/models/vl-real-tiny-gguf/text-MXFP4_MOE.gguf", "vl-real-tiny"),
+    ] {
+        let path = common::root().join(gguf);
+        let file = fovea::weights::gguf::Gguf::open(&path).unwrap();
+        let from_gguf = ChatTokenizer::from_gguf_vocab(&GgufVocab::from_gguf(&file).unwrap(), &path).unwrap();
+        let from_json = ChatTokenizer::load(&common::model_dir(dir)).unwrap();
+        for case in g["chat"].as_array().unwrap() {
+            let p = prompt(case);
+            let ids = from_json.encode_chat(&p).unwrap();
+            assert_eq!(from_gguf.encode_chat(&p).unwrap(), ids, "{gguf}: {p:?}");
+            let plain: Vec<u32> =
+                ids.iter().filter_map(|t| if let PromptToken::Id(i) = t { Some(*i) } else { None }).collect();
+            assert_eq!(from_gguf.decode(&plain).unwrap(), from_json.decode(&plain).unwrap(), "{gguf}: {p:?}");
+        }
+    }
+}

@@ -159,3 +159,57 @@ impl GgufVocab {
         Ok(tok)
     }
 }
+
+impl GgufVocab {
+    /// The `tokenizer.ggml.*` keys of an opened GGUF. A missing required key, or one of the wrong
+    /// type, is refused naming the key and the file.
+    pub fn from_gguf(file: &crate::weights::gguf::Gguf) -> Result<GgufVocab> {
+        use crate::weights::gguf::Value;
+        let path = file.files().first().map(|p| p.display().to_string()).unwrap_or_default();
+        let bad = |k: &str, what: &str| Error::config(key(k), format!("{path}: {what}"));
+        let string = |k: &str| -> Result<String> {
+            file.kv(&key(k))
+                .and_then(|v| v.as_str().map(str::to_string))
+                .ok_or_else(|| bad(k, "missing or not a string"))
+        };
+        let strings = |k: &str| -> Result<Vec<String>> {
+            let arr = file.kv(&key(k)).and_then(|v| v.as_array()).ok_or_else(|| bad(k, "missing or not an array"))?;
+            arr.iter()
+                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad(k, "an element is not a string")))
+                .collect()
+        };
+        let id = |k: &str| -> Result<Option<u32>> {
+            match file.kv(&key(k)) {
+                None => Ok(None),
+                Some(v) => {
+                    v.as_int().and_then(|i| u32::try_from(i).ok()).map(Some).ok_or_else(|| bad(k, "not a token id"))
+                }
+            }
+        };
+        let token_type = match file.kv(&key("token_type")) {
+            None => Vec::new(),
+            Some(v) => {
+                let arr = v.as_array().ok_or_else(|| bad("token_type", "not an array"))?;
+                arr.iter()
+                    .map(|v: Value<'_>| v.as_int().and_then(|i| i32::try_from(i).ok()))
+                    .collect::<Option<Vec<i32>>>()
+                    .ok_or_else(|| bad("token_type", "an element is not an i32"))?
+            }
+        };
+        let add_bos_token = match file.kv(&key("add_bos_token")) {
+            None => None,
+            Some(v) => Some(v.as_bool().ok_or_else(|| bad("add_bos_token", "not a bool"))?),
+        };
+        Ok(GgufVocab {
+            model: string("model")?,
+            pre: string("pre")?,
+            tokens: strings("tokens")?,
+            token_type,
+            merges: if file.kv(&key("merges")).is_some() { strings("merges")? } else { Vec::new() },
+            bos_token_id: id("bos_token_id")?,
+            eos_token_id: id("eos_token_id")?,
+            padding_token_id: id("padding_token_id")?,
+            add_bos_token,
+        })
+    }
+}
