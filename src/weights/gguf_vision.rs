@@ -130,6 +130,20 @@ impl Mmproj {
     pub fn config(&self) -> &VisionConfig {
         &self.config
     }
+    /// The same mmproj with another image token budget (`vision_max_n_token`), which the file
+    /// cannot carry: clip.cpp hard-codes 384 and takes `--image-max-tokens` instead
+    /// (tools/mtmd/clip.cpp:1623-1625). A checkpoint trained with another budget (the
+    /// `vl-scenes` fixture: 64) needs it to preprocess images as its config.json says.
+    pub fn with_max_n_token(mut self, max_n_token: usize) -> Result<Mmproj> {
+        if max_n_token == 0 {
+            return Err(Error::config("vision_max_n_token", "the image token budget must be positive"));
+        }
+        self.config.max_n_token = max_n_token;
+        if let Some(o) = self.config.raw.as_object_mut() {
+            o.insert("vision_max_n_token".into(), Json::from(max_n_token));
+        }
+        Ok(self)
+    }
     pub fn gguf(&self) -> &Gguf {
         &self.gguf
     }
