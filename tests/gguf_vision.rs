@@ -206,3 +206,90 @@ fn a_wrong_shape_is_refused_naming_file_and_tensor() {
     assert!(msg.contains("[32, 96]") && msg.contains("[96, 32]"), "{msg}");
     assert!(msg.contains(&path.display().to_string()), "{msg}");
 }
+
+/// A GGUF string: u64 length, bytes.
+fn gguf_string(s: &str) -> Vec<u8> {
+    let mut v = (s.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(s.as_bytes());
+    v
+}
+
+/// The fixture rewritten with each block's `attn_qkv` split into `attn_q`, `attn_k`, `attn_v`
+/// (the other layout clip.cpp loads, clip.cpp:2280-2299): the key-values copied verbatim, q/k/v
+/// the row thirds of the fused tensors, every other tensor unchanged.
+fn split_qkv_file() -> (tempfile::TempDir, PathBuf, usize) {
+    let src = mmproj_path("vl-real-tiny-gguf");
+    let bytes = std::fs::read(&src).unwrap();
+    let g = fovea::weights::gguf::Gguf::open(&src).unwrap();
+    assert_eq!(g.meta().alignment(), 32);
+    // The key-value section ends where the first tensor info (the first name written) begins.
+    let first = g.tensors().min_by_key(|(t, _)| t.offset).unwrap().0.name.clone();
+    let kv_end = after_string(&bytes, &first) - gguf_string(&first).len();
+    let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
+    for (t, _) in g.tensors() {
+        let data = g.data(&t.name).unwrap().to_vec();
+        let ty = match t.ty {
+            fovea::weights::gguf::GgmlType::Weight(f) => f.ggml_type().unwrap(),
+            other => panic!("{}: {other}", t.name),
+        };
+        match t.name.strip_suffix(".weight").or(t.name.strip_suffix(".bias")) {
+            Some(stem) if stem.ends_with(".attn_qkv") => {
+                let suffix = &t.name[stem.len()..];
+                let third = data.len() / 3;
+                let mut ne = t.ne.clone();
+                *ne.last_mut().unwrap() /= 3;
+                for (i, part) in ["attn_q", "attn_k", "attn_v"].into_iter().enumerate() {
+                    let name = format!("{}{part}{suffix}", stem.strip_suffix("attn_qkv").unwrap());
+                    tensors.push((name, ne.clone(), ty, data[i * third..(i + 1) * third].to_vec()));
+                }
+            }
+            _ => tensors.push((t.name.clone(), t.ne.clone(), ty, data)),
+        }
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&bytes[16..24]); // the key-value count
+    out.extend_from_slice(&bytes[24..kv_end]);
+    let mut offset = 0u64;
+    let mut data = Vec::new();
+    for (name, ne, ty, d) in &tensors {
+        out.extend(gguf_string(name));
+        out.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+        ne.iter().for_each(|n| out.extend_from_slice(&n.to_le_bytes()));
+        out.extend_from_slice(&ty.to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        data.extend_from_slice(d);
+        data.resize(data.len().next_multiple_of(32), 0);
+        offset = data.len() as u64;
+    }
+    out.resize(out.len().next_multiple_of(32), 0);
+    out.extend(data);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmproj-split-qkv.gguf");
+    std::fs::write(&path, out).unwrap();
+    (dir, path, tensors.len())
+}
+
+#[test]
+fn split_qkv_reads_the_same_parameters_as_fused() {
+    let (_dir, path, n_tensors) = split_qkv_file();
+    let split = open_mmproj(&path).unwrap();
+    let fused = open_mmproj(&mmproj_path("vl-real-tiny-gguf")).unwrap();
+    let n = split.config().n_layers;
+    assert!(!split.accounting().fused_qkv && fused.accounting().fused_qkv);
+    // Per block: w1 as gate + up (+1), q/k/v weight and bias as three each (+4).
+    assert_eq!(split.accounting().gguf_tensors, n_tensors);
+    assert_eq!(n_tensors, split.accounting().official + 5 * n);
+    for (name, r) in split.plan() {
+        if r.shape.len() == 2 {
+            let (a, b) = (split.matrix(name).unwrap(), fused.matrix(name).unwrap());
+            assert_eq!((a.format, a.rows, a.cols), (b.format, b.rows, b.cols), "{name}");
+            assert!(a.bytes == b.bytes, "{name}: bytes differ");
+        } else {
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(bits(split.vector(name).unwrap()), bits(fused.vector(name).unwrap()), "{name}");
+        }
+    }
+    assert_eq!(split.plan()["vision.blocks.0.attn.wqkv.weight"].parts.len(), 3);
+}
