@@ -293,3 +293,18 @@ fn split_qkv_reads_the_same_parameters_as_fused() {
     }
     assert_eq!(split.plan()["vision.blocks.0.attn.wqkv.weight"].parts.len(), 3);
 }
+
+#[test]
+fn an_mmproj_of_another_width_is_refused_naming_key_and_file() {
+    let path = mmproj_path("vl-real-tiny-gguf");
+    let m = open_mmproj(&path).unwrap();
+    m.check_lm_hidden_size(256).unwrap();
+    let msg = m.check_lm_hidden_size(512).unwrap_err().to_string();
+    eprintln!("{msg}");
+    assert!(msg.contains("clip.vision.projection_dim") && msg.contains(&path.display().to_string()), "{msg}");
+    let text = m.to_string();
+    assert!(
+        text.contains("mmproj accounting: OK, 35 official parameters from 38 GGUF tensors (fused q/k/v)"),
+        "{text}"
+    );
+}

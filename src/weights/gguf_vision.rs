@@ -104,6 +104,15 @@ impl fmt::Debug for Mmproj {
     }
 }
 
+/// What `inspect` prints for an mmproj: the file, the bytes per type, the config, the accounting.
+impl fmt::Display for Mmproj {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "mmproj {} ({ARCH}, {PROJECTOR_TYPE})", self.path.display())?;
+        write!(f, "{}", self.config)?;
+        write!(f, "{}", self.accounting)
+    }
+}
+
 /// Open an mmproj GGUF: validate its `clip.*` keys into a [`VisionConfig`], resolve every
 /// official vision parameter to its GGUF tensors and account for every tensor of the file.
 pub fn open_mmproj(path: &Path) -> Result<Mmproj> {
@@ -143,6 +152,22 @@ impl Mmproj {
             o.insert("vision_max_n_token".into(), Json::from(max_n_token));
         }
         Ok(self)
+    }
+    /// Check that the mmproj feeds a language model of width `lm_hidden_size` (the aligner's
+    /// output and the sentinel rows are `clip.vision.projection_dim` wide), before uploading.
+    pub fn check_lm_hidden_size(&self, lm_hidden_size: usize) -> Result<()> {
+        if self.config.hidden_size != lm_hidden_size {
+            return Err(Error::config(
+                "clip.vision.projection_dim",
+                format!(
+                    "is {} in {}, but the language model's hidden size is {lm_hidden_size}: this mmproj belongs \
+                     to another model",
+                    self.config.hidden_size,
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(())
     }
     pub fn gguf(&self) -> &Gguf {
         &self.gguf
