@@ -11,6 +11,7 @@
 //! otherwise (safetensors does not require aligned offsets).
 
 pub mod gguf;
+pub mod gguf_lm;
 pub mod lm;
 pub mod vision;
 
