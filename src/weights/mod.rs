@@ -12,6 +12,7 @@
 
 pub mod gguf;
 pub mod gguf_lm;
+pub mod gguf_vision;
 pub mod lm;
 pub mod vision;
 
@@ -30,6 +31,7 @@ use crate::backend::{HostTensor, HostWeight, WeightFormat, decode_row};
 use crate::config::VisionConfig;
 use crate::error::{Error, Result};
 
+pub use gguf_vision::{Mmproj, MmprojAccounting, open_mmproj};
 pub use lm::{ExpectedLm, LmAccounting, check_lm, lm_manifest};
 pub use safetensors::Dtype as SafetensorsDtype;
 pub use vision::{Expected, VisionAccounting, check_vision, vision_manifest};
