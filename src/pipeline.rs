@@ -20,8 +20,8 @@ use crate::model::{CountingSource, LoadProgress, ParamSource};
 use crate::processor::{self, PreprocessConfig};
 use crate::tokenizer::ChatTokenizer;
 use crate::weights::Checkpoint;
-use crate::weights::gguf::Gguf;
-use crate::weights::gguf_lm::GgufLm;
+use crate::weights::gguf_lm::{GgufLm, GgufPair};
+use crate::weights::gguf_vision::open_mmproj;
 
 /// Which lane runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -565,22 +565,8 @@ fn gguf_eos_ids(lm: &GgufLm) -> Result<Vec<i32>> {
     }
 }
 
-/// Check that `path` is llama.cpp's vision GGUF (`general.architecture` = `clip`).
-fn check_mmproj(path: &Path) -> Result<()> {
-    const KEY: &str = "general.architecture";
-    let g = Gguf::open(path)?;
-    match g.kv(KEY).and_then(|v| v.as_str()) {
-        Some("clip") => Ok(()),
-        other => Err(Error::config(
-            KEY,
-            format!("is {other:?} in {}, expected \"clip\" (the mmproj of the model)", path.display()),
-        )),
-    }
-}
-
-/// Check a text GGUF's tensors (headers only) and upload its language model. The mmproj, when
-/// given, is checked to be a vision GGUF; reading its tensors is not wired yet, so an image
-/// prompt on a GGUF is refused by name.
+/// Check a text GGUF's tensors, and the mmproj's when given (headers only), then upload the
+/// language model, and the vision tower for an image prompt.
 fn load_gguf<'b, B: Backend>(
     b: &'b B,
     lm: &GgufLm,
@@ -588,22 +574,36 @@ fn load_gguf<'b, B: Backend>(
     image: bool,
     on_load: &mut dyn FnMut(LoadProgress),
 ) -> Result<(LmModel<B>, Option<VisionRunner<'b, B>>)> {
-    if let Some(m) = mmproj {
-        check_mmproj(m)?;
-    }
-    if image {
-        let path = lm.gguf().files()[0];
-        return Err(match mmproj {
-            None => Error::file(path, "an image prompt on a GGUF model needs --mmproj FILE (the vision GGUF)"),
-            Some(m) => Error::file(m, "the vision tower of a GGUF mmproj is not wired into the pipeline yet"),
-        });
-    }
+    // opening the mmproj closes its own accounting
+    let mmproj = match mmproj {
+        Some(p) => {
+            let m = open_mmproj(p)?;
+            m.check_lm_hidden_size(lm.config().hidden_size)?;
+            Some(m)
+        }
+        None if image => {
+            return Err(Error::file(
+                lm.gguf().files()[0],
+                "an image prompt on a GGUF model needs --mmproj FILE (the vision GGUF)",
+            ));
+        }
+        None => None,
+    };
     crate::weights::gguf_lm::check_gguf_lm(lm)?;
-    let total_bytes = lm.gguf().tensors().map(|(t, _)| t.nbytes as u64).sum();
+    let total_bytes = [Some(lm.gguf()), mmproj.as_ref().map(|m| m.gguf())]
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g.tensors().map(|(t, _)| t.nbytes as u64))
+        .sum();
     on_load(LoadProgress { done_bytes: 0, total_bytes });
-    let model = LmModel::load(b, lm, lm.config())?;
+    let pair = GgufPair { lm, mmproj: mmproj.as_ref() };
+    let model = LmModel::load(b, &pair, lm.config())?;
+    let runner = match (&mmproj, image) {
+        (Some(m), true) => Some(VisionRunner::upload(b, m.config().clone(), &pair)?),
+        _ => None,
+    };
     on_load(LoadProgress { done_bytes: total_bytes, total_bytes });
-    Ok((model, None))
+    Ok((model, runner))
 }
 
 fn lm_job<B: Backend>(

@@ -662,3 +662,43 @@ mod tests {
         assert!(m.has("layers.1.ffn.gate.bias_vl") && !m.has("layers.0.ffn.gate.bias"));
     }
 }
+
+/// A GGUF pair as one parameter source: vision-side names (`vision.*`, `aligner.*`, the `image_*`
+/// sentinels) from the mmproj, the rest from the text GGUF, as a Vision checkpoint holds both.
+pub struct GgufPair<'a> {
+    pub lm: &'a GgufLm,
+    pub mmproj: Option<&'a super::gguf_vision::Mmproj>,
+}
+
+impl GgufPair<'_> {
+    fn vision(&self, name: &str) -> Option<&super::gguf_vision::Mmproj> {
+        self.mmproj.filter(|_| super::vision::is_vision_name(name))
+    }
+}
+
+impl ParamSource for GgufPair<'_> {
+    fn matrix(&self, name: &str) -> Result<HostWeight<'_>> {
+        match self.vision(name) {
+            Some(m) => m.matrix(name),
+            None => self.lm.matrix(name),
+        }
+    }
+    fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        match self.vision(name) {
+            Some(m) => m.vector(name),
+            None => self.lm.vector(name),
+        }
+    }
+    fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        match self.vision(name) {
+            Some(m) => m.integers(name),
+            None => self.lm.integers(name),
+        }
+    }
+    fn has(&self, name: &str) -> bool {
+        match self.vision(name) {
+            Some(m) => m.has(name),
+            None => self.lm.has(name),
+        }
+    }
+}
