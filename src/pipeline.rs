@@ -20,8 +20,9 @@ use crate::model::{CountingSource, LoadProgress, ParamSource};
 use crate::processor::{self, PreprocessConfig};
 use crate::tokenizer::ChatTokenizer;
 use crate::weights::Checkpoint;
+use crate::weights::gguf::Gguf;
 use crate::weights::gguf_lm::{GgufLm, GgufPair};
-use crate::weights::gguf_vision::open_mmproj;
+use crate::weights::gguf_vision::{Mmproj, open_mmproj};
 
 /// Which lane runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +65,8 @@ impl LaneChoice {
 #[derive(Clone, Debug)]
 pub struct VisionDumpRequest {
     pub model_dir: PathBuf,
+    /// The mmproj GGUF, when `model_dir` is a text GGUF.
+    pub mmproj: Option<PathBuf>,
     pub image: PathBuf,
     pub lane: LaneChoice,
     /// Index of the image placeholder in the token stream (sets the lead pads).
@@ -107,28 +110,39 @@ pub fn preprocess_config(cfg: &VisionConfig) -> PreprocessConfig {
 
 /// Run the vision path for one image on the requested lane and return every stage.
 pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
-    if is_gguf(&req.model_dir) {
-        return Err(Error::file(
-            &req.model_dir,
-            "a text GGUF holds no vision tower; the vision dump of a GGUF mmproj is not wired yet",
-        ));
-    }
-    let ckpt = Checkpoint::open(&req.model_dir)?;
+    let src = match (is_gguf(&req.model_dir), &req.mmproj) {
+        (true, Some(path)) => {
+            let m = open_mmproj(path)?;
+            m.check_lm_hidden_size(GgufLm::open(&req.model_dir)?.config().hidden_size)?;
+            VisionSource::Mmproj(m)
+        }
+        (true, None) => {
+            return Err(Error::file(&req.model_dir, "a text GGUF holds no vision tower: pass its --mmproj FILE"));
+        }
+        (false, Some(path)) => {
+            return Err(Error::file(
+                path,
+                format!("--mmproj goes with a .gguf --model; {} is a checkpoint directory", req.model_dir.display()),
+            ));
+        }
+        (false, None) => VisionSource::Checkpoint(Checkpoint::open(&req.model_dir)?),
+    };
+    let ckpt = &src;
     match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => VisionRunner::load(&CpuBackend::new(), &ckpt)?.run(&req.image, req.start_pos),
+        LaneChoice::Cpu => VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos),
         LaneChoice::Wgpu => {
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
-            VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos)
+            VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
         LaneChoice::Cuda => {
             let b = CudaBackend::new(cuda_device_from_env()?)?;
-            VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos)
+            VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
         LaneChoice::Auto => match auto_wgpu() {
-            Ok(b) => VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos),
+            Ok(b) => VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos),
             Err(e) => {
                 eprintln!("fovea: no usable wgpu adapter ({e}); using the CPU lane");
-                VisionRunner::load(&CpuBackend::new(), &ckpt)?.run(&req.image, req.start_pos)
+                VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos)
             }
         },
     }
@@ -161,6 +175,12 @@ pub fn cuda_device_from_env() -> Result<usize> {
     }
 }
 
+/// Where the vision tower comes from: a Vision checkpoint directory, or llama.cpp's mmproj GGUF.
+enum VisionSource {
+    Checkpoint(Checkpoint),
+    Mmproj(Mmproj),
+}
+
 /// A checkpoint's vision model resident on one lane, reusable across images.
 pub struct VisionRunner<'b, B: Backend> {
     b: &'b B,
@@ -174,6 +194,14 @@ impl<'b, B: Backend> VisionRunner<'b, B> {
         let cfg = ckpt.config().clone();
         crate::weights::check_vision(ckpt, &cfg)?;
         Self::upload(b, cfg, ckpt)
+    }
+
+    /// Check and upload the vision weights of a checkpoint or an (already accounted) mmproj.
+    fn from_source(b: &'b B, src: &VisionSource) -> Result<Self> {
+        match src {
+            VisionSource::Checkpoint(ckpt) => Self::load(b, ckpt),
+            VisionSource::Mmproj(m) => Self::upload(b, m.config().clone(), m),
+        }
     }
 
     /// Upload the vision weights of `src` (already checked against `cfg`).
@@ -292,6 +320,9 @@ pub fn inspect(model_dir: &Path) -> Result<String> {
 /// `fovea inspect` on a text GGUF: files, tensors and bytes per type, the config read from the
 /// `deepseek4.*` keys, and the accounting.
 fn inspect_gguf(path: &Path) -> Result<String> {
+    if Gguf::open(path)?.kv("general.architecture").and_then(|v| v.as_str()) == Some("clip") {
+        return Ok(format!("{}\n", open_mmproj(path)?));
+    }
     let lm = GgufLm::open(path)?;
     let g = lm.gguf();
     let total: u64 = g.tensors().map(|(t, _)| t.nbytes as u64).sum();

@@ -90,7 +90,8 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
     },
-    /// Print a checkpoint's (or a text GGUF's) config, tensor accounting, dtypes and bytes.
+    /// Print a checkpoint's (or a text or mmproj GGUF's) config, tensor accounting, dtypes and
+    /// bytes.
     Inspect {
         #[arg(long)]
         model: PathBuf,
@@ -178,12 +179,6 @@ fn run(cli: Cli) -> fovea::Result<()> {
             );
         }
         Command::Dump { model, mmproj, image, out, backend, start_pos, .. } => {
-            if let Some(m) = mmproj {
-                return Err(fovea::Error::file(
-                    m,
-                    "the vision dump of a GGUF mmproj is not wired yet (--mmproj works with --token-ids)",
-                ));
-            }
             let image = match <[PathBuf; 1]>::try_from(image) {
                 Ok([one]) => one,
                 Err(images) if images.is_empty() => {
@@ -200,7 +195,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 }
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
-            let dump = pipeline::dump_vision(&VisionDumpRequest { model_dir: model, image, lane, start_pos })?;
+            let dump = pipeline::dump_vision(&VisionDumpRequest { model_dir: model, mmproj, image, lane, start_pos })?;
             dump.write_safetensors(&out)?;
             eprintln!(
                 "fovea: {} lane ({}): ViT grid {}x{}, LLM grid {}x{}, block of {} tokens -> {}",
