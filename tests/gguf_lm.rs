@@ -134,3 +134,16 @@ fn a_parameter_read_of_a_missing_tensor_names_both_names() {
     let e = m.matrix("layers.1.ffn.experts.3.w3.weight").unwrap_err().to_string();
     assert!(e.contains("layers.1.ffn.experts.3.w3.weight") && e.contains("blk.1.ffn_up_exps.weight"), "{e}");
 }
+
+/// An expert count the stacks do not hold is refused before the manifest is listed (3 names
+/// per expert and layer: a header's count must not size that list).
+#[test]
+fn an_expert_count_beyond_the_stacks_is_refused_first() {
+    let mut b = fixture();
+    let at = after_string(&b, "deepseek4.expert_count");
+    assert_eq!(b[at..at + 8], [4, 0, 0, 0, 4, 0, 0, 0], "type u32 (4), value 4");
+    b[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let (e, file) = accounting_error(&b);
+    assert!(e.starts_with("tensor `blk.0.ffn_gate_exps.weight`: "), "{e}");
+    assert!(e.contains("4294967295 experts") && e.contains(&file), "{e}");
+}

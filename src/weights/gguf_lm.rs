@@ -486,6 +486,23 @@ fn block_of(name: &str) -> Option<usize> {
 pub fn check_gguf_lm(m: &GgufLm) -> Result<GgufLmAccounting> {
     let cfg = &m.config;
     let file = m.gguf.files()[0];
+    // the manifest lists ~25 names per layer and 3 per routed expert and layer: bound both
+    // counts (unchecked header values) by what the file holds before listing anything
+    let stack = "blk.0.ffn_gate_exps.weight";
+    let stacked = m.gguf.tensor(stack).and_then(|(t, _)| t.ne.get(2).copied());
+    if cfg.num_hidden_layers > m.gguf.len() || stacked != Some(cfg.n_routed_experts as u64) {
+        return Err(Error::tensor(
+            stack,
+            format!(
+                "{} holds {} tensors and {stacked:?} experts in its first stack; its keys say {} layers of {} \
+                 experts ({ARCH}.block_count, {ARCH}.expert_count)",
+                file.display(),
+                m.gguf.len(),
+                cfg.num_hidden_layers,
+                cfg.n_routed_experts
+            ),
+        ));
+    }
     let mut problems: Vec<(String, String)> = Vec::new();
     let mut used: BTreeSet<String> = BTreeSet::new();
     // the stacked experts: one entry per GGUF tensor, with the per-expert shape
