@@ -147,3 +147,78 @@ fn an_expert_count_beyond_the_stacks_is_refused_first() {
     assert!(e.starts_with("tensor `blk.0.ffn_gate_exps.weight`: "), "{e}");
     assert!(e.contains("4294967295 experts") && e.contains(&file), "{e}");
 }
+
+fn fovea() -> std::process::Command {
+    common::ensure_runtime_dir();
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_fovea"));
+    c.current_dir(common::root());
+    c
+}
+
+const MIX_A: &str = "fixtures/models/vl-real-tiny-gguf/text-mix-a.gguf";
+const MMPROJ: &str = "fixtures/models/vl-real-tiny-gguf/mmproj-BF16.gguf";
+
+/// `inspect` on a text GGUF prints the tensors, the bytes per type and the accounting.
+#[test]
+fn inspect_prints_a_gguf() {
+    let out = fovea().args(["inspect", "--model", MIX_A]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("1 file(s), 70 tensors, 1928020 bytes of tensor data"), "{text}");
+    assert!(text.contains("   IQ1_S:      1 tensors,          51200 bytes"), "{text}");
+    assert!(text.contains("LM accounting (GGUF): OK, 2 layers, 70 tensors"), "{text}");
+}
+
+/// What a GGUF cannot do yet, or not without its mmproj, is refused by name before loading.
+#[test]
+fn cli_refusals_on_a_gguf_name_what_is_missing() {
+    let err = |args: &[&str]| {
+        let out = fovea().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err(&["generate", "--backend", "cpu", "--model", MIX_A, "--prompt", "hi"]);
+    assert!(e.contains("pass --token-ids"), "{e}");
+    let e = err(&[
+        "dump",
+        "--backend",
+        "cpu",
+        "--model",
+        MIX_A,
+        "--token-ids",
+        "0,IMG",
+        "--image",
+        "fixtures/images/odd.png",
+        "--out",
+        "/dev/null",
+    ]);
+    assert!(e.contains("needs --mmproj FILE"), "{e}");
+    let e = err(&[
+        "dump",
+        "--backend",
+        "cpu",
+        "--model",
+        MIX_A,
+        "--mmproj",
+        MIX_A,
+        "--token-ids",
+        "0",
+        "--out",
+        "/dev/null",
+    ]);
+    assert!(e.contains("general.architecture") && e.contains("text-mix-a.gguf"), "{e}");
+    let e = err(&[
+        "dump",
+        "--backend",
+        "cpu",
+        "--model",
+        "fixtures/models/vl-real-tiny",
+        "--mmproj",
+        MMPROJ,
+        "--token-ids",
+        "0",
+        "--out",
+        "/dev/null",
+    ]);
+    assert!(e.contains("--mmproj goes with a .gguf --model"), "{e}");
+}
