@@ -74,9 +74,13 @@ fn unpack_embedded() -> fovea::Result<(PathBuf, PathBuf)> {
 struct Args {
     /// Image file (PNG, JPEG, WebP); default: the bundled sample.
     image: Option<PathBuf>,
-    /// Checkpoint directory (config.json, tokenizer.json, safetensors); default: the embedded model.
+    /// Checkpoint directory (config.json, tokenizer.json, safetensors), or a text GGUF with
+    /// --mmproj; default: the embedded model.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
+    #[arg(long)]
+    mmproj: Option<PathBuf>,
     /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). auto never picks
     /// cuda (name it).
     #[arg(long)]
@@ -107,9 +111,16 @@ fn run(args: Args) -> fovea::Result<()> {
         return Err(fovea::Error::file(&image, "no such image file"));
     }
     let lane = LaneChoice::resolve(args.backend.as_deref().map(str::parse).transpose()?)?;
+    if pipeline::is_gguf(&model) {
+        // the pipeline takes the GGUF pair; the tokenizer inside the GGUF is not read yet
+        return Err(fovea::Error::file(
+            &model,
+            "describe_image needs a tokenizer: the tokenizer of a GGUF model is not read yet (use a checkpoint directory)",
+        ));
+    }
     let tokenizer = ChatTokenizer::load(&model)?;
     let tokens = tokenizer.encode_chat(&ChatPrompt { system: "", question: &args.prompt, n_images: 1 })?;
-    let req = LmRequest { model_dir: model, tokens, images: vec![image], lane };
+    let req = LmRequest { model_dir: model, mmproj: args.mmproj, tokens, images: vec![image], lane };
     let sampling = Sampling { temperature: args.temperature, seed: args.seed, ..Sampling::default() };
     let opts = GenerateOptions { max_tokens: args.max_tokens, sampling };
     let mut stdout = std::io::stdout().lock();

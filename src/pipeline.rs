@@ -20,6 +20,9 @@ use crate::model::{CountingSource, LoadProgress, ParamSource};
 use crate::processor::{self, PreprocessConfig};
 use crate::tokenizer::ChatTokenizer;
 use crate::weights::Checkpoint;
+use crate::weights::gguf::Gguf;
+use crate::weights::gguf_lm::{GgufLm, GgufPair};
+use crate::weights::gguf_vision::{Mmproj, open_mmproj};
 
 /// Which lane runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +65,8 @@ impl LaneChoice {
 #[derive(Clone, Debug)]
 pub struct VisionDumpRequest {
     pub model_dir: PathBuf,
+    /// The mmproj GGUF, when `model_dir` is a text GGUF.
+    pub mmproj: Option<PathBuf>,
     pub image: PathBuf,
     pub lane: LaneChoice,
     /// Index of the image placeholder in the token stream (sets the lead pads).
@@ -105,22 +110,39 @@ pub fn preprocess_config(cfg: &VisionConfig) -> PreprocessConfig {
 
 /// Run the vision path for one image on the requested lane and return every stage.
 pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
-    let ckpt = Checkpoint::open(&req.model_dir)?;
+    let src = match (is_gguf(&req.model_dir), &req.mmproj) {
+        (true, Some(path)) => {
+            let m = open_mmproj(path)?;
+            m.check_lm_hidden_size(GgufLm::open(&req.model_dir)?.config().hidden_size)?;
+            VisionSource::Mmproj(m)
+        }
+        (true, None) => {
+            return Err(Error::file(&req.model_dir, "a text GGUF holds no vision tower: pass its --mmproj FILE"));
+        }
+        (false, Some(path)) => {
+            return Err(Error::file(
+                path,
+                format!("--mmproj goes with a .gguf --model; {} is a checkpoint directory", req.model_dir.display()),
+            ));
+        }
+        (false, None) => VisionSource::Checkpoint(Checkpoint::open(&req.model_dir)?),
+    };
+    let ckpt = &src;
     match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => VisionRunner::load(&CpuBackend::new(), &ckpt)?.run(&req.image, req.start_pos),
+        LaneChoice::Cpu => VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos),
         LaneChoice::Wgpu => {
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
-            VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos)
+            VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
         LaneChoice::Cuda => {
             let b = CudaBackend::new(cuda_device_from_env()?)?;
-            VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos)
+            VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
         LaneChoice::Auto => match auto_wgpu() {
-            Ok(b) => VisionRunner::load(&b, &ckpt)?.run(&req.image, req.start_pos),
+            Ok(b) => VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos),
             Err(e) => {
                 eprintln!("fovea: no usable wgpu adapter ({e}); using the CPU lane");
-                VisionRunner::load(&CpuBackend::new(), &ckpt)?.run(&req.image, req.start_pos)
+                VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos)
             }
         },
     }
@@ -153,6 +175,12 @@ pub fn cuda_device_from_env() -> Result<usize> {
     }
 }
 
+/// Where the vision tower comes from: a Vision checkpoint directory, or llama.cpp's mmproj GGUF.
+enum VisionSource {
+    Checkpoint(Checkpoint),
+    Mmproj(Mmproj),
+}
+
 /// A checkpoint's vision model resident on one lane, reusable across images.
 pub struct VisionRunner<'b, B: Backend> {
     b: &'b B,
@@ -166,6 +194,14 @@ impl<'b, B: Backend> VisionRunner<'b, B> {
         let cfg = ckpt.config().clone();
         crate::weights::check_vision(ckpt, &cfg)?;
         Self::upload(b, cfg, ckpt)
+    }
+
+    /// Check and upload the vision weights of a checkpoint or an (already accounted) mmproj.
+    fn from_source(b: &'b B, src: &VisionSource) -> Result<Self> {
+        match src {
+            VisionSource::Checkpoint(ckpt) => Self::load(b, ckpt),
+            VisionSource::Mmproj(m) => Self::upload(b, m.config().clone(), m),
+        }
     }
 
     /// Upload the vision weights of `src` (already checked against `cfg`).
@@ -251,6 +287,9 @@ impl VisionDump {
 /// `fovea inspect`: the config, the tensor accounting (vision side when config.json has
 /// `vision_*` keys, language model when it has `num_hidden_layers`), the dtypes and the bytes.
 pub fn inspect(model_dir: &Path) -> Result<String> {
+    if is_gguf(model_dir) {
+        return inspect_gguf(model_dir);
+    }
     let config_path = model_dir.join(crate::weights::CONFIG_FILE);
     let raw = read_json(&config_path)?;
     let lm_cfg = match raw.get("num_hidden_layers") {
@@ -275,6 +314,33 @@ pub fn inspect(model_dir: &Path) -> Result<String> {
     if let Some(cfg) = &lm_cfg {
         text += &format!("{}\n", crate::weights::check_lm(&ckpt, cfg)?);
     }
+    Ok(text)
+}
+
+/// `fovea inspect` on a text GGUF: files, tensors and bytes per type, the config read from the
+/// `deepseek4.*` keys, and the accounting.
+fn inspect_gguf(path: &Path) -> Result<String> {
+    if Gguf::open(path)?.kv("general.architecture").and_then(|v| v.as_str()) == Some("clip") {
+        return Ok(format!("{}\n", open_mmproj(path)?));
+    }
+    let lm = GgufLm::open(path)?;
+    let g = lm.gguf();
+    let total: u64 = g.tensors().map(|(t, _)| t.nbytes as u64).sum();
+    let mut text = format!(
+        "GGUF {}\n  {} file(s), {} tensors, {total} bytes of tensor data\n",
+        path.display(),
+        g.files().len(),
+        g.len()
+    );
+    for (ty, (count, bytes)) in g.type_stats() {
+        text += &format!("  {:>8}: {count:>6} tensors, {bytes:>14} bytes\n", ty.name());
+    }
+    for file in g.files() {
+        let bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        text += &format!("  file {} ({bytes} bytes)\n", file.display());
+    }
+    text += &format!("{:#?}\n", lm.config());
+    text += &format!("{}\n", crate::weights::gguf_lm::check_gguf_lm(&lm)?);
     Ok(text)
 }
 
@@ -315,8 +381,11 @@ pub fn parse_token_ids(text: &str) -> Result<Vec<PromptToken>> {
 /// What a language-model job runs on.
 #[derive(Clone, Debug)]
 pub struct LmRequest {
-    /// A text-only LM checkpoint, or (with `image`) one with both the vision and the LM tensors.
+    /// A text-only LM checkpoint, or (with `image`) one with both the vision and the LM tensors;
+    /// or a `deepseek4` GGUF file (its only file or first shard, see [`is_gguf`]).
     pub model_dir: PathBuf,
+    /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF `model_dir`.
+    pub mmproj: Option<PathBuf>,
     pub tokens: Vec<PromptToken>,
     /// One image per [`PromptToken::Image`], in order (at most [`MAX_IMAGES_PER_PROMPT`] so far).
     pub images: Vec<PathBuf>,
@@ -505,6 +574,69 @@ fn eos_ids(config: &Path) -> Result<Vec<i32>> {
     }
 }
 
+/// Whether `--model` names a GGUF file (its only file or its first shard) rather than a
+/// checkpoint directory.
+pub fn is_gguf(path: &Path) -> bool {
+    !path.is_dir() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// `tokenizer.ggml.eos_token_id` of a GGUF (the converter writes config.json's `eos_token_id`
+/// there), or none.
+fn gguf_eos_ids(lm: &GgufLm) -> Result<Vec<i32>> {
+    const KEY: &str = "tokenizer.ggml.eos_token_id";
+    match lm.gguf().kv(KEY) {
+        None => Ok(Vec::new()),
+        Some(v) => match v.as_int().and_then(|i| i32::try_from(i).ok()) {
+            Some(id) => Ok(vec![id]),
+            None => Err(Error::config(
+                KEY,
+                format!("is {}, expected a token id (in {})", v.describe(), lm.gguf().files()[0].display()),
+            )),
+        },
+    }
+}
+
+/// Check a text GGUF's tensors, and the mmproj's when given (headers only), then upload the
+/// language model, and the vision tower for an image prompt.
+fn load_gguf<'b, B: Backend>(
+    b: &'b B,
+    lm: &GgufLm,
+    mmproj: Option<&Path>,
+    image: bool,
+    on_load: &mut dyn FnMut(LoadProgress),
+) -> Result<(LmModel<B>, Option<VisionRunner<'b, B>>)> {
+    // opening the mmproj closes its own accounting
+    let mmproj = match mmproj {
+        Some(p) => {
+            let m = open_mmproj(p)?;
+            m.check_lm_hidden_size(lm.config().hidden_size)?;
+            Some(m)
+        }
+        None if image => {
+            return Err(Error::file(
+                lm.gguf().files()[0],
+                "an image prompt on a GGUF model needs --mmproj FILE (the vision GGUF)",
+            ));
+        }
+        None => None,
+    };
+    crate::weights::gguf_lm::check_gguf_lm(lm)?;
+    let total_bytes = [Some(lm.gguf()), mmproj.as_ref().map(|m| m.gguf())]
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g.tensors().map(|(t, _)| t.nbytes as u64))
+        .sum();
+    on_load(LoadProgress { done_bytes: 0, total_bytes });
+    let pair = GgufPair { lm, mmproj: mmproj.as_ref() };
+    let model = LmModel::load(b, &pair, lm.config())?;
+    let runner = match (&mmproj, image) {
+        (Some(m), true) => Some(VisionRunner::upload(b, m.config().clone(), &pair)?),
+        _ => None,
+    };
+    on_load(LoadProgress { done_bytes: total_bytes, total_bytes });
+    Ok((model, runner))
+}
+
 fn lm_job<B: Backend>(
     b: &B,
     req: &LmRequest,
@@ -512,8 +644,22 @@ fn lm_job<B: Backend>(
     on_load: &mut dyn FnMut(LoadProgress),
     note: Option<&str>,
 ) -> Result<LmOutcome> {
-    let config_path = req.model_dir.join("config.json");
-    let cfg = LmConfig::from_file(&config_path)?;
+    // a GGUF is opened here (headers only) for its config; a checkpoint reads config.json
+    let (gguf, cfg, eos) = if is_gguf(&req.model_dir) {
+        let lm = GgufLm::open(&req.model_dir)?;
+        let eos = gguf_eos_ids(&lm)?;
+        let cfg = lm.config().clone();
+        (Some(lm), cfg, eos)
+    } else {
+        if let Some(m) = &req.mmproj {
+            return Err(Error::file(
+                m,
+                format!("--mmproj goes with a .gguf --model; {} is a checkpoint directory", req.model_dir.display()),
+            ));
+        }
+        let config_path = req.model_dir.join("config.json");
+        (None, LmConfig::from_file(&config_path)?, eos_ids(&config_path)?)
+    };
     let v = cfg.vocab_size;
     // validate the prompt before loading anything heavy
     let n_img = req.tokens.iter().filter(|t| **t == PromptToken::Image).count();
@@ -540,21 +686,30 @@ fn lm_job<B: Backend>(
             }
         }
     }
-    let eos = eos_ids(&config_path)?;
     let t_load = Instant::now();
-    let ckpt = if image.is_some() { Checkpoint::open(&req.model_dir)? } else { Checkpoint::open_auto(&req.model_dir)? };
-    // the accounting closes in both directions, from headers only, before anything is uploaded
-    if let Some(vc) = ckpt.vision_config() {
-        crate::weights::check_vision(&ckpt, vc)?;
-    }
-    crate::weights::check_lm(&ckpt, &cfg)?;
-    let counting = CountingSource::new(&ckpt, on_load);
-    let model = LmModel::load(b, &counting, &cfg)?;
-    let runner = match image {
-        Some(_) => Some(VisionRunner::upload(b, ckpt.config().clone(), &counting)?),
-        None => None,
+    let (model, runner) = match &gguf {
+        Some(lm) => load_gguf(b, lm, req.mmproj.as_deref(), image.is_some(), on_load)?,
+        None => {
+            let ckpt = if image.is_some() {
+                Checkpoint::open(&req.model_dir)?
+            } else {
+                Checkpoint::open_auto(&req.model_dir)?
+            };
+            // the accounting closes in both directions, from headers only, before anything is uploaded
+            if let Some(vc) = ckpt.vision_config() {
+                crate::weights::check_vision(&ckpt, vc)?;
+            }
+            crate::weights::check_lm(&ckpt, &cfg)?;
+            let counting = CountingSource::new(&ckpt, on_load);
+            let model = LmModel::load(b, &counting, &cfg)?;
+            let runner = match image {
+                Some(_) => Some(VisionRunner::upload(b, ckpt.config().clone(), &counting)?),
+                None => None,
+            };
+            counting.finish();
+            (model, runner)
+        }
     };
-    counting.finish();
     let load = t_load.elapsed();
     let mut vision = None;
     let (input, embeds, image_start) = match image {

@@ -159,6 +159,7 @@ impl Captioner {
         let opts = GenerateOptions { max_tokens: 40, sampling: Sampling::default() };
         let req = LmRequest {
             model_dir: self.model.clone(),
+            mmproj: None,
             tokens: self.tokens.clone(),
             images: vec![image.to_path_buf()],
             lane,

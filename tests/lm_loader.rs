@@ -97,7 +97,13 @@ fn assert_has(msg: &str, parts: &[&str]) {
 /// One prefill of four tokens through the pipeline (the path `fovea dump --token-ids` takes).
 fn dump(dir: &Path) -> fovea::Result<pipeline::LmDump> {
     let tokens = [0, 450, 319, 352].into_iter().map(PromptToken::Id).collect();
-    pipeline::dump_lm(&LmRequest { model_dir: dir.to_path_buf(), tokens, images: Vec::new(), lane: LaneChoice::Cpu })
+    pipeline::dump_lm(&LmRequest {
+        model_dir: dir.to_path_buf(),
+        mmproj: None,
+        tokens,
+        images: Vec::new(),
+        lane: LaneChoice::Cpu,
+    })
 }
 
 // ---- accepted ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! The `fovea` command line. It parses arguments and calls `fovea::pipeline`; no tensor code here.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -23,9 +23,13 @@ enum Command {
     /// --token-ids: run the language model over the prompt (one prefill) and write `input_ids`
     /// and `logits`.
     Dump {
-        /// Checkpoint directory (config.json + model.safetensors or shards with an index).
+        /// Checkpoint directory (config.json + model.safetensors or shards with an index), or a
+        /// text GGUF (its only file or first shard; language model with --token-ids).
         #[arg(long)]
         model: PathBuf,
+        /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
+        #[arg(long)]
+        mmproj: Option<PathBuf>,
         /// Image file (PNG, JPEG, WebP). With --prompt or --token-ids: repeatable, one per image
         /// placeholder, in order.
         #[arg(long)]
@@ -49,9 +53,13 @@ enum Command {
     /// it is produced (or the ids, with --print-ids).
     Generate {
         /// LM checkpoint directory (config.json + model.safetensors or shards with an index;
-        /// tokenizer.json for --prompt and for text output).
+        /// tokenizer.json for --prompt and for text output), or a text GGUF (its only file or
+        /// first shard; with --token-ids and --print-ids).
         #[arg(long)]
         model: PathBuf,
+        /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
+        #[arg(long)]
+        mmproj: Option<PathBuf>,
         #[command(flatten)]
         prompt: PromptArgs,
         /// Image file, repeatable: one per image placeholder, in order (needs a checkpoint with
@@ -82,7 +90,8 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
     },
-    /// Print a checkpoint's config, tensor accounting, dtypes and bytes.
+    /// Print a checkpoint's (or a text or mmproj GGUF's) config, tensor accounting, dtypes and
+    /// bytes.
     Inspect {
         #[arg(long)]
         model: PathBuf,
@@ -134,19 +143,31 @@ impl PromptArgs {
     }
 }
 
+/// The checkpoint's tokenizer.json; a GGUF carries its tokenizer in `tokenizer.ggml.*` keys,
+/// which are not read yet.
+fn load_tokenizer(model: &Path) -> fovea::Result<ChatTokenizer> {
+    if pipeline::is_gguf(model) {
+        return Err(fovea::Error::file(
+            model,
+            "the tokenizer of a GGUF model is not read yet: pass --token-ids (and --print-ids for generate)",
+        ));
+    }
+    ChatTokenizer::load(model)
+}
+
 fn stdout_error(e: std::io::Error) -> fovea::Error {
     fovea::Error::Invalid(format!("stdout: {e}"))
 }
 
 fn run(cli: Cli) -> fovea::Result<()> {
     match cli.command {
-        Command::Dump { model, image, prompt, out, backend, start_pos: _ } if !prompt.is_empty() => {
+        Command::Dump { model, mmproj, image, prompt, out, backend, start_pos: _ } if !prompt.is_empty() => {
             let tokens = match prompt.resolve(image.len())? {
-                Prompt::Chat(chat) => ChatTokenizer::load(&model)?.encode_chat(&chat)?,
+                Prompt::Chat(chat) => load_tokenizer(&model)?.encode_chat(&chat)?,
                 Prompt::Ids(ids) => pipeline::parse_token_ids(ids)?,
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
-            let dump = pipeline::dump_lm(&LmRequest { model_dir: model, tokens, images: image, lane })?;
+            let dump = pipeline::dump_lm(&LmRequest { model_dir: model, mmproj, tokens, images: image, lane })?;
             dump.write_safetensors(&out)?;
             eprintln!(
                 "fovea: {} lane: {} tokens, logits [{}, {}] -> {}",
@@ -157,7 +178,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 out.display()
             );
         }
-        Command::Dump { model, image, out, backend, start_pos, .. } => {
+        Command::Dump { model, mmproj, image, out, backend, start_pos, .. } => {
             let image = match <[PathBuf; 1]>::try_from(image) {
                 Ok([one]) => one,
                 Err(images) if images.is_empty() => {
@@ -174,7 +195,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 }
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
-            let dump = pipeline::dump_vision(&VisionDumpRequest { model_dir: model, image, lane, start_pos })?;
+            let dump = pipeline::dump_vision(&VisionDumpRequest { model_dir: model, mmproj, image, lane, start_pos })?;
             dump.write_safetensors(&out)?;
             eprintln!(
                 "fovea: {} lane ({}): ViT grid {}x{}, LLM grid {}x{}, block of {} tokens -> {}",
@@ -188,10 +209,22 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 out.display()
             );
         }
-        Command::Generate { model, prompt, image, max_tokens, temperature, top_k, top_p, seed, print_ids, backend } => {
+        Command::Generate {
+            model,
+            mmproj,
+            prompt,
+            image,
+            max_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            print_ids,
+            backend,
+        } => {
             let (tokens, tokenizer) = match prompt.resolve(image.len())? {
                 Prompt::Chat(chat) => {
-                    let tok = ChatTokenizer::load(&model)?;
+                    let tok = load_tokenizer(&model)?;
                     (tok.encode_chat(&chat)?, Some(tok))
                 }
                 Prompt::Ids(ids) => (pipeline::parse_token_ids(ids)?, None),
@@ -199,7 +232,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
             let text_out = match (print_ids, tokenizer) {
                 (true, _) => None,
                 (false, Some(tok)) => Some(tok),
-                (false, None) => Some(ChatTokenizer::load(&model).map_err(|e| match e {
+                (false, None) => Some(load_tokenizer(&model).map_err(|e| match e {
                     fovea::Error::File { path, msg } => fovea::Error::File {
                         path,
                         msg: format!("{msg}; text output needs it (pass --print-ids to print token ids instead)"),
@@ -209,7 +242,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
             let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
-            let req = LmRequest { model_dir: model, tokens, images: image, lane };
+            let req = LmRequest { model_dir: model, mmproj, tokens, images: image, lane };
             let mut stdout = std::io::stdout().lock();
             let g = match &text_out {
                 Some(tok) => {

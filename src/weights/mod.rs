@@ -14,6 +14,7 @@
 
 pub mod fp8;
 pub mod gguf;
+pub mod gguf_lm;
 pub mod gguf_vision;
 pub mod lm;
 pub mod vision;

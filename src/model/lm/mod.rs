@@ -11,7 +11,7 @@ pub mod vision;
 
 use std::collections::BTreeMap;
 
-use crate::backend::{Backend, DeviceTensor, HostTensor, HostWeight};
+use crate::backend::{Backend, DeviceTensor, HostTensor, HostWeight, WeightFormat};
 use crate::config::LmConfig;
 use crate::error::{Error, Result};
 use crate::model::ParamSource;
@@ -233,7 +233,15 @@ fn param2<B: Backend>(b: &B, src: &impl ParamSource, name: &str, rows: usize) ->
 }
 
 /// `[w1; w3]` stacked row-wise into one `[2I, d]` weight (same storage format).
+///
+/// GGUF quant mixes may store w1 and w3 in different block formats (llama.cpp's mixes pick a type
+/// per tensor, e.g. IQ1_S gate with IQ1_M up). The stacked weight has one format, so such a pair
+/// is decoded to F32, which holds every decoded value exactly; it costs memory for those pairs
+/// only (a lane op taking w1 and w3 apart would avoid it).
 fn stack_rows<'a>(a: HostWeight<'a>, c: HostWeight<'a>, name: String) -> Result<HostWeight<'a>> {
+    if a.format != c.format && a.cols == c.cols {
+        return stack_rows(to_f32(a)?, to_f32(c)?, name);
+    }
     if a.format != c.format || a.cols != c.cols {
         return Err(Error::tensor(
             &c.name,
@@ -246,6 +254,19 @@ fn stack_rows<'a>(a: HostWeight<'a>, c: HostWeight<'a>, name: String) -> Result<
     let mut bytes = a.bytes.into_owned();
     bytes.extend_from_slice(&c.bytes);
     Ok(HostWeight { name, format: a.format, rows: a.rows + c.rows, cols: a.cols, bytes: bytes.into() })
+}
+
+/// A weight decoded row by row to F32 (exact: every format decodes to f32 values).
+fn to_f32(w: HostWeight<'_>) -> Result<HostWeight<'static>> {
+    w.validate()?;
+    let row_bytes = w.format.row_bytes(w.cols);
+    let mut row = vec![0f32; w.cols];
+    let mut bytes = Vec::with_capacity(w.rows * w.cols * 4);
+    for r in w.bytes.chunks_exact(row_bytes) {
+        crate::backend::decode_row(w.format, r, &mut row);
+        bytes.extend(row.iter().flat_map(|x| x.to_le_bytes()));
+    }
+    Ok(HostWeight { name: w.name, format: WeightFormat::F32, rows: w.rows, cols: w.cols, bytes: bytes.into() })
 }
 
 fn i32_of(name: &str, v: i64) -> Result<i32> {
