@@ -81,6 +81,10 @@ struct Args {
     /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
     #[arg(long)]
     mmproj: Option<PathBuf>,
+    /// Image token budget with --mmproj (the file cannot store it; default: llama.cpp's 384;
+    /// the shipped model was trained with 64).
+    #[arg(long)]
+    image_max_tokens: Option<usize>,
     /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). auto never picks
     /// cuda (name it).
     #[arg(long)]
@@ -111,16 +115,16 @@ fn run(args: Args) -> fovea::Result<()> {
         return Err(fovea::Error::file(&image, "no such image file"));
     }
     let lane = LaneChoice::resolve(args.backend.as_deref().map(str::parse).transpose()?)?;
-    if pipeline::is_gguf(&model) {
-        // the pipeline takes the GGUF pair; the tokenizer inside the GGUF is not read yet
-        return Err(fovea::Error::file(
-            &model,
-            "describe_image needs a tokenizer: the tokenizer of a GGUF model is not read yet (use a checkpoint directory)",
-        ));
-    }
-    let tokenizer = ChatTokenizer::load(&model)?;
+    let tokenizer = ChatTokenizer::for_model(&model)?;
     let tokens = tokenizer.encode_chat(&ChatPrompt { system: "", question: &args.prompt, n_images: 1 })?;
-    let req = LmRequest { model_dir: model, mmproj: args.mmproj, tokens, images: vec![image], lane };
+    let req = LmRequest {
+        model_dir: model,
+        mmproj: args.mmproj,
+        image_max_tokens: args.image_max_tokens,
+        tokens,
+        images: vec![image],
+        lane,
+    };
     let sampling = Sampling { temperature: args.temperature, seed: args.seed, ..Sampling::default() };
     let opts = GenerateOptions { max_tokens: args.max_tokens, sampling };
     let mut stdout = std::io::stdout().lock();

@@ -67,6 +67,8 @@ pub struct VisionDumpRequest {
     pub model_dir: PathBuf,
     /// The mmproj GGUF, when `model_dir` is a text GGUF.
     pub mmproj: Option<PathBuf>,
+    /// The image token budget of an mmproj (which cannot store it; default: llama.cpp's 384).
+    pub image_max_tokens: Option<usize>,
     pub image: PathBuf,
     pub lane: LaneChoice,
     /// Index of the image placeholder in the token stream (sets the lead pads).
@@ -112,7 +114,7 @@ pub fn preprocess_config(cfg: &VisionConfig) -> PreprocessConfig {
 pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
     let src = match (is_gguf(&req.model_dir), &req.mmproj) {
         (true, Some(path)) => {
-            let m = open_mmproj(path)?;
+            let m = with_budget(open_mmproj(path)?, req.image_max_tokens)?;
             m.check_lm_hidden_size(GgufLm::open(&req.model_dir)?.config().hidden_size)?;
             VisionSource::Mmproj(m)
         }
@@ -386,6 +388,8 @@ pub struct LmRequest {
     pub model_dir: PathBuf,
     /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF `model_dir`.
     pub mmproj: Option<PathBuf>,
+    /// The image token budget of an mmproj (which cannot store it; default: llama.cpp's 384).
+    pub image_max_tokens: Option<usize>,
     pub tokens: Vec<PromptToken>,
     /// One image per [`PromptToken::Image`], in order (at most [`MAX_IMAGES_PER_PROMPT`] so far).
     pub images: Vec<PathBuf>,
@@ -596,19 +600,30 @@ fn gguf_eos_ids(lm: &GgufLm) -> Result<Vec<i32>> {
     }
 }
 
+/// An mmproj with the image token budget the user gave (`--image-max-tokens`, as llama.cpp's
+/// flag): the file cannot store one, and a model trained with another than clip.cpp's 384 (the
+/// shipped describe_image model: 64) tiles images differently without it.
+fn with_budget(m: Mmproj, image_max_tokens: Option<usize>) -> Result<Mmproj> {
+    match image_max_tokens {
+        Some(n) => m.with_max_n_token(n),
+        None => Ok(m),
+    }
+}
+
 /// Check a text GGUF's tensors, and the mmproj's when given (headers only), then upload the
 /// language model, and the vision tower for an image prompt.
 fn load_gguf<'b, B: Backend>(
     b: &'b B,
     lm: &GgufLm,
     mmproj: Option<&Path>,
+    image_max_tokens: Option<usize>,
     image: bool,
     on_load: &mut dyn FnMut(LoadProgress),
 ) -> Result<(LmModel<B>, Option<VisionRunner<'b, B>>)> {
     // opening the mmproj closes its own accounting
     let mmproj = match mmproj {
         Some(p) => {
-            let m = open_mmproj(p)?;
+            let m = with_budget(open_mmproj(p)?, image_max_tokens)?;
             m.check_lm_hidden_size(lm.config().hidden_size)?;
             Some(m)
         }
@@ -688,7 +703,7 @@ fn lm_job<B: Backend>(
     }
     let t_load = Instant::now();
     let (model, runner) = match &gguf {
-        Some(lm) => load_gguf(b, lm, req.mmproj.as_deref(), image.is_some(), on_load)?,
+        Some(lm) => load_gguf(b, lm, req.mmproj.as_deref(), req.image_max_tokens, image.is_some(), on_load)?,
         None => {
             let ckpt = if image.is_some() {
                 Checkpoint::open(&req.model_dir)?

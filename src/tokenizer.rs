@@ -82,6 +82,16 @@ impl ChatTokenizer {
 
     /// The tokenizer of a GGUF's `tokenizer.ggml.*` keys ([`gguf::GgufVocab`]); `path` is the
     /// GGUF file, named in errors.
+    /// The tokenizer of a model: a checkpoint directory's tokenizer.json, or a GGUF's
+    /// `tokenizer.ggml.*` keys (see `crate::pipeline::is_gguf`).
+    pub fn for_model(model: &Path) -> Result<Self> {
+        if crate::pipeline::is_gguf(model) {
+            let file = crate::weights::gguf::Gguf::open(model)?;
+            return Self::from_gguf_vocab(&gguf::GgufVocab::from_gguf(&file)?, model);
+        }
+        Self::load(model)
+    }
+
     pub fn from_gguf_vocab(vocab: &gguf::GgufVocab, path: &Path) -> Result<Self> {
         let inner = vocab.to_tokenizer().map_err(|e| Error::file(path, e.to_string()))?;
         Self::new(inner, path)

@@ -100,6 +100,7 @@ fn dump(dir: &Path) -> fovea::Result<pipeline::LmDump> {
     pipeline::dump_lm(&LmRequest {
         model_dir: dir.to_path_buf(),
         mmproj: None,
+        image_max_tokens: None,
         tokens,
         images: Vec::new(),
         lane: LaneChoice::Cpu,

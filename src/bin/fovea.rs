@@ -1,7 +1,7 @@
 //! The `fovea` command line. It parses arguments and calls `fovea::pipeline`; no tensor code here.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -30,6 +30,9 @@ enum Command {
         /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
         #[arg(long)]
         mmproj: Option<PathBuf>,
+        /// Image token budget with --mmproj (the file cannot store it; default: llama.cpp's 384).
+        #[arg(long)]
+        image_max_tokens: Option<usize>,
         /// Image file (PNG, JPEG, WebP). With --prompt or --token-ids: repeatable, one per image
         /// placeholder, in order.
         #[arg(long)]
@@ -60,6 +63,9 @@ enum Command {
         /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
         #[arg(long)]
         mmproj: Option<PathBuf>,
+        /// Image token budget with --mmproj (the file cannot store it; default: llama.cpp's 384).
+        #[arg(long)]
+        image_max_tokens: Option<usize>,
         #[command(flatten)]
         prompt: PromptArgs,
         /// Image file, repeatable: one per image placeholder, in order (needs a checkpoint with
@@ -143,31 +149,28 @@ impl PromptArgs {
     }
 }
 
-/// The checkpoint's tokenizer.json; a GGUF carries its tokenizer in `tokenizer.ggml.*` keys,
-/// which are not read yet.
-fn load_tokenizer(model: &Path) -> fovea::Result<ChatTokenizer> {
-    if pipeline::is_gguf(model) {
-        return Err(fovea::Error::file(
-            model,
-            "the tokenizer of a GGUF model is not read yet: pass --token-ids (and --print-ids for generate)",
-        ));
-    }
-    ChatTokenizer::load(model)
-}
-
 fn stdout_error(e: std::io::Error) -> fovea::Error {
     fovea::Error::Invalid(format!("stdout: {e}"))
 }
 
 fn run(cli: Cli) -> fovea::Result<()> {
     match cli.command {
-        Command::Dump { model, mmproj, image, prompt, out, backend, start_pos: _ } if !prompt.is_empty() => {
+        Command::Dump { model, mmproj, image_max_tokens, image, prompt, out, backend, start_pos: _ }
+            if !prompt.is_empty() =>
+        {
             let tokens = match prompt.resolve(image.len())? {
-                Prompt::Chat(chat) => load_tokenizer(&model)?.encode_chat(&chat)?,
+                Prompt::Chat(chat) => ChatTokenizer::for_model(&model)?.encode_chat(&chat)?,
                 Prompt::Ids(ids) => pipeline::parse_token_ids(ids)?,
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
-            let dump = pipeline::dump_lm(&LmRequest { model_dir: model, mmproj, tokens, images: image, lane })?;
+            let dump = pipeline::dump_lm(&LmRequest {
+                model_dir: model,
+                mmproj,
+                image_max_tokens,
+                tokens,
+                images: image,
+                lane,
+            })?;
             dump.write_safetensors(&out)?;
             eprintln!(
                 "fovea: {} lane: {} tokens, logits [{}, {}] -> {}",
@@ -178,7 +181,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 out.display()
             );
         }
-        Command::Dump { model, mmproj, image, out, backend, start_pos, .. } => {
+        Command::Dump { model, mmproj, image_max_tokens, image, out, backend, start_pos, .. } => {
             let image = match <[PathBuf; 1]>::try_from(image) {
                 Ok([one]) => one,
                 Err(images) if images.is_empty() => {
@@ -195,7 +198,14 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 }
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
-            let dump = pipeline::dump_vision(&VisionDumpRequest { model_dir: model, mmproj, image, lane, start_pos })?;
+            let dump = pipeline::dump_vision(&VisionDumpRequest {
+                model_dir: model,
+                mmproj,
+                image_max_tokens,
+                image,
+                lane,
+                start_pos,
+            })?;
             dump.write_safetensors(&out)?;
             eprintln!(
                 "fovea: {} lane ({}): ViT grid {}x{}, LLM grid {}x{}, block of {} tokens -> {}",
@@ -212,6 +222,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
         Command::Generate {
             model,
             mmproj,
+            image_max_tokens,
             prompt,
             image,
             max_tokens,
@@ -224,7 +235,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
         } => {
             let (tokens, tokenizer) = match prompt.resolve(image.len())? {
                 Prompt::Chat(chat) => {
-                    let tok = load_tokenizer(&model)?;
+                    let tok = ChatTokenizer::for_model(&model)?;
                     (tok.encode_chat(&chat)?, Some(tok))
                 }
                 Prompt::Ids(ids) => (pipeline::parse_token_ids(ids)?, None),
@@ -232,7 +243,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
             let text_out = match (print_ids, tokenizer) {
                 (true, _) => None,
                 (false, Some(tok)) => Some(tok),
-                (false, None) => Some(load_tokenizer(&model).map_err(|e| match e {
+                (false, None) => Some(ChatTokenizer::for_model(&model).map_err(|e| match e {
                     fovea::Error::File { path, msg } => fovea::Error::File {
                         path,
                         msg: format!("{msg}; text output needs it (pass --print-ids to print token ids instead)"),
@@ -242,7 +253,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
             let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
-            let req = LmRequest { model_dir: model, mmproj, tokens, images: image, lane };
+            let req = LmRequest { model_dir: model, mmproj, image_max_tokens, tokens, images: image, lane };
             let mut stdout = std::io::stdout().lock();
             let g = match &text_out {
                 Some(tok) => {

@@ -469,8 +469,9 @@ fn type_ok(exp: &ExpectedLm, ty: GgmlType, cols: usize) -> bool {
         (ValueKind::Float, GgmlType::Weight(f)) if exp.shape.len() == 1 => {
             matches!(f, WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16)
         }
-        (ValueKind::Float, GgmlType::Weight(f)) => f.check_cols(cols).is_ok(),
-        (ValueKind::Float, _) => false,
+        // the matrices the official release stores in FP8/FP4 take any block format here
+        (ValueKind::Float | ValueKind::Fp8 | ValueKind::Expert, GgmlType::Weight(f)) => f.check_cols(cols).is_ok(),
+        (ValueKind::Float | ValueKind::Fp8 | ValueKind::Expert, _) => false,
     }
 }
 

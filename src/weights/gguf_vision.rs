@@ -108,7 +108,7 @@ impl fmt::Debug for Mmproj {
 impl fmt::Display for Mmproj {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "mmproj {} ({ARCH}, {PROJECTOR_TYPE})", self.path.display())?;
-        write!(f, "{}", self.config)?;
+        writeln!(f, "{}", self.config)?;
         write!(f, "{}", self.accounting)
     }
 }
