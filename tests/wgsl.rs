@@ -83,7 +83,19 @@ fn every_block_format_build_validates() {
             built += 1;
             match validate_source(&src) {
                 Ok(m) if m.entry_points.is_empty() => errors.push(format!("{label}: no entry points")),
-                Ok(_) => eprintln!("checked {label}"),
+                Ok(m) => {
+                    // WebGPU's default maxStorageBuffersPerShaderStage (lavapipe allows 32); the
+                    // module's count bounds each entry point's, table buffer included.
+                    let storage = m
+                        .global_variables
+                        .iter()
+                        .filter(|(_, g)| matches!(g.space, naga::AddressSpace::Storage { .. }))
+                        .count();
+                    if storage > 8 {
+                        errors.push(format!("{label}: {storage} storage buffers, more than 8"));
+                    }
+                    eprintln!("checked {label}: {storage} storage buffers");
+                }
                 Err((line, e)) => errors.push(format!("{label}, line {line:?} of the build: {e}")),
             }
         }

@@ -25,7 +25,7 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
         let delta = select(IQ1_DELTA, -IQ1_DELTA, neg);
         let dl = select(dl1, dl2, l >= 2u);
         for (var j = 0u; j < 8u; j++) {
-            let gv = i8_of((IQ1S_GRID[2u * g + j / 4u] >> (8u * (j % 4u))) & 0xffu);
+            let gv = i8_of((iq1s_grid(2u * g + j / 4u) >> (8u * (j % 4u))) & 0xffu);
             v[8u * l + j] = dl * (f32(gv) + delta);
         }
     }

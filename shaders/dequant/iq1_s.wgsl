@@ -12,7 +12,7 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     for (var l = 0u; l < 4u; l++) {
         let g = byte_at(base, o + 2u + 4u * ib + l) | (((qh >> (3u * l)) & 7u) << 8u);
         for (var j = 0u; j < 8u; j++) {
-            let gv = i8_of((IQ1S_GRID[2u * g + j / 4u] >> (8u * (j % 4u))) & 0xffu);
+            let gv = i8_of((iq1s_grid(2u * g + j / 4u) >> (8u * (j % 4u))) & 0xffu);
             v[8u * l + j] = dl * (f32(gv) + delta);
         }
     }

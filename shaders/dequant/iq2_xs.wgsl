@@ -12,11 +12,11 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     for (var l = 0u; l < 4u; l++) {
         let q = u16_at(base, o + 2u + 2u * (4u * ib + l));
         let g = q & 511u;
-        let signs = KSIGNS_IQ2XS[q >> 9u];
+        let signs = ksigns_iq2xs(q >> 9u);
         let db = select(db0, db1, l >= 2u);
         for (var j = 0u; j < 8u; j++) {
-            let gv = (IQ2XS_GRID[2u * g + j / 4u] >> (8u * (j % 4u))) & 0xffu;
-            let s = select(1.0, -1.0, (signs & KMASK_IQ2XS[j]) != 0u);
+            let gv = (iq2xs_grid(2u * g + j / 4u) >> (8u * (j % 4u))) & 0xffu;
+            let s = select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
             v[8u * l + j] = db * f32(gv) * s;
         }
     }

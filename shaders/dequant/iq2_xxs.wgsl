@@ -11,10 +11,10 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     var v: array<f32, 32>;
     for (var l = 0u; l < 4u; l++) {
         let g = (a0 >> (8u * l)) & 0xffu;
-        let signs = KSIGNS_IQ2XS[(a1 >> (7u * l)) & 127u];
+        let signs = ksigns_iq2xs((a1 >> (7u * l)) & 127u);
         for (var j = 0u; j < 8u; j++) {
-            let gv = (IQ2XXS_GRID[2u * g + j / 4u] >> (8u * (j % 4u))) & 0xffu;
-            let s = select(1.0, -1.0, (signs & KMASK_IQ2XS[j]) != 0u);
+            let gv = (iq2xxs_grid(2u * g + j / 4u) >> (8u * (j % 4u))) & 0xffu;
+            let s = select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
             v[8u * l + j] = db * f32(gv) * s;
         }
     }

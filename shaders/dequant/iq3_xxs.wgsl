@@ -10,12 +10,12 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     let qs = o + 2u + 8u * ib;
     var v: array<f32, 32>;
     for (var l = 0u; l < 4u; l++) {
-        let signs = KSIGNS_IQ2XS[(aux >> (7u * l)) & 127u];
-        let g1 = IQ3XXS_GRID[byte_at(base, qs + 2u * l)];
-        let g2 = IQ3XXS_GRID[byte_at(base, qs + 2u * l + 1u)];
+        let signs = ksigns_iq2xs((aux >> (7u * l)) & 127u);
+        let g1 = iq3xxs_grid(byte_at(base, qs + 2u * l));
+        let g2 = iq3xxs_grid(byte_at(base, qs + 2u * l + 1u));
         for (var j = 0u; j < 4u; j++) {
-            let s1 = select(1.0, -1.0, (signs & KMASK_IQ2XS[j]) != 0u);
-            let s2 = select(1.0, -1.0, (signs & KMASK_IQ2XS[j + 4u]) != 0u);
+            let s1 = select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
+            let s2 = select(1.0, -1.0, (signs & kmask_iq2xs(j + 4u)) != 0u);
             v[8u * l + j] = db * f32((g1 >> (8u * j)) & 0xffu) * s1;
             v[8u * l + j + 4u] = db * f32((g2 >> (8u * j)) & 0xffu) * s2;
         }

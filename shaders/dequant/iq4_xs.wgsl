@@ -9,8 +9,8 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     var v: array<f32, 32>;
     for (var j = 0u; j < 16u; j++) {
         let q = byte_at(base, o + 8u + 16u * ib + j);
-        v[j] = dl * f32(KVALUES_IQ4NL[q & 0xfu]);
-        v[j + 16u] = dl * f32(KVALUES_IQ4NL[q >> 4u]);
+        v[j] = dl * f32(kvalues_iq4nl(q & 0xfu));
+        v[j + 16u] = dl * f32(kvalues_iq4nl(q >> 4u));
     }
     return v;
 }

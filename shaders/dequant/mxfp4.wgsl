@@ -6,8 +6,8 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     var v: array<f32, 32>;
     for (var j = 0u; j < 16u; j++) {
         let q = byte_at(base, o + 1u + j);
-        v[j] = f32(KVALUES_MXFP4[q & 0xfu]) * d;
-        v[j + 16u] = f32(KVALUES_MXFP4[q >> 4u]) * d;
+        v[j] = f32(kvalues_mxfp4(q & 0xfu)) * d;
+        v[j + 16u] = f32(kvalues_mxfp4(q >> 4u)) * d;
     }
     return v;
 }

@@ -1,8 +1,9 @@
 //! Block weight formats on the wgpu lane: the WGSL source of each (kernel, format) pipeline.
 //!
-//! A block-format kernel is built per format from one template: the lookup tables that format
-//! needs, emitted as WGSL arrays from the Rust arrays in [`crate::formats::tables`] (one source
-//! of truth; WGSL has no u64, so a u64 grid entry becomes two u32, low word first), then
+//! A block-format kernel is built per format from one template: accessors of the lookup tables
+//! that format needs (read from one device buffer built from the Rust arrays in
+//! [`crate::formats::tables`], one source of truth, at word offsets emitted as `const`s; WGSL has
+//! no u64, so a u64 grid entry becomes two u32, low word first), then
 //! `shaders/dequant/common.wgsl` (byte access, f16/E8M0/e4m3 by bit construction), the format's
 //! `shaders/dequant/<format>.wgsl` (its `decode_run`: 32 consecutive values of a row, each block
 //! scale decoded once per run), then the kernel body (`shaders/dequant/linear.wgsl` or
@@ -67,63 +68,132 @@ fn decoder(format: WeightFormat) -> Option<(&'static str, &'static str)> {
     })
 }
 
-// Tables are `var<private>` with an initializer, never written. A module-scope `const` array
-// indexed at run time is spilled by naga into a function-local copy at each access (inside the
-// decode loops); on lavapipe the first IQ3_XXS linear (pipeline build included) took 9.6 s with
-// `const` and 4.0 s with `var<private>` (one measurement each). Building a pipeline over the
-// 4096-word IQ1S grid still takes lavapipe ~30 s (issue 13: pack the grids).
-fn emit_u32(out: &mut String, name: &str, values: &[u32]) {
-    let _ = write!(out, "var<private> {name}: array<u32, {}> = array<u32, {}>(", values.len(), values.len());
-    for (i, v) in values.iter().enumerate() {
-        if i % 8 == 0 {
-            out.push_str("\n   ");
+/// The binding of the lookup-table buffer in every block kernel whose format reads a table
+/// (above the kernels' own bindings: linear.wgsl uses 0–4, lm.wgsl 0–8).
+pub const TABLES_BINDING: u32 = 15;
+
+/// A lookup table of [`crate::formats::tables`] as the decoders read it from the device table
+/// buffer. The tables live in one read-only storage buffer uploaded once per device, not in the
+/// shader text: as `var<private>` arrays every invocation initialised its own copy, and lavapipe
+/// took 18 s, 11 s and 12 s to build the IQ1_S linear, moe_up and grouped_linear pipelines (as
+/// `const` arrays naga spilled a copy at each access); from the buffer, under 0.1 s each (one
+/// measurement each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Table {
+    KsignsIq2xs,
+    KmaskIq2xs,
+    Iq2xxsGrid,
+    Iq2xsGrid,
+    Iq3xxsGrid,
+    Iq1sGrid,
+    KvaluesIq4nl,
+    KvaluesMxfp4,
+}
+
+impl Table {
+    /// Buffer order: each table starts where the one before it ends.
+    const ALL: [Table; 8] = [
+        Table::KsignsIq2xs,
+        Table::KmaskIq2xs,
+        Table::Iq2xxsGrid,
+        Table::Iq2xsGrid,
+        Table::Iq3xxsGrid,
+        Table::Iq1sGrid,
+        Table::KvaluesIq4nl,
+        Table::KvaluesMxfp4,
+    ];
+
+    /// The WGSL accessor `fn <name>(i: u32)` the decoders call; its offset is `<NAME>_OFF`.
+    fn name(self) -> &'static str {
+        match self {
+            Table::KsignsIq2xs => "ksigns_iq2xs",
+            Table::KmaskIq2xs => "kmask_iq2xs",
+            Table::Iq2xxsGrid => "iq2xxs_grid",
+            Table::Iq2xsGrid => "iq2xs_grid",
+            Table::Iq3xxsGrid => "iq3xxs_grid",
+            Table::Iq1sGrid => "iq1s_grid",
+            Table::KvaluesIq4nl => "kvalues_iq4nl",
+            Table::KvaluesMxfp4 => "kvalues_mxfp4",
         }
-        let _ = write!(out, " 0x{v:08x}u,");
     }
-    out.push_str("\n);\n");
-}
 
-fn emit_u64_pairs(out: &mut String, name: &str, values: &[u64]) {
-    let words: Vec<u32> = values.iter().flat_map(|v| [*v as u32, (*v >> 32) as u32]).collect();
-    emit_u32(out, name, &words);
-}
-
-fn emit_i32(out: &mut String, name: &str, values: &[i8]) {
-    let _ = write!(out, "var<private> {name}: array<i32, {}> = array<i32, {}>(", values.len(), values.len());
-    for v in values {
-        let _ = write!(out, "{v}, ");
+    /// The value tables hold int8, stored as the u32 bits of the i32 and read back with bitcast.
+    fn signed(self) -> bool {
+        matches!(self, Table::KvaluesIq4nl | Table::KvaluesMxfp4)
     }
-    out.push_str(");\n");
+
+    /// The table's words: u8 and i8 entries widened to a word each, a u64 grid entry as two
+    /// words, low first (WGSL has no u64).
+    fn words(self) -> Vec<u32> {
+        let u64_pairs = |v: &[u64]| v.iter().flat_map(|e| [*e as u32, (*e >> 32) as u32]).collect();
+        let signed = |v: &[i8]| v.iter().map(|e| i32::from(*e) as u32).collect();
+        match self {
+            Table::KsignsIq2xs => tables::KSIGNS_IQ2XS.map(u32::from).to_vec(),
+            Table::KmaskIq2xs => tables::KMASK_IQ2XS.map(u32::from).to_vec(),
+            Table::Iq2xxsGrid => u64_pairs(&tables::IQ2XXS_GRID),
+            Table::Iq2xsGrid => u64_pairs(&tables::IQ2XS_GRID),
+            Table::Iq3xxsGrid => tables::IQ3XXS_GRID.to_vec(),
+            Table::Iq1sGrid => u64_pairs(&tables::IQ1S_GRID),
+            Table::KvaluesIq4nl => signed(&tables::KVALUES_IQ4NL),
+            Table::KvaluesMxfp4 => signed(&tables::KVALUES_MXFP4),
+        }
+    }
+
+    /// Word offset of the table in [`table_words`].
+    fn offset(self) -> usize {
+        Table::ALL.iter().take_while(|t| **t != self).map(|t| t.words().len()).sum()
+    }
 }
 
-/// The constants and tables `format`'s decoder reads.
+/// The contents of the device table buffer: every table, end to end in `Table::ALL` order.
+pub fn table_words() -> Vec<u32> {
+    Table::ALL.iter().flat_map(|t| t.words()).collect()
+}
+
+/// The tables `format`'s decoder reads.
+fn tables_of(format: WeightFormat) -> &'static [Table] {
+    use WeightFormat::*;
+    match format {
+        IQ2_XXS => &[Table::KsignsIq2xs, Table::KmaskIq2xs, Table::Iq2xxsGrid],
+        IQ2_XS => &[Table::KsignsIq2xs, Table::KmaskIq2xs, Table::Iq2xsGrid],
+        IQ3_XXS => &[Table::KsignsIq2xs, Table::KmaskIq2xs, Table::Iq3xxsGrid],
+        IQ1_S | IQ1_M => &[Table::Iq1sGrid],
+        IQ4_XS => &[Table::KvaluesIq4nl],
+        MXFP4 => &[Table::KvaluesMxfp4],
+        _ => &[],
+    }
+}
+
+/// Whether `format`'s kernels bind the table buffer at [`TABLES_BINDING`] (formats without
+/// tables declare no such binding, so their bind groups must not carry it).
+pub fn uses_tables(format: WeightFormat) -> bool {
+    !tables_of(format).is_empty()
+}
+
+/// The constants and table accessors `format`'s decoder reads: the table buffer's binding and,
+/// per table, its word offset as a `const` and `fn <name>(i) -> u32` (`i32` for the value tables).
 fn tables_for(format: WeightFormat) -> String {
     use WeightFormat::*;
     let mut s = String::new();
-    let signs = |s: &mut String| {
-        emit_u32(s, "KSIGNS_IQ2XS", &tables::KSIGNS_IQ2XS.map(u32::from));
-        emit_u32(s, "KMASK_IQ2XS", &tables::KMASK_IQ2XS.map(u32::from));
-    };
+    let used = tables_of(format);
+    if !used.is_empty() {
+        let _ = writeln!(s, "@group(0) @binding({TABLES_BINDING}) var<storage, read> lut: array<u32>;");
+    }
+    for t in used {
+        let (name, off) = (t.name(), t.offset());
+        let upper = name.to_uppercase();
+        let _ = writeln!(s, "const {upper}_OFF: u32 = {off}u;");
+        if t.signed() {
+            let _ = writeln!(s, "fn {name}(i: u32) -> i32 {{ return bitcast<i32>(lut[{upper}_OFF + i]); }}");
+        } else {
+            let _ = writeln!(s, "fn {name}(i: u32) -> u32 {{ return lut[{upper}_OFF + i]; }}");
+        }
+    }
     match format {
-        IQ2_XXS => {
-            signs(&mut s);
-            emit_u64_pairs(&mut s, "IQ2XXS_GRID", &tables::IQ2XXS_GRID);
-        }
-        IQ2_XS => {
-            signs(&mut s);
-            emit_u64_pairs(&mut s, "IQ2XS_GRID", &tables::IQ2XS_GRID);
-        }
-        IQ3_XXS => {
-            signs(&mut s);
-            emit_u32(&mut s, "IQ3XXS_GRID", &tables::IQ3XXS_GRID);
-        }
+        // Debug prints the shortest text that parses back to the same f32 (0.125)
         IQ1_S | IQ1_M => {
-            // Debug prints the shortest text that parses back to the same f32 (0.125)
             let _ = writeln!(s, "const IQ1_DELTA: f32 = {:?};", tables::IQ1_DELTA);
-            emit_u64_pairs(&mut s, "IQ1S_GRID", &tables::IQ1S_GRID);
         }
-        IQ4_XS => emit_i32(&mut s, "KVALUES_IQ4NL", &tables::KVALUES_IQ4NL),
-        MXFP4 => emit_i32(&mut s, "KVALUES_MXFP4", &tables::KVALUES_MXFP4),
         FP8_E4M3_B128_E8M0 => s.push_str("const FP8_SCALE_BYTES: u32 = 1u;\n"),
         FP8_E4M3_B128_F32 => s.push_str("const FP8_SCALE_BYTES: u32 = 4u;\n"),
         _ => {}
@@ -163,9 +233,37 @@ mod tests {
 
     #[test]
     fn u64_grids_split_low_word_first() {
-        let mut s = String::new();
-        emit_u64_pairs(&mut s, "G", &[0x0123_4567_89ab_cdef]);
-        assert!(s.contains("0x89abcdefu, 0x01234567u"), "{s}");
+        let words = Table::Iq1sGrid.words();
+        assert_eq!(words.len(), 2 * tables::IQ1S_GRID.len());
+        let last = tables::IQ1S_GRID[2047];
+        assert_eq!([words[4094], words[4095]], [last as u32, (last >> 32) as u32]);
+    }
+
+    /// Each table sits in the buffer at the offset its accessor reads, with its exact words
+    /// (the int8 value tables as the bits of the i32).
+    #[test]
+    fn table_buffer_holds_every_table_at_its_offset() {
+        let buf = table_words();
+        let mut end = 0;
+        for t in Table::ALL {
+            let words = t.words();
+            assert_eq!(&buf[t.offset()..t.offset() + words.len()], &words[..], "{t:?}");
+            end = end.max(t.offset() + words.len());
+        }
+        assert_eq!(end, buf.len());
+        let mx = Table::KvaluesMxfp4.offset();
+        assert_eq!(buf[mx + 15] as i32, i32::from(tables::KVALUES_MXFP4[15]));
+        assert_eq!(buf[Table::KvaluesIq4nl.offset()] as i32, -127);
+        let src = tables_for(WeightFormat::IQ3_XXS);
+        assert!(src.contains(&format!("const IQ3XXS_GRID_OFF: u32 = {}u;", Table::Iq3xxsGrid.offset())), "{src}");
+    }
+
+    #[test]
+    fn formats_without_tables_declare_no_table_binding() {
+        for f in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+            let (_, src) = block_shader_source(f, BlockKernel::Linear).unwrap();
+            assert_eq!(src.contains(&format!("@binding({TABLES_BINDING})")), uses_tables(f), "{f}");
+        }
     }
 
     #[test]

@@ -336,6 +336,8 @@ pub struct WgpuBackend {
     sentinel: Option<wgpu::Buffer>,
     /// Bound in place of an absent bias.
     dummy: wgpu::Buffer,
+    /// The IQ/FP4 lookup tables the block decoders read (`formats::table_words`), uploaded once.
+    lut: wgpu::Buffer,
     /// cos/sin tables of rope_2d keyed by (n, grid_w, hd, theta bits).
     rope_tables: Mutex<HashMap<(usize, usize, usize, u32), Arc<WgpuTensor>>>,
 }
@@ -456,6 +458,11 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let lut = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("block-format lookup tables"),
+            contents: bytemuck::cast_slice(&formats::table_words()),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
         let shared =
             Arc::new(Shared { counters: Counters::default(), free: Mutex::default(), reuse: opts.reuse_buffers });
         Ok(Self {
@@ -475,6 +482,7 @@ impl WgpuBackend {
             errors,
             sentinel,
             dummy,
+            lut,
             rope_tables: Mutex::default(),
         })
     }
@@ -644,6 +652,14 @@ impl WgpuBackend {
         });
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
         entries.extend(bindings.iter().map(|(b, r)| wgpu::BindGroupEntry { binding: *b, resource: r.clone() }));
+        if let Shader::Block(_, format) = shader
+            && formats::uses_tables(format)
+        {
+            entries.push(wgpu::BindGroupEntry {
+                binding: formats::TABLES_BINDING,
+                resource: self.lut.as_entire_binding(),
+            });
+        }
         let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(entry),
             layout: &pipeline.get_bind_group_layout(0),
