@@ -1,6 +1,7 @@
 //! The library's front door: load a checkpoint on a chosen lane and run whole jobs. The CLI and
 //! the examples call only this module; they never touch tensors.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::wgpu::WgpuBackend;
-use crate::backend::{Backend, HostTensor, Op, WeightFormat};
+use crate::backend::{Backend, HostTensor, HostWeight, Op, WeightFormat};
 use crate::config::{LmConfig, VisionConfig};
 use crate::error::{Error, Result};
 use crate::model::lm::generate::{self, Sampling, StopReason};
@@ -643,13 +644,51 @@ fn load_gguf<'b, B: Backend>(
         .sum();
     on_load(LoadProgress { done_bytes: 0, total_bytes });
     let pair = GgufPair { lm, mmproj: mmproj.as_ref() };
-    let model = LmModel::load(b, &pair, lm.config())?;
+    let counted = BytesRead { src: &pair, total_bytes, done: Cell::new(0), report: RefCell::new(on_load) };
+    let model = LmModel::load(b, &counted, lm.config())?;
     let runner = match (&mmproj, image) {
-        (Some(m), true) => Some(VisionRunner::upload(b, m.config().clone(), &pair)?),
+        (Some(m), true) => Some(VisionRunner::upload(b, m.config().clone(), &counted)?),
         _ => None,
     };
+    let on_load = counted.report.into_inner();
     on_load(LoadProgress { done_bytes: total_bytes, total_bytes });
     Ok((model, runner))
+}
+
+/// A GGUF pair that reports the bytes of each parameter as the graph reads it, for the load
+/// bar (the matrices dominate: a routed expert's row range is its bytes in the file).
+struct BytesRead<'s, 'f> {
+    src: &'s GgufPair<'s>,
+    total_bytes: u64,
+    done: Cell<u64>,
+    report: RefCell<&'f mut dyn FnMut(LoadProgress)>,
+}
+
+impl BytesRead<'_, '_> {
+    fn add(&self, bytes: usize) {
+        self.done.set(self.done.get() + bytes as u64);
+        let done_bytes = self.done.get().min(self.total_bytes);
+        (self.report.borrow_mut())(LoadProgress { done_bytes, total_bytes: self.total_bytes });
+    }
+}
+
+impl ParamSource for BytesRead<'_, '_> {
+    fn matrix(&self, name: &str) -> Result<HostWeight<'_>> {
+        let w = self.src.matrix(name)?;
+        self.add(w.bytes.len());
+        Ok(w)
+    }
+    fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        let v = self.src.vector(name)?;
+        self.add(v.len() * 4);
+        Ok(v)
+    }
+    fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        self.src.integers(name)
+    }
+    fn has(&self, name: &str) -> bool {
+        self.src.has(name)
+    }
 }
 
 fn lm_job<B: Backend>(
