@@ -832,25 +832,38 @@ fn block_cases() -> Vec<Case> {
     for (up, down) in mixes {
         let (n, e, k) = (6, 5, 3);
         let d = up.block_elems().max(down.block_elems());
-        let h = d;
         let ids: Vec<i32> = (0..n * k).map(|j| [0, 2, 3, 1, 2, 0, 3, 1, 2][j % 9]).collect();
-        let mut c = case(
-            format!("moe_experts {up}/{down} n={n} d={d} h={h} {e} experts k={k}"),
-            Op::MoeExperts,
-            REDUCTION,
-            vec![randn(&mut r, &[n, d], 3.0), ints(&[n, k], ids), randn(&mut r, &[n, k], 1.0)],
-            |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
-            Args::default(),
-        );
-        for _ in 0..e {
-            c.experts.push((up, 2 * h, d, weight_bytes(&mut r, up, 2 * h, d)));
-        }
-        for _ in 0..e {
-            c.experts.push((down, d, h, weight_bytes(&mut r, down, d, h)));
-        }
-        out.push(c);
+        let name = format!("moe_experts {up}/{down} n={n} d={d} h={d} {e} experts k={k}");
+        out.push(moe_block_case(&mut r, name, (up, down), (n, d, d, e, k), ids));
     }
     out
+}
+
+/// A `moe_experts` case: x `[n, d]`, `e` experts with w13 `[2h, d]` in `formats.0` and w2
+/// `[d, h]` in `formats.1`, top-`k` ids as given.
+fn moe_block_case(
+    r: &mut StdRng,
+    name: String,
+    formats: (WeightFormat, WeightFormat),
+    (n, d, h, e, k): (usize, usize, usize, usize, usize),
+    ids: Vec<i32>,
+) -> Case {
+    let (up, down) = formats;
+    let mut c = case(
+        name,
+        Op::MoeExperts,
+        REDUCTION,
+        vec![randn(r, &[n, d], 3.0), ints(&[n, k], ids), randn(r, &[n, k], 1.0)],
+        |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
+        Args::default(),
+    );
+    for _ in 0..e {
+        c.experts.push((up, 2 * h, d, weight_bytes(r, up, 2 * h, d)));
+    }
+    for _ in 0..e {
+        c.experts.push((down, d, h, weight_bytes(r, down, d, h)));
+    }
+    c
 }
 
 /// The CUDA lane's GEMM paths that `block_cases` leaves out, in block formats: linear over 1030
@@ -875,21 +888,8 @@ fn cuda_block_cases() -> Vec<Case> {
         let d = format.block_elems();
         let h = 2 * d;
         let ids: Vec<i32> = (0..n * k).map(|j| [3, 0, 2, 0, 1, 3][j % 6]).collect();
-        let mut c = case(
-            format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k} (small-row path)"),
-            Op::MoeExperts,
-            REDUCTION,
-            vec![randn(&mut r, &[n, d], 3.0), ints(&[n, k], ids), randn(&mut r, &[n, k], 1.0)],
-            |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
-            Args::default(),
-        );
-        for _ in 0..e {
-            c.experts.push((format, 2 * h, d, weight_bytes(&mut r, format, 2 * h, d)));
-        }
-        for _ in 0..e {
-            c.experts.push((format, d, h, weight_bytes(&mut r, format, d, h)));
-        }
-        out.push(c);
+        let name = format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k} (small-row path)");
+        out.push(moe_block_case(&mut r, name, (format, format), (n, d, h, e, k), ids));
     }
     out
 }
