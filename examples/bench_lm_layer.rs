@@ -24,7 +24,6 @@ use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::cuda::CudaBackend;
 use fovea::backend::wgpu::WgpuBackend;
 use fovea::backend::{Backend, HostWeight, WeightFormat};
 use fovea::config::LmConfig;
@@ -38,6 +37,9 @@ struct Args {
     /// cpu, wgpu or cuda
     #[arg(long, default_value = "cuda")]
     backend: String,
+    /// CUDA: exact (f32 products) or fast (bf16 GEMM operands); default $FOVEA_PRECISION, else fast.
+    #[arg(long)]
+    precision: Option<fovea::backend::Precision>,
     /// Prompt tokens (one prefill chunk); decode runs at this context
     #[arg(long, default_value_t = 4096)]
     tokens: usize,
@@ -238,7 +240,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
     let flops = prefill_flops(&cfg, args.tokens);
     let bytes = decode_weight_bytes(&cfg, &src.shapes);
     let mem = b.memory();
-    println!("lane: {} ({})", b.lane(), b.device_name());
+    println!("lane: {} ({}), {} precision", b.lane(), b.device_name(), b.precision());
     println!(
         "layer: hidden {}, {} heads x {}, ratio {}, {} experts top-{}; load (random weights + upload) {load_s:.1} s",
         cfg.hidden_size,
@@ -279,7 +281,7 @@ fn main() {
     let result = match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args),
         "wgpu" => WgpuBackend::new(fovea::pipeline::adapter_from_env().as_deref()).and_then(|b| run(&b, &args)),
-        "cuda" => fovea::pipeline::cuda_device_from_env().and_then(CudaBackend::new).and_then(|b| run(&b, &args)),
+        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
         other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
     };
     if let Err(e) = result {

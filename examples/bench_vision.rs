@@ -15,7 +15,6 @@ use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::cuda::CudaBackend;
 use fovea::backend::wgpu::WgpuBackend;
 use fovea::backend::{Backend, HostTensor, HostWeight, WeightFormat};
 use fovea::config::VisionConfig;
@@ -30,6 +29,9 @@ struct Args {
     /// cpu, wgpu or cuda
     #[arg(long, default_value = "wgpu")]
     backend: String,
+    /// CUDA: exact (f32 products) or fast (bf16 GEMM operands); default $FOVEA_PRECISION, else fast.
+    #[arg(long)]
+    precision: Option<fovea::backend::Precision>,
     #[arg(long, default_value_t = 1920)]
     width: u32,
     #[arg(long, default_value_t = 1080)]
@@ -137,7 +139,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
 
     let mem = b.memory();
     let file_bytes = file_bytes(&cfg);
-    println!("lane: {} ({})", b.lane(), b.device_name());
+    println!("lane: {} ({}), {} precision", b.lane(), b.device_name(), b.precision());
     println!(
         "image {}x{} -> ViT grid {}x{} ({} patches), LLM grid {}x{}; {} layers x {}",
         args.width, args.height, prep.n_vit_h, prep.n_vit_w, n, prep.n_llm_h, prep.n_llm_w, args.layers, cfg.dim
@@ -175,7 +177,7 @@ fn main() {
     let result = match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args),
         "wgpu" => WgpuBackend::new(fovea::pipeline::adapter_from_env().as_deref()).and_then(|b| run(&b, &args)),
-        "cuda" => fovea::pipeline::cuda_device_from_env().and_then(CudaBackend::new).and_then(|b| run(&b, &args)),
+        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
         other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
     };
     if let Err(e) = result {

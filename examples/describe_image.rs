@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use fovea::backend::Precision;
 use fovea::model::lm::generate::Sampling;
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest};
 use fovea::progress::LoadBar;
@@ -89,6 +90,10 @@ struct Args {
     /// cuda (name it).
     #[arg(long)]
     backend: Option<String>,
+    /// exact (f32) or fast (bf16 operands, f32 accumulation; cuda only so far). Default:
+    /// $FOVEA_PRECISION, else fast on cuda and exact elsewhere.
+    #[arg(long)]
+    precision: Option<Precision>,
     /// The question asked about the image.
     #[arg(long, default_value = "Describe this image.")]
     prompt: String,
@@ -124,6 +129,7 @@ fn run(args: Args) -> fovea::Result<()> {
         tokens,
         images: vec![image],
         lane,
+        precision: args.precision,
     };
     let sampling = Sampling { temperature: args.temperature, seed: args.seed, ..Sampling::default() };
     let opts = GenerateOptions { max_tokens: args.max_tokens, sampling };

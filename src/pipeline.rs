@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::wgpu::WgpuBackend;
-use crate::backend::{Backend, HostTensor, HostWeight, Op, WeightFormat};
+use crate::backend::{Backend, HostTensor, HostWeight, Op, Precision, WeightFormat};
 use crate::config::{LmConfig, VisionConfig};
 use crate::error::{Error, Result};
 use crate::model::lm::generate::{self, Sampling, StopReason};
@@ -72,6 +72,8 @@ pub struct VisionDumpRequest {
     pub image_max_tokens: Option<usize>,
     pub image: PathBuf,
     pub lane: LaneChoice,
+    /// `--precision` / `FOVEA_PRECISION`; `None`: the lane's default ([`lane_precision`]).
+    pub precision: Option<Precision>,
     /// Index of the image placeholder in the token stream (sets the lead pads).
     pub start_pos: usize,
 }
@@ -132,16 +134,20 @@ pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
     };
     let ckpt = &src;
     match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos),
+        LaneChoice::Cpu => {
+            exact_only("cpu", req.precision)?;
+            VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos)
+        }
         LaneChoice::Wgpu => {
+            exact_only("wgpu", req.precision)?;
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
         LaneChoice::Cuda => {
-            let b = CudaBackend::new(cuda_device_from_env()?)?;
+            let b = cuda_lane(req.precision)?;
             VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
-        LaneChoice::Auto => match auto_wgpu() {
+        LaneChoice::Auto => match exact_only("auto", req.precision).map(|_| auto_wgpu())? {
             Ok(b) => VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos),
             Err(e) => {
                 eprintln!("fovea: no usable wgpu adapter ({e}); using the CPU lane");
@@ -165,6 +171,39 @@ fn auto_wgpu() -> Result<WgpuBackend> {
 /// `FOVEA_ADAPTER`: a substring of the adapter name to use.
 pub fn adapter_from_env() -> Option<String> {
     std::env::var("FOVEA_ADAPTER").ok().filter(|s| !s.is_empty())
+}
+
+/// The precision a job runs in on `lane` ("cpu", "wgpu", "cuda"): the one asked for (the CLI's
+/// `--precision`, else `FOVEA_PRECISION`), else the lane's default: `fast` on the CUDA lane,
+/// `exact` on the CPU and wgpu lanes, which have no fast kernels yet (asking them for `fast` is an
+/// error, not a silent exact run).
+pub fn lane_precision(lane: &'static str, asked: Option<Precision>) -> Result<Precision> {
+    match (lane, Precision::from_cli_or_env(asked)?) {
+        ("cuda", None) => Ok(Precision::Fast),
+        (_, None) => Ok(Precision::Exact),
+        ("cuda", Some(p)) | (_, Some(p @ Precision::Exact)) => Ok(p),
+        (lane, Some(Precision::Fast)) => Err(Error::Unsupported {
+            lane,
+            op: "precision",
+            what: "fast (this lane computes in f32 only so far; use --precision exact)".into(),
+        }),
+    }
+}
+
+/// The CUDA lane on `FOVEA_CUDA_DEVICE` in the precision asked for (default fast).
+pub fn cuda_lane(asked: Option<Precision>) -> Result<CudaBackend> {
+    let precision = lane_precision("cuda", asked)?;
+    CudaBackend::with_options(crate::backend::cuda::Options {
+        ordinal: cuda_device_from_env()?,
+        precision,
+        ..Default::default()
+    })
+}
+
+/// The wgpu and CPU lanes (and `auto`, which picks one of them) compute in f32 only: check that
+/// nothing else was asked for.
+fn exact_only(lane: &'static str, asked: Option<Precision>) -> Result<()> {
+    lane_precision(lane, asked).map(|_| ())
 }
 
 /// `FOVEA_CUDA_DEVICE`: the CUDA device ordinal for `--backend cuda` (default 0).
@@ -395,6 +434,8 @@ pub struct LmRequest {
     /// One image per [`PromptToken::Image`], in order (at most [`MAX_IMAGES_PER_PROMPT`] so far).
     pub images: Vec<PathBuf>,
     pub lane: LaneChoice,
+    /// `--precision` / `FOVEA_PRECISION`; `None`: the lane's default ([`lane_precision`]).
+    pub precision: Option<Precision>,
 }
 
 /// How many images one prompt may carry: the merge and the image-span visibility handle one
@@ -538,8 +579,12 @@ fn lm_lane_error(lane: &'static str, op: Op) -> Error {
 
 fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)) -> Result<LmOutcome> {
     match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => lm_job(&CpuBackend::new(), req, job, on_load, None),
+        LaneChoice::Cpu => {
+            exact_only("cpu", req.precision)?;
+            lm_job(&CpuBackend::new(), req, job, on_load, None)
+        }
         LaneChoice::Wgpu => {
+            exact_only("wgpu", req.precision)?;
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
@@ -547,13 +592,13 @@ fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)
             lm_job(&b, req, job, on_load, None)
         }
         LaneChoice::Cuda => {
-            let b = CudaBackend::new(cuda_device_from_env()?)?;
+            let b = cuda_lane(req.precision)?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
             lm_job(&b, req, job, on_load, None)
         }
-        LaneChoice::Auto => match auto_wgpu() {
+        LaneChoice::Auto => match exact_only("auto", req.precision).map(|_| auto_wgpu())? {
             Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, on_load, None),
             Ok(_) => lm_job(
                 &CpuBackend::new(),

@@ -30,6 +30,13 @@ use rand::{Rng, SeedableRng};
 const EXACT: f64 = 0.0;
 const ELEMENTWISE: f64 = 1e-12;
 const REDUCTION: f64 = 1e-10;
+/// Fast precision (CUDA `--precision fast`): a GEMM whose operands are each rounded to f16 once
+/// has an NMSE of ≈ 8e-8 (tests/common `FAST_GEMM_NMSE`, derived there); gated at 4×.
+const FAST_GEMM: f64 = 4.0 * common::FAST_GEMM_NMSE;
+/// The experts chain two GEMMs through the clamped SwiGLU: the up GEMM's error reaches both its
+/// halves (≈ 1.6e-7, up to twice that through silu's slope) and the down GEMM adds its own 8e-8,
+/// ≈ 4e-7; gated at 4×, 1.6e-6.
+const FAST_MOE: f64 = 20.0 * common::FAST_GEMM_NMSE;
 
 /// A lane compared with the CPU lane, plus its own output check (guard bands).
 trait LaneUnderTest: Backend {
@@ -1155,6 +1162,35 @@ fn cuda_ops_match_cpu() {
         return;
     };
     eprintln!("cuda lane: {}", lane.device_name());
+    let all = cuda_cases(&lane);
+    check_cuda_coverage(&lane, compare_with_cpu(&lane, all));
+}
+
+/// The same cases in fast precision: the GEMM ops (linear, the aligner's fused GEMM, the grouped
+/// projection, the experts) at the fast bounds, every other op at its own (fast mode changes only
+/// the GEMM tiles).
+#[test]
+fn cuda_ops_match_cpu_in_fast_precision() {
+    let opts = fovea::backend::cuda::Options {
+        guard_words: 8,
+        precision: fovea::backend::Precision::Fast,
+        ..Default::default()
+    };
+    let Some(lane) = common::cuda_lane_with_or_skip(opts) else { return };
+    let mut all = cuda_cases(&lane);
+    for c in &mut all {
+        c.bound = match c.op {
+            Op::Linear | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
+            Op::MoeExperts => c.bound.max(FAST_MOE),
+            _ => c.bound,
+        };
+    }
+    check_cuda_coverage(&lane, compare_with_cpu(&lane, all));
+}
+
+/// Every case the CUDA lane is compared on: the shared and vision ops, the block formats and the
+/// language-model ops it claims.
+fn cuda_cases(lane: &CudaBackend) -> Vec<Case> {
     let mut all = cases();
     all.extend(extra_cases());
     all.extend(
@@ -1170,7 +1206,11 @@ fn cuda_ops_match_cpu() {
             .chain(chunked_linear_cases())
             .filter(|c| c.op.is_lm() && lane.supports(c.op, WeightFormat::F32)),
     );
-    let covered = compare_with_cpu(&lane, all);
+    all
+}
+
+/// Every vision op, and every language-model op the CUDA lane claims, had a case.
+fn check_cuda_coverage(lane: &CudaBackend, covered: std::collections::HashSet<Op>) {
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
     assert!(missing.is_empty(), "ops without a harness case: {missing:?}");
     // Every language-model op the lane claims must be compared with the CPU lane here.

@@ -40,6 +40,56 @@ impl fmt::Display for DType {
 
 pub use crate::formats::{WeightFormat, decode_row};
 
+/// How a lane rounds the operands of its matrix products (`--precision`, `FOVEA_PRECISION`).
+///
+/// - `Exact`: f32 products throughout, the conformance mode every golden is held to at f32
+///   tolerances (the CUDA lane's tensor-core tiles split each f32 operand into exact bf16 terms).
+/// - `Fast`: the GEMM tiles round activations and weights to bf16 once (one tensor-core product
+///   per tile, f32 accumulation). The residual stream, norms, softmax, attention and every
+///   weight uploaded with [`Backend::upload_weight_exact`] (routing scores, hyper-connection
+///   mixes) stay f32. Fast mode has its own derived tolerances (`tests/common/mod.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    #[default]
+    Exact,
+    Fast,
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Exact => "exact",
+            Precision::Fast => "fast",
+        })
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "exact" => Ok(Precision::Exact),
+            "fast" => Ok(Precision::Fast),
+            other => Err(Error::Invalid(format!("unknown precision `{other}` (expected exact or fast)"))),
+        }
+    }
+}
+
+impl Precision {
+    /// The command-line choice if given, else `FOVEA_PRECISION`, else `None` (the lane's default).
+    pub fn from_cli_or_env(cli: Option<Precision>) -> Result<Option<Precision>> {
+        match cli {
+            Some(p) => Ok(Some(p)),
+            None => match std::env::var("FOVEA_PRECISION") {
+                Ok(v) if !v.is_empty() => {
+                    v.parse().map(Some).map_err(|e: Error| Error::Invalid(format!("FOVEA_PRECISION: {e}")))
+                }
+                _ => Ok(None),
+            },
+        }
+    }
+}
+
 /// Host-side data of an activation tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostData {
@@ -320,6 +370,17 @@ pub trait Backend {
     fn upload_param(&self, host: &HostTensor) -> Result<Self::Tensor>;
     /// Copy a weight matrix to the device, keeping its storage format.
     fn upload_weight(&self, weight: &HostWeight<'_>) -> Result<Self::Weight>;
+    /// [`Backend::upload_weight`] for a matrix whose products stay f32 in every precision mode:
+    /// its outputs pick discrete things (the router's expert scores) or mix the residual streams
+    /// (the hyper-connections), where one bf16 rounding could flip a choice. Lanes with a single
+    /// precision upload it as any weight.
+    fn upload_weight_exact(&self, weight: &HostWeight<'_>) -> Result<Self::Weight> {
+        self.upload_weight(weight)
+    }
+    /// The precision of this lane's matrix products (see [`Precision`]).
+    fn precision(&self) -> Precision {
+        Precision::Exact
+    }
     /// Copy a device tensor back to the host (waits for pending work).
     fn download(&self, t: &Self::Tensor) -> Result<HostTensor>;
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use fovea::backend::Precision;
 use fovea::model::lm::generate::{Sampling, StopReason};
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, VisionDumpRequest};
 use fovea::progress::LoadBar;
@@ -47,6 +48,11 @@ enum Command {
         /// picks cuda (name it).
         #[arg(long)]
         backend: Option<String>,
+        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (bf16
+        /// operands, f32 accumulation; the CUDA lane only so far). Default: $FOVEA_PRECISION, else
+        /// fast on cuda and exact elsewhere.
+        #[arg(long)]
+        precision: Option<Precision>,
         /// Position of the image placeholder in the token stream (sets the lead pads; vision
         /// dump only, the language model takes it from where the placeholder stands).
         #[arg(long, default_value_t = 0)]
@@ -95,6 +101,11 @@ enum Command {
         /// cuda (name it).
         #[arg(long)]
         backend: Option<String>,
+        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (bf16
+        /// operands, f32 accumulation; the CUDA lane only so far). Default: $FOVEA_PRECISION, else
+        /// fast on cuda and exact elsewhere.
+        #[arg(long)]
+        precision: Option<Precision>,
     },
     /// Print a checkpoint's (or a text or mmproj GGUF's) config, tensor accounting, dtypes and
     /// bytes.
@@ -155,7 +166,7 @@ fn stdout_error(e: std::io::Error) -> fovea::Error {
 
 fn run(cli: Cli) -> fovea::Result<()> {
     match cli.command {
-        Command::Dump { model, mmproj, image_max_tokens, image, prompt, out, backend, start_pos: _ }
+        Command::Dump { model, mmproj, image_max_tokens, image, prompt, out, backend, precision, start_pos: _ }
             if !prompt.is_empty() =>
         {
             let tokens = match prompt.resolve(image.len())? {
@@ -170,6 +181,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 tokens,
                 images: image,
                 lane,
+                precision,
             })?;
             dump.write_safetensors(&out)?;
             eprintln!(
@@ -181,7 +193,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 out.display()
             );
         }
-        Command::Dump { model, mmproj, image_max_tokens, image, out, backend, start_pos, .. } => {
+        Command::Dump { model, mmproj, image_max_tokens, image, out, backend, precision, start_pos, .. } => {
             let image = match <[PathBuf; 1]>::try_from(image) {
                 Ok([one]) => one,
                 Err(images) if images.is_empty() => {
@@ -204,6 +216,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 image_max_tokens,
                 image,
                 lane,
+                precision,
                 start_pos,
             })?;
             dump.write_safetensors(&out)?;
@@ -232,6 +245,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
             seed,
             print_ids,
             backend,
+            precision,
         } => {
             let (tokens, tokenizer) = match prompt.resolve(image.len())? {
                 Prompt::Chat(chat) => {
@@ -253,7 +267,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
             let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
-            let req = LmRequest { model_dir: model, mmproj, image_max_tokens, tokens, images: image, lane };
+            let req = LmRequest { model_dir: model, mmproj, image_max_tokens, tokens, images: image, lane, precision };
             let mut stdout = std::io::stdout().lock();
             let g = match &text_out {
                 Some(tok) => {

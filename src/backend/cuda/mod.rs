@@ -44,7 +44,8 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use crate::backend::checks::{self, NamedWeight};
 use crate::backend::cpu::rope_2d_tables;
 use crate::backend::{
-    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, WeightFormat,
+    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, Precision,
+    WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -295,8 +296,8 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Moe, "moe_combine"),
 ];
 
-/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file).
-static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source), Ptx>>> = LazyLock::new(Mutex::default);
+/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file, precision).
+static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source, Precision), Ptx>>> = LazyLock::new(Mutex::default);
 
 /// Run `f`, turning a panic inside cudarc (a missing library symbol, say) into `Error::Device`.
 fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -383,20 +384,22 @@ pub fn probe() -> Result<String> {
     no_panic("CUDA driver", || describe(&ctx).map(|(d, _)| d))
 }
 
-/// PTX of `src` for architecture `arch`, compiled by NVRTC at the first request in this process.
-fn ptx_for(arch: u32, src: Source) -> Result<Ptx> {
+/// PTX of `src` for architecture `arch` and a precision, compiled by NVRTC at the first request
+/// in this process. `Fast` defines `FOVEA_FAST` (one bf16 product per GEMM tile, cuda/common.cuh);
+/// only the GEMM kernels are ever loaded from a fast module.
+fn ptx_for(arch: u32, src: Source, precision: Precision) -> Result<Ptx> {
     let mut cache = PTX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = cache.get(&(arch, src)) {
+    if let Some(p) = cache.get(&(arch, src, precision)) {
         return Ok(p.clone());
+    }
+    let mut options = vec![format!("--gpu-architecture=compute_{arch}")];
+    if precision == Precision::Fast {
+        options.push("-DFOVEA_FAST=1".into());
     }
     // The device's own compute capability as the virtual architecture: NVRTC emits PTX for it
     // (a real `sm_XY` target makes NVRTC emit a cubin, and `nvrtcGetPTX`, all cudarc reads, may
     // then have nothing), and the driver JIT-compiles that PTX for sm_XY when the module loads.
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{arch}")],
-        name: Some(src.file().into()),
-        ..Default::default()
-    };
+    let opts = CompileOptions { options, name: Some(src.file().into()), ..Default::default() };
     let ptx = no_panic("NVRTC", || {
         cudarc::nvrtc::compile_ptx_with_opts(src.program(), opts).map_err(|e| match e {
             CompileError::CompileError { nvrtc, options, log } => Error::Device(format!(
@@ -407,7 +410,7 @@ fn ptx_for(arch: u32, src: Source) -> Result<Ptx> {
             e => Error::Device(format!("NVRTC failed on cuda/{} for compute_{arch}: {e:?}", src.file())),
         })
     })?;
-    cache.insert((arch, src), ptx.clone());
+    cache.insert((arch, src, precision), ptx.clone());
     Ok(ptx)
 }
 
@@ -418,6 +421,9 @@ pub struct Options {
     pub ordinal: usize,
     /// Guard words appended to every activation output (0 = off). Diagnostic.
     pub guard_words: u32,
+    /// How the GEMM tiles round their operands ([`Precision`]; `Exact` by default here, the CLI
+    /// picks `Fast` for this lane unless asked otherwise).
+    pub precision: Precision,
 }
 
 #[derive(Default)]
@@ -502,6 +508,8 @@ pub struct CudaWeight {
     buf: CudaSlice<u8>,
     counted: u64,
     counters: Arc<Counters>,
+    /// Uploaded by `upload_weight_exact`: its products stay f32 in fast mode.
+    exact: bool,
 }
 
 impl CudaWeight {
@@ -547,8 +555,8 @@ pub struct CudaBackend {
     arch: u32,
     opts: Options,
     counters: Arc<Counters>,
-    modules: Mutex<HashMap<Source, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    modules: Mutex<HashMap<(Source, Precision), Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(&'static str, Precision), CudaFunction>>,
     /// Dynamic shared memory each kernel was opted in to beyond `DEFAULT_SHARED_BYTES` (by
     /// `func_shared`), so a launch on the hot path does not ask the driver again.
     shared_optin: Mutex<HashMap<&'static str, usize>>,
@@ -629,28 +637,63 @@ impl CudaBackend {
 
     /// Compile (at the first use in this process, for this architecture) and load `name`.
     fn func(&self, src: Source, name: &'static str) -> Result<CudaFunction> {
-        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+        self.func_in(src, name, Precision::Exact)
+    }
+
+    /// A GEMM kernel (linear, aligner, grouped projection, experts) in the precision its weight
+    /// gets: the lane's, or exact for a weight from `upload_weight_exact`.
+    fn gemm_func(&self, src: Source, name: &'static str, exact_weight: bool) -> Result<CudaFunction> {
+        self.func_in(src, name, if exact_weight { Precision::Exact } else { self.opts.precision })
+    }
+
+    fn func_in(&self, src: Source, name: &'static str, precision: Precision) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&(name, precision)) {
             return Ok(f.clone());
         }
         let module = {
             let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            match modules.get(&src) {
+            match modules.get(&(src, precision)) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = ptx_for(self.arch, src)?;
-                    let m = self
-                        .ctx
-                        .load_module(ptx)
-                        .map_err(|e| dev_err(format!("loading cuda/{} for sm_{}", src.file(), self.arch), e))?;
-                    modules.insert(src, m.clone());
+                    let ptx = ptx_for(self.arch, src, precision)?;
+                    let m = self.ctx.load_module(ptx).map_err(|e| {
+                        dev_err(format!("loading cuda/{} ({precision}) for sm_{}", src.file(), self.arch), e)
+                    })?;
+                    modules.insert((src, precision), m.clone());
                     m
                 }
             }
         };
         let f =
             module.load_function(name).map_err(|e| dev_err(format!("kernel `{name}` of cuda/{}", src.file()), e))?;
-        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name, f.clone());
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert((name, precision), f.clone());
         Ok(f)
+    }
+
+    /// Copy a weight to the device in its storage format; `exact` keeps its products f32 in fast
+    /// mode (see `Backend::upload_weight_exact`).
+    fn upload_weight_as(&self, w: &HostWeight<'_>, exact: bool) -> Result<CudaWeight> {
+        w.validate()?;
+        check_u32("upload_weight", &format!("rows of `{}`", w.name), w.rows)?;
+        check_u32("upload_weight", &format!("cols of `{}`", w.name), w.cols)?;
+        let mut buf = self.raw_alloc("upload_weight", w.bytes.len())?;
+        if !w.bytes.is_empty() {
+            self.stream
+                .memcpy_htod(&w.bytes[..], &mut buf.slice_mut(0..w.bytes.len()))
+                .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))?;
+        }
+        let counted = w.bytes.len() as u64;
+        self.counters.weight.fetch_add(counted, Ordering::Relaxed);
+        Ok(CudaWeight {
+            name: w.name.clone(),
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            buf,
+            counted,
+            counters: self.counters.clone(),
+            exact,
+        })
     }
 
     /// `func`, allowed `bytes` of dynamic shared memory: above the 48 KiB default the kernel opts
@@ -909,26 +952,15 @@ impl Backend for CudaBackend {
     }
 
     fn upload_weight(&self, w: &HostWeight<'_>) -> Result<CudaWeight> {
-        w.validate()?;
-        check_u32("upload_weight", &format!("rows of `{}`", w.name), w.rows)?;
-        check_u32("upload_weight", &format!("cols of `{}`", w.name), w.cols)?;
-        let mut buf = self.raw_alloc("upload_weight", w.bytes.len())?;
-        if !w.bytes.is_empty() {
-            self.stream
-                .memcpy_htod(&w.bytes[..], &mut buf.slice_mut(0..w.bytes.len()))
-                .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))?;
-        }
-        let counted = w.bytes.len() as u64;
-        self.counters.weight.fetch_add(counted, Ordering::Relaxed);
-        Ok(CudaWeight {
-            name: w.name.clone(),
-            format: w.format,
-            rows: w.rows,
-            cols: w.cols,
-            buf,
-            counted,
-            counters: self.counters.clone(),
-        })
+        self.upload_weight_as(w, false)
+    }
+
+    fn upload_weight_exact(&self, w: &HostWeight<'_>) -> Result<CudaWeight> {
+        self.upload_weight_as(w, true)
+    }
+
+    fn precision(&self) -> Precision {
+        self.opts.precision
     }
 
     fn download(&self, t: &CudaTensor) -> Result<HostTensor> {
@@ -953,7 +985,7 @@ impl Backend for CudaBackend {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
         let kernel = LINEAR_KERNELS.of(w.format);
-        let f = self.func(Source::Linear, kernel)?;
+        let f = self.gemm_func(Source::Linear, kernel, w.exact)?;
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
         let has_bias = bias.is_some() as u32;
         let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
@@ -1136,7 +1168,7 @@ impl Backend for CudaBackend {
             return Err(Error::Device(format!("op `{OP}`: {cells} cells exceed the grid limit of the kernel")));
         }
         let kernel = UNFOLD_LINEAR_GELU_KERNELS.of(weight.format);
-        let f = self.func(Source::Linear, kernel)?;
+        let f = self.gemm_func(Source::Linear, kernel, weight.exact)?;
         // the kernel indexes features (c·r²) and grid positions in u32
         check_u32(OP, "in_features", weight.cols)?; // c·r², so c and r fit too (c > 0)
         let (h32, w32, r32) =
@@ -1373,7 +1405,9 @@ mod tests {
         for (src, kernels) in WEIGHT_KERNELS {
             for format in WeightFormat::ALL {
                 let name = kernels.of(format);
-                b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+                for precision in [Precision::Exact, Precision::Fast] {
+                    b.func_in(*src, name, precision).unwrap_or_else(|e| panic!("{name} ({precision}): {e}"));
+                }
             }
         }
     }

@@ -116,7 +116,8 @@ impl CudaBackend {
             let block = (GEMM_THREADS, 1, 1);
             if h > 0 {
                 let kernel = MOE_UP_KERNELS.of(up_format);
-                let f = self.func(Source::Moe, kernel)?;
+                // routed experts are never exact weights: the lane's precision
+                let f = self.gemm_func(Source::Moe, kernel, false)?;
                 let cfg = LaunchConfig {
                     // gate and up rows interleaved: 2h GEMM columns (the kernel counts them in u32)
                     grid_dim: (gemm_grid(slots, check_u32(OP, "w13 rows", 2 * h)? as usize).0 as u32, gy, 1),
@@ -132,7 +133,7 @@ impl CudaBackend {
                 unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
             }
             let kernel = MOE_DOWN_KERNELS.of(down_format);
-            let f = self.func(Source::Moe, kernel)?;
+            let f = self.gemm_func(Source::Moe, kernel, false)?;
             let gx = gemm_grid(slots, d).0 as u32;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);

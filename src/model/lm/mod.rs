@@ -277,9 +277,12 @@ impl<B: Backend> LmModel<B> {
     /// Upload every language-model parameter (official names, language.md §5.1).
     pub fn load(b: &B, src: &impl ParamSource, cfg: &LmConfig) -> Result<Self> {
         let matrix = |name: &str| -> Result<B::Weight> { b.upload_weight(&src.matrix(name)?) };
+        // f32 products in every precision: the hyper-connection mixes feed the Sinkhorn that
+        // weighs the residual streams, the router's scores pick the experts
+        let exact_matrix = |name: &str| -> Result<B::Weight> { b.upload_weight_exact(&src.matrix(name)?) };
         let hc_of = |p: &str| -> Result<Hc<B>> {
             Ok(Hc {
-                mix: matrix(&format!("{p}_fn"))?,
+                mix: exact_matrix(&format!("{p}_fn"))?,
                 scale: param(b, src, &format!("{p}_scale"))?,
                 base: param(b, src, &format!("{p}_base"))?,
             })
@@ -360,7 +363,7 @@ impl<B: Backend> LmModel<B> {
             }
             let x = format!("{f}shared_experts.");
             let moe = Moe {
-                gate: matrix(&format!("{f}gate.weight"))?,
+                gate: exact_matrix(&format!("{f}gate.weight"))?,
                 bias: b.upload_param(&HostTensor::f32([2, e], [text_bias, vl_bias].concat())?)?,
                 tid2eid,
                 w13,
