@@ -573,25 +573,30 @@ pub trait Backend {
         let weights = self.route_weights(&scores, &selected, scale)?;
         Ok((selected, weights))
     }
-    /// Clamped SwiGLU: x `[n, 2h]` (gate, then up) → `silu(min(g, limit)) · clamp(u, ±limit)`
+    /// Clamped SwiGLU: gate g and up u, both `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)`
     /// `[n, h]`.
-    fn swiglu_clamp(&self, x: &Self::Tensor, limit: f32) -> Result<Self::Tensor> {
-        let _ = (x, limit);
+    fn swiglu_clamp(&self, g: &Self::Tensor, u: &Self::Tensor, limit: f32) -> Result<Self::Tensor> {
+        let _ = (g, u, limit);
         Err(self.lm_unsupported(Op::SwigluClamp))
     }
-    /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e: `w13[e]`
-    /// `[2h, d]` (w1 rows then w3 rows) and `w2[e]` `[d, h]` → `[n, d]`,
-    /// `Σ_k weights_k · w2_e(swiglu_clamp(w13_e · x))` (weight applied after w2).
+    /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e the gate
+    /// `w1[e]` `[h, d]`, the up `w3[e]` `[h, d]` and the down `w2[e]` `[d, h]` → `[n, d]`,
+    /// `Σ_k weights_k · w2_e(swiglu_clamp(w1_e · x, w3_e · x))` (weight applied after w2).
+    /// The three projections are separate weights, each in its own storage format: GGUF mixes
+    /// pick a type per tensor (IQ1_S gate with IQ1_M up), and one stacked gate/up matrix would
+    /// have to expand such a pair to a common format.
+    #[allow(clippy::too_many_arguments)]
     fn moe_experts(
         &self,
         x: &Self::Tensor,
         ids: &Self::Tensor,
         weights: &Self::Tensor,
-        w13: &[Self::Weight],
+        w1: &[Self::Weight],
+        w3: &[Self::Weight],
         w2: &[Self::Weight],
         limit: f32,
     ) -> Result<Self::Tensor> {
-        let _ = (x, ids, weights, w13, w2, limit);
+        let _ = (x, ids, weights, w1, w3, w2, limit);
         Err(self.lm_unsupported(Op::MoeExperts))
     }
 

@@ -122,29 +122,6 @@ fn check_heads(op: &'static str, cols: usize, n_heads: usize) -> Result<usize> {
     Ok(cols / n_heads)
 }
 
-/// `silu(g') · u'` with `(g', u') = prepare(g, u)` for gate g = first half, up u = second half:
-/// x `[n, 2h]` → `[n, h]` (shared by `swiglu` and the language model's clamped `swiglu_clamp`).
-pub(super) fn gated_silu(
-    op: &'static str,
-    x: &CpuTensor,
-    prepare: impl Fn(f32, f32) -> (f32, f32),
-) -> Result<CpuTensor> {
-    let (n, d2) = check_2d(op, "x", x)?;
-    if d2 % 2 != 0 {
-        return Err(Error::shape(op, format!("{d2} columns is not even")));
-    }
-    let h = d2 / 2;
-    let xs = x.f32(op)?;
-    let mut out = vec![0f32; n * h];
-    for i in 0..n {
-        for j in 0..h {
-            let (g, u) = prepare(xs[i * d2 + j], xs[i * d2 + h + j]);
-            out[i * h + j] = g / (1.0 + (-g).exp()) * u;
-        }
-    }
-    Ok(CpuTensor::new_f32(vec![n, h], out))
-}
-
 /// 2-D RoPE cos/sin tables in f32, exactly as the reference builds them: `inv_freq[j] =
 /// 1/θ^(2j/(hd/2))` for `j < hd/4`; angle = pos·inv_freq with pos = row for the first hd/4
 /// frequencies and col for the next hd/4. Returns `[n, hd/2]` cos and sin.
@@ -333,7 +310,21 @@ impl Backend for CpuBackend {
 
     // x [n, 2h] → silu(x[:, :h]) * x[:, h:]  [n, h]
     fn swiglu(&self, x: &CpuTensor) -> Result<CpuTensor> {
-        gated_silu("swiglu", x, |g, u| (g, u))
+        const OP: &str = "swiglu";
+        let (n, d2) = check_2d(OP, "x", x)?;
+        if d2 % 2 != 0 {
+            return Err(Error::shape(OP, format!("{d2} columns is not even")));
+        }
+        let h = d2 / 2;
+        let xs = x.f32(OP)?;
+        let mut out = vec![0f32; n * h];
+        for i in 0..n {
+            for j in 0..h {
+                let (g, u) = (xs[i * d2 + j], xs[i * d2 + h + j]);
+                out[i * h + j] = g / (1.0 + (-g).exp()) * u;
+            }
+        }
+        Ok(CpuTensor::new_f32(vec![n, h], out))
     }
 
     // x [n, d] → x/2 · (1 + erf(x/√2))  [n, d]
@@ -532,19 +523,20 @@ impl Backend for CpuBackend {
     fn route_weights(&self, scores: &CpuTensor, ids: &CpuTensor, scale: f32) -> Result<CpuTensor> {
         lm::route_weights(scores, ids, scale)
     }
-    fn swiglu_clamp(&self, x: &CpuTensor, limit: f32) -> Result<CpuTensor> {
-        lm::swiglu_clamp(x, limit)
+    fn swiglu_clamp(&self, g: &CpuTensor, u: &CpuTensor, limit: f32) -> Result<CpuTensor> {
+        lm::swiglu_clamp(g, u, limit)
     }
     fn moe_experts(
         &self,
         x: &CpuTensor,
         ids: &CpuTensor,
         weights: &CpuTensor,
-        w13: &[CpuWeight],
+        w1: &[CpuWeight],
+        w3: &[CpuWeight],
         w2: &[CpuWeight],
         limit: f32,
     ) -> Result<CpuTensor> {
-        lm::moe_experts(self, x, ids, weights, w13, w2, limit)
+        lm::moe_experts(self, x, ids, weights, w1, w3, w2, limit)
     }
 }
 

@@ -245,6 +245,7 @@ macro_rules! weight_kernels {
 pub const LINEAR_KERNELS: WeightKernels = weight_kernels!("linear");
 pub const UNFOLD_LINEAR_GELU_KERNELS: WeightKernels = weight_kernels!("unfold_linear_gelu");
 pub const GROUPED_LINEAR_KERNELS: WeightKernels = weight_kernels!("grouped_linear");
+pub const MOE_GATE_KERNELS: WeightKernels = weight_kernels!("moe_gate");
 pub const MOE_UP_KERNELS: WeightKernels = weight_kernels!("moe_up");
 pub const MOE_DOWN_KERNELS: WeightKernels = weight_kernels!("moe_down");
 /// `embed_rows_f32` takes the float formats by a run-time code (its argument `fmt`).
@@ -256,6 +257,7 @@ pub const WEIGHT_KERNELS: &[(Source, &WeightKernels)] = &[
     (Source::Linear, &LINEAR_KERNELS),
     (Source::Linear, &UNFOLD_LINEAR_GELU_KERNELS),
     (Source::LmAttention, &GROUPED_LINEAR_KERNELS),
+    (Source::Moe, &MOE_GATE_KERNELS),
     (Source::Moe, &MOE_UP_KERNELS),
     (Source::Moe, &MOE_DOWN_KERNELS),
     (Source::LmSmall, &EMBED_ROWS_KERNELS),
@@ -1222,8 +1224,8 @@ impl Backend for CudaBackend {
     ) -> Result<(CudaTensor, CudaTensor)> {
         self.route_experts(logits, bias, kind, hash, k, scale)
     }
-    fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
-        self.swiglu_clamp(x, limit)
+    fn swiglu_clamp(&self, g: &CudaTensor, u: &CudaTensor, limit: f32) -> Result<CudaTensor> {
+        self.swiglu_clamp(g, u, limit)
     }
     // ---- language model: lm_attention.rs, moe.rs ----------------------------------------------
     fn sink_attention(
@@ -1267,11 +1269,12 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         ids: &CudaTensor,
         weights: &CudaTensor,
-        w13: &[CudaWeight],
+        w1: &[CudaWeight],
+        w3: &[CudaWeight],
         w2: &[CudaWeight],
         limit: f32,
     ) -> Result<CudaTensor> {
-        CudaBackend::moe_experts(self, x, ids, weights, w13, w2, limit)
+        CudaBackend::moe_experts(self, x, ids, weights, w1, w3, w2, limit)
     }
 }
 
