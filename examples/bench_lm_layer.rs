@@ -208,7 +208,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
 
     let prefill = || -> fovea::Result<(f64, fovea::model::lm::LmCache<B>)> {
         let t = Instant::now();
-        let (hidden, cache) = model.prefill_cache(b, &input, None, args.tokens)?;
+        let (hidden, cache) = model.prefill_cache(b, &input, None, args.tokens, &mut |_| {})?;
         b.download(&model.last_logits(b, &hidden)?)?; // waits for the device
         Ok((t.elapsed().as_secs_f64(), cache))
     };

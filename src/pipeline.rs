@@ -17,7 +17,7 @@ use crate::model::lm::generate::{self, Sampling, StopReason};
 use crate::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
 use crate::model::lm::{LmInput, LmModel, PREFILL_CHUNK};
 use crate::model::vision::VisionModel;
-use crate::model::{CountingSource, LoadProgress, ParamSource};
+use crate::model::{CountingSource, LoadProgress, ParamSource, PrefillProgress};
 use crate::processor::{self, PreprocessConfig};
 use crate::tokenizer::ChatTokenizer;
 use crate::weights::Checkpoint;
@@ -465,14 +465,23 @@ impl Timings {
     }
 }
 
+/// What a generation reports while it runs, for progress bars ([`crate::progress::Bars`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The weights' bytes read so far.
+    Load(LoadProgress),
+    /// The prompt's tokens prefilled so far.
+    Prefill(PrefillProgress),
+}
+
 /// Prefill, then decode, streaming the text: `on_text` gets each piece as soon as it is complete
 /// UTF-8 (special tokens, EOS included, print nothing). Needs `tokenizer` for the model.
-/// `on_load` sees the weights' bytes as they are read (for a progress bar, see [`crate::progress`]).
+/// `on_progress` sees the load and the prefill advance.
 pub fn generate_text(
     req: &LmRequest,
     opts: &GenerateOptions,
     tokenizer: &ChatTokenizer,
-    on_load: &mut dyn FnMut(LoadProgress),
+    on_progress: &mut dyn FnMut(Progress),
     on_text: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<Generated> {
     opts.sampling.validate()?;
@@ -484,7 +493,7 @@ pub fn generate_text(
             None => Ok(()),
         }
     };
-    let g = match run_lm(req, LmJob::Generate(opts, &mut on_token), on_load)? {
+    let g = match run_lm(req, LmJob::Generate(opts, &mut on_token), on_progress)? {
         LmOutcome::Generated(g) => g,
         LmOutcome::Dump(_) => unreachable!("generate job"),
     };
@@ -513,14 +522,16 @@ pub fn dump_lm(req: &LmRequest) -> Result<LmDump> {
     }
 }
 
-/// Prefill, then decode token by token; `on_token` sees each id as it is produced.
+/// Prefill, then decode token by token; `on_token` sees each id as it is produced, `on_progress`
+/// the load and the prefill advance.
 pub fn generate_lm(
     req: &LmRequest,
     opts: &GenerateOptions,
+    on_progress: &mut dyn FnMut(Progress),
     on_token: &mut dyn FnMut(i32) -> Result<()>,
 ) -> Result<Generated> {
     opts.sampling.validate()?;
-    match run_lm(req, LmJob::Generate(opts, on_token), &mut |_| {})? {
+    match run_lm(req, LmJob::Generate(opts, on_token), on_progress)? {
         LmOutcome::Generated(g) => Ok(g),
         LmOutcome::Dump(_) => unreachable!("generate job"),
     }
@@ -536,33 +547,33 @@ fn lm_lane_error(lane: &'static str, op: Op) -> Error {
     Error::Unsupported { lane, op: op.name(), what: "the language model (use --backend cpu)".into() }
 }
 
-fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)) -> Result<LmOutcome> {
+fn run_lm(req: &LmRequest, job: LmJob<'_>, on_progress: &mut dyn FnMut(Progress)) -> Result<LmOutcome> {
     match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => lm_job(&CpuBackend::new(), req, job, on_load, None),
+        LaneChoice::Cpu => lm_job(&CpuBackend::new(), req, job, on_progress, None),
         LaneChoice::Wgpu => {
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
-            lm_job(&b, req, job, on_load, None)
+            lm_job(&b, req, job, on_progress, None)
         }
         LaneChoice::Cuda => {
             let b = CudaBackend::new(cuda_device_from_env()?)?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
-            lm_job(&b, req, job, on_load, None)
+            lm_job(&b, req, job, on_progress, None)
         }
         LaneChoice::Auto => match auto_wgpu() {
-            Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, on_load, None),
+            Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, on_progress, None),
             Ok(_) => lm_job(
                 &CpuBackend::new(),
                 req,
                 job,
-                on_load,
+                on_progress,
                 Some("this wgpu adapter lacks a language-model op; using the CPU lane"),
             ),
-            Err(e) => lm_job(&CpuBackend::new(), req, job, on_load, Some(&format!("{e}; using the CPU lane"))),
+            Err(e) => lm_job(&CpuBackend::new(), req, job, on_progress, Some(&format!("{e}; using the CPU lane"))),
         },
     }
 }
@@ -695,9 +706,10 @@ fn lm_job<B: Backend>(
     b: &B,
     req: &LmRequest,
     job: LmJob<'_>,
-    on_load: &mut dyn FnMut(LoadProgress),
+    on_progress: &mut dyn FnMut(Progress),
     note: Option<&str>,
 ) -> Result<LmOutcome> {
+    let on_load = &mut |p: LoadProgress| on_progress(Progress::Load(p));
     // a GGUF is opened here (headers only) for its config; a checkpoint reads config.json
     let (gguf, cfg, eos) = if is_gguf(&req.model_dir) {
         let lm = GgufLm::open(&req.model_dir)?;
@@ -801,7 +813,8 @@ fn lm_job<B: Backend>(
     }
     match job {
         LmJob::Dump => {
-            let (hidden, _) = model.prefill_cache(b, &input, embeds, PREFILL_CHUNK)?;
+            let (hidden, _) =
+                model.prefill_cache(b, &input, embeds, PREFILL_CHUNK, &mut |p| on_progress(Progress::Prefill(p)))?;
             let logits = model.logits(b, &hidden)?;
             Ok(LmOutcome::Dump(LmDump {
                 lane: b.lane(),
@@ -813,7 +826,18 @@ fn lm_job<B: Backend>(
             }))
         }
         LmJob::Generate(opts, on_token) => {
-            let g = generate::generate(&model, b, &input, embeds, opts.max_tokens, &eos, &opts.sampling, on_token)?;
+            let on_prefill = &mut |p: PrefillProgress| on_progress(Progress::Prefill(p));
+            let g = generate::generate(
+                &model,
+                b,
+                &input,
+                embeds,
+                opts.max_tokens,
+                &eos,
+                &opts.sampling,
+                on_prefill,
+                on_token,
+            )?;
             let timings = Timings { load, vision, prefill: g.prefill, decode: g.decode };
             Ok(LmOutcome::Generated(Generated {
                 lane: b.lane(),

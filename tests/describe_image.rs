@@ -183,7 +183,9 @@ impl Captioner {
             images: vec![image.to_path_buf()],
             lane,
         };
-        generate_lm(&req, &opts, &mut |_| Ok(())).unwrap_or_else(|e| panic!("{}: {e}", image.display())).ids
+        generate_lm(&req, &opts, &mut |_| {}, &mut |_| Ok(()))
+            .unwrap_or_else(|e| panic!("{}: {e}", image.display()))
+            .ids
     }
 
     fn text(&self, ids: &[i32]) -> String {

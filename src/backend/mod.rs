@@ -322,6 +322,9 @@ pub trait Backend {
     fn upload_weight(&self, weight: &HostWeight<'_>) -> Result<Self::Weight>;
     /// Copy a device tensor back to the host (waits for pending work).
     fn download(&self, t: &Self::Tensor) -> Result<HostTensor>;
+    /// Wait until the device has finished the work issued so far (ops return once their work
+    /// is queued on the GPU lanes; the CPU lane has nothing pending).
+    fn sync(&self) -> Result<()>;
 
     // ---- linear & elementwise (shared by vision and language model) -----------------------
     /// `y = x·Wᵀ + b`: x `[n, in]`, W `[out, in]`, b `[out]` → `[n, out]`.

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use fovea::model::lm::generate::{Sampling, StopReason};
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, VisionDumpRequest};
-use fovea::progress::LoadBar;
+use fovea::progress::Bars;
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
 #[derive(Parser)]
@@ -255,16 +255,14 @@ fn run(cli: Cli) -> fovea::Result<()> {
             let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
             let req = LmRequest { model_dir: model, mmproj, image_max_tokens, tokens, images: image, lane };
             let mut stdout = std::io::stdout().lock();
+            let mut bars = Bars::new();
             let g = match &text_out {
-                Some(tok) => {
-                    let mut bar = LoadBar::new();
-                    pipeline::generate_text(&req, &opts, tok, &mut |p| bar.update(p), &mut |piece: &str| {
-                        write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
-                    })?
-                }
+                Some(tok) => pipeline::generate_text(&req, &opts, tok, &mut |p| bars.update(p), &mut |piece: &str| {
+                    write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
+                })?,
                 None => {
                     let mut first = true;
-                    pipeline::generate_lm(&req, &opts, &mut |id: i32| {
+                    pipeline::generate_lm(&req, &opts, &mut |p| bars.update(p), &mut |id: i32| {
                         let sep = if std::mem::take(&mut first) { "" } else { " " };
                         write!(stdout, "{sep}{id}").and_then(|_| stdout.flush()).map_err(stdout_error)
                     })?

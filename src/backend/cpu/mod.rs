@@ -182,6 +182,11 @@ impl Backend for CpuBackend {
         Ok(HostTensor { shape: t.shape.clone(), data: (*t.data).clone() })
     }
 
+    // every op has finished when it returns
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
     // x [n, in] · W[out, in]ᵀ + b[out] → [n, out]; each weight row decoded to f32 once.
     fn linear(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuTensor>) -> Result<CpuTensor> {
         let (n, k) = check_2d("linear", "x", x)?;

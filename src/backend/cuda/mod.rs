@@ -942,6 +942,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn sync(&self) -> Result<()> {
+        CudaBackend::sync(self)
+    }
+
     /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (the shared GEMM, weight decoded in it).
     fn linear(&self, x: &CudaTensor, w: &CudaWeight, bias: Option<&CudaTensor>) -> Result<CudaTensor> {
         const OP: &str = "linear";

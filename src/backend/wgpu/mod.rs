@@ -1085,6 +1085,10 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn sync(&self) -> Result<()> {
+        WgpuBackend::sync(self)
+    }
+
     /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]`, one dispatch per weight chunk.
     fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
         const OP: &str = "linear";

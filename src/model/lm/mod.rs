@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use crate::backend::{Backend, DeviceTensor, HostTensor};
 use crate::config::LmConfig;
 use crate::error::{Error, Result};
-use crate::model::ParamSource;
+use crate::model::{ParamSource, PrefillProgress};
 
 /// HC mixing parameters of one sublayer (`hc_{attn,ffn}_{fn,scale,base}`) or the head.
 struct Hc<B: Backend> {
@@ -440,7 +440,7 @@ impl<B: Backend> LmModel<B> {
         max_chunk: usize,
     ) -> Result<LmOutput<B>> {
         let mut trace = LmTrace::new(self.layers.len());
-        let (final_hidden, cache) = self.run_chunks(b, input, embeds, max_chunk, Some(&mut trace))?;
+        let (final_hidden, cache) = self.run_chunks(b, input, embeds, max_chunk, Some(&mut trace), &mut |_| {})?;
         let cat = |parts: Vec<Vec<B::Tensor>>| parts.into_iter().map(|p| concat_all(b, p)).collect::<Result<Vec<_>>>();
         Ok(LmOutput {
             logits: self.logits(b, &final_hidden)?,
@@ -455,14 +455,16 @@ impl<B: Backend> LmModel<B> {
 
     /// Prefill in chunks of [`chunk_plan`], nothing recorded: the final hidden rows `[T, d]`
     /// (the head's input; [`LmModel::logits`] maps the rows a caller wants) and the cache.
+    /// `on_chunk` sees the tokens done before the first chunk and after each one.
     pub fn prefill_cache(
         &self,
         b: &B,
         input: &LmInput,
         embeds: Option<B::Tensor>,
         max_chunk: usize,
+        on_chunk: &mut dyn FnMut(PrefillProgress),
     ) -> Result<(B::Tensor, LmCache<B>)> {
-        self.run_chunks(b, input, embeds, max_chunk, None)
+        self.run_chunks(b, input, embeds, max_chunk, None, on_chunk)
     }
 
     /// The chunk loop of both prefills: final hidden rows `[T, d]` and the cache.
@@ -473,14 +475,24 @@ impl<B: Backend> LmModel<B> {
         embeds: Option<B::Tensor>,
         max_chunk: usize,
         mut trace: Option<&mut LmTrace<B>>,
+        on_chunk: &mut dyn FnMut(PrefillProgress),
     ) -> Result<(B::Tensor, LmCache<B>)> {
         let window = self.prompt_window(input)?;
         let mut cache = self.new_cache(b)?;
         let mut finals = Vec::new();
-        for range in chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk) {
+        let plan = chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk);
+        let report = |done_tokens| PrefillProgress { done_tokens, total_tokens: input.ids.len(), chunks: plan.len() };
+        on_chunk(report(0));
+        for range in plan.iter().cloned() {
             let e = embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
             let ids = &input.ids[range.clone()];
-            finals.push(self.forward(b, &mut cache, ids, e, &window[range], trace.as_deref_mut())?);
+            finals.push(self.forward(b, &mut cache, ids, e, &window[range.clone()], trace.as_deref_mut())?);
+            if plan.len() > 1 {
+                // a GPU lane returns once a chunk's work is queued: wait for it, so a report (a
+                // progress bar's rate and time left) counts finished tokens; one wait per chunk
+                b.sync()?;
+            }
+            on_chunk(report(range.end));
         }
         Ok((concat_all(b, finals)?, cache))
     }
