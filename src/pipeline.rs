@@ -20,10 +20,10 @@ use crate::model::vision::VisionModel;
 use crate::model::{CountingSource, LoadProgress, ParamSource, PrefillProgress};
 use crate::processor::{self, PreprocessConfig};
 use crate::tokenizer::ChatTokenizer;
-use crate::weights::Checkpoint;
 use crate::weights::gguf::Gguf;
 use crate::weights::gguf_lm::{GgufLm, GgufPair};
 use crate::weights::gguf_vision::{Mmproj, open_mmproj};
+use crate::weights::{Checkpoint, footprint};
 
 /// Which lane runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,7 +288,8 @@ impl VisionDump {
 }
 
 /// `fovea inspect`: the config, the tensor accounting (vision side when config.json has
-/// `vision_*` keys, language model when it has `num_hidden_layers`), the dtypes and the bytes.
+/// `vision_*` keys, language model when it has `num_hidden_layers`), the dtypes and the bytes,
+/// and what the weights take once loaded on each lane ([`footprint`]).
 pub fn inspect(model_dir: &Path) -> Result<String> {
     if is_gguf(model_dir) {
         return inspect_gguf(model_dir);
@@ -317,14 +318,17 @@ pub fn inspect(model_dir: &Path) -> Result<String> {
     if let Some(cfg) = &lm_cfg {
         text += &format!("{}\n", crate::weights::check_lm(&ckpt, cfg)?);
     }
+    text += &footprint::of_checkpoint(&ckpt, lm_cfg.as_ref())?.to_string();
     Ok(text)
 }
 
 /// `fovea inspect` on a text GGUF: files, tensors and bytes per type, the config read from the
-/// `deepseek4.*` keys, and the accounting.
+/// `deepseek4.*` keys, the accounting and the loaded size; on an mmproj, its accounting and
+/// loaded size.
 fn inspect_gguf(path: &Path) -> Result<String> {
     if Gguf::open(path)?.kv("general.architecture").and_then(|v| v.as_str()) == Some("clip") {
-        return Ok(format!("{}\n", open_mmproj(path)?));
+        let m = open_mmproj(path)?;
+        return Ok(format!("{m}\n{}", footprint::of_mmproj(&m)?));
     }
     let lm = GgufLm::open(path)?;
     let g = lm.gguf();
@@ -344,6 +348,7 @@ fn inspect_gguf(path: &Path) -> Result<String> {
     }
     text += &format!("{:#?}\n", lm.config());
     text += &format!("{}\n", crate::weights::gguf_lm::check_gguf_lm(&lm)?);
+    text += &footprint::of_gguf_lm(&lm)?.to_string();
     Ok(text)
 }
 

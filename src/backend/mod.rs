@@ -269,8 +269,12 @@ impl Op {
 /// Device memory a lane holds, split by role (weights vs activations).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryReport {
-    /// Bytes of device memory holding weights (matrices, biases, norms, sentinels).
+    /// Bytes of device memory holding weights (matrices, biases, norms, sentinels; on the wgpu
+    /// lane the sub-allocated pools, unused tails included).
     pub weight_bytes: u64,
+    /// Bytes of the weight matrices themselves (`upload_weight`, each sized by
+    /// [`Backend::weight_alloc_bytes`]), a part of `weight_bytes`.
+    pub matrix_bytes: u64,
     /// Bytes of device memory currently holding activations.
     pub activation_bytes: u64,
     /// High-water mark of `activation_bytes`.
@@ -320,6 +324,16 @@ pub trait Backend {
     fn upload_param(&self, host: &HostTensor) -> Result<Self::Tensor>;
     /// Copy a weight matrix to the device, keeping its storage format.
     fn upload_weight(&self, weight: &HostWeight<'_>) -> Result<Self::Weight>;
+    /// Device bytes `upload_weight` gives a weight of `format` `[rows, cols]` on this lane: its
+    /// rows as stored (the default), or as the lane pads them. Each lane's `upload_weight` sizes
+    /// and counts its allocation with this, so `fovea inspect` can report what loading will
+    /// take from headers alone, without a device.
+    fn weight_alloc_bytes(format: WeightFormat, rows: usize, cols: usize) -> u64
+    where
+        Self: Sized,
+    {
+        rows as u64 * format.row_bytes(cols) as u64
+    }
     /// Copy a device tensor back to the host (waits for pending work).
     fn download(&self, t: &Self::Tensor) -> Result<HostTensor>;
     /// Wait until the device has finished the work issued so far (ops return once their work

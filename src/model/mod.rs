@@ -84,8 +84,7 @@ impl<'c, 'f> CountingSource<'c, 'f> {
             return;
         }
         // a quantized weight's `.scale` is read with it
-        let scale = crate::weights::fp8::scale_name(name).and_then(|s| self.ckpt.meta(&s));
-        let bytes = self.ckpt.meta(name).map_or(0, |m| m.nbytes as u64) + scale.map_or(0, |m| m.nbytes as u64);
+        let bytes = self.ckpt.stored_bytes(name).unwrap_or(0);
         self.done.set(self.done.get() + bytes);
         self.emit(self.done.get());
     }

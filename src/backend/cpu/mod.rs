@@ -76,6 +76,7 @@ impl DeviceWeight for CpuWeight {
 pub struct CpuBackend {
     threads: usize,
     weight_bytes: AtomicU64,
+    matrix_bytes: AtomicU64,
 }
 
 impl Default for CpuBackend {
@@ -87,7 +88,7 @@ impl Default for CpuBackend {
 impl CpuBackend {
     pub fn new() -> Self {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        CpuBackend { threads, weight_bytes: AtomicU64::new(0) }
+        CpuBackend { threads, weight_bytes: AtomicU64::new(0), matrix_bytes: AtomicU64::new(0) }
     }
 
     /// Run `f(row_range, out_chunk)` over `rows` output rows of width `width`, split across threads.
@@ -160,7 +161,11 @@ impl Backend for CpuBackend {
     }
 
     fn memory(&self) -> MemoryReport {
-        MemoryReport { weight_bytes: self.weight_bytes.load(Ordering::Relaxed), ..Default::default() }
+        MemoryReport {
+            weight_bytes: self.weight_bytes.load(Ordering::Relaxed),
+            matrix_bytes: self.matrix_bytes.load(Ordering::Relaxed),
+            ..Default::default()
+        }
     }
 
     fn upload(&self, host: &HostTensor) -> Result<CpuTensor> {
@@ -174,7 +179,10 @@ impl Backend for CpuBackend {
 
     fn upload_weight(&self, w: &HostWeight<'_>) -> Result<CpuWeight> {
         w.validate()?;
-        self.weight_bytes.fetch_add(w.bytes.len() as u64, Ordering::Relaxed);
+        // validated: the bytes are exactly the rows as stored, which the lane keeps
+        let bytes = Self::weight_alloc_bytes(w.format, w.rows, w.cols);
+        self.weight_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.matrix_bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(CpuWeight { format: w.format, rows: w.rows, cols: w.cols, bytes: Arc::new(w.bytes.to_vec()) })
     }
 

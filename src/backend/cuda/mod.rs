@@ -425,6 +425,8 @@ pub struct Options {
 #[derive(Default)]
 struct Counters {
     weight: AtomicU64,
+    /// The part of `weight` held by weight matrices.
+    matrix: AtomicU64,
     activation: AtomicU64,
     peak: AtomicU64,
 }
@@ -519,6 +521,7 @@ impl CudaWeight {
 impl Drop for CudaWeight {
     fn drop(&mut self) {
         self.counters.weight.fetch_sub(self.counted, Ordering::Relaxed);
+        self.counters.matrix.fetch_sub(self.counted, Ordering::Relaxed);
     }
 }
 
@@ -880,6 +883,7 @@ impl Backend for CudaBackend {
         let c = &self.counters;
         MemoryReport {
             weight_bytes: c.weight.load(Ordering::Relaxed),
+            matrix_bytes: c.matrix.load(Ordering::Relaxed),
             activation_bytes: c.activation.load(Ordering::Relaxed),
             peak_activation_bytes: c.peak.load(Ordering::Relaxed),
         }
@@ -914,14 +918,16 @@ impl Backend for CudaBackend {
         w.validate()?;
         check_u32("upload_weight", &format!("rows of `{}`", w.name), w.rows)?;
         check_u32("upload_weight", &format!("cols of `{}`", w.name), w.cols)?;
-        let mut buf = self.raw_alloc("upload_weight", w.bytes.len())?;
+        // validated: the bytes are exactly the rows as stored, which the lane keeps
+        let counted = Self::weight_alloc_bytes(w.format, w.rows, w.cols);
+        let mut buf = self.raw_alloc("upload_weight", counted as usize)?;
         if !w.bytes.is_empty() {
             self.stream
                 .memcpy_htod(&w.bytes[..], &mut buf.slice_mut(0..w.bytes.len()))
                 .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))?;
         }
-        let counted = w.bytes.len() as u64;
         self.counters.weight.fetch_add(counted, Ordering::Relaxed);
+        self.counters.matrix.fetch_add(counted, Ordering::Relaxed);
         Ok(CudaWeight {
             name: w.name.clone(),
             format: w.format,

@@ -95,6 +95,8 @@ impl Default for Options {
 #[derive(Default)]
 struct Counters {
     weight: AtomicU64,
+    /// Bytes of the weight matrices inside the pools (the part of `weight` they fill).
+    matrix: AtomicU64,
     activation: AtomicU64,
     peak: AtomicU64,
     cached: AtomicU64,
@@ -987,6 +989,7 @@ impl Backend for WgpuBackend {
         let c = &self.shared.counters;
         MemoryReport {
             weight_bytes: c.weight.load(Ordering::Relaxed),
+            matrix_bytes: c.matrix.load(Ordering::Relaxed),
             activation_bytes: c.activation.load(Ordering::Relaxed),
             peak_activation_bytes: c.peak.load(Ordering::Relaxed),
         }
@@ -1054,8 +1057,9 @@ impl Backend for WgpuBackend {
         while row0 < w.rows || (w.rows == 0 && chunks.is_empty()) {
             let rows = per_chunk.min(w.rows - row0);
             let src = &w.bytes[row0 * row_bytes..(row0 + rows) * row_bytes];
-            let bytes = rows as u64 * padded_row;
+            let bytes = Self::weight_alloc_bytes(w.format, rows, w.cols);
             let (buf, offset) = self.alloc_weight(bytes);
+            self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
             if bytes > 0 {
                 if padded_row as usize == row_bytes {
                     self.queue.write_buffer(&buf, offset, src);
@@ -1074,6 +1078,11 @@ impl Backend for WgpuBackend {
             }
         }
         Ok(WgpuWeight { name: w.name.clone(), format: w.format, rows: w.rows, cols: w.cols, stride_words, chunks })
+    }
+
+    /// Every row padded to the 4-byte stride the shaders address (`formats::stride_words`).
+    fn weight_alloc_bytes(format: WeightFormat, rows: usize, cols: usize) -> u64 {
+        rows as u64 * formats::stride_words(format, cols) as u64 * 4
     }
 
     fn download(&self, t: &WgpuTensor) -> Result<HostTensor> {
