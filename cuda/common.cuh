@@ -218,8 +218,7 @@ __device__ __forceinline__ void fa_accumulate(const float* PT, const float* alph
 //   void store2(unsigned int m, unsigned int c, float v0, float v1) const
 //                                              C[m][c], C[m][c+1] (m < rows, c < cols, c even;
 //                                              c + 1 may equal cols: the op drops v1 then)
-// Columns come in even/odd pairs so that an epilogue needing two columns of one row (moe's gate
-// and up, interleaved) gets both in one call.
+// Columns come in even/odd pairs: one call stores two adjacent outputs of a row.
 //
 // Block tile GEMM_BM x GEMM_BN (rows x cols) starting at (row0, col0), k in steps of GEMM_BK,
 // GEMM_THREADS threads (4 warps, 2 x 2, each warp a 32 x 32 sub-tile), 1-D blocks. Every operand

@@ -15,8 +15,10 @@
 //! head are small next to the layer (they are included in the times).
 //!
 //! Prints the lane, the load time, the prefill time (one chunk of `--tokens`) with its FLOPs,
-//! and the median decode step with the weight bytes one token reads (attention, indexer,
-//! compressors, router, shared expert and 6 routed experts; the KV cache is small beside them).
+//! the median decode step with the weight bytes one token reads (attention, indexer,
+//! compressors, router, shared expert and 6 routed experts; the KV cache is small beside them),
+//! and the device memory: weights (vs their bf16 file bytes; with the matrices themselves) and
+//! activations.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -37,7 +39,7 @@ struct Args {
     /// cpu, wgpu or cuda
     #[arg(long, default_value = "cuda")]
     backend: String,
-    /// CUDA: exact (f32 products) or fast (bf16 GEMM operands); default $FOVEA_PRECISION, else fast.
+    /// CUDA: exact (f32 products) or fast (f16 GEMM operands); default $FOVEA_PRECISION, else fast.
     #[arg(long)]
     precision: Option<fovea::backend::Precision>,
     /// Prompt tokens (one prefill chunk); decode runs at this context
@@ -210,7 +212,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
 
     let prefill = || -> fovea::Result<(f64, fovea::model::lm::LmCache<B>)> {
         let t = Instant::now();
-        let (hidden, cache) = model.prefill_cache(b, &input, None, args.tokens)?;
+        let (hidden, cache) = model.prefill_cache(b, &input, None, args.tokens, &mut |_| {})?;
         b.download(&model.last_logits(b, &hidden)?)?; // waits for the device
         Ok((t.elapsed().as_secs_f64(), cache))
     };
@@ -268,12 +270,23 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         bytes / 1e9,
         bytes / step_s / 1e9
     );
+    let file = file_bytes(&cfg)?;
     println!(
-        "device memory: weights {:.2} GiB, activations peak {:.2} GiB",
+        "device memory: weights {:.2} GiB ({:.3} x the {:.2} GiB bf16 file; the matrices themselves {:.2} GiB), \
+         activations peak {:.2} GiB",
         mem.weight_bytes as f64 / 1073741824.0,
+        mem.weight_bytes as f64 / file as f64,
+        file as f64 / 1073741824.0,
+        mem.matrix_bytes as f64 / 1073741824.0,
         mem.peak_activation_bytes as f64 / 1073741824.0
     );
     Ok(())
+}
+
+/// Bytes the same tensors occupy in a checkpoint with bf16 matrices and f32 vectors (what
+/// `RandomParams` hands out).
+fn file_bytes(cfg: &LmConfig) -> fovea::Result<u64> {
+    Ok(lm_manifest(cfg)?.iter().map(|e| e.shape.iter().product::<usize>() as u64 * if e.matrix { 2 } else { 4 }).sum())
 }
 
 fn main() {

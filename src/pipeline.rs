@@ -17,13 +17,13 @@ use crate::model::lm::generate::{self, Sampling, StopReason};
 use crate::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
 use crate::model::lm::{LmInput, LmModel, PREFILL_CHUNK};
 use crate::model::vision::VisionModel;
-use crate::model::{CountingSource, LoadProgress, ParamSource};
+use crate::model::{CountingSource, LoadProgress, ParamSource, PrefillProgress};
 use crate::processor::{self, PreprocessConfig};
 use crate::tokenizer::ChatTokenizer;
-use crate::weights::Checkpoint;
 use crate::weights::gguf::Gguf;
 use crate::weights::gguf_lm::{GgufLm, GgufPair};
 use crate::weights::gguf_vision::{Mmproj, open_mmproj};
+use crate::weights::{Checkpoint, footprint};
 
 /// Which lane runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -327,7 +327,8 @@ impl VisionDump {
 }
 
 /// `fovea inspect`: the config, the tensor accounting (vision side when config.json has
-/// `vision_*` keys, language model when it has `num_hidden_layers`), the dtypes and the bytes.
+/// `vision_*` keys, language model when it has `num_hidden_layers`), the dtypes and the bytes,
+/// and what the weights take once loaded on each lane ([`footprint`]).
 pub fn inspect(model_dir: &Path) -> Result<String> {
     if is_gguf(model_dir) {
         return inspect_gguf(model_dir);
@@ -356,14 +357,17 @@ pub fn inspect(model_dir: &Path) -> Result<String> {
     if let Some(cfg) = &lm_cfg {
         text += &format!("{}\n", crate::weights::check_lm(&ckpt, cfg)?);
     }
+    text += &footprint::of_checkpoint(&ckpt, lm_cfg.as_ref())?.to_string();
     Ok(text)
 }
 
 /// `fovea inspect` on a text GGUF: files, tensors and bytes per type, the config read from the
-/// `deepseek4.*` keys, and the accounting.
+/// `deepseek4.*` keys, the accounting and the loaded size; on an mmproj, its accounting and
+/// loaded size.
 fn inspect_gguf(path: &Path) -> Result<String> {
     if Gguf::open(path)?.kv("general.architecture").and_then(|v| v.as_str()) == Some("clip") {
-        return Ok(format!("{}\n", open_mmproj(path)?));
+        let m = open_mmproj(path)?;
+        return Ok(format!("{m}\n{}", footprint::of_mmproj(&m)?));
     }
     let lm = GgufLm::open(path)?;
     let g = lm.gguf();
@@ -383,6 +387,7 @@ fn inspect_gguf(path: &Path) -> Result<String> {
     }
     text += &format!("{:#?}\n", lm.config());
     text += &format!("{}\n", crate::weights::gguf_lm::check_gguf_lm(&lm)?);
+    text += &footprint::of_gguf_lm(&lm)?.to_string();
     Ok(text)
 }
 
@@ -506,14 +511,23 @@ impl Timings {
     }
 }
 
+/// What a generation reports while it runs, for progress bars ([`crate::progress::Bars`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The weights' bytes read so far.
+    Load(LoadProgress),
+    /// The prompt's tokens prefilled so far.
+    Prefill(PrefillProgress),
+}
+
 /// Prefill, then decode, streaming the text: `on_text` gets each piece as soon as it is complete
 /// UTF-8 (special tokens, EOS included, print nothing). Needs `tokenizer` for the model.
-/// `on_load` sees the weights' bytes as they are read (for a progress bar, see [`crate::progress`]).
+/// `on_progress` sees the load and the prefill advance.
 pub fn generate_text(
     req: &LmRequest,
     opts: &GenerateOptions,
     tokenizer: &ChatTokenizer,
-    on_load: &mut dyn FnMut(LoadProgress),
+    on_progress: &mut dyn FnMut(Progress),
     on_text: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<Generated> {
     opts.sampling.validate()?;
@@ -525,7 +539,7 @@ pub fn generate_text(
             None => Ok(()),
         }
     };
-    let g = match run_lm(req, LmJob::Generate(opts, &mut on_token), on_load)? {
+    let g = match run_lm(req, LmJob::Generate(opts, &mut on_token), on_progress)? {
         LmOutcome::Generated(g) => g,
         LmOutcome::Dump(_) => unreachable!("generate job"),
     };
@@ -554,14 +568,16 @@ pub fn dump_lm(req: &LmRequest) -> Result<LmDump> {
     }
 }
 
-/// Prefill, then decode token by token; `on_token` sees each id as it is produced.
+/// Prefill, then decode token by token; `on_token` sees each id as it is produced, `on_progress`
+/// the load and the prefill advance.
 pub fn generate_lm(
     req: &LmRequest,
     opts: &GenerateOptions,
+    on_progress: &mut dyn FnMut(Progress),
     on_token: &mut dyn FnMut(i32) -> Result<()>,
 ) -> Result<Generated> {
     opts.sampling.validate()?;
-    match run_lm(req, LmJob::Generate(opts, on_token), &mut |_| {})? {
+    match run_lm(req, LmJob::Generate(opts, on_token), on_progress)? {
         LmOutcome::Generated(g) => Ok(g),
         LmOutcome::Dump(_) => unreachable!("generate job"),
     }
@@ -577,11 +593,11 @@ fn lm_lane_error(lane: &'static str, op: Op) -> Error {
     Error::Unsupported { lane, op: op.name(), what: "the language model (use --backend cpu)".into() }
 }
 
-fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)) -> Result<LmOutcome> {
+fn run_lm(req: &LmRequest, job: LmJob<'_>, on_progress: &mut dyn FnMut(Progress)) -> Result<LmOutcome> {
     match LaneChoice::resolve(Some(req.lane))? {
         LaneChoice::Cpu => {
             exact_only("cpu", req.precision)?;
-            lm_job(&CpuBackend::new(), req, job, on_load, None)
+            lm_job(&CpuBackend::new(), req, job, on_progress, None)
         }
         LaneChoice::Wgpu => {
             exact_only("wgpu", req.precision)?;
@@ -589,25 +605,25 @@ fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
-            lm_job(&b, req, job, on_load, None)
+            lm_job(&b, req, job, on_progress, None)
         }
         LaneChoice::Cuda => {
             let b = cuda_lane(req.precision)?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
-            lm_job(&b, req, job, on_load, None)
+            lm_job(&b, req, job, on_progress, None)
         }
         LaneChoice::Auto => match exact_only("auto", req.precision).map(|_| auto_wgpu())? {
-            Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, on_load, None),
+            Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, on_progress, None),
             Ok(_) => lm_job(
                 &CpuBackend::new(),
                 req,
                 job,
-                on_load,
+                on_progress,
                 Some("this wgpu adapter lacks a language-model op; using the CPU lane"),
             ),
-            Err(e) => lm_job(&CpuBackend::new(), req, job, on_load, Some(&format!("{e}; using the CPU lane"))),
+            Err(e) => lm_job(&CpuBackend::new(), req, job, on_progress, Some(&format!("{e}; using the CPU lane"))),
         },
     }
 }
@@ -740,9 +756,10 @@ fn lm_job<B: Backend>(
     b: &B,
     req: &LmRequest,
     job: LmJob<'_>,
-    on_load: &mut dyn FnMut(LoadProgress),
+    on_progress: &mut dyn FnMut(Progress),
     note: Option<&str>,
 ) -> Result<LmOutcome> {
+    let on_load = &mut |p: LoadProgress| on_progress(Progress::Load(p));
     // a GGUF is opened here (headers only) for its config; a checkpoint reads config.json
     let (gguf, cfg, eos) = if is_gguf(&req.model_dir) {
         let lm = GgufLm::open(&req.model_dir)?;
@@ -846,7 +863,8 @@ fn lm_job<B: Backend>(
     }
     match job {
         LmJob::Dump => {
-            let (hidden, _) = model.prefill_cache(b, &input, embeds, PREFILL_CHUNK)?;
+            let (hidden, _) =
+                model.prefill_cache(b, &input, embeds, PREFILL_CHUNK, &mut |p| on_progress(Progress::Prefill(p)))?;
             let logits = model.logits(b, &hidden)?;
             Ok(LmOutcome::Dump(LmDump {
                 lane: b.lane(),
@@ -858,7 +876,18 @@ fn lm_job<B: Backend>(
             }))
         }
         LmJob::Generate(opts, on_token) => {
-            let g = generate::generate(&model, b, &input, embeds, opts.max_tokens, &eos, &opts.sampling, on_token)?;
+            let on_prefill = &mut |p: PrefillProgress| on_progress(Progress::Prefill(p));
+            let g = generate::generate(
+                &model,
+                b,
+                &input,
+                embeds,
+                opts.max_tokens,
+                &eos,
+                &opts.sampling,
+                on_prefill,
+                on_token,
+            )?;
             let timings = Timings { load, vision, prefill: g.prefill, decode: g.decode };
             Ok(LmOutcome::Generated(Generated {
                 lane: b.lane(),

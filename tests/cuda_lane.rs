@@ -325,15 +325,16 @@ fn cuda_lm_edge_cases() {
         let hw = HostWeight { name: "expert".into(), format: WeightFormat::F32, rows, cols, bytes: Cow::Owned(v) };
         b.upload_weight(&hw).unwrap()
     };
-    let w13: Vec<_> = (0..e).map(|s| w(2 * h, d, s + 1)).collect();
+    let w1: Vec<_> = (0..e).map(|s| w(h, d, s + 1)).collect();
+    let w3: Vec<_> = (0..e).map(|s| w(h, d, s + 9)).collect();
     let w2: Vec<_> = (0..e).map(|s| w(d, h, s + 5)).collect();
-    let a = get(&b.moe_experts(&x, &ids, &wts, &w13, &w2, 0.8).unwrap());
-    let c = get(&b.moe_experts(&x, &ids, &wts, &w13, &w2, 0.8).unwrap());
+    let a = get(&b.moe_experts(&x, &ids, &wts, &w1, &w3, &w2, 0.8).unwrap());
+    let c = get(&b.moe_experts(&x, &ids, &wts, &w1, &w3, &w2, 0.8).unwrap());
     assert!(a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()), "moe_experts is not reproducible");
     assert!(a.iter().all(|v| v.is_finite()) && a.iter().any(|v| *v != 0.0));
     // an id outside the experts makes its token's row NaN and leaves the others as they were
     let bad = i(&[n, k], (0..n * k).map(|j| if j == k { e as i32 } else { (j * 7 % e) as i32 }).collect());
-    let z = get(&b.moe_experts(&x, &bad, &wts, &w13, &w2, 0.8).unwrap());
+    let z = get(&b.moe_experts(&x, &bad, &wts, &w1, &w3, &w2, 0.8).unwrap());
     assert!(z[d..2 * d].iter().all(|v| v.is_nan()), "{:?}", &z[d..2 * d]);
     assert!(z[..d] == a[..d] && z[2 * d..] == a[2 * d..]);
 }

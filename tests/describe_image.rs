@@ -193,7 +193,9 @@ impl Captioner {
             lane,
             precision: Some(precision),
         };
-        generate_lm(&req, &opts, &mut |_| Ok(())).unwrap_or_else(|e| panic!("{}: {e}", image.display())).ids
+        generate_lm(&req, &opts, &mut |_| {}, &mut |_| Ok(()))
+            .unwrap_or_else(|e| panic!("{}: {e}", image.display()))
+            .ids
     }
 
     fn text(&self, ids: &[i32]) -> String {

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use fovea::backend::Precision;
 use fovea::model::lm::generate::{Sampling, StopReason};
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, VisionDumpRequest};
-use fovea::progress::LoadBar;
+use fovea::progress::Bars;
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
 #[derive(Parser)]
@@ -48,7 +48,7 @@ enum Command {
         /// picks cuda (name it).
         #[arg(long)]
         backend: Option<String>,
-        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (bf16
+        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
         /// operands, f32 accumulation; the CUDA lane only so far). Default: $FOVEA_PRECISION, else
         /// fast on cuda and exact elsewhere.
         #[arg(long)]
@@ -101,7 +101,7 @@ enum Command {
         /// cuda (name it).
         #[arg(long)]
         backend: Option<String>,
-        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (bf16
+        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
         /// operands, f32 accumulation; the CUDA lane only so far). Default: $FOVEA_PRECISION, else
         /// fast on cuda and exact elsewhere.
         #[arg(long)]
@@ -269,16 +269,14 @@ fn run(cli: Cli) -> fovea::Result<()> {
             let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
             let req = LmRequest { model_dir: model, mmproj, image_max_tokens, tokens, images: image, lane, precision };
             let mut stdout = std::io::stdout().lock();
+            let mut bars = Bars::new();
             let g = match &text_out {
-                Some(tok) => {
-                    let mut bar = LoadBar::new();
-                    pipeline::generate_text(&req, &opts, tok, &mut |p| bar.update(p), &mut |piece: &str| {
-                        write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
-                    })?
-                }
+                Some(tok) => pipeline::generate_text(&req, &opts, tok, &mut |p| bars.update(p), &mut |piece: &str| {
+                    write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
+                })?,
                 None => {
                     let mut first = true;
-                    pipeline::generate_lm(&req, &opts, &mut |id: i32| {
+                    pipeline::generate_lm(&req, &opts, &mut |p| bars.update(p), &mut |id: i32| {
                         let sep = if std::mem::take(&mut first) { "" } else { " " };
                         write!(stdout, "{sep}{id}").and_then(|_| stdout.flush()).map_err(stdout_error)
                     })?

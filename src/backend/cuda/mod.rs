@@ -246,6 +246,7 @@ macro_rules! weight_kernels {
 pub const LINEAR_KERNELS: WeightKernels = weight_kernels!("linear");
 pub const UNFOLD_LINEAR_GELU_KERNELS: WeightKernels = weight_kernels!("unfold_linear_gelu");
 pub const GROUPED_LINEAR_KERNELS: WeightKernels = weight_kernels!("grouped_linear");
+pub const MOE_GATE_KERNELS: WeightKernels = weight_kernels!("moe_gate");
 pub const MOE_UP_KERNELS: WeightKernels = weight_kernels!("moe_up");
 pub const MOE_DOWN_KERNELS: WeightKernels = weight_kernels!("moe_down");
 /// `embed_rows_f32` takes the float formats by a run-time code (its argument `fmt`).
@@ -257,6 +258,7 @@ pub const WEIGHT_KERNELS: &[(Source, &WeightKernels)] = &[
     (Source::Linear, &LINEAR_KERNELS),
     (Source::Linear, &UNFOLD_LINEAR_GELU_KERNELS),
     (Source::LmAttention, &GROUPED_LINEAR_KERNELS),
+    (Source::Moe, &MOE_GATE_KERNELS),
     (Source::Moe, &MOE_UP_KERNELS),
     (Source::Moe, &MOE_DOWN_KERNELS),
     (Source::LmSmall, &EMBED_ROWS_KERNELS),
@@ -429,6 +431,8 @@ pub struct Options {
 #[derive(Default)]
 struct Counters {
     weight: AtomicU64,
+    /// The part of `weight` held by weight matrices.
+    matrix: AtomicU64,
     activation: AtomicU64,
     peak: AtomicU64,
 }
@@ -525,6 +529,7 @@ impl CudaWeight {
 impl Drop for CudaWeight {
     fn drop(&mut self) {
         self.counters.weight.fetch_sub(self.counted, Ordering::Relaxed);
+        self.counters.matrix.fetch_sub(self.counted, Ordering::Relaxed);
     }
 }
 
@@ -676,14 +681,16 @@ impl CudaBackend {
         w.validate()?;
         check_u32("upload_weight", &format!("rows of `{}`", w.name), w.rows)?;
         check_u32("upload_weight", &format!("cols of `{}`", w.name), w.cols)?;
-        let mut buf = self.raw_alloc("upload_weight", w.bytes.len())?;
+        // validated: the bytes are exactly the rows as stored, which the lane keeps
+        let counted = Self::weight_alloc_bytes(w.format, w.rows, w.cols);
+        let mut buf = self.raw_alloc("upload_weight", counted as usize)?;
         if !w.bytes.is_empty() {
             self.stream
                 .memcpy_htod(&w.bytes[..], &mut buf.slice_mut(0..w.bytes.len()))
                 .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))?;
         }
-        let counted = w.bytes.len() as u64;
         self.counters.weight.fetch_add(counted, Ordering::Relaxed);
+        self.counters.matrix.fetch_add(counted, Ordering::Relaxed);
         Ok(CudaWeight {
             name: w.name.clone(),
             format: w.format,
@@ -921,6 +928,7 @@ impl Backend for CudaBackend {
         let c = &self.counters;
         MemoryReport {
             weight_bytes: c.weight.load(Ordering::Relaxed),
+            matrix_bytes: c.matrix.load(Ordering::Relaxed),
             activation_bytes: c.activation.load(Ordering::Relaxed),
             peak_activation_bytes: c.peak.load(Ordering::Relaxed),
         }
@@ -970,6 +978,10 @@ impl Backend for CudaBackend {
             DType::F32 => HostTensor::f32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
             DType::I32 => HostTensor::i32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
         }
+    }
+
+    fn sync(&self) -> Result<()> {
+        CudaBackend::sync(self)
     }
 
     /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (the shared GEMM, weight decoded in it).
@@ -1254,8 +1266,8 @@ impl Backend for CudaBackend {
     ) -> Result<(CudaTensor, CudaTensor)> {
         self.route_experts(logits, bias, kind, hash, k, scale)
     }
-    fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
-        self.swiglu_clamp(x, limit)
+    fn swiglu_clamp(&self, g: &CudaTensor, u: &CudaTensor, limit: f32) -> Result<CudaTensor> {
+        self.swiglu_clamp(g, u, limit)
     }
     // ---- language model: lm_attention.rs, moe.rs ----------------------------------------------
     fn sink_attention(
@@ -1299,11 +1311,12 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         ids: &CudaTensor,
         weights: &CudaTensor,
-        w13: &[CudaWeight],
+        w1: &[CudaWeight],
+        w3: &[CudaWeight],
         w2: &[CudaWeight],
         limit: f32,
     ) -> Result<CudaTensor> {
-        CudaBackend::moe_experts(self, x, ids, weights, w13, w2, limit)
+        CudaBackend::moe_experts(self, x, ids, weights, w1, w3, w2, limit)
     }
 }
 

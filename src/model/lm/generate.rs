@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::model::PrefillProgress;
 
 use super::{LmInput, LmModel, PREFILL_CHUNK};
 
@@ -127,6 +128,7 @@ pub struct Generation {
 
 /// Prefill `input` (with merged `embeds` if given), then decode up to `max_tokens` tokens,
 /// calling `on_token` with each as it is produced. An EOS id in `eos` is emitted, then stops.
+/// `on_prefill` sees the prefill's progress chunk by chunk.
 #[allow(clippy::too_many_arguments)]
 pub fn generate<B: Backend>(
     model: &LmModel<B>,
@@ -136,6 +138,7 @@ pub fn generate<B: Backend>(
     max_tokens: usize,
     eos: &[i32],
     sampling: &Sampling,
+    on_prefill: &mut dyn FnMut(PrefillProgress),
     on_token: &mut dyn FnMut(i32) -> Result<()>,
 ) -> Result<Generation> {
     sampling.validate()?;
@@ -146,7 +149,7 @@ pub fn generate<B: Backend>(
     }
     let mut rng = Rng::new(sampling.seed);
     let t0 = Instant::now();
-    let (hidden, mut cache) = model.prefill_cache(b, input, embeds, PREFILL_CHUNK)?;
+    let (hidden, mut cache) = model.prefill_cache(b, input, embeds, PREFILL_CHUNK, on_prefill)?;
     let logits = b.download(&model.last_logits(b, &hidden)?)?.into_f32("logits")?;
     prefill += t0.elapsed();
     let mut tok = pick(&logits, sampling, &mut rng) as i32;

@@ -11,10 +11,10 @@ pub mod vision;
 
 use std::collections::BTreeMap;
 
-use crate::backend::{Backend, DeviceTensor, HostTensor, HostWeight, WeightFormat};
+use crate::backend::{Backend, DeviceTensor, HostTensor};
 use crate::config::LmConfig;
 use crate::error::{Error, Result};
-use crate::model::ParamSource;
+use crate::model::{ParamSource, PrefillProgress};
 
 /// HC mixing parameters of one sublayer (`hc_{attn,ffn}_{fn,scale,base}`) or the head.
 struct Hc<B: Backend> {
@@ -62,10 +62,13 @@ struct Moe<B: Backend> {
     bias: B::Tensor,
     /// `tid2eid` as i32 `[vocab, k]` on hash layers.
     tid2eid: Option<B::Tensor>,
-    /// Per expert: w1 rows then w3 rows `[2I, d]`, and w2 `[d, I]`.
-    w13: Vec<B::Weight>,
+    /// Per expert: gate w1 and up w3 `[I, d]`, down w2 `[d, I]`; separate weights, so each keeps
+    /// its own storage format (GGUF mixes may store w1 and w3 in different block formats).
+    w1: Vec<B::Weight>,
+    w3: Vec<B::Weight>,
     w2: Vec<B::Weight>,
-    shared_w13: B::Weight,
+    shared_w1: B::Weight,
+    shared_w3: B::Weight,
     shared_w2: B::Weight,
 }
 
@@ -232,43 +235,6 @@ fn param2<B: Backend>(b: &B, src: &impl ParamSource, name: &str, rows: usize) ->
     b.upload_param(&HostTensor::f32([rows, cols], v)?)
 }
 
-/// `[w1; w3]` stacked row-wise into one `[2I, d]` weight (same storage format).
-///
-/// GGUF quant mixes may store w1 and w3 in different block formats (llama.cpp's mixes pick a type
-/// per tensor, e.g. IQ1_S gate with IQ1_M up). The stacked weight has one format, so such a pair
-/// is decoded to F32, which holds every decoded value exactly; it costs memory for those pairs
-/// only (a lane op taking w1 and w3 apart would avoid it).
-fn stack_rows<'a>(a: HostWeight<'a>, c: HostWeight<'a>, name: String) -> Result<HostWeight<'a>> {
-    if a.format != c.format && a.cols == c.cols {
-        return stack_rows(to_f32(a)?, to_f32(c)?, name);
-    }
-    if a.format != c.format || a.cols != c.cols {
-        return Err(Error::tensor(
-            &c.name,
-            format!(
-                "does not stack with `{}` ({} [{}, {}] vs {} [{}, {}])",
-                a.name, a.format, a.rows, a.cols, c.format, c.rows, c.cols
-            ),
-        ));
-    }
-    let mut bytes = a.bytes.into_owned();
-    bytes.extend_from_slice(&c.bytes);
-    Ok(HostWeight { name, format: a.format, rows: a.rows + c.rows, cols: a.cols, bytes: bytes.into() })
-}
-
-/// A weight decoded row by row to F32 (exact: every format decodes to f32 values).
-fn to_f32(w: HostWeight<'_>) -> Result<HostWeight<'static>> {
-    w.validate()?;
-    let row_bytes = w.format.row_bytes(w.cols);
-    let mut row = vec![0f32; w.cols];
-    let mut bytes = Vec::with_capacity(w.rows * w.cols * 4);
-    for r in w.bytes.chunks_exact(row_bytes) {
-        crate::backend::decode_row(w.format, r, &mut row);
-        bytes.extend(row.iter().flat_map(|x| x.to_le_bytes()));
-    }
-    Ok(HostWeight { name: w.name, format: WeightFormat::F32, rows: w.rows, cols: w.cols, bytes: bytes.into() })
-}
-
 fn i32_of(name: &str, v: i64) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::tensor(name, format!("value {v} does not fit i32")))
 }
@@ -350,15 +316,11 @@ impl<B: Backend> LmModel<B> {
             } else {
                 None
             };
-            let mut w13 = Vec::with_capacity(e);
-            let mut w2 = Vec::with_capacity(e);
+            let (mut w1, mut w3, mut w2) = (Vec::with_capacity(e), Vec::with_capacity(e), Vec::with_capacity(e));
             for j in 0..e {
                 let x = format!("{f}experts.{j}.");
-                w13.push(b.upload_weight(&stack_rows(
-                    src.matrix(&format!("{x}w1.weight"))?,
-                    src.matrix(&format!("{x}w3.weight"))?,
-                    format!("{x}w13"),
-                )?)?);
+                w1.push(matrix(&format!("{x}w1.weight"))?);
+                w3.push(matrix(&format!("{x}w3.weight"))?);
                 w2.push(matrix(&format!("{x}w2.weight"))?);
             }
             let x = format!("{f}shared_experts.");
@@ -366,13 +328,11 @@ impl<B: Backend> LmModel<B> {
                 gate: exact_matrix(&format!("{f}gate.weight"))?,
                 bias: b.upload_param(&HostTensor::f32([2, e], [text_bias, vl_bias].concat())?)?,
                 tid2eid,
-                w13,
+                w1,
+                w3,
                 w2,
-                shared_w13: b.upload_weight(&stack_rows(
-                    src.matrix(&format!("{x}w1.weight"))?,
-                    src.matrix(&format!("{x}w3.weight"))?,
-                    format!("{x}w13"),
-                )?)?,
+                shared_w1: matrix(&format!("{x}w1.weight"))?,
+                shared_w3: matrix(&format!("{x}w3.weight"))?,
                 shared_w2: matrix(&format!("{x}w2.weight"))?,
             };
             layers.push(Layer {
@@ -483,7 +443,7 @@ impl<B: Backend> LmModel<B> {
         max_chunk: usize,
     ) -> Result<LmOutput<B>> {
         let mut trace = LmTrace::new(self.layers.len());
-        let (final_hidden, cache) = self.run_chunks(b, input, embeds, max_chunk, Some(&mut trace))?;
+        let (final_hidden, cache) = self.run_chunks(b, input, embeds, max_chunk, Some(&mut trace), &mut |_| {})?;
         let cat = |parts: Vec<Vec<B::Tensor>>| parts.into_iter().map(|p| concat_all(b, p)).collect::<Result<Vec<_>>>();
         Ok(LmOutput {
             logits: self.logits(b, &final_hidden)?,
@@ -498,14 +458,16 @@ impl<B: Backend> LmModel<B> {
 
     /// Prefill in chunks of [`chunk_plan`], nothing recorded: the final hidden rows `[T, d]`
     /// (the head's input; [`LmModel::logits`] maps the rows a caller wants) and the cache.
+    /// `on_chunk` sees the tokens done before the first chunk and after each one.
     pub fn prefill_cache(
         &self,
         b: &B,
         input: &LmInput,
         embeds: Option<B::Tensor>,
         max_chunk: usize,
+        on_chunk: &mut dyn FnMut(PrefillProgress),
     ) -> Result<(B::Tensor, LmCache<B>)> {
-        self.run_chunks(b, input, embeds, max_chunk, None)
+        self.run_chunks(b, input, embeds, max_chunk, None, on_chunk)
     }
 
     /// The chunk loop of both prefills: final hidden rows `[T, d]` and the cache.
@@ -516,14 +478,24 @@ impl<B: Backend> LmModel<B> {
         embeds: Option<B::Tensor>,
         max_chunk: usize,
         mut trace: Option<&mut LmTrace<B>>,
+        on_chunk: &mut dyn FnMut(PrefillProgress),
     ) -> Result<(B::Tensor, LmCache<B>)> {
         let window = self.prompt_window(input)?;
         let mut cache = self.new_cache(b)?;
         let mut finals = Vec::new();
-        for range in chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk) {
+        let plan = chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk);
+        let report = |done_tokens| PrefillProgress { done_tokens, total_tokens: input.ids.len(), chunks: plan.len() };
+        on_chunk(report(0));
+        for range in plan.iter().cloned() {
             let e = embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
             let ids = &input.ids[range.clone()];
-            finals.push(self.forward(b, &mut cache, ids, e, &window[range], trace.as_deref_mut())?);
+            finals.push(self.forward(b, &mut cache, ids, e, &window[range.clone()], trace.as_deref_mut())?);
+            if plan.len() > 1 {
+                // a GPU lane returns once a chunk's work is queued: wait for it, so a report (a
+                // progress bar's rate and time left) counts finished tokens; one wait per chunk
+                b.sync()?;
+            }
+            on_chunk(report(range.end));
         }
         Ok((concat_all(b, finals)?, cache))
     }
@@ -779,8 +751,9 @@ impl<B: Backend> LmModel<B> {
         let hash = m.tid2eid.as_ref().map(|table| (table, ids));
         let (sel, w) =
             b.route_experts(&logits, &m.bias, kind, hash, cfg.num_experts_per_tok, cfg.routed_scaling_factor as f32)?;
-        let routed = b.moe_experts(x, &sel, &w, &m.w13, &m.w2, limit)?;
-        let shared = b.linear(&b.swiglu_clamp(&b.linear(x, &m.shared_w13, None)?, limit)?, &m.shared_w2, None)?;
+        let routed = b.moe_experts(x, &sel, &w, &m.w1, &m.w3, &m.w2, limit)?;
+        let gate = b.linear(x, &m.shared_w1, None)?;
+        let shared = b.linear(&b.swiglu_clamp(&gate, &b.linear(x, &m.shared_w3, None)?, limit)?, &m.shared_w2, None)?;
         Ok((b.add(&routed, &shared)?, sel, w))
     }
 }
