@@ -308,6 +308,92 @@ impl Shader {
     }
 }
 
+impl Shader {
+    /// The pipeline-override constants of a pipeline of this shader created with `fmt`: `FMT`
+    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback); the others read `fmt`, if at all,
+    /// from their parameter block.
+    fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
+        match self {
+            Shader::Linear => vec![("FMT", f64::from(fmt))],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The shaders no weight format chooses: one module each, created with `fmt` 0.
+    const FIXED: [Shader; 6] =
+        [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
+
+    /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
+    /// or chosen by [`linear_shader`] / [`lm_weight_shader`], so [`shader_builds`] lists it.
+    #[allow(dead_code)]
+    fn listed(self) {
+        match self {
+            Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
+            Shader::Linear | Shader::LinearF16 | Shader::Lm | Shader::Block(..) => {}
+        }
+    }
+
+    /// Every (shader, `fmt`) the lane creates pipelines from, and whether it is built only with
+    /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
+    /// ([`linear_shader`], [`lm_weight_shader`]) for every weight format, with and without
+    /// SHADER_F16; pairs that build the same module and constants are listed once.
+    fn every_build() -> Vec<(Shader, u32, bool)> {
+        let mut with = Vec::new();
+        let mut without = Vec::new();
+        for (native_f16, list) in [(true, &mut with), (false, &mut without)] {
+            for f in WeightFormat::ALL {
+                list.push(linear_shader(f, native_f16));
+                list.push(lm_weight_shader(f));
+            }
+            list.extend(Shader::FIXED.map(|s| (s, 0)));
+        }
+        let mut builds: Vec<(Shader, u32, bool)> = Vec::new();
+        for &(s, fmt) in with.iter().chain(&without) {
+            if !builds.iter().any(|&(b, bf, _)| b == s && b.constants(bf) == s.constants(fmt)) {
+                let f16_only = !without.iter().any(|&(b, bf)| b == s && b.constants(bf) == s.constants(fmt));
+                builds.push((s, fmt, f16_only));
+            }
+        }
+        builds
+    }
+}
+
+/// One shader module the lane builds, with the override constants of one pipeline
+/// specialisation of it (see [`shader_builds`]).
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct ShaderBuild {
+    /// The files it is built from, and the constants (`... [FMT=2]`) when it has any.
+    pub label: String,
+    /// The WGSL exactly as the lane passes it to `create_shader_module`.
+    pub source: Cow<'static, str>,
+    /// The pipeline-override constants exactly as the lane passes them to the pipeline.
+    pub constants: Vec<(&'static str, f64)>,
+    /// Built only on a device with SHADER_F16 when `force_f16_fallback` is off; every other build
+    /// is also what a device without SHADER_F16 builds.
+    pub needs_f16: bool,
+}
+
+/// Every shader module the lane can build, one entry per set of override constants, from the
+/// same source-building code as the lane's pipelines: the fixed shaders, the float weight
+/// kernels with and without SHADER_F16 (`force_f16_fallback`), and each block format's builds.
+/// For `tests/wgsl.rs`, which translates them with naga to MSL and HLSL.
+#[doc(hidden)]
+pub fn shader_builds() -> Result<Vec<ShaderBuild>> {
+    Shader::every_build()
+        .into_iter()
+        .map(|(shader, fmt, needs_f16)| {
+            let (mut label, source) = shader.source()?;
+            let constants = shader.constants(fmt);
+            if !constants.is_empty() {
+                let c: Vec<String> = constants.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                label += &format!(" [{}]", c.join(", "));
+            }
+            Ok(ShaderBuild { label, source, constants, needs_f16 })
+        })
+        .collect()
+}
+
 type PipelineKey = (Shader, &'static str, u32);
 
 #[derive(Default)]
@@ -615,14 +701,14 @@ impl WgpuBackend {
                 })
                 .clone()
         };
-        let constants: &[(&str, f64)] = if shader == Shader::Linear { &[("FMT", fmt as f64)] } else { &[] };
+        let constants = shader.constants(fmt);
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
             layout: None,
             module: &module,
             entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
-                constants,
+                constants: &constants,
                 zero_initialize_workgroup_memory: false,
             },
             cache: None,
@@ -949,6 +1035,19 @@ impl WgpuBackend {
     }
 }
 
+/// The kernel of `linear` for `format`, with its `FMT` override: `linear_packed.wgsl` for f32
+/// (0), bf16 (1) and f16 without SHADER_F16 (2, integer decode), `linear_f16.wgsl` for f16 with
+/// it (`native_f16`), else the format's block build of dequant/linear.wgsl.
+fn linear_shader(format: WeightFormat, native_f16: bool) -> (Shader, u32) {
+    match format {
+        WeightFormat::F32 => (Shader::Linear, 0),
+        WeightFormat::BF16 => (Shader::Linear, 1),
+        WeightFormat::F16 if native_f16 => (Shader::LinearF16, 0),
+        WeightFormat::F16 => (Shader::Linear, 2),
+        f => (Shader::Block(BlockKernel::Linear, f), 0),
+    }
+}
+
 /// The kernel of lm.wgsl's weight ops for `format`, with the `fmt` parameter it reads: lm.wgsl
 /// itself for the float formats (0 f32, 1 bf16, 2 f16), else the format's block build of
 /// dequant/lm.wgsl (which has no `fmt`).
@@ -1111,13 +1210,7 @@ impl Backend for WgpuBackend {
         if gy > self.limits.max_compute_workgroups_per_dimension as usize {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
         }
-        let (shader, fmt) = match w.format {
-            WeightFormat::F32 => (Shader::Linear, 0),
-            WeightFormat::BF16 => (Shader::Linear, 1),
-            WeightFormat::F16 if self.native_f16 => (Shader::LinearF16, 0),
-            WeightFormat::F16 => (Shader::Linear, 2),
-            f => (Shader::Block(BlockKernel::Linear, f), 0),
-        };
+        let (shader, fmt) = linear_shader(w.format, self.native_f16);
         let bias_res = match bias {
             Some(b) => b.binding(),
             None => self.dummy.as_entire_binding(),
