@@ -4,6 +4,13 @@
 //! `src/backend/wgpu`): those are validated as the composed shader, and an error line is mapped
 //! back to the part it falls in. The block-format kernels (`shaders/dequant/`, built per format
 //! with emitted lookup tables) are validated as the lane builds them, one per (kernel, format).
+//!
+//! Metal and DX12 stay honest: every module the lane builds (`shader_builds`, the lane's own
+//! source-building code: each shader, each block format's build, each `FMT` specialisation, with
+//! and without SHADER_F16) is translated, one entry point at a time, to MSL and HLSL by naga's
+//! backends with the options wgpu 30's Metal and DX12 backends give them, so a kernel that only
+//! Vulkan accepts fails here and not on a Mac or under DX12. Only naga's translation is checked,
+//! not Apple's Metal compiler nor FXC/DXC.
 
 use std::path::Path;
 
@@ -102,4 +109,289 @@ fn every_block_format_build_validates() {
     }
     assert_eq!(built, 2 * 15, "15 block formats x 2 kernels");
     assert!(errors.is_empty(), "{} of {built} block builds failed:\n{}", errors.len(), errors.join("\n"));
+}
+
+/// A backend a module is translated for, as wgpu 30's hal drives naga for it.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    /// Metal: wgpu-hal picks the newest MSL the OS has (2.4 is macOS 12 / iOS 15); naga gates only
+    /// ray queries (2.4), packed 8-bit dot products (2.1) and per-vertex inputs (4.0) on it.
+    Msl(u8, u8),
+    /// DX12: with wgpu's default compiler (`Dx12Compiler::Auto`) and no dxcompiler.dll, FXC and
+    /// shader model 5.1, where wgpu exposes no SHADER_F16; with DXC, the device's model, at
+    /// least 6.2 wherever SHADER_F16 is exposed.
+    Hlsl(naga::back::hlsl::ShaderModel),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Msl(major, minor) => write!(f, "MSL {major}.{minor}"),
+            Target::Hlsl(sm) => write!(f, "HLSL {}", sm.to_str()),
+        }
+    }
+}
+
+/// The targets of a build: every module to MSL 2.4 and HLSL SM 6.2; those a device without
+/// SHADER_F16 builds also to SM 5.1 (FXC).
+fn targets(needs_f16: bool) -> Vec<Target> {
+    use naga::back::hlsl::ShaderModel;
+    let mut t = vec![Target::Msl(2, 4), Target::Hlsl(ShaderModel::V6_2)];
+    if !needs_f16 {
+        t.push(Target::Hlsl(ShaderModel::V5_1));
+    }
+    t
+}
+
+/// The resources entry point `ep` of `module` uses, in binding order (wgpu derives the
+/// pipeline's bind group layout from exactly these), each with whether it is a uniform buffer
+/// and whether it is written.
+fn used_resources(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    ep: usize,
+) -> Result<Vec<(naga::ResourceBinding, bool, bool)>, String> {
+    let fun = info.get_entry_point(ep);
+    let mut used = Vec::new();
+    for (h, g) in module.global_variables.iter() {
+        if fun[h].is_empty() {
+            continue;
+        }
+        let Some(binding) = g.binding else { continue };
+        let (uniform, writable) = match g.space {
+            naga::AddressSpace::Uniform => (true, false),
+            naga::AddressSpace::Storage { access } => (false, access.contains(naga::StorageAccess::STORE)),
+            other => return Err(format!("binding {binding:?} in {other:?}, not a buffer")),
+        };
+        used.push((binding, uniform, writable));
+    }
+    used.sort_by_key(|(b, ..)| (b.group, b.binding));
+    Ok(used)
+}
+
+/// Translate entry point `ep` (its module already specialised to it by `process_overrides`) for
+/// `target`, with the binding maps and options wgpu-hal builds for an auto-layout compute
+/// pipeline (create_pipeline_layout / load_shader of its metal and dx12 backends): bounds checks
+/// on (the lane's modules are checked), workgroup memory not zero-initialised (the lane's
+/// `zero_initialize_workgroup_memory: false`), every used binding mapped, none faked.
+fn translate(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    ep: usize,
+    target: Target,
+) -> Result<String, String> {
+    let entry = &module.entry_points[ep];
+    let resources = used_resources(module, info, ep)?;
+    match target {
+        Target::Msl(major, minor) => {
+            use naga::back::msl;
+            let mut map = msl::EntryPointResources::default();
+            let mut slot: msl::Slot = 0;
+            for &(binding, _, writable) in &resources {
+                let target = msl::BindTarget { buffer: Some(slot), mutable: writable, ..Default::default() };
+                map.resources.insert(binding, target);
+                slot += 1;
+            }
+            // The buffer of runtime-array lengths, after the bindings (wgpu sets it aside
+            // whenever the layout has a storage buffer).
+            if resources.iter().any(|&(_, uniform, _)| !uniform) {
+                map.sizes_buffer = Some(slot);
+            }
+            let check = naga::proc::BoundsCheckPolicy::Restrict;
+            let options = msl::Options {
+                lang_version: (major, minor),
+                per_entry_point_map: [(entry.name.clone(), map)].into_iter().collect(),
+                fake_missing_bindings: false,
+                bounds_check_policies: naga::proc::BoundsCheckPolicies {
+                    index: check,
+                    buffer: check,
+                    image_load: check,
+                    binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+                },
+                zero_initialize_workgroup_memory: false,
+                force_loop_bounding: true,
+                ..Default::default()
+            };
+            let pipeline = msl::PipelineOptions {
+                entry_point: Some((entry.stage, entry.name.clone())),
+                vertex_pulling_transform: true,
+                ..Default::default()
+            };
+            let (src, tinfo) = msl::write_string(module, info, &options, &pipeline).map_err(|e| e.to_string())?;
+            // A missing or mismatched binding skips the entry point instead of failing the write.
+            match tinfo.entry_point_names.first() {
+                Some(Ok(_)) => Ok(src),
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err("no entry point written".into()),
+            }
+        }
+        Target::Hlsl(shader_model) => {
+            use naga::back::hlsl;
+            let mut options = hlsl::Options {
+                shader_model,
+                fake_missing_bindings: false,
+                zero_initialize_workgroup_memory: false,
+                restrict_indexing: true,
+                force_loop_bounding: true,
+                ..Default::default()
+            };
+            // Registers per class in binding order, space 0; then wgpu's special constants
+            // (num_workgroups, first vertex/instance) at the next constant-buffer register.
+            let (mut cbv, mut srv, mut uav) = (0, 0, 0);
+            for &(binding, uniform, writable) in &resources {
+                let counter = if uniform {
+                    &mut cbv
+                } else if writable {
+                    &mut uav
+                } else {
+                    &mut srv
+                };
+                let target = hlsl::BindTarget { register: *counter, restrict_indexing: uniform, ..Default::default() };
+                options.binding_map.insert(binding, target);
+                *counter += 1;
+            }
+            options.special_constants_binding = Some(hlsl::BindTarget { register: cbv, ..Default::default() });
+            let pipeline = hlsl::PipelineOptions { entry_point: Some((entry.stage, entry.name.clone())) };
+            let mut src = String::new();
+            let reflection = hlsl::Writer::new(&mut src, &options, &pipeline)
+                .write(module, info, None)
+                .map_err(|e| e.to_string())?;
+            match reflection.entry_point_names.first() {
+                Some(Ok(_)) => Ok(src),
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err("no entry point written".into()),
+            }
+        }
+    }
+}
+
+/// What a compute pipeline may use on every Metal and DX12 device wgpu 30 exposes: 32 KiB of
+/// workgroup memory (D3D12's limit; Metal reports 32 KiB, 16 KiB on the oldest families) and
+/// 1024 invocations per workgroup (both; some old Metal families 512). The lane asks the adapter
+/// for its own limits, so a kernel sized to a Vulkan device's larger ones would build there and
+/// fail here.
+fn within_metal_and_dx12_limits(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    ep: usize,
+) -> Result<(), String> {
+    let fun = info.get_entry_point(ep);
+    let shared: u32 = module
+        .global_variables
+        .iter()
+        .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !fun[*h].is_empty())
+        .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
+        .sum();
+    let invocations: u32 = module.entry_points[ep].workgroup_size.iter().product();
+    if shared > 32 << 10 {
+        return Err(format!("{shared} bytes of workgroup memory, more than 32768"));
+    }
+    if invocations > 1024 {
+        return Err(format!("{invocations} invocations per workgroup, more than 1024"));
+    }
+    Ok(())
+}
+
+/// Every module the lane builds, each entry point, to every target; failures name
+/// `build, entry point: backend: error`.
+#[test]
+fn every_build_translates_to_msl_and_hlsl() {
+    let start = std::time::Instant::now();
+    let builds = fovea::backend::wgpu::shader_builds().expect("the lane's shader builds");
+
+    // Nothing in shaders/ escapes: each file's text is in some build.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let mut pending = vec![dir.clone()];
+    let mut files = 0;
+    while let Some(d) = pending.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                pending.push(p);
+            } else if p.extension().is_some_and(|x| x == "wgsl") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                assert!(builds.iter().any(|b| b.source.contains(&text)), "{}: in no build of the lane", p.display());
+                files += 1;
+            }
+        }
+    }
+
+    let mut errors = Vec::new();
+    let (mut modules, mut pipelines, mut translations) = (0, 0, [0usize; 2]);
+    for b in &builds {
+        // The capabilities wgpu validates the lane's modules with: SHADER_F16 is the only
+        // feature the lane requests, and only builds that need it may use f16.
+        let caps = if b.needs_f16 { Capabilities::SHADER_FLOAT16 } else { Capabilities::empty() };
+        let module = match naga::front::wgsl::parse_str(&b.source) {
+            Ok(m) => m,
+            Err(e) => {
+                errors.push(format!("{}: parse: {}", b.label, e.emit_to_string(&b.source)));
+                continue;
+            }
+        };
+        let info = match Validator::new(ValidationFlags::all(), caps).validate(&module) {
+            Ok(i) => i,
+            Err(e) => {
+                let with = if b.needs_f16 { "with SHADER_F16" } else { "without SHADER_F16" };
+                errors.push(format!("{}: validation {with}: {}", b.label, e.emit_to_string(&b.source)));
+                continue;
+            }
+        };
+        modules += 1;
+        let constants: naga::back::PipelineConstants = b.constants.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        for ep in &module.entry_points {
+            pipelines += 1;
+            let at = format!("{}, entry point {}", b.label, ep.name);
+            // As hal does per pipeline: the overrides take the pipeline's constants and the module
+            // keeps only this entry point.
+            let (m, i) = match naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((ep.stage, &ep.name)),
+                &constants,
+            ) {
+                Ok(x) => x,
+                Err(e) => {
+                    errors.push(format!("{at}: overrides: {e}"));
+                    continue;
+                }
+            };
+            let Some(idx) = m.entry_points.iter().position(|e| e.name == ep.name) else {
+                errors.push(format!("{at}: lost by process_overrides"));
+                continue;
+            };
+            if let Err(e) = within_metal_and_dx12_limits(&m, &i, idx) {
+                errors.push(format!("{at}: Metal/DX12 limits: {e}"));
+            }
+            for target in targets(b.needs_f16) {
+                // naga's backends panic on some things they cannot write (MSL on f64: seen; the
+                // HLSL writer has `unimplemented!` for cooperative-matrix stores): a panic is that
+                // build's failure, reported with the others, not the test's end.
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| translate(&m, &i, idx, target)));
+                match run {
+                    Ok(Ok(_)) => translations[matches!(target, Target::Hlsl(_)) as usize] += 1,
+                    Ok(Err(e)) => errors.push(format!("{at}: {target}: {e}")),
+                    Err(p) => {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .map(String::as_str)
+                            .or_else(|| p.downcast_ref::<&str>().copied())
+                            .unwrap_or("(no message)");
+                        errors.push(format!("{at}: {target}: naga panicked: {msg}"));
+                    }
+                }
+            }
+        }
+        eprintln!("translated {} ({} entry points)", b.label, module.entry_points.len());
+    }
+    eprintln!(
+        "{} builds ({} need SHADER_F16), {modules} modules, {pipelines} (module, entry point) pipelines: \
+         {} MSL and {} HLSL translations; {files} shader files covered; {:.2} s",
+        builds.len(),
+        builds.iter().filter(|b| b.needs_f16).count(),
+        translations[0],
+        translations[1],
+        start.elapsed().as_secs_f64()
+    );
+    assert!(errors.is_empty(), "{} failures:\n{}", errors.len(), errors.join("\n"));
 }
