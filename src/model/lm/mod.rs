@@ -136,6 +136,23 @@ pub struct LmCache<B: Backend> {
     pub layers: Vec<LayerCache<B>>,
 }
 
+/// A prefill in progress ([`LmModel::start_prefill`]): the prompt, its chunks still to run, and
+/// the cache of those that ran.
+pub struct Prefill<B: Backend> {
+    ids: Vec<i32>,
+    embeds: Option<B::Tensor>,
+    window: Vec<(usize, usize)>,
+    chunks: std::vec::IntoIter<std::ops::Range<usize>>,
+    pub cache: LmCache<B>,
+}
+
+impl<B: Backend> Prefill<B> {
+    /// Whether every chunk has run.
+    pub fn is_done(&self) -> bool {
+        self.chunks.len() == 0
+    }
+}
+
 /// Per-layer records of a forward, one tensor per chunk (conformance tests and dumps).
 pub struct LmTrace<B: Backend> {
     /// Per layer, the 4-stream residual `[n, hc·d]` after the layer.
@@ -514,15 +531,45 @@ impl<B: Backend> LmModel<B> {
         max_chunk: usize,
         mut trace: Option<&mut LmTrace<B>>,
     ) -> Result<(B::Tensor, LmCache<B>)> {
-        let window = self.prompt_window(input)?;
-        let mut cache = self.new_cache(b)?;
+        let mut prefill = self.start_prefill(b, input, embeds, max_chunk)?;
         let mut finals = Vec::new();
-        for range in chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk) {
-            let e = embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
-            let ids = &input.ids[range.clone()];
-            finals.push(self.forward(b, &mut cache, ids, e, &window[range], trace.as_deref_mut())?);
+        while let Some(hidden) = self.prefill_step(b, &mut prefill, trace.as_deref_mut())? {
+            finals.push(hidden);
         }
-        Ok((concat_all(b, finals)?, cache))
+        Ok((concat_all(b, finals)?, prefill.cache))
+    }
+
+    /// A prefill to be run one chunk at a time with [`LmModel::prefill_step`] (a server
+    /// interleaves the chunks of a new prompt with other sequences' decode steps); the chunks are
+    /// those of [`chunk_plan`].
+    pub fn start_prefill(
+        &self,
+        b: &B,
+        input: &LmInput,
+        embeds: Option<B::Tensor>,
+        max_chunk: usize,
+    ) -> Result<Prefill<B>> {
+        Ok(Prefill {
+            window: self.prompt_window(input)?,
+            ids: input.ids.clone(),
+            embeds,
+            chunks: chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk).into_iter(),
+            cache: self.new_cache(b)?,
+        })
+    }
+
+    /// Run the next chunk of `prefill`: its final hidden rows `[n, d]`, or `None` when every
+    /// chunk has run (the cache is then complete).
+    pub fn prefill_step(
+        &self,
+        b: &B,
+        prefill: &mut Prefill<B>,
+        trace: Option<&mut LmTrace<B>>,
+    ) -> Result<Option<B::Tensor>> {
+        let Some(range) = prefill.chunks.next() else { return Ok(None) };
+        let e = prefill.embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
+        let ids = &prefill.ids[range.clone()];
+        self.forward(b, &mut prefill.cache, ids, e, &prefill.window[range], trace).map(Some)
     }
 
     /// Logits `[1, vocab]` of the last row of final hidden rows `[n, d]`.
