@@ -218,8 +218,7 @@ __device__ __forceinline__ void fa_accumulate(const float* PT, const float* alph
 //   void store2(unsigned int m, unsigned int c, float v0, float v1) const
 //                                              C[m][c], C[m][c+1] (m < rows, c < cols, c even;
 //                                              c + 1 may equal cols: the op drops v1 then)
-// Columns come in even/odd pairs so that an epilogue needing two columns of one row (moe's gate
-// and up, interleaved) gets both in one call.
+// Columns come in even/odd pairs: one call stores two adjacent outputs of a row.
 //
 // Block tile GEMM_BM x GEMM_BN (rows x cols) starting at (row0, col0), k in steps of GEMM_BK,
 // GEMM_THREADS threads (4 warps, 2 x 2, each warp a 32 x 32 sub-tile), 1-D blocks. Every operand
@@ -255,6 +254,20 @@ __device__ __forceinline__ void fa_accumulate(const float* PT, const float* alph
 #define GEMM_TENSOR_CORES 0
 #endif
 
+// Fast precision (`--precision fast`; the host compiles the GEMM files a second time with
+// -DFOVEA_FAST=1): each operand is rounded once to f16 (to nearest even: 11 significant bits, a
+// relative error under 2^-11) and every tile does one f16 MMA, for every weight format, with f32
+// accumulation. bf16 (8 bits) was tried first: its 2^-8 per operand compounds to 1.1e-2 on the
+// fixtures' vision path and moves the language model's routing (tests/common/mod.rs has the
+// measurements and the derivation). f16's range is the price: operands beyond ±65504 become
+// ±inf, which shows in the output (no silent saturation); every GEMM input of the model is
+// normalised, clamped (SwiGLU's limit) or a softmax average of such values, and weights are far
+// below it. The small-row path (gemv_cols) is unchanged: it streams the weight once and is bound
+// by memory, not arithmetic.
+#ifndef FOVEA_FAST
+#define FOVEA_FAST 0
+#endif
+
 // D [16x8] += A [16x16] . B [16x8], bf16 inputs, f32 accumulators (PTX ISA "Matrix Fragments for
 // mma.m16n8k16 with floating point type"; g = lane / 4, t = lane % 4, low half = lower k):
 //   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..]   a[3] = A[g+8][2t+8..]
@@ -283,6 +296,36 @@ __device__ __forceinline__ unsigned int bf16_trunc_bits(float v) {
     return nan ? (u >> 16) | 0x40u : u >> 16;
 }
 __device__ __forceinline__ float bf16_bits_to_f32(unsigned int b) { return __uint_as_float(b << 16); }
+
+// (lo, hi) rounded to the nearest f16 (ties to even) and packed, lo in the low half: the k, k + 1
+// pair layout of the MMA fragments. inf and NaN stay so; past ±65504 a value becomes ±inf.
+__device__ __forceinline__ unsigned int f16x2_rn(float lo, float hi) {
+#if defined(CUDA_EMU)
+    return emu_f16x2_rn(lo, hi);
+#elif !GEMM_TENSOR_CORES
+    __trap(); // only the tensor-core tile calls this
+    return 0u;
+#else
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#endif
+}
+
+// D [16x8] += A [16x16] . B [16x8] with f16 inputs: the layout of mma_m16n8k16_bf16.
+__device__ __forceinline__ void mma_m16n8k16_f16(float* d, const unsigned int* a, const unsigned int* b) {
+#if defined(CUDA_EMU)
+    emu_mma_m16n8k16_f16(d, a, b);
+#elif !GEMM_TENSOR_CORES
+    __trap();
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
 __device__ __forceinline__ bool f32_is_finite(float v) {
     return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
 }
@@ -431,8 +474,12 @@ __device__ __forceinline__ void gemm_tile_fma(const Op& op, const void* w, unsig
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsigned int rows, unsigned int cols,
                                               unsigned int k, unsigned int row0, unsigned int col0) {
-    constexpr unsigned int WTERMS = FMT == 2 ? 2 : 1;
-    __shared__ unsigned int as[3][GEMM_BM][GEMM_KP_PAD];
+    // fast: one rounded f16 term of each operand; exact: x in three bf16, an f16 weight in two.
+    // FAST depends on FMT so that the branch of the other mode is never instantiated.
+    constexpr bool FAST = FOVEA_FAST && FMT >= 0;
+    constexpr unsigned int ATERMS = FAST ? 1 : 3;
+    constexpr unsigned int WTERMS = (!FAST && FMT == 2) ? 2 : 1;
+    __shared__ unsigned int as[ATERMS][GEMM_BM][GEMM_KP_PAD];
     __shared__ unsigned int ws[WTERMS][GEMM_BN][GEMM_KP_PAD];
     GemmStage<Op> st;
     st.init(op, rows, cols, row0, col0);
@@ -452,15 +499,21 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
             const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
             float x0, x1;
             st.load_a(op, i, kk, k, &x0, &x1);
-            unsigned int h0, m0, l0, h1, m1, l1;
-            split_bf16x3(x0, &h0, &m0, &l0);
-            split_bf16x3(x1, &h1, &m1, &l1);
-            as[0][r][st.kp] = h0 | (h1 << 16);
-            as[1][r][st.kp] = m0 | (m1 << 16);
-            as[2][r][st.kp] = l0 | (l1 << 16);
             float w0, w1;
             st.template load_w2<FMT>(w, i, kk, k, &w0, &w1);
-            if constexpr (FMT == 2) {
+            if constexpr (FAST) {
+                as[0][r][st.kp] = f16x2_rn(x0, x1);
+                ws[0][r][st.kp] = f16x2_rn(w0, w1);
+                continue;
+            } else {
+                unsigned int h0, m0, l0, h1, m1, l1;
+                split_bf16x3(x0, &h0, &m0, &l0);
+                split_bf16x3(x1, &h1, &m1, &l1);
+                as[0][r][st.kp] = h0 | (h1 << 16);
+                as[1][r][st.kp] = m0 | (m1 << 16);
+                as[2][r][st.kp] = l0 | (l1 << 16);
+            }
+            if constexpr (!FAST && FMT == 2) {
                 unsigned int wh0, wl0, wh1, wl1;
                 split_bf16x2(w0, &wh0, &wl0);
                 split_bf16x2(w1, &wh1, &wl1);
@@ -473,9 +526,9 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
         }
         __syncthreads();
         for (unsigned int ks = 0; ks < GEMM_KP; ks += 8u) { // two k16 steps per GEMM_BK
-            unsigned int af[3][2][4];
+            unsigned int af[ATERMS][2][4];
 #pragma unroll
-            for (unsigned int s = 0; s < 3; ++s)
+            for (unsigned int s = 0; s < ATERMS; ++s)
                 for (unsigned int i = 0; i < 2; ++i) {
                     const unsigned int r = wm * 32u + 16u * i + g;
                     af[s][i][0] = as[s][r][ks + t];
@@ -493,12 +546,17 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
                 }
 #pragma unroll
                 for (unsigned int i = 0; i < 2; ++i) {
-                    // smallest terms first
-                    mma_m16n8k16_bf16(aux[i][j], af[2][i], bf[0]);
-                    if constexpr (FMT == 2) mma_m16n8k16_bf16(aux[i][j], af[1][i], bf[1]);
-                    mma_m16n8k16_bf16(aux[i][j], af[1][i], bf[0]);
-                    if constexpr (FMT == 2) mma_m16n8k16_bf16(aux[i][j], af[0][i], bf[1]);
-                    mma_m16n8k16_bf16(acc[i][j], af[0][i], bf[0]);
+                    if constexpr (!FAST) {
+                        // smallest terms first
+                        mma_m16n8k16_bf16(aux[i][j], af[2][i], bf[0]);
+                        if constexpr (FMT == 2) mma_m16n8k16_bf16(aux[i][j], af[1][i], bf[1]);
+                        mma_m16n8k16_bf16(aux[i][j], af[1][i], bf[0]);
+                        if constexpr (FMT == 2) mma_m16n8k16_bf16(aux[i][j], af[0][i], bf[1]);
+                    }
+                    if constexpr (FAST)
+                        mma_m16n8k16_f16(acc[i][j], af[0][i], bf[0]);
+                    else
+                        mma_m16n8k16_bf16(acc[i][j], af[0][i], bf[0]);
                 }
             }
         }
@@ -525,10 +583,11 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
 // dropping the smallest cross terms, no longer exact) per product where the FMA path keeps f32
 // products of the exact decoded value, the same arithmetic as f32 weights. Faster block-format
 // tiles (decode once per block into shared memory, integer MMAs) are the speed issue's.
+// In fast precision every format takes the tensor cores (one rounded f16 term per operand).
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned int rows, unsigned int cols,
                                           unsigned int k, unsigned int row0, unsigned int col0) {
-    if constexpr ((FMT == 1 || FMT == 2) && GEMM_TENSOR_CORES)
+    if constexpr ((FOVEA_FAST || FMT == 1 || FMT == 2) && GEMM_TENSOR_CORES)
         gemm_tile_mma<FMT>(op, w, rows, cols, k, row0, col0);
     else
         gemm_tile_fma<FMT>(op, w, rows, cols, k, row0, col0);

@@ -11,7 +11,7 @@
 set -u
 cmd=${1:-}
 archive=${2:-}
-tests="ops cuda_lane vision_cuda lm_cuda describe_image real_models"
+tests="ops cuda_lane vision_cuda lm_cuda describe_image real_models device_bytes"
 case "$cmd" in
 pack)
     [ -n "$archive" ] || { echo "usage: $0 pack OUT.tar.xz" >&2; exit 2; }
@@ -52,6 +52,7 @@ run)
     run_one "$bin/lm_cuda" --test-threads=1
     run_one "$bin/describe_image" cuda --nocapture
     run_one "$bin/real_models" cuda --nocapture
+    run_one "$bin/device_bytes" cuda --nocapture
     exit $status
     ;;
 *)

@@ -20,7 +20,7 @@
 //   hash_route_i32:      table i32 [vocab, k], ids i32 [n], fallback i32 [n, k] -> i32 [n, k]
 //   route_weights_f32:   scores [n, e], ids i32 [n, k] -> out [n, k], s / (sum_k s + 1e-20) * scale
 //                        (an id outside 0..e makes its row NaN; the CPU lane returns an error)
-//   swiglu_clamp_f32:    x [n, 2h] -> silu(min(g, limit)) * clamp(u, -limit, limit)  [n, h]
+//   swiglu_clamp_f32:    g, u [n, h] -> silu(min(g, limit)) * clamp(u, -limit, limit)  [n, h]
 //   hc_split_f32:        one thread per token (grid-stride over tokens): mix [n, (2+hc)*hc],
 //                        scale [3], base [(2+hc)*hc] -> out [n, pre hc | post hc | comb hc*hc];
 //                        Sinkhorn in place in `out`, in the reference's order
@@ -194,15 +194,14 @@ extern "C" __global__ void route_weights_f32(const float* scores, const int* ids
     }
 }
 
-extern "C" __global__ void swiglu_clamp_f32(const float* x, float* out, unsigned int n, unsigned int h,
-                                            unsigned int limit_bits) {
+extern "C" __global__ void swiglu_clamp_f32(const float* gate, const float* up, float* out, unsigned int n,
+                                            unsigned int h, unsigned int limit_bits) {
     const float lim = __uint_as_float(limit_bits);
     const u64 total = (u64)n * h;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
-        const u64 r = i / h, c = i % h;
         // f32::min ignores a NaN operand (fminf does too); f32::clamp keeps a NaN
-        const float g = fminf(x[r * 2 * h + c], lim);
-        float u = x[r * 2 * h + h + c];
+        const float g = fminf(gate[i], lim);
+        float u = up[i];
         if (u < -lim) u = -lim;
         if (u > lim) u = lim;
         out[i] = g / (1.0f + expf(-g)) * u;

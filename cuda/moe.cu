@@ -1,15 +1,19 @@
 // Routed experts (language.md §3): moe_experts as route -> grouped GEMMs over all experts -> combine.
-// x [n, d], ids i32 [n, k], weights [n, k]; per expert e: w13[e] [2h, d] (w1 rows, then w3 rows)
-// and w2[e] [d, h], each a separate allocation, all experts of a call in one storage format per
-// projection (decoded in the kernels, load_w in common.cuh).
+// x [n, d], ids i32 [n, k], weights [n, k]; per expert e: the gate w1[e] [h, d], the up w3[e]
+// [h, d] and the down w2[e] [d, h], each a separate allocation, all experts of a call in one
+// storage format per projection, the three projections each in its own (GGUF mixes store gate
+// and up in different block formats; decoded in the kernels, load_w in common.cuh).
 // A slot is one (token, k-index) pair, numbered s = token*k + k-index.
 //
 // 1. moe_route: groups the slots by expert on the device (stable: slot order within an expert) and
 //    cuts each expert's range into row tiles of GEMM_BM (the tile list below).
 // 2. one launch each, every block one (column tile, row tile), its expert's weight taken from a
 //    device-side table of expert weight addresses (src/backend/cuda/moe.rs builds it):
-//    moe_up_*:   hid[p] = swiglu_clamp(w13[e] . x[token of order[p]]) for p in the tile's rows
+//    moe_gate_*: hid[p] = w1[e] . x[token of order[p]] for p in the tile's rows
+//    moe_up_*:   hid[p] = swiglu_clamp(hid[p], w3[e] . x[token of order[p]])
 //    moe_down_*: ys[order[p]] = w2[e] . hid[p]
+//    Gate and up are two launches, each built for its own weight's format, so that w1 and w3
+//    may differ in format; the gate's values wait in hid, which the up's epilogue overwrites.
 //    The host never reads the routing back: the grid is sized for the most tiles any routing can
 //    give, and blocks past the device-side tile count exit at once.
 // 3. moe_combine: out[token] = sum over its k slots, in slot order, of weights[s] * ys[s]
@@ -110,68 +114,121 @@ __device__ __forceinline__ bool moe_tile(const int* tiles, MoeTile* t) {
     return true;
 }
 
-// ---- moe_up_{f32,bf16,f16,<block format>} -------------------------------------------------------------------
-// Gathered GEMM with the clamped SwiGLU fused in the epilogue, for the rows p = p0 .. p0 + rows
-// of one tile: hid [slots, h] row p = silu(min(g, limit)) * clamp(u, +-limit)
-// with g = w13[e][j] . x[order[p] / k], u = w13[e][h + j] . x[order[p] / k], j < h.
-// common.cuh's gemm_block over 2h columns with the gate and up rows interleaved (column 2j = gate
-// row j, 2j + 1 = up row h + j), so each store2 gets the (g, u) pair of one hidden unit.
-// w13 is the table of the experts' w13 device addresses (all in the kernel's format).
-// Block GEMM_THREADS, grid (column blocks of 2h, max_tiles); slots bounds every tile's rows, so
+// ---- moe_gate_* and moe_up_* {f32,bf16,f16,<block format>} ----------------------------------------
+// Gathered GEMMs for the rows p = p0 .. p0 + rows of one tile, over the h columns j of hid
+// [slots, h], A rows x[order[p] / k]:
+//   moe_gate: hid[p][j] = g = w1[e][j] . x
+//   moe_up:   hid[p][j] = silu(min(g, limit)) * clamp(u, +-limit), u = w3[e][j] . x, g = hid[p][j]
+// (each element read and written by the one thread that stores it). w1 / w3 is the table of the
+// experts' w1 or w3 device addresses (all in the kernel's format).
+// Block GEMM_THREADS, grid (column blocks of h, max_tiles); slots bounds every tile's rows, so
 // gemm_block takes its small-row path in every block or in none.
 
-// A rows gathered through order[]; W rows gate/up interleaved; SwiGLU + clamp epilogue.
-struct MoeUpOperands : ContiguousRows {
+// A rows gathered through order[]; W rows plain.
+struct MoeRows : ContiguousRows {
     const float* x;
     const int* order; // the tile's slots start at order + p0
     float* hid;
     unsigned int p0, d, h, k;
-    float limit;
 
     __device__ __forceinline__ const float* a_row(unsigned int m) const {
         return x + (u64)order[p0 + m] / k * d;
     }
-    __device__ __forceinline__ u64 w_row(unsigned int c) const {
-        return ((c & 1u) ? (u64)h + c / 2u : (u64)(c / 2u)) * d;
+    __device__ __forceinline__ u64 w_row(unsigned int c) const { return (u64)c * d; }
+};
+
+// Plain store of the gate.
+struct MoeGateOperands : MoeRows {
+    __device__ __forceinline__ void store2(unsigned int m, unsigned int c, float g0, float g1) const {
+        float* hr = hid + ((u64)p0 + m) * h;
+        hr[c] = g0;
+        if (c + 1u < h) hr[c + 1u] = g1;
     }
-    __device__ __forceinline__ void store2(unsigned int m, unsigned int c, float g, float u) const {
+};
+
+// SwiGLU + clamp of the stored gate with the up.
+struct MoeUpOperands : MoeRows {
+    float limit;
+
+    __device__ __forceinline__ float swiglu(float g, float u) const {
         g = fminf(g, limit);
         u = fminf(fmaxf(u, -limit), limit);
-        hid[((u64)p0 + m) * h + c / 2u] = g / (1.0f + expf(-g)) * u;
+        return g / (1.0f + expf(-g)) * u;
+    }
+    __device__ __forceinline__ void store2(unsigned int m, unsigned int c, float u0, float u1) const {
+        float* hr = hid + ((u64)p0 + m) * h;
+        hr[c] = swiglu(hr[c], u0);
+        if (c + 1u < h) hr[c + 1u] = swiglu(hr[c + 1u], u1);
     }
 };
 
 template <int FMT>
-__device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, const int* tiles, const u64* w13,
+__device__ __forceinline__ void moe_gate_tiled(const float* x, const int* order, const int* tiles, const u64* w1,
+                                               float* hid, unsigned int slots, unsigned int d, unsigned int h,
+                                               unsigned int k) {
+    MoeTile t;
+    if (!moe_tile(tiles, &t)) return;
+    const MoeGateOperands op{{{}, x, order, hid, t.p0, d, h, k}};
+    gemm_block<FMT>(op, (const void*)w1[t.expert], t.rows, h, d, slots, blockIdx.x, 0u);
+}
+
+template <int FMT>
+__device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, const int* tiles, const u64* w3,
                                              float* hid, unsigned int slots, unsigned int d, unsigned int h,
                                              unsigned int k, float limit) {
     MoeTile t;
     if (!moe_tile(tiles, &t)) return;
-    const MoeUpOperands op{{}, x, order, hid, t.p0, d, h, k, limit};
-    gemm_block<FMT>(op, (const void*)w13[t.expert], t.rows, 2u * h, d, slots, blockIdx.x, 0u);
+    const MoeUpOperands op{{{}, x, order, hid, t.p0, d, h, k}, limit};
+    gemm_block<FMT>(op, (const void*)w3[t.expert], t.rows, h, d, slots, blockIdx.x, 0u);
 }
 
-extern "C" __global__ void GEMM_LAUNCH moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
-                                      unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
-    moe_up_tiled<0>(x, order, tiles, w13, hid, slots, d, h, k, limit);
+extern "C" __global__ void GEMM_LAUNCH moe_gate_f32(const float* x, const int* order, const int* tiles, const u64* w1,
+                                        float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k) {
+    moe_gate_tiled<0>(x, order, tiles, w1, hid, slots, d, h, k);
 }
 
-extern "C" __global__ void GEMM_LAUNCH moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
-                                       unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
-    moe_up_tiled<1>(x, order, tiles, w13, hid, slots, d, h, k, limit);
+extern "C" __global__ void GEMM_LAUNCH moe_gate_bf16(const float* x, const int* order, const int* tiles, const u64* w1,
+                                        float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k) {
+    moe_gate_tiled<1>(x, order, tiles, w1, hid, slots, d, h, k);
 }
 
-extern "C" __global__ void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w13, float* hid,
-                                      unsigned int slots, unsigned int d, unsigned int h, unsigned int k, float limit) {
-    moe_up_tiled<2>(x, order, tiles, w13, hid, slots, d, h, k, limit);
+extern "C" __global__ void GEMM_LAUNCH moe_gate_f16(const float* x, const int* order, const int* tiles, const u64* w1,
+                                        float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k) {
+    moe_gate_tiled<2>(x, order, tiles, w1, hid, slots, d, h, k);
+}
+
+#define MOE_GATE_BLOCK_KERNEL(SFX, FMT)                                                                       \
+    extern "C" __global__ void GEMM_LAUNCH moe_gate_##SFX(const float* x, const int* order, const int* tiles, \
+                                                          const u64* w1, float* hid, unsigned int slots,      \
+                                                          unsigned int d, unsigned int h, unsigned int k) {   \
+        moe_gate_tiled<FMT>(x, order, tiles, w1, hid, slots, d, h, k);                                       \
+    }
+FOR_EACH_BLOCK_FORMAT(MOE_GATE_BLOCK_KERNEL)
+
+extern "C" __global__ void GEMM_LAUNCH moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w3,
+                                      float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k,
+                                      float limit) {
+    moe_up_tiled<0>(x, order, tiles, w3, hid, slots, d, h, k, limit);
+}
+
+extern "C" __global__ void GEMM_LAUNCH moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w3,
+                                      float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k,
+                                      float limit) {
+    moe_up_tiled<1>(x, order, tiles, w3, hid, slots, d, h, k, limit);
+}
+
+extern "C" __global__ void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w3,
+                                      float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k,
+                                      float limit) {
+    moe_up_tiled<2>(x, order, tiles, w3, hid, slots, d, h, k, limit);
 }
 
 #define MOE_UP_BLOCK_KERNEL(SFX, FMT)                                                                       \
     extern "C" __global__ void GEMM_LAUNCH moe_up_##SFX(const float* x, const int* order, const int* tiles, \
-                                                        const u64* w13, float* hid, unsigned int slots,     \
+                                                        const u64* w3, float* hid, unsigned int slots,     \
                                                         unsigned int d, unsigned int h, unsigned int k,     \
-                                                        float limit) {                                      \
-        moe_up_tiled<FMT>(x, order, tiles, w13, hid, slots, d, h, k, limit);                                \
+                                                        float limit) {                                     \
+        moe_up_tiled<FMT>(x, order, tiles, w3, hid, slots, d, h, k, limit);                                 \
     }
 FOR_EACH_BLOCK_FORMAT(MOE_UP_BLOCK_KERNEL)
 

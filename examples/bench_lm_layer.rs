@@ -15,8 +15,10 @@
 //! head are small next to the layer (they are included in the times).
 //!
 //! Prints the lane, the load time, the prefill time (one chunk of `--tokens`) with its FLOPs,
-//! and the median decode step with the weight bytes one token reads (attention, indexer,
-//! compressors, router, shared expert and 6 routed experts; the KV cache is small beside them).
+//! the median decode step with the weight bytes one token reads (attention, indexer,
+//! compressors, router, shared expert and 6 routed experts; the KV cache is small beside them),
+//! and the device memory: weights (vs their bf16 file bytes; with the matrices themselves) and
+//! activations.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -24,7 +26,6 @@ use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::cuda::CudaBackend;
 use fovea::backend::wgpu::WgpuBackend;
 use fovea::backend::{Backend, HostWeight, WeightFormat};
 use fovea::config::LmConfig;
@@ -38,6 +39,9 @@ struct Args {
     /// cpu, wgpu or cuda
     #[arg(long, default_value = "cuda")]
     backend: String,
+    /// CUDA: exact (f32 products) or fast (f16 GEMM operands); default $FOVEA_PRECISION, else fast.
+    #[arg(long)]
+    precision: Option<fovea::backend::Precision>,
     /// Prompt tokens (one prefill chunk); decode runs at this context
     #[arg(long, default_value_t = 4096)]
     tokens: usize,
@@ -208,7 +212,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
 
     let prefill = || -> fovea::Result<(f64, fovea::model::lm::LmCache<B>)> {
         let t = Instant::now();
-        let (hidden, cache) = model.prefill_cache(b, &input, None, args.tokens)?;
+        let (hidden, cache) = model.prefill_cache(b, &input, None, args.tokens, &mut |_| {})?;
         b.download(&model.last_logits(b, &hidden)?)?; // waits for the device
         Ok((t.elapsed().as_secs_f64(), cache))
     };
@@ -238,7 +242,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
     let flops = prefill_flops(&cfg, args.tokens);
     let bytes = decode_weight_bytes(&cfg, &src.shapes);
     let mem = b.memory();
-    println!("lane: {} ({})", b.lane(), b.device_name());
+    println!("lane: {} ({}), {} precision", b.lane(), b.device_name(), b.precision());
     println!(
         "layer: hidden {}, {} heads x {}, ratio {}, {} experts top-{}; load (random weights + upload) {load_s:.1} s",
         cfg.hidden_size,
@@ -266,12 +270,23 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         bytes / 1e9,
         bytes / step_s / 1e9
     );
+    let file = file_bytes(&cfg)?;
     println!(
-        "device memory: weights {:.2} GiB, activations peak {:.2} GiB",
+        "device memory: weights {:.2} GiB ({:.3} x the {:.2} GiB bf16 file; the matrices themselves {:.2} GiB), \
+         activations peak {:.2} GiB",
         mem.weight_bytes as f64 / 1073741824.0,
+        mem.weight_bytes as f64 / file as f64,
+        file as f64 / 1073741824.0,
+        mem.matrix_bytes as f64 / 1073741824.0,
         mem.peak_activation_bytes as f64 / 1073741824.0
     );
     Ok(())
+}
+
+/// Bytes the same tensors occupy in a checkpoint with bf16 matrices and f32 vectors (what
+/// `RandomParams` hands out).
+fn file_bytes(cfg: &LmConfig) -> fovea::Result<u64> {
+    Ok(lm_manifest(cfg)?.iter().map(|e| e.shape.iter().product::<usize>() as u64 * if e.matrix { 2 } else { 4 }).sum())
 }
 
 fn main() {
@@ -279,7 +294,7 @@ fn main() {
     let result = match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args),
         "wgpu" => WgpuBackend::new(fovea::pipeline::adapter_from_env().as_deref()).and_then(|b| run(&b, &args)),
-        "cuda" => fovea::pipeline::cuda_device_from_env().and_then(CudaBackend::new).and_then(|b| run(&b, &args)),
+        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
         other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
     };
     if let Err(e) = result {

@@ -8,14 +8,13 @@
 //!
 //! Prints the lane, the grid, the time per encode (after one warm-up that compiles the
 //! pipelines), achieved TFLOP/s, and the device memory split into weights (vs their bf16 file
-//! bytes) and activations.
+//! bytes; with the bytes of the matrices themselves) and activations.
 
 use std::borrow::Cow;
 use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::cuda::CudaBackend;
 use fovea::backend::wgpu::WgpuBackend;
 use fovea::backend::{Backend, HostTensor, HostWeight, WeightFormat};
 use fovea::config::VisionConfig;
@@ -23,6 +22,7 @@ use fovea::model::ParamSource;
 use fovea::model::vision::VisionModel;
 use fovea::pipeline::preprocess_config;
 use fovea::processor;
+use fovea::weights::vision_manifest;
 use rand::{Rng, SeedableRng};
 
 #[derive(Parser)]
@@ -30,6 +30,9 @@ struct Args {
     /// cpu, wgpu or cuda
     #[arg(long, default_value = "wgpu")]
     backend: String,
+    /// CUDA: exact (f32 products) or fast (f16 GEMM operands); default $FOVEA_PRECISION, else fast.
+    #[arg(long)]
+    precision: Option<fovea::backend::Precision>,
     #[arg(long, default_value_t = 1920)]
     width: u32,
     #[arg(long, default_value_t = 1080)]
@@ -137,7 +140,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
 
     let mem = b.memory();
     let file_bytes = file_bytes(&cfg);
-    println!("lane: {} ({})", b.lane(), b.device_name());
+    println!("lane: {} ({}), {} precision", b.lane(), b.device_name(), b.precision());
     println!(
         "image {}x{} -> ViT grid {}x{} ({} patches), LLM grid {}x{}; {} layers x {}",
         args.width, args.height, prep.n_vit_h, prep.n_vit_w, n, prep.n_llm_h, prep.n_llm_w, args.layers, cfg.dim
@@ -151,23 +154,21 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         flops / median / 1e12
     );
     println!(
-        "device memory: weights {:.1} MiB ({:.3} x the {:.1} MiB bf16 file), activations peak {:.1} MiB",
+        "device memory: weights {:.1} MiB ({:.3} x the {:.1} MiB bf16 file; the matrices themselves {:.1} MiB), \
+         activations peak {:.1} MiB",
         mem.weight_bytes as f64 / 1048576.0,
         mem.weight_bytes as f64 / file_bytes as f64,
         file_bytes as f64 / 1048576.0,
+        mem.matrix_bytes as f64 / 1048576.0,
         mem.peak_activation_bytes as f64 / 1048576.0
     );
     Ok(())
 }
 
-/// Bytes the same tensors occupy in a checkpoint with bf16 matrices and f32 vectors.
+/// Bytes the same tensors occupy in a checkpoint with bf16 matrices and f32 vectors (every 2-D
+/// entry of the loader's manifest is a matrix).
 fn file_bytes(cfg: &VisionConfig) -> u64 {
-    let (d, i, h) = (cfg.dim, cfg.inter_dim, cfg.hidden_size);
-    let per_block_matrix = 3 * d * d + d * d + 2 * i * d + d * i;
-    let per_block_vector = 3 * d + d + 2 * d;
-    let matrices = d * cfg.patch_dim() + cfg.n_layers * per_block_matrix + h * cfg.aligner_in_dim() + h * h;
-    let vectors = d + cfg.n_layers * per_block_vector + d + 2 * h + 4 * h;
-    (matrices * 2 + vectors * 4) as u64
+    vision_manifest(cfg).iter().map(|e| e.numel() as u64 * if e.shape.len() == 2 { 2 } else { 4 }).sum()
 }
 
 fn main() {
@@ -175,7 +176,7 @@ fn main() {
     let result = match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args),
         "wgpu" => WgpuBackend::new(fovea::pipeline::adapter_from_env().as_deref()).and_then(|b| run(&b, &args)),
-        "cuda" => fovea::pipeline::cuda_device_from_env().and_then(CudaBackend::new).and_then(|b| run(&b, &args)),
+        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
         other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
     };
     if let Err(e) = result {

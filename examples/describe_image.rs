@@ -11,7 +11,7 @@
 //! binary (5 MB), so it runs wherever it is copied: on first use they are unpacked into the user's
 //! cache (`$XDG_CACHE_HOME/fovea`, else `~/.cache/fovea`). stdout carries only the
 //! description; stderr a progress bar while the weights of a large checkpoint load (≥ 256 MiB)
-//! and one timing line. Any error (a missing or unreadable image among them) is
+//! or a prompt of several chunks prefills, and one timing line. Any error (a missing or unreadable image among them) is
 //! one line on stderr and exit code 2.
 
 use std::io::Write;
@@ -19,9 +19,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use fovea::backend::Precision;
 use fovea::model::lm::generate::Sampling;
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest};
-use fovea::progress::LoadBar;
+use fovea::progress::Bars;
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
 /// The shipped model's files (fixtures/models/vl-scenes), compiled in.
@@ -89,6 +90,10 @@ struct Args {
     /// cuda (name it).
     #[arg(long)]
     backend: Option<String>,
+    /// exact (f32) or fast (f16 operands, f32 accumulation; cuda only so far). Default:
+    /// $FOVEA_PRECISION, else fast on cuda and exact elsewhere.
+    #[arg(long)]
+    precision: Option<Precision>,
     /// The question asked about the image.
     #[arg(long, default_value = "Describe this image.")]
     prompt: String,
@@ -124,13 +129,14 @@ fn run(args: Args) -> fovea::Result<()> {
         tokens,
         images: vec![image],
         lane,
+        precision: args.precision,
     };
     let sampling = Sampling { temperature: args.temperature, seed: args.seed, ..Sampling::default() };
     let opts = GenerateOptions { max_tokens: args.max_tokens, sampling };
     let mut stdout = std::io::stdout().lock();
     let stdout_error = |e: std::io::Error| fovea::Error::Invalid(format!("cannot write to stdout: {e}"));
-    let mut bar = LoadBar::new();
-    let g = pipeline::generate_text(&req, &opts, &tokenizer, &mut |p| bar.update(p), &mut |piece: &str| {
+    let mut bars = Bars::new();
+    let g = pipeline::generate_text(&req, &opts, &tokenizer, &mut |p| bars.update(p), &mut |piece: &str| {
         write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
     })?;
     writeln!(stdout).and_then(|_| stdout.flush()).map_err(stdout_error)?;

@@ -109,18 +109,15 @@ fn sqrt_softplus(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     out[i] = sqrt(s);
 }
 
-// swiglu_clamp: a [rows, 2h] → out [rows, h].   u0 = rows·h, u1 = h, u2 = limit
+// swiglu_clamp: a = gate [n], b = up [n] → out [n] (elementwise).   u0 = n, u1 = limit
 @compute @workgroup_size(256, 1, 1)
 fn swiglu_clamp(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) li: u32) {
     let i = flat(wg, nwg, li);
     if (i >= p.u0) { return; }
-    let h = p.u1;
-    let lim = bitcast<f32>(p.u2);
-    let r = i / h;
-    let col = i % h;
-    let g = min(a[r * 2u * h + col], lim);
-    let u = clamp(a[r * 2u * h + h + col], -lim, lim);
+    let lim = bitcast<f32>(p.u1);
+    let g = min(a[i], lim);
+    let u = clamp(b[i], -lim, lim);
     out[i] = g / (1.0 + exp(-g)) * u;
 }
 
@@ -594,10 +591,29 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
-// moe_experts, per expert e (one dispatch pair each; weights bound one expert at a time):
-// moe_up: a = x [n, d], ia = ids [n·k slots], w = w13_e [2h, d] → out = hid [n·k, h] for the slots
-//   routed to e: silu(min(w1·x, lim)) · clamp(w3·x, ±lim).
-//   u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u5 = fmt, u6 = stride, u7 = limit
+// moe_experts, per expert e (one dispatch each of moe_gate, moe_up, moe_down; weights bound one
+// expert at a time, each projection in its own format: gate and up are separate dispatches so that
+// w1 and w3 may differ in format, as GGUF mixes store them):
+// moe_gate: a = x [n, d], ia = ids [n·k slots], w = w1_e [h, d] → out = hid [n·k, h] for the slots
+//   routed to e: the gate g = w1·x.
+// moe_up: the same with w = w3_e: out = silu(min(g, lim)) · clamp(w3·x, ±lim), g read from out.
+//   u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u5 = fmt, u6 = stride, u7 = limit (moe_up)
+@compute @workgroup_size(256, 1, 1)
+fn moe_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let t = x / p.u1;
+    let j = x % p.u1;
+    if (ia[t] != i32(p.u4)) { return; }
+    let xo = (t / p.u3) * p.u2;
+    var g = 0.0;
+    for (var e = 0u; e < p.u2; e++) {
+        g += a[xo + e] * wload(p.u5, p.u6, j, e);
+    }
+    out[x] = g;
+}
+
 @compute @workgroup_size(256, 1, 1)
 fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
@@ -607,14 +623,12 @@ fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let j = x % p.u1;
     if (ia[t] != i32(p.u4)) { return; }
     let xo = (t / p.u3) * p.u2;
-    var g = 0.0;
     var u = 0.0;
     for (var e = 0u; e < p.u2; e++) {
-        g += a[xo + e] * wload(p.u5, p.u6, j, e);
-        u += a[xo + e] * wload(p.u5, p.u6, p.u1 + j, e);
+        u += a[xo + e] * wload(p.u5, p.u6, j, e);
     }
     let lim = bitcast<f32>(p.u7);
-    g = min(g, lim);
+    let g = min(out[x], lim);
     out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
 }
 

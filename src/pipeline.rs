@@ -10,20 +10,20 @@ use std::time::{Duration, Instant};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::wgpu::WgpuBackend;
-use crate::backend::{Backend, HostTensor, HostWeight, Op, WeightFormat};
+use crate::backend::{Backend, HostTensor, HostWeight, Op, Precision, WeightFormat};
 use crate::config::{LmConfig, VisionConfig};
 use crate::error::{Error, Result};
 use crate::model::lm::generate::{self, Sampling, StopReason};
 use crate::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
 use crate::model::lm::{LmInput, LmModel, PREFILL_CHUNK};
 use crate::model::vision::VisionModel;
-use crate::model::{CountingSource, LoadProgress, ParamSource};
+use crate::model::{CountingSource, LoadProgress, ParamSource, PrefillProgress};
 use crate::processor::{self, PreprocessConfig};
 use crate::tokenizer::ChatTokenizer;
-use crate::weights::Checkpoint;
 use crate::weights::gguf::Gguf;
 use crate::weights::gguf_lm::{GgufLm, GgufPair};
 use crate::weights::gguf_vision::{Mmproj, open_mmproj};
+use crate::weights::{Checkpoint, footprint};
 
 /// Which lane runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +72,8 @@ pub struct VisionDumpRequest {
     pub image_max_tokens: Option<usize>,
     pub image: PathBuf,
     pub lane: LaneChoice,
+    /// `--precision` / `FOVEA_PRECISION`; `None`: the lane's default ([`lane_precision`]).
+    pub precision: Option<Precision>,
     /// Index of the image placeholder in the token stream (sets the lead pads).
     pub start_pos: usize,
 }
@@ -132,16 +134,20 @@ pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
     };
     let ckpt = &src;
     match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos),
+        LaneChoice::Cpu => {
+            exact_only("cpu", req.precision)?;
+            VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos)
+        }
         LaneChoice::Wgpu => {
+            exact_only("wgpu", req.precision)?;
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
         LaneChoice::Cuda => {
-            let b = CudaBackend::new(cuda_device_from_env()?)?;
+            let b = cuda_lane(req.precision)?;
             VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
-        LaneChoice::Auto => match auto_wgpu() {
+        LaneChoice::Auto => match exact_only("auto", req.precision).map(|_| auto_wgpu())? {
             Ok(b) => VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos),
             Err(e) => {
                 eprintln!("fovea: no usable wgpu adapter ({e}); using the CPU lane");
@@ -165,6 +171,39 @@ fn auto_wgpu() -> Result<WgpuBackend> {
 /// `FOVEA_ADAPTER`: a substring of the adapter name to use.
 pub fn adapter_from_env() -> Option<String> {
     std::env::var("FOVEA_ADAPTER").ok().filter(|s| !s.is_empty())
+}
+
+/// The precision a job runs in on `lane` ("cpu", "wgpu", "cuda"): the one asked for (the CLI's
+/// `--precision`, else `FOVEA_PRECISION`), else the lane's default: `fast` on the CUDA lane,
+/// `exact` on the CPU and wgpu lanes, which have no fast kernels yet (asking them for `fast` is an
+/// error, not a silent exact run).
+pub fn lane_precision(lane: &'static str, asked: Option<Precision>) -> Result<Precision> {
+    match (lane, Precision::from_cli_or_env(asked)?) {
+        ("cuda", None) => Ok(Precision::Fast),
+        (_, None) => Ok(Precision::Exact),
+        ("cuda", Some(p)) | (_, Some(p @ Precision::Exact)) => Ok(p),
+        (lane, Some(Precision::Fast)) => Err(Error::Unsupported {
+            lane,
+            op: "precision",
+            what: "fast (this lane computes in f32 only so far; use --precision exact)".into(),
+        }),
+    }
+}
+
+/// The CUDA lane on `FOVEA_CUDA_DEVICE` in the precision asked for (default fast).
+pub fn cuda_lane(asked: Option<Precision>) -> Result<CudaBackend> {
+    let precision = lane_precision("cuda", asked)?;
+    CudaBackend::with_options(crate::backend::cuda::Options {
+        ordinal: cuda_device_from_env()?,
+        precision,
+        ..Default::default()
+    })
+}
+
+/// The wgpu and CPU lanes (and `auto`, which picks one of them) compute in f32 only: check that
+/// nothing else was asked for.
+fn exact_only(lane: &'static str, asked: Option<Precision>) -> Result<()> {
+    lane_precision(lane, asked).map(|_| ())
 }
 
 /// `FOVEA_CUDA_DEVICE`: the CUDA device ordinal for `--backend cuda` (default 0).
@@ -289,7 +328,8 @@ impl VisionDump {
 }
 
 /// `fovea inspect`: the config, the tensor accounting (vision side when config.json has
-/// `vision_*` keys, language model when it has `num_hidden_layers`), the dtypes and the bytes.
+/// `vision_*` keys, language model when it has `num_hidden_layers`), the dtypes and the bytes,
+/// and what the weights take once loaded on each lane ([`footprint`]).
 pub fn inspect(model_dir: &Path) -> Result<String> {
     if is_gguf(model_dir) {
         return inspect_gguf(model_dir);
@@ -318,14 +358,17 @@ pub fn inspect(model_dir: &Path) -> Result<String> {
     if let Some(cfg) = &lm_cfg {
         text += &format!("{}\n", crate::weights::check_lm(&ckpt, cfg)?);
     }
+    text += &footprint::of_checkpoint(&ckpt, lm_cfg.as_ref())?.to_string();
     Ok(text)
 }
 
 /// `fovea inspect` on a text GGUF: files, tensors and bytes per type, the config read from the
-/// `deepseek4.*` keys, and the accounting.
+/// `deepseek4.*` keys, the accounting and the loaded size; on an mmproj, its accounting and
+/// loaded size.
 fn inspect_gguf(path: &Path) -> Result<String> {
     if Gguf::open(path)?.kv("general.architecture").and_then(|v| v.as_str()) == Some("clip") {
-        return Ok(format!("{}\n", open_mmproj(path)?));
+        let m = open_mmproj(path)?;
+        return Ok(format!("{m}\n{}", footprint::of_mmproj(&m)?));
     }
     let lm = GgufLm::open(path)?;
     let g = lm.gguf();
@@ -345,6 +388,7 @@ fn inspect_gguf(path: &Path) -> Result<String> {
     }
     text += &format!("{:#?}\n", lm.config());
     text += &format!("{}\n", crate::weights::gguf_lm::check_gguf_lm(&lm)?);
+    text += &footprint::of_gguf_lm(&lm)?.to_string();
     Ok(text)
 }
 
@@ -396,6 +440,8 @@ pub struct LmRequest {
     /// One image per [`PromptToken::Image`], in order (at most [`MAX_IMAGES_PER_PROMPT`] so far).
     pub images: Vec<PathBuf>,
     pub lane: LaneChoice,
+    /// `--precision` / `FOVEA_PRECISION`; `None`: the lane's default ([`lane_precision`]).
+    pub precision: Option<Precision>,
 }
 
 /// How many images one prompt may carry: the merge and the image-span visibility handle one
@@ -466,14 +512,23 @@ impl Timings {
     }
 }
 
+/// What a generation reports while it runs, for progress bars ([`crate::progress::Bars`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The weights' bytes read so far.
+    Load(LoadProgress),
+    /// The prompt's tokens prefilled so far.
+    Prefill(PrefillProgress),
+}
+
 /// Prefill, then decode, streaming the text: `on_text` gets each piece as soon as it is complete
 /// UTF-8 (special tokens, EOS included, print nothing). Needs `tokenizer` for the model.
-/// `on_load` sees the weights' bytes as they are read (for a progress bar, see [`crate::progress`]).
+/// `on_progress` sees the load and the prefill advance.
 pub fn generate_text(
     req: &LmRequest,
     opts: &GenerateOptions,
     tokenizer: &ChatTokenizer,
-    on_load: &mut dyn FnMut(LoadProgress),
+    on_progress: &mut dyn FnMut(Progress),
     on_text: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<Generated> {
     opts.sampling.validate()?;
@@ -485,7 +540,7 @@ pub fn generate_text(
             None => Ok(()),
         }
     };
-    let g = match run_lm(req, LmJob::Generate(opts, &mut on_token), on_load)? {
+    let g = match run_lm(req, LmJob::Generate(opts, &mut on_token), on_progress)? {
         LmOutcome::Generated(g) => g,
         LmOutcome::Dump(_) => unreachable!("generate job"),
     };
@@ -514,14 +569,16 @@ pub fn dump_lm(req: &LmRequest) -> Result<LmDump> {
     }
 }
 
-/// Prefill, then decode token by token; `on_token` sees each id as it is produced.
+/// Prefill, then decode token by token; `on_token` sees each id as it is produced, `on_progress`
+/// the load and the prefill advance.
 pub fn generate_lm(
     req: &LmRequest,
     opts: &GenerateOptions,
+    on_progress: &mut dyn FnMut(Progress),
     on_token: &mut dyn FnMut(i32) -> Result<()>,
 ) -> Result<Generated> {
     opts.sampling.validate()?;
-    match run_lm(req, LmJob::Generate(opts, on_token), &mut |_| {})? {
+    match run_lm(req, LmJob::Generate(opts, on_token), on_progress)? {
         LmOutcome::Generated(g) => Ok(g),
         LmOutcome::Dump(_) => unreachable!("generate job"),
     }
@@ -537,8 +594,8 @@ fn lm_lane_error(lane: &'static str, op: Op) -> Error {
     Error::Unsupported { lane, op: op.name(), what: "the language model (use --backend cpu)".into() }
 }
 
-fn run_lm(req: &LmRequest, job: LmJob<'_>, on_load: &mut dyn FnMut(LoadProgress)) -> Result<LmOutcome> {
-    run_on_lane(req.lane, LmJobOnLane { req, job, on_load })
+fn run_lm(req: &LmRequest, job: LmJob<'_>, on_progress: &mut dyn FnMut(Progress)) -> Result<LmOutcome> {
+    run_on_lane(req.lane, req.precision, LmJobOnLane { req, job, on_progress })
 }
 
 /// A job generic over the backend: [`run_on_lane`] runs it on the lane a [`LaneChoice`]
@@ -549,12 +606,17 @@ pub trait LaneJob {
     fn run<B: Backend>(self, b: &B, note: Option<&str>) -> Result<Self::Output>;
 }
 
-/// Run a language-model job on the chosen lane: a named lane that lacks a language-model op is
-/// an error; `auto` takes the wgpu lane when it has them all, else the CPU lane (with a note).
-pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, job: J) -> Result<J::Output> {
+/// Run a language-model job on the chosen lane in the precision asked for (`None`: the lane's
+/// default, [`lane_precision`]): a named lane that lacks a language-model op is an error; `auto`
+/// takes the wgpu lane when it has them all, else the CPU lane (with a note).
+pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, precision: Option<Precision>, job: J) -> Result<J::Output> {
     match LaneChoice::resolve(Some(lane))? {
-        LaneChoice::Cpu => job.run(&CpuBackend::new(), None),
+        LaneChoice::Cpu => {
+            exact_only("cpu", precision)?;
+            job.run(&CpuBackend::new(), None)
+        }
         LaneChoice::Wgpu => {
+            exact_only("wgpu", precision)?;
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
@@ -562,13 +624,13 @@ pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, job: J) -> Result<J::Output> {
             job.run(&b, None)
         }
         LaneChoice::Cuda => {
-            let b = CudaBackend::new(cuda_device_from_env()?)?;
+            let b = cuda_lane(precision)?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
             job.run(&b, None)
         }
-        LaneChoice::Auto => match auto_wgpu() {
+        LaneChoice::Auto => match exact_only("auto", precision).map(|_| auto_wgpu())? {
             Ok(b) if missing_lm_op(&b).is_none() => job.run(&b, None),
             Ok(_) => {
                 job.run(&CpuBackend::new(), Some("this wgpu adapter lacks a language-model op; using the CPU lane"))
@@ -582,13 +644,13 @@ pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, job: J) -> Result<J::Output> {
 struct LmJobOnLane<'r, 'j, 'l> {
     req: &'r LmRequest,
     job: LmJob<'j>,
-    on_load: &'l mut dyn FnMut(LoadProgress),
+    on_progress: &'l mut dyn FnMut(Progress),
 }
 
 impl LaneJob for LmJobOnLane<'_, '_, '_> {
     type Output = LmOutcome;
     fn run<B: Backend>(self, b: &B, note: Option<&str>) -> Result<LmOutcome> {
-        lm_job(b, self.req, self.job, self.on_load, note)
+        lm_job(b, self.req, self.job, self.on_progress, note)
     }
 }
 
@@ -720,9 +782,10 @@ fn lm_job<B: Backend>(
     b: &B,
     req: &LmRequest,
     job: LmJob<'_>,
-    on_load: &mut dyn FnMut(LoadProgress),
+    on_progress: &mut dyn FnMut(Progress),
     note: Option<&str>,
 ) -> Result<LmOutcome> {
+    let on_load = &mut |p: LoadProgress| on_progress(Progress::Load(p));
     let src = LmSource::open(&req.model_dir, req.mmproj.as_deref(), req.image_max_tokens)?;
     let v = src.config().vocab_size;
     // validate the prompt before loading anything heavy
@@ -753,7 +816,8 @@ fn lm_job<B: Backend>(
     let PromptInput { input, embeds, image_start } = prompt;
     match job {
         LmJob::Dump => {
-            let (hidden, _) = lm.model.prefill_cache(b, &input, embeds, PREFILL_CHUNK)?;
+            let (hidden, _) =
+                lm.model.prefill_cache(b, &input, embeds, PREFILL_CHUNK, &mut |p| on_progress(Progress::Prefill(p)))?;
             let logits = lm.model.logits(b, &hidden)?;
             Ok(LmOutcome::Dump(LmDump {
                 lane: b.lane(),
@@ -765,8 +829,18 @@ fn lm_job<B: Backend>(
             }))
         }
         LmJob::Generate(opts, on_token) => {
-            let g =
-                generate::generate(&lm.model, b, &input, embeds, opts.max_tokens, &lm.eos, &opts.sampling, on_token)?;
+            let on_prefill = &mut |p: PrefillProgress| on_progress(Progress::Prefill(p));
+            let g = generate::generate(
+                &lm.model,
+                b,
+                &input,
+                embeds,
+                opts.max_tokens,
+                &lm.eos,
+                &opts.sampling,
+                on_prefill,
+                on_token,
+            )?;
             let timings = Timings { load: lm.load_time, vision, prefill: g.prefill, decode: g.decode };
             Ok(LmOutcome::Generated(Generated {
                 lane: b.lane(),

@@ -156,16 +156,16 @@ fn cuda_two_backends_in_one_process() {
     }
 }
 
-/// `fovea dump --backend cuda` on a vision checkpoint: on a CUDA machine it writes the same
-/// stages as the CPU lane (within the f32 golden tolerance); elsewhere it is a one-line error
-/// naming what is missing, exit code 2.
+/// `fovea dump --backend cuda --precision exact` on a vision checkpoint: on a CUDA machine it
+/// writes the same stages as the CPU lane (within the f32 golden tolerance); elsewhere it is a
+/// one-line error naming what is missing, exit code 2.
 #[test]
 fn cli_vision_dump_runs_on_cuda_or_says_why_not() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |lane: &str| {
         let path = tmp.path().join(format!("{lane}.safetensors"));
         let out = fovea_bin()
-            .args(["dump", "--backend", lane, "--model"])
+            .args(["dump", "--backend", lane, "--precision", "exact", "--model"])
             .arg(common::model_dir("vit-b"))
             .arg("--image")
             .arg(common::image_path("odd.png"))
@@ -199,16 +199,19 @@ fn cli_vision_dump_runs_on_cuda_or_says_why_not() {
     assert_eq!(common::st_i64(&ours, "perm"), common::st_i64(&theirs, "perm"));
 }
 
-/// `fovea generate --backend cuda` on the language model: on a CUDA machine the greedy tokens are
-/// the CPU lane's; elsewhere a one-line error naming what is missing, exit code 2.
+/// `fovea generate --backend cuda` on the language model, in each precision: on a CUDA machine
+/// the greedy tokens are the CPU lane's; elsewhere a one-line error naming what is missing, exit
+/// code 2.
 #[test]
 fn cli_lm_generate_runs_on_cuda_or_says_why_not() {
-    let run = |lane: &str| {
+    let run = |lane: &str, precision: &str| {
         fovea_bin()
             .args([
                 "generate",
                 "--backend",
                 lane,
+                "--precision",
+                precision,
                 "--print-ids",
                 "--max-tokens",
                 "16",
@@ -220,18 +223,62 @@ fn cli_lm_generate_runs_on_cuda_or_says_why_not() {
             .output()
             .unwrap()
     };
-    let out = run("cuda");
-    let err = String::from_utf8_lossy(&out.stderr);
-    if fovea::backend::cuda::probe().is_err() && !common::cuda_required() {
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert!(err.contains("CUDA") && !err.contains("panicked"), "{err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        return;
-    }
-    assert!(out.status.success(), "{err}");
-    let cpu = run("cpu");
+    let cpu = run("cpu", "exact");
     assert!(cpu.status.success(), "{}", String::from_utf8_lossy(&cpu.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&cpu.stdout), "greedy ids differ");
+    for precision in ["exact", "fast"] {
+        let out = run("cuda", precision);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if fovea::backend::cuda::probe().is_err() && !common::cuda_required() {
+            assert_eq!(out.status.code(), Some(2), "{err}");
+            assert!(err.contains("CUDA") && !err.contains("panicked"), "{err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+            return;
+        }
+        assert!(out.status.success(), "{err}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&cpu.stdout),
+            "greedy ids differ ({precision})"
+        );
+    }
+}
+
+/// `--precision fast` where the lane has no fast kernels (CPU, wgpu, auto) is a one-line error
+/// naming the lane and the way out, not a silent f32 run; exit code 2. So is an unknown precision,
+/// from the flag or from FOVEA_PRECISION.
+#[test]
+fn fast_precision_off_the_cuda_lane_is_a_clear_error() {
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut c = fovea_bin();
+        c.args(["generate", "--print-ids", "--max-tokens", "2", "--token-ids", "1,2,3", "--model"])
+            .arg(common::model_dir("lm-tiny"))
+            .args(args)
+            .env_remove("FOVEA_PRECISION");
+        if let Some(v) = env {
+            c.env("FOVEA_PRECISION", v);
+        }
+        c.output().unwrap()
+    };
+    for (args, env, needle) in [
+        (&["--backend", "cpu", "--precision", "fast"][..], None, "cpu"),
+        (&["--backend", "auto", "--precision", "fast"][..], None, "auto"),
+        (&["--backend", "cpu"][..], Some("fast"), "cpu"),
+        (&["--backend", "cpu", "--precision", "half"][..], None, "half"),
+        (&["--backend", "cpu"][..], Some("half"), "FOVEA_PRECISION"),
+    ] {
+        let out = run(args, env);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(err.contains(needle) && !err.contains("panicked"), "{args:?} {env:?}: {err}");
+        if needle != "half" {
+            // (clap words a bad flag value itself, with a usage hint)
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        }
+    }
+    // exact on the CPU lane, asked for in either way, runs
+    assert!(run(&["--backend", "cpu", "--precision", "exact"], None).status.success());
+    assert!(run(&["--backend", "cpu"], Some("exact")).status.success());
 }
 
 #[test]
@@ -278,15 +325,16 @@ fn cuda_lm_edge_cases() {
         let hw = HostWeight { name: "expert".into(), format: WeightFormat::F32, rows, cols, bytes: Cow::Owned(v) };
         b.upload_weight(&hw).unwrap()
     };
-    let w13: Vec<_> = (0..e).map(|s| w(2 * h, d, s + 1)).collect();
+    let w1: Vec<_> = (0..e).map(|s| w(h, d, s + 1)).collect();
+    let w3: Vec<_> = (0..e).map(|s| w(h, d, s + 9)).collect();
     let w2: Vec<_> = (0..e).map(|s| w(d, h, s + 5)).collect();
-    let a = get(&b.moe_experts(&x, &ids, &wts, &w13, &w2, 0.8).unwrap());
-    let c = get(&b.moe_experts(&x, &ids, &wts, &w13, &w2, 0.8).unwrap());
+    let a = get(&b.moe_experts(&x, &ids, &wts, &w1, &w3, &w2, 0.8).unwrap());
+    let c = get(&b.moe_experts(&x, &ids, &wts, &w1, &w3, &w2, 0.8).unwrap());
     assert!(a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()), "moe_experts is not reproducible");
     assert!(a.iter().all(|v| v.is_finite()) && a.iter().any(|v| *v != 0.0));
     // an id outside the experts makes its token's row NaN and leaves the others as they were
     let bad = i(&[n, k], (0..n * k).map(|j| if j == k { e as i32 } else { (j * 7 % e) as i32 }).collect());
-    let z = get(&b.moe_experts(&x, &bad, &wts, &w13, &w2, 0.8).unwrap());
+    let z = get(&b.moe_experts(&x, &bad, &wts, &w1, &w3, &w2, 0.8).unwrap());
     assert!(z[d..2 * d].iter().all(|v| v.is_nan()), "{:?}", &z[d..2 * d]);
     assert!(z[..d] == a[..d] && z[2 * d..] == a[2 * d..]);
 }

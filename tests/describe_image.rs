@@ -172,6 +172,15 @@ impl Captioner {
     }
 
     fn ids(&self, image: &std::path::Path, lane: fovea::pipeline::LaneChoice) -> Vec<i32> {
+        self.ids_in(image, lane, fovea::backend::Precision::Exact)
+    }
+
+    fn ids_in(
+        &self,
+        image: &std::path::Path,
+        lane: fovea::pipeline::LaneChoice,
+        precision: fovea::backend::Precision,
+    ) -> Vec<i32> {
         use fovea::model::lm::generate::Sampling;
         use fovea::pipeline::{GenerateOptions, LmRequest, generate_lm};
         let opts = GenerateOptions { max_tokens: 40, sampling: Sampling::default() };
@@ -182,8 +191,11 @@ impl Captioner {
             tokens: self.tokens.clone(),
             images: vec![image.to_path_buf()],
             lane,
+            precision: Some(precision),
         };
-        generate_lm(&req, &opts, &mut |_| Ok(())).unwrap_or_else(|e| panic!("{}: {e}", image.display())).ids
+        generate_lm(&req, &opts, &mut |_| {}, &mut |_| Ok(()))
+            .unwrap_or_else(|e| panic!("{}: {e}", image.display()))
+            .ids
     }
 
     fn text(&self, ids: &[i32]) -> String {
@@ -203,19 +215,21 @@ fn report(line: &str) {
 /// draws from seeds 2026000/2027000 + worker, its evaluations from 777 and 4242), greedy, on the
 /// CPU lane: how many are exact, and the misses. An exact caption gets every word right: size,
 /// colour, shape, position, the order of two shapes and the end of sentence.
-fn unseen_scene_accuracy() -> (usize, Vec<String>) {
-    use fovea::pipeline::LaneChoice;
+fn unseen_scene_accuracy(
+    lane: fovea::pipeline::LaneChoice,
+    precision: fovea::backend::Precision,
+) -> (usize, Vec<String>) {
     let captioner = Captioner::new();
     let scenes = scene_set("heldout-200", 200);
     let mut misses = Vec::new();
     for (image, caption) in &scenes {
-        let got = captioner.text(&captioner.ids(image, LaneChoice::Cpu));
+        let got = captioner.text(&captioner.ids_in(image, lane, precision));
         if got != *caption {
             misses.push(format!("{}: `{got}` for `{caption}`", image.display()));
         }
     }
     let right = scenes.len() - misses.len();
-    report(&format!("vl-scenes: {right} of 200 unseen scenes captioned exactly (CPU lane)"));
+    report(&format!("vl-scenes: {right} of 200 unseen scenes captioned exactly ({lane:?} lane, {precision})"));
     (right, misses)
 }
 
@@ -223,7 +237,18 @@ fn unseen_scene_accuracy() -> (usize, Vec<String>) {
 /// (which also covers the acceptance check's bar of 90 %).
 #[test]
 fn the_shipped_model_captions_at_least_95_percent_of_200_unseen_scenes() {
-    let (right, misses) = unseen_scene_accuracy();
+    let (right, misses) = unseen_scene_accuracy(fovea::pipeline::LaneChoice::Cpu, fovea::backend::Precision::Exact);
+    assert!(right >= 190, "{right} of 200 exact (need 190); misses:\n{}", misses.join("\n"));
+}
+
+/// Fast precision's contract (`--precision fast`, the CUDA lane's default): the same ≥ 95 % of
+/// the 200 unseen scenes. Without a driver it prints why it skipped.
+#[test]
+fn the_cuda_lane_in_fast_precision_captions_at_least_95_percent_of_200_unseen_scenes() {
+    if common::cuda_lane_or_skip().is_none() {
+        return;
+    }
+    let (right, misses) = unseen_scene_accuracy(fovea::pipeline::LaneChoice::Cuda, fovea::backend::Precision::Fast);
     assert!(right >= 190, "{right} of 200 exact (need 190); misses:\n{}", misses.join("\n"));
 }
 
@@ -248,8 +273,10 @@ fn wgpu_and_cpu_lanes_write_identical_captions_for_20_scenes() {
     report(&format!("vl-scenes: {right} of 20 scenes captioned exactly (identical on both lanes)"));
 }
 
-/// The CUDA lane writes the same tokens as the CPU lane for the same 20 scenes (issue 4: "and
-/// the CUDA lane, once it exists, on an NVIDIA GPU"). Without a driver it prints why it skipped.
+/// The CUDA lane in exact precision writes the same tokens as the CPU lane for the same 20 scenes
+/// (issue 4: "and the CUDA lane, once it exists, on an NVIDIA GPU"); how many of them fast
+/// precision writes identically is printed, not asserted (its contract is the 200-scene accuracy
+/// above). Without a driver it prints why it skipped.
 #[test]
 fn cuda_and_cpu_lanes_write_identical_captions_for_20_scenes() {
     use fovea::pipeline::LaneChoice;
@@ -257,11 +284,13 @@ fn cuda_and_cpu_lanes_write_identical_captions_for_20_scenes() {
         return;
     }
     let captioner = Captioner::new();
-    let mut right = 0;
+    let (mut right, mut fast_same) = (0, 0);
     for (image, caption) in scene_set("scenes", 20) {
         let cpu = captioner.ids(&image, LaneChoice::Cpu);
         assert_eq!(captioner.ids(&image, LaneChoice::Cuda), cpu, "{}: the lanes' captions differ", image.display());
         right += usize::from(captioner.text(&cpu) == caption);
+        fast_same += usize::from(captioner.ids_in(&image, LaneChoice::Cuda, fovea::backend::Precision::Fast) == cpu);
     }
     report(&format!("vl-scenes: {right} of 20 scenes captioned exactly (identical on the CPU and CUDA lanes)"));
+    report(&format!("vl-scenes: CUDA fast precision writes {fast_same} of the 20 captions identically"));
 }

@@ -219,24 +219,23 @@ fn cpu_moe_experts_on_block_weights_equal_the_decoded_matrices() {
     let b = CpuBackend::new();
     for format in block_formats() {
         let g = golden(format);
-        // d = 2 blocks, h = 1 block: w13 [2h, d], w2 [d, h]; three experts, two per token
+        // d = 2 blocks, h = 1 block: w1, w3 [h, d], w2 [d, h]; three experts, two per token
         let (d, h) = (2 * format.block_elems(), format.block_elems());
-        let (mut w13q, mut w13f, mut w2q, mut w2f) = (vec![], vec![], vec![], vec![]);
+        let (mut q, mut f) = ([vec![], vec![], vec![]], [vec![], vec![], vec![]]);
         for e in 0..3 {
-            // a different walk through the block pool per expert, so the experts differ
-            let (bytes, values) = matrix(&g, 2 * h, d, 2 * e);
-            w13q.push(b.upload_weight(&weight("w13", format, 2 * h, d, bytes)).unwrap());
-            w13f.push(b.upload_weight(&f32_weight("w13_f32", 2 * h, d, &values)).unwrap());
-            let (bytes, values) = matrix(&g, d, h, 2 * e + 1);
-            w2q.push(b.upload_weight(&weight("w2", format, d, h, bytes)).unwrap());
-            w2f.push(b.upload_weight(&f32_weight("w2_f32", d, h, &values)).unwrap());
+            // a different walk through the block pool per matrix, so the experts differ
+            for (p, (rows, cols)) in [(h, d), (h, d), (d, h)].into_iter().enumerate() {
+                let (bytes, values) = matrix(&g, rows, cols, 3 * e + p);
+                q[p].push(b.upload_weight(&weight("expert", format, rows, cols, bytes)).unwrap());
+                f[p].push(b.upload_weight(&f32_weight("expert_f32", rows, cols, &values)).unwrap());
+            }
         }
         let n = 3;
         let x = b.upload(&HostTensor::f32([n, d], activations(n * d, 4)).unwrap()).unwrap();
         let ids = b.upload(&HostTensor::i32([n, 2], vec![0, 2, 1, 0, 2, 1]).unwrap()).unwrap();
         let wts = b.upload(&HostTensor::f32([n, 2], activations(2 * n, 5)).unwrap()).unwrap();
-        let ours = download(&b, &b.moe_experts(&x, &ids, &wts, &w13q, &w2q, 7.0).unwrap());
-        let want = download(&b, &b.moe_experts(&x, &ids, &wts, &w13f, &w2f, 7.0).unwrap());
+        let ours = download(&b, &b.moe_experts(&x, &ids, &wts, &q[0], &q[1], &q[2], 7.0).unwrap());
+        let want = download(&b, &b.moe_experts(&x, &ids, &wts, &f[0], &f[1], &f[2], 7.0).unwrap());
         assert_same(&format!("{format} moe_experts"), &ours, &want);
     }
 }

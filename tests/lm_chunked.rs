@@ -135,7 +135,7 @@ fn decode_after_a_chunked_prefill_reproduces_the_greedy_golden() {
     let ids: Vec<i32> = i[0].iter().map(|&x| x as i32).collect();
     let want = &i[1];
     let v = cfg.vocab_size;
-    let (hidden, mut cache) = model.prefill_cache(&b, &LmInput { ids, window: None }, None, 23).unwrap();
+    let (hidden, mut cache) = model.prefill_cache(&b, &LmInput { ids, window: None }, None, 23, &mut |_| {}).unwrap();
     let first = f32s(&b, &model.last_logits(&b, &hidden).unwrap());
     let argmax = |r: &[f32]| r.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
     assert_eq!(argmax(&first) as i64, want[0]);

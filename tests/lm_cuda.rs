@@ -8,6 +8,17 @@
 //! whose error bound is no larger than a sequential sum's), transcendentals a few ulp off
 //! (`expf`, `log1pf`, `cosf`/`sinf` of CUDA's math library; NVRTC may contract a·b+c into FMA,
 //! which only removes a rounding). Router ids, indexer picks and greedy tokens are exact.
+//!
+//! Fast precision (`--precision fast`, the lane's default on the command line): every GEMM tile
+//! rounds both operands to f16 once, so each dot product carries an NMSE of ≈ 8e-8 (derived in
+//! tests/common/mod.rs, `FAST_GEMM_NMSE`), a relative L2 of ≈ 2.8e-4 on that GEMM's output. lm-tiny
+//! chains ≈ 12 such GEMMs per layer (q, kv, grouped output, the compressors and indexer, shared
+//! and routed experts) over 5 layers plus the head: ≈ 60, whose errors reach the residual streams
+//! independently, so ≈ √60 · 2.8e-4 ≈ 2.2e-3 at the logits while no router or indexer choice
+//! moves; the generator's margins (1e-4) are thin enough that some may, and a moved expert shifts
+//! that token's hidden state by O(its output). The ceiling is 3e-2: we gate there
+//! (`FAST_REL_L2`), with top-1 at every position but near-ties and greedy tokens exact
+//! (`common::lm::Contract::Fast`); moved choices are printed.
 
 mod common;
 
@@ -17,8 +28,9 @@ use fovea::backend::Backend;
 use fovea::backend::cuda::CudaBackend;
 
 const REL_L2: f64 = 1e-5;
+const FAST_REL_L2: f64 = 3e-2;
 
-/// One device for both tests.
+/// One device for the exact tests.
 fn lane() -> Option<&'static CudaBackend> {
     static LANE: OnceLock<Option<CudaBackend>> = OnceLock::new();
     LANE.get_or_init(|| {
@@ -43,4 +55,30 @@ fn cuda_lm_vision_matches_transformers_with_vision_ext() {
     let Some(b) = lane() else { return };
     let fails = common::lm::check_lm_vision(b, REL_L2);
     assert!(fails.is_empty(), "lm-vision on {}:\n{}", b.device_name(), fails.join("\n"));
+}
+
+/// The same device in fast precision.
+fn fast_lane() -> Option<&'static CudaBackend> {
+    static LANE: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    LANE.get_or_init(|| {
+        common::cuda_lane_with_or_skip(fovea::backend::cuda::Options {
+            precision: fovea::backend::Precision::Fast,
+            ..Default::default()
+        })
+    })
+    .as_ref()
+}
+
+#[test]
+fn cuda_fast_lm_text_matches_transformers() {
+    let Some(b) = fast_lane() else { return };
+    let fails = common::lm::check_lm_text(b, common::lm::Contract::Fast(FAST_REL_L2));
+    assert!(fails.is_empty(), "lm-text, fast precision, on {}:\n{}", b.device_name(), fails.join("\n"));
+}
+
+#[test]
+fn cuda_fast_lm_vision_matches_transformers_with_vision_ext() {
+    let Some(b) = fast_lane() else { return };
+    let fails = common::lm::check_lm_vision(b, common::lm::Contract::Fast(FAST_REL_L2));
+    assert!(fails.is_empty(), "lm-vision, fast precision, on {}:\n{}", b.device_name(), fails.join("\n"));
 }

@@ -104,6 +104,7 @@ fn dump(dir: &Path) -> fovea::Result<pipeline::LmDump> {
         tokens,
         images: Vec::new(),
         lane: LaneChoice::Cpu,
+        precision: None,
     })
 }
 

@@ -30,6 +30,13 @@ use rand::{Rng, SeedableRng};
 const EXACT: f64 = 0.0;
 const ELEMENTWISE: f64 = 1e-12;
 const REDUCTION: f64 = 1e-10;
+/// Fast precision (CUDA `--precision fast`): a GEMM whose operands are each rounded to f16 once
+/// has an NMSE of ≈ 8e-8 (tests/common `FAST_GEMM_NMSE`, derived there); gated at 4×.
+const FAST_GEMM: f64 = 4.0 * common::FAST_GEMM_NMSE;
+/// The experts chain two GEMMs through the clamped SwiGLU: the up GEMM's error reaches both its
+/// halves (≈ 1.6e-7, up to twice that through silu's slope) and the down GEMM adds its own 8e-8,
+/// ≈ 4e-7; gated at 4×, 1.6e-6.
+const FAST_MOE: f64 = 20.0 * common::FAST_GEMM_NMSE;
 
 /// A lane compared with the CPU lane, plus its own output check (guard bands).
 trait LaneUnderTest: Backend {
@@ -55,7 +62,7 @@ struct Case {
     bound: f64,
     tensors: Vec<HostTensor>,
     weight: Option<(WeightFormat, usize, usize, Vec<u8>)>,
-    /// Several weights (moe_experts: every w13, then every w2).
+    /// Several weights (moe_experts: every w1, then every w3, then every w2).
     experts: Vec<(WeightFormat, usize, usize, Vec<u8>)>,
     run: fn(&Args) -> Call,
     args: Args,
@@ -152,7 +159,7 @@ enum Call {
         k: usize,
         scale: f32,
     },
-    SwigluClamp(usize, f32),
+    SwigluClamp(usize, usize, f32),
     RopeTail {
         x: usize,
         heads: usize,
@@ -258,7 +265,7 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::SqrtSoftplus(x) => b.sqrt_softplus(&ts[x]),
         Call::HashRoute { table, ids, fallback } => b.hash_route(&ts[table], &ts[ids], &ts[fallback]),
         Call::RouteWeights { scores, ids, scale } => b.route_weights(&ts[scores], &ts[ids], scale),
-        Call::SwigluClamp(x, limit) => b.swiglu_clamp(&ts[x], limit),
+        Call::SwigluClamp(g, u, limit) => b.swiglu_clamp(&ts[g], &ts[u], limit),
         Call::RopeTail { x, heads, inv_freq, pos0, stride, inverse } => {
             b.rope_tail(&ts[x], heads, &ts[inv_freq], pos0, stride, inverse)
         }
@@ -273,8 +280,9 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         }
         Call::TopkRows(x, k) => b.topk_rows(&ts[x], k),
         Call::MoeExperts { x, ids, weights, limit } => {
-            let (w13, w2) = experts.split_at(experts.len() / 2);
-            b.moe_experts(&ts[x], &ts[ids], &ts[weights], w13, w2, limit)
+            let e = experts.len() / 3;
+            let (w1, w3, w2) = (&experts[..e], &experts[e..2 * e], &experts[2 * e..]);
+            b.moe_experts(&ts[x], &ts[ids], &ts[weights], w1, w3, w2, limit)
         }
         Call::GroupedLinear(x, g) => b.grouped_linear(&ts[x], weight.as_ref().unwrap(), g),
         Call::SinkAttention { q, kv, window, comp, sinks, heads } => {
@@ -625,11 +633,11 @@ fn lm_cases() -> Vec<Case> {
     }
     out.extend(route_cases(&mut r));
     out.push(case(
-        "swiglu_clamp [15,2x23] limit 7",
+        "swiglu_clamp [15,23] limit 7",
         Op::SwigluClamp,
         ELEMENTWISE,
-        vec![randn(&mut r, &[15, 46], 12.0)],
-        |_| Call::SwigluClamp(0, 7.0),
+        vec![randn(&mut r, &[15, 23], 12.0), randn(&mut r, &[15, 23], 12.0)],
+        |_| Call::SwigluClamp(0, 1, 7.0),
         Args::default(),
     ));
     // rope_tail: rd = 2·6 of hd = 22, inv_freq spanning 1 … 1e-4; positions up to ~9000 rad.
@@ -746,25 +754,15 @@ fn lm_cases() -> Vec<Case> {
             Args::default(),
         ));
     }
-    // moe_experts: 5 experts (one unused), k = 3 slots, in every format; limit cuts some values.
-    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+    // moe_experts: 5 experts (one unused), k = 3 slots, in every format, then gate, up and down
+    // each in another; limit cuts some values.
+    use WeightFormat::{BF16, F16, F32};
+    for formats in [(F32, F32, F32), (F16, F16, F16), (BF16, BF16, BF16), (F32, BF16, F16)] {
         let (n, d, h, e, k) = (6, 19, 13, 5, 3);
         let ids: Vec<i32> = (0..n * k).map(|j| [0, 2, 3, 1, 2, 0, 3, 1, 2][j % 9]).collect();
-        let mut c = case(
-            format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k}"),
-            Op::MoeExperts,
-            REDUCTION,
-            vec![randn(&mut r, &[n, d], 3.0), ints(&[n, k], ids), randn(&mut r, &[n, k], 1.0)],
-            |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
-            Args::default(),
-        );
-        for _ in 0..e {
-            c.experts.push((format, 2 * h, d, weight_bytes(&mut r, format, 2 * h, d)));
-        }
-        for _ in 0..e {
-            c.experts.push((format, d, h, weight_bytes(&mut r, format, d, h)));
-        }
-        out.push(c);
+        let (g, u, o) = formats;
+        let name = format!("moe_experts {g}/{u}/{o} n={n} d={d} h={h} {e} experts k={k}");
+        out.push(moe_case(&mut r, name, formats, (n, d, h, e, k), ids));
     }
     out
 }
@@ -823,32 +821,41 @@ fn block_cases() -> Vec<Case> {
         c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
         out.push(c);
     }
-    // moe_experts: gate/up (w13) in one format, down (w2) in another, as the published quants mix
-    // them; then every format for both.
+    // moe_experts: the projections in the formats the published quants mix (gate and up alike,
+    // down another), gate and up in different formats (the unsloth mixes: IQ1_S gate with IQ1_M
+    // up; block sizes of 256 and 32; a float and a block format), then every format for all three.
     use WeightFormat::*;
-    let mixes = [(IQ2_XXS, Q2_K), (MXFP4, MXFP4), (IQ1_M, IQ2_XS), (FP8_E4M3_B128_E8M0, Q8_0)]
-        .into_iter()
-        .chain(WeightFormat::ALL.into_iter().filter(|f| f.is_block()).map(|f| (f, f)));
-    for (up, down) in mixes {
+    let mixes = [
+        (IQ2_XXS, IQ2_XXS, Q2_K),
+        (MXFP4, MXFP4, MXFP4),
+        (IQ1_M, IQ1_M, IQ2_XS),
+        (FP8_E4M3_B128_E8M0, FP8_E4M3_B128_E8M0, Q8_0),
+        (IQ1_S, IQ1_M, Q2_K),
+        (Q4_K, Q8_0, Q6_K),
+        (F16, IQ3_XXS, BF16),
+    ]
+    .into_iter()
+    .chain(WeightFormat::ALL.into_iter().filter(|f| f.is_block()).map(|f| (f, f, f)));
+    for (g, u, o) in mixes {
         let (n, e, k) = (6, 5, 3);
-        let d = up.block_elems().max(down.block_elems());
+        let d = [g, u, o].iter().map(|f| f.block_elems()).max().unwrap_or(1);
         let ids: Vec<i32> = (0..n * k).map(|j| [0, 2, 3, 1, 2, 0, 3, 1, 2][j % 9]).collect();
-        let name = format!("moe_experts {up}/{down} n={n} d={d} h={d} {e} experts k={k}");
-        out.push(moe_block_case(&mut r, name, (up, down), (n, d, d, e, k), ids));
+        let name = format!("moe_experts {g}/{u}/{o} n={n} d={d} h={d} {e} experts k={k}");
+        out.push(moe_case(&mut r, name, (g, u, o), (n, d, d, e, k), ids));
     }
     out
 }
 
-/// A `moe_experts` case: x `[n, d]`, `e` experts with w13 `[2h, d]` in `formats.0` and w2
-/// `[d, h]` in `formats.1`, top-`k` ids as given.
-fn moe_block_case(
+/// A `moe_experts` case: x `[n, d]`, `e` experts with the gate w1 `[h, d]` in `formats.0`, the up
+/// w3 `[h, d]` in `formats.1` and the down w2 `[d, h]` in `formats.2`, top-`k` ids as given.
+fn moe_case(
     r: &mut StdRng,
     name: String,
-    formats: (WeightFormat, WeightFormat),
+    formats: (WeightFormat, WeightFormat, WeightFormat),
     (n, d, h, e, k): (usize, usize, usize, usize, usize),
     ids: Vec<i32>,
 ) -> Case {
-    let (up, down) = formats;
+    let (gate, up, down) = formats;
     let mut c = case(
         name,
         Op::MoeExperts,
@@ -857,11 +864,10 @@ fn moe_block_case(
         |_| Call::MoeExperts { x: 0, ids: 1, weights: 2, limit: 0.8 },
         Args::default(),
     );
-    for _ in 0..e {
-        c.experts.push((up, 2 * h, d, weight_bytes(r, up, 2 * h, d)));
-    }
-    for _ in 0..e {
-        c.experts.push((down, d, h, weight_bytes(r, down, d, h)));
+    for (format, rows, cols) in [(gate, h, d), (up, h, d), (down, d, h)] {
+        for _ in 0..e {
+            c.experts.push((format, rows, cols, weight_bytes(r, format, rows, cols)));
+        }
     }
     c
 }
@@ -889,8 +895,13 @@ fn cuda_block_cases() -> Vec<Case> {
         let h = 2 * d;
         let ids: Vec<i32> = (0..n * k).map(|j| [3, 0, 2, 0, 1, 3][j % 6]).collect();
         let name = format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k} (small-row path)");
-        out.push(moe_block_case(&mut r, name, (format, format), (n, d, h, e, k), ids));
+        out.push(moe_case(&mut r, name, (format, format, format), (n, d, h, e, k), ids));
     }
+    // gate and up in different formats on the small-row path too
+    use WeightFormat::{IQ1_M, IQ1_S, Q8_0};
+    let ids: Vec<i32> = (0..6).map(|j| [3, 0, 2, 0, 1, 3][j % 6]).collect();
+    let name = "moe_experts IQ1_S/IQ1_M/Q8_0 n=2 d=256 h=512 4 experts k=3 (small-row path)".to_string();
+    out.push(moe_case(&mut r, name, (IQ1_S, IQ1_M, Q8_0), (2, 256, 512, 4, 3), ids));
     out
 }
 
@@ -1155,6 +1166,35 @@ fn cuda_ops_match_cpu() {
         return;
     };
     eprintln!("cuda lane: {}", lane.device_name());
+    let all = cuda_cases(&lane);
+    check_cuda_coverage(&lane, compare_with_cpu(&lane, all));
+}
+
+/// The same cases in fast precision: the GEMM ops (linear, the aligner's fused GEMM, the grouped
+/// projection, the experts) at the fast bounds, every other op at its own (fast mode changes only
+/// the GEMM tiles).
+#[test]
+fn cuda_ops_match_cpu_in_fast_precision() {
+    let opts = fovea::backend::cuda::Options {
+        guard_words: 8,
+        precision: fovea::backend::Precision::Fast,
+        ..Default::default()
+    };
+    let Some(lane) = common::cuda_lane_with_or_skip(opts) else { return };
+    let mut all = cuda_cases(&lane);
+    for c in &mut all {
+        c.bound = match c.op {
+            Op::Linear | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
+            Op::MoeExperts => c.bound.max(FAST_MOE),
+            _ => c.bound,
+        };
+    }
+    check_cuda_coverage(&lane, compare_with_cpu(&lane, all));
+}
+
+/// Every case the CUDA lane is compared on: the shared and vision ops, the block formats and the
+/// language-model ops it claims.
+fn cuda_cases(lane: &CudaBackend) -> Vec<Case> {
     let mut all = cases();
     all.extend(extra_cases());
     all.extend(
@@ -1170,7 +1210,11 @@ fn cuda_ops_match_cpu() {
             .chain(chunked_linear_cases())
             .filter(|c| c.op.is_lm() && lane.supports(c.op, WeightFormat::F32)),
     );
-    let covered = compare_with_cpu(&lane, all);
+    all
+}
+
+/// Every vision op, and every language-model op the CUDA lane claims, had a case.
+fn check_cuda_coverage(lane: &CudaBackend, covered: std::collections::HashSet<Op>) {
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
     assert!(missing.is_empty(), "ops without a harness case: {missing:?}");
     // Every language-model op the lane claims must be compared with the CPU lane here.

@@ -24,6 +24,14 @@
 //! llama.cpp's logits (on the same weights decoded to F32, flash attention off, F32 K/V) differ
 //! from transformers' by 5e-4 relative L2 (its own rounding and its Hadamard-rotated attention):
 //! only top-1 at every position is compared with them, as the issue asks.
+//!
+//! Fast precision (the CUDA lane's default, `--precision fast`): each GEMM rounds its operands to
+//! f16, ≈ 2.8e-4 relative L2 per GEMM (tests/common `FAST_GEMM_NMSE`). Two layers of ≈ 12 GEMMs
+//! plus the head: √25 · 2.8e-4 ≈ 1.4e-3; an image adds its vision rows' ≈ 1.1e-3
+//! (`common::fast_tolerance`) times the gain 0.615: ≈ 1.6e-3 in all. Gated at the issue's ceiling
+//! for fast mode, 3e-2, with top-1 at every position but near-ties (the golden's top-2 gap under
+//! 3e-2 × the rms of its row) and greedy tokens exact; agreement with llama.cpp's top-1 is
+//! reported.
 
 mod common;
 
@@ -32,8 +40,10 @@ use std::process::Command;
 
 use safetensors::{Dtype, SafeTensors};
 
-/// Logits, relative L2, every lane (derivation in the header).
+/// Logits, relative L2, every lane in exact precision (derivation in the header).
 const LOGITS_REL_L2: f64 = 5e-5;
+/// Logits, relative L2, fast precision (derivation in the header).
+const FAST_LOGITS_REL_L2: f64 = 3e-2;
 /// The LM's gain from aligner-row error to logits error that [`LOGITS_REL_L2`] assumes.
 const MAX_ALIGNER_GAIN: f64 = 1.0;
 const VOCAB: usize = 320;
@@ -130,10 +140,20 @@ fn top1_differs(a: &[f32], b: &[f32]) -> Vec<usize> {
         .collect()
 }
 
+/// Whether a reference logits row's top-2 gap is under `tol` × its rms.
+fn near_tie(row: &[f32], tol: f64) -> bool {
+    let mut sorted = row.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let rms = (row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
+    ((sorted[0] - sorted[1]) as f64) < tol * rms
+}
+
 /// `fovea dump` then `fovea generate` for one prompt (`text` or `image`) of one form on `lane`;
 /// failures are pushed to `fails`.
-fn check_prompt(lane: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut Vec<String>) {
-    let tag = format!("{} {prompt} on {lane}", g.name);
+fn check_prompt(lane: &str, precision: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut Vec<String>) {
+    let tag = format!("{} {prompt} on {lane} ({precision})", g.name);
+    let fast = precision == "fast";
+    let bound = if fast { FAST_LOGITS_REL_L2 } else { LOGITS_REL_L2 };
     let (ids_key, image): (String, Option<PathBuf>) = if prompt == "image" {
         let gain: f64 = g.meta("image.aligner_sensitivity").parse().unwrap();
         assert!(
@@ -148,7 +168,7 @@ fn check_prompt(lane: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut V
     let tmp = tempfile::tempdir().unwrap();
     let out_path = tmp.path().join("dump.safetensors");
     let mut dump = fovea();
-    dump.args(["dump", "--backend", lane, "--token-ids", &prompt_ids]).args(form.model_args);
+    dump.args(["dump", "--backend", lane, "--precision", precision, "--token-ids", &prompt_ids]).args(form.model_args);
     if let Some(img) = &image {
         dump.arg("--image").arg(img);
     }
@@ -168,10 +188,15 @@ fn check_prompt(lane: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut V
     let gold = g.f32(&format!("{prompt}.logits"));
     let e = common::rel_l2(&logits, &gold);
     eprintln!("{tag}: logits rel L2 {e:.2e} against transformers");
-    if !(e <= LOGITS_REL_L2) {
-        fails.push(format!("{tag}: logits rel L2 {e:.3e} > {LOGITS_REL_L2:.0e}"));
+    if !(e <= bound) {
+        fails.push(format!("{tag}: logits rel L2 {e:.3e} > {bound:.0e}"));
     }
-    let bad = top1_differs(&logits, &gold);
+    let (ties, bad): (Vec<usize>, Vec<usize>) = top1_differs(&logits, &gold)
+        .into_iter()
+        .partition(|&i| fast && near_tie(&gold[i * VOCAB..(i + 1) * VOCAB], bound));
+    if !ties.is_empty() {
+        eprintln!("{tag}: top-1 differs at near-ties {ties:?} (allowed in fast precision)");
+    }
     if !bad.is_empty() {
         fails.push(format!("{tag}: top-1 differs from transformers at positions {bad:?}"));
     }
@@ -179,14 +204,14 @@ fn check_prompt(lane: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut V
         let peer = g.f32("llama.text.logits_f32");
         let bad = top1_differs(&logits, &peer);
         eprintln!("{tag}: top-1 equals llama.cpp's at {}/{} positions", ids.len() - bad.len(), ids.len());
-        if !bad.is_empty() {
+        if !bad.is_empty() && !fast {
             fails.push(format!("{tag}: top-1 differs from llama.cpp's at positions {bad:?}"));
         }
     }
 
     let mut generate = fovea();
     generate
-        .args(["generate", "--backend", lane, "--print-ids", "--temperature", "0"])
+        .args(["generate", "--backend", lane, "--precision", precision, "--print-ids", "--temperature", "0"])
         .args(["--max-tokens", &GREEDY.to_string(), "--token-ids", &prompt_ids])
         .args(form.model_args);
     if let Some(img) = &image {
@@ -203,13 +228,13 @@ fn check_prompt(lane: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut V
     }
 }
 
-fn check_lane(lane: &str) {
+fn check_lane(lane: &str, precision: &str) {
     let mut fails = Vec::new();
     for form in &FORMS {
         let g = Golden::load(form.golden);
-        check_prompt(lane, form, &g, "text", &mut fails);
+        check_prompt(lane, precision, form, &g, "text", &mut fails);
         if form.image {
-            check_prompt(lane, form, &g, "image", &mut fails);
+            check_prompt(lane, precision, form, &g, "image", &mut fails);
         }
     }
     assert!(fails.is_empty(), "{}", fails.join("\n"));
@@ -217,19 +242,26 @@ fn check_lane(lane: &str) {
 
 #[test]
 fn cpu_lane_matches_transformers_and_llama_cpp_on_every_real_form() {
-    check_lane("cpu");
+    check_lane("cpu", "exact");
 }
 
 #[test]
 fn wgpu_lane_matches_transformers_and_llama_cpp_on_every_real_form() {
     if common::wgpu_adapter_or_skip() {
-        check_lane("wgpu");
+        check_lane("wgpu", "exact");
     }
 }
 
 #[test]
 fn cuda_lane_matches_transformers_and_llama_cpp_on_every_real_form() {
     if common::cuda_lane_or_skip().is_some() {
-        check_lane("cuda");
+        check_lane("cuda", "exact");
+    }
+}
+
+#[test]
+fn cuda_lane_in_fast_precision_matches_transformers_on_every_real_form() {
+    if common::cuda_lane_or_skip().is_some() {
+        check_lane("cuda", "fast");
     }
 }

@@ -43,6 +43,7 @@ fn reference(question: &str, image: Option<&Path>, max_tokens: usize, sampling: 
         tokens,
         images: image.into_iter().map(Path::to_path_buf).collect(),
         lane: LaneChoice::Cpu,
+        precision: None,
     };
     let mut text = String::new();
     let opts = GenerateOptions { max_tokens, sampling };

@@ -4,7 +4,8 @@
 // about others. Blocks run one after another; the threads of a block are real std::threads
 // meeting at a std::barrier, so __syncthreads and __shfl_xor_sync behave like a block-wide sync.
 #pragma once
-// Kernels see CUDA_EMU (common.cuh then calls emu_mma_m16n8k16_bf16 instead of the PTX) and an
+// Kernels see CUDA_EMU (common.cuh then calls emu_mma_m16n8k16_bf16 / _f16 and emu_f16x2_rn
+// instead of the PTX) and an
 // __CUDA_ARCH__ of EMU_CUDA_ARCH (default 900, the H200; run.sh also builds 750 for the paths
 // that devices below sm_80 take).
 #define CUDA_EMU 1
@@ -77,14 +78,33 @@ inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); retu
 // summed in double, rounded once: the hardware's f32 accumulation differs in the last bits).
 // Needs every thread of the block to take part, as the kernels do (all warps run the same loop).
 inline float emu_bf16(unsigned bits) { return __uint_as_float((bits & 0xffffu) << 16); }
+inline float emu_f16(unsigned bits) {
+    const uint16_t h = uint16_t(bits & 0xffffu);
+    _Float16 f;
+    std::memcpy(&f, &h, 2);
+    return float(f);
+}
+// cvt.rn.f16x2.f32: lo into the low half, hi into the high half, each rounded to nearest even.
+inline unsigned emu_f16x2_rn(float lo, float hi) {
+    const _Float16 l = (_Float16)lo, h = (_Float16)hi;
+    uint16_t lb, hb;
+    std::memcpy(&lb, &l, 2);
+    std::memcpy(&hb, &h, 2);
+    return unsigned(lb) | (unsigned(hb) << 16);
+}
+inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, float (*elem_of)(unsigned));
 inline void emu_mma_m16n8k16_bf16(float* d, const unsigned* a, const unsigned* b) {
+    emu_mma_m16n8k16(d, a, b, emu_bf16);
+}
+inline void emu_mma_m16n8k16_f16(float* d, const unsigned* a, const unsigned* b) { emu_mma_m16n8k16(d, a, b, emu_f16); }
+inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, float (*elem_of)(unsigned)) {
     const unsigned tid = emu_tid(), lane = tid % 32, warp0 = tid - lane;
     for (int r = 0; r < 4; ++r) g_mma[tid * 6 + r] = a[r];
     for (int r = 0; r < 2; ++r) g_mma[tid * 6 + 4 + r] = b[r];
     g_bar->arrive_and_wait();
     auto elem = [&](unsigned owner, unsigned reg, unsigned hi) {
         const unsigned w = g_mma[(warp0 + owner) * 6 + reg];
-        return emu_bf16(hi ? w >> 16 : w);
+        return elem_of(hi ? w >> 16 : w);
     };
     auto A = [&](unsigned row, unsigned col) {
         return elem((row % 8) * 4 + (col % 8) / 2, (row >= 8 ? 1u : 0u) + (col >= 8 ? 2u : 0u), col & 1u);

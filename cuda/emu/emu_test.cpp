@@ -7,6 +7,17 @@
 #include <random>
 #include <string>
 
+// The GEMM kernels' NMSE bound: f32 products (1e-10, the op harness's REDUCTION bound), or, in
+// the fast build (-DFOVEA_FAST=1), one f16 rounding (to nearest) of each operand. A value with
+// significand m in [1, 2) moves by at most 2^-11 / m relative, uniformly: E[δ²] = 2^-22/3 ·
+// E[1/m²] = 2^-22/6 ≈ 4e-8 per operand, 8e-8 per product; independent across the k terms, so
+// the NMSE of each dot product is about 8e-8. Bound 3.2e-7 (4x). The experts chain two GEMMs
+// through the clamped SwiGLU: the up GEMM's error reaches gate and up (≈ 1.6e-7, up to twice that
+// through silu's slope), the down GEMM adds its own 8e-8: ≈ 4e-7, bound 1.6e-6. The op harness
+// uses the same derivation (tests/ops.rs, tests/common/mod.rs).
+static const double GEMM_NMSE = FOVEA_FAST ? 3.2e-7 : 1e-10;
+static const double MOE_NMSE = FOVEA_FAST ? 1.6e-6 : 1e-10;
+
 static std::mt19937 rng(42);
 static int failures = 0;
 
@@ -297,7 +308,7 @@ static void test_linear() {
             char name[64];
             std::snprintf(name, sizeof name, "linear_%s x[%u,%u] W[%u,%u]%s", fmt == 0 ? "f32" : fmt == 1 ? "bf16" : "f16",
                           n, k, o, k, bias ? " +b" : "");
-            check(name, y, want, 1e-10);
+            check(name, y, want, GEMM_NMSE);
         }
 }
 
@@ -382,7 +393,7 @@ static void test_unfold_linear_gelu() {
             char name[80];
             std::snprintf(name, sizeof name, "unfold_linear_gelu_%s %ux%ux%u r=%u ->%u%s", fmt_name(fmt), h, w, c, r, o,
                           bias ? " +b" : "");
-            check(name, y, want, 1e-10);
+            check(name, y, want, GEMM_NMSE);
         }
 }
 
@@ -586,13 +597,15 @@ static void test_grouped_linear() {
                 }
             char name[80];
             std::snprintf(name, sizeof name, "grouped_linear_%s x[%u,%ux%u] W[%ux%u,%u]", fmt_name(fmt), n, g, k, g, r, k);
-            check(name, y, want, 1e-10);
+            check(name, y, want, GEMM_NMSE);
         }
 }
 
 // The host side of moe_experts (src/backend/cuda/moe.rs) on the emulator: route (order and tile
-// list, checked exactly), then one up and one down launch over all tiles with the experts' weights
-// taken from address tables, then the combine.
+// list, checked exactly), then one gate, one up and one down launch over all tiles with the
+// experts' weights taken from address tables, then the combine. The up projection is in the next
+// format after the gate's (f32 -> bf16 -> f16 -> f32): gate and up in different formats, as GGUF
+// mixes store them.
 static void test_moe() {
     // skew: 3/4 of the slots on expert 0 (several row tiles), none on expert 1 (between others)
     // slots <= 8 (n = 1 and n = 4 here) take gemm_block's small-row path
@@ -609,21 +622,28 @@ static void test_moe() {
                 ids[s] = sh.skew ? (rng() % 4 ? 0 : 2 + (int)(rng() % (E - 2))) // expert 1 unused
                                  : (int)(rng() % (E - 1));                      // expert E-1 unused
             if (which == 2) ids[slots - 1] = (int)E;                           // bad id: token n-1 → NaN row
-            std::vector<std::vector<uint16_t>> w13h(E), w2h(E);
-            std::vector<std::vector<float>> w13f(E), w2f(E), w13d(E), w2d(E);
+            const int ufmt = (fmt + 1) % 3;
+            std::vector<std::vector<uint16_t>> w1h(E), w3h(E), w2h(E);
+            std::vector<std::vector<float>> w1d(E), w3d(E), w2d(E);
+            std::vector<std::vector<float>> w1f(E), w3f(E), w2f(E);
             for (unsigned e = 0; e < E; ++e) {
-                w13f[e] = randv(2 * h * d, std::sqrt(3.0f / d));
+                w1f[e] = randv(h * d, std::sqrt(3.0f / d));
+                w3f[e] = randv(h * d, std::sqrt(3.0f / d));
                 w2f[e] = randv(d * h, std::sqrt(3.0f / h));
-                make_weight(fmt, w13f[e], w13h[e], w13d[e]);
+                make_weight(fmt, w1f[e], w1h[e], w1d[e]);
+                make_weight(ufmt, w3f[e], w3h[e], w3d[e]);
                 make_weight(fmt, w2f[e], w2h[e], w2d[e]);
             }
-            // the address tables (device addresses are host addresses here): every w13, then every w2
-            std::vector<unsigned long long> table(2 * E);
+            // the address tables (device addresses are host addresses here): every w1, every w3,
+            // then every w2
+            auto addr = [](int f, const std::vector<float>& wf, const std::vector<uint16_t>& wh) {
+                return (unsigned long long)(uintptr_t)(f == 0 ? (const void*)wf.data() : (const void*)wh.data());
+            };
+            std::vector<unsigned long long> table(3 * E);
             for (unsigned e = 0; e < E; ++e) {
-                const void* a = fmt == 0 ? (const void*)w13f[e].data() : (const void*)w13h[e].data();
-                const void* b = fmt == 0 ? (const void*)w2f[e].data() : (const void*)w2h[e].data();
-                table[e] = (unsigned long long)(uintptr_t)a;
-                table[E + e] = (unsigned long long)(uintptr_t)b;
+                table[e] = addr(fmt, w1f[e], w1h[e]);
+                table[E + e] = addr(ufmt, w3f[e], w3h[e]);
+                table[2 * E + e] = addr(fmt, w2f[e], w2h[e]);
             }
             const unsigned max_tiles = std::min(slots, (slots + 63) / 64 + E); // the host's bound
             std::vector<int> order(slots, -5), tiles(1 + 3 * max_tiles, -5), cursor(E);
@@ -644,11 +664,14 @@ static void test_moe() {
             if (sh.skew) route_ok = route_ok && tiles[3] - tiles[2] > 2 * 64 && tiles[1 + 3 * 3] == 2;
             float limit = 0.8f;
             std::vector<float> hid(std::max(slots * h, 1u), 0.0f), ys(std::max(slots * d, 1u), 0.0f), out(n * d);
-            dim3 gu{gemm_grid(slots, 2 * h).x, max_tiles}, gd{gemm_grid(slots, d).x, max_tiles}, block{128};
-            const unsigned long long *t13 = table.data(), *t2 = table.data() + E;
-            auto up = fmt == 0 ? moe_up_f32 : fmt == 1 ? moe_up_bf16 : moe_up_f16;
+            dim3 gu{gemm_grid(slots, h).x, max_tiles}, gd{gemm_grid(slots, d).x, max_tiles}, block{128};
+            const unsigned long long *t1 = table.data(), *t3 = table.data() + E, *t2 = table.data() + 2 * E;
+            auto gate = fmt == 0 ? moe_gate_f32 : fmt == 1 ? moe_gate_bf16 : moe_gate_f16;
+            auto up = ufmt == 0 ? moe_up_f32 : ufmt == 1 ? moe_up_bf16 : moe_up_f16;
             auto down = fmt == 0 ? moe_down_f32 : fmt == 1 ? moe_down_bf16 : moe_down_f16;
-            emu_launch(up, gu, block, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(), t13,
+            emu_launch(gate, gu, block, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(), t1,
+                       hid.data(), slots, d, h, k);
+            emu_launch(up, gu, block, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(), t3,
                        hid.data(), slots, d, h, k, limit);
             emu_launch(down, gd, block, 0, (const float*)hid.data(), (const int*)order.data(), (const int*)tiles.data(),
                        t2, ys.data(), slots, d, h);
@@ -664,8 +687,8 @@ static void test_moe() {
                     for (unsigned j = 0; j < h; ++j) {
                         float g = 0, u = 0;
                         for (unsigned c = 0; c < d; ++c) {
-                            g += x[i * d + c] * w13d[e][j * d + c];
-                            u += x[i * d + c] * w13d[e][(h + j) * d + c];
+                            g += x[i * d + c] * w1d[e][j * d + c];
+                            u += x[i * d + c] * w3d[e][j * d + c];
                         }
                         g = std::min(g, limit);
                         u = std::clamp(u, -limit, limit);
@@ -681,13 +704,13 @@ static void test_moe() {
                     for (unsigned c = 0; c < d; ++c) want[i * d + c] = NAN;
             }
             char name[80];
-            std::snprintf(name, sizeof name, "moe_%s n=%u d=%u h=%u %u experts k=%u%s", fmt_name(fmt), n, d, h, E, k,
-                          which == 2 ? " bad id" : sh.skew ? " skewed" : "");
+            std::snprintf(name, sizeof name, "moe_%s/%s n=%u d=%u h=%u %u experts k=%u%s", fmt_name(fmt),
+                          fmt_name(ufmt), n, d, h, E, k, which == 2 ? " bad id" : sh.skew ? " skewed" : "");
             if (!route_ok) {
                 std::printf("%-44s moe_route grouping or tile list differs FAIL\n", name);
                 ++failures;
             }
-            check_masked(name, out, want, 1e-10);
+            check_masked(name, out, want, MOE_NMSE);
             ++which;
         }
 }
@@ -753,7 +776,9 @@ static void test_gemm_specials() {
             x[1 * k + 17] = NAN;
             x[2 * k + 0] = -INFINITY;
             x[2 * k + 39] = INFINITY; // +inf and -inf in one row: NaN
-            x[3 * k + 5] = 3.0e38f;
+            // (fast precision rounds operands to f16, whose largest finite value is 65504: past it
+            // a value becomes inf by design, so the fast build checks a large f16 value instead)
+            x[3 * k + 5] = FOVEA_FAST ? 6.0e4f : 3.0e38f;
             x[4 * k + 7] = 1.0f; // exact in bf16 (mid = lo = 0) against an infinite weight
             wf[3 * k + 7] = -INFINITY;
             std::vector<uint16_t> w16;
@@ -774,8 +799,8 @@ static void test_gemm_specials() {
                     want[i * o + c] = dot;
                 }
             char name[64];
-            std::snprintf(name, sizeof name, "linear_%s x[%u,40] inf/NaN x, inf w, 3e38", fmt_name(fmt), n);
-            check_masked(name, y, want, 1e-10);
+            std::snprintf(name, sizeof name, "linear_%s x[%u,40] inf/NaN x, inf w, huge x", fmt_name(fmt), n);
+            check_masked(name, y, want, GEMM_NMSE);
         }
     }
 }
@@ -943,22 +968,22 @@ static void test_lm_elementwise() {
     }
     {
         unsigned n = 15, h = 23;
-        auto x = randv(n * 2 * h, 12);
-        x[1] = NAN, x[h + 2] = NAN, x[h + 3] = INFINITY, x[4] = -INFINITY;
+        auto gate = randv(n * h, 12), up = randv(n * h, 12);
+        gate[1] = NAN, up[2] = NAN, up[3] = INFINITY, gate[4] = -INFINITY;
         float lim = 7.0f;
         unsigned lb;
         std::memcpy(&lb, &lim, 4);
         std::vector<float> y(n * h), want(n * h);
-        emu_launch(swiglu_clamp_f32, {blocks1d(n * h)}, {256}, 0, (const float*)x.data(), y.data(), n, h, lb);
-        for (unsigned r = 0; r < n; ++r)
-            for (unsigned c = 0; c < h; ++c) {
-                float g = x[r * 2 * h + c], u = x[r * 2 * h + h + c];
-                g = std::isnan(g) ? lim : std::min(g, lim); // f32::min ignores NaN
-                if (u < -lim) u = -lim;                      // f32::clamp keeps NaN
-                if (u > lim) u = lim;
-                want[r * h + c] = g / (1.0f + std::exp(-g)) * u;
-            }
-        check_nf("swiglu_clamp_f32 [15,2x23] limit 7, nan/inf", y, want, 1e-12);
+        emu_launch(swiglu_clamp_f32, {blocks1d(n * h)}, {256}, 0, (const float*)gate.data(), (const float*)up.data(),
+                   y.data(), n, h, lb);
+        for (unsigned i = 0; i < n * h; ++i) {
+            float g = gate[i], u = up[i];
+            g = std::isnan(g) ? lim : std::min(g, lim); // f32::min ignores NaN
+            if (u < -lim) u = -lim;                      // f32::clamp keeps NaN
+            if (u > lim) u = lim;
+            want[i] = g / (1.0f + std::exp(-g)) * u;
+        }
+        check_nf("swiglu_clamp_f32 [15,23] limit 7, nan/inf", y, want, 1e-12);
     }
 }
 
@@ -1339,6 +1364,8 @@ static void golden_matrix(const GoldenBlocks& g, unsigned rows, unsigned k, std:
 typedef void (*BlockLinear)(const float*, const void*, const float*, float*, unsigned, unsigned, unsigned, unsigned);
 typedef void (*BlockGrouped)(const float*, const void*, float*, unsigned, unsigned, unsigned, unsigned, unsigned);
 typedef void (*BlockEmbed)(const void*, const int*, float*, unsigned, unsigned, unsigned);
+typedef void (*BlockMoeGate)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned,
+                             unsigned, unsigned, unsigned);
 typedef void (*BlockMoeUp)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned, unsigned,
                            unsigned, unsigned, float);
 typedef void (*BlockMoeDown)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned, unsigned,
@@ -1350,9 +1377,72 @@ struct BlockKernels {
     BlockUnfold unfold;
     BlockGrouped grouped;
     BlockEmbed embed;
+    BlockMoeGate gate;
     BlockMoeUp up;
     BlockMoeDown down;
 };
+
+// The routed experts' kernels on golden matrices, the gate in g1's format, the up in g3's, the
+// down in g2's (d = h = k, a whole number of blocks of each): the tile path (40 slots) and the
+// small-row path (6 slots), against double-precision dot products of the decoded values.
+static void block_moe(unsigned k, const GoldenBlocks& g1, BlockMoeGate gate, const GoldenBlocks& g3, BlockMoeUp up,
+                      const GoldenBlocks& g2, BlockMoeDown down) {
+    for (unsigned n : {20u, 3u}) {
+        const unsigned d = k, h = k, E = 3, kk = 2, slots = n * kk;
+        auto x = randv(n * d, 1), wt = randv(slots, 1);
+        std::vector<int> ids(slots);
+        for (unsigned s = 0; s < slots; ++s) ids[s] = (int)(rng() % E);
+        std::vector<std::vector<unsigned char>> w1(E), w3(E), w2(E);
+        std::vector<std::vector<float>> w1d(E), w3d(E), w2d(E);
+        std::vector<unsigned long long> table(3 * E);
+        for (unsigned e = 0; e < E; ++e) {
+            golden_matrix(g1, h, d, w1[e], w1d[e]);
+            golden_matrix(g3, h, d, w3[e], w3d[e]);
+            golden_matrix(g2, d, h, w2[e], w2d[e]);
+            table[e] = (unsigned long long)(uintptr_t)w1[e].data();
+            table[E + e] = (unsigned long long)(uintptr_t)w3[e].data();
+            table[2 * E + e] = (unsigned long long)(uintptr_t)w2[e].data();
+        }
+        const unsigned max_tiles = std::min(slots, (slots + 63) / 64 + E);
+        std::vector<int> order(slots), tiles(1 + 3 * max_tiles), cursor(E);
+        emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E);
+        const float limit = 1e30f; // no clamping: the check is of the GEMMs
+        std::vector<float> hid(slots * h), ys(slots * d), out(n * d);
+        const dim3 gu{gemm_grid(slots, h).x, max_tiles};
+        emu_launch(gate, gu, {128}, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(),
+                   (const unsigned long long*)table.data(), hid.data(), slots, d, h, kk);
+        emu_launch(up, gu, {128}, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(),
+                   (const unsigned long long*)table.data() + E, hid.data(), slots, d, h, kk, limit);
+        emu_launch(down, dim3{gemm_grid(slots, d).x, max_tiles}, {128}, 0, (const float*)hid.data(),
+                   (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data() + 2 * E,
+                   ys.data(), slots, d, h);
+        emu_launch(moe_combine, {blocks1d(n * d)}, {256}, 0, (const float*)ys.data(), (const float*)wt.data(),
+                   (const int*)ids.data(), out.data(), n * d, d, kk, E);
+        std::vector<float> want(n * d, 0.0f);
+        std::vector<double> hh(h);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned s = 0; s < kk; ++s) {
+                const unsigned e = ids[i * kk + s];
+                for (unsigned j = 0; j < h; ++j) {
+                    double gg = 0, u = 0;
+                    for (unsigned c = 0; c < d; ++c) {
+                        gg += double(x[i * d + c]) * w1d[e][(size_t)j * d + c];
+                        u += double(x[i * d + c]) * w3d[e][(size_t)j * d + c];
+                    }
+                    hh[j] = gg / (1.0 + std::exp(-gg)) * u;
+                }
+                for (unsigned c = 0; c < d; ++c) {
+                    double yv = 0;
+                    for (unsigned j = 0; j < h; ++j) yv += hh[j] * w2d[e][(size_t)c * h + j];
+                    want[i * d + c] += float(wt[i * kk + s] * yv);
+                }
+            }
+        char name[96];
+        std::snprintf(name, sizeof name, "moe_%s/%s/%s n=%u d=h=%u 3 experts k=2", g1.name.c_str(), g3.name.c_str(),
+                      g2.name.c_str(), n, k);
+        check(name, out, want, MOE_NMSE);
+    }
+}
 
 // The weight kernels of one block format on golden matrices against a double-precision dot
 // product of the decoded values (k = 2 blocks, or 5 of Q8_0 / MXFP4's 32): f32 FMAs over at most a
@@ -1384,7 +1474,7 @@ static void block_gemms(const GoldenBlocks& g, const BlockKernels& kn) {
             }
         char name[80];
         std::snprintf(name, sizeof name, "linear_%s x[%u,%u] W[%u,%u] +b", fn, n, k, o, k);
-        check(name, y, want, 1e-10);
+        check(name, y, want, GEMM_NMSE);
     }
     if (!full) return;
     // grouped_linear: 2 groups of k columns, r = 37 rows each; tile and small-row paths
@@ -1406,59 +1496,9 @@ static void block_gemms(const GoldenBlocks& g, const BlockKernels& kn) {
             }
         char name[80];
         std::snprintf(name, sizeof name, "grouped_linear_%s x[%u,2x%u] W[2x37,%u]", fn, n, k, k);
-        check(name, y, want, 1e-10);
+        check(name, y, want, GEMM_NMSE);
     }
-    // moe: experts' tile path (40 slots) and small-row path (6 slots); d = h = k
-    for (unsigned n : {20u, 3u}) {
-        const unsigned d = k, h = k, E = 3, kk = 2, slots = n * kk;
-        auto x = randv(n * d, 1), wt = randv(slots, 1);
-        std::vector<int> ids(slots);
-        for (unsigned s = 0; s < slots; ++s) ids[s] = (int)(rng() % E);
-        std::vector<std::vector<unsigned char>> w13(E), w2(E);
-        std::vector<std::vector<float>> w13d(E), w2d(E);
-        std::vector<unsigned long long> table(2 * E);
-        for (unsigned e = 0; e < E; ++e) {
-            golden_matrix(g, 2 * h, d, w13[e], w13d[e]);
-            golden_matrix(g, d, h, w2[e], w2d[e]);
-            table[e] = (unsigned long long)(uintptr_t)w13[e].data();
-            table[E + e] = (unsigned long long)(uintptr_t)w2[e].data();
-        }
-        const unsigned max_tiles = std::min(slots, (slots + 63) / 64 + E);
-        std::vector<int> order(slots), tiles(1 + 3 * max_tiles), cursor(E);
-        emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E);
-        const float limit = 1e30f; // no clamping: the check is of the GEMMs
-        std::vector<float> hid(slots * h), ys(slots * d), out(n * d);
-        emu_launch(kn.up, dim3{gemm_grid(slots, 2 * h).x, max_tiles}, {128}, 0, (const float*)x.data(),
-                   (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data(),
-                   hid.data(), slots, d, h, kk, limit);
-        emu_launch(kn.down, dim3{gemm_grid(slots, d).x, max_tiles}, {128}, 0, (const float*)hid.data(),
-                   (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data() + E,
-                   ys.data(), slots, d, h);
-        emu_launch(moe_combine, {blocks1d(n * d)}, {256}, 0, (const float*)ys.data(), (const float*)wt.data(),
-                   (const int*)ids.data(), out.data(), n * d, d, kk, E);
-        std::vector<float> want(n * d, 0.0f);
-        std::vector<double> hh(h);
-        for (unsigned i = 0; i < n; ++i)
-            for (unsigned s = 0; s < kk; ++s) {
-                const unsigned e = ids[i * kk + s];
-                for (unsigned j = 0; j < h; ++j) {
-                    double gg = 0, u = 0;
-                    for (unsigned c = 0; c < d; ++c) {
-                        gg += double(x[i * d + c]) * w13d[e][(size_t)j * d + c];
-                        u += double(x[i * d + c]) * w13d[e][(size_t)(h + j) * d + c];
-                    }
-                    hh[j] = gg / (1.0 + std::exp(-gg)) * u;
-                }
-                for (unsigned c = 0; c < d; ++c) {
-                    double yv = 0;
-                    for (unsigned j = 0; j < h; ++j) yv += hh[j] * w2d[e][(size_t)c * h + j];
-                    want[i * d + c] += float(wt[i * kk + s] * yv);
-                }
-            }
-        char name[80];
-        std::snprintf(name, sizeof name, "moe_%s n=%u d=h=%u 3 experts k=2", fn, n, k);
-        check(name, out, want, 1e-10);
-    }
+    block_moe(k, g, kn.gate, g, kn.up, g, kn.down);
     // unfold_linear_gelu (always the tile): c = k / 4 channels, r = 2, a 5 x 3 grid (padded cells)
     {
         const unsigned r = 2, c = k / 4, gh = 5, gw = 3, cw = 2, cells = 3 * cw, o = 21;
@@ -1481,7 +1521,7 @@ static void block_gemms(const GoldenBlocks& g, const BlockKernels& kn) {
             }
         char name[80];
         std::snprintf(name, sizeof name, "unfold_linear_gelu_%s 5x3x%u r=2 ->21 +b", fn, c);
-        check(name, y, want, 1e-10);
+        check(name, y, want, GEMM_NMSE);
     }
     // embed_rows: ids in range, past the vocabulary (zero row) and negative (NaN row)
     {
@@ -1537,9 +1577,8 @@ static void test_block_formats() {
         std::string lower = g.name;                                                                         \
         for (auto& ch : lower) ch = (char)std::tolower((unsigned char)ch);                                  \
         if (lower == #SFX) {                                                                                \
-            block_gemms(g,                                                                                  \
-                        BlockKernels{linear_##SFX, unfold_linear_gelu_##SFX, grouped_linear_##SFX,          \
-                                     embed_rows_##SFX, moe_up_##SFX, moe_down_##SFX});                      \
+            block_gemms(g, BlockKernels{linear_##SFX, unfold_linear_gelu_##SFX, grouped_linear_##SFX,       \
+                                        embed_rows_##SFX, moe_gate_##SFX, moe_up_##SFX, moe_down_##SFX});   \
             ++seen;                                                                                         \
         }                                                                                                   \
     }
@@ -1547,6 +1586,20 @@ static void test_block_formats() {
 #undef BLOCK_GEMM_CASE
     std::printf("%-44s %u of 15 formats %s\n", "block-format kernels", seen, seen == 15 ? "ok" : "FAIL");
     failures += seen != 15;
+    // gate and up in different block formats, as the unsloth mixes store them (IQ1_S gate, IQ1_M
+    // up), down in a third; 512 = 2 blocks of 256 = 16 of Q8_0's 32
+    auto find = [&](const char* name) -> const GoldenBlocks* {
+        for (auto& g : goldens)
+            if (g.name == name) return &g;
+        return nullptr;
+    };
+    const GoldenBlocks *s1 = find("IQ1_S"), *m1 = find("IQ1_M"), *q8 = find("Q8_0");
+    if (s1 && m1 && q8) {
+        block_moe(512, *s1, moe_gate_iq1_s, *m1, moe_up_iq1_m, *q8, moe_down_q8_0);
+    } else {
+        std::printf("%-44s IQ1_S, IQ1_M or Q8_0 goldens missing FAIL\n", "moe mixed block formats");
+        ++failures;
+    }
 }
 
 // sh cuda/emu/run.sh [TEST ...]: only the tests named (test_attention is "attention"; `gemm` names

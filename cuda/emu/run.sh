@@ -3,8 +3,11 @@
 # against cuda_emu.h with g++ and compares each kernel with a plain C++ reference.
 #   sh cuda/emu/run.sh [TEST ...]   (only the named tests, e.g. attention sink_attention; `gemm`
 #                                    names the GEMM tests)
-# Two builds: __CUDA_ARCH__ 900 (the H200: tensor-core GEMM, mma emulated) runs the tests; 750
-# (below sm_80: the FMA GEMM for every weight format) runs the GEMM tests again.
+# Three builds: __CUDA_ARCH__ 900 (the H200: tensor-core GEMM, mma emulated) runs the tests; 750
+# (below sm_80: the FMA GEMM for every weight format) runs the GEMM tests again; 900 with
+# FOVEA_FAST=1 (fast precision: one bf16 MMA per tile, every format) runs the GEMM tests again
+# (the block formats' fast tiles are checked on the device by the op harness: emulated MMAs over
+# every format take longer than CI's budget).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 out=${TMPDIR:-/tmp}/fovea-cuda-emu
@@ -27,10 +30,12 @@ for f in common.cuh tables dequant.cuh elementwise.cu copy.cu norm.cu rope.cu at
 done > "$out/all_kernels.inc"
 build() {
     g++ -std=c++20 -O2 -pthread -Wall -Wno-unused-function -Wno-unknown-pragmas -fno-strict-aliasing \
-        -DEMU_CUDA_ARCH="$1" -DDEQUANT_GOLDENS="\"$here/../../fixtures/goldens/cuda/dequant_blocks.bin\"" \
-        -DFORMAT_GOLDENS="\"$here/../../fixtures/goldens/formats\"" -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test_$1"
+        -DEMU_CUDA_ARCH="$1" -DFOVEA_FAST="${2:-0}" -DDEQUANT_GOLDENS="\"$here/../../fixtures/goldens/cuda/dequant_blocks.bin\"" \
+        -DFORMAT_GOLDENS="\"$here/../../fixtures/goldens/formats\"" -I"$here" -I"$out" "$here/emu_test.cpp" -o "$out/emu_test_$1${2:+_fast}"
 }
 build 900
 build 750
+build 900 1
 "$out/emu_test_900" "$@"
 "$out/emu_test_750" gemm
+"$out/emu_test_900_fast" gemm

@@ -73,7 +73,27 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     out[i * p.u6 + o] = s;
 }
 
-// moe_up (u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u6 = stride, u7 = limit).
+// moe_gate, then moe_up on the same hid (u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u6 = stride,
+// u7 = limit): lm.wgsl's pair, w1_e and w3_e each bound in its own format's build.
+@compute @workgroup_size(256, 1, 1)
+fn moe_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) li: u32) {
+    let x = flat(wg, nwg, li);
+    if (x >= p.u0) { return; }
+    let t = x / p.u1;
+    let j = x % p.u1;
+    if (ia[t] != i32(p.u4)) { return; }
+    let xo = (t / p.u3) * p.u2;
+    var g = 0.0;
+    for (var run = 0u; run < p.u2 / 32u; run++) {
+        let v = decode_run(j * p.u6, run);
+        for (var e = 0u; e < 32u; e++) {
+            g += a[xo + 32u * run + e] * v[e];
+        }
+    }
+    out[x] = g;
+}
+
 @compute @workgroup_size(256, 1, 1)
 fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
@@ -83,19 +103,15 @@ fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let j = x % p.u1;
     if (ia[t] != i32(p.u4)) { return; }
     let xo = (t / p.u3) * p.u2;
-    var g = 0.0;
     var u = 0.0;
     for (var run = 0u; run < p.u2 / 32u; run++) {
-        let vg = decode_run(j * p.u6, run);
-        let vu = decode_run((p.u1 + j) * p.u6, run);
+        let v = decode_run(j * p.u6, run);
         for (var e = 0u; e < 32u; e++) {
-            let xv = a[xo + 32u * run + e];
-            g += xv * vg[e];
-            u += xv * vu[e];
+            u += a[xo + 32u * run + e] * v[e];
         }
     }
     let lim = bitcast<f32>(p.u7);
-    g = min(g, lim);
+    let g = min(out[x], lim);
     out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
 }
 

@@ -526,18 +526,25 @@ pub(crate) fn route_experts<T: DeviceTensor>(
     Ok((n, e))
 }
 
-/// x `[n, 2h]` → `(n, h)`.
-pub(crate) fn swiglu_clamp(x: &impl DeviceTensor) -> Result<(usize, usize)> {
-    gated("swiglu_clamp", x)
+/// g and u, both `[n, h]` → `(n, h)`.
+pub(crate) fn swiglu_clamp<T: DeviceTensor>(g: &T, u: &T) -> Result<(usize, usize)> {
+    const OP: &str = "swiglu_clamp";
+    input(OP, "g", g, DType::F32)?;
+    input(OP, "u", u, DType::F32)?;
+    if g.shape() != u.shape() {
+        return Err(Error::shape(OP, format!("g {:?} and u {:?} differ", g.shape(), u.shape())));
+    }
+    Ok((g.rows(), g.cols()))
 }
 
-/// x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert w13 `[2h, d]` and w2 `[d, h]` →
+/// x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert w1 and w3 `[h, d]`, w2 `[d, h]` →
 /// `(n, d, k, h)`.
 pub(crate) fn moe_experts<T: DeviceTensor, W: NamedWeight>(
     x: &T,
     ids: &T,
     weights: &T,
-    w13: &[W],
+    w1: &[W],
+    w3: &[W],
     w2: &[W],
 ) -> Result<(usize, usize, usize, usize)> {
     const OP: &str = "moe_experts";
@@ -546,26 +553,26 @@ pub(crate) fn moe_experts<T: DeviceTensor, W: NamedWeight>(
     input(OP, "weights", weights, DType::F32)?;
     let (n, d) = (x.rows(), x.cols());
     let k = ids.cols();
-    if ids.rows() != n || weights.shape() != ids.shape() || w13.len() != w2.len() {
+    if ids.rows() != n || weights.shape() != ids.shape() || w1.len() != w3.len() || w1.len() != w2.len() {
         return Err(Error::shape(
             OP,
-            format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape(), weights.shape(), w13.len()),
+            format!(
+                "ids {:?}, weights {:?}, {} / {} / {} experts (w1 / w3 / w2) do not fit",
+                ids.shape(),
+                weights.shape(),
+                w1.len(),
+                w3.len(),
+                w2.len()
+            ),
         ));
     }
-    let h = w13.first().map_or(0, |w| w.rows() / 2);
-    for (a, b) in w13.iter().zip(w2) {
-        if a.rows() != 2 * h || a.cols() != d || b.rows() != d || b.cols() != h {
+    let h = w1.first().map_or(0, |w| w.rows());
+    let shape = |w: &W| format!("`{}` [{}, {}]", w.name(), w.rows(), w.cols());
+    for ((g, u), o) in w1.iter().zip(w3).zip(w2) {
+        if g.rows() != h || g.cols() != d || u.rows() != h || u.cols() != d || o.rows() != d || o.cols() != h {
             return Err(Error::shape(
                 OP,
-                format!(
-                    "expert `{}` [{}, {}] / `{}` [{}, {}] for d = {d}, h = {h}",
-                    a.name(),
-                    a.rows(),
-                    a.cols(),
-                    b.name(),
-                    b.rows(),
-                    b.cols()
-                ),
+                format!("expert {} / {} / {} for d = {d}, h = {h}", shape(g), shape(u), shape(o)),
             ));
         }
     }
@@ -573,13 +580,15 @@ pub(crate) fn moe_experts<T: DeviceTensor, W: NamedWeight>(
 }
 
 /// `moe_experts` on a lane whose kernels take all experts of a call at once, by address: every
-/// w13[e] in one weight format and every w2[e] in one → `(w13 format, w2 format)`, or the lane's
-/// `Error::Unsupported` naming the first expert that differs from expert 0. No experts → f32.
+/// w1[e] in one weight format, every w3[e] in one and every w2[e] in one (the three may differ)
+/// → `(w1 format, w3 format, w2 format)`, or the lane's `Error::Unsupported` naming the first
+/// expert that differs from expert 0. No experts → f32.
 pub(crate) fn moe_one_format<W: NamedWeight>(
     lane: &'static str,
-    w13: &[W],
+    w1: &[W],
+    w3: &[W],
     w2: &[W],
-) -> Result<(WeightFormat, WeightFormat)> {
+) -> Result<(WeightFormat, WeightFormat, WeightFormat)> {
     let one = |what: &str, ws: &[W]| {
         let Some(first) = ws.first() else { return Ok(WeightFormat::F32) };
         match ws.iter().enumerate().find(|(_, w)| w.format() != first.format()) {
@@ -597,7 +606,7 @@ pub(crate) fn moe_one_format<W: NamedWeight>(
             }),
         }
     };
-    Ok((one("w13", w13)?, one("w2", w2)?))
+    Ok((one("w1", w1)?, one("w3", w3)?, one("w2", w2)?))
 }
 
 #[cfg(test)]
@@ -680,7 +689,9 @@ mod tests {
         assert!(concat_rows(&i(&[2, 1]), &i(&[5])).is_ok());
         refused(swiglu(&a), "swiglu", "x [2, 3] has an odd number of columns");
         assert_eq!(swiglu(&t).unwrap(), (3, 1));
-        refused(swiglu_clamp(&a), "swiglu_clamp", "x [2, 3] has an odd number of columns");
+        refused(swiglu_clamp(&a, &t), "swiglu_clamp", "g [2, 3] and u [3, 2] differ");
+        refused(swiglu_clamp(&a, &i(&[2, 3])), "swiglu_clamp", "u must be f32, found i32");
+        assert_eq!(swiglu_clamp(&a, &a).unwrap(), (2, 3));
     }
 
     #[test]
@@ -850,23 +861,33 @@ mod tests {
         assert_eq!(route_experts(&logits, &bias, &kind, Some((&i(&[10, 2]), &i(&[3]))), 2).unwrap(), (3, 8));
 
         let (x, ids, wts) = (f(&[3, 4]), i(&[3, 2]), f(&[3, 2]));
-        let (w13, w2) = ([Weight(6, 4), Weight(6, 4)], [Weight(4, 3), Weight(4, 3)]);
+        let (w1, w3, w2) = ([Weight(3, 4), Weight(3, 4)], [Weight(3, 4), Weight(3, 4)], [Weight(4, 3), Weight(4, 3)]);
         refused(
-            moe_experts(&x, &ids, &f(&[3, 1]), &w13, &w2),
+            moe_experts(&x, &ids, &f(&[3, 1]), &w1, &w3, &w2),
             "moe_experts",
-            "ids [3, 2], weights [3, 1], 2 experts do not fit",
+            "ids [3, 2], weights [3, 1], 2 / 2 / 2 experts (w1 / w3 / w2) do not fit",
         );
         refused(
-            moe_experts(&x, &ids, &wts, &w13, &w2[..1]),
+            moe_experts(&x, &ids, &wts, &w1, &w3, &w2[..1]),
             "moe_experts",
-            "ids [3, 2], weights [3, 2], 2 experts do not fit",
+            "ids [3, 2], weights [3, 2], 2 / 2 / 1 experts (w1 / w3 / w2) do not fit",
         );
         refused(
-            moe_experts(&x, &ids, &wts, &w13, &[Weight(4, 3), Weight(4, 2)]),
+            moe_experts(&x, &ids, &wts, &w1, &w3[..1], &w2),
             "moe_experts",
-            "expert `w` [6, 4] / `w` [4, 2] for d = 4, h = 3",
+            "ids [3, 2], weights [3, 2], 2 / 1 / 2 experts (w1 / w3 / w2) do not fit",
         );
-        assert_eq!(moe_experts(&x, &ids, &wts, &w13, &w2).unwrap(), (3, 4, 2, 3));
+        refused(
+            moe_experts(&x, &ids, &wts, &w1, &w3, &[Weight(4, 3), Weight(4, 2)]),
+            "moe_experts",
+            "expert `w` [3, 4] / `w` [3, 4] / `w` [4, 2] for d = 4, h = 3",
+        );
+        refused(
+            moe_experts(&x, &ids, &wts, &w1, &[Weight(3, 4), Weight(2, 4)], &w2),
+            "moe_experts",
+            "expert `w` [3, 4] / `w` [2, 4] / `w` [4, 3] for d = 4, h = 3",
+        );
+        assert_eq!(moe_experts(&x, &ids, &wts, &w1, &w3, &w2).unwrap(), (3, 4, 2, 3));
     }
 
     /// A weight named `name` in `format` (sizes unused).
@@ -890,19 +911,28 @@ mod tests {
 
     #[test]
     fn moe_experts_in_one_format_per_projection() {
-        use WeightFormat::{BF16, F16, F32};
-        let w13 = [Typed("up.0", BF16), Typed("up.1", BF16), Typed("up.2", BF16)];
+        use WeightFormat::{BF16, F16, F32, IQ1_M, IQ1_S};
+        // the gate and up projections may differ from each other (IQ1_S gate, IQ1_M up)
+        let w1 = [Typed("gate.0", IQ1_S), Typed("gate.1", IQ1_S), Typed("gate.2", IQ1_S)];
+        let w3 = [Typed("up.0", IQ1_M), Typed("up.1", IQ1_M), Typed("up.2", IQ1_M)];
         let w2 = [Typed("down.0", F16), Typed("down.1", F16), Typed("down.2", F16)];
-        assert_eq!(moe_one_format("cuda", &w13, &w2).unwrap(), (BF16, F16));
-        assert_eq!(moe_one_format::<Typed>("cuda", &[], &[]).unwrap(), (F32, F32));
+        assert_eq!(moe_one_format("cuda", &w1, &w3, &w2).unwrap(), (IQ1_S, IQ1_M, F16));
+        assert_eq!(moe_one_format::<Typed>("cuda", &[], &[], &[]).unwrap(), (F32, F32, F32));
         let mixed = [Typed("down.0", F16), Typed("down.1", F16), Typed("down.2", F32)];
-        match moe_one_format("cuda", &w13, &mixed) {
+        match moe_one_format("cuda", &w1, &w3, &mixed) {
             Err(e @ Error::Unsupported { lane: "cuda", op: "moe_experts", .. }) => assert_eq!(
                 e.to_string(),
                 "the cuda lane does not support op `moe_experts` with experts in mixed weight formats: w2 of \
                  expert 2 (`down.2`) is F32, of expert 0 (`down.0`) F16"
             ),
             other => panic!("expected the mixed-format error, got {other:?}"),
+        }
+        let mixed = [Typed("up.0", BF16), Typed("up.1", IQ1_M), Typed("up.2", IQ1_M)];
+        match moe_one_format("cuda", &w1, &mixed, &w2) {
+            Err(e) => {
+                assert!(e.to_string().contains("w3 of expert 1 (`up.1`) is IQ1_M, of expert 0 (`up.0`) BF16"), "{e}")
+            }
+            Ok(f) => panic!("expected the mixed-format error, got {f:?}"),
         }
     }
 }

@@ -40,6 +40,56 @@ impl fmt::Display for DType {
 
 pub use crate::formats::{WeightFormat, decode_row};
 
+/// How a lane rounds the operands of its matrix products (`--precision`, `FOVEA_PRECISION`).
+///
+/// - `Exact`: f32 products throughout, the conformance mode every golden is held to at f32
+///   tolerances (the CUDA lane's tensor-core tiles split each f32 operand into exact bf16 terms).
+/// - `Fast`: the GEMM tiles round activations and weights to f16 once (one tensor-core product
+///   per tile, f32 accumulation). The residual stream, norms, softmax, attention and every
+///   weight uploaded with [`Backend::upload_weight_exact`] (routing scores, hyper-connection
+///   mixes) stay f32. Fast mode has its own derived tolerances (`tests/common/mod.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    #[default]
+    Exact,
+    Fast,
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Exact => "exact",
+            Precision::Fast => "fast",
+        })
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "exact" => Ok(Precision::Exact),
+            "fast" => Ok(Precision::Fast),
+            other => Err(Error::Invalid(format!("unknown precision `{other}` (expected exact or fast)"))),
+        }
+    }
+}
+
+impl Precision {
+    /// The command-line choice if given, else `FOVEA_PRECISION`, else `None` (the lane's default).
+    pub fn from_cli_or_env(cli: Option<Precision>) -> Result<Option<Precision>> {
+        match cli {
+            Some(p) => Ok(Some(p)),
+            None => match std::env::var("FOVEA_PRECISION") {
+                Ok(v) if !v.is_empty() => {
+                    v.parse().map(Some).map_err(|e: Error| Error::Invalid(format!("FOVEA_PRECISION: {e}")))
+                }
+                _ => Ok(None),
+            },
+        }
+    }
+}
+
 /// Host-side data of an activation tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostData {
@@ -269,8 +319,12 @@ impl Op {
 /// Device memory a lane holds, split by role (weights vs activations).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryReport {
-    /// Bytes of device memory holding weights (matrices, biases, norms, sentinels).
+    /// Bytes of device memory holding weights (matrices, biases, norms, sentinels; on the wgpu
+    /// lane the sub-allocated pools, unused tails included).
     pub weight_bytes: u64,
+    /// Bytes of the weight matrices themselves (`upload_weight`, each sized by
+    /// [`Backend::weight_alloc_bytes`]), a part of `weight_bytes`.
+    pub matrix_bytes: u64,
     /// Bytes of device memory currently holding activations.
     pub activation_bytes: u64,
     /// High-water mark of `activation_bytes`.
@@ -320,8 +374,32 @@ pub trait Backend {
     fn upload_param(&self, host: &HostTensor) -> Result<Self::Tensor>;
     /// Copy a weight matrix to the device, keeping its storage format.
     fn upload_weight(&self, weight: &HostWeight<'_>) -> Result<Self::Weight>;
+    /// [`Backend::upload_weight`] for a matrix whose products stay f32 in every precision mode:
+    /// its outputs pick discrete things (the router's expert scores) or mix the residual streams
+    /// (the hyper-connections), where one f16 rounding could flip a choice. Lanes with a single
+    /// precision upload it as any weight.
+    fn upload_weight_exact(&self, weight: &HostWeight<'_>) -> Result<Self::Weight> {
+        self.upload_weight(weight)
+    }
+    /// The precision of this lane's matrix products (see [`Precision`]).
+    fn precision(&self) -> Precision {
+        Precision::Exact
+    }
+    /// Device bytes `upload_weight` gives a weight of `format` `[rows, cols]` on this lane: its
+    /// rows as stored (the default), or as the lane pads them. Each lane's `upload_weight` sizes
+    /// and counts its allocation with this, so `fovea inspect` can report what loading will
+    /// take from headers alone, without a device.
+    fn weight_alloc_bytes(format: WeightFormat, rows: usize, cols: usize) -> u64
+    where
+        Self: Sized,
+    {
+        rows as u64 * format.row_bytes(cols) as u64
+    }
     /// Copy a device tensor back to the host (waits for pending work).
     fn download(&self, t: &Self::Tensor) -> Result<HostTensor>;
+    /// Wait until the device has finished the work issued so far (ops return once their work
+    /// is queued on the GPU lanes; the CPU lane has nothing pending).
+    fn sync(&self) -> Result<()>;
 
     // ---- linear & elementwise (shared by vision and language model) -----------------------
     /// `y = x·Wᵀ + b`: x `[n, in]`, W `[out, in]`, b `[out]` → `[n, out]`.
@@ -573,25 +651,30 @@ pub trait Backend {
         let weights = self.route_weights(&scores, &selected, scale)?;
         Ok((selected, weights))
     }
-    /// Clamped SwiGLU: x `[n, 2h]` (gate, then up) → `silu(min(g, limit)) · clamp(u, ±limit)`
+    /// Clamped SwiGLU: gate g and up u, both `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)`
     /// `[n, h]`.
-    fn swiglu_clamp(&self, x: &Self::Tensor, limit: f32) -> Result<Self::Tensor> {
-        let _ = (x, limit);
+    fn swiglu_clamp(&self, g: &Self::Tensor, u: &Self::Tensor, limit: f32) -> Result<Self::Tensor> {
+        let _ = (g, u, limit);
         Err(self.lm_unsupported(Op::SwigluClamp))
     }
-    /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e: `w13[e]`
-    /// `[2h, d]` (w1 rows then w3 rows) and `w2[e]` `[d, h]` → `[n, d]`,
-    /// `Σ_k weights_k · w2_e(swiglu_clamp(w13_e · x))` (weight applied after w2).
+    /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e the gate
+    /// `w1[e]` `[h, d]`, the up `w3[e]` `[h, d]` and the down `w2[e]` `[d, h]` → `[n, d]`,
+    /// `Σ_k weights_k · w2_e(swiglu_clamp(w1_e · x, w3_e · x))` (weight applied after w2).
+    /// The three projections are separate weights, each in its own storage format: GGUF mixes
+    /// pick a type per tensor (IQ1_S gate with IQ1_M up), and one stacked gate/up matrix would
+    /// have to expand such a pair to a common format.
+    #[allow(clippy::too_many_arguments)]
     fn moe_experts(
         &self,
         x: &Self::Tensor,
         ids: &Self::Tensor,
         weights: &Self::Tensor,
-        w13: &[Self::Weight],
+        w1: &[Self::Weight],
+        w3: &[Self::Weight],
         w2: &[Self::Weight],
         limit: f32,
     ) -> Result<Self::Tensor> {
-        let _ = (x, ids, weights, w13, w2, limit);
+        let _ = (x, ids, weights, w1, w3, w2, limit);
         Err(self.lm_unsupported(Op::MoeExperts))
     }
 

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use fovea::backend::Precision;
 use fovea::model::lm::generate::{Sampling, StopReason};
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, VisionDumpRequest};
-use fovea::progress::LoadBar;
+use fovea::progress::Bars;
 use fovea::serve::{self, Limits, ServeOptions};
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
@@ -48,6 +49,11 @@ enum Command {
         /// picks cuda (name it).
         #[arg(long)]
         backend: Option<String>,
+        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
+        /// operands, f32 accumulation; the CUDA lane only so far). Default: $FOVEA_PRECISION, else
+        /// fast on cuda and exact elsewhere.
+        #[arg(long)]
+        precision: Option<Precision>,
         /// Position of the image placeholder in the token stream (sets the lead pads; vision
         /// dump only, the language model takes it from where the placeholder stands).
         #[arg(long, default_value_t = 0)]
@@ -96,6 +102,11 @@ enum Command {
         /// cuda (name it).
         #[arg(long)]
         backend: Option<String>,
+        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
+        /// operands, f32 accumulation; the CUDA lane only so far). Default: $FOVEA_PRECISION, else
+        /// fast on cuda and exact elsewhere.
+        #[arg(long)]
+        precision: Option<Precision>,
     },
     /// Serve the model over HTTP with OpenAI's chat-completions API (streaming, images as data:
     /// URLs), until Ctrl-C.
@@ -124,6 +135,10 @@ struct ServeArgs {
     /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto).
     #[arg(long)]
     backend: Option<String>,
+    /// exact or fast (f16 GEMM operands; cuda only so far). Default: $FOVEA_PRECISION, else fast
+    /// on cuda and exact elsewhere.
+    #[arg(long)]
+    precision: Option<Precision>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -162,6 +177,7 @@ impl ServeArgs {
         let mut opts = ServeOptions::new(self.model, lane);
         opts.engine.mmproj = self.mmproj;
         opts.engine.image_max_tokens = self.image_max_tokens;
+        opts.engine.precision = self.precision;
         opts.engine.parallel = self.parallel;
         opts.engine.queue_size = self.queue_size;
         opts.model_name = self.model_name;
@@ -227,7 +243,7 @@ fn stdout_error(e: std::io::Error) -> fovea::Error {
 
 fn run(cli: Cli) -> fovea::Result<()> {
     match cli.command {
-        Command::Dump { model, mmproj, image_max_tokens, image, prompt, out, backend, start_pos: _ }
+        Command::Dump { model, mmproj, image_max_tokens, image, prompt, out, backend, precision, start_pos: _ }
             if !prompt.is_empty() =>
         {
             let tokens = match prompt.resolve(image.len())? {
@@ -242,6 +258,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 tokens,
                 images: image,
                 lane,
+                precision,
             })?;
             dump.write_safetensors(&out)?;
             eprintln!(
@@ -253,7 +270,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 out.display()
             );
         }
-        Command::Dump { model, mmproj, image_max_tokens, image, out, backend, start_pos, .. } => {
+        Command::Dump { model, mmproj, image_max_tokens, image, out, backend, precision, start_pos, .. } => {
             let image = match <[PathBuf; 1]>::try_from(image) {
                 Ok([one]) => one,
                 Err(images) if images.is_empty() => {
@@ -276,6 +293,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 image_max_tokens,
                 image,
                 lane,
+                precision,
                 start_pos,
             })?;
             dump.write_safetensors(&out)?;
@@ -304,6 +322,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
             seed,
             print_ids,
             backend,
+            precision,
         } => {
             let (tokens, tokenizer) = match prompt.resolve(image.len())? {
                 Prompt::Chat(chat) => {
@@ -325,18 +344,16 @@ fn run(cli: Cli) -> fovea::Result<()> {
             };
             let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
             let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
-            let req = LmRequest { model_dir: model, mmproj, image_max_tokens, tokens, images: image, lane };
+            let req = LmRequest { model_dir: model, mmproj, image_max_tokens, tokens, images: image, lane, precision };
             let mut stdout = std::io::stdout().lock();
+            let mut bars = Bars::new();
             let g = match &text_out {
-                Some(tok) => {
-                    let mut bar = LoadBar::new();
-                    pipeline::generate_text(&req, &opts, tok, &mut |p| bar.update(p), &mut |piece: &str| {
-                        write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
-                    })?
-                }
+                Some(tok) => pipeline::generate_text(&req, &opts, tok, &mut |p| bars.update(p), &mut |piece: &str| {
+                    write!(stdout, "{piece}").and_then(|_| stdout.flush()).map_err(stdout_error)
+                })?,
                 None => {
                     let mut first = true;
-                    pipeline::generate_lm(&req, &opts, &mut |id: i32| {
+                    pipeline::generate_lm(&req, &opts, &mut |p| bars.update(p), &mut |id: i32| {
                         let sep = if std::mem::take(&mut first) { "" } else { " " };
                         write!(stdout, "{sep}{id}").and_then(|_| stdout.flush()).map_err(stdout_error)
                     })?

@@ -47,6 +47,16 @@ pub struct LoadProgress {
     pub total_bytes: u64,
 }
 
+/// Prompt tokens prefilled so far out of the prompt's total, reported after each chunk of a
+/// chunked prefill (and once before the first), for a progress bar on long prompts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillProgress {
+    pub done_tokens: usize,
+    pub total_tokens: usize,
+    /// How many chunks the prompt is cut into ([`lm::chunk_plan`]).
+    pub chunks: usize,
+}
+
 /// A checkpoint that reports each parameter's bytes as the graph reads it, once per tensor (the
 /// image sentinels are read by both halves). The total is every tensor of the checkpoint (some,
 /// such as the MTP block, are never read), so [`Self::finish`] reports the end.
@@ -74,8 +84,7 @@ impl<'c, 'f> CountingSource<'c, 'f> {
             return;
         }
         // a quantized weight's `.scale` is read with it
-        let scale = crate::weights::fp8::scale_name(name).and_then(|s| self.ckpt.meta(&s));
-        let bytes = self.ckpt.meta(name).map_or(0, |m| m.nbytes as u64) + scale.map_or(0, |m| m.nbytes as u64);
+        let bytes = self.ckpt.stored_bytes(name).unwrap_or(0);
         self.done.set(self.done.get() + bytes);
         self.emit(self.done.get());
     }

@@ -28,9 +28,10 @@ use super::stop::StopFilter;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::model::lm::generate::{Generator, Sampling, Step, StopReason};
+use crate::pipeline::Progress;
 use crate::pipeline::{LaneChoice, LaneJob, LmSource, LoadedLm, PromptToken, run_on_lane};
 use crate::processor::{PreparedImage, PreprocessConfig};
-use crate::progress::LoadBar;
+use crate::progress::Bars;
 use crate::tokenizer::{ChatTokenizer, TextStream};
 
 /// One request, checked and tokenized, its images decoded and preprocessed.
@@ -131,6 +132,8 @@ pub struct EngineOptions {
     pub mmproj: Option<std::path::PathBuf>,
     pub image_max_tokens: Option<usize>,
     pub lane: LaneChoice,
+    /// `--precision` / `FOVEA_PRECISION`; `None`: the lane's default.
+    pub precision: Option<crate::backend::Precision>,
     /// Requests that may wait beyond the active ones; one more is refused (429).
     pub queue_size: usize,
     /// Sequences the worker interleaves at once.
@@ -170,10 +173,10 @@ impl Engine {
         let (ready, loaded) = std::sync::mpsc::channel();
         let stats = Arc::new(Stats::default());
         let worker = Worker { opts: opts.clone(), jobs, ready, tokenizer, stats: stats.clone() };
-        let lane = opts.lane;
+        let (lane, precision) = (opts.lane, opts.precision);
         let thread = std::thread::Builder::new()
             .name("fovea-model".into())
-            .spawn(move || run_on_lane(lane, worker))
+            .spawn(move || run_on_lane(lane, precision, worker))
             .map_err(|e| Error::Device(format!("cannot start the model thread: {e}")))?;
         match loaded.recv() {
             Ok(info) => Ok(Engine { queue, stats, info, capacity: opts.parallel.saturating_add(opts.queue_size) }),
@@ -207,8 +210,8 @@ impl LaneJob for Worker {
     fn run<B: Backend>(self, b: &B, note: Option<&str>) -> Result<()> {
         let o = &self.opts;
         let src = LmSource::open(&o.model, o.mmproj.as_deref(), o.image_max_tokens)?;
-        let mut bar = LoadBar::new();
-        let lm = src.load(b, src.has_vision(), &mut |p| bar.update(p))?;
+        let mut bars = Bars::new();
+        let lm = src.load(b, src.has_vision(), &mut |p| bars.update(Progress::Load(p)))?;
         if let Some(n) = note {
             eprintln!("fovea: {n}");
         }

@@ -81,6 +81,7 @@ impl ServeOptions {
                 mmproj: None,
                 image_max_tokens: None,
                 lane,
+                precision: None,
                 queue_size: DEFAULT_QUEUE_SIZE,
                 parallel: DEFAULT_PARALLEL,
             },

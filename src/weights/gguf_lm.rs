@@ -352,6 +352,17 @@ impl GgufLm {
         &self.config
     }
 
+    /// Bytes of the official parameter `official` in the file: its GGUF tensor's, or for a
+    /// routed expert its share of the stacked tensor (every expert's rows are the same size).
+    pub fn stored_bytes(&self, official: &str) -> Result<u64> {
+        let (g, info, path, _) = self.locate(official)?;
+        match (g.expert, info.shape().first()) {
+            (None, _) => Ok(info.nbytes as u64),
+            (Some(_), Some(&e)) if e > 0 => Ok((info.nbytes / e) as u64),
+            (Some(_), _) => Err(refuse(official, &g, path, "an empty stack of experts")),
+        }
+    }
+
     /// The tensor of an official name with its file, or a refusal naming both names.
     fn locate(&self, official: &str) -> Result<(GgufName, &TensorInfo, &Path, &[u8])> {
         let g = gguf_name(official)

@@ -180,6 +180,11 @@ impl Mmproj {
         &self.plan
     }
 
+    /// Bytes in the file of the GGUF tensors the official parameter `name` is read from.
+    pub fn stored_bytes(&self, name: &str) -> Result<u64> {
+        self.resolved(name)?.parts.iter().map(|p| Ok(self.part(p)?.0.nbytes as u64)).sum()
+    }
+
     fn resolved(&self, name: &str) -> Result<&Resolved> {
         self.plan
             .get(name)

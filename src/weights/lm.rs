@@ -68,21 +68,30 @@ pub struct ExpectedLm {
     /// `false` for `gate.bias_vl`: a text-only checkpoint has none and the router falls back to
     /// the text bias.
     pub required: bool,
+    /// Whether the model reads it as a weight matrix (`ParamSource::matrix`, uploaded in its
+    /// storage format) rather than as a vector or integers (uploaded as f32 / i32): what
+    /// [`super::footprint`] sizes it by.
+    pub matrix: bool,
 }
 
-/// A required floating-point tensor.
-fn float(name: String, shape: &[usize]) -> ExpectedLm {
-    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Float, required: true }
+/// A required floating-point weight matrix.
+fn matrix(name: String, shape: &[usize]) -> ExpectedLm {
+    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Float, required: true, matrix: true }
+}
+
+/// A required floating-point vector (norm, bias, sink; the 2-D `ape` too, read as f32 values).
+fn vector(name: String, shape: &[usize]) -> ExpectedLm {
+    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Float, required: true, matrix: false }
 }
 
 /// A required matrix the official checkpoint stores in FP8.
 fn fp8(name: String, shape: &[usize]) -> ExpectedLm {
-    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Fp8, required: true }
+    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Fp8, required: true, matrix: true }
 }
 
 /// A required routed-expert matrix.
 fn expert(name: String, shape: &[usize]) -> ExpectedLm {
-    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Expert, required: true }
+    ExpectedLm { name, shape: shape.to_vec(), kind: ValueKind::Expert, required: true, matrix: true }
 }
 
 /// `a · b` for a shape, refusing a config whose product overflows (named by `keys`).
@@ -135,26 +144,26 @@ fn manifest_upto(cfg: &LmConfig, max_required: usize) -> Result<Manifest> {
     let index_w = mul(2, cfg.index_head_dim, "index_head_dim")?;
 
     let mut m = Manifest { entries: Vec::new(), required: 0, max_required, truncated: false };
-    m.push(float("embed.weight".into(), &[cfg.vocab_size, d]));
+    m.push(matrix("embed.weight".into(), &[cfg.vocab_size, d]));
     for l in 0..cfg.num_hidden_layers {
         if m.truncated {
             break;
         }
         let p = format!("layers.{l}.");
-        m.push(float(format!("{p}attn_norm.weight"), &[d]));
-        m.push(float(format!("{p}ffn_norm.weight"), &[d]));
+        m.push(vector(format!("{p}attn_norm.weight"), &[d]));
+        m.push(vector(format!("{p}ffn_norm.weight"), &[d]));
         for s in ["attn", "ffn"] {
-            m.push(float(format!("{p}hc_{s}_fn"), &[hc_rows, hc_d]));
-            m.push(float(format!("{p}hc_{s}_base"), &[hc_rows]));
-            m.push(float(format!("{p}hc_{s}_scale"), &[3]));
+            m.push(matrix(format!("{p}hc_{s}_fn"), &[hc_rows, hc_d]));
+            m.push(vector(format!("{p}hc_{s}_base"), &[hc_rows]));
+            m.push(vector(format!("{p}hc_{s}_scale"), &[3]));
         }
         let a = format!("{p}attn.");
-        m.push(float(format!("{a}attn_sink"), &[nh]));
+        m.push(vector(format!("{a}attn_sink"), &[nh]));
         m.push(fp8(format!("{a}wq_a.weight"), &[q, d]));
-        m.push(float(format!("{a}q_norm.weight"), &[q]));
+        m.push(vector(format!("{a}q_norm.weight"), &[q]));
         m.push(fp8(format!("{a}wq_b.weight"), &[q_width, q]));
         m.push(fp8(format!("{a}wkv.weight"), &[hd, d]));
-        m.push(float(format!("{a}kv_norm.weight"), &[hd]));
+        m.push(vector(format!("{a}kv_norm.weight"), &[hd]));
         m.push(fp8(format!("{a}wo_a.weight"), &[o_rank, q_width / cfg.o_groups]));
         m.push(fp8(format!("{a}wo_b.weight"), &[d, o_rank]));
         let ratio = cfg.ratio(l);
@@ -162,37 +171,39 @@ fn manifest_upto(cfg: &LmConfig, max_required: usize) -> Result<Manifest> {
             // ratio 4 overlaps two blocks: every compressor row is twice as wide (§2.2)
             let w = if ratio == 4 { mul(2, hd, "head_dim")? } else { hd };
             let c = format!("{a}compressor.");
-            m.push(float(format!("{c}wkv.weight"), &[w, d]));
-            m.push(float(format!("{c}wgate.weight"), &[w, d]));
-            m.push(float(format!("{c}ape"), &[ratio, w]));
-            m.push(float(format!("{c}norm.weight"), &[hd]));
+            m.push(matrix(format!("{c}wkv.weight"), &[w, d]));
+            m.push(matrix(format!("{c}wgate.weight"), &[w, d]));
+            m.push(vector(format!("{c}ape"), &[ratio, w]));
+            m.push(vector(format!("{c}norm.weight"), &[hd]));
         }
         if ratio == 4 {
             let i = format!("{a}indexer.");
             m.push(fp8(format!("{i}wq_b.weight"), &[index_q, q]));
-            m.push(float(format!("{i}weights_proj.weight"), &[cfg.index_n_heads, d]));
-            m.push(float(format!("{i}compressor.wkv.weight"), &[index_w, d]));
-            m.push(float(format!("{i}compressor.wgate.weight"), &[index_w, d]));
-            m.push(float(format!("{i}compressor.ape"), &[4, index_w]));
-            m.push(float(format!("{i}compressor.norm.weight"), &[cfg.index_head_dim]));
+            m.push(matrix(format!("{i}weights_proj.weight"), &[cfg.index_n_heads, d]));
+            m.push(matrix(format!("{i}compressor.wkv.weight"), &[index_w, d]));
+            m.push(matrix(format!("{i}compressor.wgate.weight"), &[index_w, d]));
+            m.push(vector(format!("{i}compressor.ape"), &[4, index_w]));
+            m.push(vector(format!("{i}compressor.norm.weight"), &[cfg.index_head_dim]));
         }
         let f = format!("{p}ffn.");
-        m.push(float(format!("{f}gate.weight"), &[e, d]));
+        m.push(matrix(format!("{f}gate.weight"), &[e, d]));
         if l < cfg.num_hash_layers {
             m.push(ExpectedLm {
                 name: format!("{f}gate.tid2eid"),
                 shape: vec![cfg.vocab_size, k],
                 kind: ValueKind::Index,
                 required: true,
+                matrix: false,
             });
         } else {
-            m.push(float(format!("{f}gate.bias"), &[e]));
+            m.push(vector(format!("{f}gate.bias"), &[e]));
         }
         m.push(ExpectedLm {
             name: format!("{f}gate.bias_vl"),
             shape: vec![e],
             kind: ValueKind::Float,
             required: false,
+            matrix: false,
         });
         for j in 0..e {
             if m.truncated {
@@ -206,11 +217,11 @@ fn manifest_upto(cfg: &LmConfig, max_required: usize) -> Result<Manifest> {
         m.push(fp8(format!("{f}shared_experts.w2.weight"), &[d, shared]));
         m.push(fp8(format!("{f}shared_experts.w3.weight"), &[shared, d]));
     }
-    m.push(float("hc_head_fn".into(), &[hc, hc_d]));
-    m.push(float("hc_head_base".into(), &[hc]));
-    m.push(float("hc_head_scale".into(), &[1]));
-    m.push(float("norm.weight".into(), &[d]));
-    m.push(float("head.weight".into(), &[cfg.vocab_size, d]));
+    m.push(matrix("hc_head_fn".into(), &[hc, hc_d]));
+    m.push(vector("hc_head_base".into(), &[hc]));
+    m.push(vector("hc_head_scale".into(), &[1]));
+    m.push(vector("norm.weight".into(), &[d]));
+    m.push(matrix("head.weight".into(), &[cfg.vocab_size, d]));
     Ok(m)
 }
 
@@ -308,7 +319,7 @@ pub fn check_lm(ckpt: &Checkpoint, cfg: &LmConfig) -> Result<LmAccounting> {
     let has_vision = ckpt.vision_config().is_some();
     let sentinels = !has_vision && SENTINELS.iter().any(|s| ckpt.contains(s));
     if sentinels {
-        manifest.extend(SENTINELS.iter().map(|s| float(s.to_string(), &[cfg.hidden_size])));
+        manifest.extend(SENTINELS.iter().map(|s| vector(s.to_string(), &[cfg.hidden_size])));
     }
     let expected: BTreeSet<&str> = manifest.iter().map(|e| e.name.as_str()).collect();
     let mut problems: Vec<(String, String)> = Vec::new();

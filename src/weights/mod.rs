@@ -12,6 +12,7 @@
 //! their `.scale` tensors are paired when the checkpoint opens and re-laid row-local by
 //! [`Checkpoint::weight`] ([`fp8`]).
 
+pub mod footprint;
 pub mod fp8;
 pub mod gguf;
 pub mod gguf_lm;
@@ -110,6 +111,16 @@ impl fmt::Debug for Checkpoint {
     }
 }
 
+/// The weight format of an F32/F16/BF16 dtype.
+fn float_format(dtype: Dtype) -> Option<WeightFormat> {
+    match dtype {
+        Dtype::F32 => Some(WeightFormat::F32),
+        Dtype::F16 => Some(WeightFormat::F16),
+        Dtype::BF16 => Some(WeightFormat::BF16),
+        _ => None,
+    }
+}
+
 /// A tensor's data: borrowed from the mmap when aligned for its dtype, copied otherwise.
 #[derive(Clone, Debug)]
 pub struct TensorView<'a> {
@@ -132,12 +143,7 @@ impl<'a> TensorView<'a> {
 
     /// The storage format if this is an F32/F16/BF16 tensor.
     pub fn weight_format(&self) -> Option<WeightFormat> {
-        match self.dtype {
-            Dtype::F32 => Some(WeightFormat::F32),
-            Dtype::F16 => Some(WeightFormat::F16),
-            Dtype::BF16 => Some(WeightFormat::BF16),
-            _ => None,
-        }
+        float_format(self.dtype)
     }
 
     /// All elements converted to f32 (F32, F16 or BF16 only).
@@ -391,6 +397,32 @@ impl Checkpoint {
     /// The FP8/FP4 storage config.json announces (`None` for a plain float checkpoint).
     pub fn quant(&self) -> Option<QuantConfig> {
         self.quant
+    }
+
+    /// The format and `[rows, cols]` that [`Checkpoint::weight`] gives `name`, from headers
+    /// only (the re-lay plan for an official FP8/FP4 matrix): what `fovea inspect` sizes.
+    pub fn weight_layout(&self, name: &str) -> Result<(WeightFormat, usize, usize)> {
+        let meta =
+            self.meta(name).ok_or_else(|| Error::tensor(name, format!("not in checkpoint {}", self.dir.display())))?;
+        if fp8::is_quantized(meta.dtype) {
+            let plan = fp8::plan(self, &meta)?;
+            return Ok((plan.format, plan.rows, plan.cols));
+        }
+        let format = float_format(meta.dtype).ok_or_else(|| {
+            Error::tensor(name, format!("dtype {} is not a weight format (accepted: F32, F16, BF16)", meta.dtype))
+        })?;
+        match meta.shape {
+            &[rows, cols] => Ok((format, rows, cols)),
+            s => Err(Error::tensor(name, format!("expected a 2-D matrix, found shape {s:?}"))),
+        }
+    }
+
+    /// Bytes of `name` in the files, with its `.scale` when it is an official FP8/FP4 matrix
+    /// (the two load as one); `None` when there is no such tensor.
+    pub fn stored_bytes(&self, name: &str) -> Option<u64> {
+        let meta = self.meta(name)?;
+        let scale = fp8::scale_name(name).filter(|_| fp8::is_quantized(meta.dtype)).and_then(|s| self.meta(&s));
+        Some(meta.nbytes as u64 + scale.map_or(0, |m| m.nbytes as u64))
     }
 
     /// A 2-D weight matrix `[out, in]` ready for a lane. F32/F16/BF16 matrices keep their

@@ -2,7 +2,8 @@
 //! over the lane: lm-tiny, `lm-text` (304 tokens) and `lm-vision` (96 tokens, one image block
 //! merged per vision.md §5.1, `bias_vl` routing, image-span visibility). Each lane's test file
 //! states its tolerance and the derivation; router ids, indexer picks and greedy tokens are exact
-//! on every lane (the generator guaranteed margins > 1e-4 at every selection boundary).
+//! on every lane in exact precision (the generator guaranteed margins > 1e-4 at every selection
+//! boundary); fast precision has its own [`Contract`].
 
 use std::collections::BTreeMap;
 
@@ -57,6 +58,54 @@ pub fn i32s<B: Backend>(b: &B, t: &B::Tensor) -> Vec<i32> {
     }
 }
 
+/// What one lane's run is held to.
+#[derive(Clone, Copy, Debug)]
+pub enum Contract {
+    /// f32 products (`--precision exact`): every float within this relative L2; router ids,
+    /// indexer picks, top-1 at every position and greedy tokens exact.
+    Exact(f64),
+    /// `--precision fast`: the prefill's floats within this relative L2; top-1 at every position
+    /// but the near-ties; greedy tokens exact. A near-tie is a position where the reference's
+    /// top-2 gap is under tol · the rms of its logits row, or where a router or indexer choice
+    /// moved: the goldens' selection margins (1e-4, made for f32 lanes) are below fast
+    /// precision's resolution, and a moved expert changes that token's output by O(1). Moved
+    /// choices are printed with their positions; so are the decode steps' logits errors, whose
+    /// single-token steps amplify a moved expert the most.
+    Fast(f64),
+}
+
+impl From<f64> for Contract {
+    fn from(tol: f64) -> Self {
+        Contract::Exact(tol)
+    }
+}
+
+impl Contract {
+    pub fn tol(self) -> f64 {
+        match self {
+            Contract::Exact(t) | Contract::Fast(t) => t,
+        }
+    }
+    fn selections_exact(self) -> bool {
+        matches!(self, Contract::Exact(_))
+    }
+}
+
+/// Whether the top-2 gap of a reference logits row is under `tol` times its rms (a near-tie).
+fn near_tie(row: &[f32], tol: f64) -> bool {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in row {
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    let rms = (row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
+    ((a - b) as f64) < tol * rms
+}
+
 fn argmax(r: &[f32]) -> usize {
     r.iter().enumerate().fold((0, f32::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0
 }
@@ -70,16 +119,17 @@ pub fn load_lm_tiny<B: Backend>(b: &B) -> (LmModel<B>, LmConfig) {
     (model, cfg)
 }
 
-/// Compare one prefill with a golden at relative-L2 tolerance `tol`; returns a list of failures
-/// (empty = pass).
+/// Compare one prefill with a golden under `contract`; returns a list of failures (empty = pass).
 pub fn compare<B: Backend>(
     name: &str,
     b: &B,
     cfg: &LmConfig,
     out: &LmOutput<B>,
     g: &LmGolden,
-    tol: f64,
+    contract: impl Into<Contract>,
 ) -> Vec<String> {
+    let contract = contract.into();
+    let tol = contract.tol();
     let mut fails = Vec::new();
     let t = g.i["input_ids"].1.len();
     let (hc, d) = (cfg.hc_mult, cfg.hidden_size);
@@ -106,15 +156,10 @@ pub fn compare<B: Backend>(
     if !(e <= tol) {
         fails.push(format!("logits rel L2 {e:.3e}"));
     }
-    // top-1 at every position
-    let bad: Vec<usize> =
-        (0..t).filter(|&i| argmax(&logits[i * v..(i + 1) * v]) != argmax(&gl[i * v..(i + 1) * v])).collect();
-    if !bad.is_empty() {
-        fails.push(format!("top-1 differs at positions {bad:?}"));
-    }
     // router selections: exact (sorted ascending, as stored)
     let k = cfg.num_experts_per_tok;
     let (gr, gw) = (&g.i["router_ids"].1, &g.f["router_weights"].1);
+    let mut moved = std::collections::BTreeSet::new();
     for (l, (ids, w)) in out.router_ids.iter().zip(&out.router_weights).enumerate() {
         let (ids, w) = (i32s(b, ids), f32s(b, w));
         let mut mism = 0;
@@ -124,16 +169,19 @@ pub fn compare<B: Backend>(
             pairs.sort_by_key(|p| p.0);
             if pairs.iter().map(|p| p.0 as i64).ne(gr[(l * t + i) * k..(l * t + i + 1) * k].iter().copied()) {
                 mism += 1;
+                moved.insert(i);
             }
             ours_w.extend(pairs.iter().map(|p| p.1));
         }
         let ew = rel_l2(&ours_w, &gw[l * t * k..(l + 1) * t * k]);
         eprintln!("{name}: layer {l} router: {mism} of {t} positions differ; weights rel L2 {ew:.2e}");
-        if mism != 0 {
-            fails.push(format!("layer {l}: router ids differ at {mism} positions"));
-        }
-        if !(ew <= tol) {
-            fails.push(format!("layer {l}: router weights rel L2 {ew:.3e}"));
+        if contract.selections_exact() {
+            if mism != 0 {
+                fails.push(format!("layer {l}: router ids differ at {mism} positions"));
+            }
+            if !(ew <= tol) {
+                fails.push(format!("layer {l}: router weights rel L2 {ew:.3e}"));
+            }
         }
     }
     // indexer selections: exact as sets where defined
@@ -149,12 +197,30 @@ pub fn compare<B: Backend>(
             let mut z: Vec<i64> = gold[i * kk..(i + 1) * kk].to_vec();
             a.sort();
             z.sort();
-            mism += usize::from(a != z);
+            if a != z {
+                mism += 1;
+                moved.insert(i);
+            }
         }
         eprintln!("{name}: indexer layer {l}: {mism} of {t} positions differ");
-        if mism != 0 {
+        if mism != 0 && contract.selections_exact() {
             fails.push(format!("{key}: {mism} positions differ"));
         }
+    }
+    if !moved.is_empty() {
+        eprintln!("{name}: positions with a moved router or indexer choice: {moved:?}");
+    }
+    // top-1 at every position (fast: but the near-ties)
+    let differs: Vec<usize> =
+        (0..t).filter(|&i| argmax(&logits[i * v..(i + 1) * v]) != argmax(&gl[i * v..(i + 1) * v])).collect();
+    let (ties, bad): (Vec<usize>, Vec<usize>) = differs.into_iter().partition(|&i| {
+        matches!(contract, Contract::Fast(_)) && (near_tie(&gl[i * v..(i + 1) * v], tol) || moved.contains(&i))
+    });
+    if !ties.is_empty() {
+        eprintln!("{name}: top-1 differs at near-ties {ties:?} (allowed in fast precision)");
+    }
+    if !bad.is_empty() {
+        fails.push(format!("top-1 differs at positions {bad:?}"));
     }
     fails
 }
@@ -168,8 +234,10 @@ pub fn greedy<B: Backend>(
     model: &LmModel<B>,
     out: LmOutput<B>,
     g: &LmGolden,
-    tol: f64,
+    contract: impl Into<Contract>,
 ) -> Vec<String> {
+    let contract = contract.into();
+    let tol = contract.tol();
     let mut fails = Vec::new();
     let v = model.config().vocab_size;
     let want = &g.i["greedy_tokens"].1;
@@ -186,7 +254,7 @@ pub fn greedy<B: Backend>(
         let l = f32s(b, &model.decode(b, &mut cache, want[s - 1] as i32).unwrap());
         let e = rel_l2(&l, &step_logits[(s - 1) * v..s * v]);
         worst = worst.max(e);
-        if !(e <= tol) {
+        if !(e <= tol) && contract.selections_exact() {
             fails.push(format!("decode step {s}: logits rel L2 {e:.3e}"));
         }
         tok = argmax(&l) as i64;
@@ -203,19 +271,21 @@ fn ids_of(g: &LmGolden) -> Vec<i32> {
 }
 
 /// `lm-text` on lane `b`: per-layer prefill and 32 greedy steps; returns the failures.
-pub fn check_lm_text<B: Backend>(b: &B, tol: f64) -> Vec<String> {
+pub fn check_lm_text<B: Backend>(b: &B, contract: impl Into<Contract>) -> Vec<String> {
+    let contract = contract.into();
     let (model, cfg) = load_lm_tiny(b);
     let g = lm_golden("lm-text");
     let out = model.prefill(b, &LmInput { ids: ids_of(&g), window: None }, None).unwrap();
     assert_eq!(out.indexer.keys().copied().collect::<Vec<_>>(), vec![1, 3], "CSA layers");
-    let mut fails = compare("lm-text", b, &cfg, &out, &g, tol);
-    fails.extend(greedy("lm-text", b, &model, out, &g, tol));
+    let mut fails = compare("lm-text", b, &cfg, &out, &g, contract);
+    fails.extend(greedy("lm-text", b, &model, out, &g, contract));
     fails
 }
 
 /// `lm-vision` on lane `b`: the §5.1 merge from the golden's aligner rows (bit-exact: it is a
 /// copy), then per-layer prefill with image-span visibility and 32 greedy steps.
-pub fn check_lm_vision<B: Backend>(b: &B, tol: f64) -> Vec<String> {
+pub fn check_lm_vision<B: Backend>(b: &B, contract: impl Into<Contract>) -> Vec<String> {
+    let contract = contract.into();
     let (model, cfg) = load_lm_tiny(b);
     let g = lm_golden("lm-vision");
     let ids = ids_of(&g);
@@ -232,7 +302,7 @@ pub fn check_lm_vision<B: Backend>(b: &B, tol: f64) -> Vec<String> {
     assert!(e == 0.0, "the merge is a copy; inputs_embeds must be bit-exact (rel L2 {e:.3e})");
     let window = visible_bounds(&ids, v, cfg.sliding_window, MAX_IMAGE_TOKENS);
     let out = model.prefill(b, &LmInput { ids, window: Some(window) }, Some(embeds)).unwrap();
-    let mut fails = compare("lm-vision", b, &cfg, &out, &g, tol);
-    fails.extend(greedy("lm-vision", b, &model, out, &g, tol));
+    let mut fails = compare("lm-vision", b, &cfg, &out, &g, contract);
+    fails.extend(greedy("lm-vision", b, &model, out, &g, contract));
     fails
 }

@@ -1,7 +1,7 @@
 //! CPU reference implementations of the language-model ops (readable f32, one shape comment
 //! each). `CpuBackend`'s trait methods in `mod.rs` delegate here.
 
-use super::{CpuBackend, CpuTensor, CpuWeight, check_2d, check_heads, gated_silu};
+use super::{CpuBackend, CpuTensor, CpuWeight, check_2d, check_heads};
 use crate::backend::{HostData, decode_row};
 use crate::error::{Error, Result};
 
@@ -474,18 +474,35 @@ pub(super) fn route_weights(scores: &CpuTensor, ids: &CpuTensor, scale: f32) -> 
     Ok(CpuTensor::new_f32(vec![n, k], out))
 }
 
-// x [n, 2h] → silu(min(g, limit)) · clamp(u, −limit, limit)  [n, h]
-pub(super) fn swiglu_clamp(x: &CpuTensor, limit: f32) -> Result<CpuTensor> {
-    gated_silu("swiglu_clamp", x, |g, u| (g.min(limit), u.clamp(-limit, limit)))
+// g, u [n, h] → silu(min(g, limit)) · clamp(u, −limit, limit)  [n, h]
+pub(super) fn swiglu_clamp(g: &CpuTensor, u: &CpuTensor, limit: f32) -> Result<CpuTensor> {
+    const OP: &str = "swiglu_clamp";
+    let (n, h) = check_2d(OP, "g", g)?;
+    if u.shape != g.shape {
+        return Err(Error::shape(OP, format!("g {:?} and u {:?} differ", g.shape, u.shape)));
+    }
+    let out = g
+        .f32(OP)?
+        .iter()
+        .zip(u.f32(OP)?)
+        .map(|(&g, &u)| {
+            let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+            g / (1.0 + (-g).exp()) * u
+        })
+        .collect();
+    Ok(CpuTensor::new_f32(vec![n, h], out))
 }
 
-// x [n, d], ids/weights [n, k], w13[e] [2h, d], w2[e] [d, h] → Σ_k w_k · w2_e(swiglu_clamp(w13_e x))  [n, d]
+// x [n, d], ids/weights [n, k], w1[e], w3[e] [h, d], w2[e] [d, h]
+//   → Σ_k w_k · w2_e(swiglu_clamp(w1_e x, w3_e x))  [n, d]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn moe_experts(
     b: &CpuBackend,
     x: &CpuTensor,
     ids: &CpuTensor,
     weights: &CpuTensor,
-    w13: &[CpuWeight],
+    w1: &[CpuWeight],
+    w3: &[CpuWeight],
     w2: &[CpuWeight],
     limit: f32,
 ) -> Result<CpuTensor> {
@@ -494,14 +511,22 @@ pub(super) fn moe_experts(
     let (n, d) = check_2d(OP, "x", x)?;
     let (n2, k) = check_2d(OP, "ids", ids)?;
     let (id, wt) = (ids.i32(OP)?, weights.f32(OP)?);
+    let e = w1.len();
     if n2 != n
         || weights.shape != ids.shape
-        || w13.len() != w2.len()
-        || id.iter().any(|&e| e < 0 || e as usize >= w13.len())
+        || w3.len() != e
+        || w2.len() != e
+        || id.iter().any(|&j| j < 0 || j as usize >= e)
     {
         return Err(Error::shape(
             OP,
-            format!("ids {:?}, weights {:?}, {} experts do not fit", ids.shape, weights.shape, w13.len()),
+            format!(
+                "ids {:?}, weights {:?}, {e} / {} / {} experts (w1 / w3 / w2) do not fit",
+                ids.shape,
+                weights.shape,
+                w3.len(),
+                w2.len()
+            ),
         ));
     }
     let xs = x.f32(OP)?;
@@ -511,7 +536,7 @@ pub(super) fn moe_experts(
         let xi = CpuTensor::new_f32(vec![1, d], xs[i * d..(i + 1) * d].to_vec());
         for s in 0..k {
             let e = id[i * k + s] as usize;
-            let h = swiglu_clamp(&b.linear(&xi, &w13[e], None)?, limit)?;
+            let h = swiglu_clamp(&b.linear(&xi, &w1[e], None)?, &b.linear(&xi, &w3[e], None)?, limit)?;
             let y = b.linear(&h, &w2[e], None)?;
             let y = y.f32(OP)?;
             if y.len() != d {
@@ -645,7 +670,8 @@ mod tests {
     #[test]
     fn swiglu_clamp_clamps_gate_above_and_up_both_ways() {
         let b = CpuBackend::new();
-        let out = get(&b, &b.swiglu_clamp(&t(&b, &[1, 4], vec![5.0, -3.0, 9.0, -9.0]), 1.5).unwrap());
+        let (g, u) = (t(&b, &[1, 2], vec![5.0, -3.0]), t(&b, &[1, 2], vec![9.0, -9.0]));
+        let out = get(&b, &b.swiglu_clamp(&g, &u, 1.5).unwrap());
         let silu = |g: f32| g / (1.0 + (-g).exp());
         assert!((out[0] - silu(1.5) * 1.5).abs() < 1e-6 && (out[1] - silu(-3.0) * -1.5).abs() < 1e-6, "{out:?}");
     }

@@ -76,6 +76,7 @@ impl DeviceWeight for CpuWeight {
 pub struct CpuBackend {
     threads: usize,
     weight_bytes: AtomicU64,
+    matrix_bytes: AtomicU64,
 }
 
 impl Default for CpuBackend {
@@ -87,7 +88,7 @@ impl Default for CpuBackend {
 impl CpuBackend {
     pub fn new() -> Self {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        CpuBackend { threads, weight_bytes: AtomicU64::new(0) }
+        CpuBackend { threads, weight_bytes: AtomicU64::new(0), matrix_bytes: AtomicU64::new(0) }
     }
 
     /// Run `f(row_range, out_chunk)` over `rows` output rows of width `width`, split across threads.
@@ -120,29 +121,6 @@ fn check_heads(op: &'static str, cols: usize, n_heads: usize) -> Result<usize> {
         return Err(Error::shape(op, format!("{cols} columns do not split into {n_heads} heads")));
     }
     Ok(cols / n_heads)
-}
-
-/// `silu(g') · u'` with `(g', u') = prepare(g, u)` for gate g = first half, up u = second half:
-/// x `[n, 2h]` → `[n, h]` (shared by `swiglu` and the language model's clamped `swiglu_clamp`).
-pub(super) fn gated_silu(
-    op: &'static str,
-    x: &CpuTensor,
-    prepare: impl Fn(f32, f32) -> (f32, f32),
-) -> Result<CpuTensor> {
-    let (n, d2) = check_2d(op, "x", x)?;
-    if d2 % 2 != 0 {
-        return Err(Error::shape(op, format!("{d2} columns is not even")));
-    }
-    let h = d2 / 2;
-    let xs = x.f32(op)?;
-    let mut out = vec![0f32; n * h];
-    for i in 0..n {
-        for j in 0..h {
-            let (g, u) = prepare(xs[i * d2 + j], xs[i * d2 + h + j]);
-            out[i * h + j] = g / (1.0 + (-g).exp()) * u;
-        }
-    }
-    Ok(CpuTensor::new_f32(vec![n, h], out))
 }
 
 /// 2-D RoPE cos/sin tables in f32, exactly as the reference builds them: `inv_freq[j] =
@@ -183,7 +161,11 @@ impl Backend for CpuBackend {
     }
 
     fn memory(&self) -> MemoryReport {
-        MemoryReport { weight_bytes: self.weight_bytes.load(Ordering::Relaxed), ..Default::default() }
+        MemoryReport {
+            weight_bytes: self.weight_bytes.load(Ordering::Relaxed),
+            matrix_bytes: self.matrix_bytes.load(Ordering::Relaxed),
+            ..Default::default()
+        }
     }
 
     fn upload(&self, host: &HostTensor) -> Result<CpuTensor> {
@@ -197,12 +179,20 @@ impl Backend for CpuBackend {
 
     fn upload_weight(&self, w: &HostWeight<'_>) -> Result<CpuWeight> {
         w.validate()?;
-        self.weight_bytes.fetch_add(w.bytes.len() as u64, Ordering::Relaxed);
+        // validated: the bytes are exactly the rows as stored, which the lane keeps
+        let bytes = Self::weight_alloc_bytes(w.format, w.rows, w.cols);
+        self.weight_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.matrix_bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(CpuWeight { format: w.format, rows: w.rows, cols: w.cols, bytes: Arc::new(w.bytes.to_vec()) })
     }
 
     fn download(&self, t: &CpuTensor) -> Result<HostTensor> {
         Ok(HostTensor { shape: t.shape.clone(), data: (*t.data).clone() })
+    }
+
+    // every op has finished when it returns
+    fn sync(&self) -> Result<()> {
+        Ok(())
     }
 
     // x [n, in] · W[out, in]ᵀ + b[out] → [n, out]; each weight row decoded to f32 once.
@@ -333,7 +323,21 @@ impl Backend for CpuBackend {
 
     // x [n, 2h] → silu(x[:, :h]) * x[:, h:]  [n, h]
     fn swiglu(&self, x: &CpuTensor) -> Result<CpuTensor> {
-        gated_silu("swiglu", x, |g, u| (g, u))
+        const OP: &str = "swiglu";
+        let (n, d2) = check_2d(OP, "x", x)?;
+        if d2 % 2 != 0 {
+            return Err(Error::shape(OP, format!("{d2} columns is not even")));
+        }
+        let h = d2 / 2;
+        let xs = x.f32(OP)?;
+        let mut out = vec![0f32; n * h];
+        for i in 0..n {
+            for j in 0..h {
+                let (g, u) = (xs[i * d2 + j], xs[i * d2 + h + j]);
+                out[i * h + j] = g / (1.0 + (-g).exp()) * u;
+            }
+        }
+        Ok(CpuTensor::new_f32(vec![n, h], out))
     }
 
     // x [n, d] → x/2 · (1 + erf(x/√2))  [n, d]
@@ -532,19 +536,20 @@ impl Backend for CpuBackend {
     fn route_weights(&self, scores: &CpuTensor, ids: &CpuTensor, scale: f32) -> Result<CpuTensor> {
         lm::route_weights(scores, ids, scale)
     }
-    fn swiglu_clamp(&self, x: &CpuTensor, limit: f32) -> Result<CpuTensor> {
-        lm::swiglu_clamp(x, limit)
+    fn swiglu_clamp(&self, g: &CpuTensor, u: &CpuTensor, limit: f32) -> Result<CpuTensor> {
+        lm::swiglu_clamp(g, u, limit)
     }
     fn moe_experts(
         &self,
         x: &CpuTensor,
         ids: &CpuTensor,
         weights: &CpuTensor,
-        w13: &[CpuWeight],
+        w1: &[CpuWeight],
+        w3: &[CpuWeight],
         w2: &[CpuWeight],
         limit: f32,
     ) -> Result<CpuTensor> {
-        lm::moe_experts(self, x, ids, weights, w13, w2, limit)
+        lm::moe_experts(self, x, ids, weights, w1, w3, w2, limit)
     }
 }
 

@@ -272,13 +272,13 @@ impl CudaBackend {
         Ok((ids, weights))
     }
 
-    /// x `[n, 2h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
-    pub(super) fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
+    /// g, u `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
+    pub(super) fn swiglu_clamp(&self, g: &CudaTensor, u: &CudaTensor, limit: f32) -> Result<CudaTensor> {
         const OP: &str = "swiglu_clamp";
-        let (n, h) = checks::swiglu_clamp(x)?;
+        let (n, h) = checks::swiglu_clamp(g, u)?;
         let mut y = self.alloc(OP, vec![n, h], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", h)?, limit.to_bits()];
-        self.launch_1d(OP, Source::LmSmall, "swiglu_clamp_f32", &[&x.buf], &mut y, &sizes, n * h)?;
+        self.launch_1d(OP, Source::LmSmall, "swiglu_clamp_f32", &[&g.buf, &u.buf], &mut y, &sizes, n * h)?;
         Ok(y)
     }
 }

@@ -44,7 +44,8 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use crate::backend::checks::{self, NamedWeight};
 use crate::backend::cpu::rope_2d_tables;
 use crate::backend::{
-    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, WeightFormat,
+    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, Precision,
+    WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -245,6 +246,7 @@ macro_rules! weight_kernels {
 pub const LINEAR_KERNELS: WeightKernels = weight_kernels!("linear");
 pub const UNFOLD_LINEAR_GELU_KERNELS: WeightKernels = weight_kernels!("unfold_linear_gelu");
 pub const GROUPED_LINEAR_KERNELS: WeightKernels = weight_kernels!("grouped_linear");
+pub const MOE_GATE_KERNELS: WeightKernels = weight_kernels!("moe_gate");
 pub const MOE_UP_KERNELS: WeightKernels = weight_kernels!("moe_up");
 pub const MOE_DOWN_KERNELS: WeightKernels = weight_kernels!("moe_down");
 /// `embed_rows_f32` takes the float formats by a run-time code (its argument `fmt`).
@@ -256,6 +258,7 @@ pub const WEIGHT_KERNELS: &[(Source, &WeightKernels)] = &[
     (Source::Linear, &LINEAR_KERNELS),
     (Source::Linear, &UNFOLD_LINEAR_GELU_KERNELS),
     (Source::LmAttention, &GROUPED_LINEAR_KERNELS),
+    (Source::Moe, &MOE_GATE_KERNELS),
     (Source::Moe, &MOE_UP_KERNELS),
     (Source::Moe, &MOE_DOWN_KERNELS),
     (Source::LmSmall, &EMBED_ROWS_KERNELS),
@@ -295,8 +298,8 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Moe, "moe_combine"),
 ];
 
-/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file).
-static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source), Ptx>>> = LazyLock::new(Mutex::default);
+/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file, precision).
+static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source, Precision), Ptx>>> = LazyLock::new(Mutex::default);
 
 /// Run `f`, turning a panic inside cudarc (a missing library symbol, say) into `Error::Device`.
 fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -383,20 +386,22 @@ pub fn probe() -> Result<String> {
     no_panic("CUDA driver", || describe(&ctx).map(|(d, _)| d))
 }
 
-/// PTX of `src` for architecture `arch`, compiled by NVRTC at the first request in this process.
-fn ptx_for(arch: u32, src: Source) -> Result<Ptx> {
+/// PTX of `src` for architecture `arch` and a precision, compiled by NVRTC at the first request
+/// in this process. `Fast` defines `FOVEA_FAST` (one bf16 product per GEMM tile, cuda/common.cuh);
+/// only the GEMM kernels are ever loaded from a fast module.
+fn ptx_for(arch: u32, src: Source, precision: Precision) -> Result<Ptx> {
     let mut cache = PTX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = cache.get(&(arch, src)) {
+    if let Some(p) = cache.get(&(arch, src, precision)) {
         return Ok(p.clone());
+    }
+    let mut options = vec![format!("--gpu-architecture=compute_{arch}")];
+    if precision == Precision::Fast {
+        options.push("-DFOVEA_FAST=1".into());
     }
     // The device's own compute capability as the virtual architecture: NVRTC emits PTX for it
     // (a real `sm_XY` target makes NVRTC emit a cubin, and `nvrtcGetPTX`, all cudarc reads, may
     // then have nothing), and the driver JIT-compiles that PTX for sm_XY when the module loads.
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{arch}")],
-        name: Some(src.file().into()),
-        ..Default::default()
-    };
+    let opts = CompileOptions { options, name: Some(src.file().into()), ..Default::default() };
     let ptx = no_panic("NVRTC", || {
         cudarc::nvrtc::compile_ptx_with_opts(src.program(), opts).map_err(|e| match e {
             CompileError::CompileError { nvrtc, options, log } => Error::Device(format!(
@@ -407,7 +412,7 @@ fn ptx_for(arch: u32, src: Source) -> Result<Ptx> {
             e => Error::Device(format!("NVRTC failed on cuda/{} for compute_{arch}: {e:?}", src.file())),
         })
     })?;
-    cache.insert((arch, src), ptx.clone());
+    cache.insert((arch, src, precision), ptx.clone());
     Ok(ptx)
 }
 
@@ -418,11 +423,16 @@ pub struct Options {
     pub ordinal: usize,
     /// Guard words appended to every activation output (0 = off). Diagnostic.
     pub guard_words: u32,
+    /// How the GEMM tiles round their operands ([`Precision`]; `Exact` by default here, the CLI
+    /// picks `Fast` for this lane unless asked otherwise).
+    pub precision: Precision,
 }
 
 #[derive(Default)]
 struct Counters {
     weight: AtomicU64,
+    /// The part of `weight` held by weight matrices.
+    matrix: AtomicU64,
     activation: AtomicU64,
     peak: AtomicU64,
 }
@@ -502,6 +512,8 @@ pub struct CudaWeight {
     buf: CudaSlice<u8>,
     counted: u64,
     counters: Arc<Counters>,
+    /// Uploaded by `upload_weight_exact`: its products stay f32 in fast mode.
+    exact: bool,
 }
 
 impl CudaWeight {
@@ -517,6 +529,7 @@ impl CudaWeight {
 impl Drop for CudaWeight {
     fn drop(&mut self) {
         self.counters.weight.fetch_sub(self.counted, Ordering::Relaxed);
+        self.counters.matrix.fetch_sub(self.counted, Ordering::Relaxed);
     }
 }
 
@@ -547,8 +560,8 @@ pub struct CudaBackend {
     arch: u32,
     opts: Options,
     counters: Arc<Counters>,
-    modules: Mutex<HashMap<Source, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    modules: Mutex<HashMap<(Source, Precision), Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(&'static str, Precision), CudaFunction>>,
     /// Dynamic shared memory each kernel was opted in to beyond `DEFAULT_SHARED_BYTES` (by
     /// `func_shared`), so a launch on the hot path does not ask the driver again.
     shared_optin: Mutex<HashMap<&'static str, usize>>,
@@ -629,28 +642,65 @@ impl CudaBackend {
 
     /// Compile (at the first use in this process, for this architecture) and load `name`.
     fn func(&self, src: Source, name: &'static str) -> Result<CudaFunction> {
-        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+        self.func_in(src, name, Precision::Exact)
+    }
+
+    /// A GEMM kernel (linear, aligner, grouped projection, experts) in the precision its weight
+    /// gets: the lane's, or exact for a weight from `upload_weight_exact`.
+    fn gemm_func(&self, src: Source, name: &'static str, exact_weight: bool) -> Result<CudaFunction> {
+        self.func_in(src, name, if exact_weight { Precision::Exact } else { self.opts.precision })
+    }
+
+    fn func_in(&self, src: Source, name: &'static str, precision: Precision) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&(name, precision)) {
             return Ok(f.clone());
         }
         let module = {
             let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            match modules.get(&src) {
+            match modules.get(&(src, precision)) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = ptx_for(self.arch, src)?;
-                    let m = self
-                        .ctx
-                        .load_module(ptx)
-                        .map_err(|e| dev_err(format!("loading cuda/{} for sm_{}", src.file(), self.arch), e))?;
-                    modules.insert(src, m.clone());
+                    let ptx = ptx_for(self.arch, src, precision)?;
+                    let m = self.ctx.load_module(ptx).map_err(|e| {
+                        dev_err(format!("loading cuda/{} ({precision}) for sm_{}", src.file(), self.arch), e)
+                    })?;
+                    modules.insert((src, precision), m.clone());
                     m
                 }
             }
         };
         let f =
             module.load_function(name).map_err(|e| dev_err(format!("kernel `{name}` of cuda/{}", src.file()), e))?;
-        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name, f.clone());
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert((name, precision), f.clone());
         Ok(f)
+    }
+
+    /// Copy a weight to the device in its storage format; `exact` keeps its products f32 in fast
+    /// mode (see `Backend::upload_weight_exact`).
+    fn upload_weight_as(&self, w: &HostWeight<'_>, exact: bool) -> Result<CudaWeight> {
+        w.validate()?;
+        check_u32("upload_weight", &format!("rows of `{}`", w.name), w.rows)?;
+        check_u32("upload_weight", &format!("cols of `{}`", w.name), w.cols)?;
+        // validated: the bytes are exactly the rows as stored, which the lane keeps
+        let counted = Self::weight_alloc_bytes(w.format, w.rows, w.cols);
+        let mut buf = self.raw_alloc("upload_weight", counted as usize)?;
+        if !w.bytes.is_empty() {
+            self.stream
+                .memcpy_htod(&w.bytes[..], &mut buf.slice_mut(0..w.bytes.len()))
+                .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))?;
+        }
+        self.counters.weight.fetch_add(counted, Ordering::Relaxed);
+        self.counters.matrix.fetch_add(counted, Ordering::Relaxed);
+        Ok(CudaWeight {
+            name: w.name.clone(),
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            buf,
+            counted,
+            counters: self.counters.clone(),
+            exact,
+        })
     }
 
     /// `func`, allowed `bytes` of dynamic shared memory: above the 48 KiB default the kernel opts
@@ -878,6 +928,7 @@ impl Backend for CudaBackend {
         let c = &self.counters;
         MemoryReport {
             weight_bytes: c.weight.load(Ordering::Relaxed),
+            matrix_bytes: c.matrix.load(Ordering::Relaxed),
             activation_bytes: c.activation.load(Ordering::Relaxed),
             peak_activation_bytes: c.peak.load(Ordering::Relaxed),
         }
@@ -909,26 +960,15 @@ impl Backend for CudaBackend {
     }
 
     fn upload_weight(&self, w: &HostWeight<'_>) -> Result<CudaWeight> {
-        w.validate()?;
-        check_u32("upload_weight", &format!("rows of `{}`", w.name), w.rows)?;
-        check_u32("upload_weight", &format!("cols of `{}`", w.name), w.cols)?;
-        let mut buf = self.raw_alloc("upload_weight", w.bytes.len())?;
-        if !w.bytes.is_empty() {
-            self.stream
-                .memcpy_htod(&w.bytes[..], &mut buf.slice_mut(0..w.bytes.len()))
-                .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))?;
-        }
-        let counted = w.bytes.len() as u64;
-        self.counters.weight.fetch_add(counted, Ordering::Relaxed);
-        Ok(CudaWeight {
-            name: w.name.clone(),
-            format: w.format,
-            rows: w.rows,
-            cols: w.cols,
-            buf,
-            counted,
-            counters: self.counters.clone(),
-        })
+        self.upload_weight_as(w, false)
+    }
+
+    fn upload_weight_exact(&self, w: &HostWeight<'_>) -> Result<CudaWeight> {
+        self.upload_weight_as(w, true)
+    }
+
+    fn precision(&self) -> Precision {
+        self.opts.precision
     }
 
     fn download(&self, t: &CudaTensor) -> Result<HostTensor> {
@@ -938,6 +978,10 @@ impl Backend for CudaBackend {
             DType::F32 => HostTensor::f32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
             DType::I32 => HostTensor::i32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
         }
+    }
+
+    fn sync(&self) -> Result<()> {
+        CudaBackend::sync(self)
     }
 
     /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (the shared GEMM, weight decoded in it).
@@ -953,7 +997,7 @@ impl Backend for CudaBackend {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
         let kernel = LINEAR_KERNELS.of(w.format);
-        let f = self.func(Source::Linear, kernel)?;
+        let f = self.gemm_func(Source::Linear, kernel, w.exact)?;
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
         let has_bias = bias.is_some() as u32;
         let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
@@ -1136,7 +1180,7 @@ impl Backend for CudaBackend {
             return Err(Error::Device(format!("op `{OP}`: {cells} cells exceed the grid limit of the kernel")));
         }
         let kernel = UNFOLD_LINEAR_GELU_KERNELS.of(weight.format);
-        let f = self.func(Source::Linear, kernel)?;
+        let f = self.gemm_func(Source::Linear, kernel, weight.exact)?;
         // the kernel indexes features (c·r²) and grid positions in u32
         check_u32(OP, "in_features", weight.cols)?; // c·r², so c and r fit too (c > 0)
         let (h32, w32, r32) =
@@ -1222,8 +1266,8 @@ impl Backend for CudaBackend {
     ) -> Result<(CudaTensor, CudaTensor)> {
         self.route_experts(logits, bias, kind, hash, k, scale)
     }
-    fn swiglu_clamp(&self, x: &CudaTensor, limit: f32) -> Result<CudaTensor> {
-        self.swiglu_clamp(x, limit)
+    fn swiglu_clamp(&self, g: &CudaTensor, u: &CudaTensor, limit: f32) -> Result<CudaTensor> {
+        self.swiglu_clamp(g, u, limit)
     }
     // ---- language model: lm_attention.rs, moe.rs ----------------------------------------------
     fn sink_attention(
@@ -1267,11 +1311,12 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         ids: &CudaTensor,
         weights: &CudaTensor,
-        w13: &[CudaWeight],
+        w1: &[CudaWeight],
+        w3: &[CudaWeight],
         w2: &[CudaWeight],
         limit: f32,
     ) -> Result<CudaTensor> {
-        CudaBackend::moe_experts(self, x, ids, weights, w13, w2, limit)
+        CudaBackend::moe_experts(self, x, ids, weights, w1, w3, w2, limit)
     }
 }
 
@@ -1373,7 +1418,9 @@ mod tests {
         for (src, kernels) in WEIGHT_KERNELS {
             for format in WeightFormat::ALL {
                 let name = kernels.of(format);
-                b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+                for precision in [Precision::Exact, Precision::Fast] {
+                    b.func_in(*src, name, precision).unwrap_or_else(|e| panic!("{name} ({precision}): {e}"));
+                }
             }
         }
     }

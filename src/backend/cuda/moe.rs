@@ -1,16 +1,21 @@
 //! Routed experts (`moe_experts`) on the CUDA lane, kernels in cuda/moe.cu:
 //! 1. `moe_route` (one block) groups the n·k slots by expert on the device (slot numbers in expert
 //!    order, stable) and cuts each expert's range into row tiles of `GEMM_BM` (the tile list);
-//! 2. one launch of a gathered GEMM `x[tokens] · w13[e]ᵀ` with the clamped SwiGLU in its epilogue
+//! 2. one launch of a gathered GEMM `x[tokens] · w1[e]ᵀ` storing the gate (`moe_gate_*`), one of
+//!    `x[tokens] · w3[e]ᵀ` with the clamped SwiGLU of the stored gate in its epilogue
 //!    (`moe_up_*`), then one of `· w2[e]ᵀ` (`moe_down_*`) into a per-slot buffer: each block
-//!    takes one tile and its expert's weight from a device table of expert weight addresses;
+//!    takes one tile and its expert's weight from a device table of expert weight addresses.
+//!    Gate and up are separate launches so that each is built for its own weight's format (GGUF
+//!    mixes store w1 and w3 in different block formats); together they do the work of one
+//!    `[2h, d]` GEMM;
 //! 3. `moe_combine` sums each token's k slots in slot order (no float atomics: reproducible).
 //!
 //! Nothing is read back: the GEMM grids are sized for the most tiles any routing of these slots
-//! can give, and the blocks past the routing's tile count exit at once, so a call is four launches
+//! can give, and the blocks past the routing's tile count exit at once, so a call is five launches
 //! whatever the routing. The expert weights stay separate allocations (`&[CudaWeight]`); the
 //! kernels take them by address, which is why all experts of a call must share one weight format
-//! per projection (`checks::moe_one_format`). The arithmetic is the shared GEMM of
+//! per projection (`checks::moe_one_format`; a GGUF stores each projection's experts in one
+//! tensor, so in one format). The arithmetic is the shared GEMM of
 //! cuda/common.cuh (tensor cores for bf16/f16 experts on sm_80+). A slot id outside `0..experts`
 //! (the CPU lane's error) makes its token's row NaN.
 
@@ -19,8 +24,8 @@ use std::sync::Arc;
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::{
-    CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, GRID_Y, LANE, MOE_DOWN_KERNELS, MOE_UP_KERNELS, Role,
-    Source, check_u32, gemm_grid,
+    CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, GRID_Y, LANE, MOE_DOWN_KERNELS, MOE_GATE_KERNELS,
+    MOE_UP_KERNELS, Role, Source, check_u32, gemm_grid,
 };
 use crate::backend::DType;
 use crate::backend::checks;
@@ -32,8 +37,8 @@ const ROUTE_THREADS: u32 = 256;
 const EXPERT_TABLES_MAX: usize = 256;
 
 impl CudaBackend {
-    /// The device addresses of every w13[e], then every w2[e] (u64 each, stored as pairs of i32
-    /// words: the lane's tensors have 4-byte elements), for the grouped GEMMs.
+    /// The device addresses of every w1[e], then every w3[e], then every w2[e] (u64 each, stored as
+    /// pairs of i32 words: the lane's tensors have 4-byte elements), for the grouped GEMMs.
     ///
     /// Cached rather than uploaded per call: a copy from pageable host memory may be synchronous
     /// with respect to the host (CUDA's notes on API synchronisation), the very wait the grouped
@@ -42,9 +47,9 @@ impl CudaBackend {
     /// while a kernel still reads it is safe: cudarc frees a `CudaSlice` in stream order
     /// (`cuMemFreeAsync` on this lane's one stream, or a synchronise first where the device has no
     /// stream-ordered allocator), so after every kernel issued before the drop.
-    fn expert_table(&self, w13: &[CudaWeight], w2: &[CudaWeight]) -> Result<Arc<CudaTensor>> {
+    fn expert_table(&self, w1: &[CudaWeight], w3: &[CudaWeight], w2: &[CudaWeight]) -> Result<Arc<CudaTensor>> {
         // The guard of `device_ptr` records a read event; a no-op here (event tracking is off).
-        let key: Vec<u64> = w13.iter().chain(w2).map(|w| w.buf.device_ptr(&self.stream).0).collect();
+        let key: Vec<u64> = w1.iter().chain(w3).chain(w2).map(|w| w.buf.device_ptr(&self.stream).0).collect();
         let mut tables = self.expert_tables.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = tables.get(&key) {
             return Ok(t.clone());
@@ -63,20 +68,23 @@ impl CudaBackend {
         Ok(t)
     }
 
-    /// x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, w13[e] `[2h, d]`, w2[e] `[d, h]` → `[n, d]`.
+    /// x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, w1[e] and w3[e] `[h, d]`, w2[e] `[d, h]` →
+    /// `[n, d]`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_experts(
         &self,
         x: &CudaTensor,
         ids: &CudaTensor,
         weights: &CudaTensor,
-        w13: &[CudaWeight],
+        w1: &[CudaWeight],
+        w3: &[CudaWeight],
         w2: &[CudaWeight],
         limit: f32,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts";
-        let (n, d, k, h) = checks::moe_experts(x, ids, weights, w13, w2)?;
-        let (up_format, down_format) = checks::moe_one_format(LANE, w13, w2)?;
-        let experts = w13.len();
+        let (n, d, k, h) = checks::moe_experts(x, ids, weights, w1, w3, w2)?;
+        let (gate_format, up_format, down_format) = checks::moe_one_format(LANE, w1, w3, w2)?;
+        let experts = w1.len();
         let slots = n * k;
         let (n_d, slots32) = (check_u32(OP, "outputs", n * d)?, check_u32(OP, "slots", slots)?);
         let (d32, h32, k32) = (check_u32(OP, "d", d)?, check_u32(OP, "h", h)?, check_u32(OP, "k", k)?);
@@ -108,31 +116,41 @@ impl CudaBackend {
             // SAFETY: arguments match `moe_route` in cuda/moe.cu; order holds slots, tiles
             // 1 + 3·max_tiles (the most any routing gives), cursor experts i32.
             unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "moe_route", e))?;
-            // 2. every tile at once: gathered up GEMM + clamped SwiGLU, then down GEMM
-            let table = self.expert_table(w13, w2)?;
-            let w2_table = table.buf.slice(experts * 8..);
+            // 2. every tile at once: gathered gate GEMM, up GEMM + clamped SwiGLU, then down GEMM
+            let table = self.expert_table(w1, w3, w2)?;
+            let w3_table = table.buf.slice(experts * 8..);
+            let w2_table = table.buf.slice(2 * experts * 8..);
             let mut hid = self.alloc(OP, vec![slots, h.max(1)], DType::F32)?;
             let gy = max_tiles as u32;
             let block = (GEMM_THREADS, 1, 1);
             if h > 0 {
-                let kernel = MOE_UP_KERNELS.of(up_format);
-                let f = self.func(Source::Moe, kernel)?;
                 let cfg = LaunchConfig {
-                    // gate and up rows interleaved: 2h GEMM columns (the kernel counts them in u32)
-                    grid_dim: (gemm_grid(slots, check_u32(OP, "w13 rows", 2 * h)? as usize).0 as u32, gy, 1),
+                    grid_dim: (gemm_grid(slots, h).0 as u32, gy, 1),
                     block_dim: block,
                     shared_mem_bytes: 0,
                 };
+                // routed experts are never exact weights: the lane's precision
+                let kernel = MOE_GATE_KERNELS.of(gate_format);
+                let f = self.gemm_func(Source::Moe, kernel, false)?;
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&table.buf).arg(&mut hid.buf);
-                l.arg(&slots32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
-                // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; the tiles' rows lie in
-                // 0..slots, the table's first `experts` addresses are the w13[e] [2h, d], all in
+                l.arg(&slots32).arg(&d32).arg(&h32).arg(&k32);
+                // SAFETY: arguments match `moe_gate_*` in cuda/moe.cu; the tiles' rows lie in
+                // 0..slots, the table's first `experts` addresses are the w1[e] [h, d], all in
                 // this kernel's format.
+                unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
+                let kernel = MOE_UP_KERNELS.of(up_format);
+                let f = self.gemm_func(Source::Moe, kernel, false)?;
+                let mut l = self.stream.launch_builder(&f);
+                l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&w3_table).arg(&mut hid.buf);
+                l.arg(&slots32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
+                // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; w3_table holds the addresses
+                // of the w3[e] [h, d], all in this kernel's format; hid holds the gates the
+                // previous launch (same stream) wrote.
                 unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
             }
             let kernel = MOE_DOWN_KERNELS.of(down_format);
-            let f = self.func(Source::Moe, kernel)?;
+            let f = self.gemm_func(Source::Moe, kernel, false)?;
             let gx = gemm_grid(slots, d).0 as u32;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);

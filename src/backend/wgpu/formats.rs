@@ -19,7 +19,7 @@ use crate::formats::{WeightFormat, tables};
 pub enum BlockKernel {
     /// `linear` (and so the default `unfold_linear_gelu`): the tiled matmul.
     Linear,
-    /// `embed_rows`, `grouped_linear`, `moe_up`, `moe_down` (lm.wgsl's weight ops).
+    /// `embed_rows`, `grouped_linear`, `moe_gate`, `moe_up`, `moe_down` (lm.wgsl's weight ops).
     Lm,
 }
 

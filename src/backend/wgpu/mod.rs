@@ -95,6 +95,8 @@ impl Default for Options {
 #[derive(Default)]
 struct Counters {
     weight: AtomicU64,
+    /// Bytes of the weight matrices inside the pools (the part of `weight` they fill).
+    matrix: AtomicU64,
     activation: AtomicU64,
     peak: AtomicU64,
     cached: AtomicU64,
@@ -987,6 +989,7 @@ impl Backend for WgpuBackend {
         let c = &self.shared.counters;
         MemoryReport {
             weight_bytes: c.weight.load(Ordering::Relaxed),
+            matrix_bytes: c.matrix.load(Ordering::Relaxed),
             activation_bytes: c.activation.load(Ordering::Relaxed),
             peak_activation_bytes: c.peak.load(Ordering::Relaxed),
         }
@@ -1054,8 +1057,9 @@ impl Backend for WgpuBackend {
         while row0 < w.rows || (w.rows == 0 && chunks.is_empty()) {
             let rows = per_chunk.min(w.rows - row0);
             let src = &w.bytes[row0 * row_bytes..(row0 + rows) * row_bytes];
-            let bytes = rows as u64 * padded_row;
+            let bytes = Self::weight_alloc_bytes(w.format, rows, w.cols);
             let (buf, offset) = self.alloc_weight(bytes);
+            self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
             if bytes > 0 {
                 if padded_row as usize == row_bytes {
                     self.queue.write_buffer(&buf, offset, src);
@@ -1076,6 +1080,11 @@ impl Backend for WgpuBackend {
         Ok(WgpuWeight { name: w.name.clone(), format: w.format, rows: w.rows, cols: w.cols, stride_words, chunks })
     }
 
+    /// Every row padded to the 4-byte stride the shaders address (`formats::stride_words`).
+    fn weight_alloc_bytes(format: WeightFormat, rows: usize, cols: usize) -> u64 {
+        rows as u64 * formats::stride_words(format, cols) as u64 * 4
+    }
+
     fn download(&self, t: &WgpuTensor) -> Result<HostTensor> {
         let raw = self.read_back(t, 0, t.bytes)?;
         self.check_guards(t)?;
@@ -1083,6 +1092,10 @@ impl Backend for WgpuBackend {
             DType::F32 => HostTensor::f32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
             DType::I32 => HostTensor::i32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
         }
+    }
+
+    fn sync(&self) -> Result<()> {
+        WgpuBackend::sync(self)
     }
 
     /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]`, one dispatch per weight chunk.
@@ -1508,13 +1521,18 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
-    /// x `[n, 2h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
-    fn swiglu_clamp(&self, x: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
+    /// g, u `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
+    fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
         const OP: &str = "swiglu_clamp";
-        let (n, h) = checks::swiglu_clamp(x)?;
-        self.check_inputs(OP, [("x", x)])?;
+        let (n, h) = checks::swiglu_clamp(g, u)?;
+        self.check_inputs(OP, [("g", g), ("u", u)])?;
         let y = self.alloc(OP, vec![n, h], DType::F32)?;
-        self.lm_1d(OP, n * h, &[(n * h) as u32, h as u32, limit.to_bits()], &[(1, x.binding()), (6, y.binding())])?;
+        self.lm_1d(
+            OP,
+            n * h,
+            &[(n * h) as u32, limit.to_bits()],
+            &[(1, g.binding()), (2, u.binding()), (6, y.binding())],
+        )?;
         Ok(y)
     }
 
@@ -1720,27 +1738,27 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
-    /// Routed experts, one (up, down) dispatch pair per expert over the slots routed to it, then a
-    /// weighted sum over the slots in order. Each expert matrix must fit one binding.
+    /// Routed experts, one (gate, up, down) dispatch triple per expert over the slots routed to
+    /// it, each weight read by its own format's kernel, then a weighted sum over the slots in
+    /// order. Each expert matrix must fit one binding.
     fn moe_experts(
         &self,
         x: &WgpuTensor,
         ids: &WgpuTensor,
         weights: &WgpuTensor,
-        w13: &[WgpuWeight],
+        w1: &[WgpuWeight],
+        w3: &[WgpuWeight],
         w2: &[WgpuWeight],
         limit: f32,
     ) -> Result<WgpuTensor> {
         const OP: &str = "moe_experts";
-        let (n, d, k, h) = checks::moe_experts(x, ids, weights, w13, w2)?;
+        let (n, d, k, h) = checks::moe_experts(x, ids, weights, w1, w3, w2)?;
         self.check_inputs(OP, [("x", x), ("ids", ids), ("weights", weights)])?;
-        for (a, b) in w13.iter().zip(w2) {
-            if a.chunks.len() != 1 || b.chunks.len() != 1 {
-                return Err(Self::unsupported(
-                    Op::MoeExperts,
-                    format!("expert `{}` split into row chunks (larger than one binding)", a.name),
-                ));
-            }
+        if let Some(w) = w1.iter().chain(w3).chain(w2).find(|w| w.chunks.len() != 1) {
+            return Err(Self::unsupported(
+                Op::MoeExperts,
+                format!("expert `{}` split into row chunks (larger than one binding)", w.name),
+            ));
         }
 
         fn bind(w: &WgpuWeight) -> wgpu::BindingResource<'_> {
@@ -1754,38 +1772,41 @@ impl Backend for WgpuBackend {
         let slots = n * k;
         let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
         let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
-        for (e, (a, b)) in w13.iter().zip(w2).enumerate() {
-            let (up, up_fmt) = lm_weight_shader(a.format);
-            let (down, down_fmt) = lm_weight_shader(b.format);
-            self.dispatch_1d(
-                up,
-                "moe_up",
-                slots * h,
-                &[
-                    (slots * h) as u32,
-                    h as u32,
-                    d as u32,
-                    k as u32,
-                    e as u32,
-                    up_fmt,
-                    a.stride_words as u32,
-                    limit.to_bits(),
-                ],
-                &[(1, x.binding()), (4, ids.binding()), (8, bind(a)), (6, hid.binding())],
-            )?;
+        for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
+            // the gate into hid, then the up with the clamped SwiGLU over hid in place
+            for (entry, w) in [("moe_gate", g), ("moe_up", u)] {
+                let (shader, fmt) = lm_weight_shader(w.format);
+                self.dispatch_1d(
+                    shader,
+                    entry,
+                    slots * h,
+                    &[
+                        (slots * h) as u32,
+                        h as u32,
+                        d as u32,
+                        k as u32,
+                        e as u32,
+                        fmt,
+                        w.stride_words as u32,
+                        limit.to_bits(),
+                    ],
+                    &[(1, x.binding()), (4, ids.binding()), (8, bind(w)), (6, hid.binding())],
+                )?;
+            }
+            let (down, down_fmt) = lm_weight_shader(o.format);
             self.dispatch_1d(
                 down,
                 "moe_down",
                 slots * d,
-                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, down_fmt, b.stride_words as u32],
-                &[(2, hid.binding()), (4, ids.binding()), (8, bind(b)), (6, ys.binding())],
+                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, down_fmt, o.stride_words as u32],
+                &[(2, hid.binding()), (4, ids.binding()), (8, bind(o)), (6, ys.binding())],
             )?;
         }
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
         self.lm_1d(
             "moe_sum",
             n * d,
-            &[(n * d) as u32, d as u32, k as u32, w13.len() as u32],
+            &[(n * d) as u32, d as u32, k as u32, w1.len() as u32],
             &[(1, ys.binding()), (2, weights.binding()), (4, ids.binding()), (6, y.binding())],
         )?;
         Ok(y)

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::model::PrefillProgress;
 
 use super::{LmCache, LmInput, LmModel, PREFILL_CHUNK, Prefill};
 
@@ -127,6 +128,7 @@ pub struct Generation {
 
 /// Prefill `input` (with merged `embeds` if given), then decode up to `max_tokens` tokens,
 /// calling `on_token` with each as it is produced. An EOS id in `eos` is emitted, then stops.
+/// `on_prefill` sees the prefill's progress chunk by chunk.
 #[allow(clippy::too_many_arguments)]
 pub fn generate<B: Backend>(
     model: &LmModel<B>,
@@ -136,12 +138,30 @@ pub fn generate<B: Backend>(
     max_tokens: usize,
     eos: &[i32],
     sampling: &Sampling,
+    on_prefill: &mut dyn FnMut(PrefillProgress),
     on_token: &mut dyn FnMut(i32) -> Result<()>,
 ) -> Result<Generation> {
     let mut g = Generator::new(model, b, input, embeds, max_tokens, eos, sampling)?;
+    // the prefill's progress: before its first chunk, after each one (waiting for a GPU lane's
+    // queued work when there are several, so the counts are finished tokens), and at its end
+    let mut prefill = g.prefill_progress();
+    if let Some(p) = prefill {
+        on_prefill(p);
+    }
     while let Some(step) = g.step(model, b)? {
-        if let Step::Token(tok) = step {
-            on_token(tok)?;
+        match step {
+            Step::Chunk => {
+                if let Some(p) = g.prefill_progress() {
+                    b.sync()?;
+                    on_prefill(p);
+                }
+            }
+            Step::Token(tok) => {
+                if let Some(p) = prefill.take() {
+                    on_prefill(PrefillProgress { done_tokens: p.total_tokens, ..p });
+                }
+                on_token(tok)?;
+            }
         }
     }
     g.finish()
@@ -210,6 +230,15 @@ impl<B: Backend> Generator<B> {
             prefill: Duration::ZERO,
             decode: Duration::ZERO,
         })
+    }
+
+    /// Where the prompt's prefill stands while it runs; `None` once it has finished (or when
+    /// nothing is to be generated).
+    pub fn prefill_progress(&self) -> Option<PrefillProgress> {
+        match &self.phase {
+            Phase::Prefill(p) => Some(p.progress()),
+            _ => None,
+        }
     }
 
     /// Run one prefill chunk or one decode step; `None` once generation has stopped (EOS,

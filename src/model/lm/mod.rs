@@ -11,10 +11,10 @@ pub mod vision;
 
 use std::collections::BTreeMap;
 
-use crate::backend::{Backend, DeviceTensor, HostTensor, HostWeight, WeightFormat};
+use crate::backend::{Backend, DeviceTensor, HostTensor};
 use crate::config::LmConfig;
 use crate::error::{Error, Result};
-use crate::model::ParamSource;
+use crate::model::{ParamSource, PrefillProgress};
 
 /// HC mixing parameters of one sublayer (`hc_{attn,ffn}_{fn,scale,base}`) or the head.
 struct Hc<B: Backend> {
@@ -62,10 +62,13 @@ struct Moe<B: Backend> {
     bias: B::Tensor,
     /// `tid2eid` as i32 `[vocab, k]` on hash layers.
     tid2eid: Option<B::Tensor>,
-    /// Per expert: w1 rows then w3 rows `[2I, d]`, and w2 `[d, I]`.
-    w13: Vec<B::Weight>,
+    /// Per expert: gate w1 and up w3 `[I, d]`, down w2 `[d, I]`; separate weights, so each keeps
+    /// its own storage format (GGUF mixes may store w1 and w3 in different block formats).
+    w1: Vec<B::Weight>,
+    w3: Vec<B::Weight>,
     w2: Vec<B::Weight>,
-    shared_w13: B::Weight,
+    shared_w1: B::Weight,
+    shared_w3: B::Weight,
     shared_w2: B::Weight,
 }
 
@@ -143,6 +146,9 @@ pub struct Prefill<B: Backend> {
     embeds: Option<B::Tensor>,
     window: Vec<(usize, usize)>,
     chunks: std::vec::IntoIter<std::ops::Range<usize>>,
+    /// How many chunks the prompt has, and how many of its tokens have run.
+    n_chunks: usize,
+    done_tokens: usize,
     pub cache: LmCache<B>,
 }
 
@@ -150,6 +156,11 @@ impl<B: Backend> Prefill<B> {
     /// Whether every chunk has run.
     pub fn is_done(&self) -> bool {
         self.chunks.len() == 0
+    }
+
+    /// Where the prefill stands, for a progress report.
+    pub fn progress(&self) -> PrefillProgress {
+        PrefillProgress { done_tokens: self.done_tokens, total_tokens: self.ids.len(), chunks: self.n_chunks }
     }
 }
 
@@ -249,43 +260,6 @@ fn param2<B: Backend>(b: &B, src: &impl ParamSource, name: &str, rows: usize) ->
     b.upload_param(&HostTensor::f32([rows, cols], v)?)
 }
 
-/// `[w1; w3]` stacked row-wise into one `[2I, d]` weight (same storage format).
-///
-/// GGUF quant mixes may store w1 and w3 in different block formats (llama.cpp's mixes pick a type
-/// per tensor, e.g. IQ1_S gate with IQ1_M up). The stacked weight has one format, so such a pair
-/// is decoded to F32, which holds every decoded value exactly; it costs memory for those pairs
-/// only (a lane op taking w1 and w3 apart would avoid it).
-fn stack_rows<'a>(a: HostWeight<'a>, c: HostWeight<'a>, name: String) -> Result<HostWeight<'a>> {
-    if a.format != c.format && a.cols == c.cols {
-        return stack_rows(to_f32(a)?, to_f32(c)?, name);
-    }
-    if a.format != c.format || a.cols != c.cols {
-        return Err(Error::tensor(
-            &c.name,
-            format!(
-                "does not stack with `{}` ({} [{}, {}] vs {} [{}, {}])",
-                a.name, a.format, a.rows, a.cols, c.format, c.rows, c.cols
-            ),
-        ));
-    }
-    let mut bytes = a.bytes.into_owned();
-    bytes.extend_from_slice(&c.bytes);
-    Ok(HostWeight { name, format: a.format, rows: a.rows + c.rows, cols: a.cols, bytes: bytes.into() })
-}
-
-/// A weight decoded row by row to F32 (exact: every format decodes to f32 values).
-fn to_f32(w: HostWeight<'_>) -> Result<HostWeight<'static>> {
-    w.validate()?;
-    let row_bytes = w.format.row_bytes(w.cols);
-    let mut row = vec![0f32; w.cols];
-    let mut bytes = Vec::with_capacity(w.rows * w.cols * 4);
-    for r in w.bytes.chunks_exact(row_bytes) {
-        crate::backend::decode_row(w.format, r, &mut row);
-        bytes.extend(row.iter().flat_map(|x| x.to_le_bytes()));
-    }
-    Ok(HostWeight { name: w.name, format: WeightFormat::F32, rows: w.rows, cols: w.cols, bytes: bytes.into() })
-}
-
 fn i32_of(name: &str, v: i64) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::tensor(name, format!("value {v} does not fit i32")))
 }
@@ -294,9 +268,12 @@ impl<B: Backend> LmModel<B> {
     /// Upload every language-model parameter (official names, language.md §5.1).
     pub fn load(b: &B, src: &impl ParamSource, cfg: &LmConfig) -> Result<Self> {
         let matrix = |name: &str| -> Result<B::Weight> { b.upload_weight(&src.matrix(name)?) };
+        // f32 products in every precision: the hyper-connection mixes feed the Sinkhorn that
+        // weighs the residual streams, the router's scores pick the experts
+        let exact_matrix = |name: &str| -> Result<B::Weight> { b.upload_weight_exact(&src.matrix(name)?) };
         let hc_of = |p: &str| -> Result<Hc<B>> {
             Ok(Hc {
-                mix: matrix(&format!("{p}_fn"))?,
+                mix: exact_matrix(&format!("{p}_fn"))?,
                 scale: param(b, src, &format!("{p}_scale"))?,
                 base: param(b, src, &format!("{p}_base"))?,
             })
@@ -364,29 +341,23 @@ impl<B: Backend> LmModel<B> {
             } else {
                 None
             };
-            let mut w13 = Vec::with_capacity(e);
-            let mut w2 = Vec::with_capacity(e);
+            let (mut w1, mut w3, mut w2) = (Vec::with_capacity(e), Vec::with_capacity(e), Vec::with_capacity(e));
             for j in 0..e {
                 let x = format!("{f}experts.{j}.");
-                w13.push(b.upload_weight(&stack_rows(
-                    src.matrix(&format!("{x}w1.weight"))?,
-                    src.matrix(&format!("{x}w3.weight"))?,
-                    format!("{x}w13"),
-                )?)?);
+                w1.push(matrix(&format!("{x}w1.weight"))?);
+                w3.push(matrix(&format!("{x}w3.weight"))?);
                 w2.push(matrix(&format!("{x}w2.weight"))?);
             }
             let x = format!("{f}shared_experts.");
             let moe = Moe {
-                gate: matrix(&format!("{f}gate.weight"))?,
+                gate: exact_matrix(&format!("{f}gate.weight"))?,
                 bias: b.upload_param(&HostTensor::f32([2, e], [text_bias, vl_bias].concat())?)?,
                 tid2eid,
-                w13,
+                w1,
+                w3,
                 w2,
-                shared_w13: b.upload_weight(&stack_rows(
-                    src.matrix(&format!("{x}w1.weight"))?,
-                    src.matrix(&format!("{x}w3.weight"))?,
-                    format!("{x}w13"),
-                )?)?,
+                shared_w1: matrix(&format!("{x}w1.weight"))?,
+                shared_w3: matrix(&format!("{x}w3.weight"))?,
                 shared_w2: matrix(&format!("{x}w2.weight"))?,
             };
             layers.push(Layer {
@@ -497,7 +468,7 @@ impl<B: Backend> LmModel<B> {
         max_chunk: usize,
     ) -> Result<LmOutput<B>> {
         let mut trace = LmTrace::new(self.layers.len());
-        let (final_hidden, cache) = self.run_chunks(b, input, embeds, max_chunk, Some(&mut trace))?;
+        let (final_hidden, cache) = self.run_chunks(b, input, embeds, max_chunk, Some(&mut trace), &mut |_| {})?;
         let cat = |parts: Vec<Vec<B::Tensor>>| parts.into_iter().map(|p| concat_all(b, p)).collect::<Result<Vec<_>>>();
         Ok(LmOutput {
             logits: self.logits(b, &final_hidden)?,
@@ -512,14 +483,16 @@ impl<B: Backend> LmModel<B> {
 
     /// Prefill in chunks of [`chunk_plan`], nothing recorded: the final hidden rows `[T, d]`
     /// (the head's input; [`LmModel::logits`] maps the rows a caller wants) and the cache.
+    /// `on_chunk` sees the tokens done before the first chunk and after each one.
     pub fn prefill_cache(
         &self,
         b: &B,
         input: &LmInput,
         embeds: Option<B::Tensor>,
         max_chunk: usize,
+        on_chunk: &mut dyn FnMut(PrefillProgress),
     ) -> Result<(B::Tensor, LmCache<B>)> {
-        self.run_chunks(b, input, embeds, max_chunk, None)
+        self.run_chunks(b, input, embeds, max_chunk, None, on_chunk)
     }
 
     /// The chunk loop of both prefills: final hidden rows `[T, d]` and the cache.
@@ -530,11 +503,19 @@ impl<B: Backend> LmModel<B> {
         embeds: Option<B::Tensor>,
         max_chunk: usize,
         mut trace: Option<&mut LmTrace<B>>,
+        on_chunk: &mut dyn FnMut(PrefillProgress),
     ) -> Result<(B::Tensor, LmCache<B>)> {
         let mut prefill = self.start_prefill(b, input, embeds, max_chunk)?;
         let mut finals = Vec::new();
+        on_chunk(prefill.progress());
         while let Some(hidden) = self.prefill_step(b, &mut prefill, trace.as_deref_mut())? {
             finals.push(hidden);
+            if prefill.n_chunks > 1 {
+                // a GPU lane returns once a chunk's work is queued: wait for it, so a report (a
+                // progress bar's rate and time left) counts finished tokens; one wait per chunk
+                b.sync()?;
+            }
+            on_chunk(prefill.progress());
         }
         Ok((concat_all(b, finals)?, prefill.cache))
     }
@@ -549,11 +530,14 @@ impl<B: Backend> LmModel<B> {
         embeds: Option<B::Tensor>,
         max_chunk: usize,
     ) -> Result<Prefill<B>> {
+        let chunks = chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk);
         Ok(Prefill {
             window: self.prompt_window(input)?,
             ids: input.ids.clone(),
             embeds,
-            chunks: chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk).into_iter(),
+            n_chunks: chunks.len(),
+            chunks: chunks.into_iter(),
+            done_tokens: 0,
             cache: self.new_cache(b)?,
         })
     }
@@ -569,6 +553,7 @@ impl<B: Backend> LmModel<B> {
         let Some(range) = prefill.chunks.next() else { return Ok(None) };
         let e = prefill.embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
         let ids = &prefill.ids[range.clone()];
+        prefill.done_tokens = range.end;
         self.forward(b, &mut prefill.cache, ids, e, &prefill.window[range], trace).map(Some)
     }
 
@@ -823,8 +808,9 @@ impl<B: Backend> LmModel<B> {
         let hash = m.tid2eid.as_ref().map(|table| (table, ids));
         let (sel, w) =
             b.route_experts(&logits, &m.bias, kind, hash, cfg.num_experts_per_tok, cfg.routed_scaling_factor as f32)?;
-        let routed = b.moe_experts(x, &sel, &w, &m.w13, &m.w2, limit)?;
-        let shared = b.linear(&b.swiglu_clamp(&b.linear(x, &m.shared_w13, None)?, limit)?, &m.shared_w2, None)?;
+        let routed = b.moe_experts(x, &sel, &w, &m.w1, &m.w3, &m.w2, limit)?;
+        let gate = b.linear(x, &m.shared_w1, None)?;
+        let shared = b.linear(&b.swiglu_clamp(&gate, &b.linear(x, &m.shared_w3, None)?, limit)?, &m.shared_w2, None)?;
         Ok((b.add(&routed, &shared)?, sel, w))
     }
 }
