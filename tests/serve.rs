@@ -387,18 +387,33 @@ async fn a_full_queue_answers_429_and_clients_that_leave_are_cancelled() {
     assert_eq!(v["error"]["code"], "queue_full");
     assert!(v["error"]["message"].as_str().unwrap().contains("--queue-size"), "{v}");
 
-    // the streamed client leaves mid-answer: its sequence is dropped at the next step, and the
-    // queued one (whose client left too) is dropped when the worker reaches it
+    // a waiting client that leaves frees its place at once, while the first still runs
+    drop(waiting);
+    let t = Instant::now();
+    let waiting = loop {
+        let r = post(endless(true)).await.unwrap();
+        if r.status() == StatusCode::OK {
+            break r;
+        }
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(t.elapsed() < Duration::from_secs(5), "the place of a client that left was not freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let h = s.wait_health("the one that left dropped", |h| h["cancelled"] == 1 && h["queued"] == 1).await;
+    assert_eq!(h["active"], 1, "{h}");
+
+    // the streamed client leaves mid-answer: its sequence is dropped at the next step; the
+    // waiting one (whose client left too) is dropped without being started
     drop(running);
     drop(waiting);
-    let h = s.wait_health("both cancelled", |h| h["cancelled"] == 2 && h["active"] == 0 && h["queued"] == 0).await;
+    let h = s.wait_health("all cancelled", |h| h["cancelled"] == 3 && h["active"] == 0 && h["queued"] == 0).await;
     assert_eq!(h["completed"], 0, "{h}");
 
     // a non-streamed client that gives up (its timeout closes the connection) is cancelled too
     let gave_up = s.client.post(s.url("/v1/chat/completions")).json_body(&endless(false));
     let started = Instant::now();
     assert!(gave_up.timeout(Duration::from_millis(500)).send().await.unwrap_err().is_timeout());
-    let h = s.wait_health("the third cancellation", |h| h["cancelled"] == 3 && h["active"] == 0).await;
+    let h = s.wait_health("the fourth cancellation", |h| h["cancelled"] == 4 && h["active"] == 0).await;
     assert_eq!(h["completed"], 0, "cancelled, not run to its end: {h}");
     assert!(started.elapsed() < Duration::from_secs(5), "cancelled long before 1000 tokens");
 

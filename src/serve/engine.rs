@@ -1,6 +1,11 @@
 //! The model's worker thread. The lanes are synchronous (and the GPU lanes own their device), so
 //! one dedicated thread holds the model and runs every forward; HTTP handlers hand it [`Job`]s
-//! through a bounded queue and read [`Event`]s back.
+//! and read [`Event`]s back.
+//!
+//! Admission: a request holds a [`Slot`] from before its images are decoded until its client has
+//! its answer or has gone; at most `parallel + queue_size` slots exist, so one more request is
+//! refused (429). A slot is freed the moment its client leaves, even while its job still waits:
+//! the worker drops such jobs the next time it looks at its waiting list (every step).
 //!
 //! Scheduling: up to `parallel` sequences are active at once, each with its own cache. The
 //! worker runs one step of each active sequence in turn (round robin): the vision tower and the
@@ -12,6 +17,7 @@
 //! handler drops its event receiver when the connection closes); a gone client's sequence is
 //! dropped, and its cache with it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -108,6 +114,10 @@ pub struct ModelInfo {
 /// Counters for `/health` (and the tests: a cancelled sequence shows up here).
 #[derive(Debug, Default)]
 pub struct Stats {
+    /// Slots taken: requests being prepared, waiting or running.
+    pub slots: AtomicUsize,
+    /// Jobs the worker holds but has not started.
+    pub waiting: AtomicUsize,
     pub active: AtomicUsize,
     pub completed: AtomicU64,
     pub cancelled: AtomicU64,
@@ -121,7 +131,7 @@ pub struct EngineOptions {
     pub mmproj: Option<std::path::PathBuf>,
     pub image_max_tokens: Option<usize>,
     pub lane: LaneChoice,
-    /// Requests waiting for the worker beyond the active ones; one more is refused (429).
+    /// Requests that may wait beyond the active ones; one more is refused (429).
     pub queue_size: usize,
     /// Sequences the worker interleaves at once.
     pub parallel: usize,
@@ -129,9 +139,21 @@ pub struct EngineOptions {
 
 /// The running worker: its queue, counters and model.
 pub struct Engine {
-    pub queue: mpsc::Sender<Job>,
+    /// Unbounded: [`Slot`]s bound what is in it.
+    pub queue: mpsc::UnboundedSender<Job>,
     pub stats: Arc<Stats>,
     pub info: ModelInfo,
+    /// `parallel + queue_size`: the most slots at once.
+    capacity: usize,
+}
+
+/// A request's place in the server (see the module doc); freed when dropped.
+pub struct Slot(Arc<Stats>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.slots.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Engine {
@@ -144,7 +166,7 @@ impl Engine {
                 opts.queue_size, opts.parallel
             )));
         }
-        let (queue, jobs) = mpsc::channel(opts.queue_size);
+        let (queue, jobs) = mpsc::unbounded_channel();
         let (ready, loaded) = std::sync::mpsc::channel();
         let stats = Arc::new(Stats::default());
         let worker = Worker { opts: opts.clone(), jobs, ready, tokenizer, stats: stats.clone() };
@@ -154,7 +176,7 @@ impl Engine {
             .spawn(move || run_on_lane(lane, worker))
             .map_err(|e| Error::Device(format!("cannot start the model thread: {e}")))?;
         match loaded.recv() {
-            Ok(info) => Ok(Engine { queue, stats, info }),
+            Ok(info) => Ok(Engine { queue, stats, info, capacity: opts.parallel.saturating_add(opts.queue_size) }),
             // the worker ended before reporting: its result says why
             Err(_) => match thread.join() {
                 Ok(Err(e)) => Err(e),
@@ -164,15 +186,17 @@ impl Engine {
         }
     }
 
-    /// Requests waiting in the queue (taken slots included).
-    pub fn queued(&self) -> usize {
-        self.queue.max_capacity() - self.queue.capacity()
+    /// A slot for a new request, or `None` when every slot is taken.
+    pub fn admit(&self) -> Option<Slot> {
+        let slots = &self.stats.slots;
+        slots.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < self.capacity).then_some(n + 1)).ok()?;
+        Some(Slot(self.stats.clone()))
     }
 }
 
 struct Worker {
     opts: EngineOptions,
-    jobs: mpsc::Receiver<Job>,
+    jobs: mpsc::UnboundedReceiver<Job>,
     ready: std::sync::mpsc::Sender<ModelInfo>,
     tokenizer: Arc<ChatTokenizer>,
     stats: Arc<Stats>,
@@ -202,37 +226,37 @@ impl LaneJob for Worker {
     }
 }
 
-/// The worker's loop: admit queued jobs while fewer than `parallel` run, then one step of each
-/// active sequence in turn. Returns when every queue sender is gone and nothing is active.
+/// The worker's loop: take new jobs, drop those whose client has gone, start waiting jobs
+/// while fewer than `parallel` run, then one step of each active sequence in turn. Returns when
+/// every sender is gone and nothing is left to run.
 fn schedule<B: Backend>(
     lm: &LoadedLm<'_, B>,
     tokenizer: &ChatTokenizer,
-    mut jobs: mpsc::Receiver<Job>,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
     parallel: usize,
     stats: &Stats,
 ) {
+    let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: Vec<Seq<'_, B>> = Vec::new();
     loop {
-        while active.len() < parallel {
-            let job = if active.is_empty() {
-                // idle: sleep until a request comes, or the server is gone
-                match jobs.blocking_recv() {
-                    Some(job) => job,
-                    None => return,
-                }
-            } else {
-                match jobs.try_recv() {
-                    Ok(job) => job,
-                    Err(_) => break,
-                }
-            };
-            if job.events.is_closed() {
-                // its client left while it waited
-                stats.cancelled.fetch_add(1, Ordering::Relaxed);
-                continue;
+        if active.is_empty() && waiting.is_empty() {
+            // idle: sleep until a request comes, or the server is gone
+            match jobs.blocking_recv() {
+                Some(job) => waiting.push_back(job),
+                None => return,
             }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            waiting.push_back(job);
+        }
+        let before = waiting.len();
+        waiting.retain(|job| !job.events.is_closed());
+        stats.cancelled.fetch_add((before - waiting.len()) as u64, Ordering::Relaxed);
+        while active.len() < parallel {
+            let Some(job) = waiting.pop_front() else { break };
             active.push(Seq::new(job, tokenizer));
         }
+        stats.waiting.store(waiting.len(), Ordering::Relaxed);
         stats.active.store(active.len(), Ordering::Relaxed);
         let mut i = 0;
         while i < active.len() {

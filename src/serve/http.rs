@@ -17,11 +17,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::TrySendError;
 
 use super::ServeOptions;
 use super::api::{self, ApiError, ChatRequest, Part, Role};
-use super::engine::{Engine, Event, Finish, Job};
+use super::engine::{Engine, Event, Finish, Job, Slot};
 use super::images;
 use crate::model::lm::generate::Sampling;
 use crate::pipeline::{MAX_IMAGES_PER_PROMPT, check_token_ids, prompt_len};
@@ -93,7 +92,7 @@ async fn health(State(st): State<AppState>) -> Response {
         "model": st.model_name,
         "lane": st.engine.info.lane,
         "device": st.engine.info.device,
-        "queued": st.engine.queued(),
+        "queued": s.waiting.load(Ordering::Relaxed),
         "active": s.active.load(Ordering::Relaxed),
         "completed": s.completed.load(Ordering::Relaxed),
         "cancelled": s.cancelled.load(Ordering::Relaxed),
@@ -107,19 +106,21 @@ async fn chat(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -
     let arrived = Instant::now();
     let id = format!("chatcmpl-{}-{}", st.started, st.next_id.fetch_add(1, Ordering::Relaxed));
     match submit(&st, body, arrived).await {
-        Ok((req, events)) if req.stream => stream(st, id, events, req.include_usage),
-        Ok((_, events)) => complete(&st, id, events).await,
+        Ok((req, events, slot)) if req.stream => stream(st, id, events, slot, req.include_usage),
+        // the slot is held until the answer is built (or the client leaves, dropping this future)
+        Ok((_, events, _slot)) => complete(&st, id, events).await,
         Err(e) => e.into_response(),
     }
 }
 
-/// Check the request, take a queue slot, prepare the images and the tokens, and hand the job to
-/// the worker; its events come back on the receiver.
+/// Check the request, take a slot, prepare the images and the tokens, and hand the job to the
+/// worker; its events come back on the receiver. The slot is the request's until its answer is
+/// sent or its client has gone (the caller drops it then).
 async fn submit(
     st: &AppState,
     body: Result<Bytes, BytesRejection>,
     arrived: Instant,
-) -> Result<(ChatRequest, mpsc::UnboundedReceiver<Event>), ApiError> {
+) -> Result<(ChatRequest, mpsc::UnboundedReceiver<Event>, Slot), ApiError> {
     let body = body.map_err(|r| match r.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::bad_request(format!(
             "the request body is larger than {} bytes (at most {MAX_IMAGES_PER_PROMPT} image(s) of --max-image-bytes \
@@ -156,20 +157,20 @@ async fn submit(
         }
         (cfg, _) => cfg.clone(),
     };
-    // a queue slot before the expensive work, so a full server refuses at once
-    let permit = st.engine.queue.clone().try_reserve_owned().map_err(|e| match e {
-        TrySendError::Full(_) => ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!(
-                "the server is busy: {} requests are running and the queue of {} is full (--parallel, --queue-size); \
-                 retry later",
-                st.opts.engine.parallel, st.opts.engine.queue_size
-            ),
-            kind: "rate_limit_error",
-            param: None,
-            code: Some("queue_full"),
-        },
-        TrySendError::Closed(_) => worker_gone(),
+    if st.engine.queue.is_closed() {
+        return Err(worker_gone());
+    }
+    // a slot before the expensive work, so a full server refuses at once
+    let slot = st.engine.admit().ok_or_else(|| ApiError {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        message: format!(
+            "the server is busy: {} requests run at once (--parallel) and {} more may wait (--queue-size), \
+             all taken; retry later",
+            st.opts.engine.parallel, st.opts.engine.queue_size
+        ),
+        kind: "rate_limit_error",
+        param: None,
+        code: Some("queue_full"),
     })?;
     let shared = st.clone();
     let req2 = req.clone();
@@ -203,7 +204,7 @@ async fn submit(
     let seed = req.seed.unwrap_or_else(random_seed);
     let sampling = Sampling { temperature: req.temperature, top_k: req.top_k, top_p: req.top_p, seed };
     let (events, receiver) = mpsc::unbounded_channel();
-    permit.send(Job {
+    let job = Job {
         tokens,
         images: prepared,
         max_tokens: req.max_tokens,
@@ -212,8 +213,9 @@ async fn submit(
         ignore_eos: req.ignore_eos,
         events,
         arrived,
-    });
-    Ok((req, receiver))
+    };
+    st.engine.queue.send(job).map_err(|_| worker_gone())?;
+    Ok((req, receiver, slot))
 }
 
 /// A seed for a request that gave none: std's per-instance random hasher keys, so no RNG crate
@@ -346,7 +348,13 @@ enum Phase {
 /// Stream the answer as server-sent `chat.completion.chunk` events, then `data: [DONE]`. A
 /// failure after the stream started is sent as an event with OpenAI's error object (the status
 /// line has gone already).
-fn stream(st: AppState, id: String, events: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
+fn stream(
+    st: AppState,
+    id: String,
+    events: mpsc::UnboundedReceiver<Event>,
+    slot: Slot,
+    include_usage: bool,
+) -> Response {
     let created = created();
     let chunk = move |st: &Shared, delta: Value, finish: Option<&str>| {
         json!({
@@ -359,7 +367,8 @@ fn stream(st: AppState, id: String, events: mpsc::UnboundedReceiver<Event>, incl
         })
     };
     let data = |v: Value| Some(Ok::<_, Infallible>(SseEvent::default().data(v.to_string())));
-    let body = futures_util::stream::unfold((Phase::Start, events), move |(phase, mut events)| {
+    // the slot lives in the stream: freed when the stream ends or the client drops it
+    let body = futures_util::stream::unfold((Phase::Start, events, slot), move |(phase, mut events, slot)| {
         let (st, chunk) = (st.clone(), chunk.clone());
         async move {
             let (event, next) = match phase {
@@ -384,7 +393,7 @@ fn stream(st: AppState, id: String, events: mpsc::UnboundedReceiver<Event>, incl
                 Phase::Done => (Some(Ok(SseEvent::default().data("[DONE]"))), Phase::End),
                 Phase::End => (None, Phase::End),
             };
-            event.map(|e| (e, (next, events)))
+            event.map(|e| (e, (next, events, slot)))
         }
     });
     Sse::new(body).keep_alive(KeepAlive::default()).into_response()

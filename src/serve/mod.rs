@@ -6,9 +6,10 @@
 //! - `GET /v1/models`, `GET /health`.
 //! - Every failure is OpenAI's error object with a 4xx (the request) or 5xx (the server) status.
 //!
-//! The model runs on one worker thread ([`engine`]); requests reach it through a bounded queue
-//! (429 when full) after their images are decoded under the [`Limits`] and their prompt is
-//! tokenized, so a bad request is answered before it takes the model's time.
+//! The model runs on one worker thread ([`engine`]); at most `--parallel` + `--queue-size`
+//! requests are in the server at once (429 beyond), and each reaches the worker only after its
+//! images are decoded under the [`Limits`] and its prompt is tokenized, so a bad request is
+//! answered before it takes the model's time.
 
 mod api;
 mod engine;
