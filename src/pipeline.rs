@@ -856,12 +856,12 @@ fn lm_job<B: Backend>(
 /// Every token id of a prompt must lie in the text vocabulary (`vocab_size` of the config).
 pub fn check_token_ids(tokens: &[PromptToken], vocab_size: usize) -> Result<()> {
     for (pos, t) in tokens.iter().enumerate() {
-        if let PromptToken::Id(id) = *t {
-            if id as usize >= vocab_size {
-                return Err(Error::Invalid(format!(
-                    "token id {id} (position {pos}) is outside the vocabulary: vocab_size is {vocab_size}"
-                )));
-            }
+        if let PromptToken::Id(id) = *t
+            && id as usize >= vocab_size
+        {
+            return Err(Error::Invalid(format!(
+                "token id {id} (position {pos}) is outside the vocabulary: vocab_size is {vocab_size}"
+            )));
         }
     }
     Ok(())

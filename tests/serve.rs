@@ -288,6 +288,9 @@ fn png_header(w: u32, h: u32) -> Vec<u8> {
     png
 }
 
+/// A bad request: what it is, its body, the status, the `param` and a piece of the message.
+type BadRequest<'a> = (&'a str, Vec<u8>, u16, Option<&'a str>, &'a str);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_4xx_naming_the_problem_and_the_server_keeps_serving() {
     let s = start(|o| {
@@ -309,7 +312,7 @@ async fn bad_requests_get_4xx_naming_the_problem_and_the_server_keeps_serving() 
     let long = user(json!("describe ".repeat(80)));
     let b = |v: Value| v.to_string().into_bytes();
     #[rustfmt::skip]
-    let cases: Vec<(&str, Vec<u8>, u16, Option<&str>, &str)> = vec![
+    let cases: Vec<BadRequest> = vec![
         ("malformed JSON", b"{\"messages\": [".to_vec(), 400, None, "not valid JSON"),
         ("not an object", b"[]".to_vec(), 400, None, "must be a JSON object"),
         ("messages missing", b(json!({"model": "x"})), 400, Some("messages"), "is required"),

@@ -269,15 +269,15 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Result<ChatRequest, ApiError>
 /// refused by name rather than silently ignored. Other unknown keys are ignored, as OpenAI's own
 /// clients send defaults for many options.
 fn unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    if let Some(v) = field(obj, "n") {
-        if as_count(v, "n")? != 1 {
-            return Err(ApiError::invalid("n", "only `n` = 1 is supported (one choice per request)"));
-        }
+    if let Some(v) = field(obj, "n")
+        && as_count(v, "n")? != 1
+    {
+        return Err(ApiError::invalid("n", "only `n` = 1 is supported (one choice per request)"));
     }
-    if let Some(v) = field(obj, "tools") {
-        if v.as_array().is_none_or(|a| !a.is_empty()) {
-            return Err(ApiError::invalid("tools", "tools (function calling) are not supported"));
-        }
+    if let Some(v) = field(obj, "tools")
+        && v.as_array().is_none_or(|a| !a.is_empty())
+    {
+        return Err(ApiError::invalid("tools", "tools (function calling) are not supported"));
     }
     if field(obj, "logprobs").is_some_and(|v| v != &Value::Bool(false)) {
         return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
@@ -328,10 +328,10 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
             .collect::<Result<Vec<_>, _>>()?,
         Some(v) => return Err(wrong_type(&content_param, "a string or an array of content parts", v)),
     };
-    if role != Role::User {
-        if let Some(Part::Image { param, .. }) = parts.iter().find(|p| matches!(p, Part::Image { .. })) {
-            return Err(ApiError::invalid(param.clone(), "images are accepted in user messages only"));
-        }
+    if role != Role::User
+        && let Some(Part::Image { param, .. }) = parts.iter().find(|p| matches!(p, Part::Image { .. }))
+    {
+        return Err(ApiError::invalid(param.clone(), "images are accepted in user messages only"));
     }
     Ok(Message { role, parts })
 }

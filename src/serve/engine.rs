@@ -359,10 +359,10 @@ impl<'t, B: Backend> Seq<'t, B> {
         if let Some(Step::Token(id)) = step {
             self.first_token.get_or_insert_with(|| self.job.arrived.elapsed());
             let id = u32::try_from(id).map_err(|_| Error::Invalid(format!("generated a negative token id {id}")))?;
-            if let Some(piece) = self.text.push(id)? {
-                if release(&mut self.stop, &self.job.events, &piece) {
-                    return Ok(Outcome::Finished { reason: FinishReason::Stop, flush: false });
-                }
+            if let Some(piece) = self.text.push(id)?
+                && release(&mut self.stop, &self.job.events, &piece)
+            {
+                return Ok(Outcome::Finished { reason: FinishReason::Stop, flush: false });
             }
         }
         Ok(match stopped {
