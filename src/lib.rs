@@ -10,6 +10,7 @@
 //! - [`backend`]: the `Backend` contract and its lanes
 //! - [`progress`]: the load progress bar on stderr
 //! - [`model`]: the graph, written once against `Backend`
+//! - [`serve`]: `fovea serve`, the OpenAI-compatible HTTP server
 
 pub mod backend;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod model;
 pub mod pipeline;
 pub mod processor;
 pub mod progress;
+pub mod serve;
 pub mod tokenizer;
 pub mod weights;
 

@@ -259,7 +259,8 @@ impl<'b, B: Backend> VisionRunner<'b, B> {
         self.run_prepared(prepared, start_pos)
     }
 
-    fn run_prepared(&self, prepared: processor::PreparedImage, start_pos: usize) -> Result<VisionDump> {
+    /// Encode an image already preprocessed; `start_pos` is the placeholder's position.
+    pub fn run_prepared(&self, prepared: processor::PreparedImage, start_pos: usize) -> Result<VisionDump> {
         let (b, cfg) = (self.b, &self.cfg);
         let n = prepared.n_vit_h * prepared.n_vit_w;
         let patch_dim = cfg.patch_dim();
@@ -594,37 +595,62 @@ fn lm_lane_error(lane: &'static str, op: Op) -> Error {
 }
 
 fn run_lm(req: &LmRequest, job: LmJob<'_>, on_progress: &mut dyn FnMut(Progress)) -> Result<LmOutcome> {
-    match LaneChoice::resolve(Some(req.lane))? {
+    run_on_lane(req.lane, req.precision, LmJobOnLane { req, job, on_progress })
+}
+
+/// A job generic over the backend: [`run_on_lane`] runs it on the lane a [`LaneChoice`]
+/// resolves to (a closure cannot be generic over `B`).
+pub trait LaneJob {
+    type Output;
+    /// Run on `b`; `note` says why `auto` fell back to the CPU lane, when it did.
+    fn run<B: Backend>(self, b: &B, note: Option<&str>) -> Result<Self::Output>;
+}
+
+/// Run a language-model job on the chosen lane in the precision asked for (`None`: the lane's
+/// default, [`lane_precision`]): a named lane that lacks a language-model op is an error; `auto`
+/// takes the wgpu lane when it has them all, else the CPU lane (with a note).
+pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, precision: Option<Precision>, job: J) -> Result<J::Output> {
+    match LaneChoice::resolve(Some(lane))? {
         LaneChoice::Cpu => {
-            exact_only("cpu", req.precision)?;
-            lm_job(&CpuBackend::new(), req, job, on_progress, None)
+            exact_only("cpu", precision)?;
+            job.run(&CpuBackend::new(), None)
         }
         LaneChoice::Wgpu => {
-            exact_only("wgpu", req.precision)?;
+            exact_only("wgpu", precision)?;
             let b = WgpuBackend::new(adapter_from_env().as_deref())?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
-            lm_job(&b, req, job, on_progress, None)
+            job.run(&b, None)
         }
         LaneChoice::Cuda => {
-            let b = cuda_lane(req.precision)?;
+            let b = cuda_lane(precision)?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
-            lm_job(&b, req, job, on_progress, None)
+            job.run(&b, None)
         }
-        LaneChoice::Auto => match exact_only("auto", req.precision).map(|_| auto_wgpu())? {
-            Ok(b) if missing_lm_op(&b).is_none() => lm_job(&b, req, job, on_progress, None),
-            Ok(_) => lm_job(
-                &CpuBackend::new(),
-                req,
-                job,
-                on_progress,
-                Some("this wgpu adapter lacks a language-model op; using the CPU lane"),
-            ),
-            Err(e) => lm_job(&CpuBackend::new(), req, job, on_progress, Some(&format!("{e}; using the CPU lane"))),
+        LaneChoice::Auto => match exact_only("auto", precision).map(|_| auto_wgpu())? {
+            Ok(b) if missing_lm_op(&b).is_none() => job.run(&b, None),
+            Ok(_) => {
+                job.run(&CpuBackend::new(), Some("this wgpu adapter lacks a language-model op; using the CPU lane"))
+            }
+            Err(e) => job.run(&CpuBackend::new(), Some(&format!("{e}; using the CPU lane"))),
         },
+    }
+}
+
+/// A `dump` or `generate` job of the CLI, for [`run_on_lane`].
+struct LmJobOnLane<'r, 'j, 'l> {
+    req: &'r LmRequest,
+    job: LmJob<'j>,
+    on_progress: &'l mut dyn FnMut(Progress),
+}
+
+impl LaneJob for LmJobOnLane<'_, '_, '_> {
+    type Output = LmOutcome;
+    fn run<B: Backend>(self, b: &B, note: Option<&str>) -> Result<LmOutcome> {
+        lm_job(b, self.req, self.job, self.on_progress, note)
     }
 }
 
@@ -760,23 +786,8 @@ fn lm_job<B: Backend>(
     note: Option<&str>,
 ) -> Result<LmOutcome> {
     let on_load = &mut |p: LoadProgress| on_progress(Progress::Load(p));
-    // a GGUF is opened here (headers only) for its config; a checkpoint reads config.json
-    let (gguf, cfg, eos) = if is_gguf(&req.model_dir) {
-        let lm = GgufLm::open(&req.model_dir)?;
-        let eos = gguf_eos_ids(&lm)?;
-        let cfg = lm.config().clone();
-        (Some(lm), cfg, eos)
-    } else {
-        if let Some(m) = &req.mmproj {
-            return Err(Error::file(
-                m,
-                format!("--mmproj goes with a .gguf --model; {} is a checkpoint directory", req.model_dir.display()),
-            ));
-        }
-        let config_path = req.model_dir.join("config.json");
-        (None, LmConfig::from_file(&config_path)?, eos_ids(&config_path)?)
-    };
-    let v = cfg.vocab_size;
+    let src = LmSource::open(&req.model_dir, req.mmproj.as_deref(), req.image_max_tokens)?;
+    let v = src.config().vocab_size;
     // validate the prompt before loading anything heavy
     let n_img = req.tokens.iter().filter(|t| **t == PromptToken::Image).count();
     let n_files = req.images.len();
@@ -792,80 +803,22 @@ fn lm_job<B: Backend>(
             "the prompt has {n_img} image placeholder(s) (IMG in --token-ids) but {n_files} --image file(s) were given"
         )));
     }
-    let image = req.images.first();
-    for (pos, t) in req.tokens.iter().enumerate() {
-        if let PromptToken::Id(id) = *t {
-            if id as usize >= v {
-                return Err(Error::Invalid(format!(
-                    "token id {id} (position {pos}) is outside the vocabulary: vocab_size is {v}"
-                )));
-            }
-        }
-    }
-    let t_load = Instant::now();
-    let (model, runner) = match &gguf {
-        Some(lm) => load_gguf(b, lm, req.mmproj.as_deref(), req.image_max_tokens, image.is_some(), on_load)?,
-        None => {
-            let ckpt = if image.is_some() {
-                Checkpoint::open(&req.model_dir)?
-            } else {
-                Checkpoint::open_auto(&req.model_dir)?
-            };
-            // the accounting closes in both directions, from headers only, before anything is uploaded
-            if let Some(vc) = ckpt.vision_config() {
-                crate::weights::check_vision(&ckpt, vc)?;
-            }
-            crate::weights::check_lm(&ckpt, &cfg)?;
-            let counting = CountingSource::new(&ckpt, on_load);
-            let model = LmModel::load(b, &counting, &cfg)?;
-            let runner = match image {
-                Some(_) => Some(VisionRunner::upload(b, ckpt.config().clone(), &counting)?),
-                None => None,
-            };
-            counting.finish();
-            (model, runner)
-        }
-    };
-    let load = t_load.elapsed();
-    let mut vision = None;
-    let (input, embeds, image_start) = match image {
-        None => {
-            let ids = req
-                .tokens
-                .iter()
-                .map(|t| if let PromptToken::Id(i) = t { *i as i32 } else { unreachable!("checked") })
-                .collect();
-            (LmInput { ids, window: None }, None, None)
-        }
-        Some(image) => {
-            let start = req.tokens.iter().position(|t| *t == PromptToken::Image).expect("checked");
-            let runner = runner.as_ref().expect("uploaded with the image");
-            let t = Instant::now();
-            let vis = runner.run(image, start)?;
-            let mut ids = Vec::with_capacity(req.tokens.len() + vis.block_types.len());
-            for t in &req.tokens {
-                match t {
-                    PromptToken::Id(i) => ids.push(*i as i32),
-                    PromptToken::Image => ids.extend(vis.block_types.iter().map(|&ty| (v + ty as usize) as i32)),
-                }
-            }
-            let types: Vec<i32> = vis.block_types.iter().map(|&t| t as i32).collect();
-            let perm: Vec<usize> = vis.perm.iter().map(|&p| p as usize).collect();
-            let aligner = b.upload(&HostTensor::f32([vis.n_llm_h * vis.n_llm_w, vis.hidden], vis.aligner)?)?;
-            let embeds = model.merge_image(b, &ids, start, &types, &perm, &aligner)?;
-            let window = visible_bounds(&ids, v, cfg.sliding_window, MAX_IMAGE_TOKENS);
-            vision = Some(t.elapsed());
-            (LmInput { ids, window: Some(window) }, Some(embeds), Some(start))
-        }
-    };
+    check_token_ids(&req.tokens, v)?;
+    let lm = src.load(b, !req.images.is_empty(), on_load)?;
+    let t = Instant::now();
+    let images =
+        req.images.iter().map(|path| lm.preprocess(&processor::load_rgb(path)?)).collect::<Result<Vec<_>>>()?;
+    let prompt = lm.prompt(&req.tokens, images)?;
+    let vision = prompt.image_start.map(|_| t.elapsed());
     if let Some(n) = note {
         eprintln!("fovea: {n}");
     }
+    let PromptInput { input, embeds, image_start } = prompt;
     match job {
         LmJob::Dump => {
             let (hidden, _) =
-                model.prefill_cache(b, &input, embeds, PREFILL_CHUNK, &mut |p| on_progress(Progress::Prefill(p)))?;
-            let logits = model.logits(b, &hidden)?;
+                lm.model.prefill_cache(b, &input, embeds, PREFILL_CHUNK, &mut |p| on_progress(Progress::Prefill(p)))?;
+            let logits = lm.model.logits(b, &hidden)?;
             Ok(LmOutcome::Dump(LmDump {
                 lane: b.lane(),
                 device: b.device_name(),
@@ -878,17 +831,17 @@ fn lm_job<B: Backend>(
         LmJob::Generate(opts, on_token) => {
             let on_prefill = &mut |p: PrefillProgress| on_progress(Progress::Prefill(p));
             let g = generate::generate(
-                &model,
+                &lm.model,
                 b,
                 &input,
                 embeds,
                 opts.max_tokens,
-                &eos,
+                &lm.eos,
                 &opts.sampling,
                 on_prefill,
                 on_token,
             )?;
-            let timings = Timings { load, vision, prefill: g.prefill, decode: g.decode };
+            let timings = Timings { load: lm.load_time, vision, prefill: g.prefill, decode: g.decode };
             Ok(LmOutcome::Generated(Generated {
                 lane: b.lane(),
                 prompt_len: input.ids.len(),
@@ -898,6 +851,192 @@ fn lm_job<B: Backend>(
             }))
         }
     }
+}
+
+/// Every token id of a prompt must lie in the text vocabulary (`vocab_size` of the config).
+pub fn check_token_ids(tokens: &[PromptToken], vocab_size: usize) -> Result<()> {
+    for (pos, t) in tokens.iter().enumerate() {
+        if let PromptToken::Id(id) = *t
+            && id as usize >= vocab_size
+        {
+            return Err(Error::Invalid(format!(
+                "token id {id} (position {pos}) is outside the vocabulary: vocab_size is {vocab_size}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A language model opened from its files: the config and EOS ids, read before any weight is
+/// uploaded, so a prompt can be checked against them first.
+pub struct LmSource {
+    model_dir: PathBuf,
+    mmproj: Option<PathBuf>,
+    image_max_tokens: Option<usize>,
+    /// A GGUF's headers, opened here for its config; a checkpoint directory reads config.json.
+    gguf: Option<GgufLm>,
+    cfg: LmConfig,
+    eos: Vec<i32>,
+    has_vision: bool,
+}
+
+impl LmSource {
+    /// Open a checkpoint directory or a text GGUF (with its mmproj, when given); headers only.
+    pub fn open(model_dir: &Path, mmproj: Option<&Path>, image_max_tokens: Option<usize>) -> Result<Self> {
+        let (gguf, cfg, eos, has_vision) = if is_gguf(model_dir) {
+            let lm = GgufLm::open(model_dir)?;
+            let eos = gguf_eos_ids(&lm)?;
+            let cfg = lm.config().clone();
+            (Some(lm), cfg, eos, mmproj.is_some())
+        } else {
+            if let Some(m) = mmproj {
+                return Err(Error::file(
+                    m,
+                    format!("--mmproj goes with a .gguf --model; {} is a checkpoint directory", model_dir.display()),
+                ));
+            }
+            let config_path = model_dir.join("config.json");
+            let raw = read_json(&config_path)?;
+            let has_vision = raw.as_object().is_some_and(|o| o.keys().any(|k| k.starts_with("vision_")));
+            (None, LmConfig::from_file(&config_path)?, eos_ids(&config_path)?, has_vision)
+        };
+        Ok(LmSource {
+            model_dir: model_dir.to_path_buf(),
+            mmproj: mmproj.map(Path::to_path_buf),
+            image_max_tokens,
+            gguf,
+            cfg,
+            eos,
+            has_vision,
+        })
+    }
+
+    pub fn config(&self) -> &LmConfig {
+        &self.cfg
+    }
+
+    /// Whether image prompts can run: a checkpoint with `vision_*` config keys, or a GGUF with
+    /// its mmproj.
+    pub fn has_vision(&self) -> bool {
+        self.has_vision
+    }
+
+    /// Check the tensors (headers only) and upload the language model, and the vision tower
+    /// when `vision`; `on_load` sees the weights' bytes as they are read.
+    pub fn load<'b, B: Backend>(
+        &self,
+        b: &'b B,
+        vision: bool,
+        on_load: &mut dyn FnMut(LoadProgress),
+    ) -> Result<LoadedLm<'b, B>> {
+        let t_load = Instant::now();
+        let (model, vision) = match &self.gguf {
+            Some(lm) => load_gguf(b, lm, self.mmproj.as_deref(), self.image_max_tokens, vision, on_load)?,
+            None => {
+                let ckpt =
+                    if vision { Checkpoint::open(&self.model_dir)? } else { Checkpoint::open_auto(&self.model_dir)? };
+                // the accounting closes in both directions, from headers only, before anything is uploaded
+                if let Some(vc) = ckpt.vision_config() {
+                    crate::weights::check_vision(&ckpt, vc)?;
+                }
+                crate::weights::check_lm(&ckpt, &self.cfg)?;
+                let counting = CountingSource::new(&ckpt, on_load);
+                let model = LmModel::load(b, &counting, &self.cfg)?;
+                let runner = match vision {
+                    true => Some(VisionRunner::upload(b, ckpt.config().clone(), &counting)?),
+                    false => None,
+                };
+                counting.finish();
+                (model, runner)
+            }
+        };
+        Ok(LoadedLm { b, cfg: self.cfg.clone(), eos: self.eos.clone(), model, vision, load_time: t_load.elapsed() })
+    }
+}
+
+/// A language model, and its vision tower for image prompts, resident on one lane.
+pub struct LoadedLm<'b, B: Backend> {
+    b: &'b B,
+    pub cfg: LmConfig,
+    /// Generation stops after emitting one of these.
+    pub eos: Vec<i32>,
+    pub model: LmModel<B>,
+    vision: Option<VisionRunner<'b, B>>,
+    /// Opening, checking and uploading the weights.
+    pub load_time: Duration,
+}
+
+/// A prompt ready for the language model.
+pub struct PromptInput<B: Backend> {
+    /// Ids with each image's block expanded, and the image-span windows.
+    pub input: LmInput,
+    /// The token embeddings with the image blocks merged in (`None` for a text prompt).
+    pub embeds: Option<B::Tensor>,
+    /// Start of the image block, if there is one.
+    pub image_start: Option<usize>,
+}
+
+impl<'b, B: Backend> LoadedLm<'b, B> {
+    pub fn backend(&self) -> &'b B {
+        self.b
+    }
+
+    /// The preprocessing settings of the vision tower, when one was loaded.
+    pub fn preprocess_config(&self) -> Option<PreprocessConfig> {
+        self.vision.as_ref().map(|v| preprocess_config(&v.cfg))
+    }
+
+    /// Resize and cut one decoded image into the tower's patches (pure CPU).
+    pub fn preprocess(&self, img: &image::RgbImage) -> Result<processor::PreparedImage> {
+        let cfg = self.preprocess_config().ok_or_else(|| Error::Invalid("this model has no vision tower".into()))?;
+        processor::prepare(img, &cfg)
+    }
+
+    /// The model input of a prompt whose [`PromptToken::Image`] entries take `images` in order:
+    /// each image runs through the vision tower and its block is merged at its placeholder
+    /// (one image per prompt so far, [`MAX_IMAGES_PER_PROMPT`]).
+    pub fn prompt(&self, tokens: &[PromptToken], images: Vec<processor::PreparedImage>) -> Result<PromptInput<B>> {
+        let (b, v) = (self.b, self.cfg.vocab_size);
+        let n_img = tokens.iter().filter(|t| **t == PromptToken::Image).count();
+        if n_img != images.len() || n_img > MAX_IMAGES_PER_PROMPT {
+            return Err(Error::Invalid(format!(
+                "{n_img} image placeholders for {} images; at most {MAX_IMAGES_PER_PROMPT} image per prompt is \
+                 supported so far",
+                images.len()
+            )));
+        }
+        let Some(prepared) = images.into_iter().next() else {
+            let ids =
+                tokens.iter().filter_map(|t| if let PromptToken::Id(i) = t { Some(*i as i32) } else { None }).collect();
+            return Ok(PromptInput { input: LmInput { ids, window: None }, embeds: None, image_start: None });
+        };
+        let runner = self.vision.as_ref().ok_or_else(|| Error::Invalid("this model has no vision tower".into()))?;
+        let start = tokens.iter().position(|t| *t == PromptToken::Image).expect("counted one");
+        let vis = runner.run_prepared(prepared, start)?;
+        let mut ids = Vec::with_capacity(tokens.len() + vis.block_types.len());
+        for t in tokens {
+            match t {
+                PromptToken::Id(i) => ids.push(*i as i32),
+                PromptToken::Image => ids.extend(vis.block_types.iter().map(|&ty| (v + ty as usize) as i32)),
+            }
+        }
+        let types: Vec<i32> = vis.block_types.iter().map(|&t| t as i32).collect();
+        let perm: Vec<usize> = vis.perm.iter().map(|&p| p as usize).collect();
+        let aligner = b.upload(&HostTensor::f32([vis.n_llm_h * vis.n_llm_w, vis.hidden], vis.aligner)?)?;
+        let embeds = self.model.merge_image(b, &ids, start, &types, &perm, &aligner)?;
+        let window = visible_bounds(&ids, v, self.cfg.sliding_window, MAX_IMAGE_TOKENS);
+        Ok(PromptInput { input: LmInput { ids, window: Some(window) }, embeds: Some(embeds), image_start: Some(start) })
+    }
+}
+
+/// The number of positions [`LoadedLm::prompt`] feeds the model: every token, each image
+/// placeholder expanded to its block (whose lead pads depend on where it starts).
+pub fn prompt_len(tokens: &[PromptToken], images: &[processor::PreparedImage]) -> usize {
+    let mut images = images.iter();
+    tokens.iter().fold(0, |pos, t| match t {
+        PromptToken::Image => pos + images.next().map_or(1, |img| processor::block_len(img.n_llm_h, img.n_llm_w, pos)),
+        PromptToken::Id(_) => pos + 1,
+    })
 }
 
 impl LmDump {

@@ -24,6 +24,8 @@ pub const BOS: &str = "<｜begin▁of▁sentence｜>";
 pub const USER: &str = "<｜User｜>";
 pub const ASSISTANT: &str = "<｜Assistant｜>";
 pub const END_THINK: &str = "</think>";
+/// Ends an earlier assistant turn of a conversation.
+pub const EOS: &str = "<｜end▁of▁sentence｜>";
 /// The image placeholder (vision.md §2.3): one per image; the pipeline replaces it by the block.
 pub const IMAGE_PLACEHOLDER: &str = "<｜deepseek_image｜>";
 
@@ -41,22 +43,91 @@ pub struct ChatPrompt<'a> {
     pub n_images: usize,
 }
 
+/// One block of a user message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part<'a> {
+    Text(&'a str),
+    /// An image: its placeholder, replaced by the image's block in the model input.
+    Image,
+}
+
+/// One turn of a conversation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Turn<'a> {
+    User(Vec<Part<'a>>),
+    /// An earlier answer of the model.
+    Assistant(&'a str),
+}
+
+/// A conversation in chat (non-thinking) mode; it ends with a user turn.
+#[derive(Clone, Debug, Default)]
+pub struct Conversation<'a> {
+    /// Text between BOS and the first `<｜User｜>` (empty by default).
+    pub system: &'a str,
+    pub turns: Vec<Turn<'a>>,
+}
+
+impl<'a> From<&ChatPrompt<'a>> for Conversation<'a> {
+    /// One user turn: an image block per image, then the question.
+    fn from(p: &ChatPrompt<'a>) -> Self {
+        let parts = std::iter::repeat_n(Part::Image, p.n_images).chain([Part::Text(p.question)]).collect();
+        Conversation { system: p.system, turns: vec![Turn::User(parts)] }
+    }
+}
+
 /// vision.md §2.4, chat (non-thinking) mode:
 /// `<｜begin▁of▁sentence｜>{system}<｜User｜>{content}<｜Assistant｜></think>`. The user content is
 /// its blocks joined with `"\n\n"`: one `<｜deepseek_image｜>` per image, in order, then the
 /// question. A placeholder typed as text is rejected (§2.4), since it would silently become an
 /// image slot.
 pub fn render_chat(prompt: &ChatPrompt) -> Result<String> {
-    for (what, text) in [("the prompt", prompt.question), ("the system text", prompt.system)] {
+    render_conversation(&Conversation::from(prompt))
+}
+
+/// [`render_chat`] over several turns: each user turn is `<｜User｜>` and its blocks (text, or
+/// `<｜deepseek_image｜>` for an image) joined with `"\n\n"`, in the order given; an earlier
+/// answer is `<｜Assistant｜></think>{answer}<｜end▁of▁sentence｜>` (DeepSeek-V3.1's chat
+/// template for past turns in non-thinking mode); the prompt ends with `<｜Assistant｜></think>`.
+pub fn render_conversation(c: &Conversation) -> Result<String> {
+    let placeholder = |what: &str, text: &str| {
         if text.contains(IMAGE_PLACEHOLDER) {
             return Err(Error::Invalid(format!(
-                "{what} contains the image placeholder {IMAGE_PLACEHOLDER} as text; give images with --image \
-                 (one placeholder is inserted per image)"
+                "{what} contains the image placeholder {IMAGE_PLACEHOLDER} as text; images go in as images \
+                 (--image, or image_url parts of a request), one placeholder each"
             )));
         }
+        Ok(())
+    };
+    placeholder("the system text", c.system)?;
+    if !matches!(c.turns.last(), Some(Turn::User(_))) {
+        return Err(Error::Invalid("a conversation must end with a user turn".into()));
     }
-    let blocks: Vec<&str> = std::iter::repeat_n(IMAGE_PLACEHOLDER, prompt.n_images).chain([prompt.question]).collect();
-    Ok(format!("{BOS}{}{USER}{}{ASSISTANT}{END_THINK}", prompt.system, blocks.join("\n\n")))
+    let mut out = format!("{BOS}{}", c.system);
+    for turn in &c.turns {
+        match turn {
+            Turn::User(parts) => {
+                let mut blocks = Vec::with_capacity(parts.len());
+                for part in parts {
+                    blocks.push(match part {
+                        Part::Text(t) => {
+                            placeholder("the prompt", t)?;
+                            *t
+                        }
+                        Part::Image => IMAGE_PLACEHOLDER,
+                    });
+                }
+                out += USER;
+                out += &blocks.join("\n\n");
+            }
+            Turn::Assistant(answer) => {
+                placeholder("an assistant turn", answer)?;
+                out += &format!("{ASSISTANT}{END_THINK}{answer}{EOS}");
+            }
+        }
+    }
+    out += ASSISTANT;
+    out += END_THINK;
+    Ok(out)
 }
 
 /// A checkpoint's tokenizer with the chat-prompt special tokens resolved.
@@ -116,13 +187,30 @@ impl ChatTokenizer {
     /// Render the chat prompt and encode it (no special tokens added beyond the rendered ones);
     /// each image placeholder becomes [`PromptToken::Image`].
     pub fn encode_chat(&self, prompt: &ChatPrompt) -> Result<Vec<PromptToken>> {
-        let text = render_chat(prompt)?;
+        self.encode_conversation(&Conversation::from(prompt))
+    }
+
+    /// [`ChatTokenizer::encode_chat`] of a conversation ([`render_conversation`]).
+    pub fn encode_conversation(&self, c: &Conversation) -> Result<Vec<PromptToken>> {
+        if c.turns.iter().any(|t| matches!(t, Turn::Assistant(_))) && !self.has_special(EOS) {
+            return Err(Error::file(
+                &self.path,
+                format!("special token {EOS} (it ends an earlier assistant turn) is not an added special token"),
+            ));
+        }
+        let text = render_conversation(c)?;
         let enc = self.inner.encode(text, false).map_err(|e| Error::file(&self.path, format!("encoding: {e}")))?;
         Ok(enc
             .get_ids()
             .iter()
             .map(|&id| if id == self.image_id { PromptToken::Image } else { PromptToken::Id(id) })
             .collect())
+    }
+
+    /// Whether `name` is one added special token (so the encoder keeps it whole).
+    fn has_special(&self, name: &str) -> bool {
+        let added = self.inner.get_added_vocabulary();
+        added.is_special_token(name) && added.token_to_id(name, self.inner.get_model()).is_some()
     }
 
     /// The text of `ids`, special tokens skipped.

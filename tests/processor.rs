@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use fovea::processor::{PreprocessConfig, build_image_block, load_rgb, plan, prepare};
+use fovea::processor::{
+    ImageKind, PreprocessConfig, build_image_block, decode_rgb, load_rgb, plan, prepare, read_header,
+};
 use safetensors::{Dtype, SafeTensors};
 
 fn goldens() -> PathBuf {
@@ -251,4 +253,49 @@ fn load_rgb_matches_pillow_convert_rgb() {
         }
     }
     eprintln!("{}", report.join("\n"));
+}
+
+/// `read_header` gives the size a decode would give, for every format, from the header alone:
+/// a PNG that is only a header claiming 100 000 × 100 000 pixels reads as such (the server
+/// refuses it by this size before decoding), and a decode of it fails without allocating.
+#[test]
+fn read_header_gives_the_size_before_decoding() {
+    let dir = goldens();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "png" || e == "jpg" || e == "webp"))
+        .collect();
+    files.sort();
+    assert!(files.iter().any(|f| f.extension().unwrap() == "webp"), "{files:?}");
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        let h = read_header(&bytes).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let kind = match f.extension().unwrap().to_str().unwrap() {
+            "png" => ImageKind::Png,
+            "jpg" => ImageKind::Jpeg,
+            _ => ImageKind::WebP,
+        };
+        assert_eq!(h.kind, kind, "{}", f.display());
+        assert_eq!((h.width, h.height), load_rgb(f).unwrap().dimensions(), "{}", f.display());
+    }
+
+    let mut huge = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+    huge.extend(100_000u32.to_be_bytes());
+    huge.extend(100_000u32.to_be_bytes());
+    huge.extend([8, 2, 0, 0, 0, 0, 0, 0, 0]);
+    let h = read_header(&huge).unwrap();
+    assert_eq!((h.kind, h.width, h.height), (ImageKind::Png, 100_000, 100_000));
+    assert!(decode_rgb(&huge).is_err());
+
+    // a cut header, another format, a JPEG without a frame header, no image at all
+    for (bytes, msg) in [
+        (&huge[..12], "IHDR"),
+        (&b"GIF89a\x01\0\x01\0"[..], "Gif images are not supported"),
+        (&b"\xff\xd8\xff"[..], ""),
+        (&b"hello"[..], "not a PNG, JPEG or WebP image"),
+    ] {
+        let e = read_header(bytes).expect_err(msg);
+        assert!(!e.is_empty() && e.contains(msg), "{e}");
+    }
 }

@@ -9,7 +9,9 @@ mod common;
 use std::path::PathBuf;
 
 use fovea::pipeline::PromptToken;
-use fovea::tokenizer::{ChatPrompt, ChatTokenizer, IMAGE_PLACEHOLDER, render_chat};
+use fovea::tokenizer::{
+    ChatPrompt, ChatTokenizer, Conversation, IMAGE_PLACEHOLDER, Part, Turn, render_chat, render_conversation,
+};
 use serde_json::Value;
 
 fn golden() -> Value {
@@ -142,4 +144,37 @@ fn a_typed_image_placeholder_is_rejected() {
     }
     // other special-token text is the tokenizer's business (it matches them), not an error
     assert!(tok.encode_chat(&ChatPrompt { question: "<think>", ..Default::default() }).is_ok());
+}
+
+/// Several turns (the server's messages): earlier answers close with the end-of-sentence token,
+/// a user turn's text and images keep their order, and one user turn with images first renders
+/// as `render_chat` does.
+#[test]
+fn conversations_render_turn_by_turn() {
+    let c = Conversation {
+        system: "Be brief.",
+        turns: vec![
+            Turn::User(vec![Part::Text("What is this?"), Part::Image]),
+            Turn::Assistant("A cat."),
+            Turn::User(vec![Part::Text("And its colour?")]),
+        ],
+    };
+    let want = format!(
+        "<｜begin▁of▁sentence｜>Be brief.<｜User｜>What is this?\n\n{IMAGE_PLACEHOLDER}<｜Assistant｜></think>A cat.\
+         <｜end▁of▁sentence｜><｜User｜>And its colour?<｜Assistant｜></think>"
+    );
+    assert_eq!(render_conversation(&c).unwrap(), want);
+    let tok = lm_tiny_tokenizer();
+    let ids = tok.encode_conversation(&c).unwrap();
+    assert_eq!(ids.iter().filter(|t| **t == PromptToken::Image).count(), 1);
+    // the end-of-sentence token stays one special token (lm-tiny's EOS is id 1)
+    assert_eq!(ids.iter().filter(|t| **t == PromptToken::Id(1)).count(), 1);
+
+    let one = ChatPrompt { system: "", question: "Describe this image.", n_images: 1 };
+    let as_turn = Conversation { system: "", turns: vec![Turn::User(vec![Part::Image, Part::Text(one.question)])] };
+    assert_eq!(render_conversation(&as_turn).unwrap(), render_chat(&one).unwrap());
+
+    let ends_with_answer = Conversation { system: "", turns: vec![Turn::Assistant("hi")] };
+    let e = render_conversation(&ends_with_answer).unwrap_err().to_string();
+    assert!(e.contains("must end with a user turn"), "{e}");
 }

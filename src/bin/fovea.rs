@@ -9,6 +9,7 @@ use fovea::backend::Precision;
 use fovea::model::lm::generate::{Sampling, StopReason};
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, VisionDumpRequest};
 use fovea::progress::Bars;
+use fovea::serve::{self, Limits, ServeOptions};
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
 
 #[derive(Parser)]
@@ -107,12 +108,88 @@ enum Command {
         #[arg(long)]
         precision: Option<Precision>,
     },
+    /// Serve the model over HTTP with OpenAI's chat-completions API (streaming, images as data:
+    /// URLs), until Ctrl-C.
+    Serve(ServeArgs),
     /// Print a checkpoint's (or a text or mmproj GGUF's) config, tensor accounting, dtypes and
     /// bytes.
     Inspect {
         #[arg(long)]
         model: PathBuf,
     },
+}
+
+/// `fovea serve`: where the model comes from, where to listen, and the limits.
+#[derive(Args)]
+struct ServeArgs {
+    /// Checkpoint directory with vision and LM tensors and tokenizer.json, or a text GGUF (with
+    /// --mmproj for images).
+    #[arg(long)]
+    model: PathBuf,
+    /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
+    #[arg(long)]
+    mmproj: Option<PathBuf>,
+    /// Image token budget with --mmproj (the file cannot store it; default: llama.cpp's 384).
+    #[arg(long)]
+    image_max_tokens: Option<usize>,
+    /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto).
+    #[arg(long)]
+    backend: Option<String>,
+    /// exact or fast (f16 GEMM operands; cuda only so far). Default: $FOVEA_PRECISION, else fast
+    /// on cuda and exact elsewhere.
+    #[arg(long)]
+    precision: Option<Precision>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model id the API reports (default: the model's file or directory name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Accept absolute paths and file:// URLs as image_url (they read this machine's files).
+    #[arg(long)]
+    allow_local_files: bool,
+    /// Requests the model interleaves at once (each decode step is still one sequence's forward).
+    #[arg(long, default_value_t = serve::DEFAULT_PARALLEL)]
+    parallel: usize,
+    /// Requests that may wait beyond the running ones; one more is answered 429.
+    #[arg(long, default_value_t = serve::DEFAULT_QUEUE_SIZE)]
+    queue_size: usize,
+    /// Most prompt tokens per request, image blocks included.
+    #[arg(long, default_value_t = Limits::default().max_prompt_tokens)]
+    max_prompt_tokens: usize,
+    /// Most generated tokens a request may ask for (and what it gets when it names none).
+    #[arg(long, default_value_t = Limits::default().max_tokens)]
+    max_tokens: usize,
+    /// Most bytes of one image file.
+    #[arg(long, default_value_t = Limits::default().max_image_bytes)]
+    max_image_bytes: usize,
+    /// Most pixels (width × height) of one image, checked from its header before decoding.
+    #[arg(long, default_value_t = Limits::default().max_image_pixels)]
+    max_image_pixels: u64,
+}
+
+impl ServeArgs {
+    fn options(self) -> fovea::Result<(ServeOptions, String, u16)> {
+        let lane = LaneChoice::resolve(self.backend.as_deref().map(str::parse).transpose()?)?;
+        let mut opts = ServeOptions::new(self.model, lane);
+        opts.engine.mmproj = self.mmproj;
+        opts.engine.image_max_tokens = self.image_max_tokens;
+        opts.engine.precision = self.precision;
+        opts.engine.parallel = self.parallel;
+        opts.engine.queue_size = self.queue_size;
+        opts.model_name = self.model_name;
+        opts.allow_local_files = self.allow_local_files;
+        opts.limits = Limits {
+            max_prompt_tokens: self.max_prompt_tokens,
+            max_tokens: self.max_tokens,
+            max_image_bytes: self.max_image_bytes,
+            max_image_pixels: self.max_image_pixels,
+        };
+        Ok((opts, self.host, self.port))
+    }
 }
 
 /// The language-model prompt: chat text or raw ids (exactly one).
@@ -289,6 +366,10 @@ fn run(cli: Cli) -> fovea::Result<()> {
             };
             eprintln!("fovea: {} lane: {}-token prompt, {} generated ({why})", g.lane, g.prompt_len, g.ids.len());
             eprintln!("fovea: {}", g.timings.summary(g.prompt_len, g.ids.len()));
+        }
+        Command::Serve(args) => {
+            let (opts, host, port) = args.options()?;
+            serve::run(opts, &host, port)?;
         }
         Command::Inspect { model } => print!("{}", pipeline::inspect(&model)?),
     }

@@ -98,8 +98,18 @@ pub(crate) fn decode_jpeg(data: &[u8]) -> Result<RgbImage, String> {
     RgbImage::from_raw(w, h, rgb).ok_or_else(|| "decoded buffer has the wrong size".into())
 }
 
-/// libjpeg decode with Pillow's settings: `(width, height, components, interleaved samples)`.
-fn decode_raw(data: &[u8]) -> Result<(u32, u32, usize, Vec<u8>), String> {
+/// The `(width, height)` of a JPEG's frame header: libjpeg reads the markers up to the first
+/// scan and allocates nothing from the claimed size.
+pub(crate) fn jpeg_dimensions(data: &[u8]) -> Result<(u32, u32), String> {
+    with_header(data, |cinfo| Ok((cinfo.image_width, cinfo.image_height)))
+}
+
+/// Run `f` on a decompressor whose header has been read from `data`, with libjpeg's errors (and
+/// running out of data) caught as `Err`; the decompressor is destroyed afterwards.
+fn with_header<T>(
+    data: &[u8],
+    f: impl FnOnce(&mut ffi::jpeg_decompress_struct) -> Result<T, String>,
+) -> Result<T, String> {
     unsafe {
         let mut err: ffi::jpeg_error_mgr = std::mem::zeroed();
         ffi::jpeg_std_error(&mut err);
@@ -109,48 +119,12 @@ fn decode_raw(data: &[u8]) -> Result<(u32, u32, usize, Vec<u8>), String> {
         let mut cinfo: ffi::jpeg_decompress_struct = std::mem::zeroed();
         cinfo.common.err = &mut err;
 
-        let res = catch_unwind(AssertUnwindSafe(|| -> Result<_, String> {
+        let res = catch_unwind(AssertUnwindSafe(|| -> Result<T, String> {
             ffi::jpeg_create_decompress(&mut cinfo);
             ffi::jpeg_mem_src(&mut cinfo, data.as_ptr(), data.len() as c_ulong);
             // As Pillow: skip tables-only datastreams; the memory source never suspends.
             while ffi::jpeg_read_header(&mut cinfo, 0) == JPEG_HEADER_TABLES_ONLY {}
-
-            let comps = cinfo.num_components;
-            cinfo.out_color_space = match comps {
-                1 => ffi::J_COLOR_SPACE::JCS_GRAYSCALE,
-                3 => ffi::J_COLOR_SPACE::JCS_RGB,
-                4 => ffi::J_COLOR_SPACE::JCS_CMYK,
-                n => return Err(format!("cannot handle {n}-layer JPEG images")),
-            };
-            // libjpeg defaults, stated explicitly: Pillow changes none of them (no draft()).
-            cinfo.scale_num = 1;
-            cinfo.scale_denom = 1;
-            cinfo.dct_method = ffi::J_DCT_METHOD::JDCT_ISLOW;
-            cinfo.do_fancy_upsampling = 1;
-            cinfo.do_block_smoothing = 1;
-            cinfo.buffered_image = 0;
-            cinfo.raw_data_out = 0;
-            cinfo.quantize_colors = 0;
-
-            ffi::jpeg_start_decompress(&mut cinfo);
-            let (w, h) = (cinfo.output_width, cinfo.output_height);
-            let oc = cinfo.output_components as usize;
-            if oc != comps as usize {
-                return Err(format!("libjpeg gives {oc} output components for {comps}"));
-            }
-            let stride = w as usize * oc;
-            let mut px = vec![0u8; stride * h as usize];
-            let mut rows: Vec<*mut u8> = px.chunks_exact_mut(stride).map(|r| r.as_mut_ptr()).collect();
-            while cinfo.output_scanline < h {
-                let y = cinfo.output_scanline;
-                let got = ffi::jpeg_read_scanlines(&mut cinfo, rows[y as usize..].as_mut_ptr(), h - y);
-                if got == 0 {
-                    return Err("libjpeg returned no scanlines".into());
-                }
-            }
-            // No jpeg_finish_decompress: like Pillow, nothing after the last scanline (EOI,
-            // trailing bytes) can make a fully decoded image fail.
-            Ok((w, h, oc, px))
+            f(&mut cinfo)
         }));
         ffi::jpeg_destroy_decompress(&mut cinfo);
         match res {
@@ -161,4 +135,46 @@ fn decode_raw(data: &[u8]) -> Result<(u32, u32, usize, Vec<u8>), String> {
             }),
         }
     }
+}
+
+/// libjpeg decode with Pillow's settings: `(width, height, components, interleaved samples)`.
+fn decode_raw(data: &[u8]) -> Result<(u32, u32, usize, Vec<u8>), String> {
+    with_header(data, |cinfo| unsafe {
+        let comps = cinfo.num_components;
+        cinfo.out_color_space = match comps {
+            1 => ffi::J_COLOR_SPACE::JCS_GRAYSCALE,
+            3 => ffi::J_COLOR_SPACE::JCS_RGB,
+            4 => ffi::J_COLOR_SPACE::JCS_CMYK,
+            n => return Err(format!("cannot handle {n}-layer JPEG images")),
+        };
+        // libjpeg defaults, stated explicitly: Pillow changes none of them (no draft()).
+        cinfo.scale_num = 1;
+        cinfo.scale_denom = 1;
+        cinfo.dct_method = ffi::J_DCT_METHOD::JDCT_ISLOW;
+        cinfo.do_fancy_upsampling = 1;
+        cinfo.do_block_smoothing = 1;
+        cinfo.buffered_image = 0;
+        cinfo.raw_data_out = 0;
+        cinfo.quantize_colors = 0;
+
+        ffi::jpeg_start_decompress(cinfo);
+        let (w, h) = (cinfo.output_width, cinfo.output_height);
+        let oc = cinfo.output_components as usize;
+        if oc != comps as usize {
+            return Err(format!("libjpeg gives {oc} output components for {comps}"));
+        }
+        let stride = w as usize * oc;
+        let mut px = vec![0u8; stride * h as usize];
+        let mut rows: Vec<*mut u8> = px.chunks_exact_mut(stride).map(|r| r.as_mut_ptr()).collect();
+        while cinfo.output_scanline < h {
+            let y = cinfo.output_scanline;
+            let got = ffi::jpeg_read_scanlines(cinfo, rows[y as usize..].as_mut_ptr(), h - y);
+            if got == 0 {
+                return Err("libjpeg returned no scanlines".into());
+            }
+        }
+        // No jpeg_finish_decompress: like Pillow, nothing after the last scanline (EOI,
+        // trailing bytes) can make a fully decoded image fail.
+        Ok((w, h, oc, px))
+    })
 }

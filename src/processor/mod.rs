@@ -88,13 +88,61 @@ pub struct ImageBlock {
 pub fn load_rgb(path: &Path) -> Result<RgbImage> {
     let err = |msg: String| Error::Image { path: path.to_path_buf(), msg };
     let bytes = std::fs::read(path).map_err(|e| err(format!("cannot open: {e}")))?;
-    if decode::is_jpeg(&bytes) {
-        return decode::decode_jpeg(&bytes).map_err(|m| err(format!("cannot decode JPEG: {m}")));
+    decode_rgb(&bytes).map_err(err)
+}
+
+/// The container formats the processor decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageKind {
+    Png,
+    Jpeg,
+    WebP,
+}
+
+/// What an image file's header says, read without decoding any pixel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageHeader {
+    pub kind: ImageKind,
+    pub width: u32,
+    pub height: u32,
+}
+
+/// The format and size an image's header claims. Nothing is allocated from the claimed size, so
+/// a caller can refuse an image too large to decode before decoding it (a PNG header may claim
+/// 100 000 × 100 000 pixels in 33 bytes). The `Err` string says what is wrong.
+pub fn read_header(bytes: &[u8]) -> std::result::Result<ImageHeader, String> {
+    const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
+    let (kind, (width, height)) = if decode::is_jpeg(bytes) {
+        (ImageKind::Jpeg, decode::jpeg_dimensions(bytes)?)
+    } else if bytes.starts_with(PNG_MAGIC) {
+        // the PNG spec puts IHDR first: length (4), "IHDR", width and height (big-endian u32)
+        let ihdr = bytes.get(8..24).filter(|h| &h[4..8] == b"IHDR").ok_or("PNG without an IHDR header chunk")?;
+        let be = |at: usize| u32::from_be_bytes(ihdr[at..at + 4].try_into().expect("4 bytes"));
+        (ImageKind::Png, (be(8), be(12)))
+    } else if image::guess_format(bytes).ok() == Some(image::ImageFormat::WebP) {
+        let reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), image::ImageFormat::WebP);
+        (ImageKind::WebP, reader.into_dimensions().map_err(|e| format!("cannot read the WebP header: {e}"))?)
+    } else {
+        return Err(match image::guess_format(bytes) {
+            Ok(f) => format!("{f:?} images are not supported (PNG, JPEG or WebP)"),
+            Err(_) => "not a PNG, JPEG or WebP image".into(),
+        });
+    };
+    if width == 0 || height == 0 {
+        return Err(format!("the header claims an empty {width} × {height} image"));
     }
-    let reader = image::ImageReader::new(std::io::Cursor::new(&bytes[..]))
-        .with_guessed_format()
-        .map_err(|e| err(format!("cannot read: {e}")))?;
-    let img = reader.decode().map_err(|e| err(format!("cannot decode: {e}")))?;
+    Ok(ImageHeader { kind, width, height })
+}
+
+/// [`load_rgb`] of an image held in memory; the `Err` string says what is wrong.
+pub fn decode_rgb(bytes: &[u8]) -> std::result::Result<RgbImage, String> {
+    let format = match read_header(bytes)?.kind {
+        ImageKind::Jpeg => return decode::decode_jpeg(bytes).map_err(|m| format!("cannot decode JPEG: {m}")),
+        ImageKind::Png => image::ImageFormat::Png,
+        ImageKind::WebP => image::ImageFormat::WebP,
+    };
+    let reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
+    let img = reader.decode().map_err(|e| format!("cannot decode: {e}"))?;
     Ok(match img {
         DynamicImage::ImageRgb8(i) => i,
         DynamicImage::ImageRgba8(i) => map_px(i.width(), i.height(), i.pixels().map(|p| [p[0], p[1], p[2]])),

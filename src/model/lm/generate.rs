@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::model::PrefillProgress;
 
-use super::{LmInput, LmModel, PREFILL_CHUNK};
+use super::{LmCache, LmInput, LmModel, PREFILL_CHUNK, Prefill};
 
 /// How the next token is picked from a row of logits.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,35 +141,170 @@ pub fn generate<B: Backend>(
     on_prefill: &mut dyn FnMut(PrefillProgress),
     on_token: &mut dyn FnMut(i32) -> Result<()>,
 ) -> Result<Generation> {
-    sampling.validate()?;
-    let mut ids = Vec::with_capacity(max_tokens);
-    let (mut prefill, mut decode) = (Duration::ZERO, Duration::ZERO);
-    if max_tokens == 0 {
-        return Ok(Generation { ids, stop: StopReason::MaxTokens, prefill, decode });
+    let mut g = Generator::new(model, b, input, embeds, max_tokens, eos, sampling)?;
+    // the prefill's progress: before its first chunk, after each one (waiting for a GPU lane's
+    // queued work when there are several, so the counts are finished tokens), and at its end
+    let mut prefill = g.prefill_progress();
+    if let Some(p) = prefill {
+        on_prefill(p);
     }
-    let mut rng = Rng::new(sampling.seed);
-    let t0 = Instant::now();
-    let (hidden, mut cache) = model.prefill_cache(b, input, embeds, PREFILL_CHUNK, on_prefill)?;
-    let logits = b.download(&model.last_logits(b, &hidden)?)?.into_f32("logits")?;
-    prefill += t0.elapsed();
-    let mut tok = pick(&logits, sampling, &mut rng) as i32;
-    loop {
-        ids.push(tok);
-        on_token(tok)?;
-        let stop = if eos.contains(&tok) {
-            Some(StopReason::Eos)
-        } else if ids.len() >= max_tokens {
-            Some(StopReason::MaxTokens)
-        } else {
-            None
-        };
-        if let Some(stop) = stop {
-            return Ok(Generation { ids, stop, prefill, decode });
+    while let Some(step) = g.step(model, b)? {
+        match step {
+            Step::Chunk => {
+                if let Some(p) = g.prefill_progress() {
+                    b.sync()?;
+                    on_prefill(p);
+                }
+            }
+            Step::Token(tok) => {
+                if let Some(p) = prefill.take() {
+                    on_prefill(PrefillProgress { done_tokens: p.total_tokens, ..p });
+                }
+                on_token(tok)?;
+            }
         }
+    }
+    g.finish()
+}
+
+/// What one [`Generator::step`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A prefill chunk that is not the prompt's last.
+    Chunk,
+    /// The prompt's last chunk, or a decode step: the token it produced.
+    Token(i32),
+}
+
+/// Where a [`Generator`] stands.
+enum Phase<B: Backend> {
+    /// Chunks of the prompt still to run.
+    Prefill(Prefill<B>),
+    /// The cache after the prompt and every token but `last`, the token to feed next.
+    Decode {
+        cache: LmCache<B>,
+        last: i32,
+    },
+    Done(StopReason),
+}
+
+/// One sequence's generation as a state machine: each [`Generator::step`] is one prefill chunk
+/// or one decode step, so a caller can check for cancellation between steps and interleave
+/// several sequences (each with its own cache). [`generate`] runs one to the end.
+pub struct Generator<B: Backend> {
+    phase: Phase<B>,
+    rng: Rng,
+    sampling: Sampling,
+    max_tokens: usize,
+    eos: Vec<i32>,
+    ids: Vec<i32>,
+    prefill: Duration,
+    decode: Duration,
+}
+
+impl<B: Backend> Generator<B> {
+    /// A generation of at most `max_tokens` tokens after `input` (with merged `embeds` if
+    /// given); nothing runs until the first [`Generator::step`].
+    pub fn new(
+        model: &LmModel<B>,
+        b: &B,
+        input: &LmInput,
+        embeds: Option<B::Tensor>,
+        max_tokens: usize,
+        eos: &[i32],
+        sampling: &Sampling,
+    ) -> Result<Self> {
+        sampling.validate()?;
+        let phase = if max_tokens == 0 {
+            Phase::Done(StopReason::MaxTokens)
+        } else {
+            Phase::Prefill(model.start_prefill(b, input, embeds, PREFILL_CHUNK)?)
+        };
+        Ok(Generator {
+            phase,
+            rng: Rng::new(sampling.seed),
+            sampling: sampling.clone(),
+            max_tokens,
+            eos: eos.to_vec(),
+            ids: Vec::with_capacity(max_tokens),
+            prefill: Duration::ZERO,
+            decode: Duration::ZERO,
+        })
+    }
+
+    /// Where the prompt's prefill stands while it runs; `None` once it has finished (or when
+    /// nothing is to be generated).
+    pub fn prefill_progress(&self) -> Option<PrefillProgress> {
+        match &self.phase {
+            Phase::Prefill(p) => Some(p.progress()),
+            _ => None,
+        }
+    }
+
+    /// Run one prefill chunk or one decode step; `None` once generation has stopped (EOS,
+    /// emitted as the last token, or `max_tokens`).
+    pub fn step(&mut self, model: &LmModel<B>, b: &B) -> Result<Option<Step>> {
         let t = Instant::now();
-        let l = b.download(&model.decode(b, &mut cache, tok)?)?.into_f32("logits")?;
-        decode += t.elapsed();
-        tok = pick(&l, sampling, &mut rng) as i32;
+        let (logits, cache) = match std::mem::replace(&mut self.phase, Phase::Done(StopReason::MaxTokens)) {
+            Phase::Done(stop) => {
+                self.phase = Phase::Done(stop);
+                return Ok(None);
+            }
+            Phase::Prefill(mut p) => {
+                let hidden = model
+                    .prefill_step(b, &mut p, None)?
+                    .ok_or_else(|| Error::Invalid("prefill of an empty prompt".into()))?;
+                if !p.is_done() {
+                    self.phase = Phase::Prefill(p);
+                    self.prefill += t.elapsed();
+                    return Ok(Some(Step::Chunk));
+                }
+                let logits = b.download(&model.last_logits(b, &hidden)?)?.into_f32("logits")?;
+                self.prefill += t.elapsed();
+                (logits, p.cache)
+            }
+            Phase::Decode { mut cache, last } => {
+                let logits = b.download(&model.decode(b, &mut cache, last)?)?.into_f32("logits")?;
+                self.decode += t.elapsed();
+                (logits, cache)
+            }
+        };
+        let tok = pick(&logits, &self.sampling, &mut self.rng) as i32;
+        self.ids.push(tok);
+        self.phase = if self.eos.contains(&tok) {
+            Phase::Done(StopReason::Eos)
+        } else if self.ids.len() >= self.max_tokens {
+            Phase::Done(StopReason::MaxTokens)
+        } else {
+            Phase::Decode { cache, last: tok }
+        };
+        Ok(Some(Step::Token(tok)))
+    }
+
+    /// Why generation stopped, once it has.
+    pub fn stopped(&self) -> Option<StopReason> {
+        match self.phase {
+            Phase::Done(stop) => Some(stop),
+            _ => None,
+        }
+    }
+
+    /// The tokens produced so far.
+    pub fn ids(&self) -> &[i32] {
+        &self.ids
+    }
+
+    /// Wall time of the prefill chunks and of the decode steps so far.
+    pub fn times(&self) -> (Duration, Duration) {
+        (self.prefill, self.decode)
+    }
+
+    /// The result of a generation that has stopped; an error if it is still running.
+    pub fn finish(self) -> Result<Generation> {
+        match self.phase {
+            Phase::Done(stop) => Ok(Generation { ids: self.ids, stop, prefill: self.prefill, decode: self.decode }),
+            _ => Err(Error::Invalid("generation has not stopped yet".into())),
+        }
     }
 }
 

@@ -139,6 +139,31 @@ pub struct LmCache<B: Backend> {
     pub layers: Vec<LayerCache<B>>,
 }
 
+/// A prefill in progress ([`LmModel::start_prefill`]): the prompt, its chunks still to run, and
+/// the cache of those that ran.
+pub struct Prefill<B: Backend> {
+    ids: Vec<i32>,
+    embeds: Option<B::Tensor>,
+    window: Vec<(usize, usize)>,
+    chunks: std::vec::IntoIter<std::ops::Range<usize>>,
+    /// How many chunks the prompt has, and how many of its tokens have run.
+    n_chunks: usize,
+    done_tokens: usize,
+    pub cache: LmCache<B>,
+}
+
+impl<B: Backend> Prefill<B> {
+    /// Whether every chunk has run.
+    pub fn is_done(&self) -> bool {
+        self.chunks.len() == 0
+    }
+
+    /// Where the prefill stands, for a progress report.
+    pub fn progress(&self) -> PrefillProgress {
+        PrefillProgress { done_tokens: self.done_tokens, total_tokens: self.ids.len(), chunks: self.n_chunks }
+    }
+}
+
 /// Per-layer records of a forward, one tensor per chunk (conformance tests and dumps).
 pub struct LmTrace<B: Backend> {
     /// Per layer, the 4-stream residual `[n, hc·d]` after the layer.
@@ -480,24 +505,56 @@ impl<B: Backend> LmModel<B> {
         mut trace: Option<&mut LmTrace<B>>,
         on_chunk: &mut dyn FnMut(PrefillProgress),
     ) -> Result<(B::Tensor, LmCache<B>)> {
-        let window = self.prompt_window(input)?;
-        let mut cache = self.new_cache(b)?;
+        let mut prefill = self.start_prefill(b, input, embeds, max_chunk)?;
         let mut finals = Vec::new();
-        let plan = chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk);
-        let report = |done_tokens| PrefillProgress { done_tokens, total_tokens: input.ids.len(), chunks: plan.len() };
-        on_chunk(report(0));
-        for range in plan.iter().cloned() {
-            let e = embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
-            let ids = &input.ids[range.clone()];
-            finals.push(self.forward(b, &mut cache, ids, e, &window[range.clone()], trace.as_deref_mut())?);
-            if plan.len() > 1 {
+        on_chunk(prefill.progress());
+        while let Some(hidden) = self.prefill_step(b, &mut prefill, trace.as_deref_mut())? {
+            finals.push(hidden);
+            if prefill.n_chunks > 1 {
                 // a GPU lane returns once a chunk's work is queued: wait for it, so a report (a
                 // progress bar's rate and time left) counts finished tokens; one wait per chunk
                 b.sync()?;
             }
-            on_chunk(report(range.end));
+            on_chunk(prefill.progress());
         }
-        Ok((concat_all(b, finals)?, cache))
+        Ok((concat_all(b, finals)?, prefill.cache))
+    }
+
+    /// A prefill to be run one chunk at a time with [`LmModel::prefill_step`] (a server
+    /// interleaves the chunks of a new prompt with other sequences' decode steps); the chunks are
+    /// those of [`chunk_plan`].
+    pub fn start_prefill(
+        &self,
+        b: &B,
+        input: &LmInput,
+        embeds: Option<B::Tensor>,
+        max_chunk: usize,
+    ) -> Result<Prefill<B>> {
+        let chunks = chunk_plan(&input.ids, self.cfg.vocab_size, max_chunk);
+        Ok(Prefill {
+            window: self.prompt_window(input)?,
+            ids: input.ids.clone(),
+            embeds,
+            n_chunks: chunks.len(),
+            chunks: chunks.into_iter(),
+            done_tokens: 0,
+            cache: self.new_cache(b)?,
+        })
+    }
+
+    /// Run the next chunk of `prefill`: its final hidden rows `[n, d]`, or `None` when every
+    /// chunk has run (the cache is then complete).
+    pub fn prefill_step(
+        &self,
+        b: &B,
+        prefill: &mut Prefill<B>,
+        trace: Option<&mut LmTrace<B>>,
+    ) -> Result<Option<B::Tensor>> {
+        let Some(range) = prefill.chunks.next() else { return Ok(None) };
+        let e = prefill.embeds.as_ref().map(|e| rows_of(b, e, range.clone())).transpose()?;
+        let ids = &prefill.ids[range.clone()];
+        prefill.done_tokens = range.end;
+        self.forward(b, &mut prefill.cache, ids, e, &prefill.window[range], trace).map(Some)
     }
 
     /// Logits `[1, vocab]` of the last row of final hidden rows `[n, d]`.
