@@ -73,6 +73,19 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     out[i * p.u6 + o] = s;
 }
 
+// Slot t's token row of x against row j of this expert's weight (this build's format), k = d.
+fn expert_row_dot(t: u32, j: u32) -> f32 {
+    let xo = (t / p.u3) * p.u2;
+    var s = 0.0;
+    for (var run = 0u; run < p.u2 / 32u; run++) {
+        let v = decode_run(j * p.u6, run);
+        for (var e = 0u; e < 32u; e++) {
+            s += a[xo + 32u * run + e] * v[e];
+        }
+    }
+    return s;
+}
+
 // moe_gate, then moe_up on the same hid (u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u6 = stride,
 // u7 = limit): lm.wgsl's pair, w1_e and w3_e each bound in its own format's build.
 @compute @workgroup_size(256, 1, 1)
@@ -83,15 +96,7 @@ fn moe_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let t = x / p.u1;
     let j = x % p.u1;
     if (ia[t] != i32(p.u4)) { return; }
-    let xo = (t / p.u3) * p.u2;
-    var g = 0.0;
-    for (var run = 0u; run < p.u2 / 32u; run++) {
-        let v = decode_run(j * p.u6, run);
-        for (var e = 0u; e < 32u; e++) {
-            g += a[xo + 32u * run + e] * v[e];
-        }
-    }
-    out[x] = g;
+    out[x] = expert_row_dot(t, j);
 }
 
 @compute @workgroup_size(256, 1, 1)
@@ -102,14 +107,7 @@ fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let t = x / p.u1;
     let j = x % p.u1;
     if (ia[t] != i32(p.u4)) { return; }
-    let xo = (t / p.u3) * p.u2;
-    var u = 0.0;
-    for (var run = 0u; run < p.u2 / 32u; run++) {
-        let v = decode_run(j * p.u6, run);
-        for (var e = 0u; e < 32u; e++) {
-            u += a[xo + 32u * run + e] * v[e];
-        }
-    }
+    let u = expert_row_dot(t, j);
     let lim = bitcast<f32>(p.u7);
     let g = min(out[x], lim);
     out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
