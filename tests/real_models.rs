@@ -140,14 +140,6 @@ fn top1_differs(a: &[f32], b: &[f32]) -> Vec<usize> {
         .collect()
 }
 
-/// Whether a reference logits row's top-2 gap is under `tol` × its rms.
-fn near_tie(row: &[f32], tol: f64) -> bool {
-    let mut sorted = row.to_vec();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let rms = (row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
-    ((sorted[0] - sorted[1]) as f64) < tol * rms
-}
-
 /// `fovea dump` then `fovea generate` for one prompt (`text` or `image`) of one form on `lane`;
 /// failures are pushed to `fails`.
 fn check_prompt(lane: &str, precision: &str, form: &Form, g: &Golden, prompt: &str, fails: &mut Vec<String>) {
@@ -193,7 +185,7 @@ fn check_prompt(lane: &str, precision: &str, form: &Form, g: &Golden, prompt: &s
     }
     let (ties, bad): (Vec<usize>, Vec<usize>) = top1_differs(&logits, &gold)
         .into_iter()
-        .partition(|&i| fast && near_tie(&gold[i * VOCAB..(i + 1) * VOCAB], bound));
+        .partition(|&i| fast && common::near_tie(&gold[i * VOCAB..(i + 1) * VOCAB], bound));
     if !ties.is_empty() {
         eprintln!("{tag}: top-1 differs at near-ties {ties:?} (allowed in fast precision)");
     }

@@ -14,7 +14,7 @@ use fovea::model::lm::{LmInput, LmModel, LmOutput};
 use fovea::weights::Checkpoint;
 use safetensors::{Dtype, SafeTensors};
 
-use super::{rel_l2, root};
+use super::{near_tie, rel_l2, root};
 
 /// A golden file's tensors as f32 or i64 vectors.
 pub struct LmGolden {
@@ -89,21 +89,6 @@ impl Contract {
     fn selections_exact(self) -> bool {
         matches!(self, Contract::Exact(_))
     }
-}
-
-/// Whether the top-2 gap of a reference logits row is under `tol` times its rms (a near-tie).
-fn near_tie(row: &[f32], tol: f64) -> bool {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &x in row {
-        if x > a {
-            b = a;
-            a = x;
-        } else if x > b {
-            b = x;
-        }
-    }
-    let rms = (row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
-    ((a - b) as f64) < tol * rms
 }
 
 fn argmax(r: &[f32]) -> usize {

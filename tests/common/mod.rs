@@ -104,6 +104,22 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
+/// Whether the top-2 gap of a reference logits row is under `tol` times its rms: a near-tie,
+/// which a relative error of `tol` may cross (fast precision's top-1 rule).
+pub fn near_tie(row: &[f32], tol: f64) -> bool {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in row {
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    let rms = (row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / row.len() as f64).sqrt();
+    ((a - b) as f64) < tol * rms
+}
+
 /// Tolerances for one golden's float stages (relative L2), by the golden's numerics.
 pub struct Tolerance {
     pub stages: f64,
