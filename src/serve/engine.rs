@@ -265,20 +265,28 @@ fn schedule<B: Backend>(
         while i < active.len() {
             match active[i].step(lm) {
                 Ok(Outcome::Running) => i += 1,
+                // The counters move before the last event goes out: a client that reads
+                // `/health` right after its answer sees its sequence gone.
                 Ok(Outcome::Gone) => {
                     active.remove(i);
+                    stats.active.store(active.len(), Ordering::Relaxed);
                     stats.cancelled.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(Outcome::Finished { reason, flush }) => {
-                    let counter = match active.remove(i).finish(reason, flush) {
-                        Ok(()) => &stats.completed,
-                        Err(()) => &stats.failed,
+                    let (events, last) = active.remove(i).finish(reason, flush);
+                    stats.active.store(active.len(), Ordering::Relaxed);
+                    let counter = match last {
+                        Event::Failed(_) => &stats.failed,
+                        _ => &stats.completed,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
+                    let _ = events.send(last);
                 }
                 Err(e) => {
-                    let _ = active.remove(i).job.events.send(Event::Failed(e.to_string()));
+                    let events = active.remove(i).job.events;
+                    stats.active.store(active.len(), Ordering::Relaxed);
                     stats.failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = events.send(Event::Failed(e.to_string()));
                 }
             }
         }
@@ -372,9 +380,10 @@ impl<'t, B: Backend> Seq<'t, B> {
         })
     }
 
-    /// Send the held-back text (when `flush`) and the closing event. `Err` when the tail could
-    /// not be decoded (the client got a `Failed` event instead).
-    fn finish(self, mut reason: FinishReason, flush: bool) -> std::result::Result<(), ()> {
+    /// Send the held-back text (when `flush`); return the sender with the closing event (`Done`,
+    /// or `Failed` when the tail could not be decoded), which the scheduler sends once its
+    /// counters are up to date.
+    fn finish(self, mut reason: FinishReason, flush: bool) -> (mpsc::UnboundedSender<Event>, Event) {
         let Seq { job, generator, text, mut stop, prompt_tokens, queue, vision, first_token } = self;
         if flush {
             match text.finish() {
@@ -385,10 +394,7 @@ impl<'t, B: Backend> Seq<'t, B> {
                         let _ = job.events.send(Event::Text(held));
                     }
                 }
-                Err(e) => {
-                    let _ = job.events.send(Event::Failed(e.to_string()));
-                    return Err(());
-                }
+                Err(e) => return (job.events, Event::Failed(e.to_string())),
             }
         }
         let (prefill, decode) = generator.as_ref().map(Generator::times).unwrap_or_default();
@@ -398,8 +404,7 @@ impl<'t, B: Backend> Seq<'t, B> {
             completion_tokens: generator.as_ref().map_or(0, |g| g.ids().len()),
             timings: Timings { queue, vision, prefill, decode, first_token: first_token.unwrap_or_default() },
         };
-        let _ = job.events.send(Event::Done(finish));
-        Ok(())
+        (job.events, Event::Done(finish))
     }
 }
 
