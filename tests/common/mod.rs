@@ -53,6 +53,18 @@ pub fn st_i64(st: &SafeTensors, name: &str) -> Vec<i64> {
     t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
+/// The golden's normalised patches `[n_vit, 3p²]`. The file holds them as their pixels
+/// (`patch_pixels`, u8 in the same layout) and the value the reference's normalisation gives each
+/// of the 256 pixel values (`pixel_values`); the generator checks that this rebuilds its f32
+/// patches bit for bit.
+fn patches(st: &SafeTensors, file: &str) -> Vec<f32> {
+    let values = st_f32(st, "pixel_values");
+    assert_eq!(values.len(), 256, "{file}: pixel_values");
+    let pixels = st.tensor("patch_pixels").unwrap_or_else(|e| panic!("{file}: tensor patch_pixels: {e}"));
+    assert_eq!(pixels.dtype(), Dtype::U8, "{file}: patch_pixels");
+    pixels.data().iter().map(|&p| values[p as usize]).collect()
+}
+
 /// All goldens listed in `fixtures/goldens/vision/index.json`.
 pub fn goldens() -> Vec<Golden> {
     let dir = root().join("fixtures/goldens/vision");
@@ -75,7 +87,7 @@ pub fn goldens() -> Vec<Golden> {
                 dtype: g["dtype"].as_str().unwrap().to_string(),
                 resized_hw: (resized.shape()[0], resized.shape()[1]),
                 resized: resized.data().to_vec(),
-                patches: st_f32(&st, "patches"),
+                patches: patches(&st, &file),
                 vit: st_f32(&st, "vit"),
                 aligner: st_f32(&st, "aligner"),
                 block: st_f32(&st, "block"),
