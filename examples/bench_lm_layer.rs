@@ -17,7 +17,8 @@
 //! Prints the lane, the load time, the prefill time (one chunk of `--tokens`) with its FLOPs,
 //! the median decode step with the weight bytes one token reads (attention, indexer,
 //! compressors, router, shared expert and 6 routed experts; the KV cache is small beside them),
-//! and the device memory: weights (vs their bf16 file bytes; with the matrices themselves) and
+//! the median step of `--batch` sequences decoding together (continuous batching), and the
+//! device memory: weights (vs their bf16 file bytes; with the matrices themselves) and
 //! activations.
 
 use std::borrow::Cow;
@@ -57,6 +58,10 @@ struct Args {
     /// Timed decode steps
     #[arg(long, default_value_t = 16)]
     decode_steps: usize,
+    /// Also time decode steps of this many sequences in one forward (a server's continuous
+    /// batching, `LmModel::decode_batch`), each with its own cache at the same context
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
 }
 
 fn full_size_config(args: &Args) -> fovea::Result<LmConfig> {
@@ -238,6 +243,22 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
     }
     steps.sort_by(f64::total_cmp);
     let step_s = steps[steps.len() / 2];
+    // the same steps for `batch` sequences at once (their caches prefilled alike)
+    let batched_s = if args.batch > 1 {
+        let mut caches = (0..args.batch).map(|_| prefill().map(|(_, c)| c)).collect::<fovea::Result<Vec<_>>>()?;
+        let mut steps = Vec::new();
+        for i in 0..args.decode_steps.max(1) {
+            let ids: Vec<i32> = (0..args.batch).map(|s| ((i * args.batch + s) % cfg.vocab_size) as i32).collect();
+            let mut refs: Vec<_> = caches.iter_mut().collect();
+            let t = Instant::now();
+            b.download(&model.decode_batch(b, &mut refs, &ids)?)?;
+            steps.push(t.elapsed().as_secs_f64());
+        }
+        steps.sort_by(f64::total_cmp);
+        Some(steps[steps.len() / 2])
+    } else {
+        None
+    };
 
     let flops = prefill_flops(&cfg, args.tokens);
     let bytes = decode_weight_bytes(&cfg, &src.shapes);
@@ -270,6 +291,17 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         bytes / 1e9,
         bytes / step_s / 1e9
     );
+    if let Some(s) = batched_s {
+        println!(
+            "decode of {} sequences in one step at context {}: median {:.3} ms -> {:.0} tok/s ({:.2} x one sequence's {:.0})",
+            args.batch,
+            args.tokens,
+            s * 1e3,
+            args.batch as f64 / s,
+            args.batch as f64 * step_s / s,
+            1.0 / step_s
+        );
+    }
     let file = file_bytes(&cfg)?;
     println!(
         "device memory: weights {:.2} GiB ({:.3} x the {:.2} GiB bf16 file; the matrices themselves {:.2} GiB), \

@@ -146,3 +146,12 @@ fn decode_after_a_chunked_prefill_reproduces_the_greedy_golden() {
         assert_eq!(argmax(&l) as i64, want[s], "decode step {s}");
     }
 }
+
+/// Continuous batching's decode step (`decode_batch`) on the CPU lane: sequences at different
+/// positions in one forward match the golden's one-piece prefill. Each row's arithmetic is the
+/// op sequence of a lone decode step (row-wise products), so the tolerance is the prefill's.
+#[test]
+fn batched_decode_steps_match_the_golden() {
+    let fails = common::lm::check_batched_decode(&CpuBackend::new(), REL_L2);
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}

@@ -57,6 +57,16 @@ fn cuda_lm_vision_matches_transformers_with_vision_ext() {
     assert!(fails.is_empty(), "lm-vision on {}:\n{}", b.device_name(), fails.join("\n"));
 }
 
+/// Continuous batching's decode step (`decode_batch`): eight sequences at different positions in
+/// one forward against the golden's one-piece prefill, at the prefill tolerance (a batch of 8
+/// rows may take another GEMM path than a lone row; both are exact-precision f32 products).
+#[test]
+fn cuda_batched_decode_steps_match_transformers() {
+    let Some(b) = lane() else { return };
+    let fails = common::lm::check_batched_decode(b, REL_L2);
+    assert!(fails.is_empty(), "batched decode on {}:\n{}", b.device_name(), fails.join("\n"));
+}
+
 /// The same device in fast precision.
 fn fast_lane() -> Option<&'static CudaBackend> {
     static LANE: OnceLock<Option<CudaBackend>> = OnceLock::new();

@@ -50,3 +50,13 @@ fn wgpu_lm_vision_matches_transformers_with_vision_ext() {
     let fails = common::lm::check_lm_vision(b, REL_L2);
     assert!(fails.is_empty(), "lm-vision on {}:\n{}", b.device_name(), fails.join("\n"));
 }
+
+/// Continuous batching's decode step (`decode_batch`): eight sequences at different positions in
+/// one forward match the golden's one-piece prefill at the prefill tolerance (the products are
+/// f32 with the same reductions per row; only the kernel tiling over rows changes).
+#[test]
+fn wgpu_batched_decode_steps_match_transformers() {
+    let Some(b) = lane() else { return };
+    let fails = common::lm::check_batched_decode(b, REL_L2);
+    assert!(fails.is_empty(), "batched decode on {}:\n{}", b.device_name(), fails.join("\n"));
+}

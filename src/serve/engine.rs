@@ -7,11 +7,12 @@
 //! refused (429). A slot is freed the moment its client leaves, even while its job still waits:
 //! the worker drops such jobs the next time it looks at its waiting list (every step).
 //!
-//! Scheduling: up to `parallel` sequences are active at once, each with its own cache. The
-//! worker runs one step of each active sequence in turn (round robin): the vision tower and the
-//! merge, a prefill chunk, or one decode step. So a long prompt or answer does not hold the
-//! others up, and a new request starts while others decode. This is interleaving, not batching:
-//! every step is its own forward of one sequence, so the total throughput is one sequence's.
+//! Scheduling: up to `parallel` sequences are active at once, each with its own cache. Each
+//! round, every active sequence takes one step: a new one runs the vision tower and the merge,
+//! one in its prompt runs a prefill chunk, and all that are decoding take their decode step
+//! together, as one forward with a row per sequence ([`Generator::step_batch`]: the weights are
+//! read once for all of them). So a long prompt or answer does not hold the others up, a new
+//! request starts while others decode, and decoding sequences share each forward.
 //!
 //! Between two steps of a sequence the worker checks whether its client is still there (the
 //! handler drops its event receiver when the connection closes); a gone client's sequence is
@@ -261,12 +262,33 @@ fn schedule<B: Backend>(
         }
         stats.waiting.store(waiting.len(), Ordering::Relaxed);
         stats.active.store(active.len(), Ordering::Relaxed);
-        let mut i = 0;
-        while i < active.len() {
-            match active[i].step(lm) {
-                Ok(Outcome::Running) => i += 1,
-                // The counters move before the last event goes out: a client that reads
-                // `/health` right after its answer sees its sequence gone.
+        // sequences that are new this round set up their generator (vision, merge); those
+        // that have one take a step together: their decode steps as one batched forward
+        let stepping: Vec<bool> = active.iter().map(|s| s.generator.is_some()).collect();
+        let mut outcomes: Vec<Result<Outcome>> = Vec::with_capacity(active.len());
+        let mut gens = Vec::new();
+        for (seq, &stepping) in active.iter_mut().zip(&stepping) {
+            if seq.job.events.is_closed() {
+                outcomes.push(Ok(Outcome::Gone));
+            } else if stepping {
+                outcomes.push(Ok(Outcome::Running)); // replaced by the step's outcome below
+                gens.push(seq.generator.as_mut().expect("a stepping sequence has a generator"));
+            } else {
+                outcomes.push(seq.start(lm).map(|()| Outcome::Running));
+            }
+        }
+        let mut steps = Generator::step_batch(&mut gens, &lm.model, lm.backend()).into_iter();
+        for (i, seq) in active.iter_mut().enumerate() {
+            if stepping[i] && matches!(outcomes[i], Ok(Outcome::Running)) {
+                let step = steps.next().expect("one step per stepping sequence");
+                outcomes[i] = step.and_then(|step| seq.took(step));
+            }
+        }
+        // the counters move before the last event goes out: a client that reads `/health`
+        // right after its answer sees its sequence gone
+        for (i, outcome) in outcomes.into_iter().enumerate().rev() {
+            match outcome {
+                Ok(Outcome::Running) => {}
                 Ok(Outcome::Gone) => {
                     active.remove(i);
                     stats.active.store(active.len(), Ordering::Relaxed);
@@ -335,35 +357,26 @@ impl<'t, B: Backend> Seq<'t, B> {
         }
     }
 
-    fn step(&mut self, lm: &LoadedLm<'_, B>) -> Result<Outcome> {
-        if self.job.events.is_closed() {
-            return Ok(Outcome::Gone);
-        }
-        let (step, stopped) = match &mut self.generator {
-            Some(g) => (g.step(&lm.model, lm.backend())?, g.stopped()),
-            None => {
-                // first step: the images through the vision tower, merged into the prompt
-                let t = Instant::now();
-                let images = std::mem::take(&mut self.job.images);
-                let has_images = !images.is_empty();
-                let prompt = lm.prompt(&self.job.tokens, images)?;
-                self.prompt_tokens = prompt.input.ids.len();
-                let j = &self.job;
-                let eos: &[i32] = if j.ignore_eos { &[] } else { &lm.eos };
-                let g = Generator::new(
-                    &lm.model,
-                    lm.backend(),
-                    &prompt.input,
-                    prompt.embeds,
-                    j.max_tokens,
-                    eos,
-                    &j.sampling,
-                )?;
-                self.generator = Some(g);
-                self.vision = has_images.then(|| t.elapsed());
-                return Ok(Outcome::Running);
-            }
-        };
+    /// The first step: the images through the vision tower, merged into the prompt, and the
+    /// generator that runs it.
+    fn start(&mut self, lm: &LoadedLm<'_, B>) -> Result<()> {
+        let t = Instant::now();
+        let images = std::mem::take(&mut self.job.images);
+        let has_images = !images.is_empty();
+        let prompt = lm.prompt(&self.job.tokens, images)?;
+        self.prompt_tokens = prompt.input.ids.len();
+        let j = &self.job;
+        let eos: &[i32] = if j.ignore_eos { &[] } else { &lm.eos };
+        let g = Generator::new(&lm.model, lm.backend(), &prompt.input, prompt.embeds, j.max_tokens, eos, &j.sampling)?;
+        self.generator = Some(g);
+        self.vision = has_images.then(|| t.elapsed());
+        Ok(())
+    }
+
+    /// What the generator's step (a prefill chunk or a token) leaves this request in: the token's
+    /// text goes out through the stop filter.
+    fn took(&mut self, step: Option<Step>) -> Result<Outcome> {
+        let stopped = self.generator.as_ref().and_then(Generator::stopped);
         if let Some(Step::Token(id)) = step {
             self.first_token.get_or_insert_with(|| self.job.arrived.elapsed());
             let id = u32::try_from(id).map_err(|_| Error::Invalid(format!("generated a negative token id {id}")))?;

@@ -291,3 +291,51 @@ pub fn check_lm_vision<B: Backend>(b: &B, contract: impl Into<Contract>) -> Vec<
     fails.extend(greedy("lm-vision", b, &model, out, &g, contract));
     fails
 }
+
+/// Decode steps of several sequences in one forward (`decode_batch`, the server's continuous
+/// batching): eight prefixes of `lm-text`, each prefilled on its own, at positions that put them
+/// in different places (before and past the window of 16, on and off the ratio-4 and ratio-16
+/// block boundaries), then four batched steps feeding the golden's next ids. Row i of step s is
+/// position `len_i + s` of the golden's one-piece prefill, which sees the same keys and entries:
+/// it is held to the lane's prefill tolerance and the golden's top-1 (fast precision: the errors
+/// are reported, as for the decode steps of [`greedy`], and top-1 is held but at near-ties).
+pub fn check_batched_decode<B: Backend>(b: &B, contract: impl Into<Contract>) -> Vec<String> {
+    let contract = contract.into();
+    let tol = contract.tol();
+    let (model, cfg) = load_lm_tiny(b);
+    let g = lm_golden("lm-text");
+    let ids = ids_of(&g);
+    let v = cfg.vocab_size;
+    let want = &g.f["logits"].1;
+    let lens = [1usize, 15, 16, 63, 64, 127, 200, 290];
+    let mut caches: Vec<_> = lens
+        .iter()
+        .map(|&n| {
+            let input = LmInput { ids: ids[..n].to_vec(), window: None };
+            model.prefill_cache(b, &input, None, 64, &mut |_| {}).unwrap().1
+        })
+        .collect();
+    let mut fails = Vec::new();
+    let mut worst = 0f64;
+    for s in 0..4 {
+        let step: Vec<i32> = lens.iter().map(|&n| ids[n + s]).collect();
+        let mut refs: Vec<_> = caches.iter_mut().collect();
+        let logits = f32s(b, &model.decode_batch(b, &mut refs, &step).unwrap());
+        assert_eq!(logits.len(), lens.len() * v, "decode_batch: one logits row per sequence");
+        for (i, &n) in lens.iter().enumerate() {
+            let p = n + s;
+            let (got, reference) = (&logits[i * v..(i + 1) * v], &want[p * v..(p + 1) * v]);
+            let e = rel_l2(got, reference);
+            worst = worst.max(e);
+            if !(e <= tol) && contract.selections_exact() {
+                fails.push(format!("batched decode, sequence {i} at position {p}: logits rel L2 {e:.3e}"));
+            }
+            if argmax(got) != argmax(reference) && !(matches!(contract, Contract::Fast(_)) && near_tie(reference, tol))
+            {
+                fails.push(format!("batched decode, sequence {i} at position {p}: top-1 differs"));
+            }
+        }
+    }
+    eprintln!("batched decode: {} sequences × 4 steps, worst logits rel L2 {worst:.2e}", lens.len());
+    fails
+}

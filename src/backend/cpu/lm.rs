@@ -267,7 +267,8 @@ pub(super) fn sink_attention(
     }
     let (qs, ks) = (q.f32(OP)?, kv.f32(OP)?);
     let scale = 1.0 / (hd as f32).sqrt();
-    let out = b.par_rows(n, cols, |rows, out| {
+    // each query scores and sums at most every raw key and its k entries, per head
+    let out = b.par_rows(n, cols, 2 * n * (m + k) * cols, |rows, out| {
         for (r, i) in rows.enumerate() {
             // the keys query i sees: raw window rows, then selected compressed entries
             let (lo, hi) = (win[2 * i], win[2 * i + 1]);
@@ -530,18 +531,34 @@ pub(super) fn moe_experts(
         ));
     }
     let xs = x.f32(OP)?;
+    // each expert once, on all the (token, slot) pairs that picked it, so its weights are decoded
+    // once per call; ys[i·k + s] = expert(id[i, s]) of token i
+    let mut ys = vec![0f32; n * k * d];
+    for (e, ((w1, w3), w2)) in w1.iter().zip(w3).zip(w2).enumerate() {
+        let pairs: Vec<usize> = (0..n * k).filter(|&p| id[p] as usize == e).collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        let rows: Vec<f32> = pairs.iter().flat_map(|&p| xs[(p / k) * d..(p / k + 1) * d].iter().copied()).collect();
+        let xe = CpuTensor::new_f32(vec![pairs.len(), d], rows);
+        let h = swiglu_clamp(&b.linear(&xe, w1, None)?, &b.linear(&xe, w3, None)?, limit)?;
+        let y = b.linear(&h, w2, None)?;
+        let y = y.f32(OP)?;
+        if y.len() != pairs.len() * d {
+            return Err(Error::shape(
+                OP,
+                format!("expert {e} w2 maps to {} columns, x has {d}", y.len() / pairs.len()),
+            ));
+        }
+        for (r, &p) in pairs.iter().enumerate() {
+            ys[p * d..(p + 1) * d].copy_from_slice(&y[r * d..(r + 1) * d]);
+        }
+    }
+    // the weighted sum of each token's k outputs, in slot order
     let mut out = vec![0f32; n * d];
-    // one token at a time through its k experts (clarity over speed)
     for i in 0..n {
-        let xi = CpuTensor::new_f32(vec![1, d], xs[i * d..(i + 1) * d].to_vec());
         for s in 0..k {
-            let e = id[i * k + s] as usize;
-            let h = swiglu_clamp(&b.linear(&xi, &w1[e], None)?, &b.linear(&xi, &w3[e], None)?, limit)?;
-            let y = b.linear(&h, &w2[e], None)?;
-            let y = y.f32(OP)?;
-            if y.len() != d {
-                return Err(Error::shape(OP, format!("expert {e} w2 maps to {} columns, x has {d}", y.len())));
-            }
+            let y = &ys[(i * k + s) * d..(i * k + s + 1) * d];
             for j in 0..d {
                 out[i * d + j] += wt[i * k + s] * y[j];
             }

@@ -72,6 +72,11 @@ impl DeviceWeight for CpuWeight {
     }
 }
 
+/// Ops of fewer multiply-adds than this run on the calling thread: spawning and joining a
+/// thread costs tens of microseconds, as much as ~10⁵ multiply-adds (a decode step of a small
+/// model is hundreds of such ops; spawning for each made thread start-up most of its time).
+const PAR_MIN_WORK: usize = 1 << 17;
+
 /// The CPU lane. `threads` bounds the row-parallel split of the heavy ops.
 pub struct CpuBackend {
     threads: usize,
@@ -91,13 +96,31 @@ impl CpuBackend {
         CpuBackend { threads, weight_bytes: AtomicU64::new(0), matrix_bytes: AtomicU64::new(0) }
     }
 
-    /// Run `f(row_range, out_chunk)` over `rows` output rows of width `width`, split across threads.
-    fn par_rows(&self, rows: usize, width: usize, f: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync) -> Vec<f32> {
+    /// How many threads an op of about `work` multiply-adds is split over: one (the calling
+    /// thread, nothing spawned) below [`PAR_MIN_WORK`].
+    fn workers(&self, work: usize) -> usize {
+        if work < PAR_MIN_WORK { 1 } else { self.threads.max(1) }
+    }
+
+    /// Run `f(row_range, out_chunk)` over `rows` output rows of width `width`, split across threads
+    /// when the op's `work` (multiply-adds) pays for them.
+    fn par_rows(
+        &self,
+        rows: usize,
+        width: usize,
+        work: usize,
+        f: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
+    ) -> Vec<f32> {
         let mut out = vec![0f32; rows * width];
         if rows == 0 || width == 0 {
             return out;
         }
-        let per = rows.div_ceil(self.threads.max(1));
+        let workers = self.workers(work).min(rows);
+        if workers == 1 {
+            f(0..rows, &mut out);
+            return out;
+        }
+        let per = rows.div_ceil(workers);
         std::thread::scope(|s| {
             for (i, chunk) in out.chunks_mut(per * width).enumerate() {
                 let start = i * per;
@@ -212,32 +235,55 @@ impl Backend for CpuBackend {
         let out_cols = w.rows;
         let row_bytes = w.format.row_bytes(k);
         // Parallelise over output columns (weight rows) so each thread decodes its own rows.
-        let per = out_cols.div_ceil(self.threads.max(1)).max(1);
-        let mut cols_out: Vec<Vec<f32>> = Vec::new();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..out_cols)
-                .step_by(per)
-                .map(|o0| {
-                    let o1 = (o0 + per).min(out_cols);
-                    s.spawn(move || {
-                        // out_t[o - o0][i] = dot(x[i], W[o]) + b[o]
-                        let mut wrow = vec![0f32; k];
-                        let mut out_t = vec![0f32; (o1 - o0) * n];
-                        for o in o0..o1 {
-                            decode_row(w.format, &w.bytes[o * row_bytes..(o + 1) * row_bytes], &mut wrow);
-                            let bo = b.map_or(0.0, |b| b[o]);
-                            for i in 0..n {
-                                let xi = &xs[i * k..(i + 1) * k];
-                                let dot: f32 = xi.iter().zip(&wrow).map(|(a, b)| a * b).sum();
-                                out_t[(o - o0) * n + i] = dot + bo;
-                            }
-                        }
-                        out_t
+        let per = out_cols.div_ceil(self.workers(n.max(1) * k * out_cols)).max(1);
+        // out_t[o - o0][i] = dot(x[i], W[o]) + b[o] for weight rows o0..o1
+        let columns = |o0: usize, o1: usize| {
+            let mut wrow = vec![0f32; k];
+            let mut out_t = vec![0f32; (o1 - o0) * n];
+            for o in o0..o1 {
+                decode_row(w.format, &w.bytes[o * row_bytes..(o + 1) * row_bytes], &mut wrow);
+                let bo = b.map_or(0.0, |b| b[o]);
+                let out_o = &mut out_t[(o - o0) * n..(o - o0 + 1) * n];
+                // four rows at a time: four sums that do not wait on each other (each adds its
+                // products in the same order as a lone dot, so the result is the same bits)
+                let mut i = 0;
+                while i + 4 <= n {
+                    let x = |r: usize| &xs[(i + r) * k..(i + r + 1) * k];
+                    let (x0, x1, x2, x3) = (x(0), x(1), x(2), x(3));
+                    let mut acc = [-0.0f32; 4];
+                    for (j, &wj) in wrow.iter().enumerate() {
+                        acc[0] += x0[j] * wj;
+                        acc[1] += x1[j] * wj;
+                        acc[2] += x2[j] * wj;
+                        acc[3] += x3[j] * wj;
+                    }
+                    for (r, a) in acc.into_iter().enumerate() {
+                        out_o[i + r] = a + bo;
+                    }
+                    i += 4;
+                }
+                for i in i..n {
+                    let xi = &xs[i * k..(i + 1) * k];
+                    let dot: f32 = xi.iter().zip(&wrow).map(|(a, b)| a * b).sum();
+                    out_o[i] = dot + bo;
+                }
+            }
+            out_t
+        };
+        let cols_out: Vec<Vec<f32>> = if per >= out_cols {
+            vec![columns(0, out_cols)]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..out_cols)
+                    .step_by(per)
+                    .map(|o0| {
+                        let columns = &columns;
+                        s.spawn(move || columns(o0, (o0 + per).min(out_cols)))
                     })
-                })
-                .collect();
-            cols_out = handles.into_iter().map(|h| h.join().expect("linear worker panicked")).collect();
-        });
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("linear worker panicked")).collect()
+            })
+        };
         let mut out = vec![0f32; n * out_cols];
         for (c, chunk) in cols_out.iter().enumerate() {
             let o0 = c * per;
@@ -387,7 +433,7 @@ impl Backend for CpuBackend {
         let hd = check_heads("attention", cols, n_heads)?;
         let (qs, ks, vs) = (q.f32("attention")?, k.f32("attention")?, v.f32("attention")?);
         let scale = 1.0 / (hd as f32).sqrt();
-        let out = self.par_rows(n, cols, |rows, out| {
+        let out = self.par_rows(n, cols, 2 * n * n * cols, |rows, out| {
             let mut scores = vec![0f32; n];
             for (r, i) in rows.enumerate() {
                 for h in 0..n_heads {

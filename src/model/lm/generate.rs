@@ -269,7 +269,12 @@ impl<B: Backend> Generator<B> {
                 (logits, cache)
             }
         };
-        let tok = pick(&logits, &self.sampling, &mut self.rng) as i32;
+        Ok(Some(self.take_token(&logits, cache)))
+    }
+
+    /// Pick the next token from `logits` `[vocab]` and move to the phase it leads to.
+    fn take_token(&mut self, logits: &[f32], cache: LmCache<B>) -> Step {
+        let tok = pick(logits, &self.sampling, &mut self.rng) as i32;
         self.ids.push(tok);
         self.phase = if self.eos.contains(&tok) {
             Phase::Done(StopReason::Eos)
@@ -278,7 +283,51 @@ impl<B: Backend> Generator<B> {
         } else {
             Phase::Decode { cache, last: tok }
         };
-        Ok(Some(Step::Token(tok)))
+        Step::Token(tok)
+    }
+
+    /// One step of each generator, as [`Generator::step`] takes it, except that the decode steps
+    /// of all generators that are decoding run as one forward ([`LmModel::decode_batch`]); prefill
+    /// chunks run one after another. Result i is generator i's; when the batched forward fails,
+    /// each generator in it gets the error (and stops, as after a failed step).
+    pub fn step_batch(gens: &mut [&mut Generator<B>], model: &LmModel<B>, b: &B) -> Vec<Result<Option<Step>>> {
+        let mut results: Vec<Option<Result<Option<Step>>>> = gens.iter().map(|_| None).collect();
+        let mut decoding = Vec::new();
+        for (i, g) in gens.iter_mut().enumerate() {
+            match std::mem::replace(&mut g.phase, Phase::Done(StopReason::MaxTokens)) {
+                Phase::Decode { cache, last } => decoding.push((i, cache, last)),
+                other => {
+                    g.phase = other;
+                    results[i] = Some(g.step(model, b));
+                }
+            }
+        }
+        if !decoding.is_empty() {
+            let t = Instant::now();
+            let ids: Vec<i32> = decoding.iter().map(|(_, _, last)| *last).collect();
+            let mut caches: Vec<&mut LmCache<B>> = decoding.iter_mut().map(|(_, cache, _)| cache).collect();
+            let logits = model
+                .decode_batch(b, &mut caches, &ids)
+                .and_then(|l| b.download(&l))
+                .and_then(|l| l.into_f32("logits"));
+            let vocab = model.config().vocab_size;
+            match logits {
+                Ok(logits) => {
+                    for (row, (i, cache, _)) in decoding.into_iter().enumerate() {
+                        let g = &mut gens[i];
+                        g.decode += t.elapsed();
+                        results[i] = Some(Ok(Some(g.take_token(&logits[row * vocab..(row + 1) * vocab], cache))));
+                    }
+                }
+                Err(e) => {
+                    let msg = format!("a decode step of {} sequences: {e}", ids.len());
+                    for (i, _, _) in decoding {
+                        results[i] = Some(Err(Error::Invalid(msg.clone())));
+                    }
+                }
+            }
+        }
+        results.into_iter().map(|r| r.expect("every generator took a step")).collect()
     }
 
     /// Why generation stopped, once it has.

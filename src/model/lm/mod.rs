@@ -139,6 +139,15 @@ pub struct LmCache<B: Backend> {
     pub layers: Vec<LayerCache<B>>,
 }
 
+/// One sequence's rows in a forward over several sequences ([`LmModel::decode_batch`]).
+struct SeqChunk<'a, B: Backend> {
+    cache: &'a mut LmCache<B>,
+    /// The rows of the forward's chunk that are this sequence's, at positions `cache.pos..`.
+    rows: std::ops::Range<usize>,
+    /// Each row's inclusive raw-key window, absolute positions.
+    window: &'a [(usize, usize)],
+}
+
 /// A prefill in progress ([`LmModel::start_prefill`]): the prompt, its chunks still to run, and
 /// the cache of those that ran.
 pub struct Prefill<B: Backend> {
@@ -237,6 +246,27 @@ pub fn chunk_plan(ids: &[i32], vocab: usize, max_chunk: usize) -> Vec<std::ops::
 fn rows_of<B: Backend>(b: &B, x: &B::Tensor, range: std::ops::Range<usize>) -> Result<B::Tensor> {
     let idx: Vec<i32> = range.map(|i| i as i32).collect();
     b.gather_rows(x, &b.upload(&HostTensor::i32([idx.len()], idx)?)?)
+}
+
+/// A sequence's rows of a tensor: the tensor itself when they are all of it.
+enum SeqRows<'t, T> {
+    All(&'t T),
+    Copied(T),
+}
+
+impl<T> std::ops::Deref for SeqRows<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        match self {
+            SeqRows::All(t) => t,
+            SeqRows::Copied(t) => t,
+        }
+    }
+}
+
+/// Rows `range` of x, without a copy when they are all of x (a forward of one sequence).
+fn seq_rows<'t, B: Backend>(b: &B, x: &'t B::Tensor, range: std::ops::Range<usize>) -> Result<SeqRows<'t, B::Tensor>> {
+    if range == (0..x.rows()) { Ok(SeqRows::All(x)) } else { Ok(SeqRows::Copied(rows_of(b, x, range)?)) }
 }
 
 /// Concatenate one record's per-chunk tensors.
@@ -569,13 +599,30 @@ impl<B: Backend> LmModel<B> {
     /// One decode step: feed text token `id` at position `cache.pos`, extend the cache, return
     /// the logits `[1, vocab]` (image blocks enter through a prefill, vision.md §5.1).
     pub fn decode(&self, b: &B, cache: &mut LmCache<B>, id: i32) -> Result<B::Tensor> {
+        self.decode_batch(b, &mut [cache], &[id])
+    }
+
+    /// One decode step of several sequences in one forward: `ids[i]` extends `caches[i]` at its
+    /// own position. Returns the logits `[B, vocab]`, row i for sequence i. The per-token work
+    /// (projections, MoE, hyper-connections, head) runs on all B rows at once; RoPE, the caches,
+    /// the compressors and attention run per sequence.
+    pub fn decode_batch(&self, b: &B, caches: &mut [&mut LmCache<B>], ids: &[i32]) -> Result<B::Tensor> {
         let v = self.cfg.vocab_size;
-        if id < 0 || id as usize >= v {
+        if let Some(&id) = ids.iter().find(|&&id| id < 0 || id as usize >= v) {
             return Err(Error::Invalid(format!("decode: token id {id} outside the text vocabulary 0..{v}")));
         }
-        let p = cache.pos;
-        let window = [((p + 1).saturating_sub(self.cfg.sliding_window), p)];
-        let y = self.forward(b, cache, &[id], None, &window, None)?;
+        if caches.len() != ids.len() {
+            return Err(Error::Invalid(format!("decode: {} caches for {} tokens", caches.len(), ids.len())));
+        }
+        let windows: Vec<[(usize, usize); 1]> =
+            caches.iter().map(|c| [((c.pos + 1).saturating_sub(self.cfg.sliding_window), c.pos)]).collect();
+        let mut seqs: Vec<SeqChunk<'_, B>> = caches
+            .iter_mut()
+            .zip(&windows)
+            .enumerate()
+            .map(|(i, (cache, window))| SeqChunk { cache: &mut **cache, rows: i..i + 1, window })
+            .collect();
+        let y = self.forward_seqs(b, &mut seqs, ids, None, None)?;
         self.logits(b, &y)
     }
 
@@ -595,22 +642,54 @@ impl<B: Backend> LmModel<B> {
         ids: &[i32],
         embeds: Option<B::Tensor>,
         window: &[(usize, usize)],
+        trace: Option<&mut LmTrace<B>>,
+    ) -> Result<B::Tensor> {
+        let mut seqs = [SeqChunk { cache, rows: 0..ids.len(), window }];
+        self.forward_seqs(b, &mut seqs, ids, embeds, trace)
+    }
+
+    /// [`LmModel::forward`] over rows that belong to several sequences: `seqs[s]` owns rows
+    /// `seqs[s].rows` of `ids` (consecutive, in order, covering all of them) and extends its own
+    /// cache. A trace needs a single sequence (its indexer picks are per sequence).
+    fn forward_seqs(
+        &self,
+        b: &B,
+        seqs: &mut [SeqChunk<'_, B>],
+        ids: &[i32],
+        embeds: Option<B::Tensor>,
         mut trace: Option<&mut LmTrace<B>>,
     ) -> Result<B::Tensor> {
         let cfg = &self.cfg;
-        let (n, p0) = (ids.len(), cache.pos);
+        let n = ids.len();
         if n == 0 {
             return Err(Error::Invalid("forward: empty chunk".into()));
         }
-        if window.len() != n {
-            return Err(Error::Invalid(format!("forward: {} window bounds for {n} tokens", window.len())));
+        let mut next_row = 0;
+        for s in seqs.iter() {
+            if s.rows.start != next_row || s.rows.is_empty() {
+                return Err(Error::Invalid(format!("forward: sequence rows {:?} after row {next_row}", s.rows)));
+            }
+            next_row = s.rows.end;
+            if s.window.len() != s.rows.len() {
+                return Err(Error::Invalid(format!(
+                    "forward: {} window bounds for {} tokens",
+                    s.window.len(),
+                    s.rows.len()
+                )));
+            }
+            if s.cache.layers.len() != self.layers.len() {
+                return Err(Error::Invalid(format!(
+                    "forward: cache has {} layers, model {}",
+                    s.cache.layers.len(),
+                    self.layers.len()
+                )));
+            }
         }
-        if cache.layers.len() != self.layers.len() {
-            return Err(Error::Invalid(format!(
-                "forward: cache has {} layers, model {}",
-                cache.layers.len(),
-                self.layers.len()
-            )));
+        if next_row != n {
+            return Err(Error::Invalid(format!("forward: the sequences own {next_row} of {n} rows")));
+        }
+        if trace.is_some() && seqs.len() != 1 {
+            return Err(Error::Invalid("forward: a trace records one sequence".into()));
         }
         let eps = cfg.rms_norm_eps as f32;
         let h = match embeds {
@@ -630,7 +709,7 @@ impl<B: Backend> LmModel<B> {
         let kind = b.upload(&HostTensor::i32([n], kind)?)?;
 
         let mut carry = Some(b.hc_expand(&h, cfg.hc_mult)?);
-        for (l, (layer, lc)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+        for (l, layer) in self.layers.iter().enumerate() {
             // the residual entering this layer: carried, or the previous layer's traced output
             let x = match (&carry, &trace) {
                 (Some(c), _) => c,
@@ -640,7 +719,7 @@ impl<B: Backend> LmModel<B> {
             // attention sublayer
             let (pre, post, comb) = self.hc_split(b, x, &layer.hc_attn)?;
             let xa = b.rms_norm(&b.hc_pre(x, &pre)?, &layer.attn_norm, eps)?;
-            let (att, picks) = self.attention(b, layer, lc, &xa, window, p0)?;
+            let (att, picks) = self.attention(b, layer, l, seqs, &xa)?;
             let x = b.hc_post(x, &att, &post, &comb)?;
             // MoE sublayer
             let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_ffn)?;
@@ -660,7 +739,9 @@ impl<B: Backend> LmModel<B> {
                 None => carry = Some(next),
             }
         }
-        cache.pos += n;
+        for s in seqs.iter_mut() {
+            s.cache.pos += s.rows.len();
+        }
         let x = match (&carry, &trace) {
             (Some(c), _) => c,
             (None, Some(t)) => t.hidden.last().and_then(|h| h.last()).expect("traced layer output"),
@@ -679,12 +760,19 @@ impl<B: Backend> LmModel<B> {
         Ok((b.slice_cols(&s, 0, hc)?, b.slice_cols(&s, hc, hc)?, b.slice_cols(&s, 2 * hc, hc * hc)?))
     }
 
-    /// Feed a chunk's rows x `[n, d]` to a compressor: buffer their projections, emit the entry
-    /// of every block they complete (pool, RMSNorm, RoPE at `r·i`), and keep only the rows a
-    /// later block still needs.
-    fn compress(&self, b: &B, c: &Compressor<B>, st: &mut CompState<B>, x: &B::Tensor) -> Result<()> {
-        let rows_kv = b.concat_rows(&st.rows_kv, &b.linear(x, &c.wkv, None)?)?;
-        let rows_gate = b.concat_rows(&st.rows_gate, &b.linear(x, &c.wgate, None)?)?;
+    /// Feed a chunk's projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` to a compressor: buffer
+    /// them, emit the entry of every block they complete (pool, RMSNorm, RoPE at `r·i`), and keep
+    /// only the rows a later block still needs.
+    fn compress(
+        &self,
+        b: &B,
+        c: &Compressor<B>,
+        st: &mut CompState<B>,
+        kv: &B::Tensor,
+        gate: &B::Tensor,
+    ) -> Result<()> {
+        let rows_kv = b.concat_rows(&st.rows_kv, kv)?;
+        let rows_gate = b.concat_rows(&st.rows_gate, gate)?;
         let end = st.buf_start + rows_kv.rows();
         let emitted = st.entries.rows();
         // the buffer starts at a block boundary; with overlap its first block may be the
@@ -705,89 +793,111 @@ impl<B: Backend> LmModel<B> {
         Ok(())
     }
 
-    /// Attention sublayer of a chunk x `[n, d]` at positions `p0..`: output `[n, d]`, and the
-    /// indexer picks on CSA layers. Extends the layer's cache.
+    /// Attention sublayer of layer `l` over rows x `[n, d]` that belong to `seqs` (each at its
+    /// own positions `cache.pos..`): output `[n, d]`, and the indexer picks on CSA layers (a
+    /// single sequence). The projections run on all rows at once; RoPE, the compressors, the
+    /// indexer, attention and the cache run per sequence.
     fn attention(
         &self,
         b: &B,
         layer: &Layer<B>,
-        lc: &mut LayerCache<B>,
+        l: usize,
+        seqs: &mut [SeqChunk<'_, B>],
         x: &B::Tensor,
-        window: &[(usize, usize)],
-        p0: usize,
     ) -> Result<(B::Tensor, Option<B::Tensor>)> {
         let cfg = &self.cfg;
         let a = &layer.attn;
         let eps = cfg.rms_norm_eps as f32;
-        let (n, nh) = (x.rows(), cfg.num_attention_heads);
+        let nh = cfg.num_attention_heads;
         let f = if layer.ratio == 0 { &self.inv_freq_main } else { &self.inv_freq_comp };
+        // projections of every row
         let qr = b.rms_norm(&b.linear(x, &a.wq_a, None)?, &a.q_norm, eps)?;
         let q = b.rms_norm_heads(&b.linear(&qr, &a.wq_b, None)?, nh, eps)?;
-        let q = b.rope_tail(&q, nh, f, p0, 1, false)?;
         let kv = b.rms_norm(&b.linear(x, &a.wkv, None)?, &a.kv_norm, eps)?;
-        let kv = b.rope_tail(&kv, 1, f, p0, 1, false)?;
-        let keys = b.concat_rows(&lc.kv, &kv)?;
-        let end = p0 + n;
-        // window bounds relative to the first kept key
-        let mut rel = Vec::with_capacity(2 * n);
-        for (i, &(lo, hi)) in window.iter().enumerate() {
-            if lo <= hi && (lo < lc.kv_start || hi >= end) {
-                return Err(Error::Invalid(format!(
-                    "attention: token {} sees keys {lo}..={hi}, outside the kept {}..{end} (a chunk split an \
-                     image span?)",
-                    p0 + i,
-                    lc.kv_start
-                )));
-            }
-            let (lo, hi) = if lo <= hi { (lo - lc.kv_start, hi - lc.kv_start) } else { (1, 0) };
-            rel.extend([lo as i32, hi as i32]);
-        }
-        let rel = b.upload(&HostTensor::i32([n, 2], rel)?)?;
+        let project = |c: &Compressor<B>| -> Result<(B::Tensor, B::Tensor)> {
+            Ok((b.linear(x, &c.wkv, None)?, b.linear(x, &c.wgate, None)?))
+        };
+        let comp_rows = a.compressor.as_ref().map(project).transpose()?;
+        let index_rows = a
+            .indexer
+            .as_ref()
+            .map(|ix| -> Result<_> {
+                let (kv, gate) = project(&ix.compressor)?;
+                Ok((kv, gate, b.linear(&qr, &ix.wq_b, None)?, b.linear(x, &ix.weights_proj, None)?))
+            })
+            .transpose()?;
 
-        if let (Some(c), Some(st)) = (&a.compressor, lc.comp.as_mut()) {
-            self.compress(b, c, st, x)?;
-        }
-        let picks = match (&a.indexer, lc.index.as_mut()) {
-            (Some(ix), Some(st)) => {
-                self.compress(b, &ix.compressor, st, x)?;
-                let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
-                let qi = b.rope_tail(&b.linear(&qr, &ix.wq_b, None)?, ih, f, p0, 1, false)?;
-                let w = b.linear(x, &ix.weights_proj, None)?;
-                let scale = 1.0 / ((ih * ihd) as f32).sqrt();
-                let scores = b.indexer_scores(&qi, &st.entries, &w, ih, scale, p0, 4)?;
-                Some(b.topk_rows(&scores, cfg.index_topk)?)
+        let single = seqs.len() == 1;
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut picks = None;
+        for s in seqs.iter_mut() {
+            let (p0, n) = (s.cache.pos, s.rows.len());
+            let lc = &mut s.cache.layers[l];
+            let part = |t| seq_rows(b, t, s.rows.clone());
+            let q = b.rope_tail(&*part(&q)?, nh, f, p0, 1, false)?;
+            let kv = b.rope_tail(&*part(&kv)?, 1, f, p0, 1, false)?;
+            let keys = b.concat_rows(&lc.kv, &kv)?;
+            let end = p0 + n;
+            // window bounds relative to the first kept key
+            let mut rel = Vec::with_capacity(2 * n);
+            for (i, &(lo, hi)) in s.window.iter().enumerate() {
+                if lo <= hi && (lo < lc.kv_start || hi >= end) {
+                    return Err(Error::Invalid(format!(
+                        "attention: token {} sees keys {lo}..={hi}, outside the kept {}..{end} (a chunk split an \
+                         image span?)",
+                        p0 + i,
+                        lc.kv_start
+                    )));
+                }
+                let (lo, hi) = if lo <= hi { (lo - lc.kv_start, hi - lc.kv_start) } else { (1, 0) };
+                rel.extend([lo as i32, hi as i32]);
             }
-            _ => None,
-        };
-        let hca_idx = match (&a.indexer, lc.comp.as_ref()) {
-            (None, Some(st)) => {
-                // HCA: every complete entry is visible: j < (p + 1) / r
-                let (m, r) = (st.entries.rows(), layer.ratio);
-                let idx: Vec<i32> =
-                    (p0..end).flat_map(|p| (0..m).map(move |j| if j < (p + 1) / r { j as i32 } else { -1 })).collect();
-                Some(b.upload(&HostTensor::i32([n, m], idx)?)?)
-            }
-            _ => None,
-        };
-        let entries = lc.comp.as_ref().map(|st| &st.entries).filter(|e| e.rows() > 0);
-        let o = match (entries, picks.as_ref().or(hca_idx.as_ref())) {
-            (Some(c), Some(i)) => b.sink_attention(&q, &keys, &rel, Some((c, i)), &a.sinks, nh)?,
-            _ => b.sink_attention(&q, &keys, &rel, None, &a.sinks, nh)?,
-        };
-        let out = self.attn_output(b, a, &o, p0)?;
-        // later chunks see at most the last W − 1 keys
-        let keep = cfg.sliding_window.saturating_sub(1).min(keys.rows());
-        lc.kv = rows_of(b, &keys, keys.rows() - keep..keys.rows())?;
-        lc.kv_start = end - keep;
-        Ok((out, picks))
-    }
+            let rel = b.upload(&HostTensor::i32([n, 2], rel)?)?;
 
-    /// Inverse RoPE at the query positions, grouped `wo_a`, `wo_b`: o `[n, heads·hd]` → `[n, d]`.
-    fn attn_output(&self, b: &B, a: &Attention<B>, o: &B::Tensor, pos0: usize) -> Result<B::Tensor> {
-        let f = if a.compressor.is_none() { &self.inv_freq_main } else { &self.inv_freq_comp };
-        let o = b.rope_tail(o, self.cfg.num_attention_heads, f, pos0, 1, true)?;
-        let z = b.grouped_linear(&o, &a.wo_a, self.cfg.o_groups)?;
-        b.linear(&z, &a.wo_b, None)
+            if let (Some(c), Some(st), Some((ckv, cgate))) = (&a.compressor, lc.comp.as_mut(), &comp_rows) {
+                self.compress(b, c, st, &*part(ckv)?, &*part(cgate)?)?;
+            }
+            let seq_picks = match (&a.indexer, lc.index.as_mut(), &index_rows) {
+                (Some(ix), Some(st), Some((ikv, igate, qi, w))) => {
+                    self.compress(b, &ix.compressor, st, &*part(ikv)?, &*part(igate)?)?;
+                    let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
+                    let qi = b.rope_tail(&*part(qi)?, ih, f, p0, 1, false)?;
+                    let scale = 1.0 / ((ih * ihd) as f32).sqrt();
+                    let scores = b.indexer_scores(&qi, &st.entries, &*part(w)?, ih, scale, p0, 4)?;
+                    Some(b.topk_rows(&scores, cfg.index_topk)?)
+                }
+                _ => None,
+            };
+            let hca_idx = match (&a.indexer, lc.comp.as_ref()) {
+                (None, Some(st)) => {
+                    // HCA: every complete entry is visible: j < (p + 1) / r
+                    let (m, r) = (st.entries.rows(), layer.ratio);
+                    let idx: Vec<i32> = (p0..end)
+                        .flat_map(|p| (0..m).map(move |j| if j < (p + 1) / r { j as i32 } else { -1 }))
+                        .collect();
+                    Some(b.upload(&HostTensor::i32([n, m], idx)?)?)
+                }
+                _ => None,
+            };
+            let entries = lc.comp.as_ref().map(|st| &st.entries).filter(|e| e.rows() > 0);
+            let o = match (entries, seq_picks.as_ref().or(hca_idx.as_ref())) {
+                (Some(c), Some(i)) => b.sink_attention(&q, &keys, &rel, Some((c, i)), &a.sinks, nh)?,
+                _ => b.sink_attention(&q, &keys, &rel, None, &a.sinks, nh)?,
+            };
+            // inverse RoPE at the query positions
+            outs.push(b.rope_tail(&o, nh, f, p0, 1, true)?);
+            // later chunks see at most the last W − 1 keys
+            let keep = cfg.sliding_window.saturating_sub(1).min(keys.rows());
+            lc.kv = rows_of(b, &keys, keys.rows() - keep..keys.rows())?;
+            lc.kv_start = end - keep;
+            if single {
+                picks = seq_picks;
+            }
+        }
+        // grouped `wo_a`, `wo_b` on every row
+        let o = concat_all(b, outs)?;
+        let z = b.grouped_linear(&o, &a.wo_a, cfg.o_groups)?;
+        Ok((b.linear(&z, &a.wo_b, None)?, picks))
     }
 
     /// MoE sublayer output `[T, d]`, the selected experts and their weights.
