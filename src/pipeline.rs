@@ -14,7 +14,7 @@ use crate::backend::{Backend, HostTensor, HostWeight, Op, Precision, WeightForma
 use crate::config::{LmConfig, VisionConfig};
 use crate::error::{Error, Result};
 use crate::model::lm::generate::{self, Sampling, StopReason};
-use crate::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
+use crate::model::lm::vision::{ImageBlock, MAX_IMAGE_TOKENS, visible_bounds};
 use crate::model::lm::{LmInput, LmModel, PREFILL_CHUNK};
 use crate::model::vision::VisionModel;
 use crate::model::{CountingSource, LoadProgress, ParamSource, PrefillProgress};
@@ -437,16 +437,12 @@ pub struct LmRequest {
     /// The image token budget of an mmproj (which cannot store it; default: llama.cpp's 384).
     pub image_max_tokens: Option<usize>,
     pub tokens: Vec<PromptToken>,
-    /// One image per [`PromptToken::Image`], in order (at most [`MAX_IMAGES_PER_PROMPT`] so far).
+    /// One image per [`PromptToken::Image`], in order.
     pub images: Vec<PathBuf>,
     pub lane: LaneChoice,
     /// `--precision` / `FOVEA_PRECISION`; `None`: the lane's default ([`lane_precision`]).
     pub precision: Option<Precision>,
 }
-
-/// How many images one prompt may carry: the merge and the image-span visibility handle one
-/// block per prompt today.
-pub const MAX_IMAGES_PER_PROMPT: usize = 1;
 
 /// Generation settings.
 #[derive(Clone, Debug)]
@@ -465,8 +461,8 @@ pub struct LmDump {
     /// `[T, vocab]`
     pub logits: Vec<f32>,
     pub vocab_size: usize,
-    /// Start of the image block, if there is one.
-    pub image_start: Option<usize>,
+    /// Where each image's block starts, in prompt order.
+    pub image_starts: Vec<usize>,
 }
 
 /// The result of `fovea generate`.
@@ -484,7 +480,7 @@ pub struct Generated {
 pub struct Timings {
     /// Opening the checkpoint, checking it and uploading the weights.
     pub load: Duration,
-    /// Image decode, preprocessing, ViT + aligner and the merge, when the prompt has an image.
+    /// Image decode, preprocessing, ViT + aligner and the merge, when the prompt has images.
     pub vision: Option<Duration>,
     /// Prefill of the whole prompt, up to the first token's logits.
     pub prefill: Duration,
@@ -791,13 +787,6 @@ fn lm_job<B: Backend>(
     // validate the prompt before loading anything heavy
     let n_img = req.tokens.iter().filter(|t| **t == PromptToken::Image).count();
     let n_files = req.images.len();
-    if n_img.max(n_files) > MAX_IMAGES_PER_PROMPT {
-        return Err(Error::Invalid(format!(
-            "{} images in one prompt ({n_files} --image, {n_img} placeholders); at most {MAX_IMAGES_PER_PROMPT} \
-             image per prompt is supported so far",
-            n_img.max(n_files)
-        )));
-    }
     if n_img != n_files {
         return Err(Error::Invalid(format!(
             "the prompt has {n_img} image placeholder(s) (IMG in --token-ids) but {n_files} --image file(s) were given"
@@ -809,11 +798,11 @@ fn lm_job<B: Backend>(
     let images =
         req.images.iter().map(|path| lm.preprocess(&processor::load_rgb(path)?)).collect::<Result<Vec<_>>>()?;
     let prompt = lm.prompt(&req.tokens, images)?;
-    let vision = prompt.image_start.map(|_| t.elapsed());
+    let vision = (!prompt.image_starts.is_empty()).then(|| t.elapsed());
     if let Some(n) = note {
         eprintln!("fovea: {n}");
     }
-    let PromptInput { input, embeds, image_start } = prompt;
+    let PromptInput { input, embeds, image_starts } = prompt;
     match job {
         LmJob::Dump => {
             let (hidden, _) =
@@ -825,7 +814,7 @@ fn lm_job<B: Backend>(
                 input_ids: input.ids.iter().map(|&i| i as i64).collect(),
                 logits: b.download(&logits)?.into_f32("logits")?,
                 vocab_size: v,
-                image_start,
+                image_starts,
             }))
         }
         LmJob::Generate(opts, on_token) => {
@@ -972,8 +961,8 @@ pub struct PromptInput<B: Backend> {
     pub input: LmInput,
     /// The token embeddings with the image blocks merged in (`None` for a text prompt).
     pub embeds: Option<B::Tensor>,
-    /// Start of the image block, if there is one.
-    pub image_start: Option<usize>,
+    /// Where each image's block starts, in prompt order.
+    pub image_starts: Vec<usize>,
 }
 
 impl<'b, B: Backend> LoadedLm<'b, B> {
@@ -993,39 +982,46 @@ impl<'b, B: Backend> LoadedLm<'b, B> {
     }
 
     /// The model input of a prompt whose [`PromptToken::Image`] entries take `images` in order:
-    /// each image runs through the vision tower and its block is merged at its placeholder
-    /// (one image per prompt so far, [`MAX_IMAGES_PER_PROMPT`]).
+    /// each image runs through the vision tower with its block placed where its placeholder lands
+    /// (after the blocks before it, which sets its own lead pads), and every block is merged in.
     pub fn prompt(&self, tokens: &[PromptToken], images: Vec<processor::PreparedImage>) -> Result<PromptInput<B>> {
         let (b, v) = (self.b, self.cfg.vocab_size);
         let n_img = tokens.iter().filter(|t| **t == PromptToken::Image).count();
-        if n_img != images.len() || n_img > MAX_IMAGES_PER_PROMPT {
-            return Err(Error::Invalid(format!(
-                "{n_img} image placeholders for {} images; at most {MAX_IMAGES_PER_PROMPT} image per prompt is \
-                 supported so far",
-                images.len()
-            )));
+        if n_img != images.len() {
+            return Err(Error::Invalid(format!("{n_img} image placeholders for {} images", images.len())));
         }
-        let Some(prepared) = images.into_iter().next() else {
+        if images.is_empty() {
             let ids =
                 tokens.iter().filter_map(|t| if let PromptToken::Id(i) = t { Some(*i as i32) } else { None }).collect();
-            return Ok(PromptInput { input: LmInput { ids, window: None }, embeds: None, image_start: None });
-        };
+            return Ok(PromptInput { input: LmInput { ids, window: None }, embeds: None, image_starts: Vec::new() });
+        }
         let runner = self.vision.as_ref().ok_or_else(|| Error::Invalid("this model has no vision tower".into()))?;
-        let start = tokens.iter().position(|t| *t == PromptToken::Image).expect("counted one");
-        let vis = runner.run_prepared(prepared, start)?;
-        let mut ids = Vec::with_capacity(tokens.len() + vis.block_types.len());
+        let mut images = images.into_iter();
+        let mut ids = Vec::with_capacity(tokens.len());
+        // per image: where its block starts, its types, perm and aligner rows on the device
+        let mut encoded = Vec::with_capacity(n_img);
         for t in tokens {
             match t {
                 PromptToken::Id(i) => ids.push(*i as i32),
-                PromptToken::Image => ids.extend(vis.block_types.iter().map(|&ty| (v + ty as usize) as i32)),
+                PromptToken::Image => {
+                    let start = ids.len();
+                    let vis = runner.run_prepared(images.next().expect("counted above"), start)?;
+                    ids.extend(vis.block_types.iter().map(|&ty| (v + ty as usize) as i32));
+                    let types: Vec<i32> = vis.block_types.iter().map(|&t| t as i32).collect();
+                    let perm: Vec<usize> = vis.perm.iter().map(|&p| p as usize).collect();
+                    let aligner = b.upload(&HostTensor::f32([vis.n_llm_h * vis.n_llm_w, vis.hidden], vis.aligner)?)?;
+                    encoded.push((start, types, perm, aligner));
+                }
             }
         }
-        let types: Vec<i32> = vis.block_types.iter().map(|&t| t as i32).collect();
-        let perm: Vec<usize> = vis.perm.iter().map(|&p| p as usize).collect();
-        let aligner = b.upload(&HostTensor::f32([vis.n_llm_h * vis.n_llm_w, vis.hidden], vis.aligner)?)?;
-        let embeds = self.model.merge_image(b, &ids, start, &types, &perm, &aligner)?;
+        let blocks: Vec<ImageBlock<'_, B>> = encoded
+            .iter()
+            .map(|(start, types, perm, aligner)| ImageBlock { start: *start, types, perm, aligner })
+            .collect();
+        let embeds = self.model.merge_images(b, &ids, &blocks)?;
         let window = visible_bounds(&ids, v, self.cfg.sliding_window, MAX_IMAGE_TOKENS);
-        Ok(PromptInput { input: LmInput { ids, window: Some(window) }, embeds: Some(embeds), image_start: Some(start) })
+        let image_starts = encoded.iter().map(|e| e.0).collect();
+        Ok(PromptInput { input: LmInput { ids, window: Some(window) }, embeds: Some(embeds), image_starts })
     }
 }
 
@@ -1057,8 +1053,9 @@ impl LmDump {
             [("lane".to_string(), self.lane.to_string()), ("device".to_string(), self.device.clone())]
                 .into_iter()
                 .collect();
-        if let Some(s) = self.image_start {
-            meta.insert("image_start".into(), s.to_string());
+        if !self.image_starts.is_empty() {
+            let starts: Vec<String> = self.image_starts.iter().map(usize::to_string).collect();
+            meta.insert("image_starts".into(), starts.join(","));
         }
         safetensors::serialize_to_file(views, Some(meta), path).map_err(|e| Error::file(path, e.to_string()))
     }

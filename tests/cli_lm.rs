@@ -310,14 +310,14 @@ fn bad_lm_inputs_are_one_line_errors_with_exit_code_2() {
                 "generate".into(),
                 "--model".into(),
                 model.clone(),
-                "--prompt".into(),
-                "compare".into(),
+                "--token-ids".into(),
+                "0,IMG,5".into(),
                 "--image".into(),
                 img.clone(),
                 "--image".into(),
                 img.clone(),
             ],
-            vec!["2 images", "at most 1 image per prompt"],
+            vec!["1 image placeholder", "2 --image"],
         ),
         (
             vec![

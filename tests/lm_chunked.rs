@@ -5,7 +5,9 @@
 //! kept `W − 1` raw keys of earlier chunks, the compressors' buffered rows and all emitted
 //! entries. Only the order of a few reductions changes (none: each token's arithmetic is the
 //! same op sequence), so the tolerance is the whole-prefill one of tests/lm_cpu.rs (rel L2 1e-5,
-//! measured there ≤ 1.3e-6) and selections are exact.
+//! measured there ≤ 1.3e-6) and selections are exact. With several images (vl-two, vl-three of
+//! fixtures/gen/vl, on vl-tiny's LM from the golden's merged rows): no chunk splits any image's
+//! block, two blocks back to back may be cut between, and the result is the one-piece golden's.
 
 mod common;
 
@@ -16,6 +18,7 @@ use fovea::backend::{Backend, DeviceTensor, HostTensor};
 use fovea::config::LmConfig;
 use fovea::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
 use fovea::model::lm::{LmInput, LmModel, chunk_plan};
+use fovea::weights::Checkpoint;
 
 const REL_L2: f64 = 1e-5;
 
@@ -42,23 +45,61 @@ fn sorted_rows(ids: &[i32], k: usize) -> Vec<i64> {
         .collect()
 }
 
+/// vl-tiny's language model on the CPU lane.
+fn load_vl_tiny() -> (CpuBackend, LmModel<CpuBackend>, LmConfig) {
+    let b = CpuBackend::new();
+    let dir = common::model_dir("vl-tiny");
+    let cfg = LmConfig::from_file(&dir.join("config.json")).unwrap();
+    let model = LmModel::load(&b, &Checkpoint::open(&dir).unwrap(), &cfg).unwrap();
+    (b, model, cfg)
+}
+
+/// Each image block of `ids` (its lead PADs through its END), inclusive; blocks back to back are
+/// told apart by the END (`vocab + 4`) that closes each.
+fn blocks(ids: &[i32], vocab: usize) -> Vec<(usize, usize)> {
+    let is_image = |t: usize| ids[t] as usize >= vocab;
+    let end = (vocab + 4) as i32;
+    let mut out = Vec::new();
+    for t in 0..ids.len() {
+        if is_image(t) && (t == 0 || !is_image(t - 1) || ids[t - 1] == end) {
+            out.push((t, (t..ids.len()).find(|&u| ids[u] == end).expect("a block ends with END")));
+        }
+    }
+    out
+}
+
+/// Whether every chunk of `plan` holds each block whole or not at all.
+fn keeps_blocks_whole(plan: &[std::ops::Range<usize>], blocks: &[(usize, usize)]) -> bool {
+    plan.iter().all(|r| {
+        blocks.iter().all(|&(first, last)| r.end <= first || r.start > last || (r.start <= first && r.end > last))
+    })
+}
+
 /// Chunked prefill at several chunk sizes vs the golden: logits, router ids (exact), indexer
 /// picks (exact), and the raw-key cache bounded to W − 1 rows.
-fn check_chunked(name: &str, input: &LmInput, embeds: impl Fn(&CpuBackend) -> Option<<CpuBackend as Backend>::Tensor>) {
-    let (b, model, cfg) = load();
+fn check_chunked(
+    name: &str,
+    (b, model, cfg): &(CpuBackend, LmModel<CpuBackend>, LmConfig),
+    input: &LmInput,
+    embeds: impl Fn(&CpuBackend) -> Option<<CpuBackend as Backend>::Tensor>,
+) {
     let (f, i) = golden(name, &["logits"], &["router_ids", "indexer_topk.1", "indexer_topk.3"]);
     let (k, l) = (cfg.num_experts_per_tok, cfg.num_hidden_layers);
     for max_chunk in [1, 5, 16, 37] {
         let plan = chunk_plan(&input.ids, cfg.vocab_size, max_chunk);
-        let out = model.prefill_chunked(&b, input, embeds(&b), max_chunk).unwrap();
-        let e = rel_l2(&f32s(&b, &out.logits), &f[0]);
+        assert!(
+            keeps_blocks_whole(&plan, &blocks(&input.ids, cfg.vocab_size)),
+            "{name}: max_chunk {max_chunk}: {plan:?} splits an image block"
+        );
+        let out = model.prefill_chunked(b, input, embeds(b), max_chunk).unwrap();
+        let e = rel_l2(&f32s(b, &out.logits), &f[0]);
         eprintln!("{name}: max_chunk {max_chunk} ({} chunks): logits rel L2 {e:.2e}", plan.len());
         assert!(e <= REL_L2, "{name}: max_chunk {max_chunk}: logits rel L2 {e:.3e}");
-        let ours: Vec<i64> = (0..l).flat_map(|layer| sorted_rows(&i32s(&b, &out.router_ids[layer]), k)).collect();
+        let ours: Vec<i64> = (0..l).flat_map(|layer| sorted_rows(&i32s(b, &out.router_ids[layer]), k)).collect();
         assert!(ours == i[0], "{name}: max_chunk {max_chunk}: router ids differ from the golden");
         // indexer picks as sets per token (the golden sorts ids, ours come by score)
         for (n, layer) in [(1, 1), (2, 3)] {
-            let picks = i32s(&b, &out.indexer[&layer]);
+            let picks = i32s(b, &out.indexer[&layer]);
             let kk = cfg.index_topk;
             assert!(
                 sorted_rows(&picks, kk) == sorted_rows(&i[n].iter().map(|&x| x as i32).collect::<Vec<_>>(), kk),
@@ -82,31 +123,42 @@ fn check_chunked(name: &str, input: &LmInput, embeds: impl Fn(&CpuBackend) -> Op
 fn chunked_text_prefill_matches_the_one_piece_golden() {
     let (_, i) = golden("lm-text", &[], &["input_ids"]);
     let ids = i[0].iter().map(|&x| x as i32).collect();
-    check_chunked("lm-text", &LmInput { ids, window: None }, |_| None);
+    check_chunked("lm-text", &load(), &LmInput { ids, window: None }, |_| None);
 }
 
 #[test]
 fn chunked_vision_prefill_never_splits_the_image_block_and_matches() {
-    let (_, _, cfg) = load();
-    let (f, i) = golden("lm-vision", &["inputs_embeds"], &["input_ids"]);
+    check_chunked_images("lm-vision", &load(), 1);
+}
+
+/// A golden with `n_images` blocks, chunked: its merged rows as the input, the image-span windows.
+fn check_chunked_images(name: &str, lane: &(CpuBackend, LmModel<CpuBackend>, LmConfig), n_images: usize) {
+    let cfg = &lane.2;
+    let (f, i) = golden(name, &["inputs_embeds"], &["input_ids"]);
     let ids: Vec<i32> = i[0].iter().map(|&x| x as i32).collect();
     let v = cfg.vocab_size;
-    let block: Vec<usize> = (0..ids.len()).filter(|&t| ids[t] as usize >= v).collect();
-    let (first, last) = (block[0], *block.last().unwrap());
-    for max_chunk in [1, 5, 16, 37] {
-        let plan = chunk_plan(&ids, v, max_chunk);
-        assert!(
-            plan.iter().all(|r| r.end <= first || r.start > last || (r.start <= first && r.end > last)),
-            "max_chunk {max_chunk}: {plan:?} splits the image block {first}..={last}"
-        );
-    }
+    assert_eq!(blocks(&ids, v).len(), n_images, "{name}: image blocks");
     let window = visible_bounds(&ids, v, cfg.sliding_window, MAX_IMAGE_TOKENS);
-    let input = LmInput { ids: ids.clone(), window: Some(window) };
+    let input = LmInput { ids, window: Some(window) };
     let embeds = f[0].clone();
     let d = cfg.hidden_size;
-    check_chunked("lm-vision", &input, move |b: &CpuBackend| {
+    check_chunked(name, lane, &input, move |b: &CpuBackend| {
         Some(b.upload(&HostTensor::f32([embeds.len() / d, d], embeds.clone()).unwrap()).unwrap())
     });
+}
+
+/// Several images in one prompt (vl-two: 2 blocks with text between; vl-three: 3 blocks, the last
+/// two back to back, which chunk size 37 cuts between), chunked as above.
+#[test]
+fn chunked_prefill_with_several_images_keeps_each_block_whole_and_matches() {
+    let lane = load_vl_tiny();
+    check_chunked_images("vl-two", &lane, 2);
+    check_chunked_images("vl-three", &lane, 3);
+    // the cut between vl-three's back-to-back blocks (odd.png's END at 84, wide.png's lead PAD at 85)
+    let (_, i) = golden("vl-three", &[], &["input_ids"]);
+    let ids: Vec<i32> = i[0].iter().map(|&x| x as i32).collect();
+    let plan = chunk_plan(&ids, lane.2.vocab_size, 37);
+    assert!(plan.iter().any(|r| r.end == 85), "{plan:?}: no cut between the adjacent blocks");
 }
 
 /// The guard behind "a chunk never splits an image span": a forward whose window reaches keys

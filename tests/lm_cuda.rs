@@ -1,7 +1,9 @@
 //! CUDA lane conformance of the language model against the transformers 5.24.0 goldens, the same
 //! comparison as the CPU and wgpu lanes (`common::lm`): per-layer hidden states, final hidden,
 //! logits, router ids and weights, indexer picks, and 32 greedy decode steps, for `lm-text` and
-//! `lm-vision`. Skips visibly without a CUDA driver (fails under `FOVEA_REQUIRE_CUDA=1`).
+//! `lm-vision`; and several images per prompt through the pipeline (`vl-two`, `vl-three`,
+//! `common::lm::check_vl_images`, exact precision). Skips visibly without a CUDA driver (fails
+//! under `FOVEA_REQUIRE_CUDA=1`).
 //!
 //! Tolerance: the CPU lane's `REL_L2` = 1e-5 (tests/lm_cpu.rs), by the wgpu lane's derivation
 //! (tests/lm_wgpu.rs): f32 weights and f32 accumulation, reductions in another order (block trees,
@@ -65,6 +67,22 @@ fn cuda_batched_decode_steps_match_transformers() {
     let Some(b) = lane() else { return };
     let fails = common::lm::check_batched_decode(b, REL_L2);
     assert!(fails.is_empty(), "batched decode on {}:\n{}", b.device_name(), fails.join("\n"));
+}
+
+/// Several images per prompt (vl-two, vl-three) through the pipeline on this lane: its own vision
+/// tower, each block at its own place, per-span visibility and `bias_vl`; tolerance
+/// `common::lm::VL_REL_L2` (derived there: the LM's f32 budget above plus the vision rows' gate
+/// times the golden's measured gain), selections and greedy tokens exact.
+#[test]
+fn cuda_several_images_match_the_reference() {
+    let Some(b) = lane() else { return };
+    let fails: Vec<String> = common::lm::VL_MULTI
+        .iter()
+        .flat_map(|name| {
+            common::lm::check_vl_images(b, name, common::lm::VL_REL_L2).into_iter().map(move |f| format!("{name}: {f}"))
+        })
+        .collect();
+    assert!(fails.is_empty(), "several images on {}:\n{}", b.device_name(), fails.join("\n"));
 }
 
 /// The same device in fast precision.

@@ -18,7 +18,7 @@ use base64::Engine;
 use fovea::model::lm::generate::Sampling;
 use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest};
 use fovea::serve::{App, ServeOptions};
-use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
+use fovea::tokenizer::{ChatPrompt, ChatTokenizer, Conversation, Part, Turn};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -33,15 +33,27 @@ fn model() -> std::path::PathBuf {
 /// `pipeline::generate_text` on the CPU lane: the answer (and the prompt length) describe_image
 /// or `fovea generate` give for this question, image and sampling.
 fn reference(question: &str, image: Option<&Path>, max_tokens: usize, sampling: Sampling) -> (String, usize) {
-    let tokenizer = ChatTokenizer::for_model(&model()).unwrap();
     let n_images = usize::from(image.is_some());
-    let tokens = tokenizer.encode_chat(&ChatPrompt { system: "", question, n_images }).unwrap();
+    let prompt = ChatPrompt { system: "", question, n_images };
+    let images = image.into_iter().map(Path::to_path_buf).collect();
+    conversation_reference(&(&prompt).into(), images, max_tokens, sampling)
+}
+
+/// The same for a conversation, with one image file per image part, in order.
+fn conversation_reference(
+    conversation: &Conversation,
+    images: Vec<std::path::PathBuf>,
+    max_tokens: usize,
+    sampling: Sampling,
+) -> (String, usize) {
+    let tokenizer = ChatTokenizer::for_model(&model()).unwrap();
+    let tokens = tokenizer.encode_conversation(conversation).unwrap();
     let req = LmRequest {
         model_dir: model(),
         mmproj: None,
         image_max_tokens: None,
         tokens,
-        images: image.into_iter().map(Path::to_path_buf).collect(),
+        images,
         lane: LaneChoice::Cpu,
         precision: None,
     };
@@ -228,6 +240,49 @@ async fn a_completion_with_an_image_equals_describe_image() {
     assert_eq!(usage.unwrap()["prompt_tokens"], prompt_len);
 }
 
+/// Several images in one request, two in one message and one in an earlier message: the answer
+/// is the pipeline's for the same conversation, each image's block at its own place (what
+/// `fovea generate` does with one --image per placeholder), streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_images_across_messages_answer_as_the_pipeline() {
+    let files = ["scene.png", "scenes/0003.png", "scenes/0007.png"];
+    let paths: Vec<_> = files.iter().map(|f| common::image_path(f)).collect();
+    let (want, prompt_len) = tokio::task::spawn_blocking(move || {
+        let turns = vec![
+            Turn::User(vec![Part::Image, Part::Text(QUESTION)]),
+            Turn::Assistant(SAMPLE_CAPTION),
+            Turn::User(vec![Part::Image, Part::Image, Part::Text(QUESTION)]),
+        ];
+        conversation_reference(&Conversation { system: "", turns }, paths, 64, Sampling::default())
+    })
+    .await
+    .unwrap();
+    let (one, one_len) = tokio::task::spawn_blocking(sample_reference).await.unwrap().clone();
+    assert!(prompt_len > 2 * one_len, "three image blocks: {prompt_len} prompt tokens, one image {one_len}");
+    let url = |f: &str| data_url(&std::fs::read(common::image_path(f)).unwrap());
+    let messages = json!([
+        image_message(&url(files[0])),
+        {"role": "assistant", "content": SAMPLE_CAPTION},
+        {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url(files[1])}},
+            {"type": "image_url", "image_url": {"url": url(files[2])}},
+            {"type": "text", "text": QUESTION},
+        ]},
+    ]);
+    let s = start(|_| {}).await;
+    let (status, v) = s.post(&json!({"messages": messages})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], prompt_len);
+    assert_ne!(want, one, "the answer is not the one-image answer");
+    let (text, _, usage) = stream_text(
+        &s.post_stream(&json!({"messages": messages, "stream": true, "stream_options": {"include_usage": true}})).await,
+        true,
+    );
+    assert_eq!(text, want);
+    assert_eq!(usage.unwrap()["prompt_tokens"], prompt_len);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_stop_and_max_tokens() {
     let s = start(|_| {}).await;
@@ -297,6 +352,7 @@ async fn bad_requests_get_4xx_naming_the_problem_and_the_server_keeps_serving() 
         o.limits.max_prompt_tokens = 64; // the sample's prompt is 49 tokens
         o.limits.max_tokens = 100;
         o.limits.max_image_bytes = 64 << 10;
+        o.limits.max_images = 2;
     })
     .await;
     let png = sample_png();
@@ -305,10 +361,14 @@ async fn bad_requests_get_4xx_naming_the_problem_and_the_server_keeps_serving() 
     let truncated = data_url(&png[..png.len() / 2]);
     let huge = data_url(&png_header(100_000, 100_000));
     let big = data_url(&vec![0u8; 100 << 10]);
-    let two = json!({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(&png)}},
-        {"type": "image_url", "image_url": {"url": data_url(&png)}},
-        {"type": "text", "text": QUESTION}]}]});
+    // three images over two user messages, with --max-images 2: the third is named
+    let three = json!({"messages": [
+        {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(&png)}},
+            {"type": "image_url", "image_url": {"url": data_url(&png)}},
+            {"type": "text", "text": QUESTION}]},
+        {"role": "assistant", "content": "x"},
+        image_message(&data_url(&png))]});
     let long = user(json!("describe ".repeat(80)));
     let b = |v: Value| v.to_string().into_bytes();
     #[rustfmt::skip]
@@ -330,12 +390,12 @@ async fn bad_requests_get_4xx_naming_the_problem_and_the_server_keeps_serving() 
         ("a declared type that is no image", b(image("data:text/plain;base64,aGk=")), 400, Some("messages[0].content[0].image_url.url"), "unsupported image type `text/plain`"),
         ("a remote URL", b(image("https://example.com/cat.png")), 400, Some("messages[0].content[0].image_url.url"), "not fetched"),
         ("a local path without --allow-local-files", b(image(common::image_path("scene.png").to_str().unwrap())), 403, Some("messages[0].content[0].image_url.url"), "--allow-local-files"),
-        ("two images", b(two), 400, Some("messages[0].content[1].image_url.url"), "at most 1 image(s) per prompt"),
+        ("more images than --max-images", b(three), 400, Some("messages[2].content[0].image_url.url"), "at most 2 per request, over all its messages (--max-images)"),
         ("too many prompt tokens", b(long), 400, Some("messages"), "--max-prompt-tokens"),
         ("max_tokens over the limit", b(json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 101})), 400, Some("max_tokens"), "at most 100 (--max-tokens)"),
         ("no user turn at the end", b(json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})), 400, Some("messages"), "must end with a user turn"),
         ("a typed image placeholder", b(user(json!("see <｜deepseek_image｜>"))), 400, Some("messages"), "image placeholder"),
-        ("a body over the limit", vec![b' '; (64 << 10) / 3 * 4 + (9 << 20)], 413, None, "larger than"),
+        ("a body over the limit", vec![b' '; 2 * (64 << 10) / 3 * 4 + (9 << 20)], 413, None, "larger than"),
     ];
     for (what, body, status, param, message) in cases {
         let (got, v) = s.post_bytes(body).await;

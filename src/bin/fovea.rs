@@ -169,6 +169,9 @@ struct ServeArgs {
     /// Most pixels (width × height) of one image, checked from its header before decoding.
     #[arg(long, default_value_t = Limits::default().max_image_pixels)]
     max_image_pixels: u64,
+    /// Most images in one request, over all its messages.
+    #[arg(long, default_value_t = Limits::default().max_images)]
+    max_images: usize,
 }
 
 impl ServeArgs {
@@ -187,6 +190,7 @@ impl ServeArgs {
             max_tokens: self.max_tokens,
             max_image_bytes: self.max_image_bytes,
             max_image_pixels: self.max_image_pixels,
+            max_images: self.max_images,
         };
         Ok((opts, self.host, self.port))
     }

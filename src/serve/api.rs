@@ -382,7 +382,7 @@ mod tests {
     use super::*;
 
     fn limits() -> Limits {
-        Limits { max_prompt_tokens: 100, max_tokens: 50, max_image_bytes: 1000, max_image_pixels: 1000 }
+        Limits { max_prompt_tokens: 100, max_tokens: 50, max_image_bytes: 1000, max_image_pixels: 1000, max_images: 2 }
     }
 
     fn err(body: &str) -> ApiError {

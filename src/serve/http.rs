@@ -23,7 +23,7 @@ use super::api::{self, ApiError, ChatRequest, Part, Role};
 use super::engine::{Engine, Event, Finish, Job, Slot};
 use super::images;
 use crate::model::lm::generate::Sampling;
-use crate::pipeline::{MAX_IMAGES_PER_PROMPT, check_token_ids, prompt_len};
+use crate::pipeline::{check_token_ids, prompt_len};
 use crate::tokenizer::{self, ChatTokenizer, Conversation, Turn};
 
 /// What every handler shares.
@@ -42,10 +42,11 @@ type AppState = Arc<Shared>;
 /// Text besides the images a request body may carry (messages, options).
 const TEXT_BODY_BYTES: usize = 8 << 20;
 
-/// The largest request body: every image a prompt may hold at the byte limit, base64-encoded
-/// (4 characters per 3 bytes), plus the text.
+/// The largest request body: every image a request may hold (`--max-images`) at the byte limit,
+/// base64-encoded (4 characters per 3 bytes), plus the text.
 pub fn body_limit(opts: &ServeOptions) -> usize {
-    opts.limits.max_image_bytes.div_ceil(3).saturating_mul(4).saturating_mul(MAX_IMAGES_PER_PROMPT) + TEXT_BODY_BYTES
+    let l = &opts.limits;
+    l.max_image_bytes.div_ceil(3).saturating_mul(4).saturating_mul(l.max_images).saturating_add(TEXT_BODY_BYTES)
 }
 
 pub fn router(state: AppState) -> Router {
@@ -123,9 +124,10 @@ async fn submit(
 ) -> Result<(ChatRequest, mpsc::UnboundedReceiver<Event>, Slot), ApiError> {
     let body = body.map_err(|r| match r.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::bad_request(format!(
-            "the request body is larger than {} bytes (at most {MAX_IMAGES_PER_PROMPT} image(s) of --max-image-bytes \
-             {} bytes, base64-encoded, plus {TEXT_BODY_BYTES} bytes of text)",
+            "the request body is larger than {} bytes (at most --max-images {} image(s) of --max-image-bytes {} \
+             bytes, base64-encoded, plus {TEXT_BODY_BYTES} bytes of text)",
             body_limit(&st.opts),
+            st.opts.limits.max_images,
             st.opts.limits.max_image_bytes
         ))
         .with_status(StatusCode::PAYLOAD_TOO_LARGE)
@@ -142,11 +144,13 @@ async fn submit(
             Part::Text(_) => None,
         })
         .collect();
-    if let Some((_, param)) = images.get(MAX_IMAGES_PER_PROMPT) {
+    let max_images = st.opts.limits.max_images;
+    if let Some((_, param)) = images.get(max_images) {
         return Err(ApiError::invalid(
             param.clone(),
             format!(
-                "at most {MAX_IMAGES_PER_PROMPT} image(s) per prompt are supported so far (this request has {})",
+                "this request has {} images; this server takes at most {max_images} per request, over all its \
+                 messages (--max-images)",
                 images.len()
             ),
         ));

@@ -45,6 +45,8 @@ pub struct Limits {
     pub max_image_bytes: usize,
     /// Width × height of one image, read from its header before decoding (`--max-image-pixels`).
     pub max_image_pixels: u64,
+    /// Images in one request, over all its messages (`--max-images`).
+    pub max_images: usize,
 }
 
 impl Default for Limits {
@@ -57,6 +59,9 @@ impl Default for Limits {
             // 32 Mpx: 96 MiB decoded (RGB8), more than any camera; the tower resizes to its token
             // budget anyway
             max_image_pixels: 32 << 20,
+            // each block is at most 384 positions, so 4 fit the default prompt limit many times over;
+            // the body limit grows with it (4 images at --max-image-bytes, base64-encoded)
+            max_images: 4,
         }
     }
 }
@@ -101,11 +106,16 @@ impl App {
     /// Load the tokenizer and the model (on the worker thread, waiting until it is resident).
     pub fn load(opts: ServeOptions) -> Result<App> {
         let l = &opts.limits;
-        if l.max_prompt_tokens == 0 || l.max_tokens == 0 || l.max_image_bytes == 0 || l.max_image_pixels == 0 {
+        if l.max_prompt_tokens == 0
+            || l.max_tokens == 0
+            || l.max_image_bytes == 0
+            || l.max_image_pixels == 0
+            || l.max_images == 0
+        {
             return Err(Error::Invalid(format!(
                 "every limit must be at least 1: --max-prompt-tokens {}, --max-tokens {}, --max-image-bytes {}, \
-                 --max-image-pixels {}",
-                l.max_prompt_tokens, l.max_tokens, l.max_image_bytes, l.max_image_pixels
+                 --max-image-pixels {}, --max-images {}",
+                l.max_prompt_tokens, l.max_tokens, l.max_image_bytes, l.max_image_pixels, l.max_images
             )));
         }
         let tokenizer = Arc::new(ChatTokenizer::for_model(&opts.engine.model)?);

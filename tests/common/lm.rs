@@ -1,29 +1,34 @@
 //! Language-model conformance against the transformers 5.24.0 goldens (fixtures/gen/lm), generic
 //! over the lane: lm-tiny, `lm-text` (304 tokens) and `lm-vision` (96 tokens, one image block
-//! merged per vision.md §5.1, `bias_vl` routing, image-span visibility). Each lane's test file
-//! states its tolerance and the derivation; router ids, indexer picks and greedy tokens are exact
-//! on every lane in exact precision (the generator guaranteed margins > 1e-4 at every selection
-//! boundary); fast precision has its own [`Contract`].
+//! merged per vision.md §5.1, `bias_vl` routing, image-span visibility); vl-tiny with several
+//! images per prompt (`vl-two`, `vl-three` of fixtures/gen/vl), through the pipeline. Each lane's
+//! test file states its tolerance and the derivation; router ids, indexer picks and greedy tokens
+//! are exact on every lane in exact precision (the generator guaranteed margins > 1e-4 at every
+//! selection boundary); fast precision has its own [`Contract`].
 
 use std::collections::BTreeMap;
 
 use fovea::backend::{Backend, HostData, HostTensor};
 use fovea::config::LmConfig;
-use fovea::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
+use fovea::model::lm::vision::{ImageBlock, MAX_IMAGE_TOKENS, visible_bounds};
 use fovea::model::lm::{LmInput, LmModel, LmOutput};
+use fovea::pipeline::{LmSource, LoadedLm, PromptToken};
 use fovea::weights::Checkpoint;
 use safetensors::{Dtype, SafeTensors};
 
 use super::{near_tie, rel_l2, root};
 
-/// A golden file's tensors as f32 or i64 vectors.
+/// A golden file's tensors as f32 or i64 vectors, and its metadata.
 pub struct LmGolden {
     pub f: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
     pub i: BTreeMap<String, (Vec<usize>, Vec<i64>)>,
+    pub meta: BTreeMap<String, String>,
 }
 
 pub fn lm_golden(name: &str) -> LmGolden {
     let bytes = std::fs::read(root().join(format!("fixtures/goldens/lm/{name}.safetensors"))).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = header.metadata().clone().unwrap_or_default().into_iter().collect();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (mut f, mut i) = (BTreeMap::new(), BTreeMap::new());
     for (k, v) in st.tensors() {
@@ -44,7 +49,7 @@ pub fn lm_golden(name: &str) -> LmGolden {
             d => panic!("{k}: unexpected dtype {d}"),
         }
     }
-    LmGolden { f, i }
+    LmGolden { f, i, meta }
 }
 
 pub fn f32s<B: Backend>(b: &B, t: &B::Tensor) -> Vec<f32> {
@@ -118,14 +123,18 @@ pub fn compare<B: Backend>(
     let mut fails = Vec::new();
     let t = g.i["input_ids"].1.len();
     let (hc, d) = (cfg.hc_mult, cfg.hidden_size);
-    // per-layer 4-stream residual
-    let gh = &g.f["hidden_states"].1;
-    for (l, h) in out.hidden.iter().enumerate() {
-        let e = rel_l2(&f32s(b, h), &gh[l * t * hc * d..(l + 1) * t * hc * d]);
-        eprintln!("{name}: hidden_states[{l}] rel L2 {e:.2e}");
-        if !(e <= tol) {
-            fails.push(format!("hidden_states[{l}] rel L2 {e:.3e} > {tol:.0e}"));
+    // per-layer 4-stream residual (the several-image goldens leave it out: fixture size)
+    match g.f.get("hidden_states") {
+        Some((_, gh)) => {
+            for (l, h) in out.hidden.iter().enumerate() {
+                let e = rel_l2(&f32s(b, h), &gh[l * t * hc * d..(l + 1) * t * hc * d]);
+                eprintln!("{name}: hidden_states[{l}] rel L2 {e:.2e}");
+                if !(e <= tol) {
+                    fails.push(format!("hidden_states[{l}] rel L2 {e:.3e} > {tol:.0e}"));
+                }
+            }
         }
+        None => eprintln!("{name}: no per-layer hidden states in this golden"),
     }
     let e = rel_l2(&f32s(b, &out.final_hidden), &g.f["final_hidden"].1);
     eprintln!("{name}: final_hidden rel L2 {e:.2e}");
@@ -281,7 +290,8 @@ pub fn check_lm_vision<B: Backend>(b: &B, contract: impl Into<Contract>) -> Vec<
     let perm: Vec<usize> = g.i["image_perm"].1.iter().map(|&x| x as usize).collect();
     let (ashape, arows) = g.f["aligner_rows"].clone();
     let aligner = b.upload(&HostTensor::f32(ashape, arows).unwrap()).unwrap();
-    let embeds = model.merge_image(b, &ids, start, &types, &perm, &aligner).unwrap();
+    let block = ImageBlock { start, types: &types, perm: &perm, aligner: &aligner };
+    let embeds = model.merge_images(b, &ids, &[block]).unwrap();
     let e = rel_l2(&f32s(b, &embeds), &g.f["inputs_embeds"].1);
     eprintln!("lm-vision: inputs_embeds rel L2 {e:.2e}");
     assert!(e == 0.0, "the merge is a copy; inputs_embeds must be bit-exact (rel L2 {e:.3e})");
@@ -337,5 +347,108 @@ pub fn check_batched_decode<B: Backend>(b: &B, contract: impl Into<Contract>) ->
         }
     }
     eprintln!("batched decode: {} sequences × 4 steps, worst logits rel L2 {worst:.2e}", lens.len());
+    fails
+}
+
+/// The several-image goldens of fixtures/gen/vl/make_vl.py (vl-tiny; issue 15 item 1).
+pub const VL_MULTI: [&str; 2] = ["vl-two", "vl-three"];
+
+/// Logits etc. of a prompt whose image rows come from the lane's own vision tower, relative L2.
+/// Two f32 error sources add up (the derivation of tests/lm_vl.rs): the LM's, ≤ 1e-5 as for
+/// lm-text, and the vision rows' (gated at 2e-5 against timm by the vision tests, measured ~1e-6)
+/// times the LM's gain from aligner rows to logits, which the generator measures on each golden
+/// (`aligner_sensitivity`, every image's rows moved at once) and [`check_vl_images`] holds to
+/// ≤ [`VL_MAX_ALIGNER_GAIN`] (measured 1.24 to 2.21; vl-three, three images moved at once, is the
+/// largest): 1e-5 + 2.5 × 2e-5 = 6e-5. A real bug (a block merged at another image's place, two
+/// spans seeing each other, a lead PAD count off by one) moves the logits by 1e-2 or more.
+pub const VL_REL_L2: f64 = 6e-5;
+/// The gain [`VL_REL_L2`] assumes.
+pub const VL_MAX_ALIGNER_GAIN: f64 = 2.5;
+/// The vision rows merged into the prompt, against the golden's (timm's) rows: the vision tests'
+/// f32 gate (tests/common `tolerance`).
+const VL_EMBEDS_REL_L2: f64 = 2e-5;
+
+/// vl-tiny loaded as the pipeline loads it: the LM and the vision tower on lane `b`.
+pub fn load_vl_tiny<B: Backend>(b: &B) -> LoadedLm<'_, B> {
+    let dir = root().join("fixtures/models/vl-tiny");
+    LmSource::open(&dir, None, None).unwrap().load(b, true, &mut |_| {}).unwrap()
+}
+
+/// The i-th image's metadata key of a several-image golden (`image.0`, `image_block_start.1`).
+fn image_key(g: &LmGolden, key: &str, k: usize) -> String {
+    g.meta.get(&format!("{key}.{k}")).unwrap_or_else(|| panic!("golden metadata `{key}.{k}`")).clone()
+}
+
+/// A several-image golden on lane `b`, the whole path of an image prompt:
+/// 1. the §5.1 merge alone, from the golden's own aligner rows: every block at its own place, a
+///    copy, so `inputs_embeds` is bit-exact;
+/// 2. the prompt as given (`IMG` at each placeholder) with the image files, through
+///    [`LoadedLm::prompt`]: the lane's vision tower, each block's lead PADs from where it lands,
+///    the merge and the image-span windows; the expanded ids and block starts exact, the merged
+///    rows within the vision gate;
+/// 3. the prefill (per layer: logits, final hidden, router and indexer selections) and 32 greedy
+///    decode steps, under `contract`.
+pub fn check_vl_images<B: Backend>(b: &B, name: &str, contract: impl Into<Contract>) -> Vec<String> {
+    let contract = contract.into();
+    let g = lm_golden(name);
+    let n: usize = g.meta["images"].parse().unwrap();
+    let gain: f64 = g.meta["aligner_sensitivity"].parse().unwrap();
+    assert!(gain <= VL_MAX_ALIGNER_GAIN, "{name}: aligner sensitivity {gain} > {VL_MAX_ALIGNER_GAIN}: re-derive");
+    let lm = load_vl_tiny(b);
+    let ids = ids_of(&g);
+    let starts: Vec<usize> = (0..n).map(|k| image_key(&g, "image_block_start", k).parse().unwrap()).collect();
+    let mut fails = Vec::new();
+
+    // 1. the merge of the golden's rows
+    let rows: Vec<(Vec<i32>, Vec<usize>, B::Tensor)> = (0..n)
+        .map(|k| {
+            let types = g.i[&format!("image_types.{k}")].1.iter().map(|&x| x as i32).collect();
+            let perm = g.i[&format!("image_perm.{k}")].1.iter().map(|&x| x as usize).collect();
+            let (shape, al) = g.f[&format!("aligner_rows.{k}")].clone();
+            (types, perm, b.upload(&HostTensor::f32(shape, al).unwrap()).unwrap())
+        })
+        .collect();
+    let blocks: Vec<ImageBlock<'_, B>> = rows
+        .iter()
+        .zip(&starts)
+        .map(|((types, perm, aligner), &start)| ImageBlock { start, types, perm, aligner })
+        .collect();
+    let merged = f32s(b, &lm.model.merge_images(b, &ids, &blocks).unwrap());
+    let e = rel_l2(&merged, &g.f["inputs_embeds"].1);
+    eprintln!("{name}: merge of the golden's aligner rows: inputs_embeds rel L2 {e:.2e}");
+    if e != 0.0 {
+        fails.push(format!("the merge is a copy; inputs_embeds rel L2 {e:.3e}, not bit-exact"));
+    }
+
+    // 2. the prompt through the pipeline on this lane
+    let tokens: Vec<PromptToken> = g.i["prompt_ids"]
+        .1
+        .iter()
+        .map(|&x| if x == -1 { PromptToken::Image } else { PromptToken::Id(x as u32) })
+        .collect();
+    let images = (0..n)
+        .map(|k| {
+            let path = root().join(image_key(&g, "image", k));
+            lm.preprocess(&fovea::processor::load_rgb(&path).unwrap()).unwrap()
+        })
+        .collect();
+    let prompt = lm.prompt(&tokens, images).unwrap();
+    if prompt.input.ids != ids {
+        fails.push("the expanded prompt ids differ from the golden's".into());
+    }
+    if prompt.image_starts != starts {
+        fails.push(format!("image blocks start at {:?}, the golden's at {starts:?}", prompt.image_starts));
+    }
+    let embeds = prompt.embeds.expect("an image prompt has merged rows");
+    let e = rel_l2(&f32s(b, &embeds), &g.f["inputs_embeds"].1);
+    eprintln!("{name}: merged rows from this lane's vision tower: rel L2 {e:.2e}");
+    if !(e <= VL_EMBEDS_REL_L2) {
+        fails.push(format!("merged rows rel L2 {e:.3e} > {VL_EMBEDS_REL_L2:.0e}"));
+    }
+
+    // 3. prefill and greedy decode
+    let out = lm.model.prefill(b, &prompt.input, Some(embeds)).unwrap();
+    fails.extend(compare(name, b, &lm.cfg, &out, &g, contract));
+    fails.extend(greedy(name, b, &lm.model, out, &g, contract));
     fails
 }

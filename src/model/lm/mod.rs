@@ -218,22 +218,24 @@ pub struct LmOutput<B: Backend> {
 pub const PREFILL_CHUNK: usize = 512;
 
 /// Split `0..ids.len()` into chunks of at most `max_chunk` tokens that never split an image block
-/// (a maximal run of ids ≥ `vocab`, vision.md §5.3: its tokens see each other both ways); a block
-/// longer than `max_chunk` gets a chunk of its own.
+/// (its lead PADs, START through END: ids ≥ `vocab`, vision.md §5.3: a span's tokens see each
+/// other both ways); a block longer than `max_chunk` gets a chunk of its own. Two blocks back to
+/// back are two blocks: a chunk may end after the first one's END.
 pub fn chunk_plan(ids: &[i32], vocab: usize, max_chunk: usize) -> Vec<std::ops::Range<usize>> {
     let max_chunk = max_chunk.max(1);
     let is_image = |i: usize| ids[i] >= 0 && ids[i] as usize >= vocab;
+    let end_id = vocab as i64 + vision::IMAGE_END as i64;
+    // whether a cut before position i would split a block
+    let splits = |i: usize| is_image(i - 1) && is_image(i) && ids[i - 1] as i64 != end_id;
     let mut plan = Vec::new();
     let mut start = 0;
     while start < ids.len() {
         let mut end = (start + max_chunk).min(ids.len());
-        if end < ids.len() && is_image(end - 1) && is_image(end) {
-            // `end` falls inside a block: cut before it, or take the whole block if it starts here
-            let block_start = (start..end).rev().take_while(|&i| is_image(i)).last().unwrap_or(end);
-            end = if block_start > start {
-                block_start
-            } else {
-                (end..ids.len()).find(|&i| !is_image(i)).unwrap_or(ids.len())
+        if end < ids.len() && splits(end) {
+            // cut before the block that holds `end`, or take the whole block if it starts here
+            end = match (start + 1..end).rev().find(|&i| !splits(i)) {
+                Some(block_start) => block_start,
+                None => (end + 1..ids.len()).find(|&i| !splits(i)).unwrap_or(ids.len()),
             };
         }
         plan.push(start..end);
@@ -940,5 +942,16 @@ mod tests {
         assert_eq!(chunk_plan(&ids, 10, 4), vec![0..3, 3..9, 9..12]);
         assert_eq!(chunk_plan(&ids, 10, 1), vec![0..1, 1..2, 2..3, 3..9, 9..10, 10..11, 11..12]);
         assert_eq!(chunk_plan(&[1, 2, 3], 10, 2), vec![0..2, 2..3]);
+    }
+
+    #[test]
+    fn blocks_back_to_back_are_cut_between_but_never_inside() {
+        // vocab 10: a block 2..=5 (a lead PAD, START, IMAGE, END), right after it a block 6..=9
+        // (START, IMAGE, IMAGE, END), then text
+        let ids = [1, 2, 11, 10, 12, 14, 10, 12, 12, 14, 5];
+        assert_eq!(chunk_plan(&ids, 10, 6), vec![0..6, 6..11], "a cut after the first END");
+        assert_eq!(chunk_plan(&ids, 10, 4), vec![0..2, 2..6, 6..10, 10..11]);
+        assert_eq!(chunk_plan(&ids, 10, 8), vec![0..6, 6..11]);
+        assert_eq!(chunk_plan(&ids, 10, 3), vec![0..2, 2..6, 6..10, 10..11]);
     }
 }

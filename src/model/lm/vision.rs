@@ -62,50 +62,71 @@ pub fn visible_bounds(ids: &[i32], vocab: usize, window: usize, max_image_tokens
         .collect()
 }
 
+/// One image's block in a prompt, for [`LmModel::merge_images`].
+pub struct ImageBlock<'a, B: Backend> {
+    /// Position of the block's first token (its first lead PAD, or START).
+    pub start: usize,
+    /// The block's token types (vision.md §2.2), lead PADs included.
+    pub types: &'a [i32],
+    /// The aligner row feeding each IMAGE slot, in slot order.
+    pub perm: &'a [usize],
+    /// The image's aligner rows `[n_llm_h·n_llm_w, d]`, row-major.
+    pub aligner: &'a B::Tensor,
+}
+
 impl<B: Backend> LmModel<B> {
-    /// §5.1 merge: embed `ids` (sentinel ids give zero rows), then replace the rows of the image
-    /// block starting at `start` with `sentinels[types]`, IMAGE slots taking `aligner[perm]` in
-    /// order. aligner `[n_llm_h·n_llm_w, d]` → `[T, d]`.
-    pub fn merge_image(
-        &self,
-        b: &B,
-        ids: &[i32],
-        start: usize,
-        types: &[i32],
-        perm: &[usize],
-        aligner: &B::Tensor,
-    ) -> Result<B::Tensor> {
+    /// §5.1 merge: embed `ids` (sentinel ids give zero rows), then replace the rows of each
+    /// image's block with `sentinels[types]`, its IMAGE slots taking its own `aligner[perm]` in
+    /// order. The ids of a block must be its sentinel ids `vocab + type` (they decide the
+    /// image-span visibility and the `bias_vl` routing) and blocks must not overlap. → `[T, d]`.
+    pub fn merge_images(&self, b: &B, ids: &[i32], images: &[ImageBlock<'_, B>]) -> Result<B::Tensor> {
         let sentinels = self
             .sentinels
             .as_ref()
             .ok_or_else(|| Error::tensor("image_start", "checkpoint has no image sentinel rows"))?;
-        let t = ids.len();
-        if start + types.len() > t {
-            return Err(Error::Invalid(format!(
-                "image block {start}..{} exceeds the {t}-token prompt",
-                start + types.len()
-            )));
-        }
-        let n_img = aligner.rows();
-        let n_slots = types.iter().filter(|&&ty| ty == IMAGE).count();
-        if n_slots != perm.len() || perm.iter().any(|&p| p >= n_img) {
-            return Err(Error::Invalid(format!(
-                "{n_slots} IMAGE slots, {} perm entries for {n_img} aligner rows",
-                perm.len()
-            )));
+        let (t, vocab) = (ids.len(), self.cfg.vocab_size);
+        // source rows: [h (T) | sentinels (5) | image 0's aligner rows | image 1's | ...]
+        let mut idx: Vec<i32> = (0..t as i32).collect();
+        let mut merged = vec![false; t];
+        let mut first_row = t + 5;
+        for (n, img) in images.iter().enumerate() {
+            let (start, end) = (img.start, img.start + img.types.len());
+            if end > t {
+                return Err(Error::Invalid(format!("image {n}: block {start}..{end} exceeds the {t}-token prompt")));
+            }
+            let n_rows = img.aligner.rows();
+            let n_slots = img.types.iter().filter(|&&ty| ty == IMAGE).count();
+            if n_slots != img.perm.len() || img.perm.iter().any(|&p| p >= n_rows) {
+                return Err(Error::Invalid(format!(
+                    "image {n}: {n_slots} IMAGE slots, {} perm entries for {n_rows} aligner rows",
+                    img.perm.len()
+                )));
+            }
+            let mut next = img.perm.iter();
+            for (k, &ty) in img.types.iter().enumerate() {
+                let pos = start + k;
+                if !(IMAGE_START..=IMAGE_END).contains(&ty) {
+                    return Err(Error::Invalid(format!("image {n}: block type {ty} at slot {k} (expected 0..=4)")));
+                }
+                if ids[pos] as i64 != vocab as i64 + ty as i64 {
+                    return Err(Error::Invalid(format!(
+                        "image {n}: position {pos} holds id {}, not the block's sentinel id {} (vocab {vocab} + type {ty})",
+                        ids[pos],
+                        vocab as i64 + ty as i64
+                    )));
+                }
+                if std::mem::replace(&mut merged[pos], true) {
+                    return Err(Error::Invalid(format!("image {n}: its block overlaps another at position {pos}")));
+                }
+                idx[pos] = match ty {
+                    IMAGE => (first_row + *next.next().expect("counted above")) as i32,
+                    _ => (t + ty as usize) as i32,
+                };
+            }
+            first_row += n_rows;
         }
         let h = self.embed(b, ids)?;
-        // source rows: [h (T) | sentinels (5) | aligner (n_img)]
-        let src = b.concat_rows(&b.concat_rows(&h, sentinels)?, aligner)?;
-        let mut idx: Vec<i32> = (0..t as i32).collect();
-        let mut next = perm.iter();
-        for (k, &ty) in types.iter().enumerate() {
-            idx[start + k] = match ty {
-                IMAGE => (t + 5 + *next.next().expect("counted above")) as i32,
-                0..=4 => (t + ty as usize) as i32,
-                _ => return Err(Error::Invalid(format!("image block type {ty} at slot {k} (expected 0..=4)"))),
-            };
-        }
+        let src = images.iter().try_fold(b.concat_rows(&h, sentinels)?, |src, img| b.concat_rows(&src, img.aligner))?;
         b.gather_rows(&src, &b.upload(&HostTensor::i32([t], idx)?)?)
     }
 }
@@ -126,5 +147,15 @@ mod tests {
         for (i, &(lo, hi)) in b[..10].iter().enumerate() {
             assert_eq!((lo, hi), ((i + 1).saturating_sub(4), i));
         }
+    }
+
+    #[test]
+    fn two_spans_see_only_themselves_both_ways() {
+        // fixtures/gen/lm/test_vision_ext.py TWO_SPANS (the reference transcription gives the same):
+        // window 4, vocab 100, [t, t, START, IMAGE, END, PAD, START, IMAGE, IMAGE, END, t]
+        let ids = [1, 2, 100, 102, 104, 101, 100, 102, 102, 104, 3];
+        let b = visible_bounds(&ids, 100, 4, MAX_IMAGE_TOKENS);
+        let want = [(0, 0), (0, 1), (0, 4), (0, 4), (1, 4), (2, 5), (3, 9), (4, 9), (5, 9), (6, 9), (7, 10)];
+        assert_eq!(b, want);
     }
 }
