@@ -27,7 +27,6 @@ use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::wgpu::WgpuBackend;
 use fovea::backend::{Backend, HostWeight, WeightFormat};
 use fovea::config::LmConfig;
 use fovea::model::ParamSource;
@@ -40,7 +39,8 @@ struct Args {
     /// cpu, wgpu or cuda
     #[arg(long, default_value = "cuda")]
     backend: String,
-    /// CUDA: exact (f32 products) or fast (f16 GEMM operands); default $FOVEA_PRECISION, else fast.
+    /// exact (f32 products) or fast (f16 GEMM operands; cuda and wgpu); default $FOVEA_PRECISION,
+    /// else fast on cuda and on a wgpu GPU with f16 shaders.
     #[arg(long)]
     precision: Option<fovea::backend::Precision>,
     /// Prompt tokens (one prefill chunk); decode runs at this context
@@ -325,7 +325,7 @@ fn main() {
     let args = Args::parse();
     let result = match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args),
-        "wgpu" => WgpuBackend::new(fovea::pipeline::adapter_from_env().as_deref()).and_then(|b| run(&b, &args)),
+        "wgpu" => fovea::pipeline::wgpu_lane(args.precision).and_then(|b| run(&b, &args)),
         "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
         other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
     };

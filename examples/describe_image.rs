@@ -90,8 +90,8 @@ struct Args {
     /// cuda (name it).
     #[arg(long)]
     backend: Option<String>,
-    /// exact (f32) or fast (f16 operands, f32 accumulation; cuda only so far). Default:
-    /// $FOVEA_PRECISION, else fast on cuda and exact elsewhere.
+    /// exact (f32) or fast (f16 operands, f32 accumulation; cuda, and wgpu with f16 shaders).
+    /// Default: $FOVEA_PRECISION, else fast on cuda and on a wgpu GPU with f16, exact elsewhere.
     #[arg(long)]
     precision: Option<Precision>,
     /// The question asked about the image.

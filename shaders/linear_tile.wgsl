@@ -1,11 +1,14 @@
-// The tiled body of linear, shared by every weight format. Not a complete shader: the lane
-// appends it to a format file (linear_packed.wgsl or linear_f16.wgsl) that declares binding 2
-// (`w`) and defines `load_pair(r, k) -> vec2<f32>` (elements k, k+1 of W row r, zero past the row).
+// The tiled body of linear, shared by every weight format and both precisions. Not a complete
+// shader: the lane builds it after a format file (linear_packed.wgsl or linear_f16.wgsl) that
+// declares binding 2 (`w`) and defines `load_pair(r, k) -> vec2<f32>` (elements k, k+1 of W row r,
+// zero past the row), and an operands file (operands_exact.wgsl or operands_fast.wgsl) that
+// defines the tiles' element type `operand` and `to_operand`: the products are f32 products of
+// what the tiles hold, accumulated in f32.
 //
 // y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row-chunk of W per dispatch.
 // Tiling: workgroup 16×16 threads computes a 64×64 output tile (4×4 per thread, strided by 16, held
 // in four vec4 accumulators), K is walked in steps of 16 through workgroup memory
-// (x tile [16][64], W tile [16][64]).
+// (x tile [16][64], W tile [16][64], of `operand`).
 // Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
 
 struct P {
@@ -28,8 +31,8 @@ const BM: u32 = 64u;
 const BN: u32 = 64u;
 const BK: u32 = 16u;
 
-var<workgroup> xs: array<f32, 1024>; // [BK][BM]
-var<workgroup> ws: array<f32, 1024>; // [BK][BN]
+var<workgroup> xs: array<operand, 1024>; // [BK][BM]
+var<workgroup> ws: array<operand, 1024>; // [BK][BN]
 
 @compute @workgroup_size(16, 16, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -54,7 +57,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if (gr < p.n && gk < p.k) {
                 v = x[gr * p.k + gk];
             }
-            xs[kk * BM + m] = v;
+            xs[kk * BM + m] = to_operand(v);
         }
         // W tile: 64 rows × 8 pairs of k, 2 pairs per thread.
         for (var e = 0u; e < 2u; e++) {
@@ -67,18 +70,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if (gc < p.chunk_rows && gk < p.k) {
                 v = load_pair(gc, gk);
             }
-            ws[(2u * kp) * BN + nn] = v.x;
-            ws[(2u * kp + 1u) * BN + nn] = v.y;
+            ws[(2u * kp) * BN + nn] = to_operand(v.x);
+            ws[(2u * kp + 1u) * BN + nn] = to_operand(v.y);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
             let xo = kk * BM + lid.y;
             let wo = kk * BN + lid.x;
-            let b = vec4<f32>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]);
-            acc0 = fma(vec4<f32>(xs[xo]), b, acc0);
-            acc1 = fma(vec4<f32>(xs[xo + 16u]), b, acc1);
-            acc2 = fma(vec4<f32>(xs[xo + 32u]), b, acc2);
-            acc3 = fma(vec4<f32>(xs[xo + 48u]), b, acc3);
+            let b = vec4<f32>(vec4<operand>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]));
+            acc0 = fma(vec4<f32>(f32(xs[xo])), b, acc0);
+            acc1 = fma(vec4<f32>(f32(xs[xo + 16u])), b, acc1);
+            acc2 = fma(vec4<f32>(f32(xs[xo + 32u])), b, acc2);
+            acc3 = fma(vec4<f32>(f32(xs[xo + 48u])), b, acc3);
         }
         workgroupBarrier();
     }

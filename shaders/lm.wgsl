@@ -6,6 +6,10 @@
 //   comb, 10 i32 input fallback.
 // Weights: u0-style fields name the format (0 f32, 1 bf16, 2 f16 by integer decode), the row
 // stride in words and the chunk's first row (a weight may be split into row chunks).
+// The products of the GEMM ops (grouped_linear, moe_gate, moe_up, moe_down) take both operands
+// through `to_operand` of the operands file the lane appends (operands_exact.wgsl or
+// operands_fast.wgsl), with f32 accumulation; the other entry points are the same in both builds
+// and the lane runs them from the exact one.
 // Elementwise kernels: workgroup 256, element = (wg.y·gx + wg.x)·256 + lid.
 
 struct P {
@@ -521,7 +525,7 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let xb = i * p.u5 + (o / p.u4) * k;
     var s = 0.0;
     for (var e = 0u; e < k; e++) {
-        s += a[xb + e] * wload(p.u7, p.u8, ol, e);
+        s += f32(to_operand(a[xb + e])) * f32(to_operand(wload(p.u7, p.u8, ol, e)));
     }
     out[i * p.u6 + o] = s;
 }
@@ -609,7 +613,7 @@ fn moe_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let xo = (t / p.u3) * p.u2;
     var g = 0.0;
     for (var e = 0u; e < p.u2; e++) {
-        g += a[xo + e] * wload(p.u5, p.u6, j, e);
+        g += f32(to_operand(a[xo + e])) * f32(to_operand(wload(p.u5, p.u6, j, e)));
     }
     out[x] = g;
 }
@@ -625,7 +629,7 @@ fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let xo = (t / p.u3) * p.u2;
     var u = 0.0;
     for (var e = 0u; e < p.u2; e++) {
-        u += a[xo + e] * wload(p.u5, p.u6, j, e);
+        u += f32(to_operand(a[xo + e])) * f32(to_operand(wload(p.u5, p.u6, j, e)));
     }
     let lim = bitcast<f32>(p.u7);
     let g = min(out[x], lim);
@@ -644,7 +648,7 @@ fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (ia[t] != i32(p.u4)) { return; }
     var s = 0.0;
     for (var e = 0u; e < p.u2; e++) {
-        s += b[t * p.u2 + e] * wload(p.u5, p.u6, o, e);
+        s += f32(to_operand(b[t * p.u2 + e])) * f32(to_operand(wload(p.u5, p.u6, o, e)));
     }
     out[x] = s;
 }

@@ -139,33 +139,63 @@ pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
             VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos)
         }
         LaneChoice::Wgpu => {
-            exact_only("wgpu", req.precision)?;
-            let b = WgpuBackend::new(adapter_from_env().as_deref())?;
+            let b = wgpu_lane(req.precision)?;
             VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
         LaneChoice::Cuda => {
             let b = cuda_lane(req.precision)?;
             VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
         }
-        LaneChoice::Auto => match exact_only("auto", req.precision).map(|_| auto_wgpu())? {
-            Ok(b) => VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos),
-            Err(e) => {
-                eprintln!("fovea: no usable wgpu adapter ({e}); using the CPU lane");
-                VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos)
+        LaneChoice::Auto => {
+            let asked = Precision::from_cli_or_env(req.precision)?;
+            match auto_wgpu(asked) {
+                Ok(b) => VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos),
+                Err(e) => {
+                    let why = format!("no usable wgpu adapter ({e})");
+                    let cpu = auto_cpu(asked, &why)?;
+                    eprintln!("fovea: {why}; using the CPU lane");
+                    VisionRunner::from_source(&cpu, ckpt)?.run(&req.image, req.start_pos)
+                }
             }
-        },
+        }
     }
 }
 
-/// The wgpu lane `auto` would use: the best adapter, unless it is a software rasterizer that
-/// nobody asked for by name (`FOVEA_ADAPTER`).
-fn auto_wgpu() -> Result<WgpuBackend> {
+/// The wgpu lane `auto` would use, in the precision asked for (else the adapter's default): the
+/// best adapter, unless it is a software rasterizer that nobody asked for by name
+/// (`FOVEA_ADAPTER`).
+fn auto_wgpu(asked: Option<Precision>) -> Result<WgpuBackend> {
     let named = adapter_from_env();
-    let b = WgpuBackend::new(named.as_deref())?;
+    let b = WgpuBackend::open(named.as_deref(), asked)?;
     if named.is_none() && b.is_software() {
         return Err(Error::Device(format!("the only wgpu adapter is a software one ({})", b.device_name())));
     }
     Ok(b)
+}
+
+/// The CPU lane `auto` falls back to (`why`): an error instead when fast precision was asked
+/// for, which the CPU lane does not have (not a silent exact run).
+fn auto_cpu(asked: Option<Precision>, why: &str) -> Result<CpuBackend> {
+    if asked == Some(Precision::Fast) {
+        return Err(Error::Unsupported {
+            lane: "auto",
+            op: "precision",
+            what: format!(
+                "fast: auto fell back to the CPU lane, which computes in f32 only ({why}); use --precision exact, \
+                 or name the lane with --backend"
+            ),
+        });
+    }
+    Ok(CpuBackend::new())
+}
+
+/// The wgpu lane on `FOVEA_ADAPTER` (else the best adapter) in the precision asked for (the CLI's
+/// `--precision`, else `FOVEA_PRECISION`), else the adapter's default
+/// ([`crate::backend::wgpu::default_precision`]: fast on a GPU with SHADER_F16, exact on a
+/// software adapter or one without it). Fast on an adapter without SHADER_F16 is an error naming
+/// the adapter.
+pub fn wgpu_lane(asked: Option<Precision>) -> Result<WgpuBackend> {
+    WgpuBackend::open(adapter_from_env().as_deref(), Precision::from_cli_or_env(asked)?)
 }
 
 /// `FOVEA_ADAPTER`: a substring of the adapter name to use.
@@ -173,10 +203,12 @@ pub fn adapter_from_env() -> Option<String> {
     std::env::var("FOVEA_ADAPTER").ok().filter(|s| !s.is_empty())
 }
 
-/// The precision a job runs in on `lane` ("cpu", "wgpu", "cuda"): the one asked for (the CLI's
+/// The precision a job runs in on the CPU or CUDA lane: the one asked for (the CLI's
 /// `--precision`, else `FOVEA_PRECISION`), else the lane's default: `fast` on the CUDA lane,
-/// `exact` on the CPU and wgpu lanes, which have no fast kernels yet (asking them for `fast` is an
-/// error, not a silent exact run).
+/// `exact` on the CPU lane, which has no fast kernels (asking it for `fast` is an error, not a
+/// silent exact run). The wgpu lane's default depends on its adapter ([`wgpu_lane`]: fast on a
+/// GPU with SHADER_F16, exact on a software adapter such as lavapipe); `auto` takes the wgpu
+/// lane's, or exact where it falls back to the CPU lane (and refuses fast there).
 pub fn lane_precision(lane: &'static str, asked: Option<Precision>) -> Result<Precision> {
     match (lane, Precision::from_cli_or_env(asked)?) {
         ("cuda", None) => Ok(Precision::Fast),
@@ -185,7 +217,7 @@ pub fn lane_precision(lane: &'static str, asked: Option<Precision>) -> Result<Pr
         (lane, Some(Precision::Fast)) => Err(Error::Unsupported {
             lane,
             op: "precision",
-            what: "fast (this lane computes in f32 only so far; use --precision exact)".into(),
+            what: "fast (this lane computes in f32 only; use --precision exact)".into(),
         }),
     }
 }
@@ -200,8 +232,7 @@ pub fn cuda_lane(asked: Option<Precision>) -> Result<CudaBackend> {
     })
 }
 
-/// The wgpu and CPU lanes (and `auto`, which picks one of them) compute in f32 only: check that
-/// nothing else was asked for.
+/// The CPU lane computes in f32 only: check that nothing else was asked for.
 fn exact_only(lane: &'static str, asked: Option<Precision>) -> Result<()> {
     lane_precision(lane, asked).map(|_| ())
 }
@@ -612,8 +643,7 @@ pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, precision: Option<Precision>, j
             job.run(&CpuBackend::new(), None)
         }
         LaneChoice::Wgpu => {
-            exact_only("wgpu", precision)?;
-            let b = WgpuBackend::new(adapter_from_env().as_deref())?;
+            let b = wgpu_lane(precision)?;
             if let Some(op) = missing_lm_op(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
@@ -626,13 +656,15 @@ pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, precision: Option<Precision>, j
             }
             job.run(&b, None)
         }
-        LaneChoice::Auto => match exact_only("auto", precision).map(|_| auto_wgpu())? {
-            Ok(b) if missing_lm_op(&b).is_none() => job.run(&b, None),
-            Ok(_) => {
-                job.run(&CpuBackend::new(), Some("this wgpu adapter lacks a language-model op; using the CPU lane"))
-            }
-            Err(e) => job.run(&CpuBackend::new(), Some(&format!("{e}; using the CPU lane"))),
-        },
+        LaneChoice::Auto => {
+            let asked = Precision::from_cli_or_env(precision)?;
+            let why = match auto_wgpu(asked) {
+                Ok(b) if missing_lm_op(&b).is_none() => return job.run(&b, None),
+                Ok(_) => "this wgpu adapter lacks a language-model op".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            job.run(&auto_cpu(asked, &why)?, Some(&format!("{why}; using the CPU lane")))
+        }
     }
 }
 

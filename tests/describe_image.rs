@@ -202,6 +202,32 @@ impl Captioner {
         let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
         self.tok.decode(&ids).unwrap()
     }
+
+    /// Greedy caption ids of each image with the model loaded once on `b` (in the lane's own
+    /// precision): the same prompt, preprocessing and generation as `ids_in`, without a device and
+    /// its pipelines per image (seconds each on lavapipe).
+    fn ids_resident<B: fovea::backend::Backend>(&self, b: &B, images: &[PathBuf]) -> Vec<Vec<i32>> {
+        use fovea::model::lm::generate::{Sampling, generate};
+        let src = fovea::pipeline::LmSource::open(&self.model, None, None).unwrap();
+        let lm = src.load(b, true, &mut |_| {}).unwrap();
+        let caption = |image: &PathBuf| -> fovea::Result<Vec<i32>> {
+            let prepared = lm.preprocess(&fovea::processor::load_rgb(image)?)?;
+            let p = lm.prompt(&self.tokens, vec![prepared])?;
+            let g = generate(
+                &lm.model,
+                b,
+                &p.input,
+                p.embeds,
+                40,
+                &lm.eos,
+                &Sampling::default(),
+                &mut |_| {},
+                &mut |_| Ok(()),
+            )?;
+            Ok(g.ids)
+        };
+        images.iter().map(|image| caption(image).unwrap_or_else(|e| panic!("{}: {e}", image.display()))).collect()
+    }
 }
 
 /// Past the harness's capture, so CI logs show it.
@@ -249,6 +275,38 @@ fn the_cuda_lane_in_fast_precision_captions_at_least_95_percent_of_200_unseen_sc
         return;
     }
     let (right, misses) = unseen_scene_accuracy(fovea::pipeline::LaneChoice::Cuda, fovea::backend::Precision::Fast);
+    assert!(right >= 190, "{right} of 200 exact (need 190); misses:\n{}", misses.join("\n"));
+}
+
+/// Fast precision's contract on the wgpu lane: ≥ 95 % of the 200 unseen scenes, the model loaded
+/// once (`ids_resident`) on the adapter in fast precision. On a software adapter (lavapipe: CI)
+/// it prints why it skipped: 200 captions take there well over half an hour (one run stopped
+/// after 35 minutes on this project's 2-core machine), and fast precision is not that adapter's
+/// default; the op harness and the goldens hold its fast kernels to the contract there.
+#[test]
+fn the_wgpu_lane_in_fast_precision_captions_at_least_95_percent_of_200_unseen_scenes() {
+    use fovea::backend::Backend;
+    let opts = fovea::backend::wgpu::Options { precision: fovea::backend::Precision::Fast, ..Default::default() };
+    let Some(b) = common::wgpu_lane(opts) else { return };
+    if b.is_software() {
+        report(&format!("SKIPPED: 200 scenes in fast precision on a software adapter ({})", b.device_name()));
+        return;
+    }
+    let captioner = Captioner::new();
+    let scenes = scene_set("heldout-200", 200);
+    let images: Vec<PathBuf> = scenes.iter().map(|(image, _)| image.clone()).collect();
+    let mut misses = Vec::new();
+    for ((image, caption), ids) in scenes.iter().zip(captioner.ids_resident(&b, &images)) {
+        let got = captioner.text(&ids);
+        if got != *caption {
+            misses.push(format!("{}: `{got}` for `{caption}`", image.display()));
+        }
+    }
+    let right = scenes.len() - misses.len();
+    report(&format!(
+        "vl-scenes: {right} of 200 unseen scenes captioned exactly (wgpu lane, fast, {})",
+        b.device_name()
+    ));
     assert!(right >= 190, "{right} of 200 exact (need 190); misses:\n{}", misses.join("\n"));
 }
 

@@ -15,27 +15,40 @@
 //! as the CPU lane, i.e. dominated by the golden's own f32 error (~1e-6). 1e-5 leaves >= 2.4×
 //! headroom; a real bug moves these numbers to 1e-2 or more. Router ids, indexer picks and greedy
 //! tokens are exact.
+//!
+//! Fast precision (`--precision fast`): the wgpu lane rounds every GEMM operand to f16 once, as
+//! the CUDA lane does, so the CUDA lane's derivation holds unchanged (tests/lm_cuda.rs: ≈ 60
+//! GEMMs of ≈ 2.8e-4 each reach the logits as ≈ 2.2e-3 while no router or indexer choice moves),
+//! and so does its contract: logits within the ceiling 3e-2 (`FAST_REL_L2`), top-1 at
+//! every position but near-ties, greedy tokens exact (`common::lm::Contract::Fast`).
 
 mod common;
 
 use std::sync::OnceLock;
 
-use fovea::backend::Backend;
 use fovea::backend::wgpu::{Options, WgpuBackend};
+use fovea::backend::{Backend, Precision};
 
 const REL_L2: f64 = 1e-5;
+const FAST_REL_L2: f64 = 3e-2;
 
-/// One device for both tests (they run in parallel on it, as the op harness does).
-fn lane() -> Option<&'static WgpuBackend> {
-    static LANE: OnceLock<Option<WgpuBackend>> = OnceLock::new();
-    LANE.get_or_init(|| {
-        let lane = common::wgpu_lane(Options::default());
-        if let Some(b) = &lane {
+/// One device per precision, both created before any test works on either (the tests of a
+/// precision run in parallel on its device; on the NVIDIA driver, creating a device while another
+/// thread works on one was seen to deadlock).
+fn lanes() -> &'static [Option<WgpuBackend>; 2] {
+    static LANES: OnceLock<[Option<WgpuBackend>; 2]> = OnceLock::new();
+    LANES.get_or_init(|| {
+        let lanes = [Precision::Exact, Precision::Fast]
+            .map(|precision| common::wgpu_lane(Options { precision, ..Options::default() }));
+        if let Some(b) = &lanes[0] {
             eprintln!("wgpu adapter: {}", b.device_name());
         }
-        lane
+        lanes
     })
-    .as_ref()
+}
+
+fn lane() -> Option<&'static WgpuBackend> {
+    lanes()[0].as_ref()
 }
 
 #[test]
@@ -76,4 +89,23 @@ fn wgpu_several_images_match_the_reference() {
         })
         .collect();
     assert!(fails.is_empty(), "several images on {}:\n{}", b.device_name(), fails.join("\n"));
+}
+
+/// The same adapter in fast precision.
+fn fast_lane() -> Option<&'static WgpuBackend> {
+    lanes()[1].as_ref()
+}
+
+#[test]
+fn wgpu_fast_lm_text_matches_transformers() {
+    let Some(b) = fast_lane() else { return };
+    let fails = common::lm::check_lm_text(b, common::lm::Contract::Fast(FAST_REL_L2));
+    assert!(fails.is_empty(), "lm-text, fast precision, on {}:\n{}", b.device_name(), fails.join("\n"));
+}
+
+#[test]
+fn wgpu_fast_lm_vision_matches_transformers_with_vision_ext() {
+    let Some(b) = fast_lane() else { return };
+    let fails = common::lm::check_lm_vision(b, common::lm::Contract::Fast(FAST_REL_L2));
+    assert!(fails.is_empty(), "lm-vision, fast precision, on {}:\n{}", b.device_name(), fails.join("\n"));
 }

@@ -23,15 +23,15 @@ use common::blocks::weight_bytes;
 use fovea::backend::cpu::CpuBackend;
 use fovea::backend::cuda::CudaBackend;
 use fovea::backend::wgpu::{Options, WgpuBackend};
-use fovea::backend::{Backend, HostData, HostTensor, HostWeight, Op, WeightFormat};
+use fovea::backend::{Backend, HostData, HostTensor, HostWeight, Op, Precision, WeightFormat, decode_row};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const EXACT: f64 = 0.0;
 const ELEMENTWISE: f64 = 1e-12;
 const REDUCTION: f64 = 1e-10;
-/// Fast precision (CUDA `--precision fast`): a GEMM whose operands are each rounded to f16 once
-/// has an NMSE of ≈ 8e-8 (tests/common `FAST_GEMM_NMSE`, derived there); gated at 4×.
+/// Fast precision (`--precision fast`, CUDA and wgpu): a GEMM whose operands are each rounded to
+/// f16 once has an NMSE of ≈ 8e-8 (tests/common `FAST_GEMM_NMSE`, derived there); gated at 4×.
 const FAST_GEMM: f64 = 4.0 * common::FAST_GEMM_NMSE;
 /// The experts chain two GEMMs through the clamped SwiGLU: the up GEMM's error reaches both its
 /// halves (≈ 1.6e-7, up to twice that through silu's slope) and the down GEMM adds its own 8e-8,
@@ -56,6 +56,7 @@ impl LaneUnderTest for CudaBackend {
 }
 
 /// Inputs of one case, as host data; each lane uploads them itself.
+#[derive(Clone)]
 struct Case {
     name: String,
     op: Op,
@@ -64,6 +65,8 @@ struct Case {
     weight: Option<(WeightFormat, usize, usize, Vec<u8>)>,
     /// Several weights (moe_experts: every w1, then every w3, then every w2).
     experts: Vec<(WeightFormat, usize, usize, Vec<u8>)>,
+    /// `weight` goes up with `upload_weight_exact` (f32 products in every precision).
+    exact_weight: bool,
     run: fn(&Args) -> Call,
     args: Args,
 }
@@ -214,13 +217,16 @@ enum Call {
 fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
     let ts: Vec<B::Tensor> = case.tensors.iter().map(|t| b.upload(t)).collect::<fovea::Result<_>>()?;
     let weight = match &case.weight {
-        Some((format, rows, cols, bytes)) => Some(b.upload_weight(&HostWeight {
-            name: case.name.clone(),
-            format: *format,
-            rows: *rows,
-            cols: *cols,
-            bytes: Cow::Borrowed(bytes),
-        })?),
+        Some((format, rows, cols, bytes)) => {
+            let host = HostWeight {
+                name: case.name.clone(),
+                format: *format,
+                rows: *rows,
+                cols: *cols,
+                bytes: Cow::Borrowed(bytes),
+            };
+            Some(if case.exact_weight { b.upload_weight_exact(&host)? } else { b.upload_weight(&host)? })
+        }
         None => None,
     };
     let experts: Vec<B::Weight> = case
@@ -305,7 +311,7 @@ fn case(
     run: fn(&Args) -> Call,
     args: Args,
 ) -> Case {
-    Case { name: name.into(), op, bound, tensors, weight: None, experts: Vec::new(), run, args }
+    Case { name: name.into(), op, bound, tensors, weight: None, experts: Vec::new(), exact_weight: false, run, args }
 }
 
 /// Every op, with shapes that are not multiples of any tile size.
@@ -1092,12 +1098,21 @@ fn compare_output(got: &HostTensor, want: &HostTensor, bound: f64, name: &str) -
 }
 
 fn compare_with_cpu<L: LaneUnderTest>(lane: &L, cases: Vec<Case>) -> std::collections::HashSet<Op> {
+    compare_with_cpu_on(lane, cases, |c| Cow::Borrowed(c))
+}
+
+/// [`compare_with_cpu`] with the CPU lane given `reference(case)` instead of the case itself.
+fn compare_with_cpu_on<L: LaneUnderTest>(
+    lane: &L,
+    cases: Vec<Case>,
+    reference: impl Fn(&Case) -> Cow<'_, Case>,
+) -> std::collections::HashSet<Op> {
     let cpu = CpuBackend::new();
     let mut covered = std::collections::HashSet::new();
     let mut failures = Vec::new();
     for c in cases {
         covered.insert(c.op);
-        let wants = execute(&cpu, &c).unwrap();
+        let wants = execute(&cpu, &reference(&c)).unwrap();
         let gots = match execute(lane, &c) {
             Ok(t) => t,
             Err(e) => {
@@ -1126,10 +1141,18 @@ fn compare_with_cpu<L: LaneUnderTest>(lane: &L, cases: Vec<Case>) -> std::collec
     covered
 }
 
-/// One test, so the two devices are never created while the other works (the NVIDIA Vulkan
-/// driver was seen to deadlock on that).
+/// The wgpu tests hold this while they run: a device is never created while another test works
+/// on one (the NVIDIA Vulkan driver was seen to deadlock on that).
+static WGPU_DEVICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn wgpu_alone() -> std::sync::MutexGuard<'static, ()> {
+    WGPU_DEVICES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One test for both devices, so the second is never created while the first works.
 #[test]
 fn wgpu_ops_match_cpu() {
+    let _alone = wgpu_alone();
     let Some(lane) = common::wgpu_lane(Options { guard_words: 8, ..Options::default() }) else { return };
     let mut all = cases();
     all.extend(lm_cases());
@@ -1153,6 +1176,92 @@ fn wgpu_ops_match_cpu() {
     let mut chunked = chunked_linear_cases();
     chunked.extend(block_chunked_cases());
     compare_with_cpu(&lane, chunked);
+}
+
+/// The cases of the ops with a weight operand (every float and block format): the only ops whose
+/// wgpu kernels have a fast build (the others have one build, the exact one, in both precisions).
+fn weight_op_cases() -> Vec<Case> {
+    cases()
+        .into_iter()
+        .chain(lm_cases())
+        .chain(block_cases())
+        .filter(|c| c.weight.is_some() || !c.experts.is_empty())
+        .collect()
+}
+
+/// The wgpu lane in fast precision: the GEMM ops at fast precision's bounds (`with_fast_bounds`),
+/// embed_rows (a lookup, not a product) still exact, and every linear case again with its weight
+/// uploaded by `upload_weight_exact` (the router, the hyper-connection mixes) at the exact bound.
+#[test]
+fn wgpu_ops_match_cpu_in_fast_precision() {
+    let _alone = wgpu_alone();
+    let opts = Options { guard_words: 8, precision: Precision::Fast, ..Options::default() };
+    let Some(lane) = common::wgpu_lane(opts) else { return };
+    let mut all = with_fast_bounds(weight_op_cases());
+    all.extend(cases().into_iter().filter(|c| c.op == Op::Linear).map(|c| Case {
+        name: format!("{} exact weight", c.name),
+        exact_weight: true,
+        ..c
+    }));
+    compare_with_cpu(&lane, all);
+}
+
+/// Fast precision is the f32 GEMM of operands rounded once to the nearest f16 (ties to even: the
+/// CUDA lane's `cvt.rn`), nothing else: the wgpu lane's fast linear, aligner GEMM and grouped
+/// projection (every float and block format) against the CPU lane given the same inputs with the
+/// operand and the decoded weight rounded on the host (`half::f16::from_f32`, ties to even). The
+/// product of two f16 values is exact in f32, so the two differ only in summation order: the
+/// exact bounds apply (REDUCTION, 1e-10). Against this reference, f32 operands (fast mode
+/// silently exact) are off by ≈ FAST_GEMM_NMSE = 8e-8, bf16 operands by ≈ 5e-6, and rounding
+/// toward zero biases every product (NMSE ≳ 1e-7): each fails here by decades, where the fast
+/// bounds of `wgpu_ops_match_cpu_in_fast_precision` would let the first pass.
+#[test]
+fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
+    let _alone = wgpu_alone();
+    let opts = Options { guard_words: 8, precision: Precision::Fast, ..Options::default() };
+    let Some(lane) = common::wgpu_lane(opts) else { return };
+    let gemms: Vec<Case> = weight_op_cases()
+        .into_iter()
+        .filter(|c| matches!(c.op, Op::Linear | Op::UnfoldLinearGelu | Op::GroupedLinear))
+        .collect();
+    assert!(gemms.len() >= 3 * 15, "every block format's linear, grouped and aligner case");
+    compare_with_cpu_on(&lane, gemms, |c| Cow::Owned(with_f16_operands(c)));
+}
+
+/// `c` with its GEMM operands rounded to the nearest f16 (ties to even): the operand tensor x
+/// (not the bias) and the weight, decoded to f32 as the CPU lane decodes it, rounded, as F32.
+fn with_f16_operands(c: &Case) -> Case {
+    let x = match (c.run)(&c.args) {
+        Call::Linear { x, .. } | Call::UnfoldLinearGelu { x, .. } | Call::GroupedLinear(x, _) => x,
+        _ => panic!("{}: not a GEMM case", c.name),
+    };
+    let round = |v: f32| half::f16::from_f32(v).to_f32();
+    let mut rounded = c.clone();
+    let t = &c.tensors[x];
+    rounded.tensors[x] =
+        HostTensor::f32(t.shape.clone(), t.as_f32().unwrap().iter().map(|&v| round(v)).collect()).unwrap();
+    let (format, rows, cols, bytes) = c.weight.as_ref().unwrap();
+    let mut w = vec![0f32; rows * cols];
+    for (row, out) in bytes.chunks_exact(format.row_bytes(*cols)).zip(w.chunks_exact_mut(*cols)) {
+        decode_row(*format, row, out);
+    }
+    let w_bytes = w.iter().flat_map(|&v| round(v).to_le_bytes()).collect();
+    rounded.weight = Some((WeightFormat::F32, *rows, *cols, w_bytes));
+    rounded
+}
+
+/// Fast precision's bounds: the GEMM ops (linear, the aligner's fused GEMM, the grouped
+/// projection, the experts) at the fast bounds, every other op at its own (fast mode changes only
+/// the GEMM tiles).
+fn with_fast_bounds(mut cases: Vec<Case>) -> Vec<Case> {
+    for c in &mut cases {
+        c.bound = match c.op {
+            Op::Linear | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
+            Op::MoeExperts => c.bound.max(FAST_MOE),
+            _ => c.bound,
+        };
+    }
+    cases
 }
 
 /// The CUDA lane against the CPU lane on every shared/vision op and every language-model op it
@@ -1181,14 +1290,7 @@ fn cuda_ops_match_cpu_in_fast_precision() {
         ..Default::default()
     };
     let Some(lane) = common::cuda_lane_with_or_skip(opts) else { return };
-    let mut all = cuda_cases(&lane);
-    for c in &mut all {
-        c.bound = match c.op {
-            Op::Linear | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
-            Op::MoeExperts => c.bound.max(FAST_MOE),
-            _ => c.bound,
-        };
-    }
+    let all = with_fast_bounds(cuda_cases(&lane));
     check_cuda_coverage(&lane, compare_with_cpu(&lane, all));
 }
 

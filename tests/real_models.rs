@@ -25,8 +25,9 @@
 //! from transformers' by 5e-4 relative L2 (its own rounding and its Hadamard-rotated attention):
 //! only top-1 at every position is compared with them, as the issue asks.
 //!
-//! Fast precision (the CUDA lane's default, `--precision fast`): each GEMM rounds its operands to
-//! f16, ≈ 2.8e-4 relative L2 per GEMM (tests/common `FAST_GEMM_NMSE`). Two layers of ≈ 12 GEMMs
+//! Fast precision (`--precision fast`, the default of the CUDA lane and of the wgpu lane on a GPU
+//! with f16 shaders; both lanes run in it here): each GEMM rounds its operands to f16, ≈ 2.8e-4
+//! relative L2 per GEMM (tests/common `FAST_GEMM_NMSE`). Two layers of ≈ 12 GEMMs
 //! plus the head: √25 · 2.8e-4 ≈ 1.4e-3; an image adds its vision rows' ≈ 1.1e-3
 //! (`common::fast_tolerance`) times the gain 0.615: ≈ 1.6e-3 in all. Gated at the issue's ceiling
 //! for fast mode, 3e-2, with top-1 at every position but near-ties (the golden's top-2 gap under
@@ -242,6 +243,25 @@ fn wgpu_lane_matches_transformers_and_llama_cpp_on_every_real_form() {
     if common::wgpu_adapter_or_skip() {
         check_lane("wgpu", "exact");
     }
+}
+
+/// Under CI (lavapipe on 2 cores, ≈ 30 s per prompt, each a `dump` and a `generate` process that
+/// build their pipelines) the fast pass takes the two prompts the other fast tests cover least:
+/// gguf-mix-a's text (the mixed block formats; the largest fast error measured, 2.1e-2) and
+/// gguf-MXFP4_MOE's image (the mmproj's vision tower into MXFP4 experts). Every prompt elsewhere.
+#[test]
+fn wgpu_lane_in_fast_precision_matches_transformers_on_every_real_form() {
+    if !common::wgpu_adapter_or_skip() {
+        return;
+    }
+    if std::env::var_os("CI").is_none() {
+        return check_lane("wgpu", "fast");
+    }
+    let mut fails = Vec::new();
+    for (form, prompt) in [(&FORMS[2], "text"), (&FORMS[1], "image")] {
+        check_prompt("wgpu", "fast", form, &Golden::load(form.golden), prompt, &mut fails);
+    }
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use fovea::Error;
 use fovea::backend::wgpu::{Options, WgpuBackend, WgpuTensor};
-use fovea::backend::{Backend, DeviceTensor, DeviceWeight, HostTensor, HostWeight, Op, WeightFormat};
+use fovea::backend::{Backend, DeviceTensor, DeviceWeight, HostTensor, HostWeight, Op, Precision, WeightFormat};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -193,6 +193,27 @@ fn adapter_name_not_found_lists_adapters() {
     let err = WgpuBackend::new(Some("no-such-adapter-xyz")).err().expect("must fail");
     let msg = err.to_string();
     assert!(msg.contains("no-such-adapter-xyz") && msg.contains("found:"), "{msg}");
+}
+
+/// Fast precision needs SHADER_F16: on an adapter without it (simulated with
+/// `force_f16_fallback`) asking for fast is an error naming the adapter and the way out, never a
+/// silent exact run. With no precision asked, the command line's lane takes the adapter's default:
+/// exact on a software adapter such as lavapipe (or one without f16 shaders), fast on a GPU with
+/// f16 shaders.
+#[test]
+fn fast_precision_needs_shader_f16_and_defaults_by_adapter() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = exclusive();
+    let opts = Options { force_f16_fallback: true, precision: Precision::Fast, ..Options::default() };
+    let msg = WgpuBackend::with_options(opts).err().expect("fast without SHADER_F16 must fail").to_string();
+    let adapter = be().adapter_info().name.clone();
+    assert!(msg.contains(&adapter) && msg.contains("SHADER_F16") && msg.contains("--precision exact"), "{msg}");
+    let b = WgpuBackend::open(None, None).unwrap();
+    let want = if b.is_software() || !b.native_f16() { Precision::Exact } else { Precision::Fast };
+    assert_eq!(b.precision(), want, "{}", b.device_name());
+    assert_eq!(WgpuBackend::open(None, Some(Precision::Exact)).unwrap().precision(), Precision::Exact);
 }
 
 #[test]

@@ -1,13 +1,14 @@
 //! Validates every `shaders/*.wgsl` with naga (parse + full validation, f16 and subgroups
-//! allowed). New files are picked up automatically; errors print as `file:line`. A few files are
-//! parts that the lane concatenates into one shader (`COMPOSED`, the same order as in
-//! `src/backend/wgpu`): those are validated as the composed shader, and an error line is mapped
-//! back to the part it falls in. The block-format kernels (`shaders/dequant/`, built per format
-//! with emitted lookup tables) are validated as the lane builds them, one per (kernel, format).
+//! allowed; `enable f16;` leads each, as the lane emits it ahead of its builds that use f16). New
+//! files are picked up automatically; errors print as `file:line`. A few files are parts that the
+//! lane concatenates into one shader (`COMPOSED`, the same order as in `src/backend/wgpu`): those
+//! are validated as the composed shader, and an error line is mapped back to the part it falls
+//! in. The block-format kernels (`shaders/dequant/`, built per format with emitted lookup tables)
+//! are validated as the lane builds them, one per (kernel, format, precision).
 //!
 //! Metal and DX12 stay honest: every module the lane builds (`shader_builds`, the lane's own
 //! source-building code: each shader, each block format's build, each `FMT` specialisation, with
-//! and without SHADER_F16) is translated, one entry point at a time, to MSL and HLSL by naga's
+//! and without SHADER_F16, the GEMM kernels in both precisions) is translated, one entry point at a time, to MSL and HLSL by naga's
 //! backends with the options wgpu 30's Metal and DX12 backends give them, so a kernel that only
 //! Vulkan accepts fails here and not on a Mac or under DX12. Only naga's translation is checked,
 //! not Apple's Metal compiler nor FXC/DXC.
@@ -16,8 +17,16 @@ use std::path::Path;
 
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
-/// Shaders the lane builds from several files, in concatenation order.
-const COMPOSED: &[&[&str]] = &[&["linear_packed.wgsl", "linear_tile.wgsl"], &["linear_f16.wgsl", "linear_tile.wgsl"]];
+/// Shaders the lane builds from several files, in concatenation order (each operands file with
+/// one of the GEMM kernels; the lane builds every pairing, `every_build_translates_to_msl_and_hlsl`).
+const COMPOSED: &[&[&str]] = &[
+    &["linear_packed.wgsl", "operands_exact.wgsl", "linear_tile.wgsl"],
+    &["linear_f16.wgsl", "operands_fast.wgsl", "linear_tile.wgsl"],
+    &["operands_exact.wgsl", "lm.wgsl"],
+];
+
+/// What leads every validated source: the directive the lane emits ahead of its f16 builds.
+const DIRECTIVES: &str = "enable f16;\n";
 
 /// Parse and validate one WGSL source; errors carry the 1-based line (when naga gives one).
 fn validate_source(src: &str) -> Result<naga::Module, (Option<u32>, String)> {
@@ -31,7 +40,7 @@ fn validate_source(src: &str) -> Result<naga::Module, (Option<u32>, String)> {
 
 /// Validate the concatenation of `parts`; on error name `part:line` of the offending line.
 fn validate(parts: &[&Path]) -> Result<(), String> {
-    let mut src = String::new();
+    let mut src = String::from(DIRECTIVES);
     let mut starts = Vec::new(); // (first line of the part in `src`, 1-based; its path)
     for p in parts {
         starts.push((src.lines().count() + 1, p.display().to_string()));
@@ -80,13 +89,16 @@ fn every_shader_validates() {
 /// `src/formats/tables.rs` + `shaders/dequant/common.wgsl` + the format's decoder + the body).
 #[test]
 fn every_block_format_build_validates() {
-    use fovea::backend::WeightFormat;
     use fovea::backend::wgpu::formats::{BlockKernel, block_shader_source};
+    use fovea::backend::{Precision, WeightFormat};
     let mut errors = Vec::new();
     let mut built = 0;
     for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
-        for kernel in BlockKernel::ALL {
-            let (label, src) = block_shader_source(format, kernel).unwrap_or_else(|| panic!("{format}: no build"));
+        for (kernel, precision) in
+            BlockKernel::ALL.into_iter().flat_map(|k| [Precision::Exact, Precision::Fast].map(|p| (k, p)))
+        {
+            let (label, src) =
+                block_shader_source(format, kernel, precision).unwrap_or_else(|| panic!("{format}: no build"));
             built += 1;
             match validate_source(&src) {
                 Ok(m) if m.entry_points.is_empty() => errors.push(format!("{label}: no entry points")),
@@ -107,7 +119,7 @@ fn every_block_format_build_validates() {
             }
         }
     }
-    assert_eq!(built, 2 * 15, "15 block formats x 2 kernels");
+    assert_eq!(built, 2 * 2 * 15, "15 block formats x 2 kernels x 2 precisions");
     assert!(errors.is_empty(), "{} of {built} block builds failed:\n{}", errors.len(), errors.join("\n"));
 }
 

@@ -1,6 +1,7 @@
 // linear over a block-format weight: y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row chunk of W
-// per dispatch. Not a complete shader: the lane builds it per format as emitted tables +
-// dequant/common.wgsl + dequant/<format>.wgsl (`decode_run`) + this body.
+// per dispatch. Not a complete shader: the lane builds it per format and precision as emitted
+// tables + dequant/common.wgsl + dequant/<format>.wgsl (`decode_run`) + an operands file
+// (`operand`, `to_operand`: see operands_exact.wgsl) + this body.
 // Tiling as linear_tile.wgsl, with K walked in runs of 32 (k is a whole number of blocks, so of
 // runs): workgroup 16×16 threads, 64×64 output tile (4×4 per thread, strided by 16); per step,
 // x tile [32][64] and W tile [32][64] in workgroup memory, the W tile decoded by 64 threads one
@@ -28,8 +29,8 @@ const BM: u32 = 64u;
 const BN: u32 = 64u;
 const BK: u32 = 32u;
 
-var<workgroup> xs: array<f32, 2048>; // [BK][BM]
-var<workgroup> ws: array<f32, 2048>; // [BK][BN]
+var<workgroup> xs: array<operand, 2048>; // [BK][BM]
+var<workgroup> ws: array<operand, 2048>; // [BK][BN]
 
 @compute @workgroup_size(16, 16, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -52,7 +53,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if (gr < p.n) {
                 v = x[gr * p.k + k0 + kk];
             }
-            xs[kk * BM + m] = v;
+            xs[kk * BM + m] = to_operand(v);
         }
         // W tile: thread li < 64 decodes run k0/32 of row col0 + li.
         if (li < BN) {
@@ -60,11 +61,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if (gc < p.chunk_rows) {
                 let v = decode_run(gc * p.w_stride, k0 / BK);
                 for (var kk = 0u; kk < BK; kk++) {
-                    ws[kk * BN + li] = v[kk];
+                    ws[kk * BN + li] = to_operand(v[kk]);
                 }
             } else {
                 for (var kk = 0u; kk < BK; kk++) {
-                    ws[kk * BN + li] = 0.0;
+                    ws[kk * BN + li] = operand(0.0);
                 }
             }
         }
@@ -72,11 +73,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         for (var kk = 0u; kk < BK; kk++) {
             let xo = kk * BM + lid.y;
             let wo = kk * BN + lid.x;
-            let b = vec4<f32>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]);
-            acc0 = fma(vec4<f32>(xs[xo]), b, acc0);
-            acc1 = fma(vec4<f32>(xs[xo + 16u]), b, acc1);
-            acc2 = fma(vec4<f32>(xs[xo + 32u]), b, acc2);
-            acc3 = fma(vec4<f32>(xs[xo + 48u]), b, acc3);
+            let b = vec4<f32>(vec4<operand>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]));
+            acc0 = fma(vec4<f32>(f32(xs[xo])), b, acc0);
+            acc1 = fma(vec4<f32>(f32(xs[xo + 16u])), b, acc1);
+            acc2 = fma(vec4<f32>(f32(xs[xo + 32u])), b, acc2);
+            acc3 = fma(vec4<f32>(f32(xs[xo + 48u])), b, acc3);
         }
         workgroupBarrier();
     }

@@ -1,7 +1,9 @@
 // The language-model ops with a weight operand, over a block-format weight: the same entry
 // points, bindings and parameter blocks as lm.wgsl's (see there), each reading W a run of 32
 // values at a time through `decode_run` (dequant/<format>.wgsl). Not a complete shader: the
-// lane builds it per format as emitted tables + dequant/common.wgsl + the format file + this.
+// lane builds it per format and precision as emitted tables + dequant/common.wgsl + the format
+// file + an operands file (as lm.wgsl's GEMM ops, the products take both operands through
+// `to_operand`) + this.
 // Every weight row length (k, d, h) is a whole number of blocks, so of runs.
 
 struct P {
@@ -67,7 +69,7 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     for (var run = 0u; run < k / 32u; run++) {
         let v = decode_run(ol * p.u8, run);
         for (var j = 0u; j < 32u; j++) {
-            s += a[xb + 32u * run + j] * v[j];
+            s += f32(to_operand(a[xb + 32u * run + j])) * f32(to_operand(v[j]));
         }
     }
     out[i * p.u6 + o] = s;
@@ -80,7 +82,7 @@ fn expert_row_dot(t: u32, j: u32) -> f32 {
     for (var run = 0u; run < p.u2 / 32u; run++) {
         let v = decode_run(j * p.u6, run);
         for (var e = 0u; e < 32u; e++) {
-            s += a[xo + 32u * run + e] * v[e];
+            s += f32(to_operand(a[xo + 32u * run + e])) * f32(to_operand(v[e]));
         }
     }
     return s;
@@ -126,7 +128,7 @@ fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var run = 0u; run < p.u2 / 32u; run++) {
         let v = decode_run(o * p.u6, run);
         for (var e = 0u; e < 32u; e++) {
-            s += b[t * p.u2 + 32u * run + e] * v[e];
+            s += f32(to_operand(b[t * p.u2 + 32u * run + e])) * f32(to_operand(v[e]));
         }
     }
     out[x] = s;

@@ -50,8 +50,9 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
         /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
-        /// operands, f32 accumulation; the CUDA lane only so far). Default: $FOVEA_PRECISION, else
-        /// fast on cuda and exact elsewhere.
+        /// operands, f32 accumulation; cuda, and wgpu on adapters with f16 shaders). Default:
+        /// $FOVEA_PRECISION, else fast on cuda and on a wgpu GPU with f16, exact elsewhere
+        /// (cpu, software adapters such as lavapipe).
         #[arg(long)]
         precision: Option<Precision>,
         /// Position of the image placeholder in the token stream (sets the lead pads; vision
@@ -103,8 +104,9 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
         /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
-        /// operands, f32 accumulation; the CUDA lane only so far). Default: $FOVEA_PRECISION, else
-        /// fast on cuda and exact elsewhere.
+        /// operands, f32 accumulation; cuda, and wgpu on adapters with f16 shaders). Default:
+        /// $FOVEA_PRECISION, else fast on cuda and on a wgpu GPU with f16, exact elsewhere
+        /// (cpu, software adapters such as lavapipe).
         #[arg(long)]
         precision: Option<Precision>,
     },
@@ -135,8 +137,8 @@ struct ServeArgs {
     /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto).
     #[arg(long)]
     backend: Option<String>,
-    /// exact or fast (f16 GEMM operands; cuda only so far). Default: $FOVEA_PRECISION, else fast
-    /// on cuda and exact elsewhere.
+    /// exact or fast (f16 GEMM operands; cuda, and wgpu with f16 shaders). Default:
+    /// $FOVEA_PRECISION, else fast on cuda and on a wgpu GPU with f16, exact elsewhere.
     #[arg(long)]
     precision: Option<Precision>,
     /// Address to listen on.

@@ -1,4 +1,5 @@
-//! Block weight formats on the wgpu lane: the WGSL source of each (kernel, format) pipeline.
+//! Block weight formats on the wgpu lane: the WGSL source of each (kernel, format, precision)
+//! pipeline.
 //!
 //! A block-format kernel is built per format from one template: accessors of the lookup tables
 //! that format needs (read from one device buffer built from the Rust arrays in
@@ -6,12 +7,14 @@
 //! no u64, so a u64 grid entry becomes two u32, low word first), then
 //! `shaders/dequant/common.wgsl` (byte access, f16/E8M0/e4m3 by bit construction), the format's
 //! `shaders/dequant/<format>.wgsl` (its `decode_run`: 32 consecutive values of a row, each block
-//! scale decoded once per run), then the kernel body (`shaders/dequant/linear.wgsl` or
-//! `shaders/dequant/lm.wgsl`). So each pipeline is specialised to one format, with no per-element
-//! branch on a runtime format code, and the weights stay in their file bytes on the device.
+//! scale decoded once per run), the operands file of the precision (`shaders/operands_*.wgsl`),
+//! then the kernel body (`shaders/dequant/linear.wgsl` or `shaders/dequant/lm.wgsl`). So each
+//! pipeline is specialised to one format, with no per-element branch on a runtime format code,
+//! and the weights stay in their file bytes on the device.
 
 use std::fmt::Write;
 
+use crate::backend::Precision;
 use crate::formats::{WeightFormat, tables};
 
 /// The kernel bodies that read block-format weights.
@@ -201,15 +204,23 @@ fn tables_for(format: WeightFormat) -> String {
     s
 }
 
-/// The WGSL of `kernel` specialised to the block format `format` (`None` for a float format),
-/// with a label naming its parts.
-pub fn block_shader_source(format: WeightFormat, kernel: BlockKernel) -> Option<(String, String)> {
+/// The WGSL of `kernel` specialised to the block format `format` (`None` for a float format) and
+/// to `precision` (its operands file, see `shaders/operands_exact.wgsl`), with a label naming its
+/// parts.
+pub fn block_shader_source(
+    format: WeightFormat,
+    kernel: BlockKernel,
+    precision: Precision,
+) -> Option<(String, String)> {
     let (file, decode) = decoder(format)?;
-    let label = format!("{format} tables + dequant/common.wgsl + dequant/{file} + {}", kernel.file());
+    let (operands_file, operands) = super::operands_part(precision);
+    let label = format!("{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file} + {}", kernel.file());
     let mut src = format!("// {label}\n");
+    src += super::directives(precision == Precision::Fast);
     src += &tables_for(format);
     src += include_str!("../../../shaders/dequant/common.wgsl");
     src += decode;
+    src += operands;
     src += kernel.body();
     Some((label, src))
 }
@@ -261,7 +272,7 @@ mod tests {
     #[test]
     fn formats_without_tables_declare_no_table_binding() {
         for f in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
-            let (_, src) = block_shader_source(f, BlockKernel::Linear).unwrap();
+            let (_, src) = block_shader_source(f, BlockKernel::Linear, Precision::Exact).unwrap();
             assert_eq!(src.contains(&format!("@binding({TABLES_BINDING})")), uses_tables(f), "{f}");
         }
     }

@@ -19,6 +19,12 @@
 //! - F16 weights: `shaders/linear_f16.wgsl` (`array<vec2<f16>>`) when the device has SHADER_F16,
 //!   else `linear.wgsl` with an exact integer half→f32 decode (not `unpack2x16float`, which needs
 //!   naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals). BF16: `u << 16`.
+//! - Precision (`Options::precision`): every GEMM kernel (linear, grouped_linear, the experts'
+//!   gate/up/down; float and block formats) is built twice, with `shaders/operands_exact.wgsl`
+//!   (f32 operands) and with `shaders/operands_fast.wgsl` (each operand rounded to the nearest
+//!   f16, f16 tiles, f32 accumulation), which needs SHADER_F16. A weight uploaded with
+//!   `upload_weight_exact` (router, hyper-connection mixes) always takes the exact build; norms,
+//!   softmax, attention, routing and the residual stream have one (f32) build.
 //! - `gather_rows` bounds-checks every index in the shader: an index outside `0..m` yields a row
 //!   of NaN (loud downstream) and never reads out of bounds.
 //! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
@@ -42,7 +48,8 @@ use formats::BlockKernel;
 
 use crate::backend::checks::{self, NamedWeight};
 use crate::backend::{
-    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, WeightFormat,
+    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, Precision,
+    WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -67,8 +74,12 @@ pub struct Options {
     pub max_binding_bytes: Option<u64>,
     /// Guard words appended to every activation output (0 = off). Diagnostic.
     pub guard_words: u32,
-    /// Use the integer-decode f16 kernel even when the device has SHADER_F16.
+    /// Behave as a device without SHADER_F16 even when it has it: the integer-decode f16 kernel,
+    /// and fast precision refused.
     pub force_f16_fallback: bool,
+    /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
+    /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
+    pub precision: Precision,
     /// Size of one weight pool buffer; matrices (or chunks) over half of it get their own buffer.
     /// Small (4 MiB) so the unused tail of the last pool stays a negligible share of the weights.
     pub weight_pool_bytes: u64,
@@ -85,6 +96,7 @@ impl Default for Options {
             max_binding_bytes: None,
             guard_words: 0,
             force_f16_fallback: false,
+            precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
             wait_timeout: std::time::Duration::from_secs(600),
@@ -219,6 +231,8 @@ pub struct WgpuWeight {
     /// 32-bit words per (padded) row.
     stride_words: usize,
     chunks: Vec<WeightChunk>,
+    /// Uploaded by `upload_weight_exact`: its products stay f32 in fast precision.
+    exact: bool,
 }
 
 impl WgpuWeight {
@@ -258,49 +272,66 @@ struct Pool {
     used: u64,
 }
 
+/// A shader module. The GEMM kernels carry the precision of their operands (operands file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Shader {
-    Linear,
-    LinearF16,
+    Linear(Precision),
+    LinearF16(Precision),
     Elementwise,
     Copy,
     Norm,
     Rope,
     Attention,
     Debug,
-    Lm,
+    /// lm.wgsl: its GEMM ops run from the build of their weight's precision, every other entry
+    /// point from the exact build.
+    Lm(Precision),
     /// A kernel over block-format weights, built for one format (formats.rs).
-    Block(BlockKernel, WeightFormat),
+    Block(BlockKernel, WeightFormat, Precision),
+}
+
+/// The operands file of a GEMM build: its label and WGSL (see `shaders/operands_exact.wgsl`).
+fn operands_part(precision: Precision) -> (&'static str, &'static str) {
+    match precision {
+        Precision::Exact => ("operands_exact.wgsl", include_str!("../../../shaders/operands_exact.wgsl")),
+        Precision::Fast => ("operands_fast.wgsl", include_str!("../../../shaders/operands_fast.wgsl")),
+    }
+}
+
+/// The directives a build starts with: `enable f16;` when any of its parts uses f16 (WGSL wants
+/// every directive before the first declaration, so the parts themselves carry none).
+fn directives(uses_f16: bool) -> &'static str {
+    if uses_f16 { "enable f16;\n" } else { "" }
 }
 
 impl Shader {
     /// A label naming the shader's files, and its WGSL.
     fn source(self) -> Result<(String, Cow<'static, str>)> {
         let fixed = |label: &str, src: &'static str| Ok((label.to_owned(), Cow::Borrowed(src)));
+        // A GEMM build: its directives, the weight-format part (if any), the operands file of
+        // the precision, then the body; (file, WGSL) pairs.
+        let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
+            let parts: Vec<(&str, &str)> = format.into_iter().chain([operands_part(precision), body]).collect();
+            let label = parts.iter().map(|(file, _)| *file).collect::<Vec<_>>().join(" + ");
+            let mut src = directives(format_uses_f16 || precision == Precision::Fast).to_owned();
+            parts.iter().for_each(|(_, text)| src += text);
+            Ok((label, Cow::Owned(src)))
+        };
+        const TILE: (&str, &str) = ("linear_tile.wgsl", include_str!("../../../shaders/linear_tile.wgsl"));
+        const PACKED: (&str, &str) = ("linear_packed.wgsl", include_str!("../../../shaders/linear_packed.wgsl"));
+        const F16: (&str, &str) = ("linear_f16.wgsl", include_str!("../../../shaders/linear_f16.wgsl"));
+        const LM: (&str, &str) = ("lm.wgsl", include_str!("../../../shaders/lm.wgsl"));
         match self {
-            // The format file first (it may hold `enable f16;`, which must lead), then the shared body.
-            Shader::Linear => fixed(
-                "linear_packed.wgsl + linear_tile.wgsl",
-                concat!(
-                    include_str!("../../../shaders/linear_packed.wgsl"),
-                    include_str!("../../../shaders/linear_tile.wgsl")
-                ),
-            ),
-            Shader::LinearF16 => fixed(
-                "linear_f16.wgsl + linear_tile.wgsl",
-                concat!(
-                    include_str!("../../../shaders/linear_f16.wgsl"),
-                    include_str!("../../../shaders/linear_tile.wgsl")
-                ),
-            ),
+            Shader::Linear(precision) => gemm(false, Some(PACKED), TILE, precision),
+            Shader::LinearF16(precision) => gemm(true, Some(F16), TILE, precision),
             Shader::Elementwise => fixed("elementwise.wgsl", include_str!("../../../shaders/elementwise.wgsl")),
             Shader::Copy => fixed("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
             Shader::Norm => fixed("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
             Shader::Rope => fixed("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
             Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
-            Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
-            Shader::Block(kernel, format) => match formats::block_shader_source(format, kernel) {
+            Shader::Lm(precision) => gemm(false, None, LM, precision),
+            Shader::Block(kernel, format, precision) => match formats::block_shader_source(format, kernel, precision) {
                 Some((label, src)) => Ok((label, Cow::Owned(src))),
                 None => Err(Error::Device(format!("{}: {format} is not a block format", kernel.file()))),
             },
@@ -314,7 +345,7 @@ impl Shader {
     /// from their parameter block.
     fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
         match self {
-            Shader::Linear => vec![("FMT", f64::from(fmt))],
+            Shader::Linear(_) => vec![("FMT", f64::from(fmt))],
             _ => Vec::new(),
         }
     }
@@ -329,21 +360,26 @@ impl Shader {
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
-            Shader::Linear | Shader::LinearF16 | Shader::Lm | Shader::Block(..) => {}
+            Shader::Linear(_) | Shader::LinearF16(_) | Shader::Lm(_) | Shader::Block(..) => {}
         }
     }
 
     /// Every (shader, `fmt`) the lane creates pipelines from, and whether it is built only with
     /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
-    /// ([`linear_shader`], [`lm_weight_shader`]) for every weight format, with and without
-    /// SHADER_F16; pairs that build the same module and constants are listed once.
+    /// ([`linear_shader`], [`lm_weight_shader`]) for every weight format, in both precisions with
+    /// SHADER_F16 and in exact precision without it (fast needs it); pairs that build the same
+    /// module and constants are listed once.
     fn every_build() -> Vec<(Shader, u32, bool)> {
         let mut with = Vec::new();
         let mut without = Vec::new();
-        for (native_f16, list) in [(true, &mut with), (false, &mut without)] {
-            for f in WeightFormat::ALL {
-                list.push(linear_shader(f, native_f16));
-                list.push(lm_weight_shader(f));
+        for (native_f16, precisions, list) in
+            [(true, &[Precision::Exact, Precision::Fast][..], &mut with), (false, &[Precision::Exact], &mut without)]
+        {
+            for &precision in precisions {
+                for f in WeightFormat::ALL {
+                    list.push(linear_shader(f, native_f16, precision));
+                    list.push(lm_weight_shader(f, precision));
+                }
             }
             list.extend(Shader::FIXED.map(|s| (s, 0)));
         }
@@ -376,7 +412,8 @@ pub struct ShaderBuild {
 
 /// Every shader module the lane can build, one entry per set of override constants, from the
 /// same source-building code as the lane's pipelines: the fixed shaders, the float weight
-/// kernels with and without SHADER_F16 (`force_f16_fallback`), and each block format's builds.
+/// kernels with and without SHADER_F16 (`force_f16_fallback`), and each block format's builds,
+/// the weight kernels in both precisions (fast only with SHADER_F16).
 /// For `tests/wgsl.rs`, which translates them with naga to MSL and HLSL.
 #[doc(hidden)]
 pub fn shader_builds() -> Result<Vec<ShaderBuild>> {
@@ -456,6 +493,47 @@ pub fn list_adapters() -> Vec<String> {
         .collect()
 }
 
+/// One device creation at a time in this process (driver creation paths are not all thread-safe
+/// against each other).
+static DEVICE_CREATION: Mutex<()> = Mutex::new(());
+
+/// The first adapter whose name contains `name` (case-insensitive), else the best one (discrete >
+/// integrated > virtual > CPU such as lavapipe).
+fn select_adapter(name: Option<&str>) -> Result<wgpu::Adapter> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    if adapters.is_empty() {
+        return Err(Error::Device(
+            "no wgpu adapter found; install a Vulkan driver or Mesa lavapipe (mesa-vulkan-drivers)".into(),
+        ));
+    }
+    match name {
+        Some(want) => {
+            let w = want.to_lowercase();
+            match adapters.iter().find(|a| a.get_info().name.to_lowercase().contains(&w)) {
+                Some(a) => Ok(a.clone()),
+                None => {
+                    let found: Vec<String> = adapters.iter().map(|a| describe(&a.get_info())).collect();
+                    Err(Error::Device(format!("no wgpu adapter name contains `{want}`; found: {}", found.join(", "))))
+                }
+            }
+        }
+        None => Ok(adapters.iter().min_by_key(|a| type_rank(a.get_info().device_type)).unwrap().clone()),
+    }
+}
+
+/// The precision the command line runs an adapter in when none is asked for: fast on a GPU with
+/// SHADER_F16 (the issue's default for GPU lanes), exact on a software adapter (lavapipe,
+/// SwiftShader: the conformance device of CI, where f16 operands buy no speed) and on one
+/// without SHADER_F16 (which cannot run fast).
+pub fn default_precision(info: &wgpu::AdapterInfo, features: wgpu::Features) -> Precision {
+    if info.device_type != wgpu::DeviceType::Cpu && features.contains(wgpu::Features::SHADER_F16) {
+        Precision::Fast
+    } else {
+        Precision::Exact
+    }
+}
+
 fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
@@ -480,38 +558,40 @@ impl WgpuBackend {
     }
 
     pub fn with_options(opts: Options) -> Result<Self> {
-        // One device creation at a time in this process (driver creation paths are not all
-        // thread-safe against each other).
-        static CREATE: Mutex<()> = Mutex::new(());
-        let _one = CREATE.lock().unwrap_or_else(|e| e.into_inner());
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        if adapters.is_empty() {
-            return Err(Error::Device(
-                "no wgpu adapter found; install a Vulkan driver or Mesa lavapipe (mesa-vulkan-drivers)".into(),
-            ));
-        }
-        let adapter = match &opts.adapter_name {
-            Some(want) => {
-                let w = want.to_lowercase();
-                match adapters.iter().find(|a| a.get_info().name.to_lowercase().contains(&w)) {
-                    Some(a) => a.clone(),
-                    None => {
-                        let found: Vec<String> = adapters.iter().map(|a| describe(&a.get_info())).collect();
-                        return Err(Error::Device(format!(
-                            "no wgpu adapter name contains `{want}`; found: {}",
-                            found.join(", ")
-                        )));
-                    }
-                }
-            }
-            None => adapters.iter().min_by_key(|a| type_rank(a.get_info().device_type)).unwrap().clone(),
-        };
+        let _one = DEVICE_CREATION.lock().unwrap_or_else(|e| e.into_inner());
+        Self::on_adapter(select_adapter(opts.adapter_name.as_deref())?, opts)
+    }
+
+    /// The lane as the command line opens it: the adapter whose name contains `adapter_name`
+    /// (else the best one), in `precision`, or when `None` in the adapter's default
+    /// ([`default_precision`]).
+    pub fn open(adapter_name: Option<&str>, precision: Option<Precision>) -> Result<Self> {
+        let _one = DEVICE_CREATION.lock().unwrap_or_else(|e| e.into_inner());
+        let adapter = select_adapter(adapter_name)?;
+        let precision = precision.unwrap_or_else(|| default_precision(&adapter.get_info(), adapter.features()));
+        let opts = Options { adapter_name: adapter_name.map(str::to_owned), precision, ..Options::default() };
+        Self::on_adapter(adapter, opts)
+    }
+
+    fn on_adapter(adapter: wgpu::Adapter, opts: Options) -> Result<Self> {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let mut features = wgpu::Features::empty();
-        if adapter.features().contains(wgpu::Features::SHADER_F16) {
+        let has_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        if has_f16 {
             features |= wgpu::Features::SHADER_F16;
+        }
+        if opts.precision == Precision::Fast && (!has_f16 || opts.force_f16_fallback) {
+            let why = if has_f16 { "has but Options::force_f16_fallback turns off" } else { "lacks" };
+            return Err(Error::Unsupported {
+                lane: LANE,
+                op: "precision",
+                what: format!(
+                    "fast on {}: its f16 GEMM operands need SHADER_F16, which this adapter {why} \
+                     (use --precision exact)",
+                    describe(&info)
+                ),
+            });
         }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("fovea"),
@@ -740,7 +820,7 @@ impl WgpuBackend {
         });
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
         entries.extend(bindings.iter().map(|(b, r)| wgpu::BindGroupEntry { binding: *b, resource: r.clone() }));
-        if let Shader::Block(_, format) = shader
+        if let Shader::Block(_, format, _) = shader
             && formats::uses_tables(format)
         {
             entries.push(wgpu::BindGroupEntry {
@@ -1011,7 +1091,7 @@ impl WgpuBackend {
         params: &[u32],
         bindings: &[(u32, wgpu::BindingResource<'_>)],
     ) -> Result<()> {
-        self.dispatch_1d(Shader::Lm, entry, total, params, bindings)
+        self.dispatch_1d(Shader::Lm(Precision::Exact), entry, total, params, bindings)
     }
 
     /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
@@ -1033,30 +1113,38 @@ impl WgpuBackend {
     fn unsupported(op: Op, what: impl Into<String>) -> Error {
         Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
     }
-}
 
-/// The kernel of `linear` for `format`, with its `FMT` override: `linear_packed.wgsl` for f32
-/// (0), bf16 (1) and f16 without SHADER_F16 (2, integer decode), `linear_f16.wgsl` for f16 with
-/// it (`native_f16`), else the format's block build of dequant/linear.wgsl.
-fn linear_shader(format: WeightFormat, native_f16: bool) -> (Shader, u32) {
-    match format {
-        WeightFormat::F32 => (Shader::Linear, 0),
-        WeightFormat::BF16 => (Shader::Linear, 1),
-        WeightFormat::F16 if native_f16 => (Shader::LinearF16, 0),
-        WeightFormat::F16 => (Shader::Linear, 2),
-        f => (Shader::Block(BlockKernel::Linear, f), 0),
+    /// The precision of the products with `w`: the lane's, or exact for a weight from
+    /// `upload_weight_exact`.
+    fn gemm_precision(&self, w: &WgpuWeight) -> Precision {
+        if w.exact { Precision::Exact } else { self.opts.precision }
     }
 }
 
-/// The kernel of lm.wgsl's weight ops for `format`, with the `fmt` parameter it reads: lm.wgsl
-/// itself for the float formats (0 f32, 1 bf16, 2 f16), else the format's block build of
-/// dequant/lm.wgsl (which has no `fmt`).
-fn lm_weight_shader(format: WeightFormat) -> (Shader, u32) {
+/// The kernel of `linear` for `format` in `precision`, with its `FMT` override:
+/// `linear_packed.wgsl` for f32 (0), bf16 (1) and f16 without SHADER_F16 (2, integer decode),
+/// `linear_f16.wgsl` for f16 with it (`native_f16`), else the format's block build of
+/// dequant/linear.wgsl.
+fn linear_shader(format: WeightFormat, native_f16: bool, precision: Precision) -> (Shader, u32) {
     match format {
-        WeightFormat::F32 => (Shader::Lm, 0),
-        WeightFormat::BF16 => (Shader::Lm, 1),
-        WeightFormat::F16 => (Shader::Lm, 2),
-        f => (Shader::Block(BlockKernel::Lm, f), 0),
+        WeightFormat::F32 => (Shader::Linear(precision), 0),
+        WeightFormat::BF16 => (Shader::Linear(precision), 1),
+        WeightFormat::F16 if native_f16 => (Shader::LinearF16(precision), 0),
+        WeightFormat::F16 => (Shader::Linear(precision), 2),
+        f => (Shader::Block(BlockKernel::Linear, f, precision), 0),
+    }
+}
+
+/// The kernel of lm.wgsl's weight ops for `format` in `precision`, with the `fmt` parameter it
+/// reads: lm.wgsl itself for the float formats (0 f32, 1 bf16, 2 f16), else the format's block
+/// build of dequant/lm.wgsl (which has no `fmt`). `embed_rows` (a lookup, not a product) always
+/// takes the exact build.
+fn lm_weight_shader(format: WeightFormat, precision: Precision) -> (Shader, u32) {
+    match format {
+        WeightFormat::F32 => (Shader::Lm(precision), 0),
+        WeightFormat::BF16 => (Shader::Lm(precision), 1),
+        WeightFormat::F16 => (Shader::Lm(precision), 2),
+        f => (Shader::Block(BlockKernel::Lm, f, precision), 0),
     }
 }
 
@@ -1176,7 +1264,23 @@ impl Backend for WgpuBackend {
                 break;
             }
         }
-        Ok(WgpuWeight { name: w.name.clone(), format: w.format, rows: w.rows, cols: w.cols, stride_words, chunks })
+        Ok(WgpuWeight {
+            name: w.name.clone(),
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            stride_words,
+            chunks,
+            exact: false,
+        })
+    }
+
+    fn upload_weight_exact(&self, w: &HostWeight<'_>) -> Result<WgpuWeight> {
+        Ok(WgpuWeight { exact: true, ..self.upload_weight(w)? })
+    }
+
+    fn precision(&self) -> Precision {
+        self.opts.precision
     }
 
     /// Every row padded to the 4-byte stride the shaders address (`formats::stride_words`).
@@ -1210,7 +1314,7 @@ impl Backend for WgpuBackend {
         if gy > self.limits.max_compute_workgroups_per_dimension as usize {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
         }
-        let (shader, fmt) = linear_shader(w.format, self.native_f16);
+        let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w));
         let bias_res = match bias {
             Some(b) => b.binding(),
             None => self.dummy.as_entire_binding(),
@@ -1474,7 +1578,7 @@ impl Backend for WgpuBackend {
         let (n, d) = checks::embed_rows(table, ids)?;
         self.check_inputs(OP, [("ids", ids)])?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let (shader, fmt) = lm_weight_shader(table.format);
+        let (shader, fmt) = lm_weight_shader(table.format, Precision::Exact);
         // block formats: one thread per run of 32 values (d is a whole number of blocks)
         let threads = if table.format.is_block() { n * d / 32 } else { n * d };
         for (ci, c) in table.chunks.iter().enumerate() {
@@ -1518,7 +1622,7 @@ impl Backend for WgpuBackend {
         if segs > 0 && cols > 0 {
             let gx = segs.min(32768);
             self.dispatch(
-                Shader::Lm,
+                Shader::Lm(Precision::Exact),
                 OP,
                 0,
                 &[segs as u32, (cols / n_heads) as u32, eps.to_bits()],
@@ -1676,7 +1780,7 @@ impl Backend for WgpuBackend {
                 return Err(Error::Device(format!("op `{OP}`: {n} rows exceed the dispatch limit")));
             }
             self.dispatch(
-                Shader::Lm,
+                Shader::Lm(Precision::Exact),
                 OP,
                 0,
                 &[n as u32, hc as u32, iters as u32, eps.to_bits()],
@@ -1742,7 +1846,7 @@ impl Backend for WgpuBackend {
         if n > 0 && k > 0 {
             let gx = n.min(32768);
             self.dispatch(
-                Shader::Lm,
+                Shader::Lm(Precision::Exact),
                 OP,
                 0,
                 &[n as u32, m as u32, k as u32],
@@ -1760,7 +1864,7 @@ impl Backend for WgpuBackend {
         self.check_inputs(OP, [("x", x)])?;
         let cols = x.cols();
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
-        let (shader, fmt) = lm_weight_shader(w.format);
+        let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
         for c in &w.chunks {
             let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &c.buf,
@@ -1812,7 +1916,7 @@ impl Backend for WgpuBackend {
             let gx = g.min(32768);
             let scale = 1.0 / (hd as f32).sqrt();
             self.dispatch(
-                Shader::Lm,
+                Shader::Lm(Precision::Exact),
                 OP,
                 0,
                 &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
@@ -1868,7 +1972,7 @@ impl Backend for WgpuBackend {
         for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
             // the gate into hid, then the up with the clamped SwiGLU over hid in place
             for (entry, w) in [("moe_gate", g), ("moe_up", u)] {
-                let (shader, fmt) = lm_weight_shader(w.format);
+                let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
                 self.dispatch_1d(
                     shader,
                     entry,
@@ -1886,7 +1990,7 @@ impl Backend for WgpuBackend {
                     &[(1, x.binding()), (4, ids.binding()), (8, bind(w)), (6, hid.binding())],
                 )?;
             }
-            let (down, down_fmt) = lm_weight_shader(o.format);
+            let (down, down_fmt) = lm_weight_shader(o.format, self.gemm_precision(o));
             self.dispatch_1d(
                 down,
                 "moe_down",
