@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -50,7 +50,6 @@ pub fn body_limit(opts: &ServeOptions) -> usize {
 }
 
 pub fn router(state: AppState) -> Router {
-    let limit = body_limit(&state.opts);
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
@@ -60,7 +59,6 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
@@ -103,7 +101,7 @@ async fn health(State(st): State<AppState>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-async fn chat(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(st): State<AppState>, body: Body) -> Response {
     let arrived = Instant::now();
     let id = format!("chatcmpl-{}-{}", st.started, st.next_id.fetch_add(1, Ordering::Relaxed));
     match submit(&st, body, arrived).await {
@@ -114,26 +112,45 @@ async fn chat(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -
     }
 }
 
+/// How much of a body over the limit is still read, and dropped, before the 413 goes out: a
+/// connection closed with unread data is reset, and the reset can cost the client the answer.
+const DRAIN_BYTES: usize = 64 << 20;
+
+/// The request body, at most [`body_limit`] bytes (413 beyond, naming the limits).
+async fn read_body(st: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    let limit = body_limit(&st.opts);
+    let mut chunks = body.into_data_stream();
+    let (mut kept, mut total) = (Vec::new(), 0usize);
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+        total = total.saturating_add(chunk.len());
+        if total <= limit {
+            kept.extend_from_slice(&chunk);
+        } else if total > limit.saturating_add(DRAIN_BYTES) {
+            break;
+        }
+    }
+    if total > limit {
+        return Err(ApiError::bad_request(format!(
+            "the request body is larger than {limit} bytes (at most --max-images {} image(s) of --max-image-bytes {} \
+             bytes, base64-encoded, plus {TEXT_BODY_BYTES} bytes of text)",
+            st.opts.limits.max_images, st.opts.limits.max_image_bytes
+        ))
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+        .with_code("request_too_large"));
+    }
+    Ok(Bytes::from(kept))
+}
+
 /// Check the request, take a slot, prepare the images and the tokens, and hand the job to the
 /// worker; its events come back on the receiver. The slot is the request's until its answer is
 /// sent or its client has gone (the caller drops it then).
 async fn submit(
     st: &AppState,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
     arrived: Instant,
 ) -> Result<(ChatRequest, mpsc::UnboundedReceiver<Event>, Slot), ApiError> {
-    let body = body.map_err(|r| match r.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::bad_request(format!(
-            "the request body is larger than {} bytes (at most --max-images {} image(s) of --max-image-bytes {} \
-             bytes, base64-encoded, plus {TEXT_BODY_BYTES} bytes of text)",
-            body_limit(&st.opts),
-            st.opts.limits.max_images,
-            st.opts.limits.max_image_bytes
-        ))
-        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-        .with_code("request_too_large"),
-        status => ApiError::bad_request(format!("cannot read the request body: {}", r.body_text())).with_status(status),
-    })?;
+    let body = read_body(st, body).await?;
     let req = api::parse_chat(&body, &st.opts.limits)?;
     let images: Vec<(String, String)> = req
         .messages
