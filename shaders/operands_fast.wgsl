@@ -4,8 +4,9 @@
 // of two f16 values are exact in f32, so with f32 accumulation the result is the f32 GEMM of the
 // rounded operands, whatever the device: the rounding is done here in integer arithmetic, because
 // WGSL lets an f32 → f16 conversion of an inexact value go to either neighbour (only an exact
-// value converts exactly). f16's range is the price: a magnitude of 65520 or more becomes ±inf,
-// which shows in the output; the model's GEMM inputs are normalised or clamped far below it.
+// value converts exactly). f16's range is the price: a magnitude of 65520 or more rounds past
+// f16's largest value, and what the f16 conversion then gives is up to the device (WGSL leaves it
+// indeterminate); the model's GEMM inputs are normalised or clamped far below it.
 alias operand = f16;
 
 fn to_operand(v: f32) -> f16 {

@@ -46,7 +46,7 @@ fn sorted_rows(ids: &[i32], k: usize) -> Vec<i64> {
 }
 
 /// vl-tiny's language model on the CPU lane.
-fn load_vl_tiny() -> (CpuBackend, LmModel<CpuBackend>, LmConfig) {
+fn vl_tiny_lm_on_cpu() -> (CpuBackend, LmModel<CpuBackend>, LmConfig) {
     let b = CpuBackend::new();
     let dir = common::model_dir("vl-tiny");
     let cfg = LmConfig::from_file(&dir.join("config.json")).unwrap();
@@ -151,7 +151,7 @@ fn check_chunked_images(name: &str, lane: &(CpuBackend, LmModel<CpuBackend>, LmC
 /// two back to back, which chunk size 37 cuts between), chunked as above.
 #[test]
 fn chunked_prefill_with_several_images_keeps_each_block_whole_and_matches() {
-    let lane = load_vl_tiny();
+    let lane = vl_tiny_lm_on_cpu();
     check_chunked_images("vl-two", &lane, 2);
     check_chunked_images("vl-three", &lane, 3);
     // the cut between vl-three's back-to-back blocks (odd.png's END at 84, wide.png's lead PAD at 85)
@@ -206,4 +206,43 @@ fn decode_after_a_chunked_prefill_reproduces_the_greedy_golden() {
 fn batched_decode_steps_match_the_golden() {
     let fails = common::lm::check_batched_decode(&CpuBackend::new(), REL_L2);
     assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+/// `Generator::step_batch` (the server's round) gives every generator the tokens it gets alone:
+/// three prompts of different lengths and one that is still in its prefill while the others
+/// decode, greedy, 8 tokens each.
+#[test]
+fn a_batch_of_generators_gives_each_the_tokens_it_gets_alone() {
+    use fovea::model::lm::generate::{Generator, Sampling};
+    let (b, model, _) = load();
+    let ids: Vec<i32> = lm_golden("lm-text").i["input_ids"].1.iter().map(|&x| x as i32).collect();
+    let prompts = [&ids[..5], &ids[..17], &ids[..40]];
+    let new = |p: &[i32]| {
+        Generator::new(&model, &b, &LmInput { ids: p.to_vec(), window: None }, None, 8, &[], &Sampling::default())
+            .unwrap()
+    };
+    let alone: Vec<Vec<i32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut g = new(p);
+            while g.step(&model, &b).unwrap().is_some() {}
+            g.ids().to_vec()
+        })
+        .collect();
+    // the third starts two rounds late, so its prefill runs beside the others' decode steps
+    let mut gens: Vec<Generator<CpuBackend>> = prompts[..2].iter().map(|p| new(p)).collect();
+    for round in 0.. {
+        if round == 2 {
+            gens.push(new(prompts[2]));
+        }
+        let mut refs: Vec<&mut Generator<CpuBackend>> = gens.iter_mut().collect();
+        let steps = Generator::step_batch(&mut refs, &model, &b);
+        let ran = steps.into_iter().map(|s| s.unwrap()).filter(Option::is_some).count();
+        if ran == 0 && round > 2 {
+            break;
+        }
+    }
+    let batched: Vec<Vec<i32>> = gens.iter().map(|g| g.ids().to_vec()).collect();
+    assert!(alone.iter().all(|ids| ids.len() == 8), "{alone:?}");
+    assert_eq!(batched, alone, "batched rounds vs each generator alone");
 }

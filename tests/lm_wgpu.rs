@@ -82,12 +82,7 @@ fn wgpu_batched_decode_steps_match_transformers() {
 #[test]
 fn wgpu_several_images_match_the_reference() {
     let Some(b) = lane() else { return };
-    let fails: Vec<String> = common::lm::VL_MULTI
-        .iter()
-        .flat_map(|name| {
-            common::lm::check_vl_images(b, name, common::lm::VL_REL_L2).into_iter().map(move |f| format!("{name}: {f}"))
-        })
-        .collect();
+    let fails = common::lm::check_vl_multi(b);
     assert!(fails.is_empty(), "several images on {}:\n{}", b.device_name(), fails.join("\n"));
 }
 

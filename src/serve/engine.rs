@@ -231,7 +231,8 @@ impl LaneJob for Worker {
 }
 
 /// The worker's loop: take new jobs, drop those whose client has gone, start waiting jobs
-/// while fewer than `parallel` run, then one step of each active sequence in turn. Returns when
+/// while fewer than `parallel` run, then a round: one step of each active sequence, the decode
+/// steps of all that are decoding as one batched forward. Returns when
 /// every sender is gone and nothing is left to run.
 fn schedule<B: Backend>(
     lm: &LoadedLm<'_, B>,

@@ -59,8 +59,9 @@ impl Default for Limits {
             // 32 Mpx: 96 MiB decoded (RGB8), more than any camera; the tower resizes to its token
             // budget anyway
             max_image_pixels: 32 << 20,
-            // each block is at most 384 positions, so 4 fit the default prompt limit many times over;
-            // the body limit grows with it (4 images at --max-image-bytes, base64-encoded)
+            // a block holds at most 384 image tokens plus its newlines, pads and sentinels, so 4
+            // take well under half the default prompt limit; the body limit grows with it (4
+            // images at --max-image-bytes, base64-encoded)
             max_images: 4,
         }
     }

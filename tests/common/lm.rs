@@ -353,6 +353,15 @@ pub fn check_batched_decode<B: Backend>(b: &B, contract: impl Into<Contract>) ->
 /// The several-image goldens of fixtures/gen/vl/make_vl.py (vl-tiny; issue 15 item 1).
 pub const VL_MULTI: [&str; 2] = ["vl-two", "vl-three"];
 
+/// [`check_vl_images`] on every golden of [`VL_MULTI`] in exact precision
+/// ([`VL_REL_L2`]); failures prefixed with the golden's name.
+pub fn check_vl_multi<B: Backend>(b: &B) -> Vec<String> {
+    VL_MULTI
+        .iter()
+        .flat_map(|name| check_vl_images(b, name, VL_REL_L2).into_iter().map(move |f| format!("{name}: {f}")))
+        .collect()
+}
+
 /// Logits etc. of a prompt whose image rows come from the lane's own vision tower, relative L2.
 /// Two f32 error sources add up (the derivation of tests/lm_vl.rs): the LM's, ≤ 1e-5 as for
 /// lm-text, and the vision rows' (gated at 2e-5 against timm by the vision tests, measured ~1e-6)

@@ -289,7 +289,8 @@ impl<B: Backend> Generator<B> {
     /// One step of each generator, as [`Generator::step`] takes it, except that the decode steps
     /// of all generators that are decoding run as one forward ([`LmModel::decode_batch`]); prefill
     /// chunks run one after another. Result i is generator i's; when the batched forward fails,
-    /// each generator in it gets the error (and stops, as after a failed step).
+    /// every generator in it fails with the error's message (one failure fails the whole batch;
+    /// each stops, as after a failed step).
     pub fn step_batch(gens: &mut [&mut Generator<B>], model: &LmModel<B>, b: &B) -> Vec<Result<Option<Step>>> {
         let mut results: Vec<Option<Result<Option<Step>>>> = gens.iter().map(|_| None).collect();
         let mut decoding = Vec::new();
@@ -313,9 +314,11 @@ impl<B: Backend> Generator<B> {
             let vocab = model.config().vocab_size;
             match logits {
                 Ok(logits) => {
+                    // every sequence in the batch waited for the whole step
+                    let step = t.elapsed();
                     for (row, (i, cache, _)) in decoding.into_iter().enumerate() {
                         let g = &mut gens[i];
-                        g.decode += t.elapsed();
+                        g.decode += step;
                         results[i] = Some(Ok(Some(g.take_token(&logits[row * vocab..(row + 1) * vocab], cache))));
                     }
                 }

@@ -607,7 +607,8 @@ impl<B: Backend> LmModel<B> {
     /// One decode step of several sequences in one forward: `ids[i]` extends `caches[i]` at its
     /// own position. Returns the logits `[B, vocab]`, row i for sequence i. The per-token work
     /// (projections, MoE, hyper-connections, head) runs on all B rows at once; RoPE, the caches,
-    /// the compressors and attention run per sequence.
+    /// the compressors and attention run per sequence. After an error the caches are not to be
+    /// used again: a failure part way leaves some layers extended and others not.
     pub fn decode_batch(&self, b: &B, caches: &mut [&mut LmCache<B>], ids: &[i32]) -> Result<B::Tensor> {
         let v = self.cfg.vocab_size;
         if let Some(&id) = ids.iter().find(|&&id| id < 0 || id as usize >= v) {
