@@ -266,9 +266,13 @@ impl<T> std::ops::Deref for SeqRows<'_, T> {
     }
 }
 
-/// Rows `range` of x, without a copy when they are all of x (a forward of one sequence).
-fn seq_rows<'t, B: Backend>(b: &B, x: &'t B::Tensor, range: std::ops::Range<usize>) -> Result<SeqRows<'t, B::Tensor>> {
-    if range == (0..x.rows()) { Ok(SeqRows::All(x)) } else { Ok(SeqRows::Copied(rows_of(b, x, range)?)) }
+/// A sequence's rows of x: x itself when the sequence owns every row (`index` `None`, a forward
+/// of one sequence), else the rows `index` lists.
+fn seq_rows<'t, B: Backend>(b: &B, x: &'t B::Tensor, index: Option<&B::Tensor>) -> Result<SeqRows<'t, B::Tensor>> {
+    match index {
+        None => Ok(SeqRows::All(x)),
+        Some(i) => Ok(SeqRows::Copied(b.gather_rows(x, i)?)),
+    }
 }
 
 /// Concatenate one record's per-chunk tensors.
@@ -711,6 +715,17 @@ impl<B: Backend> LmModel<B> {
         let kind: Vec<i32> = ids.iter().map(|&i| i32::from(i >= 0 && i as usize >= cfg.vocab_size)).collect();
         let kind = b.upload(&HostTensor::i32([n], kind)?)?;
 
+        // each sequence's row indices, uploaded once for every layer (none for a lone sequence)
+        let row_index = match seqs {
+            [_] => vec![None],
+            _ => seqs
+                .iter()
+                .map(|s| {
+                    let idx: Vec<i32> = s.rows.clone().map(|i| i as i32).collect();
+                    b.upload(&HostTensor::i32([idx.len()], idx)?).map(Some)
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
         let mut carry = Some(b.hc_expand(&h, cfg.hc_mult)?);
         for (l, layer) in self.layers.iter().enumerate() {
             // the residual entering this layer: carried, or the previous layer's traced output
@@ -722,7 +737,7 @@ impl<B: Backend> LmModel<B> {
             // attention sublayer
             let (pre, post, comb) = self.hc_split(b, x, &layer.hc_attn)?;
             let xa = b.rms_norm(&b.hc_pre(x, &pre)?, &layer.attn_norm, eps)?;
-            let (att, picks) = self.attention(b, layer, l, seqs, &xa)?;
+            let (att, picks) = self.attention(b, layer, l, seqs, &row_index, &xa)?;
             let x = b.hc_post(x, &att, &post, &comb)?;
             // MoE sublayer
             let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_ffn)?;
@@ -799,13 +814,14 @@ impl<B: Backend> LmModel<B> {
     /// Attention sublayer of layer `l` over rows x `[n, d]` that belong to `seqs` (each at its
     /// own positions `cache.pos..`): output `[n, d]`, and the indexer picks on CSA layers (a
     /// single sequence). The projections run on all rows at once; RoPE, the compressors, the
-    /// indexer, attention and the cache run per sequence.
+    /// indexer, attention and the cache run per sequence, on the rows `row_index[s]` lists.
     fn attention(
         &self,
         b: &B,
         layer: &Layer<B>,
         l: usize,
         seqs: &mut [SeqChunk<'_, B>],
+        row_index: &[Option<B::Tensor>],
         x: &B::Tensor,
     ) -> Result<(B::Tensor, Option<B::Tensor>)> {
         let cfg = &self.cfg;
@@ -833,10 +849,10 @@ impl<B: Backend> LmModel<B> {
         let single = seqs.len() == 1;
         let mut outs = Vec::with_capacity(seqs.len());
         let mut picks = None;
-        for s in seqs.iter_mut() {
+        for (s, index) in seqs.iter_mut().zip(row_index) {
             let (p0, n) = (s.cache.pos, s.rows.len());
             let lc = &mut s.cache.layers[l];
-            let part = |t| seq_rows(b, t, s.rows.clone());
+            let part = |t| seq_rows(b, t, index.as_ref());
             let q = b.rope_tail(&*part(&q)?, nh, f, p0, 1, false)?;
             let kv = b.rope_tail(&*part(&kv)?, 1, f, p0, 1, false)?;
             let keys = b.concat_rows(&lc.kv, &kv)?;
