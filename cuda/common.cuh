@@ -91,6 +91,27 @@ struct alignas(16) fa_f4 {
     float x, y, z, w;
 };
 
+// Sum of x[c]^2 over c < d for the block's row (every thread gets it; block_sum's contract): 16-byte
+// loads when the row is 16-byte aligned and d % 4 == 0, else single floats. A decode step's norms
+// are one block streaming a 4096- or 16384-float row, where single loads left it waiting on memory.
+__device__ __forceinline__ float block_sum_squares(const float* x, unsigned int d, float* red) {
+    float s = 0.0f;
+    if (d % 4u == 0u && ((u64)x & 15u) == 0u) {
+        const fa_f4* x4 = reinterpret_cast<const fa_f4*>(x);
+#pragma unroll 4
+        for (unsigned int c = threadIdx.x; c < d / 4u; c += blockDim.x) {
+            const fa_f4 v = x4[c];
+            s = fmaf(v.x, v.x, s);
+            s = fmaf(v.y, v.y, s);
+            s = fmaf(v.z, v.z, s);
+            s = fmaf(v.w, v.w, s);
+        }
+    } else {
+        for (unsigned int c = threadIdx.x; c < d; c += blockDim.x) s = fmaf(x[c], x[c], s);
+    }
+    return block_sum(s, red);
+}
+
 __device__ __forceinline__ unsigned int fa_stride(unsigned int hd) {
     const unsigned int s = (hd + 3u) & ~3u;
     return (s % 8u == 0u) ? s + 4u : s;
@@ -594,81 +615,178 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 }
 
 // Few rows (decode: one token, or the few slots of each expert): a 64-row tile would stage
-// mostly zeros and give only cols / 64 blocks to stream the weight, so instead a warp owns one
-// pair of output columns (c, c + 1) for all rows, its lanes stride over k (consecutive lanes,
-// consecutive weights: coalesced), and the grid has a warp per column pair to keep the memory
-// busy. With fewer than GEMV_SPLIT_PAIRS pairs (a narrow projection, such as the mHC mix) that
-// is too few warps, so the four warps of a block share one pair, each taking every fourth run of
-// 32 k, and their sums meet in shared memory (warp order). Plain f32 FMAs of the decoded weights
-// (the f32 path's products), a warp-shuffle sum at the end.
-// Block GEMM_THREADS = GEMV_WARPS warps; block b, warp v owns columns 2 (GEMV_WARPS b + v) + {0, 1},
-// or all warps columns 2b + {0, 1} when split.
+// mostly zeros and give only cols / 64 blocks to stream the weight. Instead each output column
+// pair (c, c + 1) is computed for all rows (up to GEMV_ROWS) by a team that strides over k in runs
+// of GEMV_RUN elements: team member t takes runs t, t + team, ..., so a warp reads 32 adjacent
+// 16-byte pieces of a 16-bit weight row (coalesced). Each member first issues the loads of
+// GEMV_BATCH runs (half that for block formats), then their FMAs, so several loads are in flight
+// per thread.
+// - Wide outputs (at least GEMV_WARP_PAIRS column pairs: the head, q_b, an expert's down
+//   projection): the team is a warp, a block's GEMV_WARPS warps own GEMV_WARPS adjacent pairs,
+//   and the warps' sums are finished by shuffles alone.
+// - Narrower outputs (q_a, the experts' gate and up, the mHC mixes): the team is the block, one
+//   pair per block, so even 12 pairs of 16 384 k (an mHC mix) keep 48 warps streaming; the warps'
+//   sums meet in shared memory in warp order.
+// (The first version gave a warp a column pair and read one 2-byte element per lane per step:
+// 130-530 GB/s on an H200, 6 % of its bandwidth, Nsight Compute, decode of a full-size layer.)
+// Plain f32 FMAs of the decoded weights (the f32 path's products) in both precisions: the path is
+// bound by memory, not arithmetic. Runs need k % GEMV_RUN == 0 and 16-byte aligned rows of A and
+// of float weights; otherwise (odd shapes in the op harness) members take single elements, with
+// the same reduction. Block GEMM_THREADS; the host sizes the grid by the same rule (gemm_grid in
+// src/backend/cuda/mod.rs).
 #define GEMV_ROWS 8
+#define GEMV_RUN 8
+#define GEMV_BATCH 4
 #define GEMV_WARPS (GEMM_THREADS / 32)
-#define GEMV_COLS (2 * GEMV_WARPS)
-#define GEMV_SPLIT_PAIRS 512
+#define GEMV_WARP_PAIRS 2048
+
+// Eight 16-bit weights (one 16-byte load).
+struct alignas(16) gemv_u4 {
+    unsigned int x, y, z, w;
+};
+
+// W elements idx .. idx + GEMV_RUN - 1 of one row, decoded to f32. f32 and 16-bit rows come in
+// 16-byte loads (the caller checked the alignment); a block format decodes the run from its
+// block (k is a whole number of blocks, so a run of 8 at a multiple of 8 never crosses one).
+template <int FMT>
+__device__ __forceinline__ void load_w_run(const void* w, u64 idx, float* out) {
+    if constexpr (FMT == 0) {
+        const fa_f4* p = reinterpret_cast<const fa_f4*>(static_cast<const float*>(w) + idx);
+        const fa_f4 a = p[0], b = p[1];
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+        out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    } else if constexpr (FMT == 1 || FMT == 2) {
+        const gemv_u4 q = *reinterpret_cast<const gemv_u4*>(static_cast<const unsigned short*>(w) + idx);
+        const unsigned int words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (unsigned int i = 0; i < 4; ++i) {
+            if constexpr (FMT == 1) {
+                out[2 * i] = __uint_as_float(words[i] << 16);
+                out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+            } else {
+                out[2 * i] = f16_to_f32(words[i] & 0xffffu);
+                out[2 * i + 1] = f16_to_f32(words[i] >> 16);
+            }
+        }
+    } else {
+        dq_run<FMT>(w, idx, out, GEMV_RUN);
+    }
+}
+
+// Whether W row `row` (an element offset) starts on 16 bytes, as load_w_run's vector loads need.
+template <int FMT>
+__device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row) {
+    if constexpr (FMT == 0)
+        return ((u64)(static_cast<const float*>(w) + row) & 15u) == 0u;
+    else if constexpr (FMT == 1 || FMT == 2)
+        return ((u64)(static_cast<const unsigned short*>(w) + row) & 15u) == 0u;
+    else
+        return true;
+}
 
 template <int FMT, class Op>
 __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
                                           unsigned int k, unsigned int block) {
     __shared__ float part[GEMV_WARPS][GEMV_ROWS][2];
     const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
-    const bool split = cols < 2u * GEMV_SPLIT_PAIRS; // the same in every block
-    const unsigned int c = split ? 2u * block : 2u * (block * GEMV_WARPS + warp);
-    const unsigned int k_first = split ? 32u * warp + lane : lane, k_step = split ? GEMM_THREADS : 32u;
-    // no early return: every lane of the block reaches the shuffles (and the emulator's barrier)
+    const bool warp_team = (cols + 1u) / 2u >= GEMV_WARP_PAIRS; // the same in every block
+    const unsigned int c = 2u * (warp_team ? block * GEMV_WARPS + warp : block);
+    const unsigned int member = warp_team ? lane : threadIdx.x, team = warp_team ? 32u : GEMM_THREADS;
+    // no early return: every thread reaches the shuffles and the barrier. A missing second
+    // column reads the first's row (in bounds); store2 drops its sum.
     const bool have0 = c < cols, have1 = c + 1u < cols;
-    const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : 0;
-    typename Op::ARow a[GEMV_ROWS];
+    const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : w0;
+    const float* a[GEMV_ROWS];
+    bool runs = k % GEMV_RUN == 0u && gemv_w_aligned<FMT>(w, w0) && gemv_w_aligned<FMT>(w, w1);
 #pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i)
-        if (i < rows) a[i] = op.a_row(i);
+    for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
+        a[i] = i < rows ? op.a_row(i) : 0;
+        if (i < rows) runs = runs && ((u64)a[i] & 15u) == 0u;
+    }
     float acc[GEMV_ROWS][2];
 #pragma unroll
     for (unsigned int i = 0; i < GEMV_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
-    if (have0) {
-#pragma unroll 4
-        for (unsigned int kk = k_first; kk < k; kk += k_step) {
-            const float wa = load_w<FMT>(w, w0 + kk), wb = have1 ? load_w<FMT>(w, w1 + kk) : 0.0f;
+    if (have0 && runs) {
+        // block formats decode each run from several loads already; half the batch keeps their
+        // kernels' size (and NVRTC's time) in bounds
+        constexpr unsigned int BATCH = FMT < WF_FIRST_BLOCK ? GEMV_BATCH : GEMV_BATCH / 2;
+        for (unsigned int k0 = GEMV_RUN * member; k0 < k; k0 += GEMV_RUN * team * BATCH) {
+            float wa[BATCH][GEMV_RUN], wb[BATCH][GEMV_RUN];
+#pragma unroll
+            for (unsigned int u = 0; u < BATCH; ++u) {
+                const unsigned int kk = k0 + u * GEMV_RUN * team;
+                if (kk < k) {
+                    load_w_run<FMT>(w, w0 + kk, wa[u]);
+                    load_w_run<FMT>(w, w1 + kk, wb[u]);
+                } else {
+#pragma unroll
+                    for (unsigned int e = 0; e < GEMV_RUN; ++e) wa[u][e] = wb[u][e] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (unsigned int u = 0; u < BATCH; ++u) {
+                const unsigned int kk = k0 + u * GEMV_RUN * team;
+                if (kk >= k) break;
+#pragma unroll
+                for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+                    if (i < rows) {
+                        const fa_f4* xp = reinterpret_cast<const fa_f4*>(a[i] + kk);
+                        const fa_f4 xa = xp[0], xb = xp[1];
+                        const float xv[GEMV_RUN] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+                        for (unsigned int e = 0; e < GEMV_RUN; ++e) {
+                            acc[i][0] = fmaf(xv[e], wa[u][e], acc[i][0]);
+                            acc[i][1] = fmaf(xv[e], wb[u][e], acc[i][1]);
+                        }
+                    }
+            }
+        }
+    } else if (have0) {
+        for (unsigned int kk = member; kk < k; kk += team) {
+            const float wa = load_w<FMT>(w, w0 + kk), wb = load_w<FMT>(w, w1 + kk);
 #pragma unroll
             for (unsigned int i = 0; i < GEMV_ROWS; ++i)
                 if (i < rows) {
-                    const float xv = op.a_at(a[i], kk);
-                    acc[i][0] = fmaf(xv, wa, acc[i][0]);
-                    acc[i][1] = fmaf(xv, wb, acc[i][1]);
+                    acc[i][0] = fmaf(a[i][kk], wa, acc[i][0]);
+                    acc[i][1] = fmaf(a[i][kk], wb, acc[i][1]);
                 }
         }
     }
 #pragma unroll
     for (unsigned int i = 0; i < GEMV_ROWS; ++i)
-        for (int o = 16; o > 0; o >>= 1) {
-            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][0], o);
-            acc[i][1] += __shfl_xor_sync(0xffffffffu, acc[i][1], o);
+        if (i < rows)
+            for (int o = 16; o > 0; o >>= 1) {
+                acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][0], o);
+                acc[i][1] += __shfl_xor_sync(0xffffffffu, acc[i][1], o);
+            }
+    if (warp_team) {
+        if (lane == 0 && have0)
+#pragma unroll
+            for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+                if (i < rows) op.store2(i, c, acc[i][0], acc[i][1]);
+        return;
+    }
+    if (lane == 0)
+#pragma unroll
+        for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
+            part[warp][i][0] = acc[i][0];
+            part[warp][i][1] = acc[i][1];
         }
-    if (split) {
-        if (lane == 0)
-            for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
-                part[warp][i][0] = acc[i][0];
-                part[warp][i][1] = acc[i][1];
-            }
-        __syncthreads();
-        if (threadIdx.x == 0 && have0)
-            for (unsigned int i = 0; i < rows && i < GEMV_ROWS; ++i) {
-                float v0 = 0.0f, v1 = 0.0f;
-                for (unsigned int v = 0; v < GEMV_WARPS; ++v) {
-                    v0 += part[v][i][0];
-                    v1 += part[v][i][1];
-                }
-                op.store2(i, c, v0, v1);
-            }
-    } else if (lane == 0 && have0) {
-        for (unsigned int i = 0; i < rows && i < GEMV_ROWS; ++i) op.store2(i, c, acc[i][0], acc[i][1]);
+    __syncthreads();
+    if (have0 && threadIdx.x < rows && threadIdx.x < GEMV_ROWS) {
+        const unsigned int i = threadIdx.x;
+        float v0 = 0.0f, v1 = 0.0f;
+        for (unsigned int v = 0; v < GEMV_WARPS; ++v) {
+            v0 += part[v][i][0];
+            v1 += part[v][i][1];
+        }
+        op.store2(i, c, v0, v1);
     }
 }
 
 // The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
 // every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, column block
-// col_block of GEMV_COLS columns (of 2 when it splits k); else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
+// col_block (one pair, or GEMV_WARPS pairs for wide outputs); else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
 // sizes the grid by the same rule (`gemm_cols_per_block` in src/backend/cuda/mod.rs).
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_block(const Op& op, const void* w, unsigned int rows, unsigned int cols,

@@ -52,8 +52,9 @@ static unsigned blocks1d(size_t total) {
 
 // gemm_block's grid (common.cuh): (column blocks, row tiles) for cols columns, rows rows.
 static dim3 gemm_grid(unsigned rows, unsigned cols) {
-    if (rows <= GEMV_ROWS && cols < 2 * GEMV_SPLIT_PAIRS) return dim3{(cols + 1) / 2, 1};
-    if (rows <= GEMV_ROWS) return dim3{(cols + GEMV_COLS - 1) / GEMV_COLS, 1};
+    const unsigned pairs = (cols + 1) / 2;
+    if (rows <= GEMV_ROWS && pairs >= GEMV_WARP_PAIRS) return dim3{(pairs + GEMV_WARPS - 1) / GEMV_WARPS, 1};
+    if (rows <= GEMV_ROWS) return dim3{pairs, 1};
     return dim3{(cols + 63) / 64, (rows + 63) / 64};
 }
 
@@ -259,10 +260,12 @@ static void test_attention() {
 }
 
 static void test_linear() {
-    // n <= 8 takes gemv_cols (its warps split k below 1024 columns): one row, eight (the bound), odd counts
-    unsigned shapes[][3] = {{1, 7, 5},    {37, 70, 45}, {130, 96, 67}, {70, 300, 33},
-                            {65, 33, 129}, {8, 300, 45}, {3, 70, 17},  {9, 40, 9},
-                            {2, 40, 1029}}; // the last: enough columns for a warp per column pair
+    // n <= 8 takes gemv_cols: one row, eight (the bound), odd counts; k % 8 == 0 takes its runs of
+    // 8 (16-byte loads), other k single elements
+    unsigned shapes[][3] = {{1, 7, 5},    {37, 70, 45}, {130, 96, 67}, {70, 300, 33}, {65, 33, 129},
+                            {8, 300, 45}, {3, 70, 17},  {9, 40, 9},   {2, 40, 1029}, {1, 2048, 7},
+                            {8, 96, 10},  {5, 1064, 3},  {1, 48, 4099}, {3, 9, 4101}};
+    // (the last two: enough column pairs for a warp per pair, the last block partly empty)
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto& sh : shapes) {
             unsigned n = sh[0], k = sh[1], o = sh[2];
@@ -1076,7 +1079,8 @@ static void hc_split_ref(const float* m, const float* s, const float* b, float* 
 }
 
 static void test_hc_split() {
-    unsigned configs[][4] = {{1, 4, 1, 1}, {13, 4, 20, 1}, {300, 4, 20, 0}, {5, 3, 0, 1}, {7, 4, 2, 1}};
+    // hc * hc <= 32 takes a warp per token, hc = 6 one thread per token
+    unsigned configs[][4] = {{1, 4, 1, 1}, {13, 4, 20, 1}, {300, 4, 20, 0}, {5, 3, 0, 1}, {7, 4, 2, 1}, {9, 6, 20, 1}};
     for (auto& cf : configs) {
         unsigned n = cf[0], hc = cf[1], iters = cf[2], w = (2 + hc) * hc;
         auto mix = randv(n * w, 2), scale = randv(3, 1.5), base = randv(w, 1);
@@ -1084,8 +1088,9 @@ static void test_hc_split() {
         unsigned eb;
         std::memcpy(&eb, &eps, 4);
         std::vector<float> y(n * w), want(n * w);
-        // cf[3] = 1: enough blocks; 0: one block of 256 threads grid-strides over 300 tokens
-        unsigned blocks = cf[3] ? blocks1d(n) : 1;
+        // cf[3] = 1: enough blocks (32 threads per token, as the lane launches); 0: one block of
+        // 256 threads grid-strides over 300 tokens
+        unsigned blocks = cf[3] ? blocks1d(32 * n) : 1;
         emu_launch(hc_split_f32, {blocks}, {256}, 0, (const float*)mix.data(), (const float*)scale.data(),
                    (const float*)base.data(), y.data(), n, hc, iters, eb);
         for (unsigned t = 0; t < n; ++t) hc_split_ref(&mix[t * w], scale.data(), base.data(), &want[t * w], hc, iters, eps);
@@ -1131,9 +1136,9 @@ static std::vector<int> topk_ref(const std::vector<float>& x, unsigned n, unsign
 
 static void test_topk() {
     // {n, m, k, blocks}: ties, -inf / NaN / +inf, a short row, k > m, m beyond one block pass,
-    // fewer blocks than rows (grid-stride over rows); m > 2048 takes the rounds, the others the ranks
-    unsigned configs[][4] = {{6, 300, 40, 6}, {3, 5, 9, 3},    {4, 1000, 7, 2},
-                             {2, 0, 3, 2},    {5, 600, 600, 5}, {3, 3000, 40, 2}};
+    // fewer blocks than rows (grid-stride over rows); m > 2048 takes the rounds, the others the sort
+    unsigned configs[][4] = {{6, 300, 40, 6}, {3, 5, 9, 3},    {4, 1000, 7, 2},     {2, 0, 3, 2},
+                             {5, 600, 600, 5}, {3, 3000, 40, 2}, {3, 2048, 512, 2}, {2, 1, 4, 2}};
     for (auto& cf : configs) {
         unsigned n = cf[0], m = cf[1], k = cf[2], blocks = cf[3];
         std::vector<float> x(n * m);
