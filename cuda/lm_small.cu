@@ -21,7 +21,8 @@
 //   route_weights_f32:   scores [n, e], ids i32 [n, k] -> out [n, k], s / (sum_k s + 1e-20) * scale
 //                        (an id outside 0..e makes its row NaN; the CPU lane returns an error)
 //   swiglu_clamp_f32:    g, u [n, h] -> silu(min(g, limit)) * clamp(u, -limit, limit)  [n, h]
-//   hc_split_f32:        one thread per token (grid-stride over tokens): mix [n, (2+hc)*hc],
+//   hc_split_f32:        a warp per token (32 threads per token, grid-stride over tokens; one
+//                        thread of them when hc*hc > 32): mix [n, (2+hc)*hc],
 //                        scale [3], base [(2+hc)*hc] -> out [n, pre hc | post hc | comb hc*hc];
 //                        Sinkhorn in place in `out`, in the reference's order
 // Block kernels:
@@ -30,8 +31,8 @@
 //   topk_rows_i32:       one block (LMS_TOPK_THREADS) per row, rows grid-strided; x [n, m] ->
 //                        i32 [n, k]: the finite values ranked value descending, then column
 //                        ascending; slot s = the column of rank s, -1 past the finite ones
-//                        (ranks counted in shared memory for short rows, else k rounds of a
-//                        block argmax, see topk_row_by_rank)
+//                        (a bitonic sort in shared memory for short rows, else k rounds of a
+//                        block argmax, see topk_row_by_sort)
 // Warp kernels (blockDim = 32: one warp per block, so __syncwarp orders the block's memory):
 //   route_experts_f32:   one warp per token row, rows grid-strided: logits [n, e], bias [kinds, e],
 //                        kind i32 [n], (hashed) table i32 [vocab, k] and tok i32 [n] -> ids i32
@@ -208,68 +209,129 @@ extern "C" __global__ void swiglu_clamp_f32(const float* gate, const float* up, 
     }
 }
 
-extern "C" __global__ void hc_split_f32(const float* mix, const float* scale, const float* base, float* out,
-                                        unsigned int n, unsigned int hc, unsigned int iters, unsigned int eps_bits) {
-    const float eps = __uint_as_float(eps_bits);
-    const u64 w = (u64)(2 + hc) * hc;
-    for (u64 t = flat_index(); t < n; t += flat_stride()) {
-        const float* m = mix + t * w;
-        float* o = out + t * w;
-        for (unsigned int i = 0; i < hc; ++i) {
-            o[i] = lms_sigmoid(m[i] * scale[0] + base[i]) + eps;
-            o[hc + i] = 2.0f * lms_sigmoid(m[hc + i] * scale[1] + base[hc + i]);
+// One token of hc_split_f32 on one warp (hc * hc <= 32): lane L < hc * hc holds comb entry (src,
+// dst) = (L / hc, L % hc). Every normalisation reads its row's or column's entries by shuffles and
+// sums them in the reference's order (dst, then src, ascending), so each lane does the arithmetic
+// of the one-thread version for its entry and the result is the same, bit for bit; the 20-round
+// chain then costs a few shuffles and one division per step rather than hc * hc divisions in a
+// row (one thread per token took 25-57 us of a decode step on an H200). Every lane of the warp
+// calls every shuffle; only `active` lanes (a token that exists) store.
+__device__ __forceinline__ void hc_split_warp(const float* m, const float* scale, const float* base, float* o,
+                                              unsigned int hc, unsigned int iters, float eps, bool active) {
+    const unsigned int lane = threadIdx.x % 32u, cells = hc * hc;
+    const unsigned int cell = lane < cells ? lane : 0u, src = cell / hc, dst = cell % hc;
+    if (active && lane < hc) {
+        o[lane] = lms_sigmoid(m[lane] * scale[0] + base[lane]) + eps;
+        o[hc + lane] = 2.0f * lms_sigmoid(m[hc + lane] * scale[1] + base[hc + lane]);
+    }
+    // softmax over dst for each src, + eps
+    const float v0 = active ? m[2 * hc + cell] * scale[2] + base[2 * hc + cell] : 0.0f;
+    float mx = NEG_INF;
+    for (unsigned int j = 0; j < hc; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v0, (int)(src * hc + j)));
+    const float ex = expf(v0 - mx);
+    float sum = 0.0f;
+    for (unsigned int j = 0; j < hc; ++j) sum += __shfl_sync(0xffffffffu, ex, (int)(src * hc + j));
+    float v = ex / sum + eps;
+    // column (src) normalisation, then iters - 1 rounds of {row (dst), column (src)}
+    for (unsigned int it = 0; it < (iters > 0 ? iters : 1u); ++it) {
+        if (it > 0) {
+            float rs = 0.0f;
+            for (unsigned int j = 0; j < hc; ++j) rs += __shfl_sync(0xffffffffu, v, (int)(src * hc + j));
+            v /= rs + eps;
         }
-        float* c = o + 2 * hc;
-        const float* mc = m + 2 * hc;
-        const float* bc = base + 2 * hc;
-        // softmax over dst for each src, + eps
-        for (unsigned int src = 0; src < hc; ++src) {
-            float* row = c + (u64)src * hc;
-            float mx = NEG_INF;
-            for (unsigned int dst = 0; dst < hc; ++dst) {
-                const float v = mc[src * hc + dst] * scale[2] + bc[src * hc + dst];
-                row[dst] = v;
-                mx = fmaxf(mx, v);
-            }
-            float sum = 0.0f;
-            for (unsigned int dst = 0; dst < hc; ++dst) {
-                row[dst] = expf(row[dst] - mx);
-                sum += row[dst];
-            }
-            for (unsigned int dst = 0; dst < hc; ++dst) row[dst] = row[dst] / sum + eps;
+        float cs = 0.0f;
+        for (unsigned int j = 0; j < hc; ++j) cs += __shfl_sync(0xffffffffu, v, (int)(j * hc + dst));
+        v /= cs + eps;
+    }
+    if (active && lane < cells) o[2 * hc + lane] = v;
+}
+
+// One token of hc_split_f32 on one thread, in place in `o` (any hc).
+__device__ __forceinline__ void hc_split_thread(const float* m, const float* scale, const float* base, float* o,
+                                                unsigned int hc, unsigned int iters, float eps) {
+    for (unsigned int i = 0; i < hc; ++i) {
+        o[i] = lms_sigmoid(m[i] * scale[0] + base[i]) + eps;
+        o[hc + i] = 2.0f * lms_sigmoid(m[hc + i] * scale[1] + base[hc + i]);
+    }
+    float* c = o + 2 * hc;
+    const float* mc = m + 2 * hc;
+    const float* bc = base + 2 * hc;
+    // softmax over dst for each src, + eps
+    for (unsigned int src = 0; src < hc; ++src) {
+        float* row = c + (u64)src * hc;
+        float mx = NEG_INF;
+        for (unsigned int dst = 0; dst < hc; ++dst) {
+            const float v = mc[src * hc + dst] * scale[2] + bc[src * hc + dst];
+            row[dst] = v;
+            mx = fmaxf(mx, v);
         }
-        // column (src) normalisation, then iters - 1 rounds of {row (dst), column (src)}
-        for (unsigned int it = 0; it < (iters > 0 ? iters : 1u); ++it) {
-            if (it > 0) {
-                for (unsigned int src = 0; src < hc; ++src) {
-                    float* row = c + (u64)src * hc;
-                    float sum = 0.0f;
-                    for (unsigned int dst = 0; dst < hc; ++dst) sum += row[dst];
-                    sum += eps;
-                    for (unsigned int dst = 0; dst < hc; ++dst) row[dst] /= sum;
-                }
-            }
-            for (unsigned int dst = 0; dst < hc; ++dst) {
+        float sum = 0.0f;
+        for (unsigned int dst = 0; dst < hc; ++dst) {
+            row[dst] = expf(row[dst] - mx);
+            sum += row[dst];
+        }
+        for (unsigned int dst = 0; dst < hc; ++dst) row[dst] = row[dst] / sum + eps;
+    }
+    // column (src) normalisation, then iters - 1 rounds of {row (dst), column (src)}
+    for (unsigned int it = 0; it < (iters > 0 ? iters : 1u); ++it) {
+        if (it > 0) {
+            for (unsigned int src = 0; src < hc; ++src) {
+                float* row = c + (u64)src * hc;
                 float sum = 0.0f;
-                for (unsigned int src = 0; src < hc; ++src) sum += c[(u64)src * hc + dst];
+                for (unsigned int dst = 0; dst < hc; ++dst) sum += row[dst];
                 sum += eps;
-                for (unsigned int src = 0; src < hc; ++src) c[(u64)src * hc + dst] /= sum;
+                for (unsigned int dst = 0; dst < hc; ++dst) row[dst] /= sum;
             }
+        }
+        for (unsigned int dst = 0; dst < hc; ++dst) {
+            float sum = 0.0f;
+            for (unsigned int src = 0; src < hc; ++src) sum += c[(u64)src * hc + dst];
+            sum += eps;
+            for (unsigned int src = 0; src < hc; ++src) c[(u64)src * hc + dst] /= sum;
         }
     }
 }
 
-extern "C" __global__ void rms_norm_heads_f32(const float* x, float* out, unsigned int segs, unsigned int hd,
-                                              float eps) {
+// Launched with 32 threads per token (blockDim a multiple of 32): a warp per token when hc * hc
+// fits a warp (the released model's hc = 4), else one thread per token.
+extern "C" __global__ void hc_split_f32(const float* mix, const float* scale, const float* base, float* out,
+                                        unsigned int n, unsigned int hc, unsigned int iters, unsigned int eps_bits) {
+    const float eps = __uint_as_float(eps_bits);
+    const u64 w = (u64)(2 + hc) * hc;
+    if (hc * hc <= 32u) {
+        // every warp of a block runs the same number of rounds (the emulator's shuffles are
+        // block-wide barriers); warps past n run with active = false
+        const unsigned int warps = blockDim.x / 32u;
+        for (u64 t0 = (u64)blockIdx.x * warps; t0 < n; t0 += (u64)gridDim.x * warps) {
+            const u64 t = t0 + threadIdx.x / 32u;
+            const bool active = t < n;
+            const u64 tt = active ? t : 0;
+            hc_split_warp(mix + tt * w, scale, base, out + tt * w, hc, iters, eps, active);
+        }
+    } else {
+        for (u64 t = flat_index(); t < n; t += flat_stride()) hc_split_thread(mix + t * w, scale, base, out + t * w, hc, iters, eps);
+    }
+}
+
+// __restrict__ as rms_norm_f32's (norm.cu): out is a fresh allocation.
+extern "C" __global__ void rms_norm_heads_f32(const float* __restrict__ x, float* __restrict__ out,
+                                              unsigned int segs, unsigned int hd, float eps) {
     __shared__ float red[32];
     for (unsigned int seg = blockIdx.x; seg < segs; seg += gridDim.x) {
         const float* xs = x + (u64)seg * hd;
         float* ys = out + (u64)seg * hd;
-        float s = 0.0f;
-        for (unsigned int c = threadIdx.x; c < hd; c += blockDim.x) s += xs[c] * xs[c];
-        s = block_sum(s, red);
+        const float s = block_sum_squares(xs, hd, red);
         const float inv = 1.0f / sqrtf(s / (float)hd + eps);
-        for (unsigned int c = threadIdx.x; c < hd; c += blockDim.x) ys[c] = xs[c] * inv;
+        if (hd % 4u == 0u && (((u64)xs | (u64)ys) & 15u) == 0u) {
+            const fa_f4* x4 = reinterpret_cast<const fa_f4*>(xs);
+            fa_f4* y4 = reinterpret_cast<fa_f4*>(ys);
+            for (unsigned int c = threadIdx.x; c < hd / 4u; c += blockDim.x) {
+                const fa_f4 v = x4[c];
+                y4[c] = fa_f4{v.x * inv, v.y * inv, v.z * inv, v.w * inv};
+            }
+        } else {
+            for (unsigned int c = threadIdx.x; c < hd; c += blockDim.x) ys[c] = xs[c] * inv;
+        }
     }
 }
 
@@ -281,47 +343,66 @@ __device__ __forceinline__ bool lms_ranks_before(float v1, unsigned int c1, floa
     return v1 > v2 || (v1 == v2 && c1 < c2);
 }
 
-// Rows of at most LMS_TOPK_RANK_MAX columns (the indexer's up to a few thousand compressed
-// entries): the row is staged in shared memory and every finite element counts the finite
-// elements ranked before it; its rank, if below k, is its slot. One pass, no rounds: O(m^2)
-// comparisons, all reading the same shared word at a time. Longer rows take k rounds of a block
-// argmax, O(k m). Both give the same slots.
-#define LMS_TOPK_RANK_MAX 2048
+// Rows of at most LMS_TOPK_SORT_MAX columns (the indexer's compressed entries up to a context of
+// 8K at ratio 4): the row is staged in shared memory as 64-bit keys that order the elements as the
+// ranking does (value descending, then column ascending; every non-finite element after all finite
+// ones) and bitonic-sorted; slot s takes the column of key s. O(m log^2 m) compare-exchanges, all
+// threads busy. (The first version counted, for each element, the elements ranked before it:
+// O(m^2) comparisons, 80 us of a decode step at 4K context on an H200.) Longer rows take k rounds
+// of a block argmax, O(k m). Both give the same slots.
+#define LMS_TOPK_SORT_MAX 2048
+#define LMS_KEY_LAST 0xffffffffffffffffull
 
-__device__ __forceinline__ void topk_row_by_rank(const float* xr, int* yr, unsigned int m, unsigned int k,
-                                                 float* sv, float* red) {
+// The sort key of (v, column j): larger v -> smaller key; -0 and +0 alike (they tie, as `>` and
+// `==` see them); non-finite -> LMS_KEY_LAST, after every finite element.
+__device__ __forceinline__ unsigned long long lms_rank_key(float v, unsigned int j) {
+    if (!lms_is_finite(v)) return LMS_KEY_LAST;
+    const unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    const unsigned int ascending = (u & 0x80000000u) ? ~u : u | 0x80000000u; // monotone in v
+    return ((unsigned long long)~ascending << 32) | j;
+}
+
+__device__ __forceinline__ void topk_row_by_sort(const float* xr, int* yr, unsigned int m, unsigned int k,
+                                                 unsigned long long* keys, float* red) {
     const unsigned int tid = threadIdx.x;
+    unsigned int p = 1;
+    while (p < m) p *= 2; // the sort's power-of-two length, padded with LMS_KEY_LAST
     float finite = 0.0f;
-    for (unsigned int j = tid; j < m; j += LMS_TOPK_THREADS) {
-        sv[j] = xr[j];
-        finite += lms_is_finite(sv[j]) ? 1.0f : 0.0f;
+    for (unsigned int j = tid; j < p; j += LMS_TOPK_THREADS) {
+        const float v = j < m ? xr[j] : QUIET_NAN;
+        keys[j] = lms_rank_key(v, j);
+        finite += keys[j] != LMS_KEY_LAST ? 1.0f : 0.0f;
     }
-    const unsigned int f = (unsigned int)block_sum(finite, red); // exact: at most 2048; syncs sv too
-    for (unsigned int j = tid; j < m; j += LMS_TOPK_THREADS) {
-        const float v = sv[j];
-        if (!lms_is_finite(v)) continue;
-        unsigned int rank = 0;
-        for (unsigned int i = 0; i < m; ++i) {
-            const float u = sv[i];
-            rank += lms_is_finite(u) && lms_ranks_before(u, i, v, j);
+    const unsigned int f = (unsigned int)block_sum(finite, red); // exact: at most 2048; syncs keys too
+    for (unsigned int size = 2; size <= p; size *= 2)
+        for (unsigned int stride = size / 2; stride > 0; stride /= 2) {
+            for (unsigned int i = tid; i < p / 2; i += LMS_TOPK_THREADS) {
+                // the i-th pair (lo, lo + stride) of this pass; ascending where lo & size == 0
+                const unsigned int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
+                const unsigned long long a = keys[lo], b = keys[hi];
+                if ((a > b) == ((lo & size) == 0)) {
+                    keys[lo] = b;
+                    keys[hi] = a;
+                }
+            }
+            __syncthreads();
         }
-        if (rank < k) yr[rank] = (int)j;
-    }
-    for (unsigned int s = (f < k ? f : k) + tid; s < k; s += LMS_TOPK_THREADS) yr[s] = -1;
-    __syncthreads(); // sv is read before the next row overwrites it
+    const unsigned int picked = f < k ? f : k;
+    for (unsigned int s = tid; s < k; s += LMS_TOPK_THREADS) yr[s] = s < picked ? (int)(keys[s] & 0xffffffffu) : -1;
+    __syncthreads(); // keys are read before the next row overwrites them
 }
 
 extern "C" __global__ void topk_rows_i32(const float* x, int* out, unsigned int n, unsigned int m, unsigned int k) {
     __shared__ float rv[LMS_TOPK_THREADS];
     __shared__ unsigned int rc[LMS_TOPK_THREADS];
-    __shared__ float sv[LMS_TOPK_RANK_MAX];
+    __shared__ unsigned long long keys[LMS_TOPK_SORT_MAX];
     __shared__ float red[32];
     const unsigned int tid = threadIdx.x;
     for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {
         const float* xr = x + (u64)row * m;
         int* yr = out + (u64)row * k;
-        if (m <= LMS_TOPK_RANK_MAX) { // the same in every block
-            topk_row_by_rank(xr, yr, m, k, sv, red);
+        if (m <= LMS_TOPK_SORT_MAX) { // the same in every block
+            topk_row_by_sort(xr, yr, m, k, keys, red);
             continue;
         }
         float pv = 0.0f;          // previous pick (value, column); none before the first round

@@ -54,6 +54,15 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     g_bar->arrive_and_wait();
     return r;
 }
+// v of lane src_lane of the calling thread's warp (src_lane < 32)
+inline float __shfl_sync(unsigned, float v, int src_lane) {
+    unsigned t = emu_tid();
+    g_shfl[t] = v;
+    g_bar->arrive_and_wait();
+    float r = g_shfl[(t & ~31u) + (unsigned)src_lane];
+    g_bar->arrive_and_wait();
+    return r;
+}
 inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int o) {
     float f, r;
     std::memcpy(&f, &v, 4);
