@@ -222,6 +222,16 @@ struct WeightChunk {
     rows: usize,
 }
 
+impl WeightChunk {
+    fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buf,
+            offset: self.offset,
+            size: NonZeroU64::new(self.bytes.max(4)),
+        })
+    }
+}
+
 /// A weight matrix `[rows, cols]` in its storage format, possibly split into row chunks.
 pub struct WgpuWeight {
     name: String,
@@ -538,10 +548,23 @@ fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
 
-fn groups_1d(threads: usize) -> (u32, u32) {
-    let g = threads.div_ceil(256).max(1);
-    let gx = g.min(32768);
-    (gx as u32, g.div_ceil(gx) as u32)
+/// An input of a [`WgpuBackend::per_element`] op: the name a binding-limit error gives it, the
+/// binding its shader reads it at, and the tensor.
+type Input<'a> = (&'static str, u32, &'a WgpuTensor);
+
+/// The output of a [`WgpuBackend::per_element`] op: the binding its shader writes it at, its
+/// shape and dtype.
+struct Output {
+    binding: u32,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
+/// `workgroups` (at least one) laid out as `(gx, gy, 1)` with `gx` ≤ 32768 and `gx·gy` ≥
+/// `workgroups`; the shaders number a workgroup `wg.y·gx + wg.x`.
+fn grid(workgroups: usize) -> (u32, u32, u32) {
+    let gx = workgroups.min(32768);
+    (gx as u32, workgroups.div_ceil(gx) as u32, 1)
 }
 
 impl WgpuBackend {
@@ -1083,17 +1106,6 @@ impl WgpuBackend {
         Ok(t)
     }
 
-    /// One elementwise dispatch of `lm.wgsl::entry` over `total` threads (no-op when 0).
-    fn lm_1d(
-        &self,
-        entry: &'static str,
-        total: usize,
-        params: &[u32],
-        bindings: &[(u32, wgpu::BindingResource<'_>)],
-    ) -> Result<()> {
-        self.dispatch_1d(Shader::Lm(Precision::Exact), entry, total, params, bindings)
-    }
-
     /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
     fn dispatch_1d(
         &self,
@@ -1106,8 +1118,29 @@ impl WgpuBackend {
         if total == 0 {
             return Ok(());
         }
-        let (gx, gy) = groups_1d(total);
-        self.dispatch(shader, entry, 0, params, bindings, (gx, gy, 1))
+        self.dispatch(shader, entry, 0, params, bindings, grid(total.div_ceil(256)))
+    }
+
+    /// The path of every op that runs one thread per output element: check that each input fits
+    /// one binding, allocate the output, and dispatch `shader::op` (the entry point is named after
+    /// the op) with the output's element count as parameter 0, then `params`. Nothing is
+    /// dispatched for an empty output.
+    fn per_element(
+        &self,
+        shader: Shader,
+        op: &'static str,
+        inputs: &[Input<'_>],
+        out: Output,
+        params: &[u32],
+    ) -> Result<WgpuTensor> {
+        self.check_inputs(op, inputs.iter().map(|&(name, _, t)| (name, t)))?;
+        let y = self.alloc(op, out.shape, out.dtype)?;
+        let total = y.numel();
+        let params: Vec<u32> = std::iter::once(total as u32).chain(params.iter().copied()).collect();
+        let mut bindings: Vec<_> = inputs.iter().map(|&(_, binding, t)| (binding, t.binding())).collect();
+        bindings.push((out.binding, y.binding()));
+        self.dispatch_1d(shader, op, total, &params, &bindings)?;
+        Ok(y)
     }
 
     fn unsupported(op: Op, what: impl Into<String>) -> Error {
@@ -1320,11 +1353,6 @@ impl Backend for WgpuBackend {
             None => self.dummy.as_entire_binding(),
         };
         for c in &w.chunks {
-            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &c.buf,
-                offset: c.offset,
-                size: NonZeroU64::new(c.bytes.max(4)),
-            });
             let params = [
                 n as u32,
                 k as u32,
@@ -1339,7 +1367,7 @@ impl Backend for WgpuBackend {
                 "main",
                 fmt,
                 &params,
-                &[(1, x.binding()), (2, wres), (3, bias_res.clone()), (4, y.binding())],
+                &[(1, x.binding()), (2, c.binding()), (3, bias_res.clone()), (4, y.binding())],
                 (c.rows.div_ceil(64) as u32, gy as u32, 1),
             )?;
         }
@@ -1355,58 +1383,29 @@ impl Backend for WgpuBackend {
         if n == 0 || d == 0 {
             return Ok(y);
         }
-        let gx = n.min(32768);
         self.dispatch(
             Shader::Norm,
             OP,
             0,
             &[n as u32, d as u32, eps.to_bits()],
             &[(1, x.binding()), (2, weight.binding()), (3, y.binding())],
-            (gx as u32, n.div_ceil(gx) as u32, 1),
+            grid(n),
         )?;
         Ok(y)
     }
 
     /// a, b `[n, d]` → `[n, d]`.
     fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "add";
         checks::add(a, b)?;
-        self.check_inputs(OP, [("a", a), ("b", b)])?;
-        let y = self.alloc(OP, a.shape.clone(), DType::F32)?;
-        let n = a.numel();
-        if n > 0 {
-            let (gx, gy) = groups_1d(n);
-            self.dispatch(
-                Shader::Elementwise,
-                OP,
-                0,
-                &[n as u32],
-                &[(1, a.binding()), (2, b.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
+        let out = Output { binding: 3, shape: a.shape.clone(), dtype: DType::F32 };
+        self.per_element(Shader::Elementwise, "add", &[("a", 1, a), ("b", 2, b)], out, &[])
     }
 
     /// x `[n, d]` → `[n, len]`.
     fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor> {
-        const OP: &str = "slice_cols";
         let (n, d) = checks::slice_cols(x, start, len)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, vec![n, len], DType::F32)?;
-        let total = n * len;
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Copy,
-                OP,
-                0,
-                &[total as u32, len as u32, d as u32, start as u32],
-                &[(1, x.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
+        let out = Output { binding: 3, shape: vec![n, len], dtype: DType::F32 };
+        self.per_element(Shader::Copy, "slice_cols", &[("x", 1, x)], out, &[len as u32, d as u32, start as u32])
     }
 
     /// `[n, d]`, `[m, d]` → `[n+m, d]` by two buffer copies.
@@ -1428,65 +1427,23 @@ impl Backend for WgpuBackend {
 
     /// src `[m, d]`, idx i32 `[n]` → `[n, d]`; an index outside `0..m` yields a row of NaN.
     fn gather_rows(&self, src: &WgpuTensor, idx: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "gather_rows";
         let (m, d, n) = checks::gather_rows(src, idx)?;
-        self.check_inputs(OP, [("src", src), ("idx", idx)])?;
-        let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let total = n * d;
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Copy,
-                OP,
-                0,
-                &[total as u32, d as u32, m as u32],
-                &[(1, src.binding()), (2, idx.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
+        let out = Output { binding: 3, shape: vec![n, d], dtype: DType::F32 };
+        self.per_element(Shader::Copy, "gather_rows", &[("src", 1, src), ("idx", 2, idx)], out, &[d as u32, m as u32])
     }
 
     /// x `[n, 2h]` → `[n, h]`, gate = first half.
     fn swiglu(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "swiglu";
         let (n, h) = checks::swiglu(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, vec![n, h], DType::F32)?;
-        let total = n * h;
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Elementwise,
-                OP,
-                0,
-                &[total as u32, h as u32],
-                &[(1, x.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
+        let out = Output { binding: 3, shape: vec![n, h], dtype: DType::F32 };
+        self.per_element(Shader::Elementwise, "swiglu", &[("x", 1, x)], out, &[h as u32])
     }
 
     /// `[n, d]` → `[n, d]`, exact (erf) GELU.
     fn gelu_erf(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "gelu_erf";
         checks::gelu_erf(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        let total = x.numel();
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Elementwise,
-                OP,
-                0,
-                &[total as u32],
-                &[(1, x.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
+        let out = Output { binding: 3, shape: x.shape.clone(), dtype: DType::F32 };
+        self.per_element(Shader::Elementwise, "gelu_erf", &[("x", 1, x)], out, &[])
     }
 
     /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
@@ -1495,17 +1452,15 @@ impl Backend for WgpuBackend {
         let (n, hd) = checks::rope_2d(x, n_heads, grid_w)?;
         self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        let total = n * n_heads * hd / 2;
-        if total > 0 {
+        let pairs = n * n_heads * hd / 2;
+        if pairs > 0 {
             let tab = self.rope_table(n, grid_w, hd, theta)?;
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
+            self.dispatch_1d(
                 Shader::Rope,
                 OP,
-                0,
+                pairs,
                 &[n as u32, n_heads as u32, hd as u32],
                 &[(1, x.binding()), (2, tab.binding()), (3, y.binding())],
-                (gx, gy, 1),
             )?;
         }
         Ok(y)
@@ -1549,24 +1504,11 @@ impl Backend for WgpuBackend {
 
     /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.
     fn unfold(&self, x: &WgpuTensor, h: usize, w: usize, r: usize) -> Result<WgpuTensor> {
-        const OP: &str = "unfold";
         let c = checks::unfold(x, h, w, r)?;
-        self.check_inputs(OP, [("x", x)])?;
         let (gh, gw) = (h.div_ceil(r), w.div_ceil(r));
-        let y = self.alloc(OP, vec![gh * gw, c * r * r], DType::F32)?;
-        let total = gh * gw * c * r * r;
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Copy,
-                OP,
-                0,
-                &[total as u32, c as u32, h as u32, w as u32, r as u32, gw as u32],
-                &[(1, x.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
+        let out = Output { binding: 3, shape: vec![gh * gw, c * r * r], dtype: DType::F32 };
+        let params = [c as u32, h as u32, w as u32, r as u32, gw as u32];
+        self.per_element(Shader::Copy, "unfold", &[("x", 1, x)], out, &params)
     }
 
     // ==== language model (shaders/lm.wgsl) ======================================================
@@ -1582,11 +1524,6 @@ impl Backend for WgpuBackend {
         // block formats: one thread per run of 32 values (d is a whole number of blocks)
         let threads = if table.format.is_block() { n * d / 32 } else { n * d };
         for (ci, c) in table.chunks.iter().enumerate() {
-            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &c.buf,
-                offset: c.offset,
-                size: NonZeroU64::new(c.bytes.max(4)),
-            });
             let params = [
                 (n * d) as u32,
                 d as u32,
@@ -1597,19 +1534,16 @@ impl Backend for WgpuBackend {
                 table.stride_words as u32,
                 (ci == 0) as u32,
             ];
-            self.dispatch_1d(shader, OP, threads, &params, &[(4, ids.binding()), (6, y.binding()), (8, wres)])?;
+            self.dispatch_1d(shader, OP, threads, &params, &[(4, ids.binding()), (6, y.binding()), (8, c.binding())])?;
         }
         Ok(y)
     }
 
     /// x `[n, d]` → `[n, hc·d]`.
     fn hc_expand(&self, x: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
-        const OP: &str = "hc_expand";
         let (n, d) = checks::hc_expand(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, vec![n, hc * d], DType::F32)?;
-        self.lm_1d(OP, n * hc * d, &[(n * hc * d) as u32, d as u32, hc as u32], &[(1, x.binding()), (6, y.binding())])?;
-        Ok(y)
+        let out = Output { binding: 6, shape: vec![n, hc * d], dtype: DType::F32 };
+        self.per_element(Shader::Lm(Precision::Exact), "hc_expand", &[("x", 1, x)], out, &[d as u32, hc as u32])
     }
 
     /// x `[n, heads·hd]` → per-head unweighted RMS norm; one workgroup per (row, head).
@@ -1620,14 +1554,13 @@ impl Backend for WgpuBackend {
         let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let segs = n * n_heads;
         if segs > 0 && cols > 0 {
-            let gx = segs.min(32768);
             self.dispatch(
                 Shader::Lm(Precision::Exact),
                 OP,
                 0,
                 &[segs as u32, (cols / n_heads) as u32, eps.to_bits()],
                 &[(1, x.binding()), (6, y.binding())],
-                (gx as u32, segs.div_ceil(gx) as u32, 1),
+                grid(segs),
             )?;
         }
         Ok(y)
@@ -1635,102 +1568,73 @@ impl Backend for WgpuBackend {
 
     /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
     fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "hc_pre";
         let (n, d, hc) = checks::hc_pre(x, w)?;
-        self.check_inputs(OP, [("x", x), ("w", w)])?;
-        let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * d,
-            &[(n * d) as u32, d as u32, hc as u32],
-            &[(1, x.binding()), (2, w.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+        let out = Output { binding: 6, shape: vec![n, d], dtype: DType::F32 };
+        self.per_element(
+            Shader::Lm(Precision::Exact),
+            "hc_pre",
+            &[("x", 1, x), ("w", 2, w)],
+            out,
+            &[d as u32, hc as u32],
+        )
     }
 
     /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
     fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, post: &WgpuTensor, comb: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "hc_post";
         let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
-        self.check_inputs(OP, [("x", x), ("f", f), ("post", post), ("comb", comb)])?;
-        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * cols,
-            &[(n * cols) as u32, d as u32, hc as u32],
-            &[(1, x.binding()), (2, f.binding()), (3, post.binding()), (9, comb.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+        let inputs = [("x", 1, x), ("f", 2, f), ("post", 3, post), ("comb", 9, comb)];
+        let out = Output { binding: 6, shape: vec![n, cols], dtype: DType::F32 };
+        self.per_element(Shader::Lm(Precision::Exact), "hc_post", &inputs, out, &[d as u32, hc as u32])
     }
 
     /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `σ(mix·scale + base) + eps`.
     fn hc_head_weights(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
-        const OP: &str = "hc_head_weights";
-        let (n, hc) = checks::hc_head_weights(mix, scale, base)?;
-        self.check_inputs(OP, [("mix", mix), ("scale", scale), ("base", base)])?;
-        let y = self.alloc(OP, mix.shape.clone(), DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * hc,
-            &[(n * hc) as u32, hc as u32, eps.to_bits()],
-            &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+        let (_, hc) = checks::hc_head_weights(mix, scale, base)?;
+        let inputs = [("mix", 1, mix), ("scale", 2, scale), ("base", 3, base)];
+        let out = Output { binding: 6, shape: mix.shape.clone(), dtype: DType::F32 };
+        self.per_element(Shader::Lm(Precision::Exact), "hc_head_weights", &inputs, out, &[hc as u32, eps.to_bits()])
     }
 
     /// `sqrt(softplus(x))` elementwise.
     fn sqrt_softplus(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "sqrt_softplus";
         checks::sqrt_softplus(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        self.lm_1d(OP, x.numel(), &[x.numel() as u32], &[(1, x.binding()), (6, y.binding())])?;
-        Ok(y)
+        let out = Output { binding: 6, shape: x.shape.clone(), dtype: DType::F32 };
+        self.per_element(Shader::Lm(Precision::Exact), "sqrt_softplus", &[("x", 1, x)], out, &[])
     }
 
     /// table i32 `[vocab, k]`, ids i32 `[n]`, fallback i32 `[n, k]` → i32 `[n, k]`.
     fn hash_route(&self, table: &WgpuTensor, ids: &WgpuTensor, fallback: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "hash_route";
         let (vocab, k, n) = checks::hash_route(table, ids, fallback)?;
-        self.check_inputs(OP, [("table", table), ("ids", ids), ("fallback", fallback)])?;
-        let y = self.alloc(OP, vec![n, k], DType::I32)?;
-        self.lm_1d(
-            OP,
-            n * k,
-            &[(n * k) as u32, k as u32, vocab as u32],
-            &[(4, table.binding()), (5, ids.binding()), (10, fallback.binding()), (7, y.binding())],
-        )?;
-        Ok(y)
+        let inputs = [("table", 4, table), ("ids", 5, ids), ("fallback", 10, fallback)];
+        let out = Output { binding: 7, shape: vec![n, k], dtype: DType::I32 };
+        self.per_element(Shader::Lm(Precision::Exact), "hash_route", &inputs, out, &[k as u32, vocab as u32])
     }
 
     /// scores `[n, e]`, ids i32 `[n, k]` → `[n, k]`; a row with an id outside `0..e` is NaN.
     fn route_weights(&self, scores: &WgpuTensor, ids: &WgpuTensor, scale: f32) -> Result<WgpuTensor> {
-        const OP: &str = "route_weights";
         let (n, e, k) = checks::route_weights(scores, ids)?;
-        self.check_inputs(OP, [("scores", scores), ("ids", ids)])?;
-        let y = self.alloc(OP, vec![n, k], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * k,
-            &[(n * k) as u32, k as u32, e as u32, scale.to_bits()],
-            &[(1, scores.binding()), (4, ids.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+        let out = Output { binding: 6, shape: vec![n, k], dtype: DType::F32 };
+        let params = [k as u32, e as u32, scale.to_bits()];
+        self.per_element(
+            Shader::Lm(Precision::Exact),
+            "route_weights",
+            &[("scores", 1, scores), ("ids", 4, ids)],
+            out,
+            &params,
+        )
     }
 
     /// g, u `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
     fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
-        const OP: &str = "swiglu_clamp";
         let (n, h) = checks::swiglu_clamp(g, u)?;
-        self.check_inputs(OP, [("g", g), ("u", u)])?;
-        let y = self.alloc(OP, vec![n, h], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * h,
-            &[(n * h) as u32, limit.to_bits()],
-            &[(1, g.binding()), (2, u.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+        let out = Output { binding: 6, shape: vec![n, h], dtype: DType::F32 };
+        self.per_element(
+            Shader::Lm(Precision::Exact),
+            "swiglu_clamp",
+            &[("g", 1, g), ("u", 2, u)],
+            out,
+            &[limit.to_bits()],
+        )
     }
 
     /// Interleaved RoPE on the last `2·inv_freq.len()` dims of every head.
@@ -1743,21 +1647,20 @@ impl Backend for WgpuBackend {
         stride: usize,
         inverse: bool,
     ) -> Result<WgpuTensor> {
-        const OP: &str = "rope_tail";
         let (n, cols, hd, rd) = checks::rope_tail(x, n_heads, inv_freq)?;
-        self.check_inputs(OP, [("x", x), ("inv_freq", inv_freq)])?;
         let last = pos0 + n.saturating_sub(1) * stride;
         if last > u32::MAX as usize {
             return Err(Self::unsupported(Op::RopeTail, format!("position {last} beyond u32")));
         }
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * cols,
-            &[(n * cols) as u32, cols as u32, hd as u32, rd as u32, pos0 as u32, stride as u32, inverse as u32],
-            &[(1, x.binding()), (2, inv_freq.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+        let out = Output { binding: 6, shape: x.shape.clone(), dtype: DType::F32 };
+        let params = [cols as u32, hd as u32, rd as u32, pos0 as u32, stride as u32, inverse as u32];
+        self.per_element(
+            Shader::Lm(Precision::Exact),
+            "rope_tail",
+            &[("x", 1, x), ("inv_freq", 2, inv_freq)],
+            out,
+            &params,
+        )
     }
 
     /// mHC split with Sinkhorn; one thread per row.
@@ -1800,17 +1703,11 @@ impl Backend for WgpuBackend {
         ratio: usize,
         overlap: bool,
     ) -> Result<WgpuTensor> {
-        const OP: &str = "compress_pool";
         let (n, d, w) = checks::compress_pool(kv, gate, ape, ratio, overlap)?;
-        self.check_inputs(OP, [("kv", kv), ("gate", gate), ("ape", ape)])?;
-        let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * d,
-            &[(n * d) as u32, d as u32, w as u32, ratio as u32, overlap as u32],
-            &[(1, kv.binding()), (2, gate.binding()), (3, ape.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+        let inputs = [("kv", 1, kv), ("gate", 2, gate), ("ape", 3, ape)];
+        let out = Output { binding: 6, shape: vec![n, d], dtype: DType::F32 };
+        let params = [d as u32, w as u32, ratio as u32, overlap as u32];
+        self.per_element(Shader::Lm(Precision::Exact), "compress_pool", &inputs, out, &params)
     }
 
     /// Lightning-indexer scores `[n, m]`, −inf for entries not yet complete.
@@ -1824,17 +1721,16 @@ impl Backend for WgpuBackend {
         pos0: usize,
         ratio: usize,
     ) -> Result<WgpuTensor> {
-        const OP: &str = "indexer_scores";
         let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
-        self.check_inputs(OP, [("q", q), ("k", k), ("w", w)])?;
-        let y = self.alloc(OP, vec![n, m], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * m,
-            &[(n * m) as u32, m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32],
-            &[(1, q.binding()), (2, k.binding()), (3, w.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+        let out = Output { binding: 6, shape: vec![n, m], dtype: DType::F32 };
+        let params = [m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32];
+        self.per_element(
+            Shader::Lm(Precision::Exact),
+            "indexer_scores",
+            &[("q", 1, q), ("k", 2, k), ("w", 3, w)],
+            out,
+            &params,
+        )
     }
 
     /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per row.
@@ -1844,14 +1740,13 @@ impl Backend for WgpuBackend {
         self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, k], DType::I32)?;
         if n > 0 && k > 0 {
-            let gx = n.min(32768);
             self.dispatch(
                 Shader::Lm(Precision::Exact),
                 OP,
                 0,
                 &[n as u32, m as u32, k as u32],
                 &[(1, x.binding()), (7, y.binding())],
-                (gx as u32, n.div_ceil(gx) as u32, 1),
+                grid(n),
             )?;
         }
         Ok(y)
@@ -1866,11 +1761,6 @@ impl Backend for WgpuBackend {
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
         for c in &w.chunks {
-            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &c.buf,
-                offset: c.offset,
-                size: NonZeroU64::new(c.bytes.max(4)),
-            });
             let params = [
                 (n * c.rows) as u32,
                 c.rows as u32,
@@ -1882,7 +1772,7 @@ impl Backend for WgpuBackend {
                 fmt,
                 w.stride_words as u32,
             ];
-            self.dispatch_1d(shader, OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, wres)])?;
+            self.dispatch_1d(shader, OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, c.binding())])?;
         }
         Ok(y)
     }
@@ -1912,8 +1802,6 @@ impl Backend for WgpuBackend {
                 Some((c, idx)) => (c.binding(), idx.binding()),
                 None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
             };
-            let g = total.div_ceil(64);
-            let gx = g.min(32768);
             let scale = 1.0 / (hd as f32).sqrt();
             self.dispatch(
                 Shader::Lm(Precision::Exact),
@@ -1929,7 +1817,7 @@ impl Backend for WgpuBackend {
                     (9, sinks.binding()),
                     (6, y.binding()),
                 ],
-                (gx as u32, g.div_ceil(gx) as u32, 1),
+                grid(total.div_ceil(64)),
             )?;
         }
         Ok(y)
@@ -1958,14 +1846,6 @@ impl Backend for WgpuBackend {
             ));
         }
 
-        fn bind(w: &WgpuWeight) -> wgpu::BindingResource<'_> {
-            let c = &w.chunks[0];
-            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &c.buf,
-                offset: c.offset,
-                size: NonZeroU64::new(c.bytes.max(4)),
-            })
-        }
         let slots = n * k;
         let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
         let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
@@ -1987,7 +1867,7 @@ impl Backend for WgpuBackend {
                         w.stride_words as u32,
                         limit.to_bits(),
                     ],
-                    &[(1, x.binding()), (4, ids.binding()), (8, bind(w)), (6, hid.binding())],
+                    &[(1, x.binding()), (4, ids.binding()), (8, w.chunks[0].binding()), (6, hid.binding())],
                 )?;
             }
             let (down, down_fmt) = lm_weight_shader(o.format, self.gemm_precision(o));
@@ -1996,11 +1876,12 @@ impl Backend for WgpuBackend {
                 "moe_down",
                 slots * d,
                 &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, down_fmt, o.stride_words as u32],
-                &[(2, hid.binding()), (4, ids.binding()), (8, bind(o)), (6, ys.binding())],
+                &[(2, hid.binding()), (4, ids.binding()), (8, o.chunks[0].binding()), (6, ys.binding())],
             )?;
         }
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        self.lm_1d(
+        self.dispatch_1d(
+            Shader::Lm(Precision::Exact),
             "moe_sum",
             n * d,
             &[(n * d) as u32, d as u32, k as u32, w1.len() as u32],
