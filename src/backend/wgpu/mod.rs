@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+mod elementwise;
 pub mod formats;
 use formats::BlockKernel;
 
@@ -1394,13 +1395,6 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
-    /// a, b `[n, d]` → `[n, d]`.
-    fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
-        checks::add(a, b)?;
-        let out = Output { binding: 3, shape: a.shape.clone(), dtype: DType::F32 };
-        self.per_element(Shader::Elementwise, "add", &[("a", 1, a), ("b", 2, b)], out, &[])
-    }
-
     /// x `[n, d]` → `[n, len]`.
     fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor> {
         let (n, d) = checks::slice_cols(x, start, len)?;
@@ -1430,20 +1424,6 @@ impl Backend for WgpuBackend {
         let (m, d, n) = checks::gather_rows(src, idx)?;
         let out = Output { binding: 3, shape: vec![n, d], dtype: DType::F32 };
         self.per_element(Shader::Copy, "gather_rows", &[("src", 1, src), ("idx", 2, idx)], out, &[d as u32, m as u32])
-    }
-
-    /// x `[n, 2h]` → `[n, h]`, gate = first half.
-    fn swiglu(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
-        let (n, h) = checks::swiglu(x)?;
-        let out = Output { binding: 3, shape: vec![n, h], dtype: DType::F32 };
-        self.per_element(Shader::Elementwise, "swiglu", &[("x", 1, x)], out, &[h as u32])
-    }
-
-    /// `[n, d]` → `[n, d]`, exact (erf) GELU.
-    fn gelu_erf(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
-        checks::gelu_erf(x)?;
-        let out = Output { binding: 3, shape: x.shape.clone(), dtype: DType::F32 };
-        self.per_element(Shader::Elementwise, "gelu_erf", &[("x", 1, x)], out, &[])
     }
 
     /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
@@ -1888,5 +1868,16 @@ impl Backend for WgpuBackend {
             &[(1, ys.binding()), (2, weights.binding()), (4, ids.binding()), (6, y.binding())],
         )?;
         Ok(y)
+    }
+
+    // ---- elementwise.rs ----------------------------------------------------------------------
+    fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
+        self.add(a, b)
+    }
+    fn swiglu(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        self.swiglu(x)
+    }
+    fn gelu_erf(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        self.gelu_erf(x)
     }
 }
