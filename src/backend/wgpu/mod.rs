@@ -25,8 +25,6 @@
 //!   f16, f16 tiles, f32 accumulation), which needs SHADER_F16. A weight uploaded with
 //!   `upload_weight_exact` (router, hyper-connection mixes) always takes the exact build; norms,
 //!   softmax, attention, routing and the residual stream have one (f32) build.
-//! - `gather_rows` bounds-checks every index in the shader: an index outside `0..m` yields a row
-//!   of NaN (loud downstream) and never reads out of bounds.
 //! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
 //!   grid and counted as weight memory while cached.
 //! - Threads: the backend is `Sync`; submissions keep encoding order across threads and blocking
@@ -43,6 +41,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+mod copy;
 mod elementwise;
 pub mod formats;
 use formats::BlockKernel;
@@ -1395,37 +1394,6 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
-    /// x `[n, d]` → `[n, len]`.
-    fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor> {
-        let (n, d) = checks::slice_cols(x, start, len)?;
-        let out = Output { binding: 3, shape: vec![n, len], dtype: DType::F32 };
-        self.per_element(Shader::Copy, "slice_cols", &[("x", 1, x)], out, &[len as u32, d as u32, start as u32])
-    }
-
-    /// `[n, d]`, `[m, d]` → `[n+m, d]` by two buffer copies.
-    fn concat_rows(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "concat_rows";
-        checks::concat_rows(a, b)?;
-        self.check_inputs(OP, [("a", a), ("b", b)])?;
-        let y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
-        self.with_encoder(|enc| {
-            if a.bytes > 0 {
-                enc.copy_buffer_to_buffer(&a.buf, a.offset, &y.buf, 0, a.bytes);
-            }
-            if b.bytes > 0 {
-                enc.copy_buffer_to_buffer(&b.buf, b.offset, &y.buf, a.bytes, b.bytes);
-            }
-        });
-        Ok(y)
-    }
-
-    /// src `[m, d]`, idx i32 `[n]` → `[n, d]`; an index outside `0..m` yields a row of NaN.
-    fn gather_rows(&self, src: &WgpuTensor, idx: &WgpuTensor) -> Result<WgpuTensor> {
-        let (m, d, n) = checks::gather_rows(src, idx)?;
-        let out = Output { binding: 3, shape: vec![n, d], dtype: DType::F32 };
-        self.per_element(Shader::Copy, "gather_rows", &[("src", 1, src), ("idx", 2, idx)], out, &[d as u32, m as u32])
-    }
-
     /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
     fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
         const OP: &str = "rope_2d";
@@ -1480,15 +1448,6 @@ impl Backend for WgpuBackend {
             (n.div_ceil(16) as u32, n_heads as u32, 1),
         )?;
         Ok(y)
-    }
-
-    /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.
-    fn unfold(&self, x: &WgpuTensor, h: usize, w: usize, r: usize) -> Result<WgpuTensor> {
-        let c = checks::unfold(x, h, w, r)?;
-        let (gh, gw) = (h.div_ceil(r), w.div_ceil(r));
-        let out = Output { binding: 3, shape: vec![gh * gw, c * r * r], dtype: DType::F32 };
-        let params = [c as u32, h as u32, w as u32, r as u32, gw as u32];
-        self.per_element(Shader::Copy, "unfold", &[("x", 1, x)], out, &params)
     }
 
     // ==== language model (shaders/lm.wgsl) ======================================================
@@ -1879,5 +1838,19 @@ impl Backend for WgpuBackend {
     }
     fn gelu_erf(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
         self.gelu_erf(x)
+    }
+
+    // ---- copy.rs -----------------------------------------------------------------------------
+    fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor> {
+        self.slice_cols(x, start, len)
+    }
+    fn concat_rows(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
+        self.concat_rows(a, b)
+    }
+    fn gather_rows(&self, src: &WgpuTensor, idx: &WgpuTensor) -> Result<WgpuTensor> {
+        self.gather_rows(src, idx)
+    }
+    fn unfold(&self, x: &WgpuTensor, h: usize, w: usize, r: usize) -> Result<WgpuTensor> {
+        self.unfold(x, h, w, r)
     }
 }
