@@ -44,6 +44,7 @@ use wgpu::util::DeviceExt;
 mod copy;
 mod elementwise;
 pub mod formats;
+mod norm;
 use formats::BlockKernel;
 
 use crate::backend::checks::{self, NamedWeight};
@@ -1374,26 +1375,6 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
-    /// x `[n, d]`, weight `[d]` → `[n, d]`.
-    fn rms_norm(&self, x: &WgpuTensor, weight: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
-        const OP: &str = "rms_norm";
-        let (n, d) = checks::rms_norm(x, weight)?;
-        self.check_inputs(OP, [("x", x), ("weight", weight)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        if n == 0 || d == 0 {
-            return Ok(y);
-        }
-        self.dispatch(
-            Shader::Norm,
-            OP,
-            0,
-            &[n as u32, d as u32, eps.to_bits()],
-            &[(1, x.binding()), (2, weight.binding()), (3, y.binding())],
-            grid(n),
-        )?;
-        Ok(y)
-    }
-
     /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
     fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
         const OP: &str = "rope_2d";
@@ -1852,5 +1833,10 @@ impl Backend for WgpuBackend {
     }
     fn unfold(&self, x: &WgpuTensor, h: usize, w: usize, r: usize) -> Result<WgpuTensor> {
         self.unfold(x, h, w, r)
+    }
+
+    // ---- norm.rs -----------------------------------------------------------------------------
+    fn rms_norm(&self, x: &WgpuTensor, weight: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
+        self.rms_norm(x, weight, eps)
     }
 }
