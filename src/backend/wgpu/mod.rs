@@ -25,8 +25,6 @@
 //!   f16, f16 tiles, f32 accumulation), which needs SHADER_F16. A weight uploaded with
 //!   `upload_weight_exact` (router, hyper-connection mixes) always takes the exact build; norms,
 //!   softmax, attention, routing and the residual stream have one (f32) build.
-//! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
-//!   grid and counted as weight memory while cached.
 //! - Threads: the backend is `Sync`; submissions keep encoding order across threads and blocking
 //!   waits are serialised. Validation errors surface at the next `download`/`sync`/`flush` of any
 //!   thread. On the NVIDIA driver, creating a second device while another thread works on a first
@@ -45,6 +43,7 @@ mod copy;
 mod elementwise;
 pub mod formats;
 mod norm;
+mod rope;
 use formats::BlockKernel;
 
 use crate::backend::checks::{self, NamedWeight};
@@ -474,8 +473,8 @@ pub struct WgpuBackend {
     dummy: wgpu::Buffer,
     /// The IQ/FP4 lookup tables the block decoders read (`formats::table_words`), uploaded once.
     lut: wgpu::Buffer,
-    /// cos/sin tables of rope_2d keyed by (n, grid_w, hd, theta bits).
-    rope_tables: Mutex<HashMap<(usize, usize, usize, u32), Arc<WgpuTensor>>>,
+    /// cos/sin tables of rope_2d (rope.rs).
+    rope_tables: Mutex<rope::Tables>,
 }
 
 fn device_err(e: impl std::fmt::Display) -> Error {
@@ -543,10 +542,6 @@ pub fn default_precision(info: &wgpu::AdapterInfo, features: wgpu::Features) -> 
     } else {
         Precision::Exact
     }
-}
-
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    bytemuck::cast_slice(v)
 }
 
 /// An input of a [`WgpuBackend::per_element`] op: the name a binding-limit error gives it, the
@@ -1062,51 +1057,6 @@ impl WgpuBackend {
         self.dispatch(Shader::Debug, "poke", 0, &[index, value], &[(1, t.binding())], (1, 1, 1))
     }
 
-    fn rope_table(&self, n: usize, grid_w: usize, hd: usize, theta: f32) -> Result<Arc<WgpuTensor>> {
-        let key = (n, grid_w, hd, theta.to_bits());
-        if let Some(t) = self.rope_tables.lock().unwrap().get(&key) {
-            return Ok(t.clone());
-        }
-        // Same f32 arithmetic as the reference: inv_freq = 1/θ^(2j/half), angle = pos·inv_freq.
-        let half = hd / 2;
-        let quarter = hd / 4;
-        let inv_freq: Vec<f32> = (0..quarter).map(|j| 1.0 / theta.powf((2 * j) as f32 / half as f32)).collect();
-        let mut tab = vec![0f32; 2 * n * half];
-        for r in 0..n {
-            let (row, col) = ((r / grid_w) as f32, (r % grid_w) as f32);
-            for d in 0..half {
-                let a = if d < quarter { row * inv_freq[d] } else { col * inv_freq[d - quarter] };
-                tab[r * half + d] = a.cos();
-                tab[n * half + r * half + d] = a.sin();
-            }
-        }
-        let buf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("rope table"),
-            contents: f32_bytes(&tab),
-            usage: wgpu::BufferUsages::STORAGE,
-        });
-        let counted = buf.size();
-        self.shared.counters.weight.fetch_add(counted, Ordering::Relaxed);
-        let t = Arc::new(WgpuTensor {
-            buf,
-            offset: 0,
-            bytes: counted,
-            guard_words: 0,
-            counted,
-            role: Role::Table,
-            shape: vec![2 * n * half],
-            dtype: DType::F32,
-            producer: "rope_2d",
-            shared: self.shared.clone(),
-        });
-        let mut tables = self.rope_tables.lock().unwrap();
-        if tables.len() >= 8 {
-            tables.clear();
-        }
-        tables.insert(key, t.clone());
-        Ok(t)
-    }
-
     /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
     fn dispatch_1d(
         &self,
@@ -1370,26 +1320,6 @@ impl Backend for WgpuBackend {
                 &params,
                 &[(1, x.binding()), (2, c.binding()), (3, bias_res.clone()), (4, y.binding())],
                 (c.rows.div_ceil(64) as u32, gy as u32, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
-    fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
-        const OP: &str = "rope_2d";
-        let (n, hd) = checks::rope_2d(x, n_heads, grid_w)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        let pairs = n * n_heads * hd / 2;
-        if pairs > 0 {
-            let tab = self.rope_table(n, grid_w, hd, theta)?;
-            self.dispatch_1d(
-                Shader::Rope,
-                OP,
-                pairs,
-                &[n as u32, n_heads as u32, hd as u32],
-                &[(1, x.binding()), (2, tab.binding()), (3, y.binding())],
             )?;
         }
         Ok(y)
@@ -1838,5 +1768,10 @@ impl Backend for WgpuBackend {
     // ---- norm.rs -----------------------------------------------------------------------------
     fn rms_norm(&self, x: &WgpuTensor, weight: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
         self.rms_norm(x, weight, eps)
+    }
+
+    // ---- rope.rs -----------------------------------------------------------------------------
+    fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
+        self.rope_2d(x, n_heads, grid_w, theta)
     }
 }
