@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+mod attention;
 mod copy;
 mod elementwise;
 pub mod formats;
@@ -60,9 +61,6 @@ pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 const FLUSH_EVERY: u32 = 128;
 /// Bytes of the uniform parameter block every dispatch gets.
 const PARAM_BYTES: usize = 64;
-/// Workgroup memory the attention kernel needs (see shaders/attention.wgsl).
-const ATTENTION_SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
-const ATTENTION_MAX_HD: usize = 128;
 
 /// Construction options. `Default` is what the CLI uses.
 #[derive(Clone, Debug)]
@@ -1149,7 +1147,7 @@ impl Backend for WgpuBackend {
     /// their `shaders/dequant/` builds), so only the op matters.
     fn supports(&self, op: Op, _format: WeightFormat) -> bool {
         match op {
-            Op::Attention => self.limits.max_compute_workgroup_storage_size >= ATTENTION_SHARED_BYTES,
+            Op::Attention => self.limits.max_compute_workgroup_storage_size >= attention::SHARED_BYTES,
             // every other op, the language-model ones included (shaders/lm.wgsl; `route_experts`
             // is the trait's composition of them)
             _ => true,
@@ -1322,42 +1320,6 @@ impl Backend for WgpuBackend {
                 (c.rows.div_ceil(64) as u32, gy as u32, 1),
             )?;
         }
-        Ok(y)
-    }
-
-    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`, flash-style (no n×n matrix).
-    fn attention(&self, q: &WgpuTensor, k: &WgpuTensor, v: &WgpuTensor, n_heads: usize) -> Result<WgpuTensor> {
-        const OP: &str = "attention";
-        let (n, hd) = checks::attention(q, k, v, n_heads)?;
-        self.check_inputs(OP, [("q", q), ("k", k), ("v", v)])?;
-        if hd > ATTENTION_MAX_HD || hd % 4 != 0 {
-            return Err(Self::unsupported(
-                Op::Attention,
-                format!("head dim {hd} (a multiple of 4, at most {ATTENTION_MAX_HD})"),
-            ));
-        }
-        if !self.supports(Op::Attention, WeightFormat::F32) {
-            return Err(Self::unsupported(
-                Op::Attention,
-                format!(
-                    "{} bytes of workgroup memory (device has {})",
-                    ATTENTION_SHARED_BYTES, self.limits.max_compute_workgroup_storage_size
-                ),
-            ));
-        }
-        let y = self.alloc(OP, q.shape.clone(), DType::F32)?;
-        if n == 0 || hd == 0 {
-            return Ok(y);
-        }
-        let scale = 1.0 / (hd as f32).sqrt();
-        self.dispatch(
-            Shader::Attention,
-            OP,
-            0,
-            &[n as u32, n_heads as u32, hd as u32, scale.to_bits()],
-            &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
-            (n.div_ceil(16) as u32, n_heads as u32, 1),
-        )?;
         Ok(y)
     }
 
@@ -1773,5 +1735,10 @@ impl Backend for WgpuBackend {
     // ---- rope.rs -----------------------------------------------------------------------------
     fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
         self.rope_2d(x, n_heads, grid_w, theta)
+    }
+
+    // ---- attention.rs ------------------------------------------------------------------------
+    fn attention(&self, q: &WgpuTensor, k: &WgpuTensor, v: &WgpuTensor, n_heads: usize) -> Result<WgpuTensor> {
+        self.attention(q, k, v, n_heads)
     }
 }
