@@ -1,5 +1,19 @@
 //! wgpu lane: the model graph on WGSL compute shaders (Vulkan, Metal, DX12, or Mesa lavapipe).
 //!
+//! This file holds the device, the shader builds and their pipelines, dispatch, memory
+//! (activations, weight pools, guard bands), upload and download, and the `Backend` impl, which
+//! hands each op to the file of its shader family (`shaders/`), where its notes are:
+//! - linear.rs: `linear`, `grouped_linear`, `moe_experts`, and the kernel each weight format takes
+//!   (`linear_tile.wgsl` with `linear_packed.wgsl` or `linear_f16.wgsl`, the GEMM entry points of
+//!   `lm.wgsl`, the `dequant/` builds of formats.rs);
+//! - elementwise.rs, copy.rs, norm.rs, rope.rs, attention.rs: the ops of `elementwise.wgsl`,
+//!   `copy.wgsl` (and `concat_rows`, a buffer copy), `norm.wgsl`, `rope.wgsl`, `attention.wgsl`;
+//! - lm.rs: the other language-model ops, on `lm.wgsl`;
+//! - here: `debug_poke`, the guard bands' test hook, on `debug.wgsl`.
+//!
+//! The ops that run one thread per output element share one path, `WgpuBackend::per_element`
+//! (check the inputs against the binding limit, allocate the output, dispatch).
+//!
 //! - Ops encode compute passes into one pending command encoder; only `download` (and the
 //!   diagnostics) submit and wait. The encoder is also submitted, without waiting, every
 //!   `FLUSH_EVERY` dispatches so command buffers stay small.
@@ -44,6 +58,7 @@ mod linear;
 mod lm;
 mod norm;
 mod rope;
+
 use formats::BlockKernel;
 use linear::{linear_shader, lm_weight_shader};
 
@@ -777,7 +792,7 @@ impl WgpuBackend {
         }
     }
 
-    // ---- pipelines ---------------------------------------------------------------------------
+    // ---- pipelines, dispatch -----------------------------------------------------------------
 
     fn pipeline(&self, shader: Shader, entry: &'static str, fmt: u32) -> Result<wgpu::ComputePipeline> {
         let key = (shader, entry, fmt);
@@ -858,6 +873,43 @@ impl WgpuBackend {
             pass.dispatch_workgroups(groups.0, groups.1, groups.2);
         });
         Ok(())
+    }
+
+    /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
+    fn dispatch_1d(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        total: usize,
+        params: &[u32],
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+    ) -> Result<()> {
+        if total == 0 {
+            return Ok(());
+        }
+        self.dispatch(shader, entry, 0, params, bindings, grid(total.div_ceil(256)))
+    }
+
+    /// The path of every op that runs one thread per output element: check that each input fits
+    /// one binding, allocate the output, and dispatch `shader::op` (the entry point is named after
+    /// the op) with the output's element count as parameter 0, then `params`. Nothing is
+    /// dispatched for an empty output.
+    fn per_element(
+        &self,
+        shader: Shader,
+        op: &'static str,
+        inputs: &[Input<'_>],
+        out: Output,
+        params: &[u32],
+    ) -> Result<WgpuTensor> {
+        self.check_inputs(op, inputs.iter().map(|&(name, _, t)| (name, t)))?;
+        let y = self.alloc(op, out.shape, out.dtype)?;
+        let total = y.numel();
+        let params: Vec<u32> = std::iter::once(total as u32).chain(params.iter().copied()).collect();
+        let mut bindings: Vec<_> = inputs.iter().map(|&(_, binding, t)| (binding, t.binding())).collect();
+        bindings.push((out.binding, y.binding()));
+        self.dispatch_1d(shader, op, total, &params, &bindings)?;
+        Ok(y)
     }
 
     // ---- allocation ----------------------------------------------------------------------------
@@ -1055,43 +1107,6 @@ impl WgpuBackend {
         self.dispatch(Shader::Debug, "poke", 0, &[index, value], &[(1, t.binding())], (1, 1, 1))
     }
 
-    /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
-    fn dispatch_1d(
-        &self,
-        shader: Shader,
-        entry: &'static str,
-        total: usize,
-        params: &[u32],
-        bindings: &[(u32, wgpu::BindingResource<'_>)],
-    ) -> Result<()> {
-        if total == 0 {
-            return Ok(());
-        }
-        self.dispatch(shader, entry, 0, params, bindings, grid(total.div_ceil(256)))
-    }
-
-    /// The path of every op that runs one thread per output element: check that each input fits
-    /// one binding, allocate the output, and dispatch `shader::op` (the entry point is named after
-    /// the op) with the output's element count as parameter 0, then `params`. Nothing is
-    /// dispatched for an empty output.
-    fn per_element(
-        &self,
-        shader: Shader,
-        op: &'static str,
-        inputs: &[Input<'_>],
-        out: Output,
-        params: &[u32],
-    ) -> Result<WgpuTensor> {
-        self.check_inputs(op, inputs.iter().map(|&(name, _, t)| (name, t)))?;
-        let y = self.alloc(op, out.shape, out.dtype)?;
-        let total = y.numel();
-        let params: Vec<u32> = std::iter::once(total as u32).chain(params.iter().copied()).collect();
-        let mut bindings: Vec<_> = inputs.iter().map(|&(_, binding, t)| (binding, t.binding())).collect();
-        bindings.push((out.binding, y.binding()));
-        self.dispatch_1d(shader, op, total, &params, &bindings)?;
-        Ok(y)
-    }
-
     fn unsupported(op: Op, what: impl Into<String>) -> Error {
         Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
     }
@@ -1250,6 +1265,28 @@ impl Backend for WgpuBackend {
         WgpuBackend::sync(self)
     }
 
+    // ==== ops: each hands over to the method of its name in its shader family's file =========
+
+    // ---- linear.rs ---------------------------------------------------------------------------
+    fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
+        self.linear(x, w, bias)
+    }
+    fn grouped_linear(&self, x: &WgpuTensor, w: &WgpuWeight, groups: usize) -> Result<WgpuTensor> {
+        self.grouped_linear(x, w, groups)
+    }
+    fn moe_experts(
+        &self,
+        x: &WgpuTensor,
+        ids: &WgpuTensor,
+        weights: &WgpuTensor,
+        w1: &[WgpuWeight],
+        w3: &[WgpuWeight],
+        w2: &[WgpuWeight],
+        limit: f32,
+    ) -> Result<WgpuTensor> {
+        self.moe_experts(x, ids, weights, w1, w3, w2, limit)
+    }
+
     // ---- elementwise.rs ----------------------------------------------------------------------
     fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
         self.add(a, b)
@@ -1288,26 +1325,6 @@ impl Backend for WgpuBackend {
     // ---- attention.rs ------------------------------------------------------------------------
     fn attention(&self, q: &WgpuTensor, k: &WgpuTensor, v: &WgpuTensor, n_heads: usize) -> Result<WgpuTensor> {
         self.attention(q, k, v, n_heads)
-    }
-
-    // ---- linear.rs ---------------------------------------------------------------------------
-    fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
-        self.linear(x, w, bias)
-    }
-    fn grouped_linear(&self, x: &WgpuTensor, w: &WgpuWeight, groups: usize) -> Result<WgpuTensor> {
-        self.grouped_linear(x, w, groups)
-    }
-    fn moe_experts(
-        &self,
-        x: &WgpuTensor,
-        ids: &WgpuTensor,
-        weights: &WgpuTensor,
-        w1: &[WgpuWeight],
-        w3: &[WgpuWeight],
-        w2: &[WgpuWeight],
-        limit: f32,
-    ) -> Result<WgpuTensor> {
-        self.moe_experts(x, ids, weights, w1, w3, w2, limit)
     }
 
     // ---- lm.rs -------------------------------------------------------------------------------
