@@ -121,6 +121,7 @@ impl WgpuBackend {
     /// Routed experts, one (gate, up, down) dispatch triple per expert over the slots routed to
     /// it, each weight read by its own format's kernel, then a weighted sum over the slots in
     /// order. Each expert matrix must fit one binding.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_experts(
         &self,
         x: &WgpuTensor,

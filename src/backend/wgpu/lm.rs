@@ -206,6 +206,7 @@ impl WgpuBackend {
     }
 
     /// Lightning-indexer scores `[n, m]`, −inf for entries not yet complete.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn indexer_scores(
         &self,
         q: &WgpuTensor,
