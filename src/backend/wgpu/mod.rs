@@ -1,5 +1,19 @@
 //! wgpu lane: the model graph on WGSL compute shaders (Vulkan, Metal, DX12, or Mesa lavapipe).
 //!
+//! This file holds the device, the shader builds and their pipelines, dispatch, memory
+//! (activations, weight pools, guard bands), upload and download, and the `Backend` impl, which
+//! hands each op to the file of its shader family (`shaders/`), where its notes are:
+//! - linear.rs: `linear`, `grouped_linear`, `moe_experts`, and the kernel each weight format takes
+//!   (`linear_tile.wgsl` with `linear_packed.wgsl` or `linear_f16.wgsl`, the GEMM entry points of
+//!   `lm.wgsl`, the `dequant/` builds of formats.rs);
+//! - elementwise.rs, copy.rs, norm.rs, rope.rs, attention.rs: the ops of `elementwise.wgsl`,
+//!   `copy.wgsl` (and `concat_rows`, a buffer copy), `norm.wgsl`, `rope.wgsl`, `attention.wgsl`;
+//! - lm.rs: the other language-model ops, on `lm.wgsl`;
+//! - here: `debug_poke`, the guard bands' test hook, on `debug.wgsl`.
+//!
+//! The ops that run one thread per output element share one path, `WgpuBackend::per_element`
+//! (check the inputs against the binding limit, allocate the output, dispatch).
+//!
 //! - Ops encode compute passes into one pending command encoder; only `download` (and the
 //!   diagnostics) submit and wait. The encoder is also submitted, without waiting, every
 //!   `FLUSH_EVERY` dispatches so command buffers stay small.
@@ -16,19 +30,12 @@
 //!   activation larger than the binding limit is an `Error::Device` naming the op.
 //! - Guard bands (`Options::guard_words`): every activation output gets extra words filled with
 //!   `GUARD_SENTINEL` before the op; `check_guards` / `download` report a write past the end.
-//! - F16 weights: `shaders/linear_f16.wgsl` (`array<vec2<f16>>`) when the device has SHADER_F16,
-//!   else `linear.wgsl` with an exact integer half→f32 decode (not `unpack2x16float`, which needs
-//!   naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals). BF16: `u << 16`.
 //! - Precision (`Options::precision`): every GEMM kernel (linear, grouped_linear, the experts'
 //!   gate/up/down; float and block formats) is built twice, with `shaders/operands_exact.wgsl`
 //!   (f32 operands) and with `shaders/operands_fast.wgsl` (each operand rounded to the nearest
 //!   f16, f16 tiles, f32 accumulation), which needs SHADER_F16. A weight uploaded with
 //!   `upload_weight_exact` (router, hyper-connection mixes) always takes the exact build; norms,
 //!   softmax, attention, routing and the residual stream have one (f32) build.
-//! - `gather_rows` bounds-checks every index in the shader: an index outside `0..m` yields a row
-//!   of NaN (loud downstream) and never reads out of bounds.
-//! - `rope_2d` takes its cos/sin table from the host (f32, the reference's recipe), cached per
-//!   grid and counted as weight memory while cached.
 //! - Threads: the backend is `Sync`; submissions keep encoding order across threads and blocking
 //!   waits are serialised. Validation errors surface at the next `download`/`sync`/`flush` of any
 //!   thread. On the NVIDIA driver, creating a second device while another thread works on a first
@@ -43,10 +50,19 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+mod attention;
+mod copy;
+mod elementwise;
 pub mod formats;
-use formats::BlockKernel;
+mod linear;
+mod lm;
+mod norm;
+mod rope;
 
-use crate::backend::checks::{self, NamedWeight};
+use formats::BlockKernel;
+use linear::{linear_shader, lm_weight_shader};
+
+use crate::backend::checks::NamedWeight;
 use crate::backend::{
     Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, Precision,
     WeightFormat,
@@ -60,9 +76,6 @@ pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 const FLUSH_EVERY: u32 = 128;
 /// Bytes of the uniform parameter block every dispatch gets.
 const PARAM_BYTES: usize = 64;
-/// Workgroup memory the attention kernel needs (see shaders/attention.wgsl).
-const ATTENTION_SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
-const ATTENTION_MAX_HD: usize = 128;
 
 /// Construction options. `Default` is what the CLI uses.
 #[derive(Clone, Debug)]
@@ -220,6 +233,16 @@ struct WeightChunk {
     bytes: u64,
     row0: usize,
     rows: usize,
+}
+
+impl WeightChunk {
+    fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buf,
+            offset: self.offset,
+            size: NonZeroU64::new(self.bytes.max(4)),
+        })
+    }
 }
 
 /// A weight matrix `[rows, cols]` in its storage format, possibly split into row chunks.
@@ -463,8 +486,8 @@ pub struct WgpuBackend {
     dummy: wgpu::Buffer,
     /// The IQ/FP4 lookup tables the block decoders read (`formats::table_words`), uploaded once.
     lut: wgpu::Buffer,
-    /// cos/sin tables of rope_2d keyed by (n, grid_w, hd, theta bits).
-    rope_tables: Mutex<HashMap<(usize, usize, usize, u32), Arc<WgpuTensor>>>,
+    /// cos/sin tables of rope_2d (rope.rs).
+    rope_tables: Mutex<rope::Tables>,
 }
 
 fn device_err(e: impl std::fmt::Display) -> Error {
@@ -534,14 +557,23 @@ pub fn default_precision(info: &wgpu::AdapterInfo, features: wgpu::Features) -> 
     }
 }
 
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    bytemuck::cast_slice(v)
+/// An input of a [`WgpuBackend::per_element`] op: the name a binding-limit error gives it, the
+/// binding its shader reads it at, and the tensor.
+type Input<'a> = (&'static str, u32, &'a WgpuTensor);
+
+/// The output of a [`WgpuBackend::per_element`] op: the binding its shader writes it at, its
+/// shape and dtype.
+struct Output {
+    binding: u32,
+    shape: Vec<usize>,
+    dtype: DType,
 }
 
-fn groups_1d(threads: usize) -> (u32, u32) {
-    let g = threads.div_ceil(256).max(1);
-    let gx = g.min(32768);
-    (gx as u32, g.div_ceil(gx) as u32)
+/// `workgroups` (at least one) laid out as `(gx, gy, 1)` with `gx` ≤ 32768 and `gx·gy` ≥
+/// `workgroups`; the shaders number a workgroup `wg.y·gx + wg.x`.
+fn grid(workgroups: usize) -> (u32, u32, u32) {
+    let gx = workgroups.min(32768);
+    (gx as u32, workgroups.div_ceil(gx) as u32, 1)
 }
 
 impl WgpuBackend {
@@ -760,7 +792,7 @@ impl WgpuBackend {
         }
     }
 
-    // ---- pipelines ---------------------------------------------------------------------------
+    // ---- pipelines, dispatch -----------------------------------------------------------------
 
     fn pipeline(&self, shader: Shader, entry: &'static str, fmt: u32) -> Result<wgpu::ComputePipeline> {
         let key = (shader, entry, fmt);
@@ -841,6 +873,43 @@ impl WgpuBackend {
             pass.dispatch_workgroups(groups.0, groups.1, groups.2);
         });
         Ok(())
+    }
+
+    /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
+    fn dispatch_1d(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        total: usize,
+        params: &[u32],
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+    ) -> Result<()> {
+        if total == 0 {
+            return Ok(());
+        }
+        self.dispatch(shader, entry, 0, params, bindings, grid(total.div_ceil(256)))
+    }
+
+    /// The path of every op that runs one thread per output element: check that each input fits
+    /// one binding, allocate the output, and dispatch `shader::op` (the entry point is named after
+    /// the op) with the output's element count as parameter 0, then `params`. Nothing is
+    /// dispatched for an empty output.
+    fn per_element(
+        &self,
+        shader: Shader,
+        op: &'static str,
+        inputs: &[Input<'_>],
+        out: Output,
+        params: &[u32],
+    ) -> Result<WgpuTensor> {
+        self.check_inputs(op, inputs.iter().map(|&(name, _, t)| (name, t)))?;
+        let y = self.alloc(op, out.shape, out.dtype)?;
+        let total = y.numel();
+        let params: Vec<u32> = std::iter::once(total as u32).chain(params.iter().copied()).collect();
+        let mut bindings: Vec<_> = inputs.iter().map(|&(_, binding, t)| (binding, t.binding())).collect();
+        bindings.push((out.binding, y.binding()));
+        self.dispatch_1d(shader, op, total, &params, &bindings)?;
+        Ok(y)
     }
 
     // ---- allocation ----------------------------------------------------------------------------
@@ -1038,113 +1107,8 @@ impl WgpuBackend {
         self.dispatch(Shader::Debug, "poke", 0, &[index, value], &[(1, t.binding())], (1, 1, 1))
     }
 
-    fn rope_table(&self, n: usize, grid_w: usize, hd: usize, theta: f32) -> Result<Arc<WgpuTensor>> {
-        let key = (n, grid_w, hd, theta.to_bits());
-        if let Some(t) = self.rope_tables.lock().unwrap().get(&key) {
-            return Ok(t.clone());
-        }
-        // Same f32 arithmetic as the reference: inv_freq = 1/θ^(2j/half), angle = pos·inv_freq.
-        let half = hd / 2;
-        let quarter = hd / 4;
-        let inv_freq: Vec<f32> = (0..quarter).map(|j| 1.0 / theta.powf((2 * j) as f32 / half as f32)).collect();
-        let mut tab = vec![0f32; 2 * n * half];
-        for r in 0..n {
-            let (row, col) = ((r / grid_w) as f32, (r % grid_w) as f32);
-            for d in 0..half {
-                let a = if d < quarter { row * inv_freq[d] } else { col * inv_freq[d - quarter] };
-                tab[r * half + d] = a.cos();
-                tab[n * half + r * half + d] = a.sin();
-            }
-        }
-        let buf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("rope table"),
-            contents: f32_bytes(&tab),
-            usage: wgpu::BufferUsages::STORAGE,
-        });
-        let counted = buf.size();
-        self.shared.counters.weight.fetch_add(counted, Ordering::Relaxed);
-        let t = Arc::new(WgpuTensor {
-            buf,
-            offset: 0,
-            bytes: counted,
-            guard_words: 0,
-            counted,
-            role: Role::Table,
-            shape: vec![2 * n * half],
-            dtype: DType::F32,
-            producer: "rope_2d",
-            shared: self.shared.clone(),
-        });
-        let mut tables = self.rope_tables.lock().unwrap();
-        if tables.len() >= 8 {
-            tables.clear();
-        }
-        tables.insert(key, t.clone());
-        Ok(t)
-    }
-
-    /// One elementwise dispatch of `lm.wgsl::entry` over `total` threads (no-op when 0).
-    fn lm_1d(
-        &self,
-        entry: &'static str,
-        total: usize,
-        params: &[u32],
-        bindings: &[(u32, wgpu::BindingResource<'_>)],
-    ) -> Result<()> {
-        self.dispatch_1d(Shader::Lm(Precision::Exact), entry, total, params, bindings)
-    }
-
-    /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
-    fn dispatch_1d(
-        &self,
-        shader: Shader,
-        entry: &'static str,
-        total: usize,
-        params: &[u32],
-        bindings: &[(u32, wgpu::BindingResource<'_>)],
-    ) -> Result<()> {
-        if total == 0 {
-            return Ok(());
-        }
-        let (gx, gy) = groups_1d(total);
-        self.dispatch(shader, entry, 0, params, bindings, (gx, gy, 1))
-    }
-
     fn unsupported(op: Op, what: impl Into<String>) -> Error {
         Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
-    }
-
-    /// The precision of the products with `w`: the lane's, or exact for a weight from
-    /// `upload_weight_exact`.
-    fn gemm_precision(&self, w: &WgpuWeight) -> Precision {
-        if w.exact { Precision::Exact } else { self.opts.precision }
-    }
-}
-
-/// The kernel of `linear` for `format` in `precision`, with its `FMT` override:
-/// `linear_packed.wgsl` for f32 (0), bf16 (1) and f16 without SHADER_F16 (2, integer decode),
-/// `linear_f16.wgsl` for f16 with it (`native_f16`), else the format's block build of
-/// dequant/linear.wgsl.
-fn linear_shader(format: WeightFormat, native_f16: bool, precision: Precision) -> (Shader, u32) {
-    match format {
-        WeightFormat::F32 => (Shader::Linear(precision), 0),
-        WeightFormat::BF16 => (Shader::Linear(precision), 1),
-        WeightFormat::F16 if native_f16 => (Shader::LinearF16(precision), 0),
-        WeightFormat::F16 => (Shader::Linear(precision), 2),
-        f => (Shader::Block(BlockKernel::Linear, f, precision), 0),
-    }
-}
-
-/// The kernel of lm.wgsl's weight ops for `format` in `precision`, with the `fmt` parameter it
-/// reads: lm.wgsl itself for the float formats (0 f32, 1 bf16, 2 f16), else the format's block
-/// build of dequant/lm.wgsl (which has no `fmt`). `embed_rows` (a lookup, not a product) always
-/// takes the exact build.
-fn lm_weight_shader(format: WeightFormat, precision: Precision) -> (Shader, u32) {
-    match format {
-        WeightFormat::F32 => (Shader::Lm(precision), 0),
-        WeightFormat::BF16 => (Shader::Lm(precision), 1),
-        WeightFormat::F16 => (Shader::Lm(precision), 2),
-        f => (Shader::Block(BlockKernel::Lm, f, precision), 0),
     }
 }
 
@@ -1165,7 +1129,7 @@ impl Backend for WgpuBackend {
     /// their `shaders/dequant/` builds), so only the op matters.
     fn supports(&self, op: Op, _format: WeightFormat) -> bool {
         match op {
-            Op::Attention => self.limits.max_compute_workgroup_storage_size >= ATTENTION_SHARED_BYTES,
+            Op::Attention => self.limits.max_compute_workgroup_storage_size >= attention::SHARED_BYTES,
             // every other op, the language-model ones included (shaders/lm.wgsl; `route_experts`
             // is the trait's composition of them)
             _ => true,
@@ -1301,643 +1265,15 @@ impl Backend for WgpuBackend {
         WgpuBackend::sync(self)
     }
 
-    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]`, one dispatch per weight chunk.
+    // ==== ops: each hands over to the method of its name in its shader family's file =========
+
+    // ---- linear.rs ---------------------------------------------------------------------------
     fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
-        const OP: &str = "linear";
-        let (n, k) = checks::linear(x, w, bias)?;
-        self.check_inputs(OP, [("x", x)].into_iter().chain(bias.map(|b| ("bias", b))))?;
-        let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
-        if n == 0 || w.rows == 0 {
-            return Ok(y);
-        }
-        let gy = n.div_ceil(64);
-        if gy > self.limits.max_compute_workgroups_per_dimension as usize {
-            return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
-        }
-        let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w));
-        let bias_res = match bias {
-            Some(b) => b.binding(),
-            None => self.dummy.as_entire_binding(),
-        };
-        for c in &w.chunks {
-            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &c.buf,
-                offset: c.offset,
-                size: NonZeroU64::new(c.bytes.max(4)),
-            });
-            let params = [
-                n as u32,
-                k as u32,
-                w.rows as u32,
-                c.row0 as u32,
-                c.rows as u32,
-                w.stride_words as u32,
-                bias.is_some() as u32,
-            ];
-            self.dispatch(
-                shader,
-                "main",
-                fmt,
-                &params,
-                &[(1, x.binding()), (2, wres), (3, bias_res.clone()), (4, y.binding())],
-                (c.rows.div_ceil(64) as u32, gy as u32, 1),
-            )?;
-        }
-        Ok(y)
+        self.linear(x, w, bias)
     }
-
-    /// x `[n, d]`, weight `[d]` → `[n, d]`.
-    fn rms_norm(&self, x: &WgpuTensor, weight: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
-        const OP: &str = "rms_norm";
-        let (n, d) = checks::rms_norm(x, weight)?;
-        self.check_inputs(OP, [("x", x), ("weight", weight)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        if n == 0 || d == 0 {
-            return Ok(y);
-        }
-        let gx = n.min(32768);
-        self.dispatch(
-            Shader::Norm,
-            OP,
-            0,
-            &[n as u32, d as u32, eps.to_bits()],
-            &[(1, x.binding()), (2, weight.binding()), (3, y.binding())],
-            (gx as u32, n.div_ceil(gx) as u32, 1),
-        )?;
-        Ok(y)
-    }
-
-    /// a, b `[n, d]` → `[n, d]`.
-    fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "add";
-        checks::add(a, b)?;
-        self.check_inputs(OP, [("a", a), ("b", b)])?;
-        let y = self.alloc(OP, a.shape.clone(), DType::F32)?;
-        let n = a.numel();
-        if n > 0 {
-            let (gx, gy) = groups_1d(n);
-            self.dispatch(
-                Shader::Elementwise,
-                OP,
-                0,
-                &[n as u32],
-                &[(1, a.binding()), (2, b.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// x `[n, d]` → `[n, len]`.
-    fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor> {
-        const OP: &str = "slice_cols";
-        let (n, d) = checks::slice_cols(x, start, len)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, vec![n, len], DType::F32)?;
-        let total = n * len;
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Copy,
-                OP,
-                0,
-                &[total as u32, len as u32, d as u32, start as u32],
-                &[(1, x.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// `[n, d]`, `[m, d]` → `[n+m, d]` by two buffer copies.
-    fn concat_rows(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "concat_rows";
-        checks::concat_rows(a, b)?;
-        self.check_inputs(OP, [("a", a), ("b", b)])?;
-        let y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
-        self.with_encoder(|enc| {
-            if a.bytes > 0 {
-                enc.copy_buffer_to_buffer(&a.buf, a.offset, &y.buf, 0, a.bytes);
-            }
-            if b.bytes > 0 {
-                enc.copy_buffer_to_buffer(&b.buf, b.offset, &y.buf, a.bytes, b.bytes);
-            }
-        });
-        Ok(y)
-    }
-
-    /// src `[m, d]`, idx i32 `[n]` → `[n, d]`; an index outside `0..m` yields a row of NaN.
-    fn gather_rows(&self, src: &WgpuTensor, idx: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "gather_rows";
-        let (m, d, n) = checks::gather_rows(src, idx)?;
-        self.check_inputs(OP, [("src", src), ("idx", idx)])?;
-        let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let total = n * d;
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Copy,
-                OP,
-                0,
-                &[total as u32, d as u32, m as u32],
-                &[(1, src.binding()), (2, idx.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// x `[n, 2h]` → `[n, h]`, gate = first half.
-    fn swiglu(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "swiglu";
-        let (n, h) = checks::swiglu(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, vec![n, h], DType::F32)?;
-        let total = n * h;
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Elementwise,
-                OP,
-                0,
-                &[total as u32, h as u32],
-                &[(1, x.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// `[n, d]` → `[n, d]`, exact (erf) GELU.
-    fn gelu_erf(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "gelu_erf";
-        checks::gelu_erf(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        let total = x.numel();
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Elementwise,
-                OP,
-                0,
-                &[total as u32],
-                &[(1, x.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
-    fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
-        const OP: &str = "rope_2d";
-        let (n, hd) = checks::rope_2d(x, n_heads, grid_w)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        let total = n * n_heads * hd / 2;
-        if total > 0 {
-            let tab = self.rope_table(n, grid_w, hd, theta)?;
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Rope,
-                OP,
-                0,
-                &[n as u32, n_heads as u32, hd as u32],
-                &[(1, x.binding()), (2, tab.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`, flash-style (no n×n matrix).
-    fn attention(&self, q: &WgpuTensor, k: &WgpuTensor, v: &WgpuTensor, n_heads: usize) -> Result<WgpuTensor> {
-        const OP: &str = "attention";
-        let (n, hd) = checks::attention(q, k, v, n_heads)?;
-        self.check_inputs(OP, [("q", q), ("k", k), ("v", v)])?;
-        if hd > ATTENTION_MAX_HD || hd % 4 != 0 {
-            return Err(Self::unsupported(
-                Op::Attention,
-                format!("head dim {hd} (a multiple of 4, at most {ATTENTION_MAX_HD})"),
-            ));
-        }
-        if !self.supports(Op::Attention, WeightFormat::F32) {
-            return Err(Self::unsupported(
-                Op::Attention,
-                format!(
-                    "{} bytes of workgroup memory (device has {})",
-                    ATTENTION_SHARED_BYTES, self.limits.max_compute_workgroup_storage_size
-                ),
-            ));
-        }
-        let y = self.alloc(OP, q.shape.clone(), DType::F32)?;
-        if n == 0 || hd == 0 {
-            return Ok(y);
-        }
-        let scale = 1.0 / (hd as f32).sqrt();
-        self.dispatch(
-            Shader::Attention,
-            OP,
-            0,
-            &[n as u32, n_heads as u32, hd as u32, scale.to_bits()],
-            &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
-            (n.div_ceil(16) as u32, n_heads as u32, 1),
-        )?;
-        Ok(y)
-    }
-
-    /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.
-    fn unfold(&self, x: &WgpuTensor, h: usize, w: usize, r: usize) -> Result<WgpuTensor> {
-        const OP: &str = "unfold";
-        let c = checks::unfold(x, h, w, r)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let (gh, gw) = (h.div_ceil(r), w.div_ceil(r));
-        let y = self.alloc(OP, vec![gh * gw, c * r * r], DType::F32)?;
-        let total = gh * gw * c * r * r;
-        if total > 0 {
-            let (gx, gy) = groups_1d(total);
-            self.dispatch(
-                Shader::Copy,
-                OP,
-                0,
-                &[total as u32, c as u32, h as u32, w as u32, r as u32, gw as u32],
-                &[(1, x.binding()), (3, y.binding())],
-                (gx, gy, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    // ==== language model (shaders/lm.wgsl) ======================================================
-
-    /// table `[vocab, d]` (any format, possibly row-chunked), ids i32 `[n]` → `[n, d]`; ids ≥ vocab
-    /// give a zero row, a negative id a row of NaN.
-    fn embed_rows(&self, table: &WgpuWeight, ids: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "embed_rows";
-        let (n, d) = checks::embed_rows(table, ids)?;
-        self.check_inputs(OP, [("ids", ids)])?;
-        let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let (shader, fmt) = lm_weight_shader(table.format, Precision::Exact);
-        // block formats: one thread per run of 32 values (d is a whole number of blocks)
-        let threads = if table.format.is_block() { n * d / 32 } else { n * d };
-        for (ci, c) in table.chunks.iter().enumerate() {
-            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &c.buf,
-                offset: c.offset,
-                size: NonZeroU64::new(c.bytes.max(4)),
-            });
-            let params = [
-                (n * d) as u32,
-                d as u32,
-                table.rows as u32,
-                c.row0 as u32,
-                c.rows as u32,
-                fmt,
-                table.stride_words as u32,
-                (ci == 0) as u32,
-            ];
-            self.dispatch_1d(shader, OP, threads, &params, &[(4, ids.binding()), (6, y.binding()), (8, wres)])?;
-        }
-        Ok(y)
-    }
-
-    /// x `[n, d]` → `[n, hc·d]`.
-    fn hc_expand(&self, x: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
-        const OP: &str = "hc_expand";
-        let (n, d) = checks::hc_expand(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, vec![n, hc * d], DType::F32)?;
-        self.lm_1d(OP, n * hc * d, &[(n * hc * d) as u32, d as u32, hc as u32], &[(1, x.binding()), (6, y.binding())])?;
-        Ok(y)
-    }
-
-    /// x `[n, heads·hd]` → per-head unweighted RMS norm; one workgroup per (row, head).
-    fn rms_norm_heads(&self, x: &WgpuTensor, n_heads: usize, eps: f32) -> Result<WgpuTensor> {
-        const OP: &str = "rms_norm_heads";
-        let (n, cols) = checks::rms_norm_heads(x, n_heads)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        let segs = n * n_heads;
-        if segs > 0 && cols > 0 {
-            let gx = segs.min(32768);
-            self.dispatch(
-                Shader::Lm(Precision::Exact),
-                OP,
-                0,
-                &[segs as u32, (cols / n_heads) as u32, eps.to_bits()],
-                &[(1, x.binding()), (6, y.binding())],
-                (gx as u32, segs.div_ceil(gx) as u32, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
-    fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "hc_pre";
-        let (n, d, hc) = checks::hc_pre(x, w)?;
-        self.check_inputs(OP, [("x", x), ("w", w)])?;
-        let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * d,
-            &[(n * d) as u32, d as u32, hc as u32],
-            &[(1, x.binding()), (2, w.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
-    fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, post: &WgpuTensor, comb: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "hc_post";
-        let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
-        self.check_inputs(OP, [("x", x), ("f", f), ("post", post), ("comb", comb)])?;
-        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * cols,
-            &[(n * cols) as u32, d as u32, hc as u32],
-            &[(1, x.binding()), (2, f.binding()), (3, post.binding()), (9, comb.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `σ(mix·scale + base) + eps`.
-    fn hc_head_weights(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
-        const OP: &str = "hc_head_weights";
-        let (n, hc) = checks::hc_head_weights(mix, scale, base)?;
-        self.check_inputs(OP, [("mix", mix), ("scale", scale), ("base", base)])?;
-        let y = self.alloc(OP, mix.shape.clone(), DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * hc,
-            &[(n * hc) as u32, hc as u32, eps.to_bits()],
-            &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// `sqrt(softplus(x))` elementwise.
-    fn sqrt_softplus(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "sqrt_softplus";
-        checks::sqrt_softplus(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        self.lm_1d(OP, x.numel(), &[x.numel() as u32], &[(1, x.binding()), (6, y.binding())])?;
-        Ok(y)
-    }
-
-    /// table i32 `[vocab, k]`, ids i32 `[n]`, fallback i32 `[n, k]` → i32 `[n, k]`.
-    fn hash_route(&self, table: &WgpuTensor, ids: &WgpuTensor, fallback: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "hash_route";
-        let (vocab, k, n) = checks::hash_route(table, ids, fallback)?;
-        self.check_inputs(OP, [("table", table), ("ids", ids), ("fallback", fallback)])?;
-        let y = self.alloc(OP, vec![n, k], DType::I32)?;
-        self.lm_1d(
-            OP,
-            n * k,
-            &[(n * k) as u32, k as u32, vocab as u32],
-            &[(4, table.binding()), (5, ids.binding()), (10, fallback.binding()), (7, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// scores `[n, e]`, ids i32 `[n, k]` → `[n, k]`; a row with an id outside `0..e` is NaN.
-    fn route_weights(&self, scores: &WgpuTensor, ids: &WgpuTensor, scale: f32) -> Result<WgpuTensor> {
-        const OP: &str = "route_weights";
-        let (n, e, k) = checks::route_weights(scores, ids)?;
-        self.check_inputs(OP, [("scores", scores), ("ids", ids)])?;
-        let y = self.alloc(OP, vec![n, k], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * k,
-            &[(n * k) as u32, k as u32, e as u32, scale.to_bits()],
-            &[(1, scores.binding()), (4, ids.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// g, u `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
-    fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
-        const OP: &str = "swiglu_clamp";
-        let (n, h) = checks::swiglu_clamp(g, u)?;
-        self.check_inputs(OP, [("g", g), ("u", u)])?;
-        let y = self.alloc(OP, vec![n, h], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * h,
-            &[(n * h) as u32, limit.to_bits()],
-            &[(1, g.binding()), (2, u.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// Interleaved RoPE on the last `2·inv_freq.len()` dims of every head.
-    fn rope_tail(
-        &self,
-        x: &WgpuTensor,
-        n_heads: usize,
-        inv_freq: &WgpuTensor,
-        pos0: usize,
-        stride: usize,
-        inverse: bool,
-    ) -> Result<WgpuTensor> {
-        const OP: &str = "rope_tail";
-        let (n, cols, hd, rd) = checks::rope_tail(x, n_heads, inv_freq)?;
-        self.check_inputs(OP, [("x", x), ("inv_freq", inv_freq)])?;
-        let last = pos0 + n.saturating_sub(1) * stride;
-        if last > u32::MAX as usize {
-            return Err(Self::unsupported(Op::RopeTail, format!("position {last} beyond u32")));
-        }
-        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * cols,
-            &[(n * cols) as u32, cols as u32, hd as u32, rd as u32, pos0 as u32, stride as u32, inverse as u32],
-            &[(1, x.binding()), (2, inv_freq.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// mHC split with Sinkhorn; one thread per row.
-    fn hc_split(
-        &self,
-        mix: &WgpuTensor,
-        scale: &WgpuTensor,
-        base: &WgpuTensor,
-        hc: usize,
-        iters: usize,
-        eps: f32,
-    ) -> Result<WgpuTensor> {
-        const OP: &str = "hc_split";
-        let (n, w) = checks::hc_split(mix, scale, base, hc)?;
-        self.check_inputs(OP, [("mix", mix), ("scale", scale), ("base", base)])?;
-        let y = self.alloc(OP, vec![n, w], DType::F32)?;
-        if n > 0 {
-            let g = n.div_ceil(64);
-            if g > self.limits.max_compute_workgroups_per_dimension as usize {
-                return Err(Error::Device(format!("op `{OP}`: {n} rows exceed the dispatch limit")));
-            }
-            self.dispatch(
-                Shader::Lm(Precision::Exact),
-                OP,
-                0,
-                &[n as u32, hc as u32, iters as u32, eps.to_bits()],
-                &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding())],
-                (g as u32, 1, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// Gated pooling of ratio-r blocks (overlap: w = 2d, 2r rows).
-    fn compress_pool(
-        &self,
-        kv: &WgpuTensor,
-        gate: &WgpuTensor,
-        ape: &WgpuTensor,
-        ratio: usize,
-        overlap: bool,
-    ) -> Result<WgpuTensor> {
-        const OP: &str = "compress_pool";
-        let (n, d, w) = checks::compress_pool(kv, gate, ape, ratio, overlap)?;
-        self.check_inputs(OP, [("kv", kv), ("gate", gate), ("ape", ape)])?;
-        let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * d,
-            &[(n * d) as u32, d as u32, w as u32, ratio as u32, overlap as u32],
-            &[(1, kv.binding()), (2, gate.binding()), (3, ape.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// Lightning-indexer scores `[n, m]`, −inf for entries not yet complete.
-    fn indexer_scores(
-        &self,
-        q: &WgpuTensor,
-        k: &WgpuTensor,
-        w: &WgpuTensor,
-        n_heads: usize,
-        scale: f32,
-        pos0: usize,
-        ratio: usize,
-    ) -> Result<WgpuTensor> {
-        const OP: &str = "indexer_scores";
-        let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
-        self.check_inputs(OP, [("q", q), ("k", k), ("w", w)])?;
-        let y = self.alloc(OP, vec![n, m], DType::F32)?;
-        self.lm_1d(
-            OP,
-            n * m,
-            &[(n * m) as u32, m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32],
-            &[(1, q.binding()), (2, k.binding()), (3, w.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
-    }
-
-    /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per row.
-    fn topk_rows(&self, x: &WgpuTensor, k: usize) -> Result<WgpuTensor> {
-        const OP: &str = "topk_rows";
-        let (n, m) = checks::topk_rows(x)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let y = self.alloc(OP, vec![n, k], DType::I32)?;
-        if n > 0 && k > 0 {
-            let gx = n.min(32768);
-            self.dispatch(
-                Shader::Lm(Precision::Exact),
-                OP,
-                0,
-                &[n as u32, m as u32, k as u32],
-                &[(1, x.binding()), (7, y.binding())],
-                (gx as u32, n.div_ceil(gx) as u32, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// x `[n, g·k]`, W `[g·r, k]` (any format, possibly row-chunked) → `[n, g·r]`.
     fn grouped_linear(&self, x: &WgpuTensor, w: &WgpuWeight, groups: usize) -> Result<WgpuTensor> {
-        const OP: &str = "grouped_linear";
-        let (n, k, r) = checks::grouped_linear(x, w, groups)?;
-        self.check_inputs(OP, [("x", x)])?;
-        let cols = x.cols();
-        let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
-        let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
-        for c in &w.chunks {
-            let wres = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &c.buf,
-                offset: c.offset,
-                size: NonZeroU64::new(c.bytes.max(4)),
-            });
-            let params = [
-                (n * c.rows) as u32,
-                c.rows as u32,
-                c.row0 as u32,
-                k as u32,
-                r as u32,
-                cols as u32,
-                w.rows as u32,
-                fmt,
-                w.stride_words as u32,
-            ];
-            self.dispatch_1d(shader, OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, wres)])?;
-        }
-        Ok(y)
+        self.grouped_linear(x, w, groups)
     }
-
-    /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
-    /// thread per (query, head). A window or index out of range gives a NaN head.
-    fn sink_attention(
-        &self,
-        q: &WgpuTensor,
-        kv: &WgpuTensor,
-        window: &WgpuTensor,
-        comp: Option<(&WgpuTensor, &WgpuTensor)>,
-        sinks: &WgpuTensor,
-        n_heads: usize,
-    ) -> Result<WgpuTensor> {
-        const OP: &str = "sink_attention";
-        let (n, cols, hd, m, c_rows, kk) = checks::sink_attention(q, kv, window, comp, sinks, n_heads)?;
-        let comp_inputs = comp.into_iter().flat_map(|(c, idx)| [("comp", c), ("comp_idx", idx)]);
-        self.check_inputs(
-            OP,
-            [("q", q), ("kv", kv), ("window", window), ("sinks", sinks)].into_iter().chain(comp_inputs),
-        )?;
-        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
-        let total = n * n_heads;
-        if total > 0 && hd > 0 {
-            let (cres, ires) = match comp {
-                Some((c, idx)) => (c.binding(), idx.binding()),
-                None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
-            };
-            let g = total.div_ceil(64);
-            let gx = g.min(32768);
-            let scale = 1.0 / (hd as f32).sqrt();
-            self.dispatch(
-                Shader::Lm(Precision::Exact),
-                OP,
-                0,
-                &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
-                &[
-                    (1, q.binding()),
-                    (2, kv.binding()),
-                    (3, cres),
-                    (4, window.binding()),
-                    (5, ires),
-                    (9, sinks.binding()),
-                    (6, y.binding()),
-                ],
-                (gx as u32, g.div_ceil(gx) as u32, 1),
-            )?;
-        }
-        Ok(y)
-    }
-
-    /// Routed experts, one (gate, up, down) dispatch triple per expert over the slots routed to
-    /// it, each weight read by its own format's kernel, then a weighted sum over the slots in
-    /// order. Each expert matrix must fit one binding.
     fn moe_experts(
         &self,
         x: &WgpuTensor,
@@ -1948,64 +1284,136 @@ impl Backend for WgpuBackend {
         w2: &[WgpuWeight],
         limit: f32,
     ) -> Result<WgpuTensor> {
-        const OP: &str = "moe_experts";
-        let (n, d, k, h) = checks::moe_experts(x, ids, weights, w1, w3, w2)?;
-        self.check_inputs(OP, [("x", x), ("ids", ids), ("weights", weights)])?;
-        if let Some(w) = w1.iter().chain(w3).chain(w2).find(|w| w.chunks.len() != 1) {
-            return Err(Self::unsupported(
-                Op::MoeExperts,
-                format!("expert `{}` split into row chunks (larger than one binding)", w.name),
-            ));
-        }
+        self.moe_experts(x, ids, weights, w1, w3, w2, limit)
+    }
 
-        fn bind(w: &WgpuWeight) -> wgpu::BindingResource<'_> {
-            let c = &w.chunks[0];
-            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &c.buf,
-                offset: c.offset,
-                size: NonZeroU64::new(c.bytes.max(4)),
-            })
-        }
-        let slots = n * k;
-        let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
-        let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
-        for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
-            // the gate into hid, then the up with the clamped SwiGLU over hid in place
-            for (entry, w) in [("moe_gate", g), ("moe_up", u)] {
-                let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
-                self.dispatch_1d(
-                    shader,
-                    entry,
-                    slots * h,
-                    &[
-                        (slots * h) as u32,
-                        h as u32,
-                        d as u32,
-                        k as u32,
-                        e as u32,
-                        fmt,
-                        w.stride_words as u32,
-                        limit.to_bits(),
-                    ],
-                    &[(1, x.binding()), (4, ids.binding()), (8, bind(w)), (6, hid.binding())],
-                )?;
-            }
-            let (down, down_fmt) = lm_weight_shader(o.format, self.gemm_precision(o));
-            self.dispatch_1d(
-                down,
-                "moe_down",
-                slots * d,
-                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, down_fmt, o.stride_words as u32],
-                &[(2, hid.binding()), (4, ids.binding()), (8, bind(o)), (6, ys.binding())],
-            )?;
-        }
-        let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        self.lm_1d(
-            "moe_sum",
-            n * d,
-            &[(n * d) as u32, d as u32, k as u32, w1.len() as u32],
-            &[(1, ys.binding()), (2, weights.binding()), (4, ids.binding()), (6, y.binding())],
-        )?;
-        Ok(y)
+    // ---- elementwise.rs ----------------------------------------------------------------------
+    fn add(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
+        self.add(a, b)
+    }
+    fn swiglu(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        self.swiglu(x)
+    }
+    fn gelu_erf(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        self.gelu_erf(x)
+    }
+
+    // ---- copy.rs -----------------------------------------------------------------------------
+    fn slice_cols(&self, x: &WgpuTensor, start: usize, len: usize) -> Result<WgpuTensor> {
+        self.slice_cols(x, start, len)
+    }
+    fn concat_rows(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
+        self.concat_rows(a, b)
+    }
+    fn gather_rows(&self, src: &WgpuTensor, idx: &WgpuTensor) -> Result<WgpuTensor> {
+        self.gather_rows(src, idx)
+    }
+    fn unfold(&self, x: &WgpuTensor, h: usize, w: usize, r: usize) -> Result<WgpuTensor> {
+        self.unfold(x, h, w, r)
+    }
+
+    // ---- norm.rs -----------------------------------------------------------------------------
+    fn rms_norm(&self, x: &WgpuTensor, weight: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
+        self.rms_norm(x, weight, eps)
+    }
+
+    // ---- rope.rs -----------------------------------------------------------------------------
+    fn rope_2d(&self, x: &WgpuTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<WgpuTensor> {
+        self.rope_2d(x, n_heads, grid_w, theta)
+    }
+
+    // ---- attention.rs ------------------------------------------------------------------------
+    fn attention(&self, q: &WgpuTensor, k: &WgpuTensor, v: &WgpuTensor, n_heads: usize) -> Result<WgpuTensor> {
+        self.attention(q, k, v, n_heads)
+    }
+
+    // ---- lm.rs -------------------------------------------------------------------------------
+    fn embed_rows(&self, table: &WgpuWeight, ids: &WgpuTensor) -> Result<WgpuTensor> {
+        self.embed_rows(table, ids)
+    }
+    fn hc_expand(&self, x: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
+        self.hc_expand(x, hc)
+    }
+    fn rms_norm_heads(&self, x: &WgpuTensor, n_heads: usize, eps: f32) -> Result<WgpuTensor> {
+        self.rms_norm_heads(x, n_heads, eps)
+    }
+    fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
+        self.hc_pre(x, w)
+    }
+    fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, post: &WgpuTensor, comb: &WgpuTensor) -> Result<WgpuTensor> {
+        self.hc_post(x, f, post, comb)
+    }
+    fn hc_head_weights(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
+        self.hc_head_weights(mix, scale, base, eps)
+    }
+    fn sqrt_softplus(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        self.sqrt_softplus(x)
+    }
+    fn hash_route(&self, table: &WgpuTensor, ids: &WgpuTensor, fallback: &WgpuTensor) -> Result<WgpuTensor> {
+        self.hash_route(table, ids, fallback)
+    }
+    fn route_weights(&self, scores: &WgpuTensor, ids: &WgpuTensor, scale: f32) -> Result<WgpuTensor> {
+        self.route_weights(scores, ids, scale)
+    }
+    fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
+        self.swiglu_clamp(g, u, limit)
+    }
+    fn rope_tail(
+        &self,
+        x: &WgpuTensor,
+        n_heads: usize,
+        inv_freq: &WgpuTensor,
+        pos0: usize,
+        stride: usize,
+        inverse: bool,
+    ) -> Result<WgpuTensor> {
+        self.rope_tail(x, n_heads, inv_freq, pos0, stride, inverse)
+    }
+    fn hc_split(
+        &self,
+        mix: &WgpuTensor,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<WgpuTensor> {
+        self.hc_split(mix, scale, base, hc, iters, eps)
+    }
+    fn compress_pool(
+        &self,
+        kv: &WgpuTensor,
+        gate: &WgpuTensor,
+        ape: &WgpuTensor,
+        ratio: usize,
+        overlap: bool,
+    ) -> Result<WgpuTensor> {
+        self.compress_pool(kv, gate, ape, ratio, overlap)
+    }
+    fn indexer_scores(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        w: &WgpuTensor,
+        n_heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    ) -> Result<WgpuTensor> {
+        self.indexer_scores(q, k, w, n_heads, scale, pos0, ratio)
+    }
+    fn topk_rows(&self, x: &WgpuTensor, k: usize) -> Result<WgpuTensor> {
+        self.topk_rows(x, k)
+    }
+    fn sink_attention(
+        &self,
+        q: &WgpuTensor,
+        kv: &WgpuTensor,
+        window: &WgpuTensor,
+        comp: Option<(&WgpuTensor, &WgpuTensor)>,
+        sinks: &WgpuTensor,
+        n_heads: usize,
+    ) -> Result<WgpuTensor> {
+        self.sink_attention(q, kv, window, comp, sinks, n_heads)
     }
 }

@@ -1,0 +1,56 @@
+//! The vision tower's `attention` on `shaders/attention.wgsl`: flash-style, one workgroup per
+//! block of 16 queries of one head, keys and values walked in tiles through workgroup memory.
+//! (The language model's `sink_attention` is an entry point of lm.wgsl: lm.rs.)
+
+use super::{Shader, WgpuBackend, WgpuTensor};
+use crate::backend::{Backend, DType, Op, WeightFormat, checks};
+use crate::error::Result;
+
+/// Workgroup memory the kernel needs (see shaders/attention.wgsl).
+pub(super) const SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
+/// The largest head dim the kernel's workgroup arrays hold.
+const MAX_HEAD_DIM: usize = 128;
+
+impl WgpuBackend {
+    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`, flash-style (no n×n matrix).
+    pub(super) fn attention(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        n_heads: usize,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "attention";
+        let (n, hd) = checks::attention(q, k, v, n_heads)?;
+        self.check_inputs(OP, [("q", q), ("k", k), ("v", v)])?;
+        if hd > MAX_HEAD_DIM || hd % 4 != 0 {
+            return Err(Self::unsupported(
+                Op::Attention,
+                format!("head dim {hd} (a multiple of 4, at most {MAX_HEAD_DIM})"),
+            ));
+        }
+        if !self.supports(Op::Attention, WeightFormat::F32) {
+            return Err(Self::unsupported(
+                Op::Attention,
+                format!(
+                    "{} bytes of workgroup memory (device has {})",
+                    SHARED_BYTES, self.limits.max_compute_workgroup_storage_size
+                ),
+            ));
+        }
+        let y = self.alloc(OP, q.shape.clone(), DType::F32)?;
+        if n == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        self.dispatch(
+            Shader::Attention,
+            OP,
+            0,
+            &[n as u32, n_heads as u32, hd as u32, scale.to_bits()],
+            &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
+            (n.div_ceil(16) as u32, n_heads as u32, 1),
+        )?;
+        Ok(y)
+    }
+}

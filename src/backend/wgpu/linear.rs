@@ -1,0 +1,188 @@
+//! The GEMM ops, `linear`, `grouped_linear` and `moe_experts` (the routed experts), and the kernel
+//! each weight format takes in each.
+//!
+//! - `linear` runs `shaders/linear_tile.wgsl` (64×64 output tiles) over a weight read by
+//!   `linear_packed.wgsl` (f32, bf16 as `u << 16`, f16 by an exact integer half→f32 decode),
+//!   `linear_f16.wgsl` (`array<vec2<f16>>`, when the device has SHADER_F16) or a block format's
+//!   build of `dequant/linear.wgsl`. The integer decode is used rather than `unpack2x16float`,
+//!   which needs naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals. A weight
+//!   split into row chunks (larger than one binding) takes one dispatch per chunk, each writing
+//!   its own output columns.
+//! - `grouped_linear` and the experts' gate/up/down are GEMM entry points of `lm.wgsl` (float
+//!   formats) or of a block format's build of `dequant/lm.wgsl`; `grouped_linear` also takes one
+//!   dispatch per row chunk, while each expert matrix must fit one binding.
+//! - Each product runs in the precision of its weight (`gemm_precision`): the lane's, or exact for
+//!   a weight from `upload_weight_exact`.
+
+use super::formats::BlockKernel;
+use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight};
+use crate::backend::{DType, DeviceTensor, Op, Precision, WeightFormat, checks};
+use crate::error::{Error, Result};
+
+/// The kernel of `linear` for `format` in `precision`, with its `FMT` override:
+/// `linear_packed.wgsl` for f32 (0), bf16 (1) and f16 without SHADER_F16 (2, integer decode),
+/// `linear_f16.wgsl` for f16 with it (`native_f16`), else the format's block build of
+/// dequant/linear.wgsl.
+pub(super) fn linear_shader(format: WeightFormat, native_f16: bool, precision: Precision) -> (Shader, u32) {
+    match format {
+        WeightFormat::F32 => (Shader::Linear(precision), 0),
+        WeightFormat::BF16 => (Shader::Linear(precision), 1),
+        WeightFormat::F16 if native_f16 => (Shader::LinearF16(precision), 0),
+        WeightFormat::F16 => (Shader::Linear(precision), 2),
+        f => (Shader::Block(BlockKernel::Linear, f, precision), 0),
+    }
+}
+
+/// The kernel of lm.wgsl's weight ops for `format` in `precision`, with the `fmt` parameter it
+/// reads: lm.wgsl itself for the float formats (0 f32, 1 bf16, 2 f16), else the format's block
+/// build of dequant/lm.wgsl (which has no `fmt`). `embed_rows` (a lookup, not a product) always
+/// takes the exact build.
+pub(super) fn lm_weight_shader(format: WeightFormat, precision: Precision) -> (Shader, u32) {
+    match format {
+        WeightFormat::F32 => (Shader::Lm(precision), 0),
+        WeightFormat::BF16 => (Shader::Lm(precision), 1),
+        WeightFormat::F16 => (Shader::Lm(precision), 2),
+        f => (Shader::Block(BlockKernel::Lm, f, precision), 0),
+    }
+}
+
+impl WgpuBackend {
+    /// The precision of the products with `w`: the lane's, or exact for a weight from
+    /// `upload_weight_exact`.
+    fn gemm_precision(&self, w: &WgpuWeight) -> Precision {
+        if w.exact { Precision::Exact } else { self.opts.precision }
+    }
+
+    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]`, one dispatch per weight chunk.
+    pub(super) fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
+        const OP: &str = "linear";
+        let (n, k) = checks::linear(x, w, bias)?;
+        self.check_inputs(OP, [("x", x)].into_iter().chain(bias.map(|b| ("bias", b))))?;
+        let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        if n == 0 || w.rows == 0 {
+            return Ok(y);
+        }
+        let gy = n.div_ceil(64);
+        if gy > self.limits.max_compute_workgroups_per_dimension as usize {
+            return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
+        }
+        let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w));
+        let bias_res = match bias {
+            Some(b) => b.binding(),
+            None => self.dummy.as_entire_binding(),
+        };
+        for c in &w.chunks {
+            let params = [
+                n as u32,
+                k as u32,
+                w.rows as u32,
+                c.row0 as u32,
+                c.rows as u32,
+                w.stride_words as u32,
+                bias.is_some() as u32,
+            ];
+            self.dispatch(
+                shader,
+                "main",
+                fmt,
+                &params,
+                &[(1, x.binding()), (2, c.binding()), (3, bias_res.clone()), (4, y.binding())],
+                (c.rows.div_ceil(64) as u32, gy as u32, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// x `[n, g·k]`, W `[g·r, k]` (any format, possibly row-chunked) → `[n, g·r]`.
+    pub(super) fn grouped_linear(&self, x: &WgpuTensor, w: &WgpuWeight, groups: usize) -> Result<WgpuTensor> {
+        const OP: &str = "grouped_linear";
+        let (n, k, r) = checks::grouped_linear(x, w, groups)?;
+        self.check_inputs(OP, [("x", x)])?;
+        let cols = x.cols();
+        let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
+        for c in &w.chunks {
+            let params = [
+                (n * c.rows) as u32,
+                c.rows as u32,
+                c.row0 as u32,
+                k as u32,
+                r as u32,
+                cols as u32,
+                w.rows as u32,
+                fmt,
+                w.stride_words as u32,
+            ];
+            self.dispatch_1d(shader, OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, c.binding())])?;
+        }
+        Ok(y)
+    }
+
+    /// Routed experts, one (gate, up, down) dispatch triple per expert over the slots routed to
+    /// it, each weight read by its own format's kernel, then a weighted sum over the slots in
+    /// order. Each expert matrix must fit one binding.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_experts(
+        &self,
+        x: &WgpuTensor,
+        ids: &WgpuTensor,
+        weights: &WgpuTensor,
+        w1: &[WgpuWeight],
+        w3: &[WgpuWeight],
+        w2: &[WgpuWeight],
+        limit: f32,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "moe_experts";
+        let (n, d, k, h) = checks::moe_experts(x, ids, weights, w1, w3, w2)?;
+        self.check_inputs(OP, [("x", x), ("ids", ids), ("weights", weights)])?;
+        if let Some(w) = w1.iter().chain(w3).chain(w2).find(|w| w.chunks.len() != 1) {
+            return Err(Self::unsupported(
+                Op::MoeExperts,
+                format!("expert `{}` split into row chunks (larger than one binding)", w.name),
+            ));
+        }
+
+        let slots = n * k;
+        let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
+        let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
+        for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
+            // the gate into hid, then the up with the clamped SwiGLU over hid in place
+            for (entry, w) in [("moe_gate", g), ("moe_up", u)] {
+                let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
+                self.dispatch_1d(
+                    shader,
+                    entry,
+                    slots * h,
+                    &[
+                        (slots * h) as u32,
+                        h as u32,
+                        d as u32,
+                        k as u32,
+                        e as u32,
+                        fmt,
+                        w.stride_words as u32,
+                        limit.to_bits(),
+                    ],
+                    &[(1, x.binding()), (4, ids.binding()), (8, w.chunks[0].binding()), (6, hid.binding())],
+                )?;
+            }
+            let (down, down_fmt) = lm_weight_shader(o.format, self.gemm_precision(o));
+            self.dispatch_1d(
+                down,
+                "moe_down",
+                slots * d,
+                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, down_fmt, o.stride_words as u32],
+                &[(2, hid.binding()), (4, ids.binding()), (8, o.chunks[0].binding()), (6, ys.binding())],
+            )?;
+        }
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        self.dispatch_1d(
+            Shader::Lm(Precision::Exact),
+            "moe_sum",
+            n * d,
+            &[(n * d) as u32, d as u32, k as u32, w1.len() as u32],
+            &[(1, ys.binding()), (2, weights.binding()), (4, ids.binding()), (6, y.binding())],
+        )?;
+        Ok(y)
+    }
+}

@@ -1,0 +1,290 @@
+//! The language-model ops of `shaders/lm.wgsl` other than its GEMMs (those are linear.rs's):
+//! embeddings, hyper-connections, per-head RMS norm, tail RoPE, routing, the compressor's pooling,
+//! the lightning indexer, top-k and sink attention. Most run one thread per output element
+//! through [`WgpuBackend::per_element`]; `embed_rows` (one dispatch per row chunk of its table),
+//! the reductions (`rms_norm_heads`, `topk_rows`), the per-row Sinkhorn (`hc_split`) and
+//! `sink_attention` size their own dispatches.
+//!
+//! Where the CPU lane returns an error for a bad index (a negative token id in `embed_rows`, an
+//! expert id outside `0..e` in `route_weights`, a window or compressed index out of range in
+//! `sink_attention`), these kernels write NaN instead: the lane cannot see the indices without a
+//! host round trip.
+
+use super::linear::lm_weight_shader;
+use super::{Output, Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
+use crate::backend::{DType, Op, Precision, checks};
+use crate::error::{Error, Result};
+
+/// lm.wgsl's exact build, which runs every entry point but the GEMMs (those take their weight's
+/// precision: linear.rs).
+const LM_EXACT: Shader = Shader::Lm(Precision::Exact);
+
+impl WgpuBackend {
+    /// table `[vocab, d]` (any format, possibly row-chunked), ids i32 `[n]` → `[n, d]`; ids ≥ vocab
+    /// give a zero row, a negative id a row of NaN.
+    pub(super) fn embed_rows(&self, table: &WgpuWeight, ids: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "embed_rows";
+        let (n, d) = checks::embed_rows(table, ids)?;
+        self.check_inputs(OP, [("ids", ids)])?;
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let (shader, fmt) = lm_weight_shader(table.format, Precision::Exact);
+        // block formats: one thread per run of 32 values (d is a whole number of blocks)
+        let threads = if table.format.is_block() { n * d / 32 } else { n * d };
+        for (ci, c) in table.chunks.iter().enumerate() {
+            let params = [
+                (n * d) as u32,
+                d as u32,
+                table.rows as u32,
+                c.row0 as u32,
+                c.rows as u32,
+                fmt,
+                table.stride_words as u32,
+                (ci == 0) as u32,
+            ];
+            self.dispatch_1d(shader, OP, threads, &params, &[(4, ids.binding()), (6, y.binding()), (8, c.binding())])?;
+        }
+        Ok(y)
+    }
+
+    /// x `[n, d]` → `[n, hc·d]`.
+    pub(super) fn hc_expand(&self, x: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
+        let (n, d) = checks::hc_expand(x)?;
+        let out = Output { binding: 6, shape: vec![n, hc * d], dtype: DType::F32 };
+        self.per_element(LM_EXACT, "hc_expand", &[("x", 1, x)], out, &[d as u32, hc as u32])
+    }
+
+    /// x `[n, heads·hd]` → per-head unweighted RMS norm; one workgroup per (row, head).
+    pub(super) fn rms_norm_heads(&self, x: &WgpuTensor, n_heads: usize, eps: f32) -> Result<WgpuTensor> {
+        const OP: &str = "rms_norm_heads";
+        let (n, cols) = checks::rms_norm_heads(x, n_heads)?;
+        self.check_inputs(OP, [("x", x)])?;
+        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let segs = n * n_heads;
+        if segs > 0 && cols > 0 {
+            self.dispatch(
+                LM_EXACT,
+                OP,
+                0,
+                &[segs as u32, (cols / n_heads) as u32, eps.to_bits()],
+                &[(1, x.binding()), (6, y.binding())],
+                grid(segs),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
+    pub(super) fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
+        let (n, d, hc) = checks::hc_pre(x, w)?;
+        let out = Output { binding: 6, shape: vec![n, d], dtype: DType::F32 };
+        self.per_element(LM_EXACT, "hc_pre", &[("x", 1, x), ("w", 2, w)], out, &[d as u32, hc as u32])
+    }
+
+    /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
+    pub(super) fn hc_post(
+        &self,
+        x: &WgpuTensor,
+        f: &WgpuTensor,
+        post: &WgpuTensor,
+        comb: &WgpuTensor,
+    ) -> Result<WgpuTensor> {
+        let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
+        let inputs = [("x", 1, x), ("f", 2, f), ("post", 3, post), ("comb", 9, comb)];
+        let out = Output { binding: 6, shape: vec![n, cols], dtype: DType::F32 };
+        self.per_element(LM_EXACT, "hc_post", &inputs, out, &[d as u32, hc as u32])
+    }
+
+    /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `σ(mix·scale + base) + eps`.
+    pub(super) fn hc_head_weights(
+        &self,
+        mix: &WgpuTensor,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        eps: f32,
+    ) -> Result<WgpuTensor> {
+        let (_, hc) = checks::hc_head_weights(mix, scale, base)?;
+        let inputs = [("mix", 1, mix), ("scale", 2, scale), ("base", 3, base)];
+        let out = Output { binding: 6, shape: mix.shape.clone(), dtype: DType::F32 };
+        self.per_element(LM_EXACT, "hc_head_weights", &inputs, out, &[hc as u32, eps.to_bits()])
+    }
+
+    /// `sqrt(softplus(x))` elementwise.
+    pub(super) fn sqrt_softplus(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        checks::sqrt_softplus(x)?;
+        let out = Output { binding: 6, shape: x.shape.clone(), dtype: DType::F32 };
+        self.per_element(LM_EXACT, "sqrt_softplus", &[("x", 1, x)], out, &[])
+    }
+
+    /// table i32 `[vocab, k]`, ids i32 `[n]`, fallback i32 `[n, k]` → i32 `[n, k]`.
+    pub(super) fn hash_route(&self, table: &WgpuTensor, ids: &WgpuTensor, fallback: &WgpuTensor) -> Result<WgpuTensor> {
+        let (vocab, k, n) = checks::hash_route(table, ids, fallback)?;
+        let inputs = [("table", 4, table), ("ids", 5, ids), ("fallback", 10, fallback)];
+        let out = Output { binding: 7, shape: vec![n, k], dtype: DType::I32 };
+        self.per_element(LM_EXACT, "hash_route", &inputs, out, &[k as u32, vocab as u32])
+    }
+
+    /// scores `[n, e]`, ids i32 `[n, k]` → `[n, k]`; a row with an id outside `0..e` is NaN.
+    pub(super) fn route_weights(&self, scores: &WgpuTensor, ids: &WgpuTensor, scale: f32) -> Result<WgpuTensor> {
+        let (n, e, k) = checks::route_weights(scores, ids)?;
+        let out = Output { binding: 6, shape: vec![n, k], dtype: DType::F32 };
+        let params = [k as u32, e as u32, scale.to_bits()];
+        self.per_element(LM_EXACT, "route_weights", &[("scores", 1, scores), ("ids", 4, ids)], out, &params)
+    }
+
+    /// g, u `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
+    pub(super) fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
+        let (n, h) = checks::swiglu_clamp(g, u)?;
+        let out = Output { binding: 6, shape: vec![n, h], dtype: DType::F32 };
+        self.per_element(LM_EXACT, "swiglu_clamp", &[("g", 1, g), ("u", 2, u)], out, &[limit.to_bits()])
+    }
+
+    /// Interleaved RoPE on the last `2·inv_freq.len()` dims of every head.
+    pub(super) fn rope_tail(
+        &self,
+        x: &WgpuTensor,
+        n_heads: usize,
+        inv_freq: &WgpuTensor,
+        pos0: usize,
+        stride: usize,
+        inverse: bool,
+    ) -> Result<WgpuTensor> {
+        let (n, cols, hd, rd) = checks::rope_tail(x, n_heads, inv_freq)?;
+        let last = pos0 + n.saturating_sub(1) * stride;
+        if last > u32::MAX as usize {
+            return Err(Self::unsupported(Op::RopeTail, format!("position {last} beyond u32")));
+        }
+        let out = Output { binding: 6, shape: x.shape.clone(), dtype: DType::F32 };
+        let params = [cols as u32, hd as u32, rd as u32, pos0 as u32, stride as u32, inverse as u32];
+        self.per_element(LM_EXACT, "rope_tail", &[("x", 1, x), ("inv_freq", 2, inv_freq)], out, &params)
+    }
+
+    /// mHC split with Sinkhorn; one thread per row.
+    pub(super) fn hc_split(
+        &self,
+        mix: &WgpuTensor,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "hc_split";
+        let (n, w) = checks::hc_split(mix, scale, base, hc)?;
+        self.check_inputs(OP, [("mix", mix), ("scale", scale), ("base", base)])?;
+        let y = self.alloc(OP, vec![n, w], DType::F32)?;
+        if n > 0 {
+            let g = n.div_ceil(64);
+            if g > self.limits.max_compute_workgroups_per_dimension as usize {
+                return Err(Error::Device(format!("op `{OP}`: {n} rows exceed the dispatch limit")));
+            }
+            self.dispatch(
+                LM_EXACT,
+                OP,
+                0,
+                &[n as u32, hc as u32, iters as u32, eps.to_bits()],
+                &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding())],
+                (g as u32, 1, 1),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// Gated pooling of ratio-r blocks (overlap: w = 2d, 2r rows).
+    pub(super) fn compress_pool(
+        &self,
+        kv: &WgpuTensor,
+        gate: &WgpuTensor,
+        ape: &WgpuTensor,
+        ratio: usize,
+        overlap: bool,
+    ) -> Result<WgpuTensor> {
+        let (n, d, w) = checks::compress_pool(kv, gate, ape, ratio, overlap)?;
+        let inputs = [("kv", 1, kv), ("gate", 2, gate), ("ape", 3, ape)];
+        let out = Output { binding: 6, shape: vec![n, d], dtype: DType::F32 };
+        let params = [d as u32, w as u32, ratio as u32, overlap as u32];
+        self.per_element(LM_EXACT, "compress_pool", &inputs, out, &params)
+    }
+
+    /// Lightning-indexer scores `[n, m]`, −inf for entries not yet complete.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn indexer_scores(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        w: &WgpuTensor,
+        n_heads: usize,
+        scale: f32,
+        pos0: usize,
+        ratio: usize,
+    ) -> Result<WgpuTensor> {
+        let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
+        let out = Output { binding: 6, shape: vec![n, m], dtype: DType::F32 };
+        let params = [m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32];
+        self.per_element(LM_EXACT, "indexer_scores", &[("q", 1, q), ("k", 2, k), ("w", 3, w)], out, &params)
+    }
+
+    /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per row.
+    pub(super) fn topk_rows(&self, x: &WgpuTensor, k: usize) -> Result<WgpuTensor> {
+        const OP: &str = "topk_rows";
+        let (n, m) = checks::topk_rows(x)?;
+        self.check_inputs(OP, [("x", x)])?;
+        let y = self.alloc(OP, vec![n, k], DType::I32)?;
+        if n > 0 && k > 0 {
+            self.dispatch(
+                LM_EXACT,
+                OP,
+                0,
+                &[n as u32, m as u32, k as u32],
+                &[(1, x.binding()), (7, y.binding())],
+                grid(n),
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
+    /// thread per (query, head). A window or index out of range gives a NaN head.
+    pub(super) fn sink_attention(
+        &self,
+        q: &WgpuTensor,
+        kv: &WgpuTensor,
+        window: &WgpuTensor,
+        comp: Option<(&WgpuTensor, &WgpuTensor)>,
+        sinks: &WgpuTensor,
+        n_heads: usize,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "sink_attention";
+        let (n, cols, hd, m, c_rows, kk) = checks::sink_attention(q, kv, window, comp, sinks, n_heads)?;
+        let comp_inputs = comp.into_iter().flat_map(|(c, idx)| [("comp", c), ("comp_idx", idx)]);
+        self.check_inputs(
+            OP,
+            [("q", q), ("kv", kv), ("window", window), ("sinks", sinks)].into_iter().chain(comp_inputs),
+        )?;
+        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
+        let total = n * n_heads;
+        if total > 0 && hd > 0 {
+            let (cres, ires) = match comp {
+                Some((c, idx)) => (c.binding(), idx.binding()),
+                None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
+            };
+            let scale = 1.0 / (hd as f32).sqrt();
+            self.dispatch(
+                LM_EXACT,
+                OP,
+                0,
+                &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
+                &[
+                    (1, q.binding()),
+                    (2, kv.binding()),
+                    (3, cres),
+                    (4, window.binding()),
+                    (5, ires),
+                    (9, sinks.binding()),
+                    (6, y.binding()),
+                ],
+                grid(total.div_ceil(64)),
+            )?;
+        }
+        Ok(y)
+    }
+}
