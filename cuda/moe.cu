@@ -6,7 +6,10 @@
 // A slot is one (token, k-index) pair, numbered s = token*k + k-index.
 //
 // 1. moe_route: groups the slots by expert on the device (stable: slot order within an expert) and
-//    cuts each expert's range into row tiles of GEMM_BM (the tile list below).
+//    cuts each expert's range into row tiles of tile_rows (the tile list below): GEMV_ROWS when no
+//    expert can see more rows than the small-row path takes (at most GEMV_ROWS tokens, each
+//    routed to an expert once; a repeated id only adds tiles), so the expert GEMMs stream their
+//    weights once for a batched decode step; else GEMM_BM.
 // 2. one launch each, every block one (column tile, row tile), its expert's weight taken from a
 //    device-side table of expert weight addresses (src/backend/cuda/moe.rs builds it):
 //    moe_gate_*: hid[p] = w1[e] . x[token of order[p]] for p in the tile's rows
@@ -21,8 +24,8 @@
 //
 // Tile list, i32 [1 + 3 * max_tiles]: word 0 the number of tiles T, then tile t at 1 + 3t as
 // (expert e, first row p of the tile in order[], end of e's range in order[]); the tile's rows
-// are p .. min(p + GEMM_BM, end). Tiles come in expert order, each expert's in row order. An
-// expert with c slots has ceil(c / GEMM_BM) tiles, so T <= min(slots, ceil(slots / GEMM_BM) +
+// are p .. min(p + tile_rows, end). Tiles come in expert order, each expert's in row order. An
+// expert with c slots has ceil(c / tile_rows) tiles, so T <= min(slots, ceil(slots / tile_rows) +
 // experts) = max_tiles (the host's bound).
 
 // ---- moe_route -----------------------------------------------------------------------------
@@ -48,7 +51,7 @@ __device__ __forceinline__ unsigned int mr_rank(const int* chunk, unsigned int t
 }
 
 extern "C" __global__ void moe_route(const int* ids, int* order, int* tiles, int* cursor, unsigned int slots,
-                                     unsigned int experts) {
+                                     unsigned int experts, unsigned int tile_rows) {
     __shared__ int chunk[MR_THREADS];
     const unsigned int tid = threadIdx.x;
     for (unsigned int e = tid; e < experts; e += MR_THREADS) cursor[e] = 0;
@@ -73,7 +76,7 @@ extern "C" __global__ void moe_route(const int* ids, int* order, int* tiles, int
     int rows_before = 0, tiles_before = 0; // over the experts of earlier rounds (the same in every thread)
     for (unsigned int e0 = 0; e0 < experts; e0 += MR_THREADS) {
         const unsigned int e = e0 + tid;
-        const int c = e < experts ? cursor[e] : 0, nt = (c + GEMM_BM - 1) / GEMM_BM;
+        const int c = e < experts ? cursor[e] : 0, nt = (c + (int)tile_rows - 1) / (int)tile_rows;
         scan_rows[tid] = c;
         scan_tiles[tid] = nt;
         __syncthreads();
@@ -89,7 +92,7 @@ extern "C" __global__ void moe_route(const int* ids, int* order, int* tiles, int
             cursor[e] = start;
             for (int j = 0; j < nt; ++j) {
                 tiles[1 + 3 * (tile0 + j)] = (int)e;
-                tiles[2 + 3 * (tile0 + j)] = start + j * GEMM_BM;
+                tiles[2 + 3 * (tile0 + j)] = start + j * (int)tile_rows;
                 tiles[3 + 3 * (tile0 + j)] = start + c;
             }
         }
@@ -121,13 +124,13 @@ struct MoeTile {
     unsigned int expert, p0, rows;
 };
 
-__device__ __forceinline__ bool moe_tile(const int* tiles, MoeTile* t) {
+__device__ __forceinline__ bool moe_tile(const int* tiles, unsigned int tile_rows, MoeTile* t) {
     if (blockIdx.y >= (unsigned int)tiles[0]) return false;
     const int* r = tiles + 1 + 3u * blockIdx.y;
     t->expert = (unsigned int)r[0];
     t->p0 = (unsigned int)r[1];
     const unsigned int left = (unsigned int)(r[2] - r[1]);
-    t->rows = left < GEMM_BM ? left : GEMM_BM;
+    t->rows = left < tile_rows ? left : tile_rows;
     return true;
 }
 
@@ -138,7 +141,7 @@ __device__ __forceinline__ bool moe_tile(const int* tiles, MoeTile* t) {
 //   moe_up:   hid[p][j] = silu(min(g, limit)) * clamp(u, +-limit), u = w3[e][j] . x, g = hid[p][j]
 // (each element read and written by the one thread that stores it). w1 / w3 is the table of the
 // experts' w1 or w3 device addresses (all in the kernel's format).
-// Block GEMM_THREADS, grid (column blocks of h, max_tiles); slots bounds every tile's rows, so
+// Block GEMM_THREADS, grid (column blocks of h, max_tiles); tile_rows bounds every tile's rows, so
 // gemm_block takes its small-row path in every block or in none.
 
 // A rows gathered through order[]; W rows plain.
@@ -181,71 +184,71 @@ struct MoeUpOperands : MoeRows {
 
 template <int FMT>
 __device__ __forceinline__ void moe_gate_tiled(const float* x, const int* order, const int* tiles, const u64* w1,
-                                               float* hid, unsigned int slots, unsigned int d, unsigned int h,
+                                               float* hid, unsigned int tile_rows, unsigned int d, unsigned int h,
                                                unsigned int k) {
     MoeTile t;
-    if (!moe_tile(tiles, &t)) return;
+    if (!moe_tile(tiles, tile_rows, &t)) return;
     const MoeGateOperands op{{{}, x, order, hid, t.p0, d, h, k}};
-    gemm_block<FMT>(op, (const void*)w1[t.expert], t.rows, h, d, slots, blockIdx.x, 0u);
+    gemm_block<FMT>(op, (const void*)w1[t.expert], t.rows, h, d, tile_rows, blockIdx.x, 0u);
 }
 
 template <int FMT>
 __device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, const int* tiles, const u64* w3,
-                                             float* hid, unsigned int slots, unsigned int d, unsigned int h,
+                                             float* hid, unsigned int tile_rows, unsigned int d, unsigned int h,
                                              unsigned int k, float limit) {
     MoeTile t;
-    if (!moe_tile(tiles, &t)) return;
+    if (!moe_tile(tiles, tile_rows, &t)) return;
     const MoeUpOperands op{{{}, x, order, hid, t.p0, d, h, k}, limit};
-    gemm_block<FMT>(op, (const void*)w3[t.expert], t.rows, h, d, slots, blockIdx.x, 0u);
+    gemm_block<FMT>(op, (const void*)w3[t.expert], t.rows, h, d, tile_rows, blockIdx.x, 0u);
 }
 
 extern "C" __global__ void GEMM_LAUNCH moe_gate_f32(const float* x, const int* order, const int* tiles, const u64* w1,
-                                        float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k) {
-    moe_gate_tiled<0>(x, order, tiles, w1, hid, slots, d, h, k);
+                                        float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+    moe_gate_tiled<0>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
 extern "C" __global__ void GEMM_LAUNCH moe_gate_bf16(const float* x, const int* order, const int* tiles, const u64* w1,
-                                        float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k) {
-    moe_gate_tiled<1>(x, order, tiles, w1, hid, slots, d, h, k);
+                                        float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+    moe_gate_tiled<1>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
 extern "C" __global__ void GEMM_LAUNCH moe_gate_f16(const float* x, const int* order, const int* tiles, const u64* w1,
-                                        float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k) {
-    moe_gate_tiled<2>(x, order, tiles, w1, hid, slots, d, h, k);
+                                        float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+    moe_gate_tiled<2>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
 #define MOE_GATE_BLOCK_KERNEL(SFX, FMT)                                                                       \
     extern "C" __global__ void GEMM_LAUNCH moe_gate_##SFX(const float* x, const int* order, const int* tiles, \
-                                                          const u64* w1, float* hid, unsigned int slots,      \
+                                                          const u64* w1, float* hid, unsigned int tile_rows,      \
                                                           unsigned int d, unsigned int h, unsigned int k) {   \
-        moe_gate_tiled<FMT>(x, order, tiles, w1, hid, slots, d, h, k);                                       \
+        moe_gate_tiled<FMT>(x, order, tiles, w1, hid, tile_rows, d, h, k);                                       \
     }
 FOR_EACH_BLOCK_FORMAT(MOE_GATE_BLOCK_KERNEL)
 
 extern "C" __global__ void GEMM_LAUNCH moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w3,
-                                      float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k,
+                                      float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                                       float limit) {
-    moe_up_tiled<0>(x, order, tiles, w3, hid, slots, d, h, k, limit);
+    moe_up_tiled<0>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
 extern "C" __global__ void GEMM_LAUNCH moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w3,
-                                      float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k,
+                                      float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                                       float limit) {
-    moe_up_tiled<1>(x, order, tiles, w3, hid, slots, d, h, k, limit);
+    moe_up_tiled<1>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
 extern "C" __global__ void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w3,
-                                      float* hid, unsigned int slots, unsigned int d, unsigned int h, unsigned int k,
+                                      float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                                       float limit) {
-    moe_up_tiled<2>(x, order, tiles, w3, hid, slots, d, h, k, limit);
+    moe_up_tiled<2>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
 #define MOE_UP_BLOCK_KERNEL(SFX, FMT)                                                                       \
     extern "C" __global__ void GEMM_LAUNCH moe_up_##SFX(const float* x, const int* order, const int* tiles, \
-                                                        const u64* w3, float* hid, unsigned int slots,     \
+                                                        const u64* w3, float* hid, unsigned int tile_rows,     \
                                                         unsigned int d, unsigned int h, unsigned int k,     \
                                                         float limit) {                                     \
-        moe_up_tiled<FMT>(x, order, tiles, w3, hid, slots, d, h, k, limit);                                 \
+        moe_up_tiled<FMT>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);                                 \
     }
 FOR_EACH_BLOCK_FORMAT(MOE_UP_BLOCK_KERNEL)
 
@@ -272,34 +275,34 @@ struct MoeDownOperands : ContiguousRows {
 
 template <int FMT>
 __device__ __forceinline__ void moe_down_tiled(const float* hid, const int* order, const int* tiles, const u64* w2,
-                                               float* ys, unsigned int slots, unsigned int d, unsigned int h) {
+                                               float* ys, unsigned int tile_rows, unsigned int d, unsigned int h) {
     MoeTile t;
-    if (!moe_tile(tiles, &t)) return;
+    if (!moe_tile(tiles, tile_rows, &t)) return;
     const MoeDownOperands op{{}, hid, order, ys, t.p0, d, h};
-    gemm_block<FMT>(op, (const void*)w2[t.expert], t.rows, d, h, slots, blockIdx.x, 0u);
+    gemm_block<FMT>(op, (const void*)w2[t.expert], t.rows, d, h, tile_rows, blockIdx.x, 0u);
 }
 
 extern "C" __global__ void GEMM_LAUNCH moe_down_f32(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
-                                        unsigned int slots, unsigned int d, unsigned int h) {
-    moe_down_tiled<0>(hid, order, tiles, w2, ys, slots, d, h);
+                                        unsigned int tile_rows, unsigned int d, unsigned int h) {
+    moe_down_tiled<0>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
 extern "C" __global__ void GEMM_LAUNCH moe_down_bf16(const float* hid, const int* order, const int* tiles, const u64* w2,
-                                         float* ys, unsigned int slots, unsigned int d, unsigned int h) {
-    moe_down_tiled<1>(hid, order, tiles, w2, ys, slots, d, h);
+                                         float* ys, unsigned int tile_rows, unsigned int d, unsigned int h) {
+    moe_down_tiled<1>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
 extern "C" __global__ void GEMM_LAUNCH moe_down_f16(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
-                                        unsigned int slots, unsigned int d, unsigned int h) {
-    moe_down_tiled<2>(hid, order, tiles, w2, ys, slots, d, h);
+                                        unsigned int tile_rows, unsigned int d, unsigned int h) {
+    moe_down_tiled<2>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
 #define MOE_DOWN_BLOCK_KERNEL(SFX, FMT)                                                                     \
     extern "C" __global__ void GEMM_LAUNCH moe_down_##SFX(const float* hid, const int* order,               \
                                                           const int* tiles, const u64* w2, float* ys,       \
-                                                          unsigned int slots, unsigned int d,               \
+                                                          unsigned int tile_rows, unsigned int d,               \
                                                           unsigned int h) {                                 \
-        moe_down_tiled<FMT>(hid, order, tiles, w2, ys, slots, d, h);                                        \
+        moe_down_tiled<FMT>(hid, order, tiles, w2, ys, tile_rows, d, h);                                        \
     }
 FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
 

@@ -52,9 +52,7 @@ static unsigned blocks1d(size_t total) {
 
 // gemm_block's grid (common.cuh): (column blocks, row tiles) for cols columns, rows rows.
 static dim3 gemm_grid(unsigned rows, unsigned cols) {
-    const unsigned pairs = (cols + 1) / 2;
-    if (rows <= GEMV_ROWS && pairs >= GEMV_WARP_PAIRS) return dim3{(pairs + GEMV_WARPS - 1) / GEMV_WARPS, 1};
-    if (rows <= GEMV_ROWS) return dim3{pairs, 1};
+    if (rows <= GEMV_ROWS) return dim3{(cols + 1) / 2, 1};
     return dim3{(cols + 63) / 64, (rows + 63) / 64};
 }
 
@@ -264,8 +262,7 @@ static void test_linear() {
     // 8 (16-byte loads), other k single elements
     unsigned shapes[][3] = {{1, 7, 5},    {37, 70, 45}, {130, 96, 67}, {70, 300, 33}, {65, 33, 129},
                             {8, 300, 45}, {3, 70, 17},  {9, 40, 9},   {2, 40, 1029}, {1, 2048, 7},
-                            {8, 96, 10},  {5, 1064, 3},  {1, 48, 4099}, {3, 9, 4101}};
-    // (the last two: enough column pairs for a warp per pair, the last block partly empty)
+                            {8, 96, 10},  {5, 1064, 3}};
     for (int fmt = 0; fmt < 3; ++fmt)
         for (auto& sh : shapes) {
             unsigned n = sh[0], k = sh[1], o = sh[2];
@@ -648,18 +645,22 @@ static void test_moe() {
                 table[E + e] = addr(ufmt, w3f[e], w3h[e]);
                 table[2 * E + e] = addr(fmt, w2f[e], w2h[e]);
             }
-            const unsigned max_tiles = std::min(slots, (slots + 63) / 64 + E); // the host's bound
+            // the host's tiles: of GEMV_ROWS rows for at most GEMV_ROWS tokens (n = 6, k = 3 is 18
+            // slots in such tiles), else of 64; and its bound on their count
+            const unsigned tile = n <= GEMV_ROWS ? GEMV_ROWS : 64;
+            const unsigned max_tiles = std::min(slots, (slots + tile - 1) / tile + E);
             std::vector<int> order(slots, -5), tiles(1 + 3 * max_tiles, -5), cursor(E);
             emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(),
-                       slots, E);
-            // the routing itself: stable grouping by expert, each expert's range cut into 64-row tiles
+                       slots, E, tile);
+            // the routing itself: stable grouping by expert, each expert's range cut into tiles
             std::vector<int> want_order, want_tiles{0};
             for (unsigned e = 0; e < E; ++e) {
                 const int p0 = (int)want_order.size();
                 for (unsigned s = 0; s < slots; ++s)
                     if (ids[s] == (int)e) want_order.push_back((int)s);
                 const int end = (int)want_order.size();
-                for (int p = p0; p < end; p += 64, ++want_tiles[0]) want_tiles.insert(want_tiles.end(), {(int)e, p, end});
+                for (int p = p0; p < end; p += (int)tile, ++want_tiles[0])
+                    want_tiles.insert(want_tiles.end(), {(int)e, p, end});
             }
             want_tiles.resize(tiles.size(), -5); // entries past the count stay unwritten
             bool route_ok = tiles == want_tiles && std::equal(want_order.begin(), want_order.end(), order.begin());
@@ -667,17 +668,17 @@ static void test_moe() {
             if (sh.skew) route_ok = route_ok && tiles[3] - tiles[2] > 2 * 64 && tiles[1 + 3 * 3] == 2;
             float limit = 0.8f;
             std::vector<float> hid(std::max(slots * h, 1u), 0.0f), ys(std::max(slots * d, 1u), 0.0f), out(n * d);
-            dim3 gu{gemm_grid(slots, h).x, max_tiles}, gd{gemm_grid(slots, d).x, max_tiles}, block{128};
+            dim3 gu{gemm_grid(tile, h).x, max_tiles}, gd{gemm_grid(tile, d).x, max_tiles}, block{128};
             const unsigned long long *t1 = table.data(), *t3 = table.data() + E, *t2 = table.data() + 2 * E;
             auto gate = fmt == 0 ? moe_gate_f32 : fmt == 1 ? moe_gate_bf16 : moe_gate_f16;
             auto up = ufmt == 0 ? moe_up_f32 : ufmt == 1 ? moe_up_bf16 : moe_up_f16;
             auto down = fmt == 0 ? moe_down_f32 : fmt == 1 ? moe_down_bf16 : moe_down_f16;
             emu_launch(gate, gu, block, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(), t1,
-                       hid.data(), slots, d, h, k);
+                       hid.data(), tile, d, h, k);
             emu_launch(up, gu, block, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(), t3,
-                       hid.data(), slots, d, h, k, limit);
+                       hid.data(), tile, d, h, k, limit);
             emu_launch(down, gd, block, 0, (const float*)hid.data(), (const int*)order.data(), (const int*)tiles.data(),
-                       t2, ys.data(), slots, d, h);
+                       t2, ys.data(), tile, d, h);
             emu_launch(moe_combine, {blocks1d(n * d)}, {256}, 0, (const float*)ys.data(), (const float*)wt.data(),
                        (const int*)ids.data(), out.data(), n * d, d, k, E);
             // reference: the CPU lane, one token at a time through its k experts
@@ -1408,19 +1409,21 @@ static void block_moe(unsigned k, const GoldenBlocks& g1, BlockMoeGate gate, con
             table[E + e] = (unsigned long long)(uintptr_t)w3[e].data();
             table[2 * E + e] = (unsigned long long)(uintptr_t)w2[e].data();
         }
-        const unsigned max_tiles = std::min(slots, (slots + 63) / 64 + E);
+        const unsigned tile = n <= GEMV_ROWS ? GEMV_ROWS : 64; // the host's tiles
+        const unsigned max_tiles = std::min(slots, (slots + tile - 1) / tile + E);
         std::vector<int> order(slots), tiles(1 + 3 * max_tiles), cursor(E);
-        emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E);
+        emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E,
+                   tile);
         const float limit = 1e30f; // no clamping: the check is of the GEMMs
         std::vector<float> hid(slots * h), ys(slots * d), out(n * d);
-        const dim3 gu{gemm_grid(slots, h).x, max_tiles};
+        const dim3 gu{gemm_grid(tile, h).x, max_tiles};
         emu_launch(gate, gu, {128}, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(),
-                   (const unsigned long long*)table.data(), hid.data(), slots, d, h, kk);
+                   (const unsigned long long*)table.data(), hid.data(), tile, d, h, kk);
         emu_launch(up, gu, {128}, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(),
-                   (const unsigned long long*)table.data() + E, hid.data(), slots, d, h, kk, limit);
-        emu_launch(down, dim3{gemm_grid(slots, d).x, max_tiles}, {128}, 0, (const float*)hid.data(),
+                   (const unsigned long long*)table.data() + E, hid.data(), tile, d, h, kk, limit);
+        emu_launch(down, dim3{gemm_grid(tile, d).x, max_tiles}, {128}, 0, (const float*)hid.data(),
                    (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data() + 2 * E,
-                   ys.data(), slots, d, h);
+                   ys.data(), tile, d, h);
         emu_launch(moe_combine, {blocks1d(n * d)}, {256}, 0, (const float*)ys.data(), (const float*)wt.data(),
                    (const int*)ids.data(), out.data(), n * d, d, kk, E);
         std::vector<float> want(n * d, 0.0f);

@@ -1,6 +1,6 @@
 //! Routed experts (`moe_experts`) on the CUDA lane, kernels in cuda/moe.cu:
 //! 1. `moe_route` (one block) groups the n·k slots by expert on the device (slot numbers in expert
-//!    order, stable) and cuts each expert's range into row tiles of `GEMM_BM` (the tile list);
+//!    order, stable) and cuts each expert's range into row tiles (of `GEMV_ROWS` for at most that many tokens, else `GEMM_BM`: the tile list);
 //! 2. one launch of a gathered GEMM `x[tokens] · w1[e]ᵀ` storing the gate (`moe_gate_*`), one of
 //!    `x[tokens] · w3[e]ᵀ` with the clamped SwiGLU of the stored gate in its epilogue
 //!    (`moe_up_*`), then one of `· w2[e]ᵀ` (`moe_down_*`) into a per-slot buffer: each block
@@ -24,8 +24,8 @@ use std::sync::Arc;
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::{
-    CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, GRID_Y, LANE, MOE_DOWN_KERNELS, MOE_GATE_KERNELS,
-    MOE_UP_KERNELS, Role, Source, check_u32, gemm_grid,
+    CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, GEMV_ROWS, GRID_Y, LANE, MOE_DOWN_KERNELS,
+    MOE_GATE_KERNELS, MOE_UP_KERNELS, Role, Source, check_u32, gemm_grid,
 };
 use crate::backend::DType;
 use crate::backend::checks;
@@ -90,8 +90,13 @@ impl CudaBackend {
         let (d32, h32, k32) = (check_u32(OP, "d", d)?, check_u32(OP, "h", h)?, check_u32(OP, "k", k)?);
         let e32 = check_u32(OP, "experts", experts)?;
         check_u32(OP, "hidden elements", slots * h)?;
-        // every tile holds at least one slot, and each expert has at most one partial tile
-        let max_tiles = slots.min(slots.div_ceil(GEMM_BM as usize) + experts);
+        // Row tiles: of GEMV_ROWS when at most that many tokens route (an expert then sees a few
+        // rows, and the small-row path streams its weights once: a batched decode step), else
+        // of the GEMM tile's GEMM_BM. Every tile holds at least one slot, and each expert has at
+        // most one partial tile.
+        let tile_rows = if n <= GEMV_ROWS { GEMV_ROWS } else { GEMM_BM as usize };
+        let tile_rows32 = tile_rows as u32;
+        let max_tiles = slots.min(slots.div_ceil(tile_rows) + experts);
         if max_tiles > GRID_Y {
             return Err(Error::Device(format!(
                 "op `{OP}`: {slots} slots over {experts} experts give up to {max_tiles} row tiles, more than the \
@@ -113,6 +118,7 @@ impl CudaBackend {
             let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_THREADS, 1, 1), shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);
             l.arg(&ids.buf).arg(&mut order.buf).arg(&mut tiles.buf).arg(&mut cursor.buf).arg(&slots32).arg(&e32);
+            l.arg(&tile_rows32);
             // SAFETY: arguments match `moe_route` in cuda/moe.cu; order holds slots, tiles
             // 1 + 3·max_tiles (the most any routing gives), cursor experts i32.
             unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "moe_route", e))?;
@@ -125,7 +131,7 @@ impl CudaBackend {
             let block = (GEMM_THREADS, 1, 1);
             if h > 0 {
                 let cfg = LaunchConfig {
-                    grid_dim: (gemm_grid(slots, h).0 as u32, gy, 1),
+                    grid_dim: (gemm_grid(tile_rows, h).0 as u32, gy, 1),
                     block_dim: block,
                     shared_mem_bytes: 0,
                 };
@@ -134,7 +140,7 @@ impl CudaBackend {
                 let f = self.gemm_func(Source::Moe, kernel, false)?;
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&table.buf).arg(&mut hid.buf);
-                l.arg(&slots32).arg(&d32).arg(&h32).arg(&k32);
+                l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32);
                 // SAFETY: arguments match `moe_gate_*` in cuda/moe.cu; the tiles' rows lie in
                 // 0..slots, the table's first `experts` addresses are the w1[e] [h, d], all in
                 // this kernel's format.
@@ -143,7 +149,7 @@ impl CudaBackend {
                 let f = self.gemm_func(Source::Moe, kernel, false)?;
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&w3_table).arg(&mut hid.buf);
-                l.arg(&slots32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
+                l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
                 // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; w3_table holds the addresses
                 // of the w3[e] [h, d], all in this kernel's format; hid holds the gates the
                 // previous launch (same stream) wrote.
@@ -151,11 +157,11 @@ impl CudaBackend {
             }
             let kernel = MOE_DOWN_KERNELS.of(down_format);
             let f = self.gemm_func(Source::Moe, kernel, false)?;
-            let gx = gemm_grid(slots, d).0 as u32;
+            let gx = gemm_grid(tile_rows, d).0 as u32;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);
             l.arg(&hid.buf).arg(&order.buf).arg(&tiles.buf).arg(&w2_table).arg(&mut ys.buf);
-            l.arg(&slots32).arg(&d32).arg(&h32);
+            l.arg(&tile_rows32).arg(&d32).arg(&h32);
             // SAFETY: arguments match `moe_down_*` in cuda/moe.cu; w2_table holds the addresses
             // of the w2[e] [d, h], all in this kernel's format.
             unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
