@@ -615,30 +615,25 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 }
 
 // Few rows (decode: one token, or the few slots of each expert): a 64-row tile would stage
-// mostly zeros and give only cols / 64 blocks to stream the weight. Instead each output column
-// pair (c, c + 1) is computed for all rows (up to GEMV_ROWS) by a team that strides over k in runs
-// of GEMV_RUN elements: team member t takes runs t, t + team, ..., so a warp reads 32 adjacent
-// 16-byte pieces of a 16-bit weight row (coalesced). Each member first issues the loads of
-// GEMV_BATCH runs (half that for block formats), then their FMAs, so several loads are in flight
-// per thread.
-// - Wide outputs (at least GEMV_WARP_PAIRS column pairs: the head, q_b, an expert's down
-//   projection): the team is a warp, a block's GEMV_WARPS warps own GEMV_WARPS adjacent pairs,
-//   and the warps' sums are finished by shuffles alone.
-// - Narrower outputs (q_a, the experts' gate and up, the mHC mixes): the team is the block, one
-//   pair per block, so even 12 pairs of 16 384 k (an mHC mix) keep 48 warps streaming; the warps'
-//   sums meet in shared memory in warp order.
-// (The first version gave a warp a column pair and read one 2-byte element per lane per step:
-// 130-530 GB/s on an H200, 6 % of its bandwidth, Nsight Compute, decode of a full-size layer.)
-// Plain f32 FMAs of the decoded weights (the f32 path's products) in both precisions: the path is
-// bound by memory, not arithmetic. Runs need k % GEMV_RUN == 0 and 16-byte aligned rows of A and
-// of float weights; otherwise (odd shapes in the op harness) members take single elements, with
-// the same reduction. Block GEMM_THREADS; the host sizes the grid by the same rule (gemm_grid in
-// src/backend/cuda/mod.rs).
+// mostly zeros and give only cols / 64 blocks to stream the weight. Instead a block owns one pair
+// of output columns (c, c + 1) for all rows (up to GEMV_ROWS), and its threads stride over k in
+// runs of GEMV_RUN elements: thread t takes runs t, t + GEMM_THREADS, ..., so a warp reads 32
+// adjacent 16-byte pieces of a 16-bit weight row (coalesced), and the unrolled run loop keeps
+// several independent loads in flight per thread. One block per column pair keeps the memory busy
+// at every width: a 1024-column projection is 512 blocks of 4 warps. Plain f32 FMAs of the
+// decoded weights (the f32 path's products) in both precisions: the path is bound by memory, not
+// arithmetic. The warps' sums meet by shuffles, then in shared memory in warp order.
+// Measured on an H200 (Nsight Compute, a full-size layer's decode step): the first version, a
+// warp per column pair reading one 2-byte element per lane per step, streamed 130-530 GB/s; this
+// one 1.0-2.1 TB/s on the matrices of 8 MB and more (Nsight flushes the caches between
+// kernels). Two variants measured slower and were dropped: a warp per pair for wide outputs
+// (faster only at k = 1024) and loads batched explicitly into arrays (the experts 30-60 % slower).
+// Runs need k % GEMV_RUN == 0 and 16-byte aligned rows of A and of float weights; otherwise (odd
+// shapes in the op harness) every thread takes single elements, with the same reduction.
+// Block GEMM_THREADS; block b owns columns 2b, 2b + 1.
 #define GEMV_ROWS 8
 #define GEMV_RUN 8
-#define GEMV_BATCH 4
 #define GEMV_WARPS (GEMM_THREADS / 32)
-#define GEMV_WARP_PAIRS 2048
 
 // Eight 16-bit weights (one 16-byte load).
 struct alignas(16) gemv_u4 {
@@ -689,11 +684,9 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
                                           unsigned int k, unsigned int block) {
     __shared__ float part[GEMV_WARPS][GEMV_ROWS][2];
     const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
-    const bool warp_team = (cols + 1u) / 2u >= GEMV_WARP_PAIRS; // the same in every block
-    const unsigned int c = 2u * (warp_team ? block * GEMV_WARPS + warp : block);
-    const unsigned int member = warp_team ? lane : threadIdx.x, team = warp_team ? 32u : GEMM_THREADS;
-    // no early return: every thread reaches the shuffles and the barrier. A missing second
-    // column reads the first's row (in bounds); store2 drops its sum.
+    const unsigned int c = 2u * block;
+    // no early return: every thread of the block reaches the shuffles and the barrier. A missing
+    // second column reads the first's row (in bounds); store2 drops its sum.
     const bool have0 = c < cols, have1 = c + 1u < cols;
     const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : w0;
     const float* a[GEMV_ROWS];
@@ -707,42 +700,26 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
 #pragma unroll
     for (unsigned int i = 0; i < GEMV_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
     if (have0 && runs) {
-        // block formats decode each run from several loads already; half the batch keeps their
-        // kernels' size (and NVRTC's time) in bounds
-        constexpr unsigned int BATCH = FMT < WF_FIRST_BLOCK ? GEMV_BATCH : GEMV_BATCH / 2;
-        for (unsigned int k0 = GEMV_RUN * member; k0 < k; k0 += GEMV_RUN * team * BATCH) {
-            float wa[BATCH][GEMV_RUN], wb[BATCH][GEMV_RUN];
+#pragma unroll 4
+        for (unsigned int kk = GEMV_RUN * threadIdx.x; kk < k; kk += GEMV_RUN * GEMM_THREADS) {
+            float wa[GEMV_RUN], wb[GEMV_RUN];
+            load_w_run<FMT>(w, w0 + kk, wa);
+            load_w_run<FMT>(w, w1 + kk, wb);
 #pragma unroll
-            for (unsigned int u = 0; u < BATCH; ++u) {
-                const unsigned int kk = k0 + u * GEMV_RUN * team;
-                if (kk < k) {
-                    load_w_run<FMT>(w, w0 + kk, wa[u]);
-                    load_w_run<FMT>(w, w1 + kk, wb[u]);
-                } else {
+            for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+                if (i < rows) {
+                    const fa_f4* xp = reinterpret_cast<const fa_f4*>(a[i] + kk);
+                    const fa_f4 xa = xp[0], xb = xp[1];
+                    const float xv[GEMV_RUN] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-                    for (unsigned int e = 0; e < GEMV_RUN; ++e) wa[u][e] = wb[u][e] = 0.0f;
-                }
-            }
-#pragma unroll
-            for (unsigned int u = 0; u < BATCH; ++u) {
-                const unsigned int kk = k0 + u * GEMV_RUN * team;
-                if (kk >= k) break;
-#pragma unroll
-                for (unsigned int i = 0; i < GEMV_ROWS; ++i)
-                    if (i < rows) {
-                        const fa_f4* xp = reinterpret_cast<const fa_f4*>(a[i] + kk);
-                        const fa_f4 xa = xp[0], xb = xp[1];
-                        const float xv[GEMV_RUN] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-                        for (unsigned int e = 0; e < GEMV_RUN; ++e) {
-                            acc[i][0] = fmaf(xv[e], wa[u][e], acc[i][0]);
-                            acc[i][1] = fmaf(xv[e], wb[u][e], acc[i][1]);
-                        }
+                    for (unsigned int e = 0; e < GEMV_RUN; ++e) {
+                        acc[i][0] = fmaf(xv[e], wa[e], acc[i][0]);
+                        acc[i][1] = fmaf(xv[e], wb[e], acc[i][1]);
                     }
-            }
+                }
         }
     } else if (have0) {
-        for (unsigned int kk = member; kk < k; kk += team) {
+        for (unsigned int kk = threadIdx.x; kk < k; kk += GEMM_THREADS) {
             const float wa = load_w<FMT>(w, w0 + kk), wb = load_w<FMT>(w, w1 + kk);
 #pragma unroll
             for (unsigned int i = 0; i < GEMV_ROWS; ++i)
@@ -754,18 +731,10 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
     }
 #pragma unroll
     for (unsigned int i = 0; i < GEMV_ROWS; ++i)
-        if (i < rows)
-            for (int o = 16; o > 0; o >>= 1) {
-                acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][0], o);
-                acc[i][1] += __shfl_xor_sync(0xffffffffu, acc[i][1], o);
-            }
-    if (warp_team) {
-        if (lane == 0 && have0)
-#pragma unroll
-            for (unsigned int i = 0; i < GEMV_ROWS; ++i)
-                if (i < rows) op.store2(i, c, acc[i][0], acc[i][1]);
-        return;
-    }
+        for (int o = 16; o > 0; o >>= 1) {
+            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][0], o);
+            acc[i][1] += __shfl_xor_sync(0xffffffffu, acc[i][1], o);
+        }
     if (lane == 0)
 #pragma unroll
         for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
@@ -785,8 +754,8 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
 }
 
 // The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
-// every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, column block
-// col_block (one pair, or GEMV_WARPS pairs for wide outputs); else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
+// every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, the column pair
+// col_block; else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
 // sizes the grid by the same rule (`gemm_cols_per_block` in src/backend/cuda/mod.rs).
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_block(const Op& op, const void* w, unsigned int rows, unsigned int cols,

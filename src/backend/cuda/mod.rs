@@ -73,20 +73,15 @@ const ATTENTION_KEYS: usize = 32;
 const GEMM_BM: u32 = 64;
 const GEMM_BN: u32 = 64;
 const GEMM_THREADS: u32 = 128;
-/// At most this many rows (`GEMV_ROWS`), `gemm_block` takes the small-row path, one row block:
-/// with at least `GEMV_WARP_PAIRS` pairs of output columns, a warp per pair (`GEMM_THREADS / 32`
-/// pairs per block); with fewer, a block per pair (its threads split k).
+/// At most this many rows (`GEMV_ROWS`), `gemm_block` takes the small-row path: a block per
+/// pair of output columns (its threads split k) and one row block.
 const GEMV_ROWS: usize = 8;
-const GEMV_WARP_PAIRS: usize = 2048;
 
 /// `gemm_block`'s grid for `cols` output columns when no block sees more than `bound_rows` rows
 /// (cuda/common.cuh): (column blocks, row tiles).
 fn gemm_grid(bound_rows: usize, cols: usize) -> (usize, usize) {
-    let pairs = cols.div_ceil(2);
-    if bound_rows <= GEMV_ROWS && pairs >= GEMV_WARP_PAIRS {
-        (pairs.div_ceil(GEMM_THREADS as usize / 32), 1)
-    } else if bound_rows <= GEMV_ROWS {
-        (pairs, 1)
+    if bound_rows <= GEMV_ROWS {
+        (cols.div_ceil(2), 1)
     } else {
         (cols.div_ceil(GEMM_BN as usize), bound_rows.div_ceil(GEMM_BM as usize))
     }
@@ -1494,12 +1489,11 @@ mod tests {
             ("GEMM_BN", GEMM_BN),
             ("GEMM_THREADS", GEMM_THREADS),
             ("GEMV_ROWS", GEMV_ROWS as u32),
-            ("GEMV_WARP_PAIRS", GEMV_WARP_PAIRS as u32),
         ] {
             let define = format!("#define {name} {value}\n");
             assert!(common.contains(&define), "cuda/common.cuh lacks `{}`", define.trim_end());
         }
-        // gemv_cols: a warp per column pair (wide outputs) or a block per pair
-        assert!(common.contains("#define GEMV_WARPS (GEMM_THREADS / 32)\n"));
+        // gemv_cols: a block per column pair
+        assert!(common.contains("// Block GEMM_THREADS; block b owns columns 2b, 2b + 1.\n"));
     }
 }
