@@ -90,7 +90,15 @@ impl CudaBackend {
         let sizes =
             [check_u32(OP, "rows", n)?, check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits()];
         // 32 threads per token: a warp each (cuda/lm_small.cu); n fits u32, so this fits usize
-        self.launch_1d(OP, Source::LmSmall, "hc_split_f32", &[&mix.buf, &scale.buf, &base.buf], &mut y, &sizes, n * 32)?;
+        self.launch_1d(
+            OP,
+            Source::LmSmall,
+            "hc_split_f32",
+            &[&mix.buf, &scale.buf, &base.buf],
+            &mut y,
+            &sizes,
+            n * 32,
+        )?;
         Ok(y)
     }
 
