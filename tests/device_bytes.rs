@@ -143,3 +143,30 @@ fn the_cuda_lane_allocates_what_inspect_reports() {
         assert!(ratio <= MAX_RATIO, "{name}: the cuda lane holds {ratio:.4} x the file bytes");
     }
 }
+
+/// `Backend::capacity`, what bench_model checks a load against: each lane reports its memory,
+/// free ≤ total.
+fn check_capacity<B: Backend>(b: &B, lane: &str) {
+    let Some(c) = b.capacity() else {
+        panic!("{lane}: no capacity reported ({})", b.device_name());
+    };
+    eprintln!("{lane}: {} of {} bytes free ({})", c.free_bytes, c.total_bytes, b.device_name());
+    assert!(c.free_bytes <= c.total_bytes && c.total_bytes > 0, "{lane}: {c:?}");
+}
+
+#[test]
+fn every_lane_reports_its_memory_capacity() {
+    // the CPU lane's is the host's /proc/meminfo, on Linux
+    if cfg!(target_os = "linux") {
+        check_capacity(&CpuBackend::new(), "cpu");
+    }
+    // the wgpu lane answers on Vulkan (lavapipe here, the NVIDIA driver on the GPU machine)
+    if let Some(b) = common::wgpu_lane(Default::default())
+        && b.adapter_info().backend == wgpu::Backend::Vulkan
+    {
+        check_capacity(&b, "wgpu");
+    }
+    if let Some(b) = common::cuda_lane_or_skip() {
+        check_capacity(&b, "cuda");
+    }
+}

@@ -17,7 +17,7 @@ use fovea::backend::cpu::CpuBackend;
 use fovea::backend::{Backend, DeviceTensor, HostTensor};
 use fovea::config::LmConfig;
 use fovea::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
-use fovea::model::lm::{LmInput, LmModel, chunk_plan};
+use fovea::model::lm::{CompState, LmCache, LmInput, LmModel, chunk_plan};
 use fovea::weights::Checkpoint;
 
 const REL_L2: f64 = 1e-5;
@@ -245,4 +245,62 @@ fn a_batch_of_generators_gives_each_the_tokens_it_gets_alone() {
     let batched: Vec<Vec<i32>> = gens.iter().map(|g| g.ids().to_vec()).collect();
     assert!(alone.iter().all(|ids| ids.len() == 8), "{alone:?}");
     assert_eq!(batched, alone, "batched rounds vs each generator alone");
+}
+
+/// The shape of a cache: its position, and per layer the raw keys kept (rows, first position)
+/// and each compressor's entries, buffered rows and their first position.
+fn cache_layout(c: &LmCache<CpuBackend>) -> (usize, Vec<String>) {
+    let comp = |s: &Option<CompState<CpuBackend>>| {
+        s.as_ref().map(|s| {
+            (s.entries.shape().to_vec(), s.rows_kv.shape().to_vec(), s.rows_gate.shape().to_vec(), s.buf_start)
+        })
+    };
+    let layers = c
+        .layers
+        .iter()
+        .map(|l| format!("{:?} from {}, {:?}, {:?}", l.kv.shape(), l.kv_start, comp(&l.comp), comp(&l.index)));
+    (c.pos, layers.collect())
+}
+
+/// `LmModel::synthetic_cache` (bench_model's long contexts) builds the cache a prefill of `pos`
+/// tokens leaves: the same kept keys, compressed entries and buffered rows on every layer
+/// (lm-tiny: window 16, ratios 4 with its indexer and 16), at positions on and around block
+/// and window boundaries. Decode steps on it give finite logits and keep it in step with the
+/// real cache.
+#[test]
+fn a_synthetic_cache_has_the_layout_a_prefill_leaves() {
+    let (b, model, cfg) = load();
+    // values in [-1, 1) from a fixed LCG: finite, of a normed entry's magnitude
+    let mut state = 1u64;
+    let mut values = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    };
+    for pos in [0, 1, 3, 4, 5, 14, 15, 16, 17, 31, 32, 33, 47, 48, 64, 100] {
+        let ids: Vec<i32> = (0..pos).map(|t| 3 + (t * 7 % 500) as i32).collect();
+        let mut real = if pos == 0 {
+            model.new_cache(&b).unwrap()
+        } else {
+            model.prefill_cache(&b, &LmInput { ids, window: None }, None, 7, &mut |_| {}).unwrap().1
+        };
+        let mut synthetic = model.synthetic_cache(&b, pos, &mut values).unwrap();
+        assert_eq!(cache_layout(&synthetic), cache_layout(&real), "position {pos}");
+        for step in 0..5 {
+            let token = 3 + step;
+            let logits = f32s(&b, &model.decode(&b, &mut synthetic, token).unwrap());
+            assert!(
+                logits.len() == cfg.vocab_size && logits.iter().all(|x| x.is_finite()),
+                "position {pos}, step {step}: logits not finite"
+            );
+            model.decode(&b, &mut real, token).unwrap();
+            assert_eq!(cache_layout(&synthetic), cache_layout(&real), "position {pos} after step {step}");
+        }
+    }
+    // a callback that gives the wrong number of values is refused, naming the tensor's shape
+    let err = model.synthetic_cache(&b, 40, &mut |n| vec![0.0; n + 1]).err().expect("refused").to_string();
+    assert!(err.contains("synthetic_cache") && err.contains("values for a ["), "{err}");
 }

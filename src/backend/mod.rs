@@ -331,6 +331,16 @@ pub struct MemoryReport {
     pub peak_activation_bytes: u64,
 }
 
+/// How much memory the pool a lane allocates from holds (the GPU's own memory, or the host's
+/// for the CPU lane), as the device reports it: what a caller checks a large load against before
+/// it starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Bytes this process may still allocate (the driver's free figure or budget).
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+}
+
 /// A device tensor handle: opaque storage plus dtype and shape.
 pub trait DeviceTensor {
     fn shape(&self) -> &[usize];
@@ -365,6 +375,11 @@ pub trait Backend {
     /// format is ignored).
     fn supports(&self, op: Op, format: WeightFormat) -> bool;
     fn memory(&self) -> MemoryReport;
+    /// The free and total bytes of the memory this lane allocates from, when its device can
+    /// tell (`None` otherwise: a wgpu adapter other than Vulkan, a host without /proc/meminfo).
+    fn capacity(&self) -> Option<Capacity> {
+        None
+    }
 
     // ---- tensors & transfer --------------------------------------------------------------
     /// Copy a host tensor to the device (activation or small f32 parameter).

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{
-    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, WeightFormat,
-    decode_row,
+    Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op,
+    WeightFormat, decode_row,
 };
 use crate::error::{Error, Result};
 
@@ -189,6 +189,16 @@ impl Backend for CpuBackend {
             matrix_bytes: self.matrix_bytes.load(Ordering::Relaxed),
             ..Default::default()
         }
+    }
+
+    /// The host's memory: `MemAvailable` and `MemTotal` of /proc/meminfo (Linux).
+    fn capacity(&self) -> Option<Capacity> {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib = |key: &str| -> Option<u64> {
+            let line = info.lines().find(|l| l.starts_with(key))?;
+            line[key.len()..].trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|k| k * 1024)
+        };
+        Some(Capacity { free_bytes: kib("MemAvailable:")?, total_bytes: kib("MemTotal:")? })
     }
 
     fn upload(&self, host: &HostTensor) -> Result<CpuTensor> {

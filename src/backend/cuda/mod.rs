@@ -44,8 +44,8 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use crate::backend::checks::{self, NamedWeight};
 use crate::backend::cpu::rope_2d_tables;
 use crate::backend::{
-    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, Precision,
-    WeightFormat,
+    Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op,
+    Precision, WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -927,6 +927,12 @@ impl Backend for CudaBackend {
             activation_bytes: c.activation.load(Ordering::Relaxed),
             peak_activation_bytes: c.peak.load(Ordering::Relaxed),
         }
+    }
+
+    /// The driver's free and total bytes of this context's device (`cuMemGetInfo`).
+    fn capacity(&self) -> Option<Capacity> {
+        let (free, total) = self.ctx.mem_get_info().ok()?;
+        Some(Capacity { free_bytes: free as u64, total_bytes: total as u64 })
     }
 
     fn upload(&self, host: &HostTensor) -> Result<CudaTensor> {

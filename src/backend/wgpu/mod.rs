@@ -64,8 +64,8 @@ use linear::{linear_shader, lm_weight_shader};
 
 use crate::backend::checks::NamedWeight;
 use crate::backend::{
-    Backend, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op, Precision,
-    WeightFormat,
+    Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op,
+    Precision, WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -1112,6 +1112,42 @@ impl WgpuBackend {
     }
 }
 
+/// [`Backend::capacity`] of a device on wgpu's Vulkan backend, read through wgpu-hal.
+#[cfg(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd"))]
+fn vulkan_capacity(device: &wgpu::Device) -> Option<Capacity> {
+    use ash::vk;
+    // SAFETY: only queries of the physical device are made through the hal handles, which stay
+    // alive while the guard is held; nothing is created or destroyed.
+    unsafe {
+        let hal = device.as_hal::<wgpu::hal::api::Vulkan>()?;
+        let instance = hal.shared_instance().raw_instance();
+        let physical = hal.raw_physical_device();
+        let props = instance.get_physical_device_memory_properties(physical);
+        let heaps = props.memory_heaps_as_slice();
+        let (index, heap) = heaps
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
+            .max_by_key(|(_, h)| h.size)?;
+        let version_1_1 = hal.shared_instance().instance_api_version() >= vk::API_VERSION_1_1
+            && instance.get_physical_device_properties(physical).api_version >= vk::API_VERSION_1_1;
+        let free = if version_1_1 && hal.enabled_device_extensions().contains(&ash::ext::memory_budget::NAME) {
+            let mut budget = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
+            let mut props2 = vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut budget);
+            instance.get_physical_device_memory_properties2(physical, &mut props2);
+            budget.heap_budget[index].saturating_sub(budget.heap_usage[index])
+        } else {
+            heap.size
+        };
+        Some(Capacity { free_bytes: free, total_bytes: heap.size })
+    }
+}
+
+#[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
+fn vulkan_capacity(_device: &wgpu::Device) -> Option<Capacity> {
+    None
+}
+
 impl Backend for WgpuBackend {
     type Tensor = WgpuTensor;
     type Weight = WgpuWeight;
@@ -1144,6 +1180,14 @@ impl Backend for WgpuBackend {
             activation_bytes: c.activation.load(Ordering::Relaxed),
             peak_activation_bytes: c.peak.load(Ordering::Relaxed),
         }
+    }
+
+    /// On Vulkan, the largest device-local heap (the GPU's memory; lavapipe's is host memory):
+    /// its size, and as free bytes the driver's budget less this process's usage when the device
+    /// has `VK_EXT_memory_budget` enabled (wgpu enables it where offered), else the whole heap.
+    /// wgpu has no such query of its own; other backends answer `None`.
+    fn capacity(&self) -> Option<Capacity> {
+        vulkan_capacity(&self.device)
     }
 
     /// Any host tensor → a fresh buffer (elements, then the guard band when on).

@@ -217,6 +217,19 @@ pub struct LmOutput<B: Backend> {
 /// Default prefill chunk (tokens): bounds one forward's activations on long prompts.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// How many raw keys a layer keeps after position `end`: the last `window − 1`, all a later
+/// query can see (see [`LayerCache::kv`]).
+fn kept_keys(window: usize, end: usize) -> usize {
+    window.saturating_sub(1).min(end)
+}
+
+/// The first position whose projected rows a compressor still buffers once it has emitted
+/// `done` entries: the open block's start, or with overlap the start of the last complete block
+/// (whose first halves the next entry pools).
+fn open_rows_start(done: usize, ratio: usize, overlap: bool) -> usize {
+    if overlap { done.saturating_sub(1) * ratio } else { done * ratio }
+}
+
 /// Split `0..ids.len()` into chunks of at most `max_chunk` tokens that never split an image block
 /// (its lead PADs, START through END: ids ≥ `vocab`, vision.md §5.3: a span's tokens see each
 /// other both ways); a block longer than `max_chunk` gets a chunk of its own. Two blocks back to
@@ -473,6 +486,46 @@ impl<B: Backend> LmModel<B> {
             })
             .collect::<Result<_>>()?;
         Ok(LmCache { pos: 0, layers })
+    }
+
+    /// A cache at position `pos` shaped as a prefill of `pos` text tokens leaves it: per layer
+    /// the last `sliding_window − 1` raw keys, `⌊pos/r⌋` entries in each compressor (the
+    /// attention's and, on CSA layers, the indexer's) and the projected rows of the blocks still
+    /// open, but holding `values(n)` (n values each) instead of what a prompt would put there.
+    /// For benchmarks: a decode step's cost at a long context depends on these counts, not on
+    /// the values, and building the cache costs an upload instead of a prefill of `pos` tokens.
+    /// `values` must give finite numbers; entries of a real cache are RMS-normed, so values of
+    /// magnitude ~1 keep a decode on it in range.
+    #[doc(hidden)]
+    pub fn synthetic_cache(&self, b: &B, pos: usize, values: &mut dyn FnMut(usize) -> Vec<f32>) -> Result<LmCache<B>> {
+        let mut filled = |rows: usize, cols: usize| -> Result<B::Tensor> {
+            let v = values(rows * cols);
+            if v.len() != rows * cols {
+                return Err(Error::Invalid(format!(
+                    "synthetic_cache: {} values for a [{rows}, {cols}] tensor",
+                    v.len()
+                )));
+            }
+            b.upload(&HostTensor::f32([rows, cols], v)?)
+        };
+        let state = |c: &Compressor<B>, filled: &mut dyn FnMut(usize, usize) -> Result<B::Tensor>| {
+            let done = pos / c.ratio;
+            let buf_start = open_rows_start(done, c.ratio, c.overlap);
+            Ok::<_, Error>(CompState {
+                entries: filled(done, c.norm.rows())?,
+                rows_kv: filled(pos - buf_start, c.ape.cols())?,
+                rows_gate: filled(pos - buf_start, c.ape.cols())?,
+                buf_start,
+            })
+        };
+        let keep = kept_keys(self.cfg.sliding_window, pos);
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let comp = layer.attn.compressor.as_ref().map(|c| state(c, &mut filled)).transpose()?;
+            let index = layer.attn.indexer.as_ref().map(|ix| state(&ix.compressor, &mut filled)).transpose()?;
+            layers.push(LayerCache { kv: filled(keep, self.cfg.head_dim)?, kv_start: pos - keep, comp, index });
+        }
+        Ok(LmCache { pos, layers })
     }
 
     /// The raw-key window `(lo, hi)` of every prompt token, absolute positions: the image-span
@@ -803,8 +856,7 @@ impl<B: Backend> LmModel<B> {
             let entries = b.rope_tail(&normed, 1, &self.inv_freq_comp, emitted * c.ratio, c.ratio, false)?;
             st.entries = b.concat_rows(&st.entries, &entries)?;
         }
-        let done = st.entries.rows();
-        let buf_start = if c.overlap { done.saturating_sub(1) * c.ratio } else { done * c.ratio };
+        let buf_start = open_rows_start(st.entries.rows(), c.ratio, c.overlap);
         st.rows_kv = rows_of(b, &rows_kv, buf_start - st.buf_start..end - st.buf_start)?;
         st.rows_gate = rows_of(b, &rows_gate, buf_start - st.buf_start..end - st.buf_start)?;
         st.buf_start = buf_start;
@@ -906,7 +958,7 @@ impl<B: Backend> LmModel<B> {
             // inverse RoPE at the query positions
             outs.push(b.rope_tail(&o, nh, f, p0, 1, true)?);
             // later chunks see at most the last W − 1 keys
-            let keep = cfg.sliding_window.saturating_sub(1).min(keys.rows());
+            let keep = kept_keys(cfg.sliding_window, keys.rows());
             lc.kv = rows_of(b, &keys, keys.rows() - keep..keys.rows())?;
             lc.kv_start = end - keep;
             if single {
