@@ -98,6 +98,10 @@ use rand::{Rng, RngCore, SeedableRng};
 
 /// Layers of the released model.
 const FULL_LAYERS: usize = 43;
+/// The released config's `max_position_embeddings`: the longest context a flag may ask for.
+const MAX_POSITIONS: usize = 1 << 20;
+/// The largest image side `--image` takes (the processor resizes far below it).
+const MAX_IMAGE_SIDE: u32 = 16384;
 const GIB: f64 = (1u64 << 30) as f64;
 
 #[derive(Parser)]
@@ -687,8 +691,9 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
         bytes / load_s / 1e9
     );
 
-    // compile every kernel: two prefill chunks (the second continues a cache) and two steps
-    let warm = args.chunk.min(args.prefill.0.iter().copied().min().unwrap_or(args.chunk)) + 1;
+    // compile every kernel: a prefill of one chunk + 1 token (the last token is a second chunk,
+    // which continues a cache) and two steps
+    let warm = args.chunk + 1;
     let (_, mut cache) = prefill(b, &model, warm, args.chunk)?;
     decode_median(b, &model, &mut cache, 2)?;
     drop(cache);
@@ -881,6 +886,24 @@ fn check_args(args: &Args) -> fovea::Result<()> {
     }
     if args.image.0.is_some() && args.vit_layers == 0 {
         return bad("--vit-layers", "the ViT needs at least one layer (or --image off)".into());
+    }
+    // the random image is made on the host before any memory check
+    if let Some((w, h)) = args.image.0
+        && w.max(h) > MAX_IMAGE_SIDE
+    {
+        return bad("--image", format!("{w}x{h}: a side is past {MAX_IMAGE_SIDE}"));
+    }
+    // positions past the released config's max_position_embeddings are outside the model (and a
+    // synthetic cache is sized from them, also where the lane cannot report its free memory)
+    let longest = args.prefill.0.iter().chain(&args.decode_at.0).copied().max().unwrap_or(0);
+    if longest.saturating_add(args.decode_steps) > MAX_POSITIONS {
+        return bad(
+            "--prefill/--decode-at",
+            format!(
+                "{longest} tokens plus {} decode steps pass the model's {MAX_POSITIONS} positions",
+                args.decode_steps
+            ),
+        );
     }
     Ok(())
 }

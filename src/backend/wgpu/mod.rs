@@ -572,6 +572,7 @@ struct Output {
 /// `workgroups` (at least one) laid out as `(gx, gy, 1)` with `gx` ≤ 32768 and `gx·gy` ≥
 /// `workgroups`; the shaders number a workgroup `wg.y·gx + wg.x`.
 fn grid(workgroups: usize) -> (u32, u32, u32) {
+    let workgroups = workgroups.max(1);
     let gx = workgroups.min(32768);
     (gx as u32, workgroups.div_ceil(gx) as u32, 1)
 }
