@@ -112,6 +112,23 @@ __device__ __forceinline__ float block_sum_squares(const float* x, unsigned int 
     return block_sum(s, red);
 }
 
+// y[c] = (x[c] * inv) * w[c] for c < d (w null: x[c] * inv), the block's threads striding over
+// the row (the RMS norms' second pass): float4s when x, y and w are 16-byte aligned and d % 4 == 0,
+// else single floats; the same arithmetic either way.
+__device__ __forceinline__ void block_scale_row(const float* x, const float* w, float* y, unsigned int d, float inv) {
+    if (d % 4u == 0u && (((u64)x | (u64)y | (u64)w) & 15u) == 0u) {
+        const fa_f4 *x4 = reinterpret_cast<const fa_f4*>(x), *w4 = reinterpret_cast<const fa_f4*>(w);
+        fa_f4* y4 = reinterpret_cast<fa_f4*>(y);
+        for (unsigned int c = threadIdx.x; c < d / 4u; c += blockDim.x) {
+            const fa_f4 v = x4[c];
+            y4[c] = w ? fa_f4{(v.x * inv) * w4[c].x, (v.y * inv) * w4[c].y, (v.z * inv) * w4[c].z, (v.w * inv) * w4[c].w}
+                      : fa_f4{v.x * inv, v.y * inv, v.z * inv, v.w * inv};
+        }
+    } else {
+        for (unsigned int c = threadIdx.x; c < d; c += blockDim.x) y[c] = w ? (x[c] * inv) * w[c] : x[c] * inv;
+    }
+}
+
 __device__ __forceinline__ unsigned int fa_stride(unsigned int hd) {
     const unsigned int s = (hd + 3u) & ~3u;
     return (s % 8u == 0u) ? s + 4u : s;
@@ -390,7 +407,9 @@ __device__ __forceinline__ float gemm_combine(float hi_sum, float aux_sum) {
 // `a_at(row, kk)` reads its element kk < k, `w_row(c)` is W row c's element offset, and
 // `store2(m, c, v0, v1)` writes the results of columns c and c + 1 (c + 1 may be past the last
 // column: store2 checks). Most operands read A rows as k contiguous floats (ContiguousRows); the
-// aligner gathers its rows from the ViT grid (UnfoldOperands, linear.cu).
+// aligner gathers its rows from the ViT grid (UnfoldOperands, linear.cu), and calls gemm_tile
+// only: gemm_block's small-row path (gemv_cols) reads A rows as `const float*` in 16-byte runs,
+// so its operands must be ContiguousRows.
 struct ContiguousRows {
     using ARow = const float*;
     __device__ __forceinline__ static float a_at(const float* row, unsigned int kk) { return row[kk]; }

@@ -286,7 +286,8 @@ __device__ __forceinline__ float dq_fp8_f32(const u8* b, unsigned int j) {
 }
 
 // out[0 .. n) = values idx .. idx + n of a block-format matrix starting at w (idx a flat element
-// index; the run lies in one block: the GEMM decodes pairs (idx even, QK even) or single values).
+// index; the run lies in one block: the tile decodes pairs (idx even, QK even), the small-row path
+// runs of 8 at multiples of 8 (every QK, 32, 128 or 256, is a multiple of 8), others single values).
 // FMT is a compile-time constant, so each instantiation is one format's code, no branching on it.
 template <int FMT>
 __device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsigned int n) {

@@ -313,25 +313,15 @@ extern "C" __global__ void hc_split_f32(const float* mix, const float* scale, co
     }
 }
 
-// __restrict__ as rms_norm_f32's (norm.cu): out is a fresh allocation.
-extern "C" __global__ void rms_norm_heads_f32(const float* __restrict__ x, float* __restrict__ out,
-                                              unsigned int segs, unsigned int hd, float eps) {
+extern "C" __global__ void rms_norm_heads_f32(const float* x, float* out, unsigned int segs, unsigned int hd,
+                                              float eps) {
     __shared__ float red[32];
     for (unsigned int seg = blockIdx.x; seg < segs; seg += gridDim.x) {
         const float* xs = x + (u64)seg * hd;
         float* ys = out + (u64)seg * hd;
         const float s = block_sum_squares(xs, hd, red);
         const float inv = 1.0f / sqrtf(s / (float)hd + eps);
-        if (hd % 4u == 0u && (((u64)xs | (u64)ys) & 15u) == 0u) {
-            const fa_f4* x4 = reinterpret_cast<const fa_f4*>(xs);
-            fa_f4* y4 = reinterpret_cast<fa_f4*>(ys);
-            for (unsigned int c = threadIdx.x; c < hd / 4u; c += blockDim.x) {
-                const fa_f4 v = x4[c];
-                y4[c] = fa_f4{v.x * inv, v.y * inv, v.z * inv, v.w * inv};
-            }
-        } else {
-            for (unsigned int c = threadIdx.x; c < hd; c += blockDim.x) ys[c] = xs[c] * inv;
-        }
+        block_scale_row(xs, nullptr, ys, hd, inv);
     }
 }
 

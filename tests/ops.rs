@@ -879,8 +879,8 @@ fn moe_case(
 }
 
 /// The CUDA lane's GEMM paths that `block_cases` leaves out, in block formats: linear over 1030
-/// columns (the small-row path with a warp per column pair; `block_cases` has the split-k one and
-/// the tile) and the experts' small-row path (6 slots ≤ `GEMV_ROWS`), every format for both.
+/// columns (the small-row path at a width `block_cases` does not reach; it has the tile) and the
+/// experts' small-row path (2 tokens, 6 slots), every format for both.
 fn cuda_block_cases() -> Vec<Case> {
     let mut r = StdRng::seed_from_u64(0xc0da);
     let mut out = Vec::new();

@@ -56,6 +56,14 @@ static dim3 gemm_grid(unsigned rows, unsigned cols) {
     return dim3{(cols + 63) / 64, (rows + 63) / 64};
 }
 
+// The host's expert row tiles (src/backend/cuda/moe.rs): of GEMV_ROWS rows for at most GEMV_ROWS
+// tokens, else of 64; and its bound on their count for `slots` slots over `experts` experts.
+static unsigned moe_tile_rows(unsigned n) { return n <= GEMV_ROWS ? GEMV_ROWS : 64; }
+static unsigned moe_max_tiles(unsigned n, unsigned slots, unsigned experts) {
+    const unsigned tile = moe_tile_rows(n);
+    return std::min(slots, (slots + tile - 1) / tile + experts);
+}
+
 static float f16_ref(uint16_t h) {
     _Float16 f;
     std::memcpy(&f, &h, 2);
@@ -608,7 +616,7 @@ static void test_grouped_linear() {
 // mixes store them.
 static void test_moe() {
     // skew: 3/4 of the slots on expert 0 (several row tiles), none on expert 1 (between others)
-    // slots <= 8 (n = 1 and n = 4 here) take gemm_block's small-row path
+    // at most 8 tokens (n = 6, 1 and 4 here) take gemm_block's small-row path, in 8-row tiles
     struct Shape { unsigned n, d, h, e, k; bool skew; } shapes[] = {
         {6, 19, 13, 5, 3, false}, {90, 20, 17, 7, 6, false}, {1, 33, 40, 3, 2, false},
         {40, 70, 37, 3, 2, false}, {100, 24, 9, 5, 2, true}, {4, 50, 30, 6, 2, false}};
@@ -647,8 +655,7 @@ static void test_moe() {
             }
             // the host's tiles: of GEMV_ROWS rows for at most GEMV_ROWS tokens (n = 6, k = 3 is 18
             // slots in such tiles), else of 64; and its bound on their count
-            const unsigned tile = n <= GEMV_ROWS ? GEMV_ROWS : 64;
-            const unsigned max_tiles = std::min(slots, (slots + tile - 1) / tile + E);
+            const unsigned tile = moe_tile_rows(n), max_tiles = moe_max_tiles(n, slots, E);
             std::vector<int> order(slots, -5), tiles(1 + 3 * max_tiles, -5), cursor(E);
             emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(),
                        slots, E, tile);
@@ -1409,8 +1416,7 @@ static void block_moe(unsigned k, const GoldenBlocks& g1, BlockMoeGate gate, con
             table[E + e] = (unsigned long long)(uintptr_t)w3[e].data();
             table[2 * E + e] = (unsigned long long)(uintptr_t)w2[e].data();
         }
-        const unsigned tile = n <= GEMV_ROWS ? GEMV_ROWS : 64; // the host's tiles
-        const unsigned max_tiles = std::min(slots, (slots + tile - 1) / tile + E);
+        const unsigned tile = moe_tile_rows(n), max_tiles = moe_max_tiles(n, slots, E);
         std::vector<int> order(slots), tiles(1 + 3 * max_tiles), cursor(E);
         emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E,
                    tile);
@@ -1463,7 +1469,7 @@ static void block_gemms(const GoldenBlocks& g, const BlockKernels& kn) {
     const char* fn = g.name.c_str();
     bool full = false;
     for (const char* f : {"Q8_0", "Q4_K", "IQ2_XS", "MXFP4", "FP8_E4M3_B128_E8M0"}) full = full || g.name == f;
-    // linear: small-row path (warps split k), tile, small-row with a warp per column pair
+    // linear: small-row path (a block per column pair), tile, small-row over 1030 columns
     const unsigned shapes[][2] = {{3, 37}, {70, 45}, {2, 1030}};
     for (unsigned s = 0; s < (full ? 3u : 2u); ++s) {
         const unsigned n = shapes[s][0], o = shapes[s][1];

@@ -74,7 +74,7 @@ impl CudaBackend {
     }
 
     /// mHC split with Sinkhorn: mix `[n, (2+hc)·hc]`, scale `[3]`, base `[(2+hc)·hc]` → same
-    /// shape as mix; one thread per token.
+    /// shape as mix; a warp per token (one thread of it when hc·hc > 32).
     pub(super) fn hc_split(
         &self,
         mix: &CudaTensor,

@@ -1499,7 +1499,8 @@ mod tests {
             let define = format!("#define {name} {value}\n");
             assert!(common.contains(&define), "cuda/common.cuh lacks `{}`", define.trim_end());
         }
-        // gemv_cols: a block per column pair
-        assert!(common.contains("// Block GEMM_THREADS; block b owns columns 2b, 2b + 1.\n"));
+        // gemv_cols: a block per column pair, as gemm_grid's small-row arm sizes the grid
+        assert!(common.contains("    const unsigned int c = 2u * block;\n"));
+        assert_eq!(gemm_grid(GEMV_ROWS, 1025), (513, 1));
     }
 }
