@@ -29,12 +29,8 @@ enum Command {
         /// text GGUF (its only file or first shard; language model with --token-ids).
         #[arg(long)]
         model: PathBuf,
-        /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
-        #[arg(long)]
-        mmproj: Option<PathBuf>,
-        /// Image token budget with --mmproj (the file cannot store it; default: llama.cpp's 384).
-        #[arg(long)]
-        image_max_tokens: Option<usize>,
+        #[command(flatten)]
+        mmproj: MmprojArgs,
         /// Image file (PNG, JPEG, WebP). With --prompt or --token-ids: repeatable, one per image
         /// placeholder, in order.
         #[arg(long)]
@@ -44,17 +40,8 @@ enum Command {
         /// Output safetensors file.
         #[arg(long)]
         out: PathBuf,
-        /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). $FOVEA_ADAPTER picks a
-        /// wgpu adapter by name, $FOVEA_CUDA_DEVICE a CUDA device. auto never
-        /// picks cuda (name it).
-        #[arg(long)]
-        backend: Option<String>,
-        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
-        /// operands, f32 accumulation; cuda, and wgpu on adapters with f16 shaders). Default:
-        /// $FOVEA_PRECISION, else fast on cuda and on a wgpu GPU with f16, exact elsewhere
-        /// (cpu, software adapters such as lavapipe).
-        #[arg(long)]
-        precision: Option<Precision>,
+        #[command(flatten)]
+        lane: LaneArgs,
         /// Position of the image placeholder in the token stream (sets the lead pads; vision
         /// dump only, the language model takes it from where the placeholder stands).
         #[arg(long, default_value_t = 0)]
@@ -68,12 +55,8 @@ enum Command {
         /// first shard; with --token-ids and --print-ids).
         #[arg(long)]
         model: PathBuf,
-        /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
-        #[arg(long)]
-        mmproj: Option<PathBuf>,
-        /// Image token budget with --mmproj (the file cannot store it; default: llama.cpp's 384).
-        #[arg(long)]
-        image_max_tokens: Option<usize>,
+        #[command(flatten)]
+        mmproj: MmprojArgs,
         #[command(flatten)]
         prompt: PromptArgs,
         /// Image file, repeatable: one per image placeholder, in order (needs a checkpoint with
@@ -99,16 +82,8 @@ enum Command {
         /// text. Needs no tokenizer.json with --token-ids.
         #[arg(long)]
         print_ids: bool,
-        /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). auto never picks
-        /// cuda (name it).
-        #[arg(long)]
-        backend: Option<String>,
-        /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
-        /// operands, f32 accumulation; cuda, and wgpu on adapters with f16 shaders). Default:
-        /// $FOVEA_PRECISION, else fast on cuda and on a wgpu GPU with f16, exact elsewhere
-        /// (cpu, software adapters such as lavapipe).
-        #[arg(long)]
-        precision: Option<Precision>,
+        #[command(flatten)]
+        lane: LaneArgs,
     },
     /// Serve the model over HTTP with OpenAI's chat-completions API (streaming, images as data:
     /// URLs), until Ctrl-C.
@@ -121,6 +96,38 @@ enum Command {
     },
 }
 
+/// The vision GGUF that goes with a text GGUF, and its image budget (dump, generate, serve).
+#[derive(Args)]
+struct MmprojArgs {
+    /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
+    #[arg(long)]
+    mmproj: Option<PathBuf>,
+    /// Image token budget with --mmproj (the file cannot store it; default: llama.cpp's 384).
+    #[arg(long)]
+    image_max_tokens: Option<usize>,
+}
+
+/// Where the model runs, and the precision of its matrix products (dump, generate, serve).
+#[derive(Args)]
+struct LaneArgs {
+    /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto). $FOVEA_ADAPTER picks a
+    /// wgpu adapter by name, $FOVEA_CUDA_DEVICE a CUDA device. auto never picks cuda (name it).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Precision of the matrix products: exact (f32, the conformance mode) or fast (f16
+    /// operands, f32 accumulation; cuda, and wgpu on adapters with f16 shaders). Default:
+    /// $FOVEA_PRECISION, else fast on cuda and on a wgpu GPU with f16, exact elsewhere
+    /// (cpu, software adapters such as lavapipe).
+    #[arg(long)]
+    precision: Option<Precision>,
+}
+
+impl LaneArgs {
+    fn lane(&self) -> fovea::Result<LaneChoice> {
+        LaneChoice::resolve(self.backend.as_deref().map(str::parse).transpose()?)
+    }
+}
+
 /// `fovea serve`: where the model comes from, where to listen, and the limits.
 #[derive(Args)]
 struct ServeArgs {
@@ -128,19 +135,10 @@ struct ServeArgs {
     /// --mmproj for images).
     #[arg(long)]
     model: PathBuf,
-    /// The vision GGUF (llama.cpp's `clip` mmproj) that goes with a GGUF --model.
-    #[arg(long)]
-    mmproj: Option<PathBuf>,
-    /// Image token budget with --mmproj (the file cannot store it; default: llama.cpp's 384).
-    #[arg(long)]
-    image_max_tokens: Option<usize>,
-    /// Lane: auto, cpu, wgpu or cuda (default: $FOVEA_BACKEND, else auto).
-    #[arg(long)]
-    backend: Option<String>,
-    /// exact or fast (f16 GEMM operands; cuda, and wgpu with f16 shaders). Default:
-    /// $FOVEA_PRECISION, else fast on cuda and on a wgpu GPU with f16, exact elsewhere.
-    #[arg(long)]
-    precision: Option<Precision>,
+    #[command(flatten)]
+    mmproj: MmprojArgs,
+    #[command(flatten)]
+    lane: LaneArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -153,7 +151,8 @@ struct ServeArgs {
     /// Accept absolute paths and file:// URLs as image_url (they read this machine's files).
     #[arg(long)]
     allow_local_files: bool,
-    /// Requests the model interleaves at once (each decode step is still one sequence's forward).
+    /// Requests the model serves at once (their decode steps run together, one forward with a row
+    /// per sequence; a new request's prefill interleaves in chunks).
     #[arg(long, default_value_t = serve::DEFAULT_PARALLEL)]
     parallel: usize,
     /// Requests that may wait beyond the running ones; one more is answered 429.
@@ -178,11 +177,10 @@ struct ServeArgs {
 
 impl ServeArgs {
     fn options(self) -> fovea::Result<(ServeOptions, String, u16)> {
-        let lane = LaneChoice::resolve(self.backend.as_deref().map(str::parse).transpose()?)?;
-        let mut opts = ServeOptions::new(self.model, lane);
-        opts.engine.mmproj = self.mmproj;
-        opts.engine.image_max_tokens = self.image_max_tokens;
-        opts.engine.precision = self.precision;
+        let mut opts = ServeOptions::new(self.model, self.lane.lane()?);
+        opts.engine.mmproj = self.mmproj.mmproj;
+        opts.engine.image_max_tokens = self.mmproj.image_max_tokens;
+        opts.engine.precision = self.lane.precision;
         opts.engine.parallel = self.parallel;
         opts.engine.queue_size = self.queue_size;
         opts.model_name = self.model_name;
@@ -249,22 +247,19 @@ fn stdout_error(e: std::io::Error) -> fovea::Error {
 
 fn run(cli: Cli) -> fovea::Result<()> {
     match cli.command {
-        Command::Dump { model, mmproj, image_max_tokens, image, prompt, out, backend, precision, start_pos: _ }
-            if !prompt.is_empty() =>
-        {
+        Command::Dump { model, mmproj, image, prompt, out, lane, start_pos: _ } if !prompt.is_empty() => {
             let tokens = match prompt.resolve(image.len())? {
                 Prompt::Chat(chat) => ChatTokenizer::for_model(&model)?.encode_chat(&chat)?,
                 Prompt::Ids(ids) => pipeline::parse_token_ids(ids)?,
             };
-            let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
             let dump = pipeline::dump_lm(&LmRequest {
                 model_dir: model,
-                mmproj,
-                image_max_tokens,
+                mmproj: mmproj.mmproj,
+                image_max_tokens: mmproj.image_max_tokens,
                 tokens,
                 images: image,
-                lane,
-                precision,
+                lane: lane.lane()?,
+                precision: lane.precision,
             })?;
             dump.write_safetensors(&out)?;
             eprintln!(
@@ -276,7 +271,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 out.display()
             );
         }
-        Command::Dump { model, mmproj, image_max_tokens, image, out, backend, precision, start_pos, .. } => {
+        Command::Dump { model, mmproj, image, out, lane, start_pos, .. } => {
             let image = match <[PathBuf; 1]>::try_from(image) {
                 Ok([one]) => one,
                 Err(images) if images.is_empty() => {
@@ -292,14 +287,13 @@ fn run(cli: Cli) -> fovea::Result<()> {
                     )));
                 }
             };
-            let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
             let dump = pipeline::dump_vision(&VisionDumpRequest {
                 model_dir: model,
-                mmproj,
-                image_max_tokens,
+                mmproj: mmproj.mmproj,
+                image_max_tokens: mmproj.image_max_tokens,
                 image,
-                lane,
-                precision,
+                lane: lane.lane()?,
+                precision: lane.precision,
                 start_pos,
             })?;
             dump.write_safetensors(&out)?;
@@ -318,7 +312,6 @@ fn run(cli: Cli) -> fovea::Result<()> {
         Command::Generate {
             model,
             mmproj,
-            image_max_tokens,
             prompt,
             image,
             max_tokens,
@@ -327,8 +320,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
             top_p,
             seed,
             print_ids,
-            backend,
-            precision,
+            lane,
         } => {
             let (tokens, tokenizer) = match prompt.resolve(image.len())? {
                 Prompt::Chat(chat) => {
@@ -348,9 +340,16 @@ fn run(cli: Cli) -> fovea::Result<()> {
                     e => e,
                 })?),
             };
-            let lane = LaneChoice::resolve(backend.as_deref().map(str::parse).transpose()?)?;
             let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
-            let req = LmRequest { model_dir: model, mmproj, image_max_tokens, tokens, images: image, lane, precision };
+            let req = LmRequest {
+                model_dir: model,
+                mmproj: mmproj.mmproj,
+                image_max_tokens: mmproj.image_max_tokens,
+                tokens,
+                images: image,
+                lane: lane.lane()?,
+                precision: lane.precision,
+            };
             let mut stdout = std::io::stdout().lock();
             let mut bars = Bars::new();
             let g = match &text_out {
