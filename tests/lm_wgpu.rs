@@ -24,31 +24,14 @@
 
 mod common;
 
-use std::sync::OnceLock;
-
-use fovea::backend::wgpu::{Options, WgpuBackend};
-use fovea::backend::{Backend, Precision};
+use fovea::backend::Backend;
+use fovea::backend::wgpu::WgpuBackend;
 
 const REL_L2: f64 = 1e-5;
 const FAST_REL_L2: f64 = 3e-2;
 
-/// One device per precision, both created before any test works on either (the tests of a
-/// precision run in parallel on its device; on the NVIDIA driver, creating a device while another
-/// thread works on one was seen to deadlock).
-fn lanes() -> &'static [Option<WgpuBackend>; 2] {
-    static LANES: OnceLock<[Option<WgpuBackend>; 2]> = OnceLock::new();
-    LANES.get_or_init(|| {
-        let lanes = [Precision::Exact, Precision::Fast]
-            .map(|precision| common::wgpu_lane(Options { precision, ..Options::default() }));
-        if let Some(b) = &lanes[0] {
-            eprintln!("wgpu adapter: {}", b.device_name());
-        }
-        lanes
-    })
-}
-
 fn lane() -> Option<&'static WgpuBackend> {
-    lanes()[0].as_ref()
+    common::wgpu_lanes()[0].as_ref()
 }
 
 #[test]
@@ -88,7 +71,7 @@ fn wgpu_several_images_match_the_reference() {
 
 /// The same adapter in fast precision.
 fn fast_lane() -> Option<&'static WgpuBackend> {
-    lanes()[1].as_ref()
+    common::wgpu_lanes()[1].as_ref()
 }
 
 #[test]

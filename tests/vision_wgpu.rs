@@ -4,24 +4,9 @@
 
 mod common;
 
-use std::sync::OnceLock;
-
-use fovea::backend::Precision;
-use fovea::backend::wgpu::{Options, WgpuBackend};
-
-/// One device per precision, both created before either test works (on the NVIDIA driver,
-/// creating a device while another thread works on one was seen to deadlock).
-fn lanes() -> &'static [Option<WgpuBackend>; 2] {
-    static LANES: OnceLock<[Option<WgpuBackend>; 2]> = OnceLock::new();
-    LANES.get_or_init(|| {
-        [Precision::Exact, Precision::Fast]
-            .map(|precision| common::wgpu_lane(Options { precision, ..Options::default() }))
-    })
-}
-
 #[test]
 fn wgpu_lane_matches_every_vision_golden() {
-    let Some(lane) = &lanes()[0] else { return };
+    let Some(lane) = &common::wgpu_lanes()[0] else { return };
     let report = common::check_lane(lane);
     assert!(report.len() >= 7);
 }
@@ -30,7 +15,7 @@ fn wgpu_lane_matches_every_vision_golden() {
 /// `common::fast_tolerance`; layouts, types and the permutation stay exact.
 #[test]
 fn wgpu_lane_in_fast_precision_matches_every_vision_golden() {
-    let Some(lane) = &lanes()[1] else { return };
+    let Some(lane) = &common::wgpu_lanes()[1] else { return };
     let report = common::check_lane_with(lane, common::fast_tolerance);
     assert!(report.len() >= 7);
 }

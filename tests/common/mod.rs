@@ -269,6 +269,37 @@ pub fn wgpu_lane(opts: fovea::backend::wgpu::Options) -> Option<fovea::backend::
     }
 }
 
+/// The wgpu lane in exact and in fast precision, both opened once per test binary before any test
+/// works on either (the tests of a precision run in parallel on its device; on the NVIDIA driver,
+/// creating a device while another thread works on one was seen to deadlock). Fast precision
+/// needs f16 shaders: on an adapter without them its slot is None with a visible skip, also under
+/// CI (the adapter lacks a feature; the setup is not broken).
+pub fn wgpu_lanes() -> &'static [Option<fovea::backend::wgpu::WgpuBackend>; 2] {
+    use fovea::backend::Precision;
+    use fovea::backend::wgpu::{Options, WgpuBackend};
+    static LANES: std::sync::OnceLock<[Option<WgpuBackend>; 2]> = std::sync::OnceLock::new();
+    LANES.get_or_init(|| {
+        let exact = wgpu_lane(Options { precision: Precision::Exact, ..Options::default() });
+        let fast = match &exact {
+            Some(b) if b.native_f16() => wgpu_lane(Options { precision: Precision::Fast, ..Options::default() }),
+            Some(b) => {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED: fast precision needs f16 shaders, which {} lacks",
+                    b.device_name()
+                );
+                None
+            }
+            None => None,
+        };
+        if let Some(b) = &exact {
+            eprintln!("wgpu adapter: {}", b.device_name());
+        }
+        [exact, fast]
+    })
+}
+
 /// Whether a wgpu adapter exists for a CLI-level wgpu test: outside CI a missing one prints a
 /// visible skip and returns false; under `CI` it fails the test (the wgpu tests must run there).
 pub fn wgpu_adapter_or_skip() -> bool {
