@@ -132,32 +132,23 @@ pub fn dump_vision(req: &VisionDumpRequest) -> Result<VisionDump> {
         }
         (false, None) => VisionSource::Checkpoint(Checkpoint::open(&req.model_dir)?),
     };
-    let ckpt = &src;
-    match LaneChoice::resolve(Some(req.lane))? {
-        LaneChoice::Cpu => {
-            exact_only("cpu", req.precision)?;
-            VisionRunner::from_source(&CpuBackend::new(), ckpt)?.run(&req.image, req.start_pos)
+    run_on_lane(req.lane, req.precision, VisionJob { src: &src, req })
+}
+
+/// The vision dump of one image, for [`run_on_lane`]: it needs no language-model op.
+struct VisionJob<'a> {
+    src: &'a VisionSource,
+    req: &'a VisionDumpRequest,
+}
+
+impl LaneJob for VisionJob<'_> {
+    type Output = VisionDump;
+    const LANGUAGE_MODEL: bool = false;
+    fn run<B: Backend>(self, b: &B, note: Option<&str>) -> Result<VisionDump> {
+        if let Some(note) = note {
+            eprintln!("fovea: {note}");
         }
-        LaneChoice::Wgpu => {
-            let b = wgpu_lane(req.precision)?;
-            VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
-        }
-        LaneChoice::Cuda => {
-            let b = cuda_lane(req.precision)?;
-            VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos)
-        }
-        LaneChoice::Auto => {
-            let asked = Precision::from_cli_or_env(req.precision)?;
-            match auto_wgpu(asked) {
-                Ok(b) => VisionRunner::from_source(&b, ckpt)?.run(&req.image, req.start_pos),
-                Err(e) => {
-                    let why = format!("no usable wgpu adapter ({e})");
-                    let cpu = auto_cpu(asked, &why)?;
-                    eprintln!("fovea: {why}; using the CPU lane");
-                    VisionRunner::from_source(&cpu, ckpt)?.run(&req.image, req.start_pos)
-                }
-            }
-        }
+        VisionRunner::from_source(b, self.src)?.run(&self.req.image, self.req.start_pos)
     }
 }
 
@@ -233,8 +224,8 @@ pub fn cuda_lane(asked: Option<Precision>) -> Result<CudaBackend> {
 }
 
 /// The CPU lane computes in f32 only: check that nothing else was asked for.
-fn exact_only(lane: &'static str, asked: Option<Precision>) -> Result<()> {
-    lane_precision(lane, asked).map(|_| ())
+fn cpu_exact_only(asked: Option<Precision>) -> Result<()> {
+    lane_precision("cpu", asked).map(|_| ())
 }
 
 /// `FOVEA_CUDA_DEVICE`: the CUDA device ordinal for `--backend cuda` (default 0).
@@ -616,6 +607,11 @@ fn missing_lm_op<B: Backend>(b: &B) -> Option<Op> {
     Op::LM.into_iter().find(|&op| !b.supports(op, WeightFormat::F32))
 }
 
+/// The language-model op `b` lacks, when job `J` runs the language model.
+fn lacks_lm_op<J: LaneJob, B: Backend>(b: &B) -> Option<Op> {
+    if J::LANGUAGE_MODEL { missing_lm_op(b) } else { None }
+}
+
 /// The error for a language-model job on a lane that lacks `op`.
 fn lm_lane_error(lane: &'static str, op: Op) -> Error {
     Error::Unsupported { lane, op: op.name(), what: "the language model (use --backend cpu)".into() }
@@ -629,29 +625,32 @@ fn run_lm(req: &LmRequest, job: LmJob<'_>, on_progress: &mut dyn FnMut(Progress)
 /// resolves to (a closure cannot be generic over `B`).
 pub trait LaneJob {
     type Output;
+    /// Whether the job runs the language model: a named lane must then have every op of it, and
+    /// `auto` falls back to the CPU lane where the wgpu adapter lacks one.
+    const LANGUAGE_MODEL: bool = true;
     /// Run on `b`; `note` says why `auto` fell back to the CPU lane, when it did.
     fn run<B: Backend>(self, b: &B, note: Option<&str>) -> Result<Self::Output>;
 }
 
-/// Run a language-model job on the chosen lane in the precision asked for (`None`: the lane's
-/// default, [`lane_precision`]): a named lane that lacks a language-model op is an error; `auto`
-/// takes the wgpu lane when it has them all, else the CPU lane (with a note).
+/// Run a job on the chosen lane in the precision asked for (`None`: the lane's default,
+/// [`lane_precision`]): for a language-model job, a named lane that lacks one of its ops is an
+/// error; `auto` takes the wgpu lane (when it has them all), else the CPU lane (with a note).
 pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, precision: Option<Precision>, job: J) -> Result<J::Output> {
     match LaneChoice::resolve(Some(lane))? {
         LaneChoice::Cpu => {
-            exact_only("cpu", precision)?;
+            cpu_exact_only(precision)?;
             job.run(&CpuBackend::new(), None)
         }
         LaneChoice::Wgpu => {
             let b = wgpu_lane(precision)?;
-            if let Some(op) = missing_lm_op(&b) {
+            if let Some(op) = lacks_lm_op::<J, _>(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
             job.run(&b, None)
         }
         LaneChoice::Cuda => {
             let b = cuda_lane(precision)?;
-            if let Some(op) = missing_lm_op(&b) {
+            if let Some(op) = lacks_lm_op::<J, _>(&b) {
                 return Err(lm_lane_error(b.lane(), op));
             }
             job.run(&b, None)
@@ -659,9 +658,9 @@ pub fn run_on_lane<J: LaneJob>(lane: LaneChoice, precision: Option<Precision>, j
         LaneChoice::Auto => {
             let asked = Precision::from_cli_or_env(precision)?;
             let why = match auto_wgpu(asked) {
-                Ok(b) if missing_lm_op(&b).is_none() => return job.run(&b, None),
+                Ok(b) if lacks_lm_op::<J, _>(&b).is_none() => return job.run(&b, None),
                 Ok(_) => "this wgpu adapter lacks a language-model op".to_owned(),
-                Err(e) => e.to_string(),
+                Err(e) => format!("no usable wgpu adapter ({e})"),
             };
             job.run(&auto_cpu(asked, &why)?, Some(&format!("{why}; using the CPU lane")))
         }
