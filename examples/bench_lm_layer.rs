@@ -21,6 +21,9 @@
 //! device memory: weights (vs their bf16 file bytes; with the matrices themselves) and
 //! activations.
 
+#[path = "bench_common/mod.rs"]
+mod bench_common;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -140,53 +143,6 @@ impl ParamSource for RandomParams {
     }
 }
 
-/// FLOPs of a prefill of `t` tokens from position 0 (matrix products and attention; the
-/// elementwise work, norms and Sinkhorn rounds are left out).
-fn prefill_flops(c: &LmConfig, t: usize) -> f64 {
-    let (t, d, hc) = (t as f64, c.hidden_size as f64, c.hc_mult as f64);
-    let (nh, hd, ql) = (c.num_attention_heads as f64, c.head_dim as f64, c.q_lora_rank as f64);
-    let (og, ol, e, k, inter) = (
-        c.o_groups as f64,
-        c.o_lora_rank as f64,
-        c.n_routed_experts as f64,
-        c.num_experts_per_tok as f64,
-        c.moe_intermediate_size as f64,
-    );
-    let r = c.ratio(0);
-    // the two hc mixes (attention, FFN): [hc·d] -> [(2 + hc)·hc] each
-    let mix = 2.0 * 2.0 * hc * d * (2.0 + hc) * hc;
-    let mut per_token = mix
-        + 2.0 * d * ql
-        + 2.0 * ql * nh * hd
-        + 2.0 * d * hd
-        + 2.0 * nh * hd * ol // wo_a: each group maps nh·hd/og columns to ol rows
-        + 2.0 * og * ol * d
-        + 2.0 * d * e
-        + 2.0 * (k + c.n_shared_experts as f64) * 3.0 * d * inter;
-    let mut attn = 0.0;
-    // keys per query: the window, plus compressed entries (all for HCA, top-k for CSA)
-    for i in 0..t as usize {
-        let window = (i + 1).min(c.sliding_window) as f64;
-        let comp = match r {
-            0 => 0.0,
-            4 => ((i + 1) / 4).min(c.index_topk) as f64,
-            _ => ((i + 1) / r) as f64,
-        };
-        attn += 4.0 * nh * hd * (window + comp);
-    }
-    if r != 0 {
-        let w = if r == 4 { 2.0 * hd } else { hd };
-        per_token += 2.0 * 2.0 * d * w; // compressor kv + gate
-    }
-    if r == 4 {
-        let (ih, ihd) = (c.index_n_heads as f64, c.index_head_dim as f64);
-        per_token += 2.0 * ql * ih * ihd + 2.0 * d * ih + 2.0 * 2.0 * d * 2.0 * ihd;
-        // scores: each query against the complete blocks before it
-        attn += (0..t as usize).map(|i| 2.0 * ih * ihd * ((i + 1) / 4) as f64).sum::<f64>();
-    }
-    per_token * t + attn
-}
-
 /// Bytes of weights one decode token reads: every matrix of the layer except the routed
 /// experts, plus `num_experts_per_tok` of those (bf16), plus the f32 parameters.
 fn decode_weight_bytes(c: &LmConfig, shapes: &HashMap<String, Vec<usize>>) -> f64 {
@@ -260,7 +216,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         None
     };
 
-    let flops = prefill_flops(&cfg, args.tokens);
+    let flops = bench_common::lm_layer_prefill_flops(&cfg, 0, args.tokens);
     let bytes = decode_weight_bytes(&cfg, &src.shapes);
     let mem = b.memory();
     println!("lane: {} ({}), {} precision", b.lane(), b.device_name(), b.precision());

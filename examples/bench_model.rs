@@ -78,6 +78,9 @@
 //! Ends with the device memory (weights, of which matrices, and the activation peak; the CPU lane
 //! counts no activations) and a summary block to paste into the README's table.
 
+#[path = "bench_common/mod.rs"]
+mod bench_common;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -500,46 +503,11 @@ fn unit_scale_rms(format: WeightFormat, seed: u64) -> fovea::Result<f64> {
     Ok(rms)
 }
 
-/// FLOPs of a prefill of `t` tokens from position 0: the matrix products (the hc mixes, q/kv,
-/// grouped output, compressors, indexer, router, 6 routed + 1 shared expert), attention over each
-/// query's window and compressed entries, the indexer's scores, and the head on the last token.
-/// Elementwise work, norms and Sinkhorn rounds are left out.
+/// FLOPs of a prefill of `t` tokens from position 0: every layer's
+/// (`bench_common::lm_layer_prefill_flops`) and the head on the last token.
 fn prefill_flops(c: &LmConfig, t: usize) -> f64 {
-    let f = |x: usize| x as f64;
-    let (d, hc, nh, hd, ql) =
-        (f(c.hidden_size), f(c.hc_mult), f(c.num_attention_heads), f(c.head_dim), f(c.q_lora_rank));
-    let (ih, ihd) = (f(c.index_n_heads), f(c.index_head_dim));
-    let experts = f(c.num_experts_per_tok + c.n_shared_experts);
-    let dense = 2.0 * 2.0 * hc * d * (2.0 + hc) * hc // the two hc mixes
-        + 2.0 * d * ql + 2.0 * ql * nh * hd + 2.0 * d * hd // wq_a, wq_b, wkv
-        + 2.0 * nh * hd * f(c.o_lora_rank) + 2.0 * f(c.o_groups * c.o_lora_rank) * d // wo_a, wo_b
-        + 2.0 * d * f(c.n_routed_experts) // router
-        + 2.0 * experts * 3.0 * d * f(c.moe_intermediate_size);
-    let mut total = 0.0;
-    for l in 0..c.num_hidden_layers {
-        let r = c.ratio(l);
-        let mut per_token = dense;
-        if r != 0 {
-            per_token += 2.0 * 2.0 * d * if r == 4 { 2.0 * hd } else { hd }; // compressor kv + gate
-        }
-        if r == 4 {
-            per_token += 2.0 * ql * ih * ihd + 2.0 * d * ih + 2.0 * 2.0 * d * 2.0 * ihd;
-        }
-        total += per_token * f(t);
-        for i in 0..t {
-            let window = f((i + 1).min(c.sliding_window));
-            let comp = match r {
-                0 => 0.0,
-                4 => f(((i + 1) / 4).min(c.index_topk)),
-                _ => f((i + 1) / r),
-            };
-            total += 4.0 * nh * hd * (window + comp);
-            if r == 4 {
-                total += 2.0 * ih * ihd * f((i + 1) / 4); // indexer scores over complete blocks
-            }
-        }
-    }
-    total + 2.0 * d * f(c.vocab_size)
+    let layers: f64 = (0..c.num_hidden_layers).map(|l| bench_common::lm_layer_prefill_flops(c, l, t)).sum();
+    layers + 2.0 * c.hidden_size as f64 * c.vocab_size as f64
 }
 
 /// Device bytes of the weights one decode token reads on lane `B` (`params`: the language
@@ -772,13 +740,7 @@ fn run_image<B: Backend>(
     };
     let first = encode()?;
     let secs = median((0..iters.max(1)).map(|_| encode()).collect::<fovea::Result<_>>()?);
-    // 2·n·in·out per linear, 4·n²·dim per attention (scores + weighted sum)
-    let (d, i, hidden, nf) = (cfg.dim as f64, cfg.inter_dim as f64, cfg.hidden_size as f64, n as f64);
-    let per_layer = 2.0 * nf * d * (3.0 * d + d + 2.0 * i + i) + 4.0 * nf * nf * d;
-    let n_llm = (prep.n_llm_h * prep.n_llm_w) as f64;
-    let flops = 2.0 * nf * cfg.patch_dim() as f64 * d
-        + cfg.n_layers as f64 * per_layer
-        + 2.0 * n_llm * (cfg.aligner_in_dim() as f64 * hidden + hidden * hidden);
+    let flops = bench_common::vit_encode_flops(cfg, n, prep.n_llm_h * prep.n_llm_w);
     println!(
         "image {w}x{h}: processor {prep_ms:.1} ms (host), ViT grid {}x{} ({n} patches, depth {}) -> {}x{} image \
          tokens; ViT + aligner median of {} runs {:.2} ms (first {:.1} ms), {:.3} TFLOP -> {} TFLOP/s",

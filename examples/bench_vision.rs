@@ -10,6 +10,9 @@
 //! pipelines), achieved TFLOP/s, and the device memory split into weights (vs their bf16 file
 //! bytes; with the bytes of the matrices themselves) and activations.
 
+#[path = "bench_common/mod.rs"]
+mod bench_common;
+
 use std::borrow::Cow;
 use std::time::Instant;
 
@@ -129,14 +132,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
     times.sort_by(f64::total_cmp);
     let median = times.get(times.len() / 2).copied().unwrap_or(warm);
 
-    // FLOPs: 2·n·in·out per linear, 4·n²·dim per attention (scores + weighted sum).
-    let (d, i, h) = (cfg.dim as f64, cfg.inter_dim as f64, cfg.hidden_size as f64);
-    let nf = n as f64;
-    let per_layer = 2.0 * nf * d * (3.0 * d + d + 2.0 * i + i) + 4.0 * nf * nf * d;
-    let n_llm = (prep.n_llm_h * prep.n_llm_w) as f64;
-    let flops = 2.0 * nf * cfg.patch_dim() as f64 * d
-        + args.layers as f64 * per_layer
-        + 2.0 * n_llm * (cfg.aligner_in_dim() as f64 * h + h * h);
+    let flops = bench_common::vit_encode_flops(&cfg, n, prep.n_llm_h * prep.n_llm_w);
 
     let mem = b.memory();
     let file_bytes = file_bytes(&cfg);

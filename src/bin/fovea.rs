@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use fovea::backend::Precision;
 use fovea::model::lm::generate::{Sampling, StopReason};
-use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, VisionDumpRequest};
+use fovea::pipeline::{self, GenerateOptions, LaneChoice, LmRequest, PromptToken, VisionDumpRequest};
 use fovea::progress::Bars;
 use fovea::serve::{self, Limits, ServeOptions};
 use fovea::tokenizer::{ChatPrompt, ChatTokenizer};
@@ -241,6 +241,25 @@ impl PromptArgs {
     }
 }
 
+/// The language-model request of `dump` and `generate`.
+fn lm_request(
+    model: PathBuf,
+    mmproj: MmprojArgs,
+    lane: LaneArgs,
+    tokens: Vec<PromptToken>,
+    images: Vec<PathBuf>,
+) -> fovea::Result<LmRequest> {
+    Ok(LmRequest {
+        model_dir: model,
+        mmproj: mmproj.mmproj,
+        image_max_tokens: mmproj.image_max_tokens,
+        tokens,
+        images,
+        lane: lane.lane()?,
+        precision: lane.precision,
+    })
+}
+
 fn stdout_error(e: std::io::Error) -> fovea::Error {
     fovea::Error::Invalid(format!("stdout: {e}"))
 }
@@ -252,15 +271,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 Prompt::Chat(chat) => ChatTokenizer::for_model(&model)?.encode_chat(&chat)?,
                 Prompt::Ids(ids) => pipeline::parse_token_ids(ids)?,
             };
-            let dump = pipeline::dump_lm(&LmRequest {
-                model_dir: model,
-                mmproj: mmproj.mmproj,
-                image_max_tokens: mmproj.image_max_tokens,
-                tokens,
-                images: image,
-                lane: lane.lane()?,
-                precision: lane.precision,
-            })?;
+            let dump = pipeline::dump_lm(&lm_request(model, mmproj, lane, tokens, image)?)?;
             dump.write_safetensors(&out)?;
             eprintln!(
                 "fovea: {} lane: {} tokens, logits [{}, {}] -> {}",
@@ -341,15 +352,7 @@ fn run(cli: Cli) -> fovea::Result<()> {
                 })?),
             };
             let opts = GenerateOptions { max_tokens, sampling: Sampling { temperature, top_k, top_p, seed } };
-            let req = LmRequest {
-                model_dir: model,
-                mmproj: mmproj.mmproj,
-                image_max_tokens: mmproj.image_max_tokens,
-                tokens,
-                images: image,
-                lane: lane.lane()?,
-                precision: lane.precision,
-            };
+            let req = lm_request(model, mmproj, lane, tokens, image)?;
             let mut stdout = std::io::stdout().lock();
             let mut bars = Bars::new();
             let g = match &text_out {
