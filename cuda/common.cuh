@@ -64,6 +64,12 @@ __device__ __forceinline__ float f16_to_f32(unsigned int h) {
 #define WF_FIRST_BLOCK 3
 template <int FMT>
 __device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsigned int n);
+template <int FMT>
+__device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out);
+// A block format's geometry: QK values in BYTES bytes; ALIGN, the alignment of every block of a
+// matrix whose base is ALIGN-aligned (dq_run8's word loads need it).
+template <int FMT>
+struct WBlock;
 
 template <int FMT>
 __device__ __forceinline__ float load_w(const void* w, u64 idx) {
@@ -683,11 +689,13 @@ __device__ __forceinline__ void load_w_run(const void* w, u64 idx, float* out) {
             }
         }
     } else {
-        dq_run<FMT>(w, idx, out, GEMV_RUN);
+        static_assert(GEMV_RUN == 8, "dq_run8 decodes runs of 8");
+        dq_run8<FMT>(w, idx, out);
     }
 }
 
-// Whether W row `row` (an element offset) starts on 16 bytes, as load_w_run's vector loads need.
+// Whether W row `row` (an element offset) starts on 16 bytes, as load_w_run's vector loads need;
+// for a block format (rows start on block boundaries), whether the matrix base has dq_run8's alignment.
 template <int FMT>
 __device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row) {
     if constexpr (FMT == 0)
@@ -695,7 +703,7 @@ __device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row) {
     else if constexpr (FMT == 1 || FMT == 2)
         return ((u64)(static_cast<const unsigned short*>(w) + row) & 15u) == 0u;
     else
-        return true;
+        return ((u64)w & (WBlock<FMT>::ALIGN - 1u)) == 0u;
 }
 
 template <int FMT, class Op>

@@ -2,7 +2,10 @@
 // common.cuh to the files whose kernels take weights (linear.cu, lm_small.cu, lm_attention.cu,
 // moe.cu), after the lookup tables that src/backend/cuda/mod.rs emits from src/formats/tables.rs
 // (IQ2XXS_GRID, IQ2XS_GRID, IQ3XXS_GRID, IQ1S_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, KVALUES_MXFP4 as
-// __constant__ arrays, IQ1_DELTA as a float literal): one source of truth for the tables.
+// `__device__ const` arrays, IQ1_DELTA as a float literal): one source of truth for the tables.
+// Global memory, not __constant__: the lanes of a warp look up different entries, which the
+// constant cache serves one address at a time, while L1 serves a warp's gather in one pass per
+// 128-byte line (ggml's CUDA backend keeps its grids in global memory for the same reason).
 //
 // Every format is row-local and a row is a whole number of blocks (the host checks cols), so a
 // flat element index idx of a [rows, cols] matrix is value idx % QK of block idx / QK: the GEMM's
@@ -53,13 +56,12 @@
     X(fp8_e4m3_b128_e8m0, WF_FP8_E4M3_B128_E8M0)                                                            \
     X(fp8_e4m3_b128_f32, WF_FP8_E4M3_B128_F32)
 
-// Block geometry: values (QK) and bytes (BYTES) per block.
-template <int FMT>
-struct WBlock;
+// Block geometry (WBlock, declared in common.cuh): values (QK) and bytes (BYTES) per block.
 #define WBLOCK(FMT, QK_, BYTES_)                                                                            \
     template <>                                                                                             \
     struct WBlock<FMT> {                                                                                    \
         static constexpr unsigned int QK = QK_, BYTES = BYTES_;                                             \
+        static constexpr unsigned int ALIGN = BYTES_ % 4u == 0u ? 4u : BYTES_ % 2u == 0u ? 2u : 1u;         \
     };
 WBLOCK(WF_Q8_0, 32, 34)
 WBLOCK(WF_Q2_K, 256, 84)
@@ -312,5 +314,68 @@ __device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsig
         else if constexpr (FMT == WF_FP8_E4M3_B128_E8M0) out[i] = dq_fp8_e8m0(b, j);
         else if constexpr (FMT == WF_FP8_E4M3_B128_F32) out[i] = dq_fp8_f32(b, j);
         else static_assert(FMT < 0, "dq_run: not a block format");
+    }
+}
+
+// out[0 .. 8) = values idx .. idx + 7, idx a multiple of 8 (the small-row path's runs; every QK is a
+// multiple of 8, so a run lies in one block and in one 8-run of every format's sub-groups). The
+// values are dq_run's, bit for bit. With j = (r << 3) | i the compiler sees that j / 8, j / 16,
+// j / 32, ... are the same for the eight values (the low three bits never reach them) and decodes a
+// run's shared fields (scales, grid entry, sign pattern, super-block scale) once instead of eight
+// times; dq_run's j0 + i hides that. Q8_0, Q2_K and FP8 with an f32 scale, whose codes are one byte
+// per value at an offset their block alignment keeps aligned, load the run's codes in words.
+template <int FMT>
+__device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
+    constexpr unsigned int QK = WBlock<FMT>::QK;
+    const u8* b = (const u8*)w + idx / QK * WBlock<FMT>::BYTES;
+    const unsigned int r = (unsigned int)(idx % QK) / 8u;
+    if constexpr (FMT == WF_Q8_0) {
+        // 34-byte blocks start on 2 bytes: d and the codes (at 2 + 8r) are 2-byte aligned
+        const unsigned short* h = reinterpret_cast<const unsigned short*>(b);
+        const float d = f16_to_f32(h[0]);
+        const unsigned int c[4] = {h[1u + 4u * r], h[2u + 4u * r], h[3u + 4u * r], h[4u + 4u * r]};
+#pragma unroll
+        for (unsigned int i = 0; i < 8u; ++i)
+            out[i] = __fmul_rn((float)(signed char)((c[i / 2u] >> (8u * (i % 2u))) & 0xffu), d);
+    } else if constexpr (FMT == WF_Q2_K) {
+        // 84-byte blocks start on 4 bytes: the codes (at 16 + 32 (j / 128) + j % 32) and d, dmin
+        // (at 80) are 4-byte aligned; the run shares one scale byte and one code shift
+        const unsigned int j0 = r << 3;
+        const unsigned int* cw = reinterpret_cast<const unsigned int*>(b + 16u + 32u * (j0 / 128u) + j0 % 32u);
+        const unsigned int c[2] = {cw[0], cw[1]};
+        const unsigned int dd = *reinterpret_cast<const unsigned int*>(b + 80);
+        const unsigned int sc = b[j0 / 16u], shift = 2u * ((j0 % 128u) / 32u);
+        const float dl = __fmul_rn(f16_to_f32(dd & 0xffffu), (float)(sc & 15u));
+        const float ml = __fmul_rn(f16_to_f32(dd >> 16), (float)(sc >> 4));
+#pragma unroll
+        for (unsigned int i = 0; i < 8u; ++i) {
+            const unsigned int q = (c[i / 4u] >> (8u * (i % 4u) + shift)) & 3u;
+            out[i] = __fsub_rn(__fmul_rn(dl, (float)q), ml);
+        }
+    } else if constexpr (FMT == WF_FP8_E4M3_B128_F32) {
+        // 132-byte blocks start on 4 bytes: the f32 scale and the codes (at 4 + 8r) are aligned
+        const unsigned int* wd = reinterpret_cast<const unsigned int*>(b);
+        const float s = __uint_as_float(wd[0]);
+        const unsigned int c[2] = {wd[1u + 2u * r], wd[2u + 2u * r]};
+#pragma unroll
+        for (unsigned int i = 0; i < 8u; ++i) out[i] = __fmul_rn(dq_e4m3((c[i / 4u] >> (8u * (i % 4u))) & 0xffu), s);
+    } else {
+#pragma unroll
+        for (unsigned int i = 0; i < 8u; ++i) {
+            const unsigned int j = (r << 3) | i;
+            if constexpr (FMT == WF_Q3_K) out[i] = dq_q3_k(b, j);
+            else if constexpr (FMT == WF_Q4_K) out[i] = dq_q4_k(b, j);
+            else if constexpr (FMT == WF_Q5_K) out[i] = dq_q5_k(b, j);
+            else if constexpr (FMT == WF_Q6_K) out[i] = dq_q6_k(b, j);
+            else if constexpr (FMT == WF_IQ1_S) out[i] = dq_iq1_s(b, j);
+            else if constexpr (FMT == WF_IQ1_M) out[i] = dq_iq1_m(b, j);
+            else if constexpr (FMT == WF_IQ2_XXS) out[i] = dq_iq2_xxs(b, j);
+            else if constexpr (FMT == WF_IQ2_XS) out[i] = dq_iq2_xs(b, j);
+            else if constexpr (FMT == WF_IQ3_XXS) out[i] = dq_iq3_xxs(b, j);
+            else if constexpr (FMT == WF_IQ4_XS) out[i] = dq_iq4_xs(b, j);
+            else if constexpr (FMT == WF_MXFP4) out[i] = dq_mxfp4(b, j);
+            else if constexpr (FMT == WF_FP8_E4M3_B128_E8M0) out[i] = dq_fp8_e8m0(b, j);
+            else static_assert(FMT < 0, "dq_run8: not a block format");
+        }
     }
 }

@@ -3,6 +3,7 @@
 #include "all_kernels.inc"
 
 #include <cctype>
+#include <cstring>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -1337,25 +1338,31 @@ static GoldenBlocks load_format_goldens(const std::string& format, unsigned byte
 }
 
 // Every value of every golden block through dq_run, one at a time and in pairs (the GEMM tile's
-// runs): bit-exact (NaN for NaN).
+// runs), and through dq_run8 in runs of 8 (the small-row path's): bit-exact (NaN for NaN). The
+// blocks are copied to a buffer aligned as the device's allocations are (dq_run8 loads words).
 template <int FMT>
 static void dequant_exact(const GoldenBlocks& g) {
     size_t bad = 0, n = g.values.size();
-    bool geometry = WBlock<FMT>::QK == g.qk && WBlock<FMT>::BYTES == g.bytes;
-    for (size_t i = 0; geometry && i < n; i += 2) {
-        float one[2], two[2];
-        dq_run<FMT>(g.raw.data(), i, &one[0], 1);
-        dq_run<FMT>(g.raw.data(), i + 1, &one[1], 1);
-        dq_run<FMT>(g.raw.data(), i, two, 2);
-        for (int t = 0; t < 2; ++t) {
+    bool geometry = WBlock<FMT>::QK == g.qk && WBlock<FMT>::BYTES == g.bytes && n % 8 == 0;
+    std::vector<unsigned long long> aligned((g.raw.size() + 7) / 8);
+    std::memcpy(aligned.data(), g.raw.data(), g.raw.size());
+    for (size_t i = 0; geometry && i < n; i += 8) {
+        float one[8], two[8], eight[8];
+        for (size_t t = 0; t < 8; t += 2) {
+            dq_run<FMT>(aligned.data(), i + t, &one[t], 1);
+            dq_run<FMT>(aligned.data(), i + t + 1, &one[t + 1], 1);
+            dq_run<FMT>(aligned.data(), i + t, &two[t], 2);
+        }
+        dq_run8<FMT>(aligned.data(), i, eight);
+        for (int t = 0; t < 8; ++t) {
             const float want = g.values[i + t];
             auto same = [&](float v) { return std::isnan(want) ? std::isnan(v) : same_bits(v, want); };
-            bad += !same(one[t]) + !same(two[t]);
+            bad += !same(one[t]) + !same(two[t]) + !same(eight[t]);
         }
     }
     char name[96];
-    std::snprintf(name, sizeof name, "dq_run %s, %u blocks", g.name.c_str(), g.blocks);
-    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 2 * n,
+    std::snprintf(name, sizeof name, "dq_run/dq_run8 %s, %u blocks", g.name.c_str(), g.blocks);
+    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 3 * n,
                 bad || !geometry ? "FAIL" : "ok");
     failures += bad != 0 || !geometry;
 }

@@ -13,15 +13,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${TMPDIR:-/tmp}/fovea-cuda-emu
 mkdir -p "$out"
 # what NVRTC compiles (common.cuh + each file), with dynamic shared memory mapped to the emulator's;
-# after common.cuh: ggml's lookup tables as __constant__ arrays, converted from the same Rust
+# after common.cuh: ggml's lookup tables as `__device__ const` arrays, converted from the same Rust
 # arrays (src/formats/tables.rs) that src/backend/cuda/mod.rs emits into the NVRTC source, then
 # dequant.cuh (the lane prepends both to the files with weight kernels)
 tables() {
     sed -n -E -e 's/^pub const IQ1_DELTA: f32 = (.*);$/#define IQ1_DELTA \1f/p' \
-        -e 's/^pub static ([A-Z0-9_]+): \[u8; ([0-9]+)\] = \[$/__constant__ unsigned char \1[\2] = {/p' \
-        -e 's/^pub static ([A-Z0-9_]+): \[i8; ([0-9]+)\] = \[$/__constant__ signed char \1[\2] = {/p' \
-        -e 's/^pub static ([A-Z0-9_]+): \[u32; ([0-9]+)\] = \[$/__constant__ unsigned int \1[\2] = {/p' \
-        -e 's/^pub static ([A-Z0-9_]+): \[u64; ([0-9]+)\] = \[$/__constant__ unsigned long long \1[\2] = {/p' \
+        -e 's/^pub static ([A-Z0-9_]+): \[u8; ([0-9]+)\] = \[$/__device__ const unsigned char \1[\2] = {/p' \
+        -e 's/^pub static ([A-Z0-9_]+): \[i8; ([0-9]+)\] = \[$/__device__ const signed char \1[\2] = {/p' \
+        -e 's/^pub static ([A-Z0-9_]+): \[u32; ([0-9]+)\] = \[$/__device__ const unsigned int \1[\2] = {/p' \
+        -e 's/^pub static ([A-Z0-9_]+): \[u64; ([0-9]+)\] = \[$/__device__ const unsigned long long \1[\2] = {/p' \
         -e 's/^\];$/};/p' -e 's/^( +[-0-9].*)$/\1/p' "$here/../../src/formats/tables.rs"
 }
 for f in common.cuh tables dequant.cuh elementwise.cu copy.cu norm.cu rope.cu attention.cu linear.cu debug.cu lm_small.cu lm_attention.cu moe.cu; do
