@@ -7,6 +7,23 @@
 
 typedef unsigned long long u64;
 
+// Compilation units. A file whose kernels take weights (linear.cu, lm_small.cu, lm_attention.cu,
+// moe.cu) is compiled once as its base unit, every kernel but the block formats' weight kernels
+// (declared BASE_KERNEL), and once per block format a model uses: the host then defines
+// FOVEA_BLOCK_FORMAT as the format's code and FOR_EACH_BLOCK_FORMAT (cuda/dequant.cuh) as that
+// format alone, and BASE_KERNEL declares a template nothing instantiates, so none of the base
+// kernels is compiled again. Compiling every format's kernels at the first weight kernel took
+// minutes on a fresh machine (NVRTC, then the driver's JIT of the PTX). The host emulator and the
+// base unit leave FOVEA_BLOCK_FORMAT at 0.
+#ifndef FOVEA_BLOCK_FORMAT
+#define FOVEA_BLOCK_FORMAT 0
+#endif
+#if FOVEA_BLOCK_FORMAT
+#define BASE_KERNEL template <int> __global__
+#else
+#define BASE_KERNEL extern "C" __global__
+#endif
+
 #define NEG_INF __uint_as_float(0xff800000u)
 #define QUIET_NAN __uint_as_float(0x7fc00000u)
 

@@ -38,7 +38,10 @@
 #define WF_FP8_E4M3_B128_F32 17
 
 // X(kernel-name suffix, format code) for every block format: the kernel files instantiate their
-// weight kernels with it (`linear_q8_0`, ...; the suffix is the format's name in lower case).
+// weight kernels with it (`linear_q8_0`, ...; the suffix is the format's name in lower case). The
+// host defines it first for each compilation unit (common.cuh): empty in a base unit, one format
+// in a block unit; this list is what the emulator, which compiles everything at once, gets.
+#ifndef FOR_EACH_BLOCK_FORMAT
 #define FOR_EACH_BLOCK_FORMAT(X)                                                                            \
     X(q8_0, WF_Q8_0)                                                                                        \
     X(q2_k, WF_Q2_K)                                                                                        \
@@ -55,6 +58,7 @@
     X(mxfp4, WF_MXFP4)                                                                                      \
     X(fp8_e4m3_b128_e8m0, WF_FP8_E4M3_B128_E8M0)                                                            \
     X(fp8_e4m3_b128_f32, WF_FP8_E4M3_B128_F32)
+#endif
 
 // Block geometry (WBlock, declared in common.cuh): values (QK) and bytes (BYTES) per block.
 #define WBLOCK(FMT, QK_, BYTES_)                                                                            \

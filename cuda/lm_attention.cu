@@ -30,7 +30,7 @@
 #define SA_HEADS 16
 #define SA_KEYS 16
 
-extern "C" __global__ void sink_attention_f32(const float* q, const float* kv, const int* window,
+BASE_KERNEL void sink_attention_f32(const float* q, const float* kv, const int* window,
                                               const float* comp, const int* comp_idx, const float* sinks,
                                               float* out, float* part, unsigned int n, unsigned int heads,
                                               unsigned int hd, unsigned int m, unsigned int kk,
@@ -144,7 +144,7 @@ extern "C" __global__ void sink_attention_f32(const float* q, const float* kv, c
 // [n, heads*hd]: per (query, head) M = max_s m_s, L = sum_s l_s e^(m_s - M), O = sum_s acc_s
 // e^(m_s - M), then the sink folded in as in the one-split case; no key in any split: zeros; a
 // NaN m (bad operands): NaN. 1-D grid-stride, one thread per output element x = (i*heads + h)*hd + d.
-extern "C" __global__ void sink_attention_merge_f32(const float* part, const float* sinks, float* out,
+BASE_KERNEL void sink_attention_merge_f32(const float* part, const float* sinks, float* out,
                                                     unsigned int total, unsigned int heads, unsigned int hd,
                                                     unsigned int splits) {
     for (u64 x = flat_index(); x < total; x += flat_stride()) {
@@ -198,7 +198,7 @@ extern "C" __global__ void sink_attention_merge_f32(const float* part, const flo
 #define IX_KEYS 64
 #define IX_D 32
 
-extern "C" __global__ void indexer_scores_f32(const float* q, const float* k, const float* w, float* out,
+BASE_KERNEL void indexer_scores_f32(const float* q, const float* k, const float* w, float* out,
                                               unsigned int n, unsigned int m, unsigned int heads,
                                               unsigned int hd, float scale, unsigned int pos0,
                                               unsigned int ratio) {
@@ -273,7 +273,7 @@ __device__ __forceinline__ void cp_row(const float* kv, const float* gate, const
     *logit = gate[t * w + col] + ape[(t % ratio) * w + col];
 }
 
-extern "C" __global__ void compress_pool_f32(const float* kv, const float* gate, const float* ape, float* out,
+BASE_KERNEL void compress_pool_f32(const float* kv, const float* gate, const float* ape, float* out,
                                              unsigned int total, unsigned int d, unsigned int w,
                                              unsigned int ratio, unsigned int overlap) {
     for (u64 x = flat_index(); x < total; x += flat_stride()) {
@@ -345,19 +345,19 @@ __device__ __forceinline__ void grouped_tiled(const float* x, const void* w, flo
     gemm_block<FMT>(op, w, n, r, k, n, tile, blockIdx.y);
 }
 
-extern "C" __global__ void GEMM_LAUNCH grouped_linear_f32(const float* x, const float* w, float* y, unsigned int n,
+BASE_KERNEL void GEMM_LAUNCH grouped_linear_f32(const float* x, const float* w, float* y, unsigned int n,
                                               unsigned int k, unsigned int r, unsigned int groups,
                                               unsigned int tiles_r) {
     grouped_tiled<0>(x, w, y, n, k, r, groups, tiles_r);
 }
 
-extern "C" __global__ void GEMM_LAUNCH grouped_linear_bf16(const float* x, const unsigned short* w, float* y, unsigned int n,
+BASE_KERNEL void GEMM_LAUNCH grouped_linear_bf16(const float* x, const unsigned short* w, float* y, unsigned int n,
                                                unsigned int k, unsigned int r, unsigned int groups,
                                                unsigned int tiles_r) {
     grouped_tiled<1>(x, w, y, n, k, r, groups, tiles_r);
 }
 
-extern "C" __global__ void GEMM_LAUNCH grouped_linear_f16(const float* x, const unsigned short* w, float* y, unsigned int n,
+BASE_KERNEL void GEMM_LAUNCH grouped_linear_f16(const float* x, const unsigned short* w, float* y, unsigned int n,
                                               unsigned int k, unsigned int r, unsigned int groups,
                                               unsigned int tiles_r) {
     grouped_tiled<2>(x, w, y, n, k, r, groups, tiles_r);

@@ -73,7 +73,7 @@ __device__ __forceinline__ void lms_embed_rows(const void* table, const int* ids
     }
 }
 
-extern "C" __global__ void embed_rows_f32(const void* table, const int* ids, float* out, unsigned int n,
+BASE_KERNEL void embed_rows_f32(const void* table, const int* ids, float* out, unsigned int n,
                                           unsigned int d, unsigned int vocab, unsigned int fmt) {
     if (fmt == 0) lms_embed_rows<0>(table, ids, out, n, d, vocab);
     else if (fmt == 1) lms_embed_rows<1>(table, ids, out, n, d, vocab);
@@ -88,7 +88,7 @@ extern "C" __global__ void embed_rows_f32(const void* table, const int* ids, flo
     }
 FOR_EACH_BLOCK_FORMAT(EMBED_ROWS_BLOCK_KERNEL)
 
-extern "C" __global__ void hc_expand_f32(const float* x, float* out, unsigned int n, unsigned int d,
+BASE_KERNEL void hc_expand_f32(const float* x, float* out, unsigned int n, unsigned int d,
                                          unsigned int hc) {
     const u64 total = (u64)n * hc * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
@@ -97,7 +97,7 @@ extern "C" __global__ void hc_expand_f32(const float* x, float* out, unsigned in
     }
 }
 
-extern "C" __global__ void hc_pre_f32(const float* x, const float* w, float* out, unsigned int n, unsigned int d,
+BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned int n, unsigned int d,
                                       unsigned int hc) {
     const u64 total = (u64)n * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
@@ -108,7 +108,7 @@ extern "C" __global__ void hc_pre_f32(const float* x, const float* w, float* out
     }
 }
 
-extern "C" __global__ void hc_post_f32(const float* x, const float* f, const float* post, const float* comb,
+BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* post, const float* comb,
                                        float* out, unsigned int n, unsigned int d, unsigned int hc) {
     const u64 total = (u64)n * hc * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
@@ -122,14 +122,14 @@ extern "C" __global__ void hc_post_f32(const float* x, const float* f, const flo
     }
 }
 
-extern "C" __global__ void hc_head_weights_f32(const float* mix, const float* scale, const float* base, float* out,
+BASE_KERNEL void hc_head_weights_f32(const float* mix, const float* scale, const float* base, float* out,
                                                unsigned int total, unsigned int hc, unsigned int eps_bits) {
     const float eps = __uint_as_float(eps_bits);
     for (u64 i = flat_index(); i < total; i += flat_stride())
         out[i] = lms_sigmoid(mix[i] * scale[0] + base[i % hc]) + eps;
 }
 
-extern "C" __global__ void rope_tail_f32(const float* x, const float* inv_freq, float* out, unsigned int n,
+BASE_KERNEL void rope_tail_f32(const float* x, const float* inv_freq, float* out, unsigned int n,
                                          unsigned int cols, unsigned int hd, unsigned int rd, unsigned int pos0,
                                          unsigned int stride, unsigned int inverse) {
     const u64 total = (u64)n * cols;
@@ -158,11 +158,11 @@ __device__ __forceinline__ float lms_sqrt_softplus(float v) {
     return sqrtf(v > 20.0f ? v : log1pf(expf(v)));
 }
 
-extern "C" __global__ void sqrt_softplus_f32(const float* x, float* out, unsigned int total) {
+BASE_KERNEL void sqrt_softplus_f32(const float* x, float* out, unsigned int total) {
     for (u64 i = flat_index(); i < total; i += flat_stride()) out[i] = lms_sqrt_softplus(x[i]);
 }
 
-extern "C" __global__ void hash_route_i32(const int* table, const int* ids, const int* fallback, int* out,
+BASE_KERNEL void hash_route_i32(const int* table, const int* ids, const int* fallback, int* out,
                                           unsigned int n, unsigned int k, unsigned int vocab) {
     const u64 total = (u64)n * k;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
@@ -171,7 +171,7 @@ extern "C" __global__ void hash_route_i32(const int* table, const int* ids, cons
     }
 }
 
-extern "C" __global__ void route_weights_f32(const float* scores, const int* ids, float* out, unsigned int n,
+BASE_KERNEL void route_weights_f32(const float* scores, const int* ids, float* out, unsigned int n,
                                              unsigned int k, unsigned int e, unsigned int scale_bits) {
     const float scale = __uint_as_float(scale_bits);
     const u64 total = (u64)n * k;
@@ -195,7 +195,7 @@ extern "C" __global__ void route_weights_f32(const float* scores, const int* ids
     }
 }
 
-extern "C" __global__ void swiglu_clamp_f32(const float* gate, const float* up, float* out, unsigned int n,
+BASE_KERNEL void swiglu_clamp_f32(const float* gate, const float* up, float* out, unsigned int n,
                                             unsigned int h, unsigned int limit_bits) {
     const float lim = __uint_as_float(limit_bits);
     const u64 total = (u64)n * h;
@@ -294,7 +294,7 @@ __device__ __forceinline__ void hc_split_thread(const float* m, const float* sca
 
 // Launched with 32 threads per token (blockDim a multiple of 32): a warp per token when hc * hc
 // fits a warp (the released model's hc = 4), else one thread per token.
-extern "C" __global__ void hc_split_f32(const float* mix, const float* scale, const float* base, float* out,
+BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float* base, float* out,
                                         unsigned int n, unsigned int hc, unsigned int iters, unsigned int eps_bits) {
     const float eps = __uint_as_float(eps_bits);
     const u64 w = (u64)(2 + hc) * hc;
@@ -313,7 +313,7 @@ extern "C" __global__ void hc_split_f32(const float* mix, const float* scale, co
     }
 }
 
-extern "C" __global__ void rms_norm_heads_f32(const float* x, float* out, unsigned int segs, unsigned int hd,
+BASE_KERNEL void rms_norm_heads_f32(const float* x, float* out, unsigned int segs, unsigned int hd,
                                               float eps) {
     __shared__ float red[32];
     for (unsigned int seg = blockIdx.x; seg < segs; seg += gridDim.x) {
@@ -382,7 +382,7 @@ __device__ __forceinline__ void topk_row_by_sort(const float* xr, int* yr, unsig
     __syncthreads(); // keys are read before the next row overwrites them
 }
 
-extern "C" __global__ void topk_rows_i32(const float* x, int* out, unsigned int n, unsigned int m, unsigned int k) {
+BASE_KERNEL void topk_rows_i32(const float* x, int* out, unsigned int n, unsigned int m, unsigned int k) {
     __shared__ float rv[LMS_TOPK_THREADS];
     __shared__ unsigned int rc[LMS_TOPK_THREADS];
     __shared__ unsigned long long keys[LMS_TOPK_SORT_MAX];
@@ -438,7 +438,7 @@ extern "C" __global__ void topk_rows_i32(const float* x, int* out, unsigned int 
 
 #define LMS_ROUTE_THREADS 32
 
-extern "C" __global__ void route_experts_f32(const float* logits, const float* bias, const int* kind,
+BASE_KERNEL void route_experts_f32(const float* logits, const float* bias, const int* kind,
                                              const int* table, const int* tok, int* ids, float* weights,
                                              unsigned int n, unsigned int e, unsigned int k, unsigned int kinds,
                                              unsigned int hashed, unsigned int vocab, unsigned int scale_bits) {

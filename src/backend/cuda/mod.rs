@@ -158,19 +158,50 @@ impl Source {
         matches!(self, Source::Linear | Source::LmSmall | Source::LmAttention | Source::Moe)
     }
 
-    /// What NVRTC compiles: the common prelude, for the weight kernels the lookup tables and the
-    /// block decoders, then the file.
-    pub fn program(self) -> String {
-        if self.takes_weights() {
-            format!(
-                "{COMMON}\n{}\n#line 1 \"dequant.cuh\"\n{DEQUANT}\n#line 1 \"{}\"\n{}",
-                dequant_tables(),
-                self.file(),
-                self.text()
-            )
-        } else {
-            format!("{COMMON}\n#line 1 \"{}\"\n{}", self.file(), self.text())
+    /// What NVRTC compiles for `unit`: for a file with weight kernels the unit's definitions
+    /// (cuda/common.cuh, "Compilation units"), the common prelude, the lookup tables and the block
+    /// decoders, then the file; for the others the prelude and the file.
+    pub fn program(self, unit: Unit) -> String {
+        if !self.takes_weights() {
+            return format!("{COMMON}\n#line 1 \"{}\"\n{}", self.file(), self.text());
         }
+        let unit_defines = match unit {
+            Unit::Base => "#define FOR_EACH_BLOCK_FORMAT(X)\n".to_string(),
+            Unit::Block(f) => format!(
+                "#define FOVEA_BLOCK_FORMAT {}\n#define FOR_EACH_BLOCK_FORMAT(X) X({}, WF_{})\n",
+                f as usize,
+                f.name().to_lowercase(),
+                f.name()
+            ),
+        };
+        format!(
+            "{unit_defines}{COMMON}\n{}\n#line 1 \"dequant.cuh\"\n{DEQUANT}\n#line 1 \"{}\"\n{}",
+            dequant_tables(),
+            self.file(),
+            self.text()
+        )
+    }
+}
+
+/// One compilation of a kernel file (cuda/common.cuh, "Compilation units"): its base unit (every
+/// kernel but the block formats' weight kernels), or the weight kernels of one block format, so
+/// that a model compiles only the formats it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Base,
+    Block(WeightFormat),
+}
+
+impl Unit {
+    /// The unit kernel `name` is in: a weight kernel of a block format is named
+    /// `{family}_{format in lower case}` (`WeightKernels`), every other kernel is in its file's
+    /// base unit.
+    fn of(name: &str) -> Unit {
+        WeightFormat::ALL
+            .into_iter()
+            .filter(|f| f.is_block())
+            .find(|f| name.strip_suffix(&f.name().to_lowercase()).is_some_and(|family| family.ends_with('_')))
+            .map_or(Unit::Base, Unit::Block)
     }
 }
 
@@ -294,8 +325,9 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Moe, "moe_combine"),
 ];
 
-/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file, precision).
-static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source, Precision), Ptx>>> = LazyLock::new(Mutex::default);
+/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file, precision,
+/// unit).
+static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source, Precision, Unit), Ptx>>> = LazyLock::new(Mutex::default);
 
 /// Run `f`, turning a panic inside cudarc (a missing library symbol, say) into `Error::Device`.
 fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -385,9 +417,9 @@ pub fn probe() -> Result<String> {
 /// PTX of `src` for architecture `arch` and a precision, compiled by NVRTC at the first request
 /// in this process. `Fast` defines `FOVEA_FAST` (one bf16 product per GEMM tile, cuda/common.cuh);
 /// only the GEMM kernels are ever loaded from a fast module.
-fn ptx_for(arch: u32, src: Source, precision: Precision) -> Result<Ptx> {
+fn ptx_for(arch: u32, src: Source, precision: Precision, unit: Unit) -> Result<Ptx> {
     let mut cache = PTX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = cache.get(&(arch, src, precision)) {
+    if let Some(p) = cache.get(&(arch, src, precision, unit)) {
         return Ok(p.clone());
     }
     let mut options = vec![format!("--gpu-architecture=compute_{arch}")];
@@ -399,7 +431,7 @@ fn ptx_for(arch: u32, src: Source, precision: Precision) -> Result<Ptx> {
     // then have nothing), and the driver JIT-compiles that PTX for sm_XY when the module loads.
     let opts = CompileOptions { options, name: Some(src.file().into()), ..Default::default() };
     let ptx = no_panic("NVRTC", || {
-        cudarc::nvrtc::compile_ptx_with_opts(src.program(), opts).map_err(|e| match e {
+        cudarc::nvrtc::compile_ptx_with_opts(src.program(unit), opts).map_err(|e| match e {
             CompileError::CompileError { nvrtc, options, log } => Error::Device(format!(
                 "NVRTC could not compile cuda/{} for compute_{arch} ({nvrtc:?}, options {options:?}):\n{}",
                 src.file(),
@@ -408,7 +440,7 @@ fn ptx_for(arch: u32, src: Source, precision: Precision) -> Result<Ptx> {
             e => Error::Device(format!("NVRTC failed on cuda/{} for compute_{arch}: {e:?}", src.file())),
         })
     })?;
-    cache.insert((arch, src, precision), ptx.clone());
+    cache.insert((arch, src, precision, unit), ptx.clone());
     Ok(ptx)
 }
 
@@ -556,7 +588,7 @@ pub struct CudaBackend {
     arch: u32,
     opts: Options,
     counters: Arc<Counters>,
-    modules: Mutex<HashMap<(Source, Precision), Arc<CudaModule>>>,
+    modules: Mutex<HashMap<(Source, Precision, Unit), Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, Precision), CudaFunction>>,
     /// Dynamic shared memory each kernel was opted in to beyond `DEFAULT_SHARED_BYTES` (by
     /// `func_shared`), so a launch on the hot path does not ask the driver again.
@@ -651,16 +683,21 @@ impl CudaBackend {
         if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&(name, precision)) {
             return Ok(f.clone());
         }
+        let unit = Unit::of(name);
         let module = {
             let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            match modules.get(&(src, precision)) {
+            match modules.get(&(src, precision, unit)) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = ptx_for(self.arch, src, precision)?;
+                    let ptx = ptx_for(self.arch, src, precision, unit)?;
                     let m = self.ctx.load_module(ptx).map_err(|e| {
-                        dev_err(format!("loading cuda/{} ({precision}) for sm_{}", src.file(), self.arch), e)
+                        let what = match unit {
+                            Unit::Base => String::new(),
+                            Unit::Block(f) => format!(", {f} kernels"),
+                        };
+                        dev_err(format!("loading cuda/{} ({precision}{what}) for sm_{}", src.file(), self.arch), e)
                     })?;
-                    modules.insert((src, precision), m.clone());
+                    modules.insert((src, precision, unit), m.clone());
                     m
                 }
             }
@@ -1345,18 +1382,20 @@ mod tests {
         }
     }
 
-    /// Every kernel the lane launches is an `extern "C" __global__` of the file it is loaded from
-    /// (the GEMM kernels carry their launch bounds, `GEMM_LAUNCH`).
+    /// Every kernel the lane launches is a `BASE_KERNEL` (`extern "C" __global__` in the base unit)
+    /// of the file it is loaded from, or an `extern "C" __global__` of a file without weight
+    /// kernels (the GEMM kernels carry their launch bounds, `GEMM_LAUNCH`).
     #[test]
     fn every_launched_kernel_is_defined_in_its_file() {
+        let declared = |src: &Source, name: &str| {
+            let qualifier = if src.takes_weights() { "BASE_KERNEL" } else { "extern \"C\" __global__" };
+            let text = src.text();
+            text.contains(&format!("{qualifier} void {name}("))
+                || text.contains(&format!("{qualifier} void GEMM_LAUNCH {name}("))
+        };
         for (src, name) in KERNELS {
-            let decl = format!("extern \"C\" __global__ void {name}(");
-            let gemm_decl = format!("extern \"C\" __global__ void GEMM_LAUNCH {name}(");
-            assert!(
-                src.text().contains(&decl) || src.text().contains(&gemm_decl),
-                "{name} is not defined in cuda/{}",
-                src.file()
-            );
+            assert_eq!(Unit::of(name), Unit::Base, "{name}");
+            assert!(declared(src, name), "{name} is not defined in cuda/{}", src.file());
         }
         // weight kernels: the float formats' written out, the block formats' instantiated by
         // FOR_EACH_BLOCK_FORMAT(X) in cuda/dequant.cuh with X defining `{family}_##SFX(`
@@ -1366,15 +1405,11 @@ mod tests {
                 let name = kernels.of(format);
                 let suffix = format.name().to_lowercase();
                 if !format.is_block() {
-                    let decl = format!("extern \"C\" __global__ void {name}(");
-                    let gemm_decl = format!("extern \"C\" __global__ void GEMM_LAUNCH {name}(");
-                    assert!(
-                        src.text().contains(&decl) || src.text().contains(&gemm_decl),
-                        "{name} is not defined in cuda/{}",
-                        src.file()
-                    );
+                    assert_eq!(Unit::of(name), Unit::Base, "{name}");
+                    assert!(declared(src, name), "{name} is not defined in cuda/{}", src.file());
                     continue;
                 }
+                assert_eq!(Unit::of(name), Unit::Block(format), "{name}");
                 let family = name.strip_suffix(&format!("_{suffix}")).expect("block kernel names end in the format");
                 assert!(src.takes_weights(), "cuda/{} gets no dequant.cuh", src.file());
                 assert!(dequant.contains(&format!("X({suffix}, WF_{})", format.name())), "{format} not in dequant.cuh");
