@@ -32,17 +32,17 @@ __device__ __forceinline__ void linear_tiled(const float* x, const void* w, cons
 }
 
 BASE_KERNEL void GEMM_LAUNCH linear_f32(const float* x, const float* w, const float* bias, float* y, unsigned int n,
-                                      unsigned int k, unsigned int out, unsigned int has_bias) {
+                            unsigned int k, unsigned int out, unsigned int has_bias) {
     linear_tiled<0>(x, w, bias, y, n, k, out, has_bias);
 }
 
 BASE_KERNEL void GEMM_LAUNCH linear_bf16(const float* x, const unsigned short* w, const float* bias, float* y,
-                                       unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
+                             unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
     linear_tiled<1>(x, w, bias, y, n, k, out, has_bias);
 }
 
 BASE_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w, const float* bias, float* y,
-                                      unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
+                            unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
     linear_tiled<2>(x, w, bias, y, n, k, out, has_bias);
 }
 
@@ -98,23 +98,23 @@ __device__ __forceinline__ void unfold_linear_gelu_tiled(const float* x, const v
 }
 
 BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_f32(const float* x, const float* w, const float* bias, float* y,
-                                                 unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
-                                                 unsigned int cells_w, unsigned int cells, unsigned int out,
-                                                 unsigned int has_bias) {
+                                       unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
+                                       unsigned int cells_w, unsigned int cells, unsigned int out,
+                                       unsigned int has_bias) {
     unfold_linear_gelu_tiled<0>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
 }
 
 BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_bf16(const float* x, const unsigned short* w, const float* bias, float* y,
-                                                 unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
-                                                 unsigned int cells_w, unsigned int cells, unsigned int out,
-                                                 unsigned int has_bias) {
+                                       unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
+                                       unsigned int cells_w, unsigned int cells, unsigned int out,
+                                       unsigned int has_bias) {
     unfold_linear_gelu_tiled<1>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
 }
 
 BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_f16(const float* x, const unsigned short* w, const float* bias, float* y,
-                                                 unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
-                                                 unsigned int cells_w, unsigned int cells, unsigned int out,
-                                                 unsigned int has_bias) {
+                                       unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
+                                       unsigned int cells_w, unsigned int cells, unsigned int out,
+                                       unsigned int has_bias) {
     unfold_linear_gelu_tiled<2>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
 }
 

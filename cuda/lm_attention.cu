@@ -31,10 +31,10 @@
 #define SA_KEYS 16
 
 BASE_KERNEL void sink_attention_f32(const float* q, const float* kv, const int* window,
-                                              const float* comp, const int* comp_idx, const float* sinks,
-                                              float* out, float* part, unsigned int n, unsigned int heads,
-                                              unsigned int hd, unsigned int m, unsigned int kk,
-                                              unsigned int c_rows, float scale) {
+                                    const float* comp, const int* comp_idx, const float* sinks,
+                                    float* out, float* part, unsigned int n, unsigned int heads,
+                                    unsigned int hd, unsigned int m, unsigned int kk,
+                                    unsigned int c_rows, float scale) {
     extern __shared__ float smem[];
     const unsigned int ld = fa_stride(hd), nvec = (hd + 3u) / 4u;
     float* qs = smem;                         // [SA_HEADS][ld]
@@ -145,8 +145,8 @@ BASE_KERNEL void sink_attention_f32(const float* q, const float* kv, const int* 
 // e^(m_s - M), then the sink folded in as in the one-split case; no key in any split: zeros; a
 // NaN m (bad operands): NaN. 1-D grid-stride, one thread per output element x = (i*heads + h)*hd + d.
 BASE_KERNEL void sink_attention_merge_f32(const float* part, const float* sinks, float* out,
-                                                    unsigned int total, unsigned int heads, unsigned int hd,
-                                                    unsigned int splits) {
+                                          unsigned int total, unsigned int heads, unsigned int hd,
+                                          unsigned int splits) {
     for (u64 x = flat_index(); x < total; x += flat_stride()) {
         const u64 ih = x / hd;
         const unsigned int d = (unsigned int)(x % hd), h = (unsigned int)(ih % heads);
@@ -199,9 +199,9 @@ BASE_KERNEL void sink_attention_merge_f32(const float* part, const float* sinks,
 #define IX_D 32
 
 BASE_KERNEL void indexer_scores_f32(const float* q, const float* k, const float* w, float* out,
-                                              unsigned int n, unsigned int m, unsigned int heads,
-                                              unsigned int hd, float scale, unsigned int pos0,
-                                              unsigned int ratio) {
+                                    unsigned int n, unsigned int m, unsigned int heads,
+                                    unsigned int hd, float scale, unsigned int pos0,
+                                    unsigned int ratio) {
     __shared__ float qs[IX_D][IX_HEADS + 1];
     __shared__ float ks[IX_D][IX_KEYS + 1];
     __shared__ float dots[IX_HEADS][IX_KEYS + 1];
@@ -274,8 +274,8 @@ __device__ __forceinline__ void cp_row(const float* kv, const float* gate, const
 }
 
 BASE_KERNEL void compress_pool_f32(const float* kv, const float* gate, const float* ape, float* out,
-                                             unsigned int total, unsigned int d, unsigned int w,
-                                             unsigned int ratio, unsigned int overlap) {
+                                   unsigned int total, unsigned int d, unsigned int w,
+                                   unsigned int ratio, unsigned int overlap) {
     for (u64 x = flat_index(); x < total; x += flat_stride()) {
         const u64 i = x / d;
         const unsigned int c = (unsigned int)(x % d);
@@ -346,20 +346,20 @@ __device__ __forceinline__ void grouped_tiled(const float* x, const void* w, flo
 }
 
 BASE_KERNEL void GEMM_LAUNCH grouped_linear_f32(const float* x, const float* w, float* y, unsigned int n,
-                                              unsigned int k, unsigned int r, unsigned int groups,
-                                              unsigned int tiles_r) {
+                                    unsigned int k, unsigned int r, unsigned int groups,
+                                    unsigned int tiles_r) {
     grouped_tiled<0>(x, w, y, n, k, r, groups, tiles_r);
 }
 
 BASE_KERNEL void GEMM_LAUNCH grouped_linear_bf16(const float* x, const unsigned short* w, float* y, unsigned int n,
-                                               unsigned int k, unsigned int r, unsigned int groups,
-                                               unsigned int tiles_r) {
+                                     unsigned int k, unsigned int r, unsigned int groups,
+                                     unsigned int tiles_r) {
     grouped_tiled<1>(x, w, y, n, k, r, groups, tiles_r);
 }
 
 BASE_KERNEL void GEMM_LAUNCH grouped_linear_f16(const float* x, const unsigned short* w, float* y, unsigned int n,
-                                              unsigned int k, unsigned int r, unsigned int groups,
-                                              unsigned int tiles_r) {
+                                    unsigned int k, unsigned int r, unsigned int groups,
+                                    unsigned int tiles_r) {
     grouped_tiled<2>(x, w, y, n, k, r, groups, tiles_r);
 }
 

@@ -31,8 +31,9 @@
 //   topk_rows_i32:       one block (LMS_TOPK_THREADS) per row, rows grid-strided; x [n, m] ->
 //                        i32 [n, k]: the finite values ranked value descending, then column
 //                        ascending; slot s = the column of rank s, -1 past the finite ones
-//                        (a bitonic sort in shared memory for short rows, else k rounds of a
-//                        block argmax, see topk_row_by_sort)
+//                        (a bitonic sort in shared memory for short rows, else a radix select
+//                        over the row in global memory, then a sort of the selected; see
+//                        lms_rank_key)
 // Warp kernels (blockDim = 32: one warp per block, so __syncwarp orders the block's memory):
 //   route_experts_f32:   one warp per token row, rows grid-strided: logits [n, e], bias [kinds, e],
 //                        kind i32 [n], (hashed) table i32 [vocab, k] and tok i32 [n] -> ids i32
@@ -74,7 +75,7 @@ __device__ __forceinline__ void lms_embed_rows(const void* table, const int* ids
 }
 
 BASE_KERNEL void embed_rows_f32(const void* table, const int* ids, float* out, unsigned int n,
-                                          unsigned int d, unsigned int vocab, unsigned int fmt) {
+                                unsigned int d, unsigned int vocab, unsigned int fmt) {
     if (fmt == 0) lms_embed_rows<0>(table, ids, out, n, d, vocab);
     else if (fmt == 1) lms_embed_rows<1>(table, ids, out, n, d, vocab);
     else lms_embed_rows<2>(table, ids, out, n, d, vocab);
@@ -89,7 +90,7 @@ BASE_KERNEL void embed_rows_f32(const void* table, const int* ids, float* out, u
 FOR_EACH_BLOCK_FORMAT(EMBED_ROWS_BLOCK_KERNEL)
 
 BASE_KERNEL void hc_expand_f32(const float* x, float* out, unsigned int n, unsigned int d,
-                                         unsigned int hc) {
+                               unsigned int hc) {
     const u64 total = (u64)n * hc * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 row = i / ((u64)hc * d);
@@ -98,7 +99,7 @@ BASE_KERNEL void hc_expand_f32(const float* x, float* out, unsigned int n, unsig
 }
 
 BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned int n, unsigned int d,
-                                      unsigned int hc) {
+                            unsigned int hc) {
     const u64 total = (u64)n * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 t = i / d, j = i % d;
@@ -109,7 +110,7 @@ BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned
 }
 
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* post, const float* comb,
-                                       float* out, unsigned int n, unsigned int d, unsigned int hc) {
+                             float* out, unsigned int n, unsigned int d, unsigned int hc) {
     const u64 total = (u64)n * hc * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 t = i / ((u64)hc * d);
@@ -123,15 +124,15 @@ BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* post, 
 }
 
 BASE_KERNEL void hc_head_weights_f32(const float* mix, const float* scale, const float* base, float* out,
-                                               unsigned int total, unsigned int hc, unsigned int eps_bits) {
+                                     unsigned int total, unsigned int hc, unsigned int eps_bits) {
     const float eps = __uint_as_float(eps_bits);
     for (u64 i = flat_index(); i < total; i += flat_stride())
         out[i] = lms_sigmoid(mix[i] * scale[0] + base[i % hc]) + eps;
 }
 
 BASE_KERNEL void rope_tail_f32(const float* x, const float* inv_freq, float* out, unsigned int n,
-                                         unsigned int cols, unsigned int hd, unsigned int rd, unsigned int pos0,
-                                         unsigned int stride, unsigned int inverse) {
+                               unsigned int cols, unsigned int hd, unsigned int rd, unsigned int pos0,
+                               unsigned int stride, unsigned int inverse) {
     const u64 total = (u64)n * cols;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 row = i / cols;
@@ -163,7 +164,7 @@ BASE_KERNEL void sqrt_softplus_f32(const float* x, float* out, unsigned int tota
 }
 
 BASE_KERNEL void hash_route_i32(const int* table, const int* ids, const int* fallback, int* out,
-                                          unsigned int n, unsigned int k, unsigned int vocab) {
+                                unsigned int n, unsigned int k, unsigned int vocab) {
     const u64 total = (u64)n * k;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const int t = ids[i / k];
@@ -172,7 +173,7 @@ BASE_KERNEL void hash_route_i32(const int* table, const int* ids, const int* fal
 }
 
 BASE_KERNEL void route_weights_f32(const float* scores, const int* ids, float* out, unsigned int n,
-                                             unsigned int k, unsigned int e, unsigned int scale_bits) {
+                                   unsigned int k, unsigned int e, unsigned int scale_bits) {
     const float scale = __uint_as_float(scale_bits);
     const u64 total = (u64)n * k;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
@@ -196,7 +197,7 @@ BASE_KERNEL void route_weights_f32(const float* scores, const int* ids, float* o
 }
 
 BASE_KERNEL void swiglu_clamp_f32(const float* gate, const float* up, float* out, unsigned int n,
-                                            unsigned int h, unsigned int limit_bits) {
+                                  unsigned int h, unsigned int limit_bits) {
     const float lim = __uint_as_float(limit_bits);
     const u64 total = (u64)n * h;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
@@ -295,7 +296,7 @@ __device__ __forceinline__ void hc_split_thread(const float* m, const float* sca
 // Launched with 32 threads per token (blockDim a multiple of 32): a warp per token when hc * hc
 // fits a warp (the released model's hc = 4), else one thread per token.
 BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float* base, float* out,
-                                        unsigned int n, unsigned int hc, unsigned int iters, unsigned int eps_bits) {
+                              unsigned int n, unsigned int hc, unsigned int iters, unsigned int eps_bits) {
     const float eps = __uint_as_float(eps_bits);
     const u64 w = (u64)(2 + hc) * hc;
     if (hc * hc <= 32u) {
@@ -314,7 +315,7 @@ BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float*
 }
 
 BASE_KERNEL void rms_norm_heads_f32(const float* x, float* out, unsigned int segs, unsigned int hd,
-                                              float eps) {
+                                    float eps) {
     __shared__ float red[32];
     for (unsigned int seg = blockIdx.x; seg < segs; seg += gridDim.x) {
         const float* xs = x + (u64)seg * hd;
@@ -333,23 +334,51 @@ __device__ __forceinline__ bool lms_ranks_before(float v1, unsigned int c1, floa
     return v1 > v2 || (v1 == v2 && c1 < c2);
 }
 
-// Rows of at most LMS_TOPK_SORT_MAX columns (the indexer's compressed entries up to a context of
-// 8K at ratio 4): the row is staged in shared memory as 64-bit keys that order the elements as the
-// ranking does (value descending, then column ascending; every non-finite element after all finite
-// ones) and bitonic-sorted; slot s takes the column of key s. O(m log^2 m) compare-exchanges, all
-// threads busy. (The first version counted, for each element, the elements ranked before it:
-// O(m^2) comparisons, 80 us of a decode step at 4K context on an H200.) Longer rows take k rounds
-// of a block argmax, O(k m). Both give the same slots.
+// topk_rows_i32 ranks a row by 64-bit keys that order the elements as the ranking does (value
+// descending, then column ascending; every non-finite element after all finite ones): the top k
+// are the k smallest keys, in key order. Rows of at most LMS_TOPK_SORT_MAX columns (the indexer's
+// compressed entries up to a context of 8K at ratio 4) are staged in shared memory as keys and
+// bitonic-sorted: O(m log^2 m) compare-exchanges, all threads busy. (The first version counted,
+// for each element, the elements ranked before it: O(m^2) comparisons, 80 us of a decode step at
+// 4K context on an H200.) Longer rows do not fit shared memory: a radix select finds the k-th key
+// in a few passes over the row in global memory, then the keys up to it are gathered and sorted
+// (topk_row_by_select; these rows took k rounds of a block argmax before, O(k m): 512 rounds over
+// 32768 entries per token and layer at 128K context). Both give the same slots.
 #define LMS_TOPK_SORT_MAX 2048
 #define LMS_KEY_LAST 0xffffffffffffffffull
+// The radix select's digit: 8 bits of the key per pass, one bin per thread of the block. A decode
+// step's row is one block, paced by the loads it has in flight: LMS_RADIX_BATCH per thread.
+#define LMS_RADIX_BITS 8
+#define LMS_RADIX_BINS 256
+#define LMS_RADIX_BATCH 8
+static_assert(LMS_RADIX_BINS == LMS_TOPK_THREADS, "lms_radix_bound scans one bin per thread");
 
 // The sort key of (v, column j): larger v -> smaller key; -0 and +0 alike (they tie, as `>` and
-// `==` see them); non-finite -> LMS_KEY_LAST, after every finite element.
+// `==` see them); non-finite -> LMS_KEY_LAST, after every finite element. Finite keys are unique
+// (the column is in the low half) and never 0 (the high half of a finite v is at least 0x00800000).
 __device__ __forceinline__ unsigned long long lms_rank_key(float v, unsigned int j) {
     if (!lms_is_finite(v)) return LMS_KEY_LAST;
     const unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v);
     const unsigned int ascending = (u & 0x80000000u) ? ~u : u | 0x80000000u; // monotone in v
     return ((unsigned long long)~ascending << 32) | j;
+}
+
+// keys[0, p) ascending in place, p a power of two; the block's threads share each pass's pairs.
+// Ends synced.
+__device__ __forceinline__ void lms_bitonic_sort(unsigned long long* keys, unsigned int p) {
+    for (unsigned int size = 2; size <= p; size *= 2)
+        for (unsigned int stride = size / 2; stride > 0; stride /= 2) {
+            for (unsigned int i = threadIdx.x; i < p / 2; i += LMS_TOPK_THREADS) {
+                // the i-th pair (lo, lo + stride) of this pass; ascending where lo & size == 0
+                const unsigned int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
+                const unsigned long long a = keys[lo], b = keys[hi];
+                if ((a > b) == ((lo & size) == 0)) {
+                    keys[lo] = b;
+                    keys[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
 }
 
 __device__ __forceinline__ void topk_row_by_sort(const float* xr, int* yr, unsigned int m, unsigned int k,
@@ -364,84 +393,152 @@ __device__ __forceinline__ void topk_row_by_sort(const float* xr, int* yr, unsig
         finite += keys[j] != LMS_KEY_LAST ? 1.0f : 0.0f;
     }
     const unsigned int f = (unsigned int)block_sum(finite, red); // exact: at most 2048; syncs keys too
-    for (unsigned int size = 2; size <= p; size *= 2)
-        for (unsigned int stride = size / 2; stride > 0; stride /= 2) {
-            for (unsigned int i = tid; i < p / 2; i += LMS_TOPK_THREADS) {
-                // the i-th pair (lo, lo + stride) of this pass; ascending where lo & size == 0
-                const unsigned int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
-                const unsigned long long a = keys[lo], b = keys[hi];
-                if ((a > b) == ((lo & size) == 0)) {
-                    keys[lo] = b;
-                    keys[hi] = a;
-                }
-            }
-            __syncthreads();
-        }
+    lms_bitonic_sort(keys, p);
     const unsigned int picked = f < k ? f : k;
     for (unsigned int s = tid; s < k; s += LMS_TOPK_THREADS) yr[s] = s < picked ? (int)(keys[s] & 0xffffffffu) : -1;
     __syncthreads(); // keys are read before the next row overwrites them
 }
 
-BASE_KERNEL void topk_rows_i32(const float* x, int* out, unsigned int n, unsigned int m, unsigned int k) {
-    __shared__ float rv[LMS_TOPK_THREADS];
-    __shared__ unsigned int rc[LMS_TOPK_THREADS];
-    __shared__ unsigned long long keys[LMS_TOPK_SORT_MAX];
-    __shared__ float red[32];
+// Adds 1 to hist[bin] for every lane of the warp (bin == LMS_RADIX_BINS: nothing to count); called
+// by every lane. The lanes that share a bin add once: the first pass sees most of a row in one or
+// two bins (the sign and the top exponent bits), where an atomic per element would serialise.
+__device__ __forceinline__ void lms_count_bin(unsigned int* hist, unsigned int bin) {
+    const unsigned int peers = __match_any_sync(0xffffffffu, bin);
+    if (bin < LMS_RADIX_BINS && (unsigned int)(__ffs((int)peers) - 1) == (threadIdx.x & 31u))
+        atomicAdd(&hist[bin], (unsigned int)__popc(peers));
+}
+
+// The radix select of topk_row_by_select: a bound T such that exactly e = min(want, f) finite keys
+// of the row are <= T, f being the row's finite count (returned in `finite`; T is meaningless when
+// e == 0). Digit by digit from the top, each pass a histogram (in shared memory) of the digit of
+// the keys in the bin found so far: the bin holding the e-th key is the next prefix, until the
+// keys below the bin plus the whole bin are exactly e (at the latest on the last digit: keys are
+// unique); T is then the largest key of that bin. Distinct values settle within the 4 value
+// digits; the column digits only separate a tie at the k-th value.
+//   hist [LMS_RADIX_BINS], warp_total [LMS_TOPK_THREADS / 32], pick [3]: shared scratch
+__device__ __forceinline__ unsigned long long lms_radix_bound(const float* xr, unsigned int m, unsigned int want,
+                                                              unsigned int* hist, unsigned int* warp_total,
+                                                              unsigned int* pick, unsigned int& finite) {
+    const unsigned int tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    unsigned long long prefix = 0; // the digits fixed so far, in place
+    unsigned int below = 0;        // finite keys below the current bin
+    unsigned int e = want;
+    for (int shift = 64 - LMS_RADIX_BITS; shift >= 0; shift -= LMS_RADIX_BITS) {
+        // every column is below m: a column digit above m's top bit is 0 in every key
+        if (shift < 32 && ((m - 1u) >> shift) == 0u) continue;
+        hist[tid] = 0u;
+        __syncthreads();
+        // whole-block steps (every lane reaches lms_count_bin's match) of LMS_RADIX_BATCH elements
+        // per thread, all loaded before any is counted
+        for (u64 j0 = 0; j0 < m; j0 += LMS_RADIX_BATCH * LMS_TOPK_THREADS) {
+            float v[LMS_RADIX_BATCH];
+#pragma unroll
+            for (unsigned int b = 0; b < LMS_RADIX_BATCH; ++b) {
+                const u64 j = j0 + b * LMS_TOPK_THREADS + tid;
+                v[b] = j < m ? xr[j] : QUIET_NAN;
+            }
+#pragma unroll
+            for (unsigned int b = 0; b < LMS_RADIX_BATCH; ++b) {
+                const unsigned long long key = lms_rank_key(v[b], (unsigned int)(j0 + b * LMS_TOPK_THREADS + tid));
+                const bool in_bin = key != LMS_KEY_LAST && ((key ^ prefix) >> shift >> LMS_RADIX_BITS) == 0u;
+                lms_count_bin(hist, in_bin ? (unsigned int)(key >> shift) & (LMS_RADIX_BINS - 1u) : LMS_RADIX_BINS);
+            }
+        }
+        __syncthreads();
+        // inclusive prefix sum over the bins (thread b holds bin b): a scan per warp, then the
+        // totals of the warps before
+        const unsigned int c = hist[tid];
+        unsigned int incl = c;
+        for (unsigned int o = 1; o < 32u; o *= 2) {
+            const unsigned int up = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += up;
+        }
+        if (lane == 31u) warp_total[warp] = incl;
+        __syncthreads();
+        unsigned int total = 0;
+        for (unsigned int w = 0; w < LMS_TOPK_THREADS / 32; ++w) {
+            if (w < warp) incl += warp_total[w];
+            total += warp_total[w];
+        }
+        if (shift == 64 - LMS_RADIX_BITS) { // the first pass counts every finite key
+            finite = total;
+            e = want < total ? want : total;
+        }
+        if (e == 0u) return 0; // the same in every thread
+        if (below + incl - c < e && e <= below + incl) { // exactly one bin
+            pick[0] = tid;
+            pick[1] = incl - c;
+            pick[2] = c;
+        }
+        __syncthreads(); // pick is rewritten no sooner than two barriers on, in the next pass
+        prefix |= (unsigned long long)pick[0] << shift;
+        below += pick[1];
+        if (below + pick[2] == e) return prefix | ((1ull << shift) - 1ull);
+    }
+    return prefix; // not reached: the last digit's bin is one key (a bounded loop all the same)
+}
+
+// Rows longer than LMS_TOPK_SORT_MAX, in chunks of up to LMS_TOPK_SORT_MAX slots (one chunk for
+// k <= 2048, the indexer's 512): the radix bound of the chunk's last slot, then one more pass
+// gathers the finite keys above the previous chunk's bound and up to this one (exactly the chunk's
+// keys, in any order) into shared memory to be sorted; slots past the finite keys take -1.
+//   keys [LMS_TOPK_SORT_MAX], hist [LMS_RADIX_BINS], warp_total [LMS_TOPK_THREADS / 32],
+//   pick [3], count [1]: shared scratch
+__device__ __forceinline__ void topk_row_by_select(const float* xr, int* yr, unsigned int m, unsigned int k,
+                                                   unsigned long long* keys, unsigned int* hist,
+                                                   unsigned int* warp_total, unsigned int* pick,
+                                                   unsigned int* count) {
     const unsigned int tid = threadIdx.x;
+    unsigned long long prev_bound = 0; // the previous chunk's bound: below every finite key at first
+    for (unsigned int s0 = 0, s1; s0 < k; s0 = s1) {
+        s1 = k - s0 < LMS_TOPK_SORT_MAX ? k : s0 + LMS_TOPK_SORT_MAX; // no wrap past 2^32
+        unsigned int f;
+        const unsigned long long bound = lms_radix_bound(xr, m, s1, hist, warp_total, pick, f);
+        const unsigned int picked = f > s0 ? (f < s1 ? f : s1) - s0 : 0u; // keys of this chunk
+        if (tid == 0) *count = 0u;
+        __syncthreads();
+        if (picked > 0u) {
+#pragma unroll 8
+            for (u64 j = tid; j < m; j += LMS_TOPK_THREADS) {
+                const unsigned long long key = lms_rank_key(xr[j], (unsigned int)j);
+                if (key != LMS_KEY_LAST && key > prev_bound && key <= bound) keys[atomicAdd(count, 1u)] = key;
+            }
+        }
+        unsigned int p = 1;
+        while (p < picked) p *= 2; // the sort's power-of-two length, padded with LMS_KEY_LAST
+        for (unsigned int i = picked + tid; i < p; i += LMS_TOPK_THREADS) keys[i] = LMS_KEY_LAST;
+        __syncthreads();
+        lms_bitonic_sort(keys, p);
+        for (unsigned int s = s0 + tid; s < s1; s += LMS_TOPK_THREADS)
+            yr[s] = s - s0 < picked ? (int)(keys[s - s0] & 0xffffffffu) : -1;
+        __syncthreads(); // keys are read before the next chunk or row overwrites them
+        prev_bound = bound;
+    }
+}
+
+BASE_KERNEL void topk_rows_i32(const float* x, int* out, unsigned int n, unsigned int m, unsigned int k) {
+    __shared__ unsigned long long keys[LMS_TOPK_SORT_MAX];
+    __shared__ unsigned int hist[LMS_RADIX_BINS];
+    __shared__ unsigned int warp_total[LMS_TOPK_THREADS / 32];
+    __shared__ unsigned int pick[3];
+    __shared__ unsigned int count;
+    __shared__ float red[32];
     for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {
         const float* xr = x + (u64)row * m;
         int* yr = out + (u64)row * k;
-        if (m <= LMS_TOPK_SORT_MAX) { // the same in every block
+        if (m <= LMS_TOPK_SORT_MAX) // the same in every block
             topk_row_by_sort(xr, yr, m, k, keys, red);
-            continue;
-        }
-        float pv = 0.0f;          // previous pick (value, column); none before the first round
-        unsigned int pc = LMS_NONE;
-        unsigned int s = 0;
-        for (; s < k; ++s) {
-            // this thread's best candidate ranked after the previous pick
-            float bv = 0.0f;
-            unsigned int bc = LMS_NONE;
-            for (unsigned int j = tid; j < m; j += LMS_TOPK_THREADS) {
-                const float v = xr[j];
-                if (!lms_is_finite(v)) continue;
-                if (pc != LMS_NONE && !lms_ranks_before(pv, pc, v, j)) continue;
-                if (bc == LMS_NONE || lms_ranks_before(v, j, bv, bc)) {
-                    bv = v;
-                    bc = j;
-                }
-            }
-            __syncthreads(); // every thread has read rv[0] / rc[0] of the previous round
-            rv[tid] = bv;
-            rc[tid] = bc;
-            __syncthreads();
-            for (unsigned int half = LMS_TOPK_THREADS / 2; half > 0; half >>= 1) {
-                if (tid < half) {
-                    const unsigned int oc = rc[tid + half];
-                    const float ov = rv[tid + half];
-                    if (oc != LMS_NONE && (rc[tid] == LMS_NONE || lms_ranks_before(ov, oc, rv[tid], rc[tid]))) {
-                        rv[tid] = ov;
-                        rc[tid] = oc;
-                    }
-                }
-                __syncthreads();
-            }
-            pv = rv[0];
-            pc = rc[0]; // the same in every thread: the loop exits uniformly
-            if (pc == LMS_NONE) break;
-            if (tid == 0) yr[s] = (int)pc;
-        }
-        for (unsigned int s2 = s + tid; s2 < k; s2 += LMS_TOPK_THREADS) yr[s2] = -1;
-        __syncthreads(); // rv[0] / rc[0] are read before the next row overwrites them
+        else
+            topk_row_by_select(xr, yr, m, k, keys, hist, warp_total, pick, &count);
     }
 }
 
 #define LMS_ROUTE_THREADS 32
 
 BASE_KERNEL void route_experts_f32(const float* logits, const float* bias, const int* kind,
-                                             const int* table, const int* tok, int* ids, float* weights,
-                                             unsigned int n, unsigned int e, unsigned int k, unsigned int kinds,
-                                             unsigned int hashed, unsigned int vocab, unsigned int scale_bits) {
+                                   const int* table, const int* tok, int* ids, float* weights,
+                                   unsigned int n, unsigned int e, unsigned int k, unsigned int kinds,
+                                   unsigned int hashed, unsigned int vocab, unsigned int scale_bits) {
     const float scale = __uint_as_float(scale_bits);
     const unsigned int lane = threadIdx.x;
     for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {

@@ -51,7 +51,7 @@ __device__ __forceinline__ unsigned int mr_rank(const int* chunk, unsigned int t
 }
 
 BASE_KERNEL void moe_route(const int* ids, int* order, int* tiles, int* cursor, unsigned int slots,
-                                     unsigned int experts, unsigned int tile_rows) {
+                           unsigned int experts, unsigned int tile_rows) {
     __shared__ int chunk[MR_THREADS];
     const unsigned int tid = threadIdx.x;
     for (unsigned int e = tid; e < experts; e += MR_THREADS) cursor[e] = 0;
@@ -203,17 +203,17 @@ __device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, c
 }
 
 BASE_KERNEL void GEMM_LAUNCH moe_gate_f32(const float* x, const int* order, const int* tiles, const u64* w1,
-                                        float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+                              float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
     moe_gate_tiled<0>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
 BASE_KERNEL void GEMM_LAUNCH moe_gate_bf16(const float* x, const int* order, const int* tiles, const u64* w1,
-                                        float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+                              float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
     moe_gate_tiled<1>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
 BASE_KERNEL void GEMM_LAUNCH moe_gate_f16(const float* x, const int* order, const int* tiles, const u64* w1,
-                                        float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+                              float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
     moe_gate_tiled<2>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
@@ -226,20 +226,20 @@ BASE_KERNEL void GEMM_LAUNCH moe_gate_f16(const float* x, const int* order, cons
 FOR_EACH_BLOCK_FORMAT(MOE_GATE_BLOCK_KERNEL)
 
 BASE_KERNEL void GEMM_LAUNCH moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w3,
-                                      float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
-                                      float limit) {
+                            float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
+                            float limit) {
     moe_up_tiled<0>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
 BASE_KERNEL void GEMM_LAUNCH moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w3,
-                                      float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
-                                      float limit) {
+                            float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
+                            float limit) {
     moe_up_tiled<1>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
 BASE_KERNEL void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w3,
-                                      float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
-                                      float limit) {
+                            float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
+                            float limit) {
     moe_up_tiled<2>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
@@ -283,17 +283,17 @@ __device__ __forceinline__ void moe_down_tiled(const float* hid, const int* orde
 }
 
 BASE_KERNEL void GEMM_LAUNCH moe_down_f32(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
-                                        unsigned int tile_rows, unsigned int d, unsigned int h) {
+                              unsigned int tile_rows, unsigned int d, unsigned int h) {
     moe_down_tiled<0>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
 BASE_KERNEL void GEMM_LAUNCH moe_down_bf16(const float* hid, const int* order, const int* tiles, const u64* w2,
-                                         float* ys, unsigned int tile_rows, unsigned int d, unsigned int h) {
+                               float* ys, unsigned int tile_rows, unsigned int d, unsigned int h) {
     moe_down_tiled<1>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
 BASE_KERNEL void GEMM_LAUNCH moe_down_f16(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
-                                        unsigned int tile_rows, unsigned int d, unsigned int h) {
+                              unsigned int tile_rows, unsigned int d, unsigned int h) {
     moe_down_tiled<2>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
@@ -312,7 +312,7 @@ FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
 // NaN. 1-D grid-stride, one thread per output element x = i*d + c.
 
 BASE_KERNEL void moe_combine(const float* ys, const float* weights, const int* ids, float* out,
-                                       unsigned int total, unsigned int d, unsigned int k, unsigned int experts) {
+                             unsigned int total, unsigned int d, unsigned int k, unsigned int experts) {
     for (u64 x = flat_index(); x < total; x += flat_stride()) {
         const u64 i = x / d, c = x % d;
         float s = 0.0f;

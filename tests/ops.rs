@@ -720,6 +720,34 @@ fn lm_cases() -> Vec<Case> {
             Args::default(),
         ));
     }
+    // topk_rows past 2048 columns (the CUDA lane's radix select instead of its shared-memory sort):
+    // the indexer's k = 512 over 5000 entries, and k past 2048 (the select's chunks of 2048 slots);
+    // ties (values in steps of 1/64), −inf / NaN / ±0 entries.
+    for (n, m, k) in [(3, 5000, 512), (2, 3000, 2500)] {
+        let mut v: Vec<f32> = (0..n * m).map(|_| (r.random_range(-512i32..512) as f32) / 64.0).collect();
+        for (j, x) in v.iter_mut().enumerate() {
+            if j % 7 == 3 {
+                *x = f32::NEG_INFINITY;
+            }
+            if j % 53 == 11 {
+                *x = f32::NAN;
+            }
+            if j % 89 == 7 {
+                *x = -0.0;
+            }
+            if j % 89 == 8 {
+                *x = 0.0;
+            }
+        }
+        out.push(case(
+            format!("topk_rows [{n},{m}] k={k} ties, -inf, NaN, -0"),
+            Op::TopkRows,
+            EXACT,
+            vec![HostTensor::f32([n, m], v).unwrap()],
+            |a| Call::TopkRows(0, a.a),
+            Args { a: k, ..Default::default() },
+        ));
+    }
     for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
         out.push(grouped_case(&mut r, format, 9, 3, 21, 5, ""));
     }

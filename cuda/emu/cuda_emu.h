@@ -13,7 +13,9 @@
 #define EMU_CUDA_ARCH 900
 #endif
 #define __CUDA_ARCH__ EMU_CUDA_ARCH
+#include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -71,6 +73,31 @@ inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int o) {
     std::memcpy(&u, &r, 4);
     return u;
 }
+// var of lane (lane - delta) of the calling thread's warp; its own var in lanes below delta
+inline unsigned __shfl_up_sync(unsigned mask, unsigned v, unsigned delta) {
+    const unsigned lane = emu_tid() % 32;
+    float f, r;
+    std::memcpy(&f, &v, 4);
+    r = __shfl_sync(mask, f, int(lane >= delta ? lane - delta : lane));
+    unsigned u;
+    std::memcpy(&u, &r, 4);
+    return u;
+}
+// The lanes of the calling thread's warp whose v equals this lane's, as a mask.
+inline unsigned __match_any_sync(unsigned, unsigned v) {
+    const unsigned t = emu_tid(), warp0 = t & ~31u;
+    std::memcpy(&g_shfl[t], &v, 4);
+    g_bar->arrive_and_wait();
+    unsigned peers = 0;
+    for (unsigned l = 0; l < 32 && warp0 + l < g_shfl.size(); ++l)
+        if (std::memcmp(&g_shfl[warp0 + l], &v, 4) == 0) peers |= 1u << l;
+    g_bar->arrive_and_wait();
+    return peers;
+}
+inline int __popc(unsigned v) { return std::popcount(v); }
+inline int __ffs(int v) { return v ? std::countr_zero(unsigned(v)) + 1 : 0; }
+// Shared-memory counters (the threads of a block are real threads).
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 // Only for kernels whose block is one warp (the emulated barrier is block-wide).
 inline void __syncwarp(unsigned = 0xffffffffu) { g_bar->arrive_and_wait(); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }

@@ -1144,26 +1144,50 @@ static std::vector<int> topk_ref(const std::vector<float>& x, unsigned n, unsign
 }
 
 static void test_topk() {
-    // {n, m, k, blocks}: ties, -inf / NaN / +inf, a short row, k > m, m beyond one block pass,
-    // fewer blocks than rows (grid-stride over rows); m > 2048 takes the rounds, the others the sort
-    unsigned configs[][4] = {{6, 300, 40, 6}, {3, 5, 9, 3},    {4, 1000, 7, 2},     {2, 0, 3, 2},
-                             {5, 600, 600, 5}, {3, 3000, 40, 2}, {3, 2048, 512, 2}, {2, 1, 4, 2}};
+    // {n, m, k, blocks, values}: -inf / NaN / +inf / -0 / +0 entries in every row, fewer blocks
+    // than rows (grid-stride over rows). values 0: quarters in [-2, 2) (ties everywhere: the long
+    // rows' radix select runs down to the column digits); 1: mostly distinct values from 2^-150 to
+    // 2^72, subnormals included (the select settles on the value digits); 2: as 0, with the first
+    // row all non-finite and a third of the second's values at the ends of the f32 range (keys in
+    // the select's last bin). m <= 2048 takes the sort; longer rows the radix select: m just past
+    // the sort, the indexer's k = 512 at 16K-32K context (m = 4096, 8192), k = 1, k past 2048
+    // (chunks of 2048 slots; k = m and k > m), and a row far past one pass of the block
+    // (m = 40000). The last row of a config keeps at most 3 finite values.
+    unsigned configs[][5] = {{6, 300, 40, 6, 0},    {3, 5, 9, 3, 0},        {4, 1000, 7, 2, 0},
+                             {2, 0, 3, 2, 0},       {5, 600, 600, 5, 0},    {3, 2048, 512, 2, 0},
+                             {2, 1, 4, 2, 0},       {3, 2049, 7, 2, 0},     {3, 2049, 7, 2, 1},
+                             {3, 4096, 512, 2, 0},  {2, 8192, 512, 1, 1},   {3, 8192, 1, 2, 2},
+                             {3, 2500, 2500, 2, 2}, {1, 3000, 4500, 1, 1},  {2, 40000, 512, 2, 0},
+                             {1, 40000, 512, 1, 1}};
     for (auto& cf : configs) {
-        unsigned n = cf[0], m = cf[1], k = cf[2], blocks = cf[3];
+        unsigned n = cf[0], m = cf[1], k = cf[2], blocks = cf[3], values = cf[4];
         std::vector<float> x(n * m);
-        for (auto& v : x) v = float(int(rng() % 16) - 8) * 0.25f;
+        for (auto& v : x) {
+            if (values == 1) {
+                const float mag = std::ldexp(float(rng() % (1u << 23)) + 1.0f, int(rng() % 200) - 150);
+                v = rng() % 2 ? -mag : mag;
+            } else {
+                v = float(int(rng() % 16) - 8) * 0.25f;
+            }
+        }
         for (unsigned j = 0; j < x.size(); ++j) {
             if (j % 7 == 3) x[j] = -INFINITY;
             if (j % 53 == 11) x[j] = NAN;
             if (j % 97 == 5) x[j] = INFINITY;
             if (j % 89 == 7) x[j] = -0.0f;
+            if (j % 89 == 8) x[j] = 0.0f;
+        }
+        if (values == 2 && n > 2) {
+            for (unsigned j = 0; j < m; ++j) x[j] = j % 2 ? NAN : -INFINITY;
+            const float ends[] = {3.4028235e38f, -3.4028235e38f, -3.0e38f, 1.0e-45f, -1.0e-45f, 1.17549435e-38f};
+            for (unsigned j = 0; j < m; j += 3) x[m + j] = ends[(j / 3) % 6];
         }
         if (n > 2 && m > 3)
             for (unsigned j = 3; j < m; ++j) x[(n - 1) * m + j] = -INFINITY; // last row: at most 3 finite
         std::vector<int> y(n * k, 12345);
         emu_launch(topk_rows_i32, {blocks}, {256}, 0, (const float*)x.data(), y.data(), n, m, k);
-        char name[64];
-        std::snprintf(name, sizeof name, "topk_rows_i32 [%u,%u] k=%u on %u blocks", n, m, k, blocks);
+        char name[80];
+        std::snprintf(name, sizeof name, "topk_rows_i32 [%u,%u] k=%u on %u blocks, values %u", n, m, k, blocks, values);
         checki(name, y, topk_ref(x, n, m, k));
     }
 }
