@@ -23,6 +23,8 @@ const COMPOSED: &[&[&str]] = &[
     &["linear_packed.wgsl", "operands_exact.wgsl", "linear_tile.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "linear_tile.wgsl"],
     &["operands_exact.wgsl", "lm.wgsl"],
+    &["linear_packed.wgsl", "operands_exact.wgsl", "rows_subgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
+    &["linear_f16.wgsl", "operands_fast.wgsl", "rows_workgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
 ];
 
 /// What leads every validated source: the directive the lane emits ahead of its f16 builds.
@@ -119,7 +121,7 @@ fn every_block_format_build_validates() {
             }
         }
     }
-    assert_eq!(built, 2 * 2 * 15, "15 block formats x 2 kernels x 2 precisions");
+    assert_eq!(built, 4 * 2 * 15, "15 block formats x 4 kernels (linear, lm, rows with each reduction) x 2 precisions");
     assert!(errors.is_empty(), "{} of {built} block builds failed:\n{}", errors.len(), errors.join("\n"));
 }
 
@@ -145,11 +147,12 @@ impl std::fmt::Display for Target {
 }
 
 /// The targets of a build: every module to MSL 2.4 and HLSL SM 6.2; those a device without
-/// SHADER_F16 builds also to SM 5.1 (FXC).
-fn targets(needs_f16: bool) -> Vec<Target> {
+/// SHADER_F16 builds also to SM 5.1 (FXC), but for the subgroup builds.
+fn targets(needs_f16: bool, needs_subgroup: bool) -> Vec<Target> {
     use naga::back::hlsl::ShaderModel;
     let mut t = vec![Target::Msl(2, 4), Target::Hlsl(ShaderModel::V6_2)];
-    if !needs_f16 {
+    // wave intrinsics need shader model 6.0: under FXC wgpu exposes no SUBGROUP
+    if !needs_f16 && !needs_subgroup {
         t.push(Target::Hlsl(ShaderModel::V5_1));
     }
     t
@@ -331,9 +334,12 @@ fn every_build_translates_to_msl_and_hlsl() {
     let mut errors = Vec::new();
     let (mut modules, mut pipelines, mut translations) = (0, 0, [0usize; 2]);
     for b in &builds {
-        // The capabilities wgpu validates the lane's modules with: SHADER_F16 is the only
-        // feature the lane requests, and only builds that need it may use f16.
-        let caps = if b.needs_f16 { Capabilities::SHADER_FLOAT16 } else { Capabilities::empty() };
+        // The capabilities wgpu validates the lane's modules with: the lane requests SHADER_F16
+        // and SUBGROUP where the adapter has them, and only builds that need one may use it.
+        let mut caps = if b.needs_f16 { Capabilities::SHADER_FLOAT16 } else { Capabilities::empty() };
+        if b.needs_subgroup {
+            caps |= Capabilities::SUBGROUP;
+        }
         let module = match naga::front::wgsl::parse_str(&b.source) {
             Ok(m) => m,
             Err(e) => {
@@ -375,7 +381,7 @@ fn every_build_translates_to_msl_and_hlsl() {
             if let Err(e) = within_metal_and_dx12_limits(&m, &i, idx) {
                 errors.push(format!("{at}: Metal/DX12 limits: {e}"));
             }
-            for target in targets(b.needs_f16) {
+            for target in targets(b.needs_f16, b.needs_subgroup) {
                 // naga's backends panic on some things they cannot write (MSL on f64: seen; the
                 // HLSL writer has `unimplemented!` for cooperative-matrix stores): a panic is that
                 // build's failure, reported with the others, not the test's end.
@@ -397,10 +403,11 @@ fn every_build_translates_to_msl_and_hlsl() {
         eprintln!("translated {} ({} entry points)", b.label, module.entry_points.len());
     }
     eprintln!(
-        "{} builds ({} need SHADER_F16), {modules} modules, {pipelines} (module, entry point) pipelines: \
+        "{} builds ({} need SHADER_F16, {} SUBGROUP), {modules} modules, {pipelines} (module, entry point) pipelines: \
          {} MSL and {} HLSL translations; {files} shader files covered; {:.2} s",
         builds.len(),
         builds.iter().filter(|b| b.needs_f16).count(),
+        builds.iter().filter(|b| b.needs_subgroup).count(),
         translations[0],
         translations[1],
         start.elapsed().as_secs_f64()

@@ -8,12 +8,14 @@
 //! `shaders/dequant/common.wgsl` (byte access, f16/E8M0/e4m3 by bit construction), the format's
 //! `shaders/dequant/<format>.wgsl` (its `decode_run`: 32 consecutive values of a row, each block
 //! scale decoded once per run), the operands file of the precision (`shaders/operands_*.wgsl`),
-//! then the kernel body (`shaders/dequant/linear.wgsl` or `shaders/dequant/lm.wgsl`). So each
+//! then the kernel body (`shaders/dequant/linear.wgsl`, `shaders/dequant/lm.wgsl`, or the small-row
+//! kernels: `dequant/rows.wgsl`, a reduction, `shaders/rows.wgsl`). So each
 //! pipeline is specialised to one format, with no per-element branch on a runtime format code,
 //! and the weights stay in their file bytes on the device.
 
 use std::fmt::Write;
 
+use super::Reduction;
 use crate::backend::Precision;
 use crate::formats::{WeightFormat, tables};
 
@@ -24,23 +26,34 @@ pub enum BlockKernel {
     Linear,
     /// `embed_rows`, `grouped_linear`, `moe_gate`, `moe_up`, `moe_down` (lm.wgsl's weight ops).
     Lm,
+    /// The small-row kernels (rows.wgsl) with their reduction, after `dequant/rows.wgsl`.
+    Rows(Reduction),
 }
 
 impl BlockKernel {
-    pub const ALL: [BlockKernel; 2] = [BlockKernel::Linear, BlockKernel::Lm];
+    pub const ALL: [BlockKernel; 4] = [
+        BlockKernel::Linear,
+        BlockKernel::Lm,
+        BlockKernel::Rows(Reduction::Subgroup),
+        BlockKernel::Rows(Reduction::Workgroup),
+    ];
 
-    fn body(self) -> &'static str {
+    /// The files that follow the operands file: (name, WGSL).
+    fn body(self) -> Vec<(&'static str, &'static str)> {
         match self {
-            BlockKernel::Linear => include_str!("../../../shaders/dequant/linear.wgsl"),
-            BlockKernel::Lm => include_str!("../../../shaders/dequant/lm.wgsl"),
+            BlockKernel::Linear => vec![("dequant/linear.wgsl", include_str!("../../../shaders/dequant/linear.wgsl"))],
+            BlockKernel::Lm => vec![("dequant/lm.wgsl", include_str!("../../../shaders/dequant/lm.wgsl"))],
+            BlockKernel::Rows(reduction) => vec![
+                ("dequant/rows.wgsl", include_str!("../../../shaders/dequant/rows.wgsl")),
+                reduction.part(),
+                super::rows::BODY,
+            ],
         }
     }
 
-    pub fn file(self) -> &'static str {
-        match self {
-            BlockKernel::Linear => "dequant/linear.wgsl",
-            BlockKernel::Lm => "dequant/lm.wgsl",
-        }
+    /// The body's files, joined as a label.
+    pub fn file(self) -> String {
+        self.body().iter().map(|(name, _)| *name).collect::<Vec<_>>().join(" + ")
     }
 }
 
@@ -221,7 +234,7 @@ pub fn block_shader_source(
     src += include_str!("../../../shaders/dequant/common.wgsl");
     src += decode;
     src += operands;
-    src += kernel.body();
+    kernel.body().iter().for_each(|(_, text)| src += text);
     Some((label, src))
 }
 

@@ -11,10 +11,14 @@
 //! - `grouped_linear` and the experts' gate/up/down are GEMM entry points of `lm.wgsl` (float
 //!   formats) or of a block format's build of `dequant/lm.wgsl`; `grouped_linear` also takes one
 //!   dispatch per row chunk, while each expert matrix must fit one binding.
+//! - With at most `SMALL_ROWS` (8) rows of x — decode, the experts counting tokens — each of the
+//!   three takes its small-row kernel instead (`rows.rs`, `shaders/rows.wgsl`: a workgroup per
+//!   output column reading its weight row once), for every format and both precisions.
 //! - Each product runs in the precision of its weight (`gemm_precision`): the lane's, or exact for
 //!   a weight from `upload_weight_exact`.
 
 use super::formats::BlockKernel;
+use super::rows::{RowsParams, SMALL_ROWS};
 use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight};
 use crate::backend::{DType, DeviceTensor, Op, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
@@ -49,7 +53,7 @@ pub(super) fn lm_weight_shader(format: WeightFormat, precision: Precision) -> (S
 impl WgpuBackend {
     /// The precision of the products with `w`: the lane's, or exact for a weight from
     /// `upload_weight_exact`.
-    fn gemm_precision(&self, w: &WgpuWeight) -> Precision {
+    pub(super) fn gemm_precision(&self, w: &WgpuWeight) -> Precision {
         if w.exact { Precision::Exact } else { self.opts.precision }
     }
 
@@ -60,6 +64,15 @@ impl WgpuBackend {
         self.check_inputs(OP, [("x", x)].into_iter().chain(bias.map(|b| ("bias", b))))?;
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         if n == 0 || w.rows == 0 {
+            return Ok(y);
+        }
+        if n <= SMALL_ROWS {
+            let has_bias = bias.is_some();
+            let extra = [(3, bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding()))];
+            for chunk in 0..w.chunks.len() {
+                let params = RowsParams { n, k, out_cols: w.rows, has_bias, ..RowsParams::default() };
+                self.dispatch_rows("linear_rows", w, chunk, params, x, &y, &extra)?;
+            }
             return Ok(y);
         }
         let gy = n.div_ceil(64);
@@ -100,6 +113,14 @@ impl WgpuBackend {
         self.check_inputs(OP, [("x", x)])?;
         let cols = x.cols();
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        if (1..=SMALL_ROWS).contains(&n) {
+            for chunk in 0..w.chunks.len() {
+                let params =
+                    RowsParams { n, k, out_cols: w.rows, x_stride: cols, group_rows: r, ..RowsParams::default() };
+                self.dispatch_rows("grouped_rows", w, chunk, params, x, &y, &[])?;
+            }
+            return Ok(y);
+        }
         let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
         for c in &w.chunks {
             let params = [
@@ -145,35 +166,55 @@ impl WgpuBackend {
         let slots = n * k;
         let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
         let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
-        for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
-            // the gate into hid, then the up with the clamped SwiGLU over hid in place
-            for (entry, w) in [("moe_gate", g), ("moe_up", u)] {
-                let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
+        if (1..=SMALL_ROWS).contains(&n) {
+            // the small-row path from the token count: a token routes each slot to a different
+            // expert, so an expert gets at most n slots, one batch of rows per column
+            for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
+                let params = |k_len, out_cols| RowsParams {
+                    n: slots,
+                    k: k_len,
+                    out_cols,
+                    topk: k,
+                    expert: e,
+                    limit,
+                    ..RowsParams::default()
+                };
+                let ids_at = [(5, ids.binding())];
+                self.dispatch_rows("moe_gate_rows", g, 0, params(d, h), x, &hid, &ids_at)?;
+                self.dispatch_rows("moe_up_rows", u, 0, params(d, h), x, &hid, &ids_at)?;
+                self.dispatch_rows("moe_down_rows", o, 0, params(h, d), &hid, &ys, &ids_at)?;
+            }
+        } else {
+            for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
+                // the gate into hid, then the up with the clamped SwiGLU over hid in place
+                for (entry, w) in [("moe_gate", g), ("moe_up", u)] {
+                    let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
+                    self.dispatch_1d(
+                        shader,
+                        entry,
+                        slots * h,
+                        &[
+                            (slots * h) as u32,
+                            h as u32,
+                            d as u32,
+                            k as u32,
+                            e as u32,
+                            fmt,
+                            w.stride_words as u32,
+                            limit.to_bits(),
+                        ],
+                        &[(1, x.binding()), (4, ids.binding()), (8, w.chunks[0].binding()), (6, hid.binding())],
+                    )?;
+                }
+                let (down, down_fmt) = lm_weight_shader(o.format, self.gemm_precision(o));
                 self.dispatch_1d(
-                    shader,
-                    entry,
-                    slots * h,
-                    &[
-                        (slots * h) as u32,
-                        h as u32,
-                        d as u32,
-                        k as u32,
-                        e as u32,
-                        fmt,
-                        w.stride_words as u32,
-                        limit.to_bits(),
-                    ],
-                    &[(1, x.binding()), (4, ids.binding()), (8, w.chunks[0].binding()), (6, hid.binding())],
+                    down,
+                    "moe_down",
+                    slots * d,
+                    &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, down_fmt, o.stride_words as u32],
+                    &[(2, hid.binding()), (4, ids.binding()), (8, o.chunks[0].binding()), (6, ys.binding())],
                 )?;
             }
-            let (down, down_fmt) = lm_weight_shader(o.format, self.gemm_precision(o));
-            self.dispatch_1d(
-                down,
-                "moe_down",
-                slots * d,
-                &[(slots * d) as u32, d as u32, h as u32, 0, e as u32, down_fmt, o.stride_words as u32],
-                &[(2, hid.binding()), (4, ids.binding()), (8, o.chunks[0].binding()), (6, ys.binding())],
-            )?;
         }
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
         self.dispatch_1d(

@@ -58,9 +58,12 @@ mod linear;
 mod lm;
 mod norm;
 mod rope;
+mod rows;
 
 use formats::BlockKernel;
 use linear::{linear_shader, lm_weight_shader};
+pub use rows::Reduction;
+use rows::rows_shader;
 
 use crate::backend::checks::NamedWeight;
 use crate::backend::{
@@ -90,6 +93,9 @@ pub struct Options {
     /// Behave as a device without SHADER_F16 even when it has it: the integer-decode f16 kernel,
     /// and fast precision refused.
     pub force_f16_fallback: bool,
+    /// Sum the small-row kernels' partials through workgroup memory even where the adapter has
+    /// SUBGROUP (which is then not requested), so that reduction is tested there too. Diagnostic.
+    pub force_workgroup_reduction: bool,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -109,6 +115,7 @@ impl Default for Options {
             max_binding_bytes: None,
             guard_words: 0,
             force_f16_fallback: false,
+            force_workgroup_reduction: false,
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
@@ -311,6 +318,10 @@ enum Shader {
     Lm(Precision),
     /// A kernel over block-format weights, built for one format (formats.rs).
     Block(BlockKernel, WeightFormat, Precision),
+    /// The small-row kernels (rows.wgsl) over `linear_packed.wgsl` (f32, bf16, f16 fallback).
+    Rows(Precision, Reduction),
+    /// The small-row kernels over `linear_f16.wgsl` (f16 with SHADER_F16).
+    RowsF16(Precision, Reduction),
 }
 
 /// The operands file of a GEMM build: its label and WGSL (see `shaders/operands_exact.wgsl`).
@@ -333,8 +344,16 @@ impl Shader {
         let fixed = |label: &str, src: &'static str| Ok((label.to_owned(), Cow::Borrowed(src)));
         // A GEMM build: its directives, the weight-format part (if any), the operands file of
         // the precision, then the body; (file, WGSL) pairs.
+        // The small-row kernels have their reduction and rows_pairs.wgsl between the operands
+        // and the body.
         let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
-            let parts: Vec<(&str, &str)> = format.into_iter().chain([operands_part(precision), body]).collect();
+            let rows = |r: Reduction| vec![r.part(), rows::PAIRS];
+            let middle = match self {
+                Shader::Rows(_, r) | Shader::RowsF16(_, r) => rows(r),
+                _ => Vec::new(),
+            };
+            let parts: Vec<(&str, &str)> =
+                format.into_iter().chain([operands_part(precision)]).chain(middle).chain([body]).collect();
             let label = parts.iter().map(|(file, _)| *file).collect::<Vec<_>>().join(" + ");
             let mut src = directives(format_uses_f16 || precision == Precision::Fast).to_owned();
             parts.iter().for_each(|(_, text)| src += text);
@@ -354,6 +373,8 @@ impl Shader {
             Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
             Shader::Lm(precision) => gemm(false, None, LM, precision),
+            Shader::Rows(precision, _) => gemm(false, Some(PACKED), rows::BODY, precision),
+            Shader::RowsF16(precision, _) => gemm(true, Some(F16), rows::BODY, precision),
             Shader::Block(kernel, format, precision) => match formats::block_shader_source(format, kernel, precision) {
                 Some((label, src)) => Ok((label, Cow::Owned(src))),
                 None => Err(Error::Device(format!("{}: {format} is not a block format", kernel.file()))),
@@ -364,11 +385,11 @@ impl Shader {
 
 impl Shader {
     /// The pipeline-override constants of a pipeline of this shader created with `fmt`: `FMT`
-    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback); the others read `fmt`, if at all,
+    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback; tiles and small rows); the others read `fmt`, if at all,
     /// from their parameter block.
     fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
         match self {
-            Shader::Linear(_) => vec![("FMT", f64::from(fmt))],
+            Shader::Linear(_) | Shader::Rows(..) => vec![("FMT", f64::from(fmt))],
             _ => Vec::new(),
         }
     }
@@ -378,18 +399,31 @@ impl Shader {
         [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
 
     /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
-    /// or chosen by [`linear_shader`] / [`lm_weight_shader`], so [`shader_builds`] lists it.
+    /// or chosen by [`linear_shader`] / [`lm_weight_shader`] / [`rows_shader`], so
+    /// [`shader_builds`] lists it.
     #[allow(dead_code)]
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
             Shader::Linear(_) | Shader::LinearF16(_) | Shader::Lm(_) | Shader::Block(..) => {}
+            Shader::Rows(..) | Shader::RowsF16(..) => {}
         }
+    }
+
+    /// Whether the build uses subgroup operations (needs wgpu's SUBGROUP).
+    fn needs_subgroup(self) -> bool {
+        matches!(
+            self,
+            Shader::Rows(_, Reduction::Subgroup)
+                | Shader::RowsF16(_, Reduction::Subgroup)
+                | Shader::Block(BlockKernel::Rows(Reduction::Subgroup), ..)
+        )
     }
 
     /// Every (shader, `fmt`) the lane creates pipelines from, and whether it is built only with
     /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
-    /// ([`linear_shader`], [`lm_weight_shader`]) for every weight format, in both precisions with
+    /// ([`linear_shader`], [`lm_weight_shader`], [`rows_shader`] with either reduction) for every
+    /// weight format, in both precisions with
     /// SHADER_F16 and in exact precision without it (fast needs it); pairs that build the same
     /// module and constants are listed once.
     fn every_build() -> Vec<(Shader, u32, bool)> {
@@ -402,6 +436,7 @@ impl Shader {
                 for f in WeightFormat::ALL {
                     list.push(linear_shader(f, native_f16, precision));
                     list.push(lm_weight_shader(f, precision));
+                    list.extend(Reduction::ALL.map(|r| rows_shader(f, native_f16, precision, r)));
                 }
             }
             list.extend(Shader::FIXED.map(|s| (s, 0)));
@@ -431,6 +466,9 @@ pub struct ShaderBuild {
     /// Built only on a device with SHADER_F16 when `force_f16_fallback` is off; every other build
     /// is also what a device without SHADER_F16 builds.
     pub needs_f16: bool,
+    /// Uses subgroup operations: built only on a device with SUBGROUP (the small-row kernels'
+    /// subgroup reduction; the other reduction is built where it is absent).
+    pub needs_subgroup: bool,
 }
 
 /// Every shader module the lane can build, one entry per set of override constants, from the
@@ -449,7 +487,7 @@ pub fn shader_builds() -> Result<Vec<ShaderBuild>> {
                 let c: Vec<String> = constants.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 label += &format!(" [{}]", c.join(", "));
             }
-            Ok(ShaderBuild { label, source, constants, needs_f16 })
+            Ok(ShaderBuild { label, source, constants, needs_f16, needs_subgroup: shader.needs_subgroup() })
         })
         .collect()
 }
@@ -472,6 +510,8 @@ pub struct WgpuBackend {
     /// Effective per-binding byte limit.
     max_binding: u64,
     native_f16: bool,
+    /// How the small-row kernels reduce (subgroups where the device has them).
+    reduction: Reduction,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     pending: Mutex<Pending>,
@@ -614,6 +654,9 @@ impl WgpuBackend {
         if has_f16 {
             features |= wgpu::Features::SHADER_F16;
         }
+        if adapter.features().contains(wgpu::Features::SUBGROUP) && !opts.force_workgroup_reduction {
+            features |= wgpu::Features::SUBGROUP;
+        }
         if opts.precision == Precision::Fast && (!has_f16 || opts.force_f16_fallback) {
             let why = if has_f16 { "has but Options::force_f16_fallback turns off" } else { "lacks" };
             return Err(Error::Unsupported {
@@ -645,6 +688,11 @@ impl WgpuBackend {
             max_binding = max_binding.min(cap.max(4));
         }
         let native_f16 = features.contains(wgpu::Features::SHADER_F16) && !opts.force_f16_fallback;
+        let reduction = if features.contains(wgpu::Features::SUBGROUP) {
+            Reduction::Subgroup
+        } else {
+            Reduction::Workgroup
+        };
         let sentinel = (opts.guard_words > 0).then(|| {
             let words = vec![GUARD_SENTINEL; opts.guard_words as usize];
             device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -673,6 +721,7 @@ impl WgpuBackend {
             limits,
             max_binding,
             native_f16,
+            reduction,
             opts,
             modules: Mutex::default(),
             pipelines: Mutex::default(),
@@ -698,6 +747,10 @@ impl WgpuBackend {
     /// Whether F16 weights use the native `array<vec2<f16>>` kernel (SHADER_F16 and not forced off).
     pub fn native_f16(&self) -> bool {
         self.native_f16
+    }
+    /// How the small-row kernels sum their partials on this device.
+    pub fn reduction(&self) -> Reduction {
+        self.reduction
     }
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
         &self.info

@@ -1,0 +1,175 @@
+// The small-row products (decode: at most ROWS rows of x, or ROWS expert slots at a time):
+// linear_rows, grouped_rows, moe_gate_rows, moe_up_rows, moe_down_rows, each the counterpart of
+// a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and dequant/lm.wgsl's GEMM ops)
+// with the same epilogue. Those run a 64×64 output tile (or a thread per output re-reading its
+// weight row), so with one token row almost all of their work is padding; here, as in the CUDA
+// lane's gemv_cols, one workgroup owns one output column: its WG threads stride along k span by
+// span, so the weight row is read once (consecutive threads, consecutive spans), each thread
+// accumulates the dot products of every row in registers, then `reduce_rows` sums the threads'
+// partials (f32 products and sums as the tiles; only the summation order differs).
+// Not a complete shader: the lane builds it after
+//   - a weight part defining `SPAN` and `load_span(r, s) -> array<f32, SPAN>` (elements
+//     SPAN·s … SPAN·s + SPAN − 1 of row r of the bound weight chunk): rows_pairs.wgsl after
+//     linear_packed.wgsl or linear_f16.wgsl, or dequant/rows.wgsl after a block decoder;
+//   - an operands file (`to_operand`, operands_exact.wgsl or operands_fast.wgsl): both operands
+//     of every product go through it, as in the tiles;
+//   - a reduction file, rows_subgroup.wgsl or rows_workgroup.wgsl: `Lane` (the invocation
+//     builtins the entry points take) and `reduce_rows(lane, acc)`, which leaves row i's total in
+//     `sums[i]` for every thread. It holds barriers (and subgroup operations), so every call is
+//     in workgroup-uniform control flow: a workgroup's column, row count and expert batches
+//     depend only on the workgroup id, the parameters and `ids`.
+// Dispatch: one workgroup per column of the bound chunk, numbered wg.y·gx + wg.x (2-D grid).
+
+struct P {
+    n: u32,          // rows of x (linear_rows, grouped_rows; ≤ ROWS) or expert slots n·topk
+    k: u32,          // length of a weight row, so of each dot product
+    w_stride: u32,   // words per weight row
+    cols: u32,       // weight rows in the bound chunk: this dispatch's columns
+    col_off: u32,    // linear_rows, grouped_rows: first output column of the chunk
+    out_cols: u32,   // columns of y
+    has_bias: u32,   // linear_rows
+    x_stride: u32,   // grouped_rows: elements per row of x (g·k)
+    group_rows: u32, // grouped_rows: output columns per group (r)
+    topk: u32,       // experts: slots per token
+    expert: u32,     // experts: the expert this dispatch's weight belongs to
+    limit: u32,      // moe_up_rows: the SwiGLU clamp (f32 bits)
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read> ids: array<i32>;
+
+const WG: u32 = 64u;
+const ROWS: u32 = 8u;
+
+fn column(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wg.y * nwg.x + wg.x;
+}
+
+// This thread's share (spans li, li + WG, …) of Σ_e x[xo[i] + e] · W[c, e] for rows i < rows.
+fn dot_rows(li: u32, c: u32, xo: array<u32, ROWS>, rows: u32) -> array<f32, ROWS> {
+    var acc: array<f32, ROWS>;
+    for (var s = li; s * SPAN < p.k; s += WG) {
+        let wv = load_span(c, s);
+        for (var j = 0u; j < SPAN; j++) {
+            let e = s * SPAN + j;
+            if (e >= p.k) { break; }
+            let wo = f32(to_operand(wv[j]));
+            for (var i = 0u; i < ROWS; i++) {
+                if (i < rows) {
+                    acc[i] += f32(to_operand(x[xo[i] + e])) * wo;
+                }
+            }
+        }
+    }
+    return acc;
+}
+
+// linear: y[i, col_off + c] = x[i] · W[c] (+ bias), rows i < n ≤ ROWS (as linear_tile's store).
+@compute @workgroup_size(64, 1, 1)
+fn linear_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
+    let c = column(wg, nwg);
+    if (c >= p.cols) { return; }
+    var xo: array<u32, ROWS>;
+    for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.k; }
+    reduce_rows(lane, dot_rows(lane.li, c, xo, p.n));
+    if (lane.li < p.n) {
+        let oc = p.col_off + c;
+        var v = sums[lane.li];
+        if (p.has_bias != 0u) {
+            v += bias[oc];
+        }
+        y[lane.li * p.out_cols + oc] = v;
+    }
+}
+
+// grouped_linear: output column o = col_off + c reads x columns [(o / group_rows)·k, +k).
+@compute @workgroup_size(64, 1, 1)
+fn grouped_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
+    let c = column(wg, nwg);
+    if (c >= p.cols) { return; }
+    let o = p.col_off + c;
+    var xo: array<u32, ROWS>;
+    for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.x_stride + (o / p.group_rows) * p.k; }
+    reduce_rows(lane, dot_rows(lane.li, c, xo, p.n));
+    if (lane.li < p.n) {
+        y[lane.li * p.out_cols + o] = sums[lane.li];
+    }
+}
+
+// Up to ROWS slots routed to this dispatch's expert, the first at or after slot `first`, and the
+// slot to continue from. Every thread scans `ids` alike, so the batch is workgroup-uniform. A
+// token's top-k experts are distinct, so one batch holds every slot of ≤ ROWS tokens; more (or
+// repeated ids) take more batches, each reading the weight row again.
+struct Batch {
+    slots: array<u32, ROWS>,
+    rows: u32,
+    next: u32,
+}
+
+fn next_batch(first: u32) -> Batch {
+    var b: Batch;
+    var t = first;
+    for (; t < p.n && b.rows < ROWS; t++) {
+        if (ids[t] == i32(p.expert)) {
+            b.slots[b.rows] = t;
+            b.rows++;
+        }
+    }
+    b.next = t;
+    return b;
+}
+
+// The experts (lm.wgsl's moe_gate, moe_up, moe_down, same parameters' meaning): column j of
+// w1/w3 (k = d) into hid[slot, j] (out_cols = h), or column o of w2 (k = h) into ys[slot, o]
+// (out_cols = d), for each slot routed to the expert. x is the token rows (gate, up: slot
+// t reads row t / topk) or hid (down: row t).
+fn expert_rows(lane: Lane, col: u32, from_hid: bool, epilogue: u32) {
+    var b = next_batch(0u);
+    while (b.rows > 0u) {
+        var xo: array<u32, ROWS>;
+        for (var i = 0u; i < ROWS; i++) {
+            xo[i] = select(b.slots[i] / p.topk, b.slots[i], from_hid) * p.k;
+        }
+        reduce_rows(lane, dot_rows(lane.li, col, xo, b.rows));
+        if (lane.li < b.rows) {
+            let at = b.slots[lane.li] * p.out_cols + col;
+            let s = sums[lane.li];
+            if (epilogue == SWIGLU) {
+                // the gate's value is in y already (moe_gate_rows)
+                let lim = bitcast<f32>(p.limit);
+                let g = min(y[at], lim);
+                y[at] = g / (1.0 + exp(-g)) * clamp(s, -lim, lim);
+            } else {
+                y[at] = s;
+            }
+        }
+        b = next_batch(b.next);
+    }
+}
+
+const STORE: u32 = 0u;
+const SWIGLU: u32 = 1u;
+
+@compute @workgroup_size(64, 1, 1)
+fn moe_gate_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
+    let j = column(wg, nwg);
+    if (j >= p.cols) { return; }
+    expert_rows(lane, j, false, STORE);
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn moe_up_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
+    let j = column(wg, nwg);
+    if (j >= p.cols) { return; }
+    expert_rows(lane, j, false, SWIGLU);
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn moe_down_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
+    let o = column(wg, nwg);
+    if (o >= p.cols) { return; }
+    expert_rows(lane, o, true, STORE);
+}
