@@ -668,12 +668,13 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 // Measured on an H200 (Nsight Compute, a full-size layer's decode step): the first version, a
 // warp per column pair reading one 2-byte element per lane per step, streamed 130-530 GB/s; this
 // one 1.0-2.1 TB/s on the matrices of 8 MB and more (Nsight flushes the caches between
-// kernels). Two variants measured slower and were dropped: a warp per pair for wide outputs
-// (faster only at k = 1024) and loads batched explicitly into arrays (the experts 30-60 % slower).
-// That is gemv_cols, for float weights; block formats, whose runs are a few bytes, take a warp per
-// pair (gemv_cols_warp, below). Runs need k % GEMV_RUN == 0 and 16-byte aligned rows of A and of
-// float weights (a block format's matrix base at WBlock::ALIGN); otherwise (odd shapes in the op
-// harness) every thread takes single elements, with the same reduction. Block GEMM_THREADS.
+// kernels). Three variants measured slower and were dropped: a warp per pair for wide outputs
+// (faster only at k = 1024), loads batched explicitly into arrays (the experts 30-60 % slower),
+// and for block formats a warp per pair, four pairs a block, 8 runs in flight a lane (the q2 mix's
+// whole-model decode 43.7 ms against 41.6 ms a token, same sitting, 2026-12-02).
+// Runs need k % GEMV_RUN == 0 and 16-byte aligned rows of A and of float weights; otherwise (odd
+// shapes in the op harness) every thread takes single elements, with the same reduction.
+// Block GEMM_THREADS; block b owns columns 2b, 2b + 1.
 #define GEMV_ROWS 8
 #define GEMV_RUN 8
 #define GEMV_WARPS (GEMM_THREADS / 32)
@@ -724,16 +725,29 @@ __device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row) {
         return ((u64)w & (WBlock<FMT>::ALIGN - 1u)) == 0u;
 }
 
-// acc[i][0..1] += A row a[i] . W rows w0, w1 for i < rows, over this thread's part of k: with
-// `runs` (16-byte aligned rows, k % GEMV_RUN == 0) runs of GEMV_RUN starting at run `first`, every
-// `stride` runs, UNROLL of them in flight; otherwise single elements first, first + stride, ...
-template <int FMT, int UNROLL>
-__device__ __forceinline__ void gemv_accumulate(const void* w, u64 w0, u64 w1, const float* const* a,
-                                                unsigned int rows, unsigned int k, bool runs, unsigned int first,
-                                                unsigned int stride, float (*acc)[2]) {
-    if (runs) {
-#pragma unroll UNROLL
-        for (unsigned int kk = GEMV_RUN * first; kk < k; kk += GEMV_RUN * stride) {
+template <int FMT, class Op>
+__device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                          unsigned int k, unsigned int block) {
+    __shared__ float part[GEMV_WARPS][GEMV_ROWS][2];
+    const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
+    const unsigned int c = 2u * block;
+    // no early return: every thread of the block reaches the shuffles and the barrier. A missing
+    // second column reads the first's row (in bounds); store2 drops its sum.
+    const bool have0 = c < cols, have1 = c + 1u < cols;
+    const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : w0;
+    const float* a[GEMV_ROWS];
+    bool runs = k % GEMV_RUN == 0u && gemv_w_aligned<FMT>(w, w0) && gemv_w_aligned<FMT>(w, w1);
+#pragma unroll
+    for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
+        a[i] = i < rows ? op.a_row(i) : 0;
+        if (i < rows) runs = runs && ((u64)a[i] & 15u) == 0u;
+    }
+    float acc[GEMV_ROWS][2];
+#pragma unroll
+    for (unsigned int i = 0; i < GEMV_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
+    if (have0 && runs) {
+#pragma unroll 4
+        for (unsigned int kk = GEMV_RUN * threadIdx.x; kk < k; kk += GEMV_RUN * GEMM_THREADS) {
             float wa[GEMV_RUN], wb[GEMV_RUN];
             load_w_run<FMT>(w, w0 + kk, wa);
             load_w_run<FMT>(w, w1 + kk, wb);
@@ -750,8 +764,8 @@ __device__ __forceinline__ void gemv_accumulate(const void* w, u64 w0, u64 w1, c
                     }
                 }
         }
-    } else {
-        for (unsigned int kk = first; kk < k; kk += stride) {
+    } else if (have0) {
+        for (unsigned int kk = threadIdx.x; kk < k; kk += GEMM_THREADS) {
             const float wa = load_w<FMT>(w, w0 + kk), wb = load_w<FMT>(w, w1 + kk);
 #pragma unroll
             for (unsigned int i = 0; i < GEMV_ROWS; ++i)
@@ -761,39 +775,6 @@ __device__ __forceinline__ void gemv_accumulate(const void* w, u64 w0, u64 w1, c
                 }
         }
     }
-}
-
-// The A rows of the small-row path and whether the runs of gemv_accumulate apply to them and to W
-// rows w0, w1.
-template <int FMT, class Op>
-__device__ __forceinline__ bool gemv_rows(const Op& op, const void* w, u64 w0, u64 w1, unsigned int rows,
-                                          unsigned int k, const float** a) {
-    bool runs = k % GEMV_RUN == 0u && gemv_w_aligned<FMT>(w, w0) && gemv_w_aligned<FMT>(w, w1);
-#pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
-        a[i] = i < rows ? op.a_row(i) : 0;
-        if (i < rows) runs = runs && ((u64)a[i] & 15u) == 0u;
-    }
-    return runs;
-}
-
-// Float weights: the block's warps split k of one column pair (block b owns columns 2b, 2b + 1).
-template <int FMT, class Op>
-__device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
-                                          unsigned int k, unsigned int block) {
-    __shared__ float part[GEMV_WARPS][GEMV_ROWS][2];
-    const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
-    const unsigned int c = 2u * block;
-    // no early return: every thread of the block reaches the shuffles and the barrier. A missing
-    // second column reads the first's row (in bounds); store2 drops its sum.
-    const bool have0 = c < cols, have1 = c + 1u < cols;
-    const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : w0;
-    const float* a[GEMV_ROWS];
-    const bool runs = gemv_rows<FMT>(op, w, w0, w1, rows, k, a);
-    float acc[GEMV_ROWS][2];
-#pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
-    if (have0) gemv_accumulate<FMT, 4>(w, w0, w1, a, rows, k, runs, threadIdx.x, GEMM_THREADS, acc);
 #pragma unroll
     for (unsigned int i = 0; i < GEMV_ROWS; ++i)
         for (int o = 16; o > 0; o >>= 1) {
@@ -818,52 +799,16 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
     }
 }
 
-// Block formats: a warp per column pair over the whole k, GEMV_WARPS pairs per block (block b owns
-// columns 2 (GEMV_WARPS b + warp) and the next). A run of a 2-bit format is 2-3 bytes where a bf16
-// run is 16, so a thread needs more runs in flight to keep the same bytes moving: each lane takes
-// k / 256 runs (16 at k = 4096), 8 in flight, where the block-wide split left it 4, all issued at
-// once; and a block does four pairs' work before its reduction. Measured on an H200 (Nsight
-// Compute, q2 mix decode): with the block-wide split the IQ2_XXS experts streamed 0.11 TB/s, Q2_K
-// 0.19 TB/s, Q8_0 0.5-0.7 TB/s (128 registers a thread allow 4 blocks an SM: 16 warps).
-template <int FMT, class Op>
-__device__ __forceinline__ void gemv_cols_warp(const Op& op, const void* w, unsigned int rows, unsigned int cols,
-                                               unsigned int k, unsigned int block) {
-    const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
-    const unsigned int c = 2u * (GEMV_WARPS * block + warp);
-    // no early return before the shuffles (the whole warp takes the same branch: c is per warp)
-    const bool have0 = c < cols, have1 = c + 1u < cols;
-    const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : w0;
-    const float* a[GEMV_ROWS];
-    const bool runs = gemv_rows<FMT>(op, w, w0, w1, rows, k, a);
-    float acc[GEMV_ROWS][2];
-#pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
-    if (have0) gemv_accumulate<FMT, 8>(w, w0, w1, a, rows, k, runs, lane, 32u, acc);
-#pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i)
-        for (int o = 16; o > 0; o >>= 1) {
-            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][0], o);
-            acc[i][1] += __shfl_xor_sync(0xffffffffu, acc[i][1], o);
-        }
-#pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i)
-        if (have0 && i < rows && lane == i) op.store2(i, c, acc[i][0], acc[i][1]);
-}
-
 // The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
 // every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, the column pair
-// col_block (float weights) or the GEMV_WARPS pairs from GEMV_WARPS col_block (block formats);
-// else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host sizes the grid by the same rule
-// (`gemm_grid` in src/backend/cuda/mod.rs).
+// col_block; else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
+// sizes the grid by the same rule (`gemm_cols_per_block` in src/backend/cuda/mod.rs).
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_block(const Op& op, const void* w, unsigned int rows, unsigned int cols,
                                            unsigned int k, unsigned int bound_rows, unsigned int col_block,
                                            unsigned int row_tile) {
-    if (bound_rows <= GEMV_ROWS) {
-        if constexpr (FMT >= WF_FIRST_BLOCK)
-            gemv_cols_warp<FMT>(op, w, rows, cols, k, col_block);
-        else
-            gemv_cols<FMT>(op, w, rows, cols, k, col_block);
-    } else
+    if (bound_rows <= GEMV_ROWS)
+        gemv_cols<FMT>(op, w, rows, cols, k, col_block);
+    else
         gemm_tile<FMT>(op, w, rows, cols, k, row_tile * GEMM_BM, col_block * GEMM_BN);
 }

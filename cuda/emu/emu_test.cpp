@@ -51,13 +51,9 @@ static unsigned blocks1d(size_t total) {
     return (unsigned)(b < 1 ? 1 : b > (1u << 20) ? (1u << 20) : b);
 }
 
-// gemm_block's grid (common.cuh): (column blocks, row tiles) for cols columns, rows rows; the
-// small-row path's blocks own a column pair, or GEMV_WARPS pairs for a block format.
-static dim3 gemm_grid(unsigned rows, unsigned cols, bool block_format = false) {
-    if (rows <= GEMV_ROWS) {
-        const unsigned pairs = (cols + 1) / 2, per_block = block_format ? GEMV_WARPS : 1;
-        return dim3{(pairs + per_block - 1) / per_block, 1};
-    }
+// gemm_block's grid (common.cuh): (column blocks, row tiles) for cols columns, rows rows.
+static dim3 gemm_grid(unsigned rows, unsigned cols) {
+    if (rows <= GEMV_ROWS) return dim3{(cols + 1) / 2, 1};
     return dim3{(cols + 63) / 64, (rows + 63) / 64};
 }
 
@@ -1457,12 +1453,12 @@ static void block_moe(unsigned k, const GoldenBlocks& g1, BlockMoeGate gate, con
                    tile);
         const float limit = 1e30f; // no clamping: the check is of the GEMMs
         std::vector<float> hid(slots * h), ys(slots * d), out(n * d);
-        const dim3 gu{gemm_grid(tile, h, true).x, max_tiles};
+        const dim3 gu{gemm_grid(tile, h).x, max_tiles};
         emu_launch(gate, gu, {128}, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(),
                    (const unsigned long long*)table.data(), hid.data(), tile, d, h, kk);
         emu_launch(up, gu, {128}, 0, (const float*)x.data(), (const int*)order.data(), (const int*)tiles.data(),
                    (const unsigned long long*)table.data() + E, hid.data(), tile, d, h, kk, limit);
-        emu_launch(down, dim3{gemm_grid(tile, d, true).x, max_tiles}, {128}, 0, (const float*)hid.data(),
+        emu_launch(down, dim3{gemm_grid(tile, d).x, max_tiles}, {128}, 0, (const float*)hid.data(),
                    (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data() + 2 * E,
                    ys.data(), tile, d, h);
         emu_launch(moe_combine, {blocks1d(n * d)}, {256}, 0, (const float*)ys.data(), (const float*)wt.data(),
@@ -1513,7 +1509,7 @@ static void block_gemms(const GoldenBlocks& g, const BlockKernels& kn) {
         golden_matrix(g, o, k, w, wdec);
         auto x = randv(n * k, 1), b = randv(o, 0.5);
         std::vector<float> y(n * o), want(n * o);
-        emu_launch(kn.linear, gemm_grid(n, o, true), {128}, 0, (const float*)x.data(), (const void*)w.data(),
+        emu_launch(kn.linear, gemm_grid(n, o), {128}, 0, (const float*)x.data(), (const void*)w.data(),
                    (const float*)b.data(), y.data(), n, k, o, 1u);
         for (unsigned i = 0; i < n; ++i)
             for (unsigned c = 0; c < o; ++c) {
@@ -1533,9 +1529,9 @@ static void block_gemms(const GoldenBlocks& g, const BlockKernels& kn) {
         std::vector<float> wdec;
         golden_matrix(g, gr * r, k, w, wdec);
         auto x = randv(n * gr * k, 1);
-        const unsigned tiles = gemm_grid(n, r, true).x;
+        const unsigned tiles = gemm_grid(n, r).x;
         std::vector<float> y(n * gr * r), want(n * gr * r);
-        emu_launch(kn.grouped, dim3{gr * tiles, gemm_grid(n, r, true).y}, {128}, 0, (const float*)x.data(),
+        emu_launch(kn.grouped, dim3{gr * tiles, gemm_grid(n, r).y}, {128}, 0, (const float*)x.data(),
                    (const void*)w.data(), y.data(), n, k, r, gr, tiles);
         for (unsigned i = 0; i < n; ++i)
             for (unsigned o = 0; o < gr * r; ++o) {

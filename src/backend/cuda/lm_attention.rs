@@ -188,7 +188,7 @@ impl CudaBackend {
         if n == 0 || r == 0 {
             return Ok(y);
         }
-        let (tiles_r, gy) = gemm_grid(n, r, w.format);
+        let (tiles_r, gy) = gemm_grid(n, r);
         let gx = groups * tiles_r;
         if gy > GRID_Y || gx > i32::MAX as usize {
             return Err(Error::Device(format!(

@@ -73,18 +73,15 @@ const ATTENTION_KEYS: usize = 32;
 const GEMM_BM: u32 = 64;
 const GEMM_BN: u32 = 64;
 const GEMM_THREADS: u32 = 128;
-/// At most this many rows (`GEMV_ROWS`), `gemm_block` takes the small-row path and one row
-/// block: for float weights a block per pair of output columns (its threads split k), for block
-/// formats a warp per pair, `GEMV_WARPS` pairs a block.
+/// At most this many rows (`GEMV_ROWS`), `gemm_block` takes the small-row path: a block per
+/// pair of output columns (its threads split k) and one row block.
 const GEMV_ROWS: usize = 8;
-const GEMV_WARPS: usize = GEMM_THREADS as usize / 32;
 
-/// `gemm_block`'s grid for `cols` output columns of a weight in `format` when no block sees more
-/// than `bound_rows` rows (cuda/common.cuh): (column blocks, row tiles).
-fn gemm_grid(bound_rows: usize, cols: usize, format: WeightFormat) -> (usize, usize) {
+/// `gemm_block`'s grid for `cols` output columns when no block sees more than `bound_rows` rows
+/// (cuda/common.cuh): (column blocks, row tiles).
+fn gemm_grid(bound_rows: usize, cols: usize) -> (usize, usize) {
     if bound_rows <= GEMV_ROWS {
-        let pairs_per_block = if format.is_block() { GEMV_WARPS } else { 1 };
-        (cols.div_ceil(2 * pairs_per_block), 1)
+        (cols.div_ceil(2), 1)
     } else {
         (cols.div_ceil(GEMM_BN as usize), bound_rows.div_ceil(GEMM_BM as usize))
     }
@@ -1034,7 +1031,7 @@ impl Backend for CudaBackend {
         if n == 0 || w.rows == 0 {
             return Ok(y);
         }
-        let (gx, gy) = gemm_grid(n, w.rows, w.format);
+        let (gx, gy) = gemm_grid(n, w.rows);
         if gy > GRID_Y {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
@@ -1533,14 +1530,8 @@ mod tests {
             let define = format!("#define {name} {value}\n");
             assert!(common.contains(&define), "cuda/common.cuh lacks `{}`", define.trim_end());
         }
-        // gemv_cols: a block per column pair, gemv_cols_warp (block formats) a warp per pair and
-        // GEMV_WARPS pairs a block, as gemm_grid's small-row arm sizes the grid
+        // gemv_cols: a block per column pair, as gemm_grid's small-row arm sizes the grid
         assert!(common.contains("    const unsigned int c = 2u * block;\n"));
-        assert!(common.contains("    const unsigned int c = 2u * (GEMV_WARPS * block + warp);\n"));
-        assert!(common.contains("#define GEMV_WARPS (GEMM_THREADS / 32)\n"));
-        assert!(common.contains("if constexpr (FMT >= WF_FIRST_BLOCK)\n            gemv_cols_warp<FMT>"));
-        assert_eq!(gemm_grid(GEMV_ROWS, 1025, WeightFormat::BF16), (513, 1));
-        assert_eq!(gemm_grid(GEMV_ROWS, 1025, WeightFormat::Q8_0), (129, 1));
-        assert_eq!(gemm_grid(GEMV_ROWS + 1, 1025, WeightFormat::Q8_0), (17, 1));
+        assert_eq!(gemm_grid(GEMV_ROWS, 1025), (513, 1));
     }
 }

@@ -130,9 +130,8 @@ impl CudaBackend {
             let gy = max_tiles as u32;
             let block = (GEMM_THREADS, 1, 1);
             if h > 0 {
-                // the column blocks depend on the format (gemm_grid): gate and up may differ
-                let cfg = |format| LaunchConfig {
-                    grid_dim: (gemm_grid(tile_rows, h, format).0 as u32, gy, 1),
+                let cfg = LaunchConfig {
+                    grid_dim: (gemm_grid(tile_rows, h).0 as u32, gy, 1),
                     block_dim: block,
                     shared_mem_bytes: 0,
                 };
@@ -145,7 +144,7 @@ impl CudaBackend {
                 // SAFETY: arguments match `moe_gate_*` in cuda/moe.cu; the tiles' rows lie in
                 // 0..slots, the table's first `experts` addresses are the w1[e] [h, d], all in
                 // this kernel's format.
-                unsafe { l.launch(cfg(gate_format)) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
+                unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
                 let kernel = MOE_UP_KERNELS.of(up_format);
                 let f = self.gemm_func(Source::Moe, kernel, false)?;
                 let mut l = self.stream.launch_builder(&f);
@@ -154,11 +153,11 @@ impl CudaBackend {
                 // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; w3_table holds the addresses
                 // of the w3[e] [h, d], all in this kernel's format; hid holds the gates the
                 // previous launch (same stream) wrote.
-                unsafe { l.launch(cfg(up_format)) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
+                unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
             }
             let kernel = MOE_DOWN_KERNELS.of(down_format);
             let f = self.gemm_func(Source::Moe, kernel, false)?;
-            let gx = gemm_grid(tile_rows, d, down_format).0 as u32;
+            let gx = gemm_grid(tile_rows, d).0 as u32;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);
             l.arg(&hid.buf).arg(&order.buf).arg(&tiles.buf).arg(&w2_table).arg(&mut ys.buf);
