@@ -672,8 +672,9 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 // (faster only at k = 1024), loads batched explicitly into arrays (the experts 30-60 % slower),
 // and for block formats a warp per pair, four pairs a block, 8 runs in flight a lane (the q2 mix's
 // whole-model decode 43.7 ms against 41.6 ms a token, same sitting, 2026-12-02).
-// Runs need k % GEMV_RUN == 0 and 16-byte aligned rows of A and of float weights; otherwise (odd
-// shapes in the op harness) every thread takes single elements, with the same reduction.
+// Runs need k % GEMV_RUN == 0, 16-byte aligned rows of A and of float weights, and a block-format
+// matrix base aligned to WBlock::ALIGN; otherwise (odd shapes in the op harness) every thread takes
+// single elements, with the same reduction.
 // Block GEMM_THREADS; block b owns columns 2b, 2b + 1.
 #define GEMV_ROWS 8
 #define GEMV_RUN 8

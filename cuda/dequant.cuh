@@ -60,28 +60,29 @@
     X(fp8_e4m3_b128_f32, WF_FP8_E4M3_B128_F32)
 #endif
 
-// Block geometry (WBlock, declared in common.cuh): values (QK) and bytes (BYTES) per block.
-#define WBLOCK(FMT, QK_, BYTES_)                                                                            \
+// Block geometry (WBlock, declared in common.cuh): values (QK) and bytes (BYTES) per block, and
+// the alignment dq_run8's word loads need of a matrix base (ALIGN; 1 where it reads bytes).
+#define WBLOCK(FMT, QK_, BYTES_, ALIGN_)                                                                    \
     template <>                                                                                             \
     struct WBlock<FMT> {                                                                                    \
-        static constexpr unsigned int QK = QK_, BYTES = BYTES_;                                             \
-        static constexpr unsigned int ALIGN = BYTES_ % 4u == 0u ? 4u : BYTES_ % 2u == 0u ? 2u : 1u;         \
+        static constexpr unsigned int QK = QK_, BYTES = BYTES_, ALIGN = ALIGN_;                             \
+        static_assert(BYTES_ % ALIGN_ == 0u, "every block of an aligned base is aligned");                  \
     };
-WBLOCK(WF_Q8_0, 32, 34)
-WBLOCK(WF_Q2_K, 256, 84)
-WBLOCK(WF_Q3_K, 256, 110)
-WBLOCK(WF_Q4_K, 256, 144)
-WBLOCK(WF_Q5_K, 256, 176)
-WBLOCK(WF_Q6_K, 256, 210)
-WBLOCK(WF_IQ1_S, 256, 50)
-WBLOCK(WF_IQ1_M, 256, 56)
-WBLOCK(WF_IQ2_XXS, 256, 66)
-WBLOCK(WF_IQ2_XS, 256, 74)
-WBLOCK(WF_IQ3_XXS, 256, 98)
-WBLOCK(WF_IQ4_XS, 256, 136)
-WBLOCK(WF_MXFP4, 32, 17)
-WBLOCK(WF_FP8_E4M3_B128_E8M0, 128, 129)
-WBLOCK(WF_FP8_E4M3_B128_F32, 128, 132)
+WBLOCK(WF_Q8_0, 32, 34, 2)
+WBLOCK(WF_Q2_K, 256, 84, 4)
+WBLOCK(WF_Q3_K, 256, 110, 1)
+WBLOCK(WF_Q4_K, 256, 144, 1)
+WBLOCK(WF_Q5_K, 256, 176, 1)
+WBLOCK(WF_Q6_K, 256, 210, 1)
+WBLOCK(WF_IQ1_S, 256, 50, 1)
+WBLOCK(WF_IQ1_M, 256, 56, 1)
+WBLOCK(WF_IQ2_XXS, 256, 66, 1)
+WBLOCK(WF_IQ2_XS, 256, 74, 1)
+WBLOCK(WF_IQ3_XXS, 256, 98, 1)
+WBLOCK(WF_IQ4_XS, 256, 136, 1)
+WBLOCK(WF_MXFP4, 32, 17, 1)
+WBLOCK(WF_FP8_E4M3_B128_E8M0, 128, 129, 1)
+WBLOCK(WF_FP8_E4M3_B128_F32, 128, 132, 4)
 
 typedef unsigned char u8;
 
@@ -295,30 +296,37 @@ __device__ __forceinline__ float dq_fp8_f32(const u8* b, unsigned int j) {
 // index; the run lies in one block: the tile decodes pairs (idx even, QK even), the small-row path
 // runs of 8 at multiples of 8 (every QK, 32, 128 or 256, is a multiple of 8), others single values).
 // FMT is a compile-time constant, so each instantiation is one format's code, no branching on it.
+// Value j (< QK) of block b of format FMT: FMT is a compile-time constant, so each instantiation is
+// one format's decoder, no branching on it.
+template <int FMT>
+__device__ __forceinline__ float dq_value(const u8* b, unsigned int j) {
+    if constexpr (FMT == WF_Q8_0) return dq_q8_0(b, j);
+    else if constexpr (FMT == WF_Q2_K) return dq_q2_k(b, j);
+    else if constexpr (FMT == WF_Q3_K) return dq_q3_k(b, j);
+    else if constexpr (FMT == WF_Q4_K) return dq_q4_k(b, j);
+    else if constexpr (FMT == WF_Q5_K) return dq_q5_k(b, j);
+    else if constexpr (FMT == WF_Q6_K) return dq_q6_k(b, j);
+    else if constexpr (FMT == WF_IQ1_S) return dq_iq1_s(b, j);
+    else if constexpr (FMT == WF_IQ1_M) return dq_iq1_m(b, j);
+    else if constexpr (FMT == WF_IQ2_XXS) return dq_iq2_xxs(b, j);
+    else if constexpr (FMT == WF_IQ2_XS) return dq_iq2_xs(b, j);
+    else if constexpr (FMT == WF_IQ3_XXS) return dq_iq3_xxs(b, j);
+    else if constexpr (FMT == WF_IQ4_XS) return dq_iq4_xs(b, j);
+    else if constexpr (FMT == WF_MXFP4) return dq_mxfp4(b, j);
+    else if constexpr (FMT == WF_FP8_E4M3_B128_E8M0) return dq_fp8_e8m0(b, j);
+    else if constexpr (FMT == WF_FP8_E4M3_B128_F32) return dq_fp8_f32(b, j);
+    else static_assert(FMT < 0, "dq_value: not a block format");
+}
+
+// out[0 .. n) = values idx .. idx + n of a block-format matrix starting at w (idx a flat element
+// index; the run lies in one block: the tile decodes pairs (idx even, QK even), others single
+// values).
 template <int FMT>
 __device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsigned int n) {
     constexpr unsigned int QK = WBlock<FMT>::QK;
     const u8* b = (const u8*)w + idx / QK * WBlock<FMT>::BYTES;
     const unsigned int j0 = (unsigned int)(idx % QK);
-    for (unsigned int i = 0; i < n; ++i) {
-        const unsigned int j = j0 + i;
-        if constexpr (FMT == WF_Q8_0) out[i] = dq_q8_0(b, j);
-        else if constexpr (FMT == WF_Q2_K) out[i] = dq_q2_k(b, j);
-        else if constexpr (FMT == WF_Q3_K) out[i] = dq_q3_k(b, j);
-        else if constexpr (FMT == WF_Q4_K) out[i] = dq_q4_k(b, j);
-        else if constexpr (FMT == WF_Q5_K) out[i] = dq_q5_k(b, j);
-        else if constexpr (FMT == WF_Q6_K) out[i] = dq_q6_k(b, j);
-        else if constexpr (FMT == WF_IQ1_S) out[i] = dq_iq1_s(b, j);
-        else if constexpr (FMT == WF_IQ1_M) out[i] = dq_iq1_m(b, j);
-        else if constexpr (FMT == WF_IQ2_XXS) out[i] = dq_iq2_xxs(b, j);
-        else if constexpr (FMT == WF_IQ2_XS) out[i] = dq_iq2_xs(b, j);
-        else if constexpr (FMT == WF_IQ3_XXS) out[i] = dq_iq3_xxs(b, j);
-        else if constexpr (FMT == WF_IQ4_XS) out[i] = dq_iq4_xs(b, j);
-        else if constexpr (FMT == WF_MXFP4) out[i] = dq_mxfp4(b, j);
-        else if constexpr (FMT == WF_FP8_E4M3_B128_E8M0) out[i] = dq_fp8_e8m0(b, j);
-        else if constexpr (FMT == WF_FP8_E4M3_B128_F32) out[i] = dq_fp8_f32(b, j);
-        else static_assert(FMT < 0, "dq_run: not a block format");
-    }
+    for (unsigned int i = 0; i < n; ++i) out[i] = dq_value<FMT>(b, j0 + i);
 }
 
 // out[0 .. 8) = values idx .. idx + 7, idx a multiple of 8 (the small-row path's runs; every QK is a
@@ -365,21 +373,6 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
         for (unsigned int i = 0; i < 8u; ++i) out[i] = __fmul_rn(dq_e4m3((c[i / 4u] >> (8u * (i % 4u))) & 0xffu), s);
     } else {
 #pragma unroll
-        for (unsigned int i = 0; i < 8u; ++i) {
-            const unsigned int j = (r << 3) | i;
-            if constexpr (FMT == WF_Q3_K) out[i] = dq_q3_k(b, j);
-            else if constexpr (FMT == WF_Q4_K) out[i] = dq_q4_k(b, j);
-            else if constexpr (FMT == WF_Q5_K) out[i] = dq_q5_k(b, j);
-            else if constexpr (FMT == WF_Q6_K) out[i] = dq_q6_k(b, j);
-            else if constexpr (FMT == WF_IQ1_S) out[i] = dq_iq1_s(b, j);
-            else if constexpr (FMT == WF_IQ1_M) out[i] = dq_iq1_m(b, j);
-            else if constexpr (FMT == WF_IQ2_XXS) out[i] = dq_iq2_xxs(b, j);
-            else if constexpr (FMT == WF_IQ2_XS) out[i] = dq_iq2_xs(b, j);
-            else if constexpr (FMT == WF_IQ3_XXS) out[i] = dq_iq3_xxs(b, j);
-            else if constexpr (FMT == WF_IQ4_XS) out[i] = dq_iq4_xs(b, j);
-            else if constexpr (FMT == WF_MXFP4) out[i] = dq_mxfp4(b, j);
-            else if constexpr (FMT == WF_FP8_E4M3_B128_E8M0) out[i] = dq_fp8_e8m0(b, j);
-            else static_assert(FMT < 0, "dq_run8: not a block format");
-        }
+        for (unsigned int i = 0; i < 8u; ++i) out[i] = dq_value<FMT>(b, (r << 3) | i);
     }
 }

@@ -413,8 +413,8 @@ __device__ __forceinline__ void lms_count_bin(unsigned int* hist, unsigned int b
 // e == 0). Digit by digit from the top, each pass a histogram (in shared memory) of the digit of
 // the keys in the bin found so far: the bin holding the e-th key is the next prefix, until the
 // keys below the bin plus the whole bin are exactly e (at the latest on the last digit: keys are
-// unique); T is then the largest key of that bin. Distinct values settle within the 4 value
-// digits; the column digits only separate a tie at the k-th value.
+// unique); T is then the largest key that bin can hold (the prefix, ones below it). Distinct
+// values settle within the 4 value digits; the column digits only separate a tie at the k-th value.
 //   hist [LMS_RADIX_BINS], warp_total [LMS_TOPK_THREADS / 32], pick [3]: shared scratch
 __device__ __forceinline__ unsigned long long lms_radix_bound(const float* xr, unsigned int m, unsigned int want,
                                                               unsigned int* hist, unsigned int* warp_total,

@@ -1152,13 +1152,14 @@ static void test_topk() {
     // the select's last bin). m <= 2048 takes the sort; longer rows the radix select: m just past
     // the sort, the indexer's k = 512 at 16K-32K context (m = 4096, 8192), k = 1, k past 2048
     // (chunks of 2048 slots; k = m and k > m), and a row far past one pass of the block
-    // (m = 40000). The last row of a config keeps at most 3 finite values.
+    // (m = 40000), and one past 65 536 columns (m = 70000, ties everywhere: the column digits'
+    // upper byte takes its own pass). The last row of a config keeps at most 3 finite values.
     unsigned configs[][5] = {{6, 300, 40, 6, 0},    {3, 5, 9, 3, 0},        {4, 1000, 7, 2, 0},
                              {2, 0, 3, 2, 0},       {5, 600, 600, 5, 0},    {3, 2048, 512, 2, 0},
                              {2, 1, 4, 2, 0},       {3, 2049, 7, 2, 0},     {3, 2049, 7, 2, 1},
                              {3, 4096, 512, 2, 0},  {2, 8192, 512, 1, 1},   {3, 8192, 1, 2, 2},
                              {3, 2500, 2500, 2, 2}, {1, 3000, 4500, 1, 1},  {2, 40000, 512, 2, 0},
-                             {1, 40000, 512, 1, 1}};
+                             {1, 40000, 512, 1, 1}, {1, 70000, 512, 1, 0}};
     for (auto& cf : configs) {
         unsigned n = cf[0], m = cf[1], k = cf[2], blocks = cf[3], values = cf[4];
         std::vector<float> x(n * m);

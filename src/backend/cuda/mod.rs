@@ -1477,7 +1477,7 @@ mod tests {
             let code = format!("#define WF_{} {i}\n", format.name());
             assert!(dequant.contains(&code), "cuda/dequant.cuh lacks `{}`", code.trim_end());
             let geometry =
-                format!("WBLOCK(WF_{}, {}, {})\n", format.name(), format.block_elems(), format.block_bytes());
+                format!("WBLOCK(WF_{}, {}, {}, ", format.name(), format.block_elems(), format.block_bytes());
             assert!(dequant.contains(&geometry), "cuda/dequant.cuh lacks `{}`", geometry.trim_end());
         }
         let first_block = WeightFormat::ALL.iter().position(|f| f.is_block()).expect("block formats exist");
