@@ -914,8 +914,11 @@ fn moe_case(
 /// The small-row path (at most 8 rows of x, tokens for the experts: decode) and the tile path
 /// just past it, in every weight format: linear (with bias at odd n), grouped_linear and
 /// moe_experts at 1, 2, 3, 7, 8 and 9 rows; k and the column counts odd for the float formats (a
-/// block-format row is whole blocks: 3 of them, so rows straddle words). Each token routes its 3
-/// slots to distinct experts of 4, as a router does.
+/// block-format row is whole blocks: 3 of them, so rows straddle words). Token t routes its 3
+/// slots to experts t, t + 2 and t (mod 4): two distinct experts, one of them twice. Then per
+/// format one experts case at 8 tokens over 2 experts, 12 slots each, so an expert sees more than
+/// 8 slots (the wgpu small-row path's second batch; 8 tokens with distinct ids never reach it);
+/// drawn after the others, so theirs keep their random inputs.
 fn small_row_cases() -> Vec<Case> {
     let mut r = StdRng::seed_from_u64(0x6e3f);
     let mut out = Vec::new();
@@ -939,6 +942,13 @@ fn small_row_cases() -> Vec<Case> {
             let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} small rows");
             out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
         }
+    }
+    for format in WeightFormat::ALL {
+        let (k, h) = if format.is_block() { (block_cols(format), format.block_elems()) } else { (77, 13) };
+        let (n, e, topk) = (8, 2, 3);
+        let ids: Vec<i32> = (0..n * topk).map(|j| (j % e) as i32).collect();
+        let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} 12 slots an expert");
+        out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
     }
     out
 }
