@@ -192,11 +192,17 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         None => prefill()?.1,
     };
     let mut steps = Vec::new();
+    let launches_before = b.launches();
     for i in 0..args.decode_steps.max(1) {
         let t = Instant::now();
         b.download(&model.decode(b, &mut cache, (i % cfg.vocab_size) as i32)?)?;
         steps.push(t.elapsed().as_secs_f64());
     }
+    // the lane's launches (CUDA) or encoded dispatches and copies (wgpu) a step
+    let launches = match (launches_before, b.launches()) {
+        (Some(a), Some(z)) => format!(", {:.0} launches a step", (z - a) as f64 / steps.len() as f64),
+        _ => String::new(),
+    };
     steps.sort_by(f64::total_cmp);
     let step_s = steps[steps.len() / 2];
     // the same steps for `batch` sequences at once (their caches prefilled alike)
@@ -240,7 +246,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         args.tokens as f64 / prefill_s
     );
     println!(
-        "decode at context {}: median {:.3} ms over {} steps, {:.3} GB of weights -> {:.0} GB/s",
+        "decode at context {}: median {:.3} ms over {} steps, {:.3} GB of weights -> {:.0} GB/s{launches}",
         args.tokens,
         step_s * 1e3,
         steps.len(),

@@ -613,10 +613,17 @@ fn prefill<B: Backend>(b: &B, model: &LmModel<B>, t: usize, chunk: usize) -> fov
     Ok((secs, p.cache))
 }
 
-/// The median of `steps` decode steps on `cache` (seconds).
-fn decode_median<B: Backend>(b: &B, model: &LmModel<B>, cache: &mut LmCache<B>, steps: usize) -> fovea::Result<f64> {
+/// The median of `steps` decode steps on `cache` (seconds), and the lane's launches a step
+/// (`Backend::launches`; `None` on the CPU lane).
+fn decode_median<B: Backend>(
+    b: &B,
+    model: &LmModel<B>,
+    cache: &mut LmCache<B>,
+    steps: usize,
+) -> fovea::Result<(f64, Option<f64>)> {
     let vocab = model.config().vocab_size;
     let mut times = Vec::with_capacity(steps);
+    let launches_before = b.launches();
     for i in 0..steps.max(1) {
         let start = Instant::now();
         let logits = b.download(&model.decode(b, cache, ((i * 7919 + 13) % vocab) as i32)?)?.into_f32("logits")?;
@@ -625,7 +632,16 @@ fn decode_median<B: Backend>(b: &B, model: &LmModel<B>, cache: &mut LmCache<B>, 
             return Err(fovea::Error::Invalid(format!("decode at {}: the logits are not finite", cache.pos)));
         }
     }
-    Ok(median(times))
+    let per_step = match (launches_before, b.launches()) {
+        (Some(a), Some(z)) => Some((z - a) as f64 / steps.max(1) as f64),
+        _ => None,
+    };
+    Ok((median(times), per_step))
+}
+
+/// ", N launches a step" for a lane that counts them, else nothing.
+fn launches_note(per_step: Option<f64>) -> String {
+    per_step.map_or(String::new(), |n| format!(", {n:.0} launches a step"))
 }
 
 /// The language model's figures at one depth.
@@ -681,7 +697,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             flops / 1e12,
             sig3(flops / secs / 1e12)
         );
-        let step = decode_median(b, &model, &mut cache, args.decode_steps)?;
+        let (step, _) = decode_median(b, &model, &mut cache, args.decode_steps)?;
         println!("  decode at {t} on this real cache: median {:.2} ms ({} tokens/s)", step * 1e3, sig3(1.0 / step));
         figures.prefill.push((t, secs));
     }
@@ -693,12 +709,12 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
         let mut cache = model.synthetic_cache(b, n, &mut values)?;
         b.sync()?;
         let build_s = start.elapsed().as_secs_f64();
-        let step = decode_median(b, &model, &mut cache, args.decode_steps)?;
+        let (step, launches) = decode_median(b, &model, &mut cache, args.decode_steps)?;
         let (held, cache_read) = cache_bytes(&cfg, n);
         println!(
             "decode at {n} (synthetic cache: {} raw keys a layer, {} entries + indexer keys a CSA layer, {} a HCA \
              layer; {:.1} MiB, built in {:.1} s): median of {} steps {:.2} ms, {} tokens/s, {:.3} GB weights + \
-             {:.3} GB cache read -> {} GB/s",
+             {:.3} GB cache read -> {} GB/s{}",
             (cfg.sliding_window - 1).min(n),
             n / 4,
             n / 128,
@@ -709,7 +725,8 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             sig3(1.0 / step),
             read / 1e9,
             cache_read / 1e9,
-            sig3((read + cache_read) / step / 1e9)
+            sig3((read + cache_read) / step / 1e9),
+            launches_note(launches)
         );
         figures.decode.push((n, step));
     }

@@ -77,6 +77,19 @@ fn cuda_shape_errors_name_the_op() {
     assert_eq!(b.download(&y).unwrap().into_f32("y").unwrap(), vec![0.0; 12]);
 }
 
+/// `Backend::launches` counts kernel launches: an elementwise op is one (a download is a copy,
+/// not a launch).
+#[test]
+fn cuda_launches_count_kernels() {
+    let Some(b) = common::cuda_lane_or_skip() else { return };
+    let a = up(&b, &[2, 3]);
+    let before = b.launches().expect("the CUDA lane counts its launches");
+    let y = b.add(&a, &a).unwrap();
+    assert_eq!(b.launches(), Some(before + 1));
+    b.download(&y).unwrap();
+    assert_eq!(b.launches(), Some(before + 1));
+}
+
 #[test]
 fn cuda_lane_claims_every_op_of_the_contract() {
     let Some(b) = common::cuda_lane_or_skip() else { return };

@@ -183,6 +183,23 @@ fn adapter_and_capabilities() {
     }
 }
 
+/// `Backend::launches` counts what the lane encodes: an elementwise op is one dispatch, a
+/// download one copy to its staging buffer (a lane of its own, so no other test's work counts).
+#[test]
+fn launches_count_dispatches_and_copies() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = make(Options::default());
+    let x = up(&b, &[2, 3], vec![1.0; 6]);
+    let before = b.launches().expect("the wgpu lane counts its commands");
+    let y = b.add(&x, &x).unwrap();
+    assert_eq!(b.launches(), Some(before + 1));
+    assert_eq!(down(&b, &y), vec![2.0; 6]);
+    assert_eq!(b.launches(), Some(before + 2));
+}
+
 #[test]
 fn adapter_name_not_found_lists_adapters() {
     if !adapter_available() {

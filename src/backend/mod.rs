@@ -380,6 +380,12 @@ pub trait Backend {
     fn capacity(&self) -> Option<Capacity> {
         None
     }
+    /// Units of device work issued since the lane opened: kernel launches (CUDA), compute
+    /// dispatches and buffer copies encoded (wgpu); `None` on the CPU lane. Benchmarks report the
+    /// difference over a decode step (launch and dispatch overhead grow with it).
+    fn launches(&self) -> Option<u64> {
+        None
+    }
 
     // ---- tensors & transfer --------------------------------------------------------------
     /// Copy a host tensor to the device (activation or small f32 parameter).

@@ -69,7 +69,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&x.buf).arg(&mut y.buf).arg(&segs32).arg(&hd32).arg(&eps);
         // SAFETY: arguments match `rms_norm_heads_f32` in cuda/lm_small.cu; shapes checked above.
-        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "rms_norm_heads_f32", e))?;
+        self.launched(OP, "rms_norm_heads_f32", unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -193,7 +193,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&x.buf).arg(&mut y.buf).arg(&n32).arg(&m32).arg(&k32);
         // SAFETY: arguments match `topk_rows_i32` in cuda/lm_small.cu; shapes checked above.
-        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "topk_rows_i32", e))?;
+        self.launched(OP, "topk_rows_i32", unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -277,7 +277,7 @@ impl CudaBackend {
         l.arg(&mut ids.buf).arg(&mut weights.buf);
         l.arg(&n32).arg(&e32).arg(&k32).arg(&kinds).arg(&hashed).arg(&vocab).arg(&scale_bits);
         // SAFETY: arguments match `route_experts_f32` in cuda/lm_small.cu; shapes checked above.
-        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "route_experts_f32", e))?;
+        self.launched(OP, "route_experts_f32", unsafe { l.launch(cfg) })?;
         Ok((ids, weights))
     }
 

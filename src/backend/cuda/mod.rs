@@ -463,6 +463,8 @@ struct Counters {
     matrix: AtomicU64,
     activation: AtomicU64,
     peak: AtomicU64,
+    /// Kernel launches issued (`Backend::launches`).
+    launches: AtomicU64,
 }
 
 impl Counters {
@@ -828,6 +830,12 @@ impl CudaBackend {
         self.new_tensor(op, shape, dtype, Role::Activation, None)
     }
 
+    /// A launch's result: counted (`Backend::launches`) and, if it failed, named by op and kernel.
+    fn launched<T>(&self, op: &'static str, kernel: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<()> {
+        self.counters.launches.fetch_add(1, Ordering::Relaxed);
+        r.map(|_| ()).map_err(|e| Self::launch_err(op, kernel, e))
+    }
+
     fn launch_err(op: &'static str, kernel: &str, e: impl std::fmt::Debug) -> Error {
         Error::Device(format!("op `{op}`: launching kernel `{kernel}`: {e:?}"))
     }
@@ -878,7 +886,7 @@ impl CudaBackend {
         l.arg(&t.buf).arg(&index).arg(&value);
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: arguments match `debug_poke_u32` in cuda/debug.cu; the index is inside the buffer.
-        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err("debug_poke", "debug_poke_u32", e))?;
+        self.launched("debug_poke", "debug_poke_u32", unsafe { l.launch(cfg) })?;
         Ok(())
     }
 
@@ -934,7 +942,7 @@ impl CudaBackend {
         }
         // SAFETY: the argument list matches the kernel's signature in `src` (buffers, then
         // `unsigned int` sizes), and the host checked every size against the buffers.
-        unsafe { l.launch(cfg_1d(total)) }.map_err(|e| Self::launch_err(op, kernel, e))?;
+        self.launched(op, kernel, unsafe { l.launch(cfg_1d(total)) })?;
         Ok(())
     }
 }
@@ -965,6 +973,10 @@ impl Backend for CudaBackend {
             activation_bytes: c.activation.load(Ordering::Relaxed),
             peak_activation_bytes: c.peak.load(Ordering::Relaxed),
         }
+    }
+
+    fn launches(&self) -> Option<u64> {
+        Some(self.counters.launches.load(Ordering::Relaxed))
     }
 
     /// The driver's free and total bytes of this context's device (`cuMemGetInfo`).
@@ -1045,7 +1057,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&x.buf).arg(&w.buf).arg(bias_buf).arg(&mut y.buf).arg(&n32).arg(&k32).arg(&o32).arg(&has_bias);
         // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above.
-        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
+        self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -1067,7 +1079,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&x.buf).arg(&weight.buf).arg(&mut y.buf).arg(&n32).arg(&d32).arg(&eps);
         // SAFETY: arguments match `rms_norm_f32` in cuda/norm.cu; shapes checked above.
-        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "rms_norm_f32", e))?;
+        self.launched(OP, "rms_norm_f32", unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -1181,7 +1193,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&q.buf).arg(&k.buf).arg(&v.buf).arg(&mut y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&scale);
         // SAFETY: arguments match `attention_f32` in cuda/attention.cu; shapes checked above.
-        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, "attention_f32", e))?;
+        self.launched(OP, "attention_f32", unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -1237,7 +1249,7 @@ impl Backend for CudaBackend {
         l.arg(&x.buf).arg(&weight.buf).arg(bias_buf).arg(&mut y.buf);
         l.arg(&c32).arg(&h32).arg(&w32).arg(&r32).arg(&cw32).arg(&cells32).arg(&o32).arg(&has_bias);
         // SAFETY: arguments match `unfold_linear_gelu_*` in cuda/linear.cu; shapes checked above.
-        unsafe { l.launch(cfg) }.map_err(|e| Self::launch_err(OP, kernel, e))?;
+        self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 

@@ -132,6 +132,8 @@ struct Counters {
     activation: AtomicU64,
     peak: AtomicU64,
     cached: AtomicU64,
+    /// Commands encoded: compute dispatches and buffer copies (`Backend::launches`).
+    commands: AtomicU64,
 }
 
 impl Counters {
@@ -838,6 +840,7 @@ impl WgpuBackend {
             });
             f(enc);
             p.dispatches += 1;
+            self.shared.counters.commands.fetch_add(1, Ordering::Relaxed);
             p.dispatches >= FLUSH_EVERY
         };
         if flush {
@@ -1242,6 +1245,10 @@ impl Backend for WgpuBackend {
     /// wgpu has no such query of its own; other backends answer `None`.
     fn capacity(&self) -> Option<Capacity> {
         vulkan_capacity(&self.device)
+    }
+
+    fn launches(&self) -> Option<u64> {
+        Some(self.shared.counters.commands.load(Ordering::Relaxed))
     }
 
     /// Any host tensor → a fresh buffer (elements, then the guard band when on).
