@@ -191,14 +191,20 @@ impl Backend for CpuBackend {
         }
     }
 
-    /// The host's memory: `MemAvailable` and `MemTotal` of /proc/meminfo (Linux).
+    /// The host's memory: `MemAvailable` and `MemTotal` of /proc/meminfo (Linux), within the
+    /// memory limit of this process's cgroup when it has one (a container's `--memory`: the
+    /// kernel kills a process past it however much the host has free).
     fn capacity(&self) -> Option<Capacity> {
         let info = std::fs::read_to_string("/proc/meminfo").ok()?;
         let kib = |key: &str| -> Option<u64> {
             let line = info.lines().find(|l| l.starts_with(key))?;
             line[key.len()..].trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|k| k * 1024)
         };
-        Some(Capacity { free_bytes: kib("MemAvailable:")?, total_bytes: kib("MemTotal:")? })
+        let host = Capacity { free_bytes: kib("MemAvailable:")?, total_bytes: kib("MemTotal:")? };
+        Some(match cgroup_memory_limit() {
+            Some((limit, usage)) => within_limit(host, limit, usage),
+            None => host,
+        })
     }
 
     fn upload(&self, host: &HostTensor) -> Result<CpuTensor> {
@@ -609,8 +615,92 @@ impl Backend for CpuBackend {
     }
 }
 
+/// `(limit, usage)` in bytes of the memory cgroup this process is in, when it sets a limit:
+/// cgroup v2 (`memory.max`, `memory.current`) or v1 (`memory.limit_in_bytes`,
+/// `memory.usage_in_bytes`), at the path /proc/self/cgroup names under /sys/fs/cgroup, else at
+/// the hierarchy's root (inside a container's cgroup namespace the path reads "/").
+fn cgroup_memory_limit() -> Option<(u64, u64)> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |dir: &str, file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok();
+    for (dir, max, current) in cgroup_memory_dirs(&own) {
+        if let (Some(m), Some(c)) = (read(&dir, max), read(&dir, current))
+            && let Some(limit) = parse_cgroup_limit(&m)
+        {
+            return Some((limit, c.trim().parse().ok()?));
+        }
+    }
+    None
+}
+
+/// The directories (with their limit and usage files) to look for this process's memory limit
+/// in, given /proc/self/cgroup: its own group first, then the hierarchy's root, v2 before v1.
+fn cgroup_memory_dirs(own: &str) -> Vec<(String, &'static str, &'static str)> {
+    let mut dirs = Vec::new();
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let path = path.trim_end_matches('/');
+        if controllers.is_empty() {
+            dirs.push((format!("/sys/fs/cgroup{path}"), "memory.max", "memory.current"));
+        } else if controllers.split(',').any(|c| c == "memory") {
+            dirs.push((format!("/sys/fs/cgroup/memory{path}"), "memory.limit_in_bytes", "memory.usage_in_bytes"));
+        }
+    }
+    let roots = [
+        ("/sys/fs/cgroup".to_string(), "memory.max", "memory.current"),
+        ("/sys/fs/cgroup/memory".to_string(), "memory.limit_in_bytes", "memory.usage_in_bytes"),
+    ];
+    for root in roots {
+        if !dirs.contains(&root) {
+            dirs.push(root);
+        }
+    }
+    dirs
+}
+
+/// A cgroup memory limit file's bytes, or `None` when it sets no limit: v2 writes `max`, v1 a
+/// page-rounded `i64::MAX` (anything past 2^62 bytes is no limit in practice).
+fn parse_cgroup_limit(text: &str) -> Option<u64> {
+    let v: u64 = text.trim().parse().ok()?;
+    (v < 1 << 62).then_some(v)
+}
+
+/// The host's capacity within a cgroup limit: at most `limit` in all and `limit - usage` free.
+fn within_limit(host: Capacity, limit: u64, usage: u64) -> Capacity {
+    Capacity {
+        free_bytes: host.free_bytes.min(limit.saturating_sub(usage)),
+        total_bytes: host.total_bytes.min(limit),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::{Capacity, cgroup_memory_dirs, parse_cgroup_limit, within_limit};
+
+    /// A container's memory limit caps what the CPU lane reports free and in all; "no limit"
+    /// in either cgroup version leaves the host's figures.
+    #[test]
+    fn capacity_stays_within_a_cgroup_memory_limit() {
+        assert_eq!(parse_cgroup_limit("max\n"), None);
+        assert_eq!(parse_cgroup_limit("9223372036854771712\n"), None);
+        assert_eq!(parse_cgroup_limit("8589934592\n"), Some(8 << 30));
+        assert_eq!(parse_cgroup_limit("garbage"), None);
+        let host = Capacity { free_bytes: 20 << 30, total_bytes: 24 << 30 };
+        assert_eq!(within_limit(host, 8 << 30, 3 << 30), Capacity { free_bytes: 5 << 30, total_bytes: 8 << 30 });
+        assert_eq!(within_limit(host, 8 << 30, 9 << 30), Capacity { free_bytes: 0, total_bytes: 8 << 30 });
+        assert_eq!(within_limit(host, 64 << 30, 1 << 30), host);
+        let v2 = cgroup_memory_dirs("0::/user.slice/docker-1.scope\n");
+        assert_eq!(v2[0], ("/sys/fs/cgroup/user.slice/docker-1.scope".into(), "memory.max", "memory.current"));
+        let v1 = cgroup_memory_dirs("5:devices:/\n4:memory:/process_api/ab\n0::/\n");
+        assert_eq!(
+            v1[0],
+            ("/sys/fs/cgroup/memory/process_api/ab".into(), "memory.limit_in_bytes", "memory.usage_in_bytes")
+        );
+        // the roots once each, after the process's own groups
+        assert_eq!(v1.len(), 3);
+        assert_eq!(v1[1], ("/sys/fs/cgroup".into(), "memory.max", "memory.current"));
+    }
+
     use super::*;
 
     fn t(b: &CpuBackend, shape: &[usize], v: Vec<f32>) -> CpuTensor {
