@@ -667,10 +667,7 @@ fn parse_cgroup_limit(text: &str) -> Option<u64> {
 
 /// The host's capacity within a cgroup limit: at most `limit` in all and `limit - usage` free.
 fn within_limit(host: Capacity, limit: u64, usage: u64) -> Capacity {
-    Capacity {
-        free_bytes: host.free_bytes.min(limit.saturating_sub(usage)),
-        total_bytes: host.total_bytes.min(limit),
-    }
+    Capacity { free_bytes: host.free_bytes.min(limit.saturating_sub(usage)), total_bytes: host.total_bytes.min(limit) }
 }
 
 #[cfg(test)]

@@ -831,7 +831,12 @@ impl CudaBackend {
     }
 
     /// A launch's result: counted (`Backend::launches`) and, if it failed, named by op and kernel.
-    fn launched<T>(&self, op: &'static str, kernel: &str, r: std::result::Result<T, cudarc::driver::DriverError>) -> Result<()> {
+    fn launched<T>(
+        &self,
+        op: &'static str,
+        kernel: &str,
+        r: std::result::Result<T, cudarc::driver::DriverError>,
+    ) -> Result<()> {
         self.counters.launches.fetch_add(1, Ordering::Relaxed);
         r.map(|_| ()).map_err(|e| Self::launch_err(op, kernel, e))
     }
@@ -1488,8 +1493,7 @@ mod tests {
             }
             let code = format!("#define WF_{} {i}\n", format.name());
             assert!(dequant.contains(&code), "cuda/dequant.cuh lacks `{}`", code.trim_end());
-            let geometry =
-                format!("WBLOCK(WF_{}, {}, {}, ", format.name(), format.block_elems(), format.block_bytes());
+            let geometry = format!("WBLOCK(WF_{}, {}, {}, ", format.name(), format.block_elems(), format.block_bytes());
             assert!(dequant.contains(&geometry), "cuda/dequant.cuh lacks `{}`", geometry.trim_end());
         }
         let first_block = WeightFormat::ALL.iter().position(|f| f.is_block()).expect("block formats exist");

@@ -690,11 +690,8 @@ impl WgpuBackend {
             max_binding = max_binding.min(cap.max(4));
         }
         let native_f16 = features.contains(wgpu::Features::SHADER_F16) && !opts.force_f16_fallback;
-        let reduction = if features.contains(wgpu::Features::SUBGROUP) {
-            Reduction::Subgroup
-        } else {
-            Reduction::Workgroup
-        };
+        let reduction =
+            if features.contains(wgpu::Features::SUBGROUP) { Reduction::Subgroup } else { Reduction::Workgroup };
         let sentinel = (opts.guard_words > 0).then(|| {
             let words = vec![GUARD_SENTINEL; opts.guard_words as usize];
             device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
