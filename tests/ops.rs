@@ -325,17 +325,7 @@ fn cases() -> Vec<Case> {
     let mut out = Vec::new();
     for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
         for (n, k, o) in [(1, 7, 5), (37, 70, 45), (130, 96, 67)] {
-            let mut c = case(
-                format!("linear {format} x[{n},{k}] W[{o},{k}]"),
-                Op::Linear,
-                REDUCTION,
-                vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[o], 0.5)],
-                // a = 1: with bias (odd n), a = 0: without.
-                |a| Call::Linear { x: 0, bias: (a.a == 1).then_some(1) },
-                Args { a: n % 2, ..Default::default() },
-            );
-            c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
-            out.push(c);
+            out.push(linear_case(&mut r, format, n, k, o, ""));
         }
     }
     out.push(case(
@@ -925,17 +915,7 @@ fn small_row_cases() -> Vec<Case> {
     for format in WeightFormat::ALL {
         let (k, h) = if format.is_block() { (block_cols(format), format.block_elems()) } else { (77, 13) };
         for n in [1, 2, 3, 7, 8, 9] {
-            let o = 67;
-            let mut c = case(
-                format!("linear {format} x[{n},{k}] W[{o},{k}] small rows"),
-                Op::Linear,
-                REDUCTION,
-                vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[o], 0.5)],
-                |a| Call::Linear { x: 0, bias: (a.a == 1).then_some(1) },
-                Args { a: n % 2, ..Default::default() },
-            );
-            c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
-            out.push(c);
+            out.push(linear_case(&mut r, format, n, k, 67, " small rows"));
             out.push(grouped_case(&mut r, format, n, 2, k, 5, " small rows"));
             let (e, topk) = (4, 3);
             let ids: Vec<i32> = (0..n * topk).map(|j| ((j / topk + 2 * (j % topk)) % e) as i32).collect();
@@ -1084,6 +1064,21 @@ fn route_cases(r: &mut StdRng) -> Vec<Case> {
 }
 
 /// grouped_linear: x `[n, g·k]`, W `[g·r, k]` in `format`.
+/// linear over x `[n, k]` and a weight `[o, k]` in `format`, with a bias at odd n.
+fn linear_case(r: &mut StdRng, format: WeightFormat, n: usize, k: usize, o: usize, tag: &str) -> Case {
+    let mut c = case(
+        format!("linear {format} x[{n},{k}] W[{o},{k}]{tag}"),
+        Op::Linear,
+        REDUCTION,
+        vec![randn(r, &[n, k], 1.0), randn(r, &[o], 0.5)],
+        // a = 1: with bias (odd n), a = 0: without.
+        |a| Call::Linear { x: 0, bias: (a.a == 1).then_some(1) },
+        Args { a: n % 2, ..Default::default() },
+    );
+    c.weight = Some((format, o, k, weight_bytes(r, format, o, k)));
+    c
+}
+
 fn grouped_case(r: &mut StdRng, format: WeightFormat, n: usize, g: usize, k: usize, rr: usize, tag: &str) -> Case {
     let mut c = case(
         format!("grouped_linear {format} x[{n},{g}x{k}] W[{g}x{rr},{k}]{tag}"),
