@@ -18,10 +18,33 @@ typedef unsigned long long u64;
 #ifndef FOVEA_BLOCK_FORMAT
 #define FOVEA_BLOCK_FORMAT 0
 #endif
-#if FOVEA_BLOCK_FORMAT
+
+// GEMM builds. The weight files' GEMM kernels (linear, grouped_linear, moe_gate/up/down) have two
+// paths (gemm_block below): the tile for many rows, the small-row path (gemv_cols) for a decode
+// step's few. They want different register budgets: the tile takes up to 128 registers a thread
+// (GEMM_LAUNCH), while the small-row path streams its weight once and wants as many warps an SM as
+// possible to keep loads in flight (Nsight Compute on an H200, 2026-12-02: held to 4 blocks an SM
+// by the tile's budget, the expert GEMVs issued half an instruction a cycle, the rest waiting on
+// memory). So the host compiles each weight file as two builds: FOVEA_GEMM_PATH = GEMM_PATH_TILES
+// (every kernel; the GEMMs take the tile), and GEMM_PATH_ROWS (the GEMM kernels alone, declared
+// GEMM_KERNEL or by the block-format macros, on the small-row path under GEMV_MIN_BLOCKS; every
+// BASE_KERNEL then declares a template nothing instantiates). The host emulator keeps
+// GEMM_PATH_BOTH: gemm_block then picks the path at run time by the rule the host uses.
+#define GEMM_PATH_BOTH 0
+#define GEMM_PATH_TILES 1
+#define GEMM_PATH_ROWS 2
+#ifndef FOVEA_GEMM_PATH
+#define FOVEA_GEMM_PATH GEMM_PATH_BOTH
+#endif
+#if FOVEA_BLOCK_FORMAT || FOVEA_GEMM_PATH == GEMM_PATH_ROWS
 #define BASE_KERNEL template <int> __global__
 #else
 #define BASE_KERNEL extern "C" __global__
+#endif
+#if FOVEA_BLOCK_FORMAT
+#define GEMM_KERNEL template <int> __global__
+#else
+#define GEMM_KERNEL extern "C" __global__
 #endif
 
 #define NEG_INF __uint_as_float(0xff800000u)
@@ -64,8 +87,17 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 }
 
 // Weight decoding (linear, grouped_linear, moe): f32 as is, bf16 = the upper 16 bits of an f32,
-// f16 by an exact integer decode (subnormals, inf and NaN included; no cuda_fp16.h needed).
+// f16 (the low 16 bits of h) by the device's conversion instruction, exact (every f16 is an f32;
+// no cuda_fp16.h needed). The integer decode below it (subnormals, inf and NaN included) serves
+// the host emulator; on the device its chain of integer operations and branches was paid for
+// every f16 weight the small-row path streamed (a hyper-connection mix, 12 blocks and one row:
+// 38 us with it, 11 us with the instruction and the one-row instantiation; Nsight, H200).
 __device__ __forceinline__ float f16_to_f32(unsigned int h) {
+#if !defined(CUDA_EMU)
+    float f;
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(h));
+    return f;
+#else
     const unsigned int sign = (h & 0x8000u) << 16;
     const unsigned int exp = (h >> 10) & 0x1fu;
     const unsigned int man = h & 0x3ffu;
@@ -73,6 +105,7 @@ __device__ __forceinline__ float f16_to_f32(unsigned int h) {
     if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
     const float f = (float)man * 5.9604644775390625e-8f; // subnormal (or zero): man * 2^-24, exact
     return sign ? -f : f;
+#endif
 }
 
 // FMT: 0 = f32, 1 = bf16, 2 = f16; WF_FIRST_BLOCK and up the block formats, decoded by dq_run
@@ -303,7 +336,20 @@ __device__ __forceinline__ void fa_accumulate(const float* PT, const float* alph
 // warps) fit an SM; unbounded, NVRTC gave 130-154 and three blocks (12 warps), and the tiles'
 // load latency went unhidden (Nsight Compute: 30 % issue-slot use, ViT and expert GEMMs).
 #define GEMM_MIN_BLOCKS 4
+// The rows build's bound (see "GEMM builds" above): at least GEMV_MIN_BLOCKS blocks an SM, so at
+// most 65536 / (GEMM_THREADS * GEMV_MIN_BLOCKS) registers a thread (40 at 12). One layer's q2
+// decode step on an H200 (bench_model --layers 1, median of 16, one sitting, 2026-12-02): 0.85,
+// 0.88, 0.80 and 0.78 ms at 4, 8, 12 and 16 (the tile build's bound, 4, gave 1.87 ms with the
+// other changes of that commit absent); 16 leaves 32 registers, too few for the eight-row
+// instantiation of a batched step.
+#ifndef GEMV_MIN_BLOCKS
+#define GEMV_MIN_BLOCKS 12
+#endif
+#if FOVEA_GEMM_PATH == GEMM_PATH_ROWS
+#define GEMM_LAUNCH __launch_bounds__(GEMM_THREADS, GEMV_MIN_BLOCKS)
+#else
 #define GEMM_LAUNCH __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+#endif
 // k pairs per staged row (the MMA path keeps two bf16 of adjacent k in one 32-bit word) and the
 // padded row length in words: 20 words spreads the fragment loads of a warp over all 32 banks.
 #define GEMM_KP (GEMM_BK / 2)
@@ -726,26 +772,26 @@ __device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row) {
         return ((u64)w & (WBlock<FMT>::ALIGN - 1u)) == 0u;
 }
 
-template <int FMT, class Op>
+template <int FMT, unsigned int R, class Op>
 __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
                                           unsigned int k, unsigned int block) {
-    __shared__ float part[GEMV_WARPS][GEMV_ROWS][2];
+    __shared__ float part[GEMV_WARPS][R][2];
     const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
     const unsigned int c = 2u * block;
     // no early return: every thread of the block reaches the shuffles and the barrier. A missing
     // second column reads the first's row (in bounds); store2 drops its sum.
     const bool have0 = c < cols, have1 = c + 1u < cols;
     const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : w0;
-    const float* a[GEMV_ROWS];
+    const float* a[R];
     bool runs = k % GEMV_RUN == 0u && gemv_w_aligned<FMT>(w, w0) && gemv_w_aligned<FMT>(w, w1);
 #pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
+    for (unsigned int i = 0; i < R; ++i) {
         a[i] = i < rows ? op.a_row(i) : 0;
         if (i < rows) runs = runs && ((u64)a[i] & 15u) == 0u;
     }
-    float acc[GEMV_ROWS][2];
+    float acc[R][2];
 #pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
+    for (unsigned int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = 0.0f;
     if (have0 && runs) {
 #pragma unroll 4
         for (unsigned int kk = GEMV_RUN * threadIdx.x; kk < k; kk += GEMV_RUN * GEMM_THREADS) {
@@ -753,7 +799,7 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
             load_w_run<FMT>(w, w0 + kk, wa);
             load_w_run<FMT>(w, w1 + kk, wb);
 #pragma unroll
-            for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+            for (unsigned int i = 0; i < R; ++i)
                 if (i < rows) {
                     const fa_f4* xp = reinterpret_cast<const fa_f4*>(a[i] + kk);
                     const fa_f4 xa = xp[0], xb = xp[1];
@@ -769,7 +815,7 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
         for (unsigned int kk = threadIdx.x; kk < k; kk += GEMM_THREADS) {
             const float wa = load_w<FMT>(w, w0 + kk), wb = load_w<FMT>(w, w1 + kk);
 #pragma unroll
-            for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+            for (unsigned int i = 0; i < R; ++i)
                 if (i < rows) {
                     acc[i][0] = fmaf(a[i][kk], wa, acc[i][0]);
                     acc[i][1] = fmaf(a[i][kk], wb, acc[i][1]);
@@ -777,19 +823,19 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
         }
     }
 #pragma unroll
-    for (unsigned int i = 0; i < GEMV_ROWS; ++i)
+    for (unsigned int i = 0; i < R; ++i)
         for (int o = 16; o > 0; o >>= 1) {
             acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][0], o);
             acc[i][1] += __shfl_xor_sync(0xffffffffu, acc[i][1], o);
         }
     if (lane == 0)
 #pragma unroll
-        for (unsigned int i = 0; i < GEMV_ROWS; ++i) {
+        for (unsigned int i = 0; i < R; ++i) {
             part[warp][i][0] = acc[i][0];
             part[warp][i][1] = acc[i][1];
         }
     __syncthreads();
-    if (have0 && threadIdx.x < rows && threadIdx.x < GEMV_ROWS) {
+    if (have0 && threadIdx.x < rows && threadIdx.x < R) {
         const unsigned int i = threadIdx.x;
         float v0 = 0.0f, v1 = 0.0f;
         for (unsigned int v = 0; v < GEMV_WARPS; ++v) {
@@ -800,16 +846,39 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
     }
 }
 
+// gemv_cols for `rows` (1 ..= GEMV_ROWS) rows: a decode step of one sequence (one row, and one
+// row in each routed expert's tile) gets the one-row instantiation, without the registers and
+// the per-row tests of eight.
+template <int FMT, class Op>
+__device__ __forceinline__ void gemv_block(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                           unsigned int k, unsigned int block) {
+    if (rows == 1u)
+        gemv_cols<FMT, 1>(op, w, rows, cols, k, block);
+    else
+        gemv_cols<FMT, GEMV_ROWS>(op, w, rows, cols, k, block);
+}
+
 // The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
 // every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, the column pair
 // col_block; else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
 // sizes the grid by the same rule (`gemm_cols_per_block` in src/backend/cuda/mod.rs).
+// The build fixes the path (see "GEMM builds" at the top): the host launches the rows build
+// exactly when bound_rows <= GEMV_ROWS; a launch against that rule traps rather than computing
+// part of the rows.
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_block(const Op& op, const void* w, unsigned int rows, unsigned int cols,
                                            unsigned int k, unsigned int bound_rows, unsigned int col_block,
                                            unsigned int row_tile) {
+#if FOVEA_GEMM_PATH == GEMM_PATH_ROWS
+    if (bound_rows > GEMV_ROWS) __trap();
+    gemv_block<FMT>(op, w, rows, cols, k, col_block);
+#elif FOVEA_GEMM_PATH == GEMM_PATH_TILES
+    if (bound_rows <= GEMV_ROWS) __trap();
+    gemm_tile<FMT>(op, w, rows, cols, k, row_tile * GEMM_BM, col_block * GEMM_BN);
+#else
     if (bound_rows <= GEMV_ROWS)
-        gemv_cols<FMT>(op, w, rows, cols, k, col_block);
+        gemv_block<FMT>(op, w, rows, cols, k, col_block);
     else
         gemm_tile<FMT>(op, w, rows, cols, k, row_tile * GEMM_BM, col_block * GEMM_BN);
+#endif
 }

@@ -4,8 +4,8 @@
 // with the zero-padded r x r unfold gathered in the A operand loads (no unfold buffer).
 // The weight keeps its storage format in device memory and is decoded (and, on tensor cores,
 // split into bf16 terms) as it is staged into shared memory; the GEMM is common.cuh's gemm_block
-// (gemm_tile, or gemv_cols for a few rows). Block GEMM_THREADS (1-D), grid (column blocks, row
-// tiles) as gemm_block says.
+// (gemm_tile, or gemv_cols for a few rows, in the file's rows build). Block GEMM_THREADS (1-D),
+// grid (column blocks, row tiles) as gemm_block says.
 
 // Plain rows of x and W; the epilogue adds the bias.
 struct LinearOperands : ContiguousRows {
@@ -31,17 +31,17 @@ __device__ __forceinline__ void linear_tiled(const float* x, const void* w, cons
     gemm_block<FMT>(op, w, n, out, k, n, blockIdx.x, blockIdx.y);
 }
 
-BASE_KERNEL void GEMM_LAUNCH linear_f32(const float* x, const float* w, const float* bias, float* y, unsigned int n,
+GEMM_KERNEL void GEMM_LAUNCH linear_f32(const float* x, const float* w, const float* bias, float* y, unsigned int n,
                             unsigned int k, unsigned int out, unsigned int has_bias) {
     linear_tiled<0>(x, w, bias, y, n, k, out, has_bias);
 }
 
-BASE_KERNEL void GEMM_LAUNCH linear_bf16(const float* x, const unsigned short* w, const float* bias, float* y,
+GEMM_KERNEL void GEMM_LAUNCH linear_bf16(const float* x, const unsigned short* w, const float* bias, float* y,
                              unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
     linear_tiled<1>(x, w, bias, y, n, k, out, has_bias);
 }
 
-BASE_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w, const float* bias, float* y,
+GEMM_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w, const float* bias, float* y,
                             unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
     linear_tiled<2>(x, w, bias, y, n, k, out, has_bias);
 }
@@ -125,4 +125,7 @@ BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_f16(const float* x, const unsign
         unsigned int has_bias) {                                                                            \
         unfold_linear_gelu_tiled<FMT>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);           \
     }
+// always the tile: no rows build (BASE_KERNEL keeps the f32/bf16/f16 ones out of it too)
+#if FOVEA_GEMM_PATH != GEMM_PATH_ROWS
 FOR_EACH_BLOCK_FORMAT(UNFOLD_LINEAR_GELU_BLOCK_KERNEL)
+#endif

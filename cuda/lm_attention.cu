@@ -345,19 +345,19 @@ __device__ __forceinline__ void grouped_tiled(const float* x, const void* w, flo
     gemm_block<FMT>(op, w, n, r, k, n, tile, blockIdx.y);
 }
 
-BASE_KERNEL void GEMM_LAUNCH grouped_linear_f32(const float* x, const float* w, float* y, unsigned int n,
+GEMM_KERNEL void GEMM_LAUNCH grouped_linear_f32(const float* x, const float* w, float* y, unsigned int n,
                                     unsigned int k, unsigned int r, unsigned int groups,
                                     unsigned int tiles_r) {
     grouped_tiled<0>(x, w, y, n, k, r, groups, tiles_r);
 }
 
-BASE_KERNEL void GEMM_LAUNCH grouped_linear_bf16(const float* x, const unsigned short* w, float* y, unsigned int n,
+GEMM_KERNEL void GEMM_LAUNCH grouped_linear_bf16(const float* x, const unsigned short* w, float* y, unsigned int n,
                                      unsigned int k, unsigned int r, unsigned int groups,
                                      unsigned int tiles_r) {
     grouped_tiled<1>(x, w, y, n, k, r, groups, tiles_r);
 }
 
-BASE_KERNEL void GEMM_LAUNCH grouped_linear_f16(const float* x, const unsigned short* w, float* y, unsigned int n,
+GEMM_KERNEL void GEMM_LAUNCH grouped_linear_f16(const float* x, const unsigned short* w, float* y, unsigned int n,
                                     unsigned int k, unsigned int r, unsigned int groups,
                                     unsigned int tiles_r) {
     grouped_tiled<2>(x, w, y, n, k, r, groups, tiles_r);

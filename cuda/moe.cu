@@ -202,17 +202,17 @@ __device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, c
     gemm_block<FMT>(op, (const void*)w3[t.expert], t.rows, h, d, tile_rows, blockIdx.x, 0u);
 }
 
-BASE_KERNEL void GEMM_LAUNCH moe_gate_f32(const float* x, const int* order, const int* tiles, const u64* w1,
+GEMM_KERNEL void GEMM_LAUNCH moe_gate_f32(const float* x, const int* order, const int* tiles, const u64* w1,
                               float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
     moe_gate_tiled<0>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
-BASE_KERNEL void GEMM_LAUNCH moe_gate_bf16(const float* x, const int* order, const int* tiles, const u64* w1,
+GEMM_KERNEL void GEMM_LAUNCH moe_gate_bf16(const float* x, const int* order, const int* tiles, const u64* w1,
                               float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
     moe_gate_tiled<1>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
-BASE_KERNEL void GEMM_LAUNCH moe_gate_f16(const float* x, const int* order, const int* tiles, const u64* w1,
+GEMM_KERNEL void GEMM_LAUNCH moe_gate_f16(const float* x, const int* order, const int* tiles, const u64* w1,
                               float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
     moe_gate_tiled<2>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
@@ -225,19 +225,19 @@ BASE_KERNEL void GEMM_LAUNCH moe_gate_f16(const float* x, const int* order, cons
     }
 FOR_EACH_BLOCK_FORMAT(MOE_GATE_BLOCK_KERNEL)
 
-BASE_KERNEL void GEMM_LAUNCH moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w3,
+GEMM_KERNEL void GEMM_LAUNCH moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w3,
                             float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                             float limit) {
     moe_up_tiled<0>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
-BASE_KERNEL void GEMM_LAUNCH moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w3,
+GEMM_KERNEL void GEMM_LAUNCH moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w3,
                             float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                             float limit) {
     moe_up_tiled<1>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
-BASE_KERNEL void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w3,
+GEMM_KERNEL void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w3,
                             float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                             float limit) {
     moe_up_tiled<2>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
@@ -282,17 +282,17 @@ __device__ __forceinline__ void moe_down_tiled(const float* hid, const int* orde
     gemm_block<FMT>(op, (const void*)w2[t.expert], t.rows, d, h, tile_rows, blockIdx.x, 0u);
 }
 
-BASE_KERNEL void GEMM_LAUNCH moe_down_f32(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
+GEMM_KERNEL void GEMM_LAUNCH moe_down_f32(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
                               unsigned int tile_rows, unsigned int d, unsigned int h) {
     moe_down_tiled<0>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
-BASE_KERNEL void GEMM_LAUNCH moe_down_bf16(const float* hid, const int* order, const int* tiles, const u64* w2,
+GEMM_KERNEL void GEMM_LAUNCH moe_down_bf16(const float* hid, const int* order, const int* tiles, const u64* w2,
                                float* ys, unsigned int tile_rows, unsigned int d, unsigned int h) {
     moe_down_tiled<1>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
-BASE_KERNEL void GEMM_LAUNCH moe_down_f16(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
+GEMM_KERNEL void GEMM_LAUNCH moe_down_f16(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
                               unsigned int tile_rows, unsigned int d, unsigned int h) {
     moe_down_tiled<2>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }

@@ -197,7 +197,7 @@ impl CudaBackend {
             )));
         }
         let kernel = GROUPED_LINEAR_KERNELS.of(w.format);
-        let f = self.gemm_func(Source::LmAttention, kernel, w.exact)?;
+        let f = self.gemm_func(Source::LmAttention, kernel, w.exact, n)?;
         let sizes = [
             check_u32(OP, "rows", n)?,
             check_u32(OP, "group width", k)?,

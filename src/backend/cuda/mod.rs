@@ -35,6 +35,7 @@
 mod lm_small;
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -205,6 +206,33 @@ impl Unit {
     }
 }
 
+/// One compilation of a kernel file's unit (cuda/common.cuh, "GEMM builds"): every kernel with
+/// the GEMMs on their tile path, in a precision; or the GEMM kernels alone on their small-row path
+/// (at most `GEMV_ROWS` rows), bounded for more blocks an SM. The small-row path's arithmetic is
+/// the same in both precisions (f32 products of the decoded weights), so it has one build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Build {
+    Tiles(Precision),
+    Rows,
+}
+
+impl Build {
+    /// The build a GEMM over operands of at most `bound_rows` rows takes (`gemm_block`'s rule), in
+    /// `precision` for the tile.
+    fn gemm(bound_rows: usize, precision: Precision) -> Build {
+        if bound_rows <= GEMV_ROWS { Build::Rows } else { Build::Tiles(precision) }
+    }
+}
+
+impl fmt::Display for Build {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Build::Tiles(p) => write!(f, "{p}"),
+            Build::Rows => f.write_str("small-row GEMMs"),
+        }
+    }
+}
+
 /// ggml's IQ grids and value tables (`crate::formats::tables`, the arrays the CPU lane decodes
 /// with) as the `__device__ const` arrays cuda/dequant.cuh reads: one source of truth. Global
 /// memory (23 KiB, IQ1S_GRID alone 16 KiB), not `__constant__`: a warp's lanes look up different
@@ -325,9 +353,9 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Moe, "moe_combine"),
 ];
 
-/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file, precision,
+/// PTX compiled in this process, per (compute capability as `major·10 + minor`, file, build,
 /// unit).
-static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source, Precision, Unit), Ptx>>> = LazyLock::new(Mutex::default);
+static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source, Build, Unit), Ptx>>> = LazyLock::new(Mutex::default);
 
 /// Run `f`, turning a panic inside cudarc (a missing library symbol, say) into `Error::Device`.
 fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -417,14 +445,25 @@ pub fn probe() -> Result<String> {
 /// PTX of `src` for architecture `arch` and a precision, compiled by NVRTC at the first request
 /// in this process. `Fast` defines `FOVEA_FAST` (one bf16 product per GEMM tile, cuda/common.cuh);
 /// only the GEMM kernels are ever loaded from a fast module.
-fn ptx_for(arch: u32, src: Source, precision: Precision, unit: Unit) -> Result<Ptx> {
+fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
     let mut cache = PTX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = cache.get(&(arch, src, precision, unit)) {
+    if let Some(p) = cache.get(&(arch, src, build, unit)) {
         return Ok(p.clone());
     }
     let mut options = vec![format!("--gpu-architecture=compute_{arch}")];
-    if precision == Precision::Fast {
-        options.push("-DFOVEA_FAST=1".into());
+    match build {
+        Build::Tiles(precision) => {
+            options.push("-DFOVEA_GEMM_PATH=GEMM_PATH_TILES".into());
+            if precision == Precision::Fast {
+                options.push("-DFOVEA_FAST=1".into());
+            }
+        }
+        Build::Rows => options.push("-DFOVEA_GEMM_PATH=GEMM_PATH_ROWS".into()),
+    }
+    // Diagnostic: extra NVRTC options for tuning a kernel's compile-time constants without a
+    // rebuild (e.g. `-DGEMV_MIN_BLOCKS=12`), split at white space.
+    if let Ok(extra) = std::env::var("FOVEA_NVRTC_OPTIONS") {
+        options.extend(extra.split_whitespace().map(String::from));
     }
     // The device's own compute capability as the virtual architecture: NVRTC emits PTX for it
     // (a real `sm_XY` target makes NVRTC emit a cubin, and `nvrtcGetPTX`, all cudarc reads, may
@@ -440,7 +479,7 @@ fn ptx_for(arch: u32, src: Source, precision: Precision, unit: Unit) -> Result<P
             e => Error::Device(format!("NVRTC failed on cuda/{} for compute_{arch}: {e:?}", src.file())),
         })
     })?;
-    cache.insert((arch, src, precision, unit), ptx.clone());
+    cache.insert((arch, src, build, unit), ptx.clone());
     Ok(ptx)
 }
 
@@ -590,8 +629,8 @@ pub struct CudaBackend {
     arch: u32,
     opts: Options,
     counters: Arc<Counters>,
-    modules: Mutex<HashMap<(Source, Precision, Unit), Arc<CudaModule>>>,
-    functions: Mutex<HashMap<(&'static str, Precision), CudaFunction>>,
+    modules: Mutex<HashMap<(Source, Build, Unit), Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(&'static str, Build), CudaFunction>>,
     /// Dynamic shared memory each kernel was opted in to beyond `DEFAULT_SHARED_BYTES` (by
     /// `func_shared`), so a launch on the hot path does not ask the driver again.
     shared_optin: Mutex<HashMap<&'static str, usize>>,
@@ -672,41 +711,53 @@ impl CudaBackend {
 
     /// Compile (at the first use in this process, for this architecture) and load `name`.
     fn func(&self, src: Source, name: &'static str) -> Result<CudaFunction> {
-        self.func_in(src, name, Precision::Exact)
+        self.func_in(src, name, Build::Tiles(Precision::Exact))
     }
 
-    /// A GEMM kernel (linear, aligner, grouped projection, experts) in the precision its weight
-    /// gets: the lane's, or exact for a weight from `upload_weight_exact`.
-    fn gemm_func(&self, src: Source, name: &'static str, exact_weight: bool) -> Result<CudaFunction> {
-        self.func_in(src, name, if exact_weight { Precision::Exact } else { self.opts.precision })
+    /// The precision a weight's GEMMs take: the lane's, or exact for a weight from
+    /// `upload_weight_exact`.
+    fn weight_precision(&self, exact_weight: bool) -> Precision {
+        if exact_weight { Precision::Exact } else { self.opts.precision }
     }
 
-    fn func_in(&self, src: Source, name: &'static str, precision: Precision) -> Result<CudaFunction> {
-        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&(name, precision)) {
+    /// A `gemm_block` kernel (linear, grouped projection, experts) for operands of at most
+    /// `bound_rows` rows: its build is `Build::gemm`'s.
+    fn gemm_func(
+        &self,
+        src: Source,
+        name: &'static str,
+        exact_weight: bool,
+        bound_rows: usize,
+    ) -> Result<CudaFunction> {
+        self.func_in(src, name, Build::gemm(bound_rows, self.weight_precision(exact_weight)))
+    }
+
+    fn func_in(&self, src: Source, name: &'static str, build: Build) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&(name, build)) {
             return Ok(f.clone());
         }
         let unit = Unit::of(name);
         let module = {
             let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            match modules.get(&(src, precision, unit)) {
+            match modules.get(&(src, build, unit)) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = ptx_for(self.arch, src, precision, unit)?;
+                    let ptx = ptx_for(self.arch, src, build, unit)?;
                     let m = self.ctx.load_module(ptx).map_err(|e| {
                         let what = match unit {
                             Unit::Base => String::new(),
                             Unit::Block(f) => format!(", {f} kernels"),
                         };
-                        dev_err(format!("loading cuda/{} ({precision}{what}) for sm_{}", src.file(), self.arch), e)
+                        dev_err(format!("loading cuda/{} ({build}{what}) for sm_{}", src.file(), self.arch), e)
                     })?;
-                    modules.insert((src, precision, unit), m.clone());
+                    modules.insert((src, build, unit), m.clone());
                     m
                 }
             }
         };
         let f =
             module.load_function(name).map_err(|e| dev_err(format!("kernel `{name}` of cuda/{}", src.file()), e))?;
-        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert((name, precision), f.clone());
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert((name, build), f.clone());
         Ok(f)
     }
 
@@ -1053,7 +1104,7 @@ impl Backend for CudaBackend {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
         let kernel = LINEAR_KERNELS.of(w.format);
-        let f = self.gemm_func(Source::Linear, kernel, w.exact)?;
+        let f = self.gemm_func(Source::Linear, kernel, w.exact, n)?;
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
         let has_bias = bias.is_some() as u32;
         let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
@@ -1236,7 +1287,8 @@ impl Backend for CudaBackend {
             return Err(Error::Device(format!("op `{OP}`: {cells} cells exceed the grid limit of the kernel")));
         }
         let kernel = UNFOLD_LINEAR_GELU_KERNELS.of(weight.format);
-        let f = self.gemm_func(Source::Linear, kernel, weight.exact)?;
+        // the aligner's GEMM is always the tile (it has no rows build)
+        let f = self.func_in(Source::Linear, kernel, Build::Tiles(self.weight_precision(weight.exact)))?;
         // the kernel indexes features (c·r²) and grid positions in u32
         check_u32(OP, "in_features", weight.cols)?; // c·r², so c and r fit too (c > 0)
         let (h32, w32, r32) =
@@ -1470,10 +1522,17 @@ mod tests {
             b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         for (src, kernels) in WEIGHT_KERNELS {
+            // the GEMMs through gemm_block also in their rows build (not the aligner's tile, nor
+            // the embedding gather)
+            let rows =
+                [&LINEAR_KERNELS, &GROUPED_LINEAR_KERNELS, &MOE_GATE_KERNELS, &MOE_UP_KERNELS, &MOE_DOWN_KERNELS]
+                    .iter()
+                    .any(|k| k.0 == kernels.0);
             for format in WeightFormat::ALL {
                 let name = kernels.of(format);
-                for precision in [Precision::Exact, Precision::Fast] {
-                    b.func_in(*src, name, precision).unwrap_or_else(|e| panic!("{name} ({precision}): {e}"));
+                let builds = [Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast), Build::Rows];
+                for build in &builds[..if rows { 3 } else { 2 }] {
+                    b.func_in(*src, name, *build).unwrap_or_else(|e| panic!("{name} ({build}): {e}"));
                 }
             }
         }

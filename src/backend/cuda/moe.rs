@@ -137,7 +137,7 @@ impl CudaBackend {
                 };
                 // routed experts are never exact weights: the lane's precision
                 let kernel = MOE_GATE_KERNELS.of(gate_format);
-                let f = self.gemm_func(Source::Moe, kernel, false)?;
+                let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&table.buf).arg(&mut hid.buf);
                 l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32);
@@ -146,7 +146,7 @@ impl CudaBackend {
                 // this kernel's format.
                 self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
                 let kernel = MOE_UP_KERNELS.of(up_format);
-                let f = self.gemm_func(Source::Moe, kernel, false)?;
+                let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&w3_table).arg(&mut hid.buf);
                 l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
@@ -156,7 +156,7 @@ impl CudaBackend {
                 self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
             }
             let kernel = MOE_DOWN_KERNELS.of(down_format);
-            let f = self.gemm_func(Source::Moe, kernel, false)?;
+            let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
             let gx = gemm_grid(tile_rows, d).0 as u32;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);
