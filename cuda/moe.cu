@@ -40,12 +40,15 @@
 
 #define MR_THREADS 256
 
-// rank of this thread's expert e among threads < tid of the chunk, and whether it is the last one.
-__device__ __forceinline__ unsigned int mr_rank(const int* chunk, unsigned int tid, int e, bool* last) {
+// rank of this thread's expert e among threads < tid of the chunk, and whether it is the last one;
+// the chunk's first `len` entries are its slots (the rest are -1, so they never match a valid e:
+// the scan stops there, which a decode step's few slots need, 6 of 256 here).
+__device__ __forceinline__ unsigned int mr_rank(const int* chunk, unsigned int len, unsigned int tid, int e,
+                                                bool* last) {
     unsigned int rank = 0;
     for (unsigned int u = 0; u < tid; ++u) rank += chunk[u] == e;
     bool l = true;
-    for (unsigned int u = tid + 1; u < MR_THREADS; ++u) l = l && chunk[u] != e;
+    for (unsigned int u = tid + 1; u < len; ++u) l = l && chunk[u] != e;
     *last = l;
     return rank;
 }
@@ -64,7 +67,7 @@ BASE_KERNEL void moe_route(const int* ids, int* order, int* tiles, int* cursor, 
         chunk[tid] = e;
         __syncthreads();
         bool last;
-        const unsigned int rank = mr_rank(chunk, tid, e, &last);
+        const unsigned int rank = mr_rank(chunk, slots - s0 < MR_THREADS ? slots - s0 : MR_THREADS, tid, e, &last);
         if (e >= 0 && last) cursor[e] += (int)rank + 1;
         __syncthreads(); // chunk[] and cursor[] settled before the next chunk
     }
@@ -110,7 +113,7 @@ BASE_KERNEL void moe_route(const int* ids, int* order, int* tiles, int* cursor, 
         chunk[tid] = e;
         __syncthreads();
         bool last;
-        const unsigned int rank = mr_rank(chunk, tid, e, &last);
+        const unsigned int rank = mr_rank(chunk, slots - s0 < MR_THREADS ? slots - s0 : MR_THREADS, tid, e, &last);
         if (e >= 0) order[cursor[e] + rank] = (int)s;
         __syncthreads(); // every thread read cursor[e] before it moves
         if (e >= 0 && last) cursor[e] += (int)rank + 1;

@@ -1,5 +1,6 @@
 // rms_norm_f32: x [n, d], weight [d] -> out [n, d], out = (x * (1 / sqrt(mean(x^2) + eps))) * weight.
-// One block (256 threads) per row, rows grid-strided; the sum of squares is a block reduction.
+// One block (256 threads, 1024 for long rows: the host's row_threads) per row, rows grid-strided;
+// the sum of squares is a block reduction.
 
 extern "C" __global__ void rms_norm_f32(const float* x, const float* weight, float* out, unsigned int n,
                                         unsigned int d, float eps) {

@@ -1232,12 +1232,13 @@ static void test_route_experts() {
         const char* what;
     };
     // full size (e 256, k 6); the vl-scenes fixture's hash layer (e 8, k 2) with image tokens;
-    // k = e; k beyond one warp; quantised logits and bias (ties); fewer blocks than rows; n = 1
+    // k = e; k beyond one warp; quantised logits and bias (ties); fewer blocks than rows; n = 1;
+    // more experts than the kernel's score cache (LMS_ROUTE_CACHE), which recomputes the scores
     const Config configs[] = {
         {7, 256, 6, 7, false, false, "full size"},   {9, 8, 2, 9, true, false, "hash, image ids"},
         {4, 8, 8, 4, false, false, "k = e"},         {3, 70, 40, 3, true, false, "k = 40, hash"},
         {6, 256, 6, 6, false, true, "ties"},         {11, 256, 6, 3, true, true, "hash, ties, 3 blocks"},
-        {1, 5, 3, 1, false, false, "n = 1"},
+        {1, 5, 3, 1, false, false, "n = 1"},         {6, 1100, 5, 2, false, true, "e past the cache, ties"},
     };
     const unsigned vocab = 10, kinds = 2;
     for (const auto& cf : configs) {

@@ -8,7 +8,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, MAX_BLOCKS, Source, THREADS, check_u32};
+use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, MAX_BLOCKS, Source, check_u32, row_threads};
 use crate::backend::checks;
 use crate::backend::{DType, DeviceTensor, WeightFormat};
 use crate::error::{Error, Result};
@@ -63,7 +63,7 @@ impl CudaBackend {
         let f = self.func(Source::LmSmall, "rms_norm_heads_f32")?;
         let cfg = LaunchConfig {
             grid_dim: (segs.min(MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (row_threads(hd), 1, 1),
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
