@@ -114,10 +114,11 @@ __device__ __forceinline__ float f16_to_f32(unsigned int h) {
 #define WF_FIRST_BLOCK 3
 template <int FMT>
 __device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsigned int n);
+// A 32-run decoder (the small-row path's): run8(s, out) = values idx + 8 s .. + 7.
 template <int FMT>
-__device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out);
+struct Dq32;
 // A block format's geometry: QK values in BYTES bytes; ALIGN, the alignment of every block of a
-// matrix whose base is ALIGN-aligned (dq_run8's word loads need it).
+// matrix whose base is ALIGN-aligned (the word loads of dq_run8 and Dq32 need it).
 template <int FMT>
 struct WBlock;
 
@@ -707,7 +708,10 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 // of output columns (c, c + 1) for all rows (up to GEMV_ROWS), and its threads stride over k in
 // runs of GEMV_RUN elements: thread t takes runs t, t + GEMM_THREADS, ..., so a warp reads 32
 // adjacent 16-byte pieces of a 16-bit weight row (coalesced), and the unrolled run loop keeps
-// several independent loads in flight per thread. One block per column pair keeps the memory busy
+// several independent loads in flight per thread. A block format's row goes by 32-runs instead
+// (Dq32: thread t takes the 32 values from 32 t, whose scales and indices it decodes once; a warp
+// reads 32 adjacent runs), or by halves or quarters of them where the row is too short to give
+// every thread a 32-run. One block per column pair keeps the memory busy
 // at every width: a 1024-column projection is 512 blocks of 4 warps. Plain f32 FMAs of the
 // decoded weights (the f32 path's products) in both precisions: the path is bound by memory, not
 // arithmetic. The warps' sums meet by shuffles, then in shared memory in warp order.
@@ -731,9 +735,8 @@ struct alignas(16) gemv_u4 {
     unsigned int x, y, z, w;
 };
 
-// W elements idx .. idx + GEMV_RUN - 1 of one row, decoded to f32. f32 and 16-bit rows come in
-// 16-byte loads (the caller checked the alignment); a block format decodes the run from its
-// block (k is a whole number of blocks, so a run of 8 at a multiple of 8 never crosses one).
+// W elements idx .. idx + GEMV_RUN - 1 of an f32, bf16 or f16 row (block formats: Dq32 in
+// cuda/dequant.cuh), as 16-byte loads (the caller checked the alignment), decoded to f32.
 template <int FMT>
 __device__ __forceinline__ void load_w_run(const void* w, u64 idx, float* out) {
     if constexpr (FMT == 0) {
@@ -755,13 +758,12 @@ __device__ __forceinline__ void load_w_run(const void* w, u64 idx, float* out) {
             }
         }
     } else {
-        static_assert(GEMV_RUN == 8, "dq_run8 decodes runs of 8");
-        dq_run8<FMT>(w, idx, out);
+        static_assert(FMT < 0, "load_w_run: f32, bf16 and f16 only");
     }
 }
 
 // Whether W row `row` (an element offset) starts on 16 bytes, as load_w_run's vector loads need;
-// for a block format (rows start on block boundaries), whether the matrix base has dq_run8's alignment.
+// for a block format (rows start on block boundaries), whether the matrix base has Dq32's alignment.
 template <int FMT>
 __device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row) {
     if constexpr (FMT == 0)
@@ -772,9 +774,28 @@ __device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row) {
         return ((u64)w & (WBlock<FMT>::ALIGN - 1u)) == 0u;
 }
 
+// acc[i] += the products of x row i's elements kk .. kk + 7 (16-byte loads) with the two columns'
+// decoded 8-runs, for the rows that exist.
+template <unsigned int R>
+__device__ __forceinline__ void gemv_fma_run(const float* const* a, unsigned int rows, unsigned int kk,
+                                             const float* wa, const float* wb, float (*acc)[2]) {
+#pragma unroll
+    for (unsigned int i = 0; i < R; ++i)
+        if (i < rows) {
+            const fa_f4* xp = reinterpret_cast<const fa_f4*>(a[i] + kk);
+            const fa_f4 xa = xp[0], xb = xp[1];
+            const float xv[GEMV_RUN] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+            for (unsigned int e = 0; e < GEMV_RUN; ++e) {
+                acc[i][0] = fmaf(xv[e], wa[e], acc[i][0]);
+                acc[i][1] = fmaf(xv[e], wb[e], acc[i][1]);
+            }
+        }
+}
+
 template <int FMT, unsigned int R, class Op>
 __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
-                                          unsigned int k, unsigned int block) {
+                                          unsigned int k, unsigned int k0, unsigned int k1, unsigned int block) {
     __shared__ float part[GEMV_WARPS][R][2];
     const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
     const unsigned int c = 2u * block;
@@ -783,7 +804,7 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
     const bool have0 = c < cols, have1 = c + 1u < cols;
     const u64 w0 = have0 ? op.w_row(c) : 0, w1 = have1 ? op.w_row(c + 1u) : w0;
     const float* a[R];
-    bool runs = k % GEMV_RUN == 0u && gemv_w_aligned<FMT>(w, w0) && gemv_w_aligned<FMT>(w, w1);
+    bool runs = k % GEMV_RUN == 0u && k0 % GEMV_RUN == 0u && gemv_w_aligned<FMT>(w, w0) && gemv_w_aligned<FMT>(w, w1);
 #pragma unroll
     for (unsigned int i = 0; i < R; ++i) {
         a[i] = i < rows ? op.a_row(i) : 0;
@@ -793,26 +814,36 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
 #pragma unroll
     for (unsigned int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = 0.0f;
     if (have0 && runs) {
-#pragma unroll 4
-        for (unsigned int kk = GEMV_RUN * threadIdx.x; kk < k; kk += GEMV_RUN * GEMM_THREADS) {
-            float wa[GEMV_RUN], wb[GEMV_RUN];
-            load_w_run<FMT>(w, w0 + kk, wa);
-            load_w_run<FMT>(w, w1 + kk, wb);
+        if constexpr (FMT >= WF_FIRST_BLOCK) {
+            // a thread takes spt 8-runs of a row at a time, in one 32-run (Dq32): all four where the
+            // range has a 32-run for every thread, else two or one (k, k0 and k1 are multiples of
+            // 32, so the thread's 8-runs lie in the range)
+            const unsigned int len = k1 - k0;
+            const unsigned int spt = len >= 32u * GEMM_THREADS ? 4u : len >= 16u * GEMM_THREADS ? 2u : 1u;
+            for (unsigned int e0 = k0 + GEMV_RUN * spt * threadIdx.x; e0 < k1; e0 += GEMV_RUN * spt * GEMM_THREADS) {
+                const unsigned int base = e0 & ~31u, s0 = (e0 & 31u) / GEMV_RUN;
+                const Dq32<FMT> d0(w, w0 + base), d1(w, w1 + base);
 #pragma unroll
-            for (unsigned int i = 0; i < R; ++i)
-                if (i < rows) {
-                    const fa_f4* xp = reinterpret_cast<const fa_f4*>(a[i] + kk);
-                    const fa_f4 xa = xp[0], xb = xp[1];
-                    const float xv[GEMV_RUN] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-                    for (unsigned int e = 0; e < GEMV_RUN; ++e) {
-                        acc[i][0] = fmaf(xv[e], wa[e], acc[i][0]);
-                        acc[i][1] = fmaf(xv[e], wb[e], acc[i][1]);
+                for (unsigned int q = 0; q < 4u; ++q)
+                    if (q < spt) {
+                        const unsigned int sub = s0 + q, kk = base + GEMV_RUN * sub;
+                        float wa[GEMV_RUN], wb[GEMV_RUN];
+                        d0.run8(sub, wa);
+                        d1.run8(sub, wb);
+                        gemv_fma_run<R>(a, rows, kk, wa, wb, acc);
                     }
-                }
+            }
+        } else {
+#pragma unroll 4
+            for (unsigned int kk = k0 + GEMV_RUN * threadIdx.x; kk < k1; kk += GEMV_RUN * GEMM_THREADS) {
+                float wa[GEMV_RUN], wb[GEMV_RUN];
+                load_w_run<FMT>(w, w0 + kk, wa);
+                load_w_run<FMT>(w, w1 + kk, wb);
+                gemv_fma_run<R>(a, rows, kk, wa, wb, acc);
+            }
         }
     } else if (have0) {
-        for (unsigned int kk = threadIdx.x; kk < k; kk += GEMM_THREADS) {
+        for (unsigned int kk = k0 + threadIdx.x; kk < k1; kk += GEMM_THREADS) {
             const float wa = load_w<FMT>(w, w0 + kk), wb = load_w<FMT>(w, w1 + kk);
 #pragma unroll
             for (unsigned int i = 0; i < R; ++i)
@@ -846,16 +877,17 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
     }
 }
 
-// gemv_cols for `rows` (1 ..= GEMV_ROWS) rows: a decode step of one sequence (one row, and one
-// row in each routed expert's tile) gets the one-row instantiation, without the registers and
-// the per-row tests of eight.
+// gemv_cols over k-range k0 .. k1 of rows of k (a split's, linear.cu; else 0 .. k) for `rows`
+// (1 ..= GEMV_ROWS) rows: a decode step of one sequence (one row, and one row in each routed
+// expert's tile) gets the one-row instantiation, without the registers and the per-row tests of
+// eight.
 template <int FMT, class Op>
 __device__ __forceinline__ void gemv_block(const Op& op, const void* w, unsigned int rows, unsigned int cols,
-                                           unsigned int k, unsigned int block) {
+                                           unsigned int k, unsigned int k0, unsigned int k1, unsigned int block) {
     if (rows == 1u)
-        gemv_cols<FMT, 1>(op, w, rows, cols, k, block);
+        gemv_cols<FMT, 1>(op, w, rows, cols, k, k0, k1, block);
     else
-        gemv_cols<FMT, GEMV_ROWS>(op, w, rows, cols, k, block);
+        gemv_cols<FMT, GEMV_ROWS>(op, w, rows, cols, k, k0, k1, block);
 }
 
 // The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
@@ -871,13 +903,13 @@ __device__ __forceinline__ void gemm_block(const Op& op, const void* w, unsigned
                                            unsigned int row_tile) {
 #if FOVEA_GEMM_PATH == GEMM_PATH_ROWS
     if (bound_rows > GEMV_ROWS) __trap();
-    gemv_block<FMT>(op, w, rows, cols, k, col_block);
+    gemv_block<FMT>(op, w, rows, cols, k, 0u, k, col_block);
 #elif FOVEA_GEMM_PATH == GEMM_PATH_TILES
     if (bound_rows <= GEMV_ROWS) __trap();
     gemm_tile<FMT>(op, w, rows, cols, k, row_tile * GEMM_BM, col_block * GEMM_BN);
 #else
     if (bound_rows <= GEMV_ROWS)
-        gemv_block<FMT>(op, w, rows, cols, k, col_block);
+        gemv_block<FMT>(op, w, rows, cols, k, 0u, k, col_block);
     else
         gemm_tile<FMT>(op, w, rows, cols, k, row_tile * GEMM_BM, col_block * GEMM_BN);
 #endif

@@ -404,3 +404,89 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
         for (unsigned int i = 0; i < 8u; ++i) out[i] = dq_value<FMT>(b, (r << 3) | i);
     }
 }
+
+// A 32-run of a block-format matrix, values idx .. idx + 31 (idx a multiple of 32; every QK is a
+// multiple of 32, so the run lies in one block): the fields its four 8-runs share are decoded once,
+// and run8(s, out) gives values idx + 8 s .. + 7, bit for bit dq_run8's. The small-row path gives
+// a thread a 32-run of each row where the row is long enough: with a thread per 8-run it spent
+// about as many instructions on each run's addresses and shared fields as on its eight values
+// (Nsight, H200: 16 instructions a weight in the IQ2_XXS expert GEMVs). The q2 mix's formats are
+// specialised; the others decode each 8-run on its own.
+template <int FMT>
+struct Dq32 {
+    const void* w;
+    u64 idx;
+    __device__ __forceinline__ Dq32(const void* w_, u64 idx_) : w(w_), idx(idx_) {}
+    __device__ __forceinline__ void run8(unsigned int s, float* out) const { dq_run8<FMT>(w, idx + 8u * s, out); }
+};
+
+// Q8_0: the run is a whole block; d once.
+template <>
+struct Dq32<WF_Q8_0> {
+    const unsigned short* h;
+    float d;
+    __device__ __forceinline__ Dq32(const void* w, u64 idx) {
+        h = reinterpret_cast<const unsigned short*>((const u8*)w + idx / 32u * WBlock<WF_Q8_0>::BYTES);
+        d = f16_to_f32(h[0]);
+    }
+    __device__ __forceinline__ void run8(unsigned int s, float* out) const {
+        const unsigned int c[4] = {h[1u + 4u * s], h[2u + 4u * s], h[3u + 4u * s], h[4u + 4u * s]};
+#pragma unroll
+        for (unsigned int i = 0; i < 8u; ++i) out[i] = __fmul_rn(dq_int8_to_f32((c[i / 2u] >> (8u * (i % 2u))) & 0xffu), d);
+    }
+};
+
+// Q2_K: the run's codes are the 32 bytes at 16 + 32 (j0 / 128) under one shift, and its two
+// 16-groups' scale and min are decoded once.
+template <>
+struct Dq32<WF_Q2_K> {
+    const unsigned int* cw;
+    unsigned int shift;
+    float dl[2], ml[2];
+    __device__ __forceinline__ Dq32(const void* w, u64 idx) {
+        const u8* b = (const u8*)w + idx / 256u * WBlock<WF_Q2_K>::BYTES;
+        const unsigned int j0 = (unsigned int)(idx % 256u);
+        cw = reinterpret_cast<const unsigned int*>(b + 16u + 32u * (j0 / 128u));
+        shift = 2u * ((j0 % 128u) / 32u);
+        const unsigned int dd = *reinterpret_cast<const unsigned int*>(b + 80);
+        const float d = f16_to_f32(dd & 0xffffu), dmin = f16_to_f32(dd >> 16);
+#pragma unroll
+        for (unsigned int h = 0; h < 2u; ++h) {
+            const unsigned int sc = b[j0 / 16u + h];
+            dl[h] = __fmul_rn(d, dq_uint_to_f32(sc & 15u));
+            ml[h] = __fmul_rn(dmin, dq_uint_to_f32(sc >> 4));
+        }
+    }
+    __device__ __forceinline__ void run8(unsigned int s, float* out) const {
+        const unsigned int c[2] = {cw[2u * s], cw[2u * s + 1u]};
+        const float l = dl[s / 2u], m = ml[s / 2u];
+#pragma unroll
+        for (unsigned int i = 0; i < 8u; ++i) {
+            const unsigned int q = (c[i / 4u] >> (8u * (i % 4u) + shift)) & 3u;
+            out[i] = __fsub_rn(__fmul_rn(l, dq_uint_to_f32(q)), m);
+        }
+    }
+};
+
+// IQ2_XXS: the run is a 32-group: its four grid indices, its aux word and scale once.
+template <>
+struct Dq32<WF_IQ2_XXS> {
+    unsigned int grid_idx, aux1;
+    float db;
+    __device__ __forceinline__ Dq32(const void* w, u64 idx) {
+        const u8* b = (const u8*)w + idx / 256u * WBlock<WF_IQ2_XXS>::BYTES;
+        const u8* q = b + 2u + 8u * (unsigned int)(idx % 256u / 32u);
+        grid_idx = dq_u32(q);
+        aux1 = dq_u32(q + 4);
+        db = __fmul_rn(__fmul_rn(dq_f16(b), __fadd_rn(0.5f, (float)(aux1 >> 28))), 0.25f);
+    }
+    __device__ __forceinline__ void run8(unsigned int s, float* out) const {
+        const unsigned long long grid = IQ2XXS_GRID[(grid_idx >> (8u * s)) & 0xffu];
+        const unsigned int signs = KSIGNS_IQ2XS[(aux1 >> (7u * s)) & 127u];
+#pragma unroll
+        for (unsigned int i = 0; i < 8u; ++i) {
+            const float v = __fmul_rn(db, dq_uint_to_f32(dq_byte(grid, i)));
+            out[i] = __uint_as_float(__float_as_uint(v) ^ (((signs >> i) & 1u) << 31));
+        }
+    }
+};

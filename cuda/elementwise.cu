@@ -3,6 +3,8 @@
 //   swiglu_f32:   x [rows, 2h] -> out [rows, h], out = silu(gate) * up, gate = first half
 //   gelu_erf_f32: x [n] -> out [n], out = x/2 * (1 + erf(x/sqrt2)) written as x/2 * erfc(-x/sqrt2),
 //                 which is the same function without the cancellation of 1 + erf for x << 0
+//   sum_splits_f32: part [splits, total], bias [cols] (if has_bias) -> out [total], the sum over
+//                 s in order + bias[i % cols]: the small-row linear's split over k (linear.cu)
 
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, unsigned int n) {
     for (u64 i = flat_index(); i < n; i += flat_stride()) out[i] = a[i] + b[i];
@@ -22,5 +24,14 @@ extern "C" __global__ void gelu_erf_f32(const float* x, float* out, unsigned int
     for (u64 i = flat_index(); i < n; i += flat_stride()) {
         const float v = x[i];
         out[i] = 0.5f * v * erfcf(-v * 0.70710678118654752f);
+    }
+}
+
+extern "C" __global__ void sum_splits_f32(const float* part, const float* bias, float* out, unsigned int total,
+                                          unsigned int cols, unsigned int splits, unsigned int has_bias) {
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        float v = 0.0f;
+        for (unsigned int s = 0; s < splits; ++s) v += part[(u64)s * total + i];
+        out[i] = v + (has_bias ? bias[i % cols] : 0.0f);
     }
 }

@@ -1,5 +1,6 @@
 // linear_{f32,bf16,f16} and linear_<block format> (FOR_EACH_BLOCK_FORMAT in cuda/dequant.cuh:
-// linear_q8_0, ..., linear_fp8_e4m3_b128_f32): y [n, out] = x [n, k] . W [out, k]^T (+ bias [out]).
+// linear_q8_0, ..., linear_fp8_e4m3_b128_f32): y [n, out] = x [n, k] . W [out, k]^T (+ bias [out]),
+// or a split over k into part (below).
 // unfold_linear_gelu_{f32,bf16,f16,<block format>}: the aligner's first layer, gelu_erf(unfold(x) . W^T + bias),
 // with the zero-padded r x r unfold gathered in the A operand loads (no unfold buffer).
 // The weight keeps its storage format in device memory and is decoded (and, on tensor cores,
@@ -23,34 +24,48 @@ struct LinearOperands : ContiguousRows {
     }
 };
 
+// A few rows and few output columns (a hyper-connection mix: 24 columns of 16384) give too few
+// column pairs to stream the weight, so the host splits k: with gridDim.y > 1 on the small-row
+// path, block (pair, s) takes k-range s, k_chunk wide (a multiple of 32-runs), and stores its
+// plain sums in part [s] [n, out]; sum_splits_f32 (elementwise.cu) adds the ranges in order and the
+// bias. (The tile path's gridDim.y is its row tiles.)
 template <int FMT>
-__device__ __forceinline__ void linear_tiled(const float* x, const void* w, const float* bias, float* y,
+__device__ __forceinline__ void linear_tiled(const float* x, const void* w, const float* bias, float* y, float* part,
                                              unsigned int n, unsigned int k, unsigned int out,
-                                             unsigned int has_bias) {
+                                             unsigned int has_bias, unsigned int k_chunk) {
+#if FOVEA_GEMM_PATH != GEMM_PATH_TILES
+    if (n <= GEMV_ROWS && gridDim.y > 1u) {
+        const unsigned int k0 = blockIdx.y * k_chunk, k1 = k - k0 > k_chunk ? k0 + k_chunk : k;
+        const LinearOperands op{{}, x, 0, part + (u64)blockIdx.y * n * out, k, out};
+        gemv_block<FMT>(op, w, n, out, k, k0, k1, blockIdx.x);
+        return;
+    }
+#endif
     const LinearOperands op{{}, x, has_bias ? bias : 0, y, k, out};
     gemm_block<FMT>(op, w, n, out, k, n, blockIdx.x, blockIdx.y);
 }
 
-GEMM_KERNEL void GEMM_LAUNCH linear_f32(const float* x, const float* w, const float* bias, float* y, unsigned int n,
-                            unsigned int k, unsigned int out, unsigned int has_bias) {
-    linear_tiled<0>(x, w, bias, y, n, k, out, has_bias);
+GEMM_KERNEL void GEMM_LAUNCH linear_f32(const float* x, const float* w, const float* bias, float* y, float* part, unsigned int n,
+                            unsigned int k, unsigned int out, unsigned int has_bias, unsigned int k_chunk) {
+    linear_tiled<0>(x, w, bias, y, part, n, k, out, has_bias, k_chunk);
 }
 
-GEMM_KERNEL void GEMM_LAUNCH linear_bf16(const float* x, const unsigned short* w, const float* bias, float* y,
-                             unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
-    linear_tiled<1>(x, w, bias, y, n, k, out, has_bias);
+GEMM_KERNEL void GEMM_LAUNCH linear_bf16(const float* x, const unsigned short* w, const float* bias, float* y, float* part,
+                             unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias, unsigned int k_chunk) {
+    linear_tiled<1>(x, w, bias, y, part, n, k, out, has_bias, k_chunk);
 }
 
-GEMM_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w, const float* bias, float* y,
-                            unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias) {
-    linear_tiled<2>(x, w, bias, y, n, k, out, has_bias);
+GEMM_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w, const float* bias, float* y, float* part,
+                            unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias, unsigned int k_chunk) {
+    linear_tiled<2>(x, w, bias, y, part, n, k, out, has_bias, k_chunk);
 }
 
 #define LINEAR_BLOCK_KERNEL(SFX, FMT)                                                                       \
     extern "C" __global__ void GEMM_LAUNCH linear_##SFX(const float* x, const void* w, const float* bias, float* y, \
-                                                        unsigned int n, unsigned int k, unsigned int out,           \
-                                                        unsigned int has_bias) {                                    \
-        linear_tiled<FMT>(x, w, bias, y, n, k, out, has_bias);                                                      \
+                                                        float* part, unsigned int n, unsigned int k,                \
+                                                        unsigned int out, unsigned int has_bias,                    \
+                                                        unsigned int k_chunk) {                                     \
+        linear_tiled<FMT>(x, w, bias, y, part, n, k, out, has_bias, k_chunk);                                       \
     }
 FOR_EACH_BLOCK_FORMAT(LINEAR_BLOCK_KERNEL)
 

@@ -300,14 +300,14 @@ static void test_linear() {
             dim3 grid = gemm_grid(n, o), block{128};
             const float* bp = bias ? b.data() : nullptr;
             if (fmt == 0)
-                emu_launch(linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), bp, y.data(), n, k,
-                           o, (unsigned)bias);
+                emu_launch(linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), bp, y.data(),
+                           (float*)nullptr, n, k, o, (unsigned)bias, 0u);
             if (fmt == 1)
                 emu_launch(linear_bf16, grid, block, 0, (const float*)x.data(), (const unsigned short*)w16.data(), bp,
-                           y.data(), n, k, o, (unsigned)bias);
+                           y.data(), (float*)nullptr, n, k, o, (unsigned)bias, 0u);
             if (fmt == 2)
                 emu_launch(linear_f16, grid, block, 0, (const float*)x.data(), (const unsigned short*)w16.data(), bp,
-                           y.data(), n, k, o, (unsigned)bias);
+                           y.data(), (float*)nullptr, n, k, o, (unsigned)bias, 0u);
             for (unsigned i = 0; i < n; ++i)
                 for (unsigned c = 0; c < o; ++c) {
                     float dot = 0;
@@ -800,10 +800,11 @@ static void test_gemm_specials() {
             dim3 grid = gemm_grid(n, o), block{128};
             if (fmt == 0)
                 emu_launch(linear_f32, grid, block, 0, (const float*)x.data(), (const float*)wf.data(), (const float*)nullptr,
-                           y.data(), n, k, o, 0u);
+                           y.data(), (float*)nullptr, n, k, o, 0u, 0u);
             else
                 emu_launch(fmt == 1 ? linear_bf16 : linear_f16, grid, block, 0, (const float*)x.data(),
-                           (const unsigned short*)w16.data(), (const float*)nullptr, y.data(), n, k, o, 0u);
+                           (const unsigned short*)w16.data(), (const float*)nullptr, y.data(), (float*)nullptr, n, k, o,
+                           0u, 0u);
             for (unsigned i = 0; i < n; ++i)
                 for (unsigned c = 0; c < o; ++c) {
                     float dot = 0;
@@ -1364,31 +1365,34 @@ static GoldenBlocks load_format_goldens(const std::string& format, unsigned byte
 }
 
 // Every value of every golden block through dq_run, one at a time and in pairs (the GEMM tile's
-// runs), and through dq_run8 in runs of 8 (the small-row path's): bit-exact (NaN for NaN). The
-// blocks are copied to a buffer aligned as the device's allocations are (dq_run8 loads words).
+// runs), through dq_run8 in runs of 8, and through Dq32's 8-runs (the small-row path's):
+// bit-exact (NaN for NaN). The blocks are copied to a buffer aligned as the device's allocations
+// are (dq_run8 and Dq32 load words).
 template <int FMT>
 static void dequant_exact(const GoldenBlocks& g) {
     size_t bad = 0, n = g.values.size();
     bool geometry = WBlock<FMT>::QK == g.qk && WBlock<FMT>::BYTES == g.bytes && n % 8 == 0;
     std::vector<unsigned long long> aligned((g.raw.size() + 7) / 8);
     std::memcpy(aligned.data(), g.raw.data(), g.raw.size());
+    geometry = geometry && n % 32 == 0;
     for (size_t i = 0; geometry && i < n; i += 8) {
-        float one[8], two[8], eight[8];
+        float one[8], two[8], eight[8], run32[8];
         for (size_t t = 0; t < 8; t += 2) {
             dq_run<FMT>(aligned.data(), i + t, &one[t], 1);
             dq_run<FMT>(aligned.data(), i + t + 1, &one[t + 1], 1);
             dq_run<FMT>(aligned.data(), i + t, &two[t], 2);
         }
         dq_run8<FMT>(aligned.data(), i, eight);
+        Dq32<FMT>(aligned.data(), i / 32 * 32).run8((unsigned)(i % 32 / 8), run32);
         for (int t = 0; t < 8; ++t) {
             const float want = g.values[i + t];
             auto same = [&](float v) { return std::isnan(want) ? std::isnan(v) : same_bits(v, want); };
-            bad += !same(one[t]) + !same(two[t]) + !same(eight[t]);
+            bad += !same(one[t]) + !same(two[t]) + !same(eight[t]) + !same(run32[t]);
         }
     }
     char name[96];
-    std::snprintf(name, sizeof name, "dq_run/dq_run8 %s, %u blocks", g.name.c_str(), g.blocks);
-    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 3 * n,
+    std::snprintf(name, sizeof name, "dq_run/dq_run8/Dq32 %s, %u blocks", g.name.c_str(), g.blocks);
+    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 4 * n,
                 bad || !geometry ? "FAIL" : "ok");
     failures += bad != 0 || !geometry;
 }
@@ -1407,7 +1411,8 @@ static void golden_matrix(const GoldenBlocks& g, unsigned rows, unsigned k, std:
     }
 }
 
-typedef void (*BlockLinear)(const float*, const void*, const float*, float*, unsigned, unsigned, unsigned, unsigned);
+typedef void (*BlockLinear)(const float*, const void*, const float*, float*, float*, unsigned, unsigned, unsigned,
+                            unsigned, unsigned);
 typedef void (*BlockGrouped)(const float*, const void*, float*, unsigned, unsigned, unsigned, unsigned, unsigned);
 typedef void (*BlockEmbed)(const void*, const int*, float*, unsigned, unsigned, unsigned);
 typedef void (*BlockMoeGate)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned,
@@ -1512,7 +1517,7 @@ static void block_gemms(const GoldenBlocks& g, const BlockKernels& kn) {
         auto x = randv(n * k, 1), b = randv(o, 0.5);
         std::vector<float> y(n * o), want(n * o);
         emu_launch(kn.linear, gemm_grid(n, o), {128}, 0, (const float*)x.data(), (const void*)w.data(),
-                   (const float*)b.data(), y.data(), n, k, o, 1u);
+                   (const float*)b.data(), y.data(), (float*)nullptr, n, k, o, 1u, 0u);
         for (unsigned i = 0; i < n; ++i)
             for (unsigned c = 0; c < o; ++c) {
                 double dot = b[c];
@@ -1649,6 +1654,77 @@ static void test_block_formats() {
     }
 }
 
+// The small-row path's 32-runs (Dq32) over rows long enough that a thread takes a whole 32-run
+// (k = 4096: 32 x GEMM_THREADS) or half of one (k = 2048), for the q2 mix's formats (specialised
+// decoders) and Q4_K (the generic one): one row and three, five columns (the last pair has one).
+static void test_gemv_long_rows() {
+    const auto goldens = load_golden_blocks();
+    unsigned seen = 0;
+#define GEMV_LONG_CASE(SFX, FMT)                                                                            \
+    for (auto& g : goldens) {                                                                               \
+        if (g.name != "Q8_0" && g.name != "Q2_K" && g.name != "IQ2_XXS" && g.name != "Q4_K") continue;     \
+        std::string lower = g.name;                                                                         \
+        for (auto& ch : lower) ch = (char)std::tolower((unsigned char)ch);                                  \
+        if (lower != #SFX) continue;                                                                        \
+        ++seen;                                                                                             \
+        for (unsigned k : {4096u, 2048u})                                                                   \
+            for (unsigned n : {1u, 3u}) {                                                                   \
+                const unsigned o = 5;                                                                       \
+                std::vector<unsigned char> w;                                                               \
+                std::vector<float> wdec;                                                                    \
+                golden_matrix(g, o, k, w, wdec);                                                            \
+                auto x = randv(n * k, 1);                                                                   \
+                auto b = randv(o, 0.5);                                                                     \
+                std::vector<float> y(n * o), want(n * o);                                                   \
+                emu_launch(linear_##SFX, gemm_grid(n, o), {128}, 0, (const float*)x.data(),                 \
+                           (const void*)w.data(), (const float*)b.data(), y.data(), (float*)nullptr, n, k, o, 1u, 0u); \
+                for (unsigned i = 0; i < n; ++i)                                                            \
+                    for (unsigned c = 0; c < o; ++c) {                                                      \
+                        double dot = b[c];                                                                  \
+                        for (unsigned j = 0; j < k; ++j) dot += double(x[i * k + j]) * wdec[(size_t)c * k + j]; \
+                        want[i * o + c] = float(dot);                                                       \
+                    }                                                                                       \
+                char name[80];                                                                              \
+                std::snprintf(name, sizeof name, "linear_%s x[%u,%u] W[%u,%u] (32-runs)", g.name.c_str(), n, k, o, k); \
+                check(name, y, want, GEMM_NMSE);                                                            \
+                /* split over k as the host does for narrow outputs: ranges of 1024, then sum_splits_f32 */ \
+                const unsigned splits = k / 1024;                                                           \
+                std::vector<float> part(splits * n * o, NAN), ys(n * o);                                    \
+                emu_launch(linear_##SFX, dim3{gemm_grid(n, o).x, splits}, {128}, 0, (const float*)x.data(), \
+                           (const void*)w.data(), (const float*)b.data(), ys.data(), part.data(), n, k, o, 1u, 1024u); \
+                emu_launch(sum_splits_f32, {blocks1d(n * o)}, {256}, 0, (const float*)part.data(),          \
+                           (const float*)b.data(), ys.data(), n * o, o, splits, 1u);                        \
+                std::snprintf(name, sizeof name, "linear_%s x[%u,%u] W[%u,%u] %u k-splits", g.name.c_str(), n, k, o, k, splits); \
+                check(name, ys, want, GEMM_NMSE);                                                           \
+            }                                                                                               \
+    }
+    FOR_EACH_BLOCK_FORMAT(GEMV_LONG_CASE)
+#undef GEMV_LONG_CASE
+    // an f16 hyper-connection-like mix split over k: 24 columns of 5120 (five ranges, the last 1024)
+    {
+        const unsigned n = 2, k = 5120, o = 24, splits = 5;
+        const auto wf = randv(o * k, 0.05f);
+        std::vector<uint16_t> w16;
+        std::vector<float> wdec;
+        make_weight(2, wf, w16, wdec);
+        auto x = randv(n * k, 1), b = randv(o, 0.5);
+        std::vector<float> part(splits * n * o, NAN), y(n * o), want(n * o);
+        emu_launch(linear_f16, dim3{gemm_grid(n, o).x, splits}, {128}, 0, (const float*)x.data(),
+                   (const unsigned short*)w16.data(), (const float*)b.data(), y.data(), part.data(), n, k, o, 1u, 1024u);
+        emu_launch(sum_splits_f32, {blocks1d(n * o)}, {256}, 0, (const float*)part.data(), (const float*)b.data(),
+                   y.data(), n * o, o, splits, 1u);
+        for (unsigned i = 0; i < n; ++i)
+            for (unsigned c = 0; c < o; ++c) {
+                double dot = b[c];
+                for (unsigned j = 0; j < k; ++j) dot += double(x[i * k + j]) * wdec[(size_t)c * k + j];
+                want[i * o + c] = float(dot);
+            }
+        check("linear_f16 x[2,5120] W[24,5120] 5 k-splits", y, want, GEMM_NMSE);
+    }
+    std::printf("%-44s %u of 4 formats %s\n", "gemv long rows", seen, seen == 4 ? "ok" : "FAIL");
+    failures += seen != 4;
+}
+
 // sh cuda/emu/run.sh [TEST ...]: only the tests named (test_attention is "attention"; `gemm` names
 // the GEMM tests, which run.sh's second build, for devices below sm_80, runs alone).
 int main(int argc, char** argv) {
@@ -1659,7 +1735,7 @@ int main(int argc, char** argv) {
         {"rope", test_rope},                 {"attention", test_attention},
         {"linear", test_linear},             {"sink_attention", test_sink_attention},
         {"indexer_scores", test_indexer_scores}, {"compress_pool", test_compress_pool},
-        {"grouped_linear", test_grouped_linear}, {"moe", test_moe},
+        {"grouped_linear", test_grouped_linear}, {"moe", test_moe}, {"gemv_long_rows", test_gemv_long_rows},
         {"lm_elementwise", test_lm_elementwise}, {"rope_tail", test_rope_tail},
         {"hc_split", test_hc_split},         {"rms_norm_heads", test_rms_norm_heads},
         {"topk", test_topk},                 {"route_experts", test_route_experts},

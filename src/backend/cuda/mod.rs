@@ -85,6 +85,21 @@ const GEMM_THREADS: u32 = 128;
 /// pair of output columns (its threads split k) and one row block.
 const GEMV_ROWS: usize = 8;
 
+/// A small-row `linear` with fewer column pairs than this splits k (cuda/linear.cu) until it has
+/// about this many blocks: four for each of an H200's 132 SMs. A hyper-connection mix (24
+/// columns of 16384) was 12 blocks and 11 µs of a decode step's layer, twice (Nsight).
+const GEMV_MIN_GRID: usize = 528;
+/// A split's k range is a multiple of this: every thread of a block gets whole 8-runs, and the
+/// ranges start on 32-runs (the block formats' Dq32).
+const GEMV_SPLIT_K: usize = 1024;
+
+/// (k splits, k per split) for a small-row `linear` of `pairs` column pairs over rows of `k`.
+fn gemv_splits(pairs: usize, k: usize) -> (usize, usize) {
+    let want = if pairs >= GEMV_MIN_GRID { 1 } else { GEMV_MIN_GRID.div_ceil(pairs).min(k / GEMV_SPLIT_K).max(1) };
+    let chunk = k.div_ceil(want).div_ceil(GEMV_SPLIT_K) * GEMV_SPLIT_K;
+    (k.div_ceil(chunk.max(1)).max(1), chunk)
+}
+
 /// `gemm_block`'s grid for `cols` output columns when no block sees more than `bound_rows` rows
 /// (cuda/common.cuh): (column blocks, row tiles).
 fn gemm_grid(bound_rows: usize, cols: usize) -> (usize, usize) {
@@ -332,6 +347,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Elementwise, "add_f32"),
     (Source::Elementwise, "swiglu_f32"),
     (Source::Elementwise, "gelu_erf_f32"),
+    (Source::Elementwise, "sum_splits_f32"),
     (Source::Copy, "slice_cols_f32"),
     (Source::Copy, "gather_rows_f32"),
     (Source::Copy, "unfold_f32"),
@@ -1110,17 +1126,37 @@ impl Backend for CudaBackend {
         if gy > GRID_Y {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
+        // the small-row path splits k for narrow outputs (gy is then the splits; the tile's is its row tiles)
+        let (splits, chunk) = if n <= GEMV_ROWS { gemv_splits(gx, k) } else { (1, k) };
         let kernel = LINEAR_KERNELS.of(w.format);
         let f = self.gemm_func(Source::Linear, kernel, w.exact, n)?;
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
+        let chunk32 = check_u32(OP, "k per split", chunk)?;
         let has_bias = bias.is_some() as u32;
         let bias_buf = bias.map_or(&self.dummy, |b| &b.buf);
-        let cfg =
-            LaunchConfig { grid_dim: (gx as u32, gy as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: 0 };
+        // k-range s's sums, [splits, n, out]; the kernel writes y directly when there is one range
+        let mut part = if splits > 1 { Some(self.alloc(OP, vec![splits, n, w.rows], DType::F32)?) } else { None };
+        let grid_y = if splits > 1 { splits } else { gy };
+        let cfg = LaunchConfig {
+            grid_dim: (gx as u32, grid_y as u32, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&x.buf).arg(&w.buf).arg(bias_buf).arg(&mut y.buf).arg(&n32).arg(&k32).arg(&o32).arg(&has_bias);
-        // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above.
+        l.arg(&x.buf).arg(&w.buf).arg(bias_buf).arg(&mut y.buf);
+        match part.as_mut() {
+            Some(p) => l.arg(&mut p.buf),
+            None => l.arg(&self.dummy),
+        };
+        l.arg(&n32).arg(&k32).arg(&o32).arg(&has_bias).arg(&chunk32);
+        // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above; with
+        // grid_y = splits > 1 (n <= GEMV_ROWS), part holds splits·n·out and the ranges of
+        // `chunk` cover k.
         self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
+        if let Some(p) = part {
+            let sizes = [check_u32(OP, "outputs", n * w.rows)?, o32, splits as u32, has_bias];
+            self.launch_1d(OP, Source::Elementwise, "sum_splits_f32", &[&p.buf, bias_buf], &mut y, &sizes, n * w.rows)?;
+        }
         Ok(y)
     }
 
@@ -1615,5 +1651,24 @@ mod tests {
         // gemv_cols: a block per column pair, as gemm_grid's small-row arm sizes the grid
         assert!(common.contains("    const unsigned int c = 2u * block;\n"));
         assert_eq!(gemm_grid(GEMV_ROWS, 1025), (513, 1));
+    }
+
+    /// The small-row linear's k splits: narrow outputs get about GEMV_MIN_GRID blocks, in ranges
+    /// of whole GEMV_SPLIT_K that cover k; wide ones and short rows are not split.
+    #[test]
+    fn gemv_splits_cover_k_in_whole_chunks() {
+        assert_eq!(gemv_splits(12, 16384), (16, 1024)); // a hyper-connection mix
+        assert_eq!(gemv_splits(2, 16384), (16, 1024));
+        assert_eq!(gemv_splits(128, 4096), (4, 1024));
+        assert_eq!(gemv_splits(256, 4096), (2, 2048));
+        assert_eq!(gemv_splits(GEMV_MIN_GRID, 4096).0, 1);
+        assert_eq!(gemv_splits(3, 1000).0, 1);
+        for pairs in [1, 5, 100, 527] {
+            for k in [1024, 3072, 5000, 16384, 65536] {
+                let (splits, chunk) = gemv_splits(pairs, k);
+                assert_eq!(chunk % GEMV_SPLIT_K, 0, "{pairs} {k}");
+                assert!(splits * chunk >= k && (splits - 1) * chunk < k, "{pairs} {k}: every range is in k");
+            }
+        }
     }
 }
