@@ -114,11 +114,10 @@ __device__ __forceinline__ float f16_to_f32(unsigned int h) {
 #define WF_FIRST_BLOCK 3
 template <int FMT>
 __device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsigned int n);
-// A 32-run decoder (the small-row path's): run8(s, out) = values idx + 8 s .. + 7.
 template <int FMT>
-struct Dq32;
+__device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out);
 // A block format's geometry: QK values in BYTES bytes; ALIGN, the alignment of every block of a
-// matrix whose base is ALIGN-aligned (the word loads of dq_run8 and Dq32 need it).
+// matrix whose base is ALIGN-aligned (dq_run8's word loads need it).
 template <int FMT>
 struct WBlock;
 
@@ -708,10 +707,7 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 // of output columns (c, c + 1) for all rows (up to GEMV_ROWS), and its threads stride over k in
 // runs of GEMV_RUN elements: thread t takes runs t, t + GEMM_THREADS, ..., so a warp reads 32
 // adjacent 16-byte pieces of a 16-bit weight row (coalesced), and the unrolled run loop keeps
-// several independent loads in flight per thread. A block format's row goes by 32-runs instead
-// (Dq32: thread t takes the 32 values from 32 t, whose scales and indices it decodes once; a warp
-// reads 32 adjacent runs), or by halves or quarters of them where the row is too short to give
-// every thread a 32-run. One block per column pair keeps the memory busy
+// several independent loads in flight per thread. One block per column pair keeps the memory busy
 // at every width: a 1024-column projection is 512 blocks of 4 warps. Plain f32 FMAs of the
 // decoded weights (the f32 path's products) in both precisions: the path is bound by memory, not
 // arithmetic. The warps' sums meet by shuffles, then in shared memory in warp order.
@@ -721,7 +717,10 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 // kernels). Three variants measured slower and were dropped: a warp per pair for wide outputs
 // (faster only at k = 1024), loads batched explicitly into arrays (the experts 30-60 % slower),
 // and for block formats a warp per pair, four pairs a block, 8 runs in flight a lane (the q2 mix's
-// whole-model decode 43.7 ms against 41.6 ms a token, same sitting, 2026-12-02).
+// whole-model decode 43.7 ms against 41.6 ms a token, same sitting, 2026-12-02), and for block
+// formats a thread per 32-run (its scales and indices decoded once for 32 values: 17 % fewer
+// instructions in the IQ2_XXS experts, but a warp's loads then span 32 blocks, and the Q8_0
+// projections took 1.5-2x as long; one q2 layer's step 1.16 ms against 0.75, same sitting).
 // Runs need k % GEMV_RUN == 0, 16-byte aligned rows of A and of float weights, and a block-format
 // matrix base aligned to WBlock::ALIGN; otherwise (odd shapes in the op harness) every thread takes
 // single elements, with the same reduction.
@@ -735,8 +734,9 @@ struct alignas(16) gemv_u4 {
     unsigned int x, y, z, w;
 };
 
-// W elements idx .. idx + GEMV_RUN - 1 of an f32, bf16 or f16 row (block formats: Dq32 in
-// cuda/dequant.cuh), as 16-byte loads (the caller checked the alignment), decoded to f32.
+// W elements idx .. idx + GEMV_RUN - 1 of one row, decoded to f32. f32 and 16-bit rows come in
+// 16-byte loads (the caller checked the alignment); a block format decodes the run from its
+// block (k is a whole number of blocks, so a run of 8 at a multiple of 8 never crosses one).
 template <int FMT>
 __device__ __forceinline__ void load_w_run(const void* w, u64 idx, float* out) {
     if constexpr (FMT == 0) {
@@ -758,12 +758,13 @@ __device__ __forceinline__ void load_w_run(const void* w, u64 idx, float* out) {
             }
         }
     } else {
-        static_assert(FMT < 0, "load_w_run: f32, bf16 and f16 only");
+        static_assert(GEMV_RUN == 8, "dq_run8 decodes runs of 8");
+        dq_run8<FMT>(w, idx, out);
     }
 }
 
 // Whether W row `row` (an element offset) starts on 16 bytes, as load_w_run's vector loads need;
-// for a block format (rows start on block boundaries), whether the matrix base has Dq32's alignment.
+// for a block format (rows start on block boundaries), whether the matrix base has dq_run8's alignment.
 template <int FMT>
 __device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row) {
     if constexpr (FMT == 0)
@@ -814,33 +815,12 @@ __device__ __forceinline__ void gemv_cols(const Op& op, const void* w, unsigned 
 #pragma unroll
     for (unsigned int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = 0.0f;
     if (have0 && runs) {
-        if constexpr (FMT >= WF_FIRST_BLOCK) {
-            // a thread takes spt 8-runs of a row at a time, in one 32-run (Dq32): all four where the
-            // range has a 32-run for every thread, else two or one (k, k0 and k1 are multiples of
-            // 32, so the thread's 8-runs lie in the range)
-            const unsigned int len = k1 - k0;
-            const unsigned int spt = len >= 32u * GEMM_THREADS ? 4u : len >= 16u * GEMM_THREADS ? 2u : 1u;
-            for (unsigned int e0 = k0 + GEMV_RUN * spt * threadIdx.x; e0 < k1; e0 += GEMV_RUN * spt * GEMM_THREADS) {
-                const unsigned int base = e0 & ~31u, s0 = (e0 & 31u) / GEMV_RUN;
-                const Dq32<FMT> d0(w, w0 + base), d1(w, w1 + base);
-#pragma unroll
-                for (unsigned int q = 0; q < 4u; ++q)
-                    if (q < spt) {
-                        const unsigned int sub = s0 + q, kk = base + GEMV_RUN * sub;
-                        float wa[GEMV_RUN], wb[GEMV_RUN];
-                        d0.run8(sub, wa);
-                        d1.run8(sub, wb);
-                        gemv_fma_run<R>(a, rows, kk, wa, wb, acc);
-                    }
-            }
-        } else {
 #pragma unroll 4
-            for (unsigned int kk = k0 + GEMV_RUN * threadIdx.x; kk < k1; kk += GEMV_RUN * GEMM_THREADS) {
-                float wa[GEMV_RUN], wb[GEMV_RUN];
-                load_w_run<FMT>(w, w0 + kk, wa);
-                load_w_run<FMT>(w, w1 + kk, wb);
-                gemv_fma_run<R>(a, rows, kk, wa, wb, acc);
-            }
+        for (unsigned int kk = k0 + GEMV_RUN * threadIdx.x; kk < k1; kk += GEMV_RUN * GEMM_THREADS) {
+            float wa[GEMV_RUN], wb[GEMV_RUN];
+            load_w_run<FMT>(w, w0 + kk, wa);
+            load_w_run<FMT>(w, w1 + kk, wb);
+            gemv_fma_run<R>(a, rows, kk, wa, wb, acc);
         }
     } else if (have0) {
         for (unsigned int kk = k0 + threadIdx.x; kk < k1; kk += GEMM_THREADS) {

@@ -26,7 +26,7 @@ struct LinearOperands : ContiguousRows {
 
 // A few rows and few output columns (a hyper-connection mix: 24 columns of 16384) give too few
 // column pairs to stream the weight, so the host splits k: with gridDim.y > 1 on the small-row
-// path, block (pair, s) takes k-range s, k_chunk wide (a multiple of 32-runs), and stores its
+// path, block (pair, s) takes k-range s, k_chunk wide (a multiple of 1024), and stores its
 // plain sums in part [s] [n, out]; sum_splits_f32 (elementwise.cu) adds the ranges in order and the
 // bias. (The tile path's gridDim.y is its row tiles.)
 template <int FMT>

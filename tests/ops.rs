@@ -936,7 +936,7 @@ fn small_row_cases() -> Vec<Case> {
 /// The CUDA lane's GEMM paths that `block_cases` leaves out, in block formats: linear over 1030
 /// columns (the small-row path at a width `block_cases` does not reach; it has the tile), the
 /// experts' small-row path (2 tokens, 6 slots), every format for both; and the small-row path's
-/// long rows (its k split, its 32-runs).
+/// long rows (and its k split).
 fn cuda_block_cases() -> Vec<Case> {
     let mut r = StdRng::seed_from_u64(0xc0da);
     let mut out = Vec::new();
@@ -966,14 +966,13 @@ fn cuda_block_cases() -> Vec<Case> {
     out.push(moe_case(&mut r, name, (IQ1_S, IQ1_M, Q8_0), (2, 256, 512, 4, 3), ids));
     // Long rows on the small-row path (drawn after the cases above, which keep their inputs):
     // 24 columns of 4096, which it splits over k (4 ranges and a sum), in every format; and 1056
-    // columns (unsplit) of 4096 and 2048, where a thread takes a whole 32-run of a block-format
-    // row and half of one.
+    // columns (unsplit) of 4096 and 2048, several runs a thread.
     for format in WeightFormat::ALL {
         out.push(linear_case(&mut r, format, 1, 4096, 24, " (k split)"));
     }
     for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
-        out.push(linear_case(&mut r, format, 2, 4096, 1056, " (32-runs)"));
-        out.push(linear_case(&mut r, format, 3, 2048, 1056, " (half 32-runs)"));
+        out.push(linear_case(&mut r, format, 2, 4096, 1056, " (long rows)"));
+        out.push(linear_case(&mut r, format, 3, 2048, 1056, " (long rows)"));
     }
     out
 }

@@ -1233,13 +1233,15 @@ static void test_route_experts() {
         const char* what;
     };
     // full size (e 256, k 6); the vl-scenes fixture's hash layer (e 8, k 2) with image tokens;
-    // k = e; k beyond one warp; quantised logits and bias (ties); fewer blocks than rows; n = 1;
+    // k = e; k beyond one warp, and beyond the block; quantised logits and bias (ties); fewer
+    // blocks than rows; n = 1;
     // more experts than the kernel's score cache (LMS_ROUTE_CACHE), which recomputes the scores
     const Config configs[] = {
         {7, 256, 6, 7, false, false, "full size"},   {9, 8, 2, 9, true, false, "hash, image ids"},
         {4, 8, 8, 4, false, false, "k = e"},         {3, 70, 40, 3, true, false, "k = 40, hash"},
         {6, 256, 6, 6, false, true, "ties"},         {11, 256, 6, 3, true, true, "hash, ties, 3 blocks"},
         {1, 5, 3, 1, false, false, "n = 1"},         {6, 1100, 5, 2, false, true, "e past the cache, ties"},
+        {2, 300, 270, 2, false, false, "k beyond the block"},
     };
     const unsigned vocab = 10, kinds = 2;
     for (const auto& cf : configs) {
@@ -1266,7 +1268,7 @@ static void test_route_experts() {
         std::memcpy(&sb, &scale, 4);
         std::vector<int> ids(n * k, 12345), want_ids;
         std::vector<float> w(n * k, -7.0f), want_w;
-        emu_launch(route_experts_f32, {cf.blocks}, {32}, 0, (const float*)logits.data(), (const float*)bias.data(),
+        emu_launch(route_experts_f32, {cf.blocks}, {256}, 0, (const float*)logits.data(), (const float*)bias.data(),
                    (const int*)kind.data(), (const int*)table.data(), (const int*)tok.data(), ids.data(), w.data(), n,
                    e, k, kinds, (unsigned)cf.hashed, vocab, sb);
         route_ref(logits, bias, kind, cf.hashed ? &table : nullptr, tok, n, e, k, kinds, vocab, scale, want_ids,
@@ -1365,34 +1367,31 @@ static GoldenBlocks load_format_goldens(const std::string& format, unsigned byte
 }
 
 // Every value of every golden block through dq_run, one at a time and in pairs (the GEMM tile's
-// runs), through dq_run8 in runs of 8, and through Dq32's 8-runs (the small-row path's):
-// bit-exact (NaN for NaN). The blocks are copied to a buffer aligned as the device's allocations
-// are (dq_run8 and Dq32 load words).
+// runs), and through dq_run8 in runs of 8 (the small-row path's): bit-exact (NaN for NaN). The
+// blocks are copied to a buffer aligned as the device's allocations are (dq_run8 loads words).
 template <int FMT>
 static void dequant_exact(const GoldenBlocks& g) {
     size_t bad = 0, n = g.values.size();
     bool geometry = WBlock<FMT>::QK == g.qk && WBlock<FMT>::BYTES == g.bytes && n % 8 == 0;
     std::vector<unsigned long long> aligned((g.raw.size() + 7) / 8);
     std::memcpy(aligned.data(), g.raw.data(), g.raw.size());
-    geometry = geometry && n % 32 == 0;
     for (size_t i = 0; geometry && i < n; i += 8) {
-        float one[8], two[8], eight[8], run32[8];
+        float one[8], two[8], eight[8];
         for (size_t t = 0; t < 8; t += 2) {
             dq_run<FMT>(aligned.data(), i + t, &one[t], 1);
             dq_run<FMT>(aligned.data(), i + t + 1, &one[t + 1], 1);
             dq_run<FMT>(aligned.data(), i + t, &two[t], 2);
         }
         dq_run8<FMT>(aligned.data(), i, eight);
-        Dq32<FMT>(aligned.data(), i / 32 * 32).run8((unsigned)(i % 32 / 8), run32);
         for (int t = 0; t < 8; ++t) {
             const float want = g.values[i + t];
             auto same = [&](float v) { return std::isnan(want) ? std::isnan(v) : same_bits(v, want); };
-            bad += !same(one[t]) + !same(two[t]) + !same(eight[t]) + !same(run32[t]);
+            bad += !same(one[t]) + !same(two[t]) + !same(eight[t]);
         }
     }
     char name[96];
-    std::snprintf(name, sizeof name, "dq_run/dq_run8/Dq32 %s, %u blocks", g.name.c_str(), g.blocks);
-    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 4 * n,
+    std::snprintf(name, sizeof name, "dq_run/dq_run8 %s, %u blocks", g.name.c_str(), g.blocks);
+    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 3 * n,
                 bad || !geometry ? "FAIL" : "ok");
     failures += bad != 0 || !geometry;
 }
@@ -1654,9 +1653,9 @@ static void test_block_formats() {
     }
 }
 
-// The small-row path's 32-runs (Dq32) over rows long enough that a thread takes a whole 32-run
-// (k = 4096: 32 x GEMM_THREADS) or half of one (k = 2048), for the q2 mix's formats (specialised
-// decoders) and Q4_K (the generic one): one row and three, five columns (the last pair has one).
+// The small-row path over long rows (k = 4096 and 2048: several runs a thread) in the q2 mix's
+// formats and Q4_K, one row and three, five columns (the last pair has one), whole and split over
+// k as the host splits narrow outputs (linear.cu), and an f16 mix split five ways.
 static void test_gemv_long_rows() {
     const auto goldens = load_golden_blocks();
     unsigned seen = 0;
@@ -1685,7 +1684,7 @@ static void test_gemv_long_rows() {
                         want[i * o + c] = float(dot);                                                       \
                     }                                                                                       \
                 char name[80];                                                                              \
-                std::snprintf(name, sizeof name, "linear_%s x[%u,%u] W[%u,%u] (32-runs)", g.name.c_str(), n, k, o, k); \
+                std::snprintf(name, sizeof name, "linear_%s x[%u,%u] W[%u,%u] long rows", g.name.c_str(), n, k, o, k); \
                 check(name, y, want, GEMM_NMSE);                                                            \
                 /* split over k as the host does for narrow outputs: ranges of 1024, then sum_splits_f32 */ \
                 const unsigned splits = k / 1024;                                                           \

@@ -85,17 +85,19 @@ const GEMM_THREADS: u32 = 128;
 /// pair of output columns (its threads split k) and one row block.
 const GEMV_ROWS: usize = 8;
 
-/// A small-row `linear` with fewer column pairs than this splits k (cuda/linear.cu) until it has
-/// about this many blocks: four for each of an H200's 132 SMs. A hyper-connection mix (24
-/// columns of 16384) was 12 blocks and 11 µs of a decode step's layer, twice (Nsight).
-const GEMV_MIN_GRID: usize = 528;
-/// A split's k range is a multiple of this: every thread of a block gets whole 8-runs, and the
-/// ranges start on 32-runs (the block formats' Dq32).
+/// A small-row `linear` with fewer column pairs than this (a block for every other SM of an
+/// H200) splits k (cuda/linear.cu) into about `GEMV_SPLIT_GRID` blocks. Measured on an H200
+/// (Nsight, a q2 decode step): a hyper-connection mix (12 pairs of 16384) 10.8 µs whole, 4.3 µs
+/// in 16 ranges + 2.8 µs for their sum; 128 pairs of 4096 5.3 µs whole, 4.8 + 2.5 µs in 4.
+const GEMV_SPLIT_BELOW: usize = 64;
+const GEMV_SPLIT_GRID: usize = 528;
+/// A split's k range is a multiple of this: every thread of a block gets whole 8-runs (and a
+/// block format's runs lie in its blocks: k is a whole number of them).
 const GEMV_SPLIT_K: usize = 1024;
 
 /// (k splits, k per split) for a small-row `linear` of `pairs` column pairs over rows of `k`.
 fn gemv_splits(pairs: usize, k: usize) -> (usize, usize) {
-    let want = if pairs >= GEMV_MIN_GRID { 1 } else { GEMV_MIN_GRID.div_ceil(pairs).min(k / GEMV_SPLIT_K).max(1) };
+    let want = if pairs >= GEMV_SPLIT_BELOW { 1 } else { GEMV_SPLIT_GRID.div_ceil(pairs).min(k / GEMV_SPLIT_K).max(1) };
     let chunk = k.div_ceil(want).div_ceil(GEMV_SPLIT_K) * GEMV_SPLIT_K;
     (k.div_ceil(chunk.max(1)).max(1), chunk)
 }
@@ -1653,17 +1655,17 @@ mod tests {
         assert_eq!(gemm_grid(GEMV_ROWS, 1025), (513, 1));
     }
 
-    /// The small-row linear's k splits: narrow outputs get about GEMV_MIN_GRID blocks, in ranges
-    /// of whole GEMV_SPLIT_K that cover k; wide ones and short rows are not split.
+    /// The small-row linear's k splits: narrow outputs get about GEMV_SPLIT_GRID blocks, in
+    /// ranges of whole GEMV_SPLIT_K that cover k; wider ones and short rows are not split.
     #[test]
     fn gemv_splits_cover_k_in_whole_chunks() {
         assert_eq!(gemv_splits(12, 16384), (16, 1024)); // a hyper-connection mix
         assert_eq!(gemv_splits(2, 16384), (16, 1024));
-        assert_eq!(gemv_splits(128, 4096), (4, 1024));
-        assert_eq!(gemv_splits(256, 4096), (2, 2048));
-        assert_eq!(gemv_splits(GEMV_MIN_GRID, 4096).0, 1);
+        assert_eq!(gemv_splits(63, 4096), (4, 1024));
+        assert_eq!(gemv_splits(40, 5000), (3, 2048)); // 4 wanted: ranges of 1250, rounded up to 2048
+        assert_eq!(gemv_splits(GEMV_SPLIT_BELOW, 16384).0, 1);
         assert_eq!(gemv_splits(3, 1000).0, 1);
-        for pairs in [1, 5, 100, 527] {
+        for pairs in [1, 5, 33, 63] {
             for k in [1024, 3072, 5000, 16384, 65536] {
                 let (splits, chunk) = gemv_splits(pairs, k);
                 assert_eq!(chunk % GEMV_SPLIT_K, 0, "{pairs} {k}");
