@@ -34,14 +34,14 @@
 //                        (a bitonic sort in shared memory for short rows, else a radix select
 //                        over the row in global memory, then a sort of the selected; see
 //                        lms_rank_key)
-// Warp kernels (blockDim = 32: one warp per block, so __syncwarp orders the block's memory):
-//   route_experts_f32:   one warp per token row, rows grid-strided: logits [n, e], bias [kinds, e],
-//                        kind i32 [n], (hashed) table i32 [vocab, k] and tok i32 [n] -> ids i32
-//                        [n, k], weights [n, k]. The composition sqrt_softplus, add(bias[kind]),
-//                        topk_rows, hash_route, route_weights in one pass: k rounds of a warp
-//                        argmax (the topk_rows ranking) over s + bias[kind] (scores recomputed
-//                        each round rather than stored), then the table row for a hashed text
-//                        token, then s[id] / (sum_k s[id] + 1e-20) * scale over slots in order.
+//   route_experts_f32:   one block (LMS_ROUTE_THREADS) per token row, rows grid-strided: logits
+//                        [n, e], bias [kinds, e], kind i32 [n], (hashed) table i32 [vocab, k] and
+//                        tok i32 [n] -> ids i32 [n, k], weights [n, k]. The composition
+//                        sqrt_softplus, add(bias[kind]), topk_rows, hash_route, route_weights in
+//                        one pass: the scores once into shared memory, k rounds of a block argmax
+//                        (the topk_rows ranking) over s + bias[kind], then the table row for a
+//                        hashed text token, then s[id] / (sum_k s[id] + 1e-20) * scale over slots
+//                        in order.
 //                        A kind outside 0..kinds gives a NaN bias row and an id outside 0..e a
 //                        NaN weight row, as the composition on this lane (gather_rows,
 //                        route_weights) does; the CPU lane returns an error
@@ -533,20 +533,31 @@ BASE_KERNEL void topk_rows_i32(const float* x, int* out, unsigned int n, unsigne
     }
 }
 
-#define LMS_ROUTE_THREADS 32
-// Rows of at most this many experts keep their biased scores in shared memory for the k rounds
-// (each lane reads back only the columns it wrote, so no barrier); longer rows recompute them
-// each round. Recomputing sqrt(softplus) of 256 logits in each of 6 rounds took 18 us of an H200
-// decode step's layer (Nsight).
+#define LMS_ROUTE_THREADS 256
+#define LMS_ROUTE_WARPS (LMS_ROUTE_THREADS / 32)
+// Rows of at most this many experts keep their scores, raw and biased, in shared memory for the
+// k rounds and the weights; longer rows recompute them where they are needed. One warp per row,
+// recomputing sqrt(softplus) of all 256 logits in each of 6 rounds, took 18 us of an H200 decode
+// step's layer (Nsight); the block computes each score once, a thread per expert.
 #define LMS_ROUTE_CACHE 1024
+
+// (v, c) of the candidate that ranks first, (bv, bc) and (ov, oc) either a candidate or none.
+__device__ __forceinline__ void lms_route_better(float ov, unsigned int oc, float* bv, unsigned int* bc) {
+    if (oc != LMS_NONE && (*bc == LMS_NONE || lms_ranks_before(ov, oc, *bv, *bc))) {
+        *bv = ov;
+        *bc = oc;
+    }
+}
 
 BASE_KERNEL void route_experts_f32(const float* logits, const float* bias, const int* kind,
                                    const int* table, const int* tok, int* ids, float* weights,
                                    unsigned int n, unsigned int e, unsigned int k, unsigned int kinds,
                                    unsigned int hashed, unsigned int vocab, unsigned int scale_bits) {
-    __shared__ float cached[LMS_ROUTE_CACHE];
+    __shared__ float raw[LMS_ROUTE_CACHE], biased[LMS_ROUTE_CACHE];
+    __shared__ float cand_v[2][LMS_ROUTE_WARPS];
+    __shared__ unsigned int cand_c[2][LMS_ROUTE_WARPS];
     const float scale = __uint_as_float(scale_bits);
-    const unsigned int lane = threadIdx.x;
+    const unsigned int tid = threadIdx.x, lane = tid % 32u, warp = tid / 32u;
     const bool cache = e <= LMS_ROUTE_CACHE;
     for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {
         const float* lr = logits + (u64)row * e;
@@ -555,42 +566,50 @@ BASE_KERNEL void route_experts_f32(const float* logits, const float* bias, const
         int* ir = ids + (u64)row * k;
         float* wr = weights + (u64)row * k;
         if (cache)
-            for (unsigned int j = lane; j < e; j += LMS_ROUTE_THREADS)
-                cached[j] = br ? lms_sqrt_softplus(lr[j]) + br[j] : QUIET_NAN;
-        // top-k of the biased scores; slot s is written by lane s % 32
+            for (unsigned int j = tid; j < e; j += LMS_ROUTE_THREADS) {
+                raw[j] = lms_sqrt_softplus(lr[j]);
+                biased[j] = br ? raw[j] + br[j] : QUIET_NAN;
+            }
+        __syncthreads();
+        // top-k of the biased scores: round s picks the candidate ranking first among those that
+        // rank after round s - 1's pick, by a block argmax (a strict order: any reduction order
+        // gives the same pick); thread s % LMS_ROUTE_THREADS writes slot s
         float pv = 0.0f; // previous pick (value, column); none before the first round
         unsigned int pc = LMS_NONE;
         for (unsigned int s = 0; s < k; ++s) {
             float bv = 0.0f;
             unsigned int bc = LMS_NONE;
             if (pc != LMS_NONE || s == 0) {
-                for (unsigned int j = lane; j < e; j += LMS_ROUTE_THREADS) {
-                    const float v = cache ? cached[j] : br ? lms_sqrt_softplus(lr[j]) + br[j] : QUIET_NAN;
+                for (unsigned int j = tid; j < e; j += LMS_ROUTE_THREADS) {
+                    const float v = cache ? biased[j] : br ? lms_sqrt_softplus(lr[j]) + br[j] : QUIET_NAN;
                     if (!lms_is_finite(v)) continue;
                     if (pc != LMS_NONE && !lms_ranks_before(pv, pc, v, j)) continue;
-                    if (bc == LMS_NONE || lms_ranks_before(v, j, bv, bc)) {
-                        bv = v;
-                        bc = j;
-                    }
+                    lms_route_better(v, j, &bv, &bc);
                 }
             }
-            // butterfly argmax: every lane ends with the same (value, column), a strict order
             for (int o = 16; o > 0; o >>= 1) {
                 const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
                 const unsigned int oc = __shfl_xor_sync(0xffffffffu, bc, o);
-                if (oc != LMS_NONE && (bc == LMS_NONE || lms_ranks_before(ov, oc, bv, bc))) {
-                    bv = ov;
-                    bc = oc;
-                }
+                lms_route_better(ov, oc, &bv, &bc);
             }
+            // the warps' picks, double-buffered by round: round s + 2 rewrites this buffer only
+            // after every thread passed round s + 1's barrier, so after it read round s's
+            if (lane == 0) {
+                cand_v[s % 2u][warp] = bv;
+                cand_c[s % 2u][warp] = bc;
+            }
+            __syncthreads();
+            bv = 0.0f;
+            bc = LMS_NONE;
+            for (unsigned int w = 0; w < LMS_ROUTE_WARPS; ++w) lms_route_better(cand_v[s % 2u][w], cand_c[s % 2u][w], &bv, &bc);
             pv = bv;
             pc = bc; // once NONE, every later round is NONE too (no candidate ranks after none)
-            if (lane == s % LMS_ROUTE_THREADS) ir[s] = pc == LMS_NONE ? -1 : (int)pc;
+            if (tid == s % LMS_ROUTE_THREADS) ir[s] = pc == LMS_NONE ? -1 : (int)pc;
         }
         // hash layers: a text token takes its table row, an image token keeps the top-k
         const int t = hashed ? tok[row] : -1;
         const int* hr = (t >= 0 && (unsigned int)t < vocab) ? table + (u64)t * k : nullptr;
-        __syncwarp(); // every lane reads the slots the others wrote
+        __syncthreads(); // every thread reads the slots the others wrote
         float sum = 0.0f;
         bool bad = false;
         for (unsigned int s = 0; s < k; ++s) {
@@ -599,14 +618,15 @@ BASE_KERNEL void route_experts_f32(const float* logits, const float* bias, const
                 bad = true;
                 continue;
             }
-            sum += lms_sqrt_softplus(lr[id]);
+            sum += cache ? raw[id] : lms_sqrt_softplus(lr[id]);
         }
         sum += 1e-20f;
-        __syncwarp(); // the slots are read before they are overwritten
-        for (unsigned int s = lane; s < k; s += LMS_ROUTE_THREADS) {
+        __syncthreads(); // the slots are read before they are overwritten
+        for (unsigned int s = tid; s < k; s += LMS_ROUTE_THREADS) {
             const int id = hr ? hr[s] : ir[s];
             ir[s] = id;
-            wr[s] = bad ? QUIET_NAN : lms_sqrt_softplus(lr[id]) / sum * scale;
+            wr[s] = bad ? QUIET_NAN : (cache ? raw[id] : lms_sqrt_softplus(lr[id])) / sum * scale;
         }
+        __syncthreads(); // the scores are read before the next row overwrites them
     }
 }

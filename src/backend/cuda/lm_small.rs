@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
 const TOPK_THREADS: u32 = 256;
-/// Threads per block of `route_experts_f32`: one warp per token (`LMS_ROUTE_THREADS`).
-const ROUTE_THREADS: u32 = 32;
+/// Threads per block of `route_experts_f32`: one block per token (`LMS_ROUTE_THREADS`).
+const ROUTE_THREADS: u32 = 256;
 
 impl CudaBackend {
     /// table `[vocab, d]` (any weight format, decoded in the kernel), ids i32 `[n]` → `[n, d]`; an
