@@ -531,10 +531,26 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 }
 
 // sink_attention: a = q [n, heads·hd], b = kv [m, hd], c = comp [c, hd], ia = window [n, 2],
-// ib = comp_idx [n, kk], comb = sinks [heads] → out [n, heads·hd]; one thread per (query, head),
-// three passes over the keys (max, denominator, weighted sum) in the reference's order. A window
-// or compressed index out of range gives a NaN head (never an out-of-bounds read).
+// ib = comp_idx [n, kk], comb = sinks [heads] → out [n, heads·hd]; one workgroup of SA_THREADS
+// per (query, head). Key j of a query is window row lo + j for j < nwin, then compressed slot
+// j − nwin (a −1 slot is no key). The keys go through in tiles of SA_TILE: a thread per key takes
+// its logit (a serial dot over hd), thread 0 folds the max and then the denominator serially in
+// key order, and each thread sums its own output dims over the keys in order; every value thus
+// has the reference's (and the former one-thread-per-head kernel's) summation order. Past one
+// tile the logits are taken again in each of the three passes (max, denominator, weighted sum).
+// A window or compressed index out of range gives a NaN head (never an out-of-bounds read).
 //   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd
+const SA_THREADS: u32 = 64u;
+const SA_TILE: u32 = 1024u;
+// per key of the tile: its logit, then exp(logit − max), then its weight
+var<workgroup> sa_w: array<f32, SA_TILE>;
+// per key of the tile: its row in kv (window keys) or comp (compressed keys), −1 for no key
+var<workgroup> sa_row: array<i32, SA_TILE>;
+var<workgroup> sa_bad_any: atomic<u32>;
+var<workgroup> sa_bad: u32;
+var<workgroup> sa_mx: f32;
+var<workgroup> sa_den: f32;
+
 fn sa_logit(qo: u32, key: u32, from_comp: bool) -> f32 {
     var s = 0.0;
     if (from_comp) {
@@ -545,10 +561,25 @@ fn sa_logit(qo: u32, key: u32, from_comp: bool) -> f32 {
     return s * bitcast<f32>(p.u6);
 }
 
-@compute @workgroup_size(64, 1, 1)
+// Rows and logits of the tile's keys t0..t0 + len into sa_row / sa_w, a thread per key.
+fn sa_tile_logits(li: u32, i: u32, qo: u32, lo: i32, nwin: u32, t0: u32, len: u32) {
+    for (var j = li; j < len; j += SA_THREADS) {
+        let key = t0 + j;
+        var row = lo + i32(key);
+        if (key >= nwin) {
+            row = ib[i * p.u4 + key - nwin];
+        }
+        sa_row[j] = row;
+        if (row >= 0) {
+            sa_w[j] = sa_logit(qo, u32(row), key >= nwin);
+        }
+    }
+}
+
+@compute @workgroup_size(SA_THREADS, 1, 1)
 fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) li: u32) {
-    let x = (wg.y * nwg.x + wg.x) * 64u + li;
+    let x = wg.y * nwg.x + wg.x; // uniform across the workgroup
     if (x >= p.u0) { return; }
     let i = x / p.u1;
     let h = x % p.u1;
@@ -557,41 +588,99 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let qo = i * p.u1 * hd + h * hd;
     let lo = ia[2u * i];
     let hi = ia[2u * i + 1u];
-    var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
-    for (var s = 0u; s < kk; s++) {
-        let e = ib[i * kk + s];
-        bad = bad || e < -1 || e >= i32(p.u5);
+    if (li == 0u) {
+        atomicStore(&sa_bad_any, select(0u, 1u, lo <= hi && (lo < 0 || hi >= i32(p.u3))));
     }
-    if (bad) {
-        for (var e = 0u; e < hd; e++) { out[qo + e] = nan(); }
+    workgroupBarrier();
+    for (var s = li; s < kk; s += SA_THREADS) {
+        let e = ib[i * kk + s];
+        if (e < -1 || e >= i32(p.u5)) {
+            atomicStore(&sa_bad_any, 1u);
+        }
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        sa_bad = atomicLoad(&sa_bad_any);
+    }
+    if (workgroupUniformLoad(&sa_bad) != 0u) {
+        for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] = nan(); }
         return;
     }
     let nwin = u32(max(hi - lo + 1, 0));
+    let nkeys = nwin + kk;
+    let one_tile = nkeys <= SA_TILE;
     let sink = comb[h];
+    // pass 1: the max, sink first, then the keys in order
     var mx = sink;
-    for (var j = 0u; j < nwin; j++) { mx = max(mx, sa_logit(qo, u32(lo) + j, false)); }
-    for (var s = 0u; s < kk; s++) {
-        let e = ib[i * kk + s];
-        if (e >= 0) { mx = max(mx, sa_logit(qo, u32(e), true)); }
+    for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
+        let len = min(SA_TILE, nkeys - t0);
+        sa_tile_logits(li, i, qo, lo, nwin, t0, len);
+        workgroupBarrier();
+        if (li == 0u) {
+            for (var j = 0u; j < len; j++) {
+                if (sa_row[j] >= 0) { mx = max(mx, sa_w[j]); }
+            }
+        }
+        workgroupBarrier();
     }
+    if (li == 0u) {
+        sa_mx = mx;
+    }
+    mx = workgroupUniformLoad(&sa_mx);
+    // pass 2: the exponentials in parallel, their sum (after the sink's) in key order by thread 0
     var den = exp(sink - mx);
-    for (var j = 0u; j < nwin; j++) { den += exp(sa_logit(qo, u32(lo) + j, false) - mx); }
-    for (var s = 0u; s < kk; s++) {
-        let e = ib[i * kk + s];
-        if (e >= 0) { den += exp(sa_logit(qo, u32(e), true) - mx); }
+    for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
+        let len = min(SA_TILE, nkeys - t0);
+        if (!one_tile) {
+            sa_tile_logits(li, i, qo, lo, nwin, t0, len);
+            workgroupBarrier();
+        }
+        for (var j = li; j < len; j += SA_THREADS) {
+            if (sa_row[j] >= 0) { sa_w[j] = exp(sa_w[j] - mx); }
+        }
+        workgroupBarrier();
+        if (li == 0u) {
+            for (var j = 0u; j < len; j++) {
+                if (sa_row[j] >= 0) { den += sa_w[j]; }
+            }
+        }
+        workgroupBarrier();
     }
-    for (var e = 0u; e < hd; e++) { out[qo + e] = 0.0; }
-    for (var j = 0u; j < nwin; j++) {
-        let key = u32(lo) + j;
-        let wgt = exp(sa_logit(qo, key, false) - mx) / den;
-        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * b[key * hd + e]; }
+    if (li == 0u) {
+        sa_den = den;
     }
-    for (var s = 0u; s < kk; s++) {
-        let ei = ib[i * kk + s];
-        if (ei < 0) { continue; }
-        let key = u32(ei);
-        let wgt = exp(sa_logit(qo, key, true) - mx) / den;
-        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * c[key * hd + e]; }
+    den = workgroupUniformLoad(&sa_den);
+    // pass 3: the weights, then each thread's dims e ≡ li (mod SA_THREADS) summed over the keys
+    for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
+        let len = min(SA_TILE, nkeys - t0);
+        if (!one_tile) {
+            sa_tile_logits(li, i, qo, lo, nwin, t0, len);
+            workgroupBarrier();
+            for (var j = li; j < len; j += SA_THREADS) {
+                if (sa_row[j] >= 0) { sa_w[j] = exp(sa_w[j] - mx); }
+            }
+        }
+        for (var j = li; j < len; j += SA_THREADS) {
+            if (sa_row[j] >= 0) { sa_w[j] = sa_w[j] / den; }
+        }
+        workgroupBarrier();
+        for (var e = li; e < hd; e += SA_THREADS) {
+            var acc = 0.0;
+            if (t0 > 0u) {
+                acc = out[qo + e];
+            }
+            for (var j = 0u; j < len; j++) {
+                let row = sa_row[j];
+                if (row < 0) { continue; }
+                if (t0 + j < nwin) {
+                    acc += sa_w[j] * b[u32(row) * hd + e];
+                } else {
+                    acc += sa_w[j] * c[u32(row) * hd + e];
+                }
+            }
+            out[qo + e] = acc;
+        }
+        workgroupBarrier();
     }
 }
 

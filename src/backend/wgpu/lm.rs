@@ -243,7 +243,8 @@ impl WgpuBackend {
     }
 
     /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
-    /// thread per (query, head). A window or index out of range gives a NaN head.
+    /// workgroup per (query, head), in the reference's summation order. A window or index out of
+    /// range gives a NaN head.
     pub(super) fn sink_attention(
         &self,
         q: &WgpuTensor,
@@ -282,7 +283,7 @@ impl WgpuBackend {
                     (9, sinks.binding()),
                     (6, y.binding()),
                 ],
-                grid(total.div_ceil(64)),
+                grid(total),
             )?;
         }
         Ok(y)
