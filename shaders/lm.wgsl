@@ -826,6 +826,7 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
     den = workgroupUniformLoad(&sa_den);
     // pass 3: the weights, then each thread's dims e ≡ li (mod SA_THREADS) summed over the keys
+    for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] = 0.0; }
     for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
         let len = min(SA_TILE, nkeys - t0);
         if (!one_tile) {
@@ -839,21 +840,16 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
             if (sa_row[j] >= 0) { sa_w[j] = sa_w[j] / den; }
         }
         workgroupBarrier();
-        for (var e = li; e < hd; e += SA_THREADS) {
-            var acc = 0.0;
-            if (t0 > 0u) {
-                acc = out[qo + e];
+        // each key's weight and row read once, its value added to the thread's dims in out
+        for (var j = 0u; j < len; j++) {
+            let row = sa_row[j];
+            if (row < 0) { continue; }
+            let wgt = sa_w[j];
+            if (t0 + j < nwin) {
+                for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] += wgt * b[u32(row) * hd + e]; }
+            } else {
+                for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] += wgt * c[u32(row) * hd + e]; }
             }
-            for (var j = 0u; j < len; j++) {
-                let row = sa_row[j];
-                if (row < 0) { continue; }
-                if (t0 + j < nwin) {
-                    acc += sa_w[j] * b[u32(row) * hd + e];
-                } else {
-                    acc += sa_w[j] * c[u32(row) * hd + e];
-                }
-            }
-            out[qo + e] = acc;
         }
         workgroupBarrier();
     }
