@@ -451,62 +451,237 @@ fn indexer_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     out[x] = s * bitcast<f32>(p.u4);
 }
 
-// topk_rows: a = x [n, m] → iout [n, k]; one workgroup per row, k rounds of an argmax over the
-// finite values ranked after the previous pick (value descending, then column ascending).
+// topk_rows: a = x [n, m] → iout [n, k]; one workgroup per row. The finite values ranked value
+// descending, then column ascending; slot s is the column of rank s, −1 past the finite ones. As
+// the CUDA lane's topk_rows_i32: every element has a 64-bit key (hi: the value, lo: the column)
+// that orders the elements as the ranking does, so the top k are the k smallest keys in key
+// order. Rows of at most TK_SORT columns are staged in workgroup memory as keys and
+// bitonic-sorted. Longer rows go in chunks of TK_SORT slots: a radix select (an 8-bit digit a
+// pass, its histogram in workgroup memory) finds the chunk's last key, one more pass over the row
+// gathers the chunk's keys, and those are sorted.
 //   u0 = n, u1 = m, u2 = k
-var<workgroup> redc: array<u32, 256>;
+const TK_THREADS: u32 = 256u;
+const TK_SORT: u32 = 2048u;
+// hi and lo of a non-finite element's key (and of the sort's padding): after every finite key
+const TK_LAST: u32 = 0xffffffffu;
+var<workgroup> tk_hi: array<u32, TK_SORT>;
+var<workgroup> tk_lo: array<u32, TK_SORT>;
+// the radix select's histogram (one bin a thread) and its inclusive prefix sum
+var<workgroup> tk_hist: array<atomic<u32>, TK_THREADS>;
+var<workgroup> tk_scan: array<u32, TK_THREADS>;
+// the bin holding the wanted key, the keys in the bins below it, the keys in it
+var<workgroup> tk_bin: u32;
+var<workgroup> tk_under: u32;
+var<workgroup> tk_in_bin: u32;
+// finite keys counted (sort) or gathered (select) so far
+var<workgroup> tk_count: atomic<u32>;
 
-fn ranks_before(v1: f32, c1: u32, v2: f32, c2: u32) -> bool {
-    return v1 > v2 || (v1 == v2 && c1 < c2);
+// The key's hi word of value v: larger v → smaller; −0 and +0 alike (they tie, as `>` and `==`
+// see them); non-finite → TK_LAST. A finite one is never TK_LAST and never 0 (at least 0x00800000).
+fn tk_key_hi(v: f32) -> u32 {
+    if (!is_finite(v)) { return TK_LAST; }
+    let u = bitcast<u32>(select(v, 0.0, v == 0.0));
+    let ascending = select(u | 0x80000000u, ~u, (u & 0x80000000u) != 0u); // monotone in v
+    return ~ascending;
 }
 
-@compute @workgroup_size(256, 1, 1)
-fn topk_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) li: u32) {
-    let row = wg.y * nwg.x + wg.x; // uniform across the workgroup
-    if (row >= p.u0) { return; }
-    let m = p.u1;
-    let none = 0xffffffffu;
-    var pv = bitcast<f32>(0x7f800000u); // +inf: every finite value ranks after it
-    var pc = none;
-    for (var s = 0u; s < p.u2; s++) {
-        var bv = 0.0;
-        var bc = none;
-        for (var j = li; j < m; j += 256u) {
-            let v = a[row * m + j];
-            if (!is_finite(v)) { continue; }
-            let after = pc == none || ranks_before(pv, pc, v, j);
-            if (after && (bc == none || ranks_before(v, j, bv, bc))) {
-                bv = v;
-                bc = j;
-            }
-        }
-        red[li] = bv;
-        redc[li] = bc;
-        workgroupBarrier();
-        for (var w2 = 128u; w2 > 0u; w2 >>= 1u) {
-            if (li < w2) {
-                let oc = redc[li + w2];
-                let ov = red[li + w2];
-                if (oc != none && (redc[li] == none || ranks_before(ov, oc, red[li], redc[li]))) {
-                    red[li] = ov;
-                    redc[li] = oc;
+fn tk_less(h1: u32, l1: u32, h2: u32, l2: u32) -> bool {
+    return h1 < h2 || (h1 == h2 && l1 < l2);
+}
+
+// The 8-bit digit of key (h, l) at bit `shift` (0, 8, … 56).
+fn tk_digit(h: u32, l: u32, shift: u32) -> u32 {
+    if (shift >= 32u) { return (h >> (shift - 32u)) & 0xffu; }
+    return (l >> shift) & 0xffu;
+}
+
+// Whether key (h, l) agrees with the prefix (ph, pl) on every bit above digit `shift`.
+fn tk_in_prefix(h: u32, l: u32, ph: u32, pl: u32, shift: u32) -> bool {
+    let top = shift + 8u; // the first bit above the digit
+    if (top >= 64u) { return true; }
+    if (top >= 32u) { return ((h ^ ph) >> (top - 32u)) == 0u; }
+    return h == ph && ((l ^ pl) >> top) == 0u;
+}
+
+// tk_hi/tk_lo[0, p) ascending in place, p a power of two; the threads share each pass's pairs.
+// Ends with a barrier.
+fn tk_sort(li: u32, p: u32) {
+    for (var size = 2u; size <= p; size *= 2u) {
+        for (var stride = size / 2u; stride > 0u; stride /= 2u) {
+            for (var i = li; i < p / 2u; i += TK_THREADS) {
+                // the i-th pair (lo, hi) of this pass; ascending where lo & size == 0
+                let lo = 2u * stride * (i / stride) + i % stride;
+                let hi = lo + stride;
+                let lo_after = tk_less(tk_hi[hi], tk_lo[hi], tk_hi[lo], tk_lo[lo]);
+                if (lo_after == ((lo & size) == 0u)) {
+                    let h = tk_hi[lo];
+                    let l = tk_lo[lo];
+                    tk_hi[lo] = tk_hi[hi];
+                    tk_lo[lo] = tk_lo[hi];
+                    tk_hi[hi] = h;
+                    tk_lo[hi] = l;
                 }
             }
             workgroupBarrier();
         }
-        pv = red[0];
-        pc = workgroupUniformLoad(&redc[0]); // also a barrier: every thread has read red[0]
-        if (li == 0u) {
-            iout[row * p.u2 + s] = select(i32(pc), -1, pc == none);
+    }
+}
+
+fn tk_by_sort(li: u32, row: u32, m: u32, k: u32) {
+    var p = 1u;
+    while (p < m) { p *= 2u; } // the sort's power-of-two length, padded with TK_LAST
+    if (li == 0u) {
+        atomicStore(&tk_count, 0u);
+    }
+    workgroupBarrier();
+    for (var j = li; j < p; j += TK_THREADS) {
+        var h = TK_LAST;
+        if (j < m) {
+            h = tk_key_hi(a[row * m + j]);
         }
-        if (pc == none) {
-            // nothing left: fill the remaining slots
-            for (var s2 = s + 1u + li; s2 < p.u2; s2 += 256u) {
-                iout[row * p.u2 + s2] = -1;
+        tk_hi[j] = h;
+        tk_lo[j] = select(j, TK_LAST, h == TK_LAST);
+        if (h != TK_LAST) {
+            atomicAdd(&tk_count, 1u);
+        }
+    }
+    workgroupBarrier();
+    tk_sort(li, p);
+    let picked = min(atomicLoad(&tk_count), k);
+    for (var s = li; s < k; s += TK_THREADS) {
+        var col = -1;
+        if (s < picked) {
+            col = i32(tk_lo[s]);
+        }
+        iout[row * k + s] = col;
+    }
+}
+
+// The radix select of tk_by_select: a bound (hi, lo) such that exactly e = min(want, f) finite
+// keys of the row are ≤ it, f being the row's finite count (returned as z; the bound means nothing
+// when e = 0). Digit by digit from the top, each pass a histogram of the digit of the keys that
+// share the prefix found so far: the bin holding the e-th key extends the prefix, until the keys
+// below the bin plus the whole bin are exactly e (at the latest on the last digit: keys are
+// unique); the bound is then the largest key in that bin (the prefix, ones below it).
+fn tk_radix_bound(li: u32, row: u32, m: u32, want: u32) -> vec3<u32> {
+    var ph = 0u; // the digits fixed so far, in place
+    var pl = 0u;
+    var below = 0u; // finite keys below the current bin
+    var e = want;
+    var f = 0u;
+    for (var d = 0u; d < 8u; d++) {
+        let shift = 56u - 8u * d;
+        // every column is below m: a column digit above m's top bit is 0 in every key
+        if (shift < 32u && ((m - 1u) >> shift) == 0u) { continue; }
+        atomicStore(&tk_hist[li], 0u);
+        workgroupBarrier();
+        for (var j = li; j < m; j += TK_THREADS) {
+            let h = tk_key_hi(a[row * m + j]);
+            if (h != TK_LAST && tk_in_prefix(h, j, ph, pl, shift)) {
+                atomicAdd(&tk_hist[tk_digit(h, j, shift)], 1u);
             }
-            return;
         }
+        workgroupBarrier();
+        // inclusive prefix sum over the bins (thread b holds bin b)
+        let c = atomicLoad(&tk_hist[li]);
+        tk_scan[li] = c;
+        workgroupBarrier();
+        for (var o = 1u; o < TK_THREADS; o *= 2u) {
+            var add = 0u;
+            if (li >= o) {
+                add = tk_scan[li - o];
+            }
+            workgroupBarrier();
+            tk_scan[li] += add;
+            workgroupBarrier();
+        }
+        let incl = tk_scan[li];
+        let total = workgroupUniformLoad(&tk_scan[TK_THREADS - 1u]);
+        if (d == 0u) { // the first pass counts every finite key
+            f = total;
+            e = min(want, total);
+        }
+        if (e == 0u) {
+            return vec3<u32>(0u, 0u, f);
+        }
+        if (below + incl - c < e && e <= below + incl) { // exactly one bin
+            tk_bin = li;
+            tk_under = incl - c;
+            tk_in_bin = c;
+        }
+        // each a barrier: tk_scan and the picks are rewritten two barriers on at the soonest
+        let bin = workgroupUniformLoad(&tk_bin);
+        let under = workgroupUniformLoad(&tk_under);
+        let in_bin = workgroupUniformLoad(&tk_in_bin);
+        below += under;
+        if (shift >= 32u) {
+            ph |= bin << (shift - 32u);
+        } else {
+            pl |= bin << shift;
+        }
+        if (below + in_bin == e) {
+            if (shift >= 32u) {
+                return vec3<u32>(ph | ((1u << (shift - 32u)) - 1u), 0xffffffffu, f);
+            }
+            return vec3<u32>(ph, pl | ((1u << shift) - 1u), f);
+        }
+    }
+    return vec3<u32>(ph, pl, f); // not reached: the last digit's bin is one key
+}
+
+fn tk_by_select(li: u32, row: u32, m: u32, k: u32) {
+    // the previous chunk's bound: below every finite key at first
+    var prev_h = 0u;
+    var prev_l = 0u;
+    for (var s0 = 0u; s0 < k; s0 += TK_SORT) {
+        let s1 = select(s0 + TK_SORT, k, k - s0 < TK_SORT);
+        let bound = tk_radix_bound(li, row, m, s1);
+        let f = bound.z;
+        let picked = select(0u, min(f, s1) - s0, f > s0); // keys of this chunk
+        if (li == 0u) {
+            atomicStore(&tk_count, 0u);
+        }
+        workgroupBarrier();
+        if (picked > 0u) {
+            for (var j = li; j < m; j += TK_THREADS) {
+                let h = tk_key_hi(a[row * m + j]);
+                if (h != TK_LAST && tk_less(prev_h, prev_l, h, j) && !tk_less(bound.x, bound.y, h, j)) {
+                    let at = atomicAdd(&tk_count, 1u);
+                    tk_hi[at] = h;
+                    tk_lo[at] = j;
+                }
+            }
+        }
+        var p = 1u;
+        while (p < picked) { p *= 2u; } // the sort's power-of-two length, padded with TK_LAST
+        for (var i = picked + li; i < p; i += TK_THREADS) {
+            tk_hi[i] = TK_LAST;
+            tk_lo[i] = TK_LAST;
+        }
+        workgroupBarrier();
+        tk_sort(li, p);
+        for (var s = s0 + li; s < s1; s += TK_THREADS) {
+            var col = -1;
+            if (s - s0 < picked) {
+                col = i32(tk_lo[s - s0]);
+            }
+            iout[row * k + s] = col;
+        }
+        workgroupBarrier(); // the keys are read before the next chunk overwrites them
+        prev_h = bound.x;
+        prev_l = bound.y;
+    }
+}
+
+@compute @workgroup_size(TK_THREADS, 1, 1)
+fn topk_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) li: u32) {
+    let row = wg.y * nwg.x + wg.x; // uniform across the workgroup
+    if (row >= p.u0) { return; }
+    if (p.u1 <= TK_SORT) {
+        tk_by_sort(li, row, p.u1, p.u2);
+    } else {
+        tk_by_select(li, row, p.u1, p.u2);
     }
 }
 
@@ -531,10 +706,26 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 }
 
 // sink_attention: a = q [n, heads·hd], b = kv [m, hd], c = comp [c, hd], ia = window [n, 2],
-// ib = comp_idx [n, kk], comb = sinks [heads] → out [n, heads·hd]; one thread per (query, head),
-// three passes over the keys (max, denominator, weighted sum) in the reference's order. A window
-// or compressed index out of range gives a NaN head (never an out-of-bounds read).
+// ib = comp_idx [n, kk], comb = sinks [heads] → out [n, heads·hd]; one workgroup of SA_THREADS
+// per (query, head). Key j of a query is window row lo + j for j < nwin, then compressed slot
+// j − nwin (a −1 slot is no key). The keys go through in tiles of SA_TILE: a thread per key takes
+// its logit (a serial dot over hd), thread 0 folds the max and then the denominator serially in
+// key order, and each thread sums its own output dims over the keys in order; every value thus
+// has the reference's (and the former one-thread-per-head kernel's) summation order. Past one
+// tile the logits are taken again in each of the three passes (max, denominator, weighted sum).
+// A window or compressed index out of range gives a NaN head (never an out-of-bounds read).
 //   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd
+const SA_THREADS: u32 = 64u;
+const SA_TILE: u32 = 1024u;
+// per key of the tile: its logit, then exp(logit − max), then its weight
+var<workgroup> sa_w: array<f32, SA_TILE>;
+// per key of the tile: its row in kv (window keys) or comp (compressed keys), −1 for no key
+var<workgroup> sa_row: array<i32, SA_TILE>;
+var<workgroup> sa_bad_any: atomic<u32>;
+var<workgroup> sa_bad: u32;
+var<workgroup> sa_mx: f32;
+var<workgroup> sa_den: f32;
+
 fn sa_logit(qo: u32, key: u32, from_comp: bool) -> f32 {
     var s = 0.0;
     if (from_comp) {
@@ -545,10 +736,25 @@ fn sa_logit(qo: u32, key: u32, from_comp: bool) -> f32 {
     return s * bitcast<f32>(p.u6);
 }
 
-@compute @workgroup_size(64, 1, 1)
+// Rows and logits of the tile's keys t0..t0 + len into sa_row / sa_w, a thread per key.
+fn sa_tile_logits(li: u32, i: u32, qo: u32, lo: i32, nwin: u32, t0: u32, len: u32) {
+    for (var j = li; j < len; j += SA_THREADS) {
+        let key = t0 + j;
+        var row = lo + i32(key);
+        if (key >= nwin) {
+            row = ib[i * p.u4 + key - nwin];
+        }
+        sa_row[j] = row;
+        if (row >= 0) {
+            sa_w[j] = sa_logit(qo, u32(row), key >= nwin);
+        }
+    }
+}
+
+@compute @workgroup_size(SA_THREADS, 1, 1)
 fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) li: u32) {
-    let x = (wg.y * nwg.x + wg.x) * 64u + li;
+    let x = wg.y * nwg.x + wg.x; // uniform across the workgroup
     if (x >= p.u0) { return; }
     let i = x / p.u1;
     let h = x % p.u1;
@@ -557,41 +763,95 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let qo = i * p.u1 * hd + h * hd;
     let lo = ia[2u * i];
     let hi = ia[2u * i + 1u];
-    var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
-    for (var s = 0u; s < kk; s++) {
-        let e = ib[i * kk + s];
-        bad = bad || e < -1 || e >= i32(p.u5);
+    if (li == 0u) {
+        atomicStore(&sa_bad_any, select(0u, 1u, lo <= hi && (lo < 0 || hi >= i32(p.u3))));
     }
-    if (bad) {
-        for (var e = 0u; e < hd; e++) { out[qo + e] = nan(); }
+    workgroupBarrier();
+    for (var s = li; s < kk; s += SA_THREADS) {
+        let e = ib[i * kk + s];
+        if (e < -1 || e >= i32(p.u5)) {
+            atomicStore(&sa_bad_any, 1u);
+        }
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        sa_bad = atomicLoad(&sa_bad_any);
+    }
+    if (workgroupUniformLoad(&sa_bad) != 0u) {
+        for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] = nan(); }
         return;
     }
     let nwin = u32(max(hi - lo + 1, 0));
+    let nkeys = nwin + kk;
+    let one_tile = nkeys <= SA_TILE;
     let sink = comb[h];
+    // pass 1: the max, sink first, then the keys in order
     var mx = sink;
-    for (var j = 0u; j < nwin; j++) { mx = max(mx, sa_logit(qo, u32(lo) + j, false)); }
-    for (var s = 0u; s < kk; s++) {
-        let e = ib[i * kk + s];
-        if (e >= 0) { mx = max(mx, sa_logit(qo, u32(e), true)); }
+    for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
+        let len = min(SA_TILE, nkeys - t0);
+        sa_tile_logits(li, i, qo, lo, nwin, t0, len);
+        workgroupBarrier();
+        if (li == 0u) {
+            for (var j = 0u; j < len; j++) {
+                if (sa_row[j] >= 0) { mx = max(mx, sa_w[j]); }
+            }
+        }
+        workgroupBarrier();
     }
+    if (li == 0u) {
+        sa_mx = mx;
+    }
+    mx = workgroupUniformLoad(&sa_mx);
+    // pass 2: the exponentials in parallel, their sum (after the sink's) in key order by thread 0
     var den = exp(sink - mx);
-    for (var j = 0u; j < nwin; j++) { den += exp(sa_logit(qo, u32(lo) + j, false) - mx); }
-    for (var s = 0u; s < kk; s++) {
-        let e = ib[i * kk + s];
-        if (e >= 0) { den += exp(sa_logit(qo, u32(e), true) - mx); }
+    for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
+        let len = min(SA_TILE, nkeys - t0);
+        if (!one_tile) {
+            sa_tile_logits(li, i, qo, lo, nwin, t0, len);
+            workgroupBarrier();
+        }
+        for (var j = li; j < len; j += SA_THREADS) {
+            if (sa_row[j] >= 0) { sa_w[j] = exp(sa_w[j] - mx); }
+        }
+        workgroupBarrier();
+        if (li == 0u) {
+            for (var j = 0u; j < len; j++) {
+                if (sa_row[j] >= 0) { den += sa_w[j]; }
+            }
+        }
+        workgroupBarrier();
     }
-    for (var e = 0u; e < hd; e++) { out[qo + e] = 0.0; }
-    for (var j = 0u; j < nwin; j++) {
-        let key = u32(lo) + j;
-        let wgt = exp(sa_logit(qo, key, false) - mx) / den;
-        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * b[key * hd + e]; }
+    if (li == 0u) {
+        sa_den = den;
     }
-    for (var s = 0u; s < kk; s++) {
-        let ei = ib[i * kk + s];
-        if (ei < 0) { continue; }
-        let key = u32(ei);
-        let wgt = exp(sa_logit(qo, key, true) - mx) / den;
-        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * c[key * hd + e]; }
+    den = workgroupUniformLoad(&sa_den);
+    // pass 3: the weights, then each thread's dims e ≡ li (mod SA_THREADS) summed over the keys
+    for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] = 0.0; }
+    for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
+        let len = min(SA_TILE, nkeys - t0);
+        if (!one_tile) {
+            sa_tile_logits(li, i, qo, lo, nwin, t0, len);
+            workgroupBarrier();
+            for (var j = li; j < len; j += SA_THREADS) {
+                if (sa_row[j] >= 0) { sa_w[j] = exp(sa_w[j] - mx); }
+            }
+        }
+        for (var j = li; j < len; j += SA_THREADS) {
+            if (sa_row[j] >= 0) { sa_w[j] = sa_w[j] / den; }
+        }
+        workgroupBarrier();
+        // each key's weight and row read once, its value added to the thread's dims in out
+        for (var j = 0u; j < len; j++) {
+            let row = sa_row[j];
+            if (row < 0) { continue; }
+            let wgt = sa_w[j];
+            if (t0 + j < nwin) {
+                for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] += wgt * b[u32(row) * hd + e]; }
+            } else {
+                for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] += wgt * c[u32(row) * hd + e]; }
+            }
+        }
+        workgroupBarrier();
     }
 }
 

@@ -782,6 +782,26 @@ fn lm_cases() -> Vec<Case> {
             |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: None, sinks: 3, heads: 1 },
             Args::default(),
         ));
+        // more keys than one tile of the wgpu kernel (1024: its logits are taken again in each
+        // pass) and hd past its 64 threads, not a multiple of them
+        let (n, heads, hd, m, c, k) = (2, 2, 70, 1100, 9, 40);
+        let window = vec![0, m as i32 - 1, 50, 1000];
+        let idx: Vec<i32> = (0..n * k).map(|j| if j % 7 == 2 { -1 } else { r.random_range(0..c as i32) }).collect();
+        out.push(case(
+            format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k} past one tile"),
+            Op::SinkAttention,
+            REDUCTION,
+            vec![
+                randn(&mut r, &[n, heads * hd], 1.5),
+                randn(&mut r, &[m, hd], 1.5),
+                ints(&[n, 2], window),
+                randn(&mut r, &[c, hd], 1.5),
+                ints(&[n, k], idx),
+                randn(&mut r, &[heads], 2.0),
+            ],
+            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: 2 },
+            Args::default(),
+        ));
     }
     // moe_experts: 5 experts (one unused), k = 3 slots, in every format, then gate, up and down
     // each in another; limit cuts some values.

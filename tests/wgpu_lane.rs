@@ -376,6 +376,32 @@ fn gather_rows_repeated_and_out_of_range() {
     assert!(got[d..].iter().all(|v| v.is_nan()));
 }
 
+/// sink_attention's edges the op harness cannot compare (the CPU lane errs on a bad index): a
+/// query without keys, a −inf sink, and NaN heads for a window or compressed index out of range.
+#[test]
+fn sink_attention_empty_queries_and_bad_indices() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = be();
+    let i = |shape: &[usize], v: Vec<i32>| b.upload(&HostTensor::i32(shape.to_vec(), v).unwrap()).unwrap();
+    // 2 heads of hd 2. Query 0: empty window, every slot −1; query 1: window 0..=1 and comp 0;
+    // query 2: a window past the keys; query 3: a compressed index past comp (NaN heads).
+    let q = up(b, &[4, 4], vec![0.5; 16]);
+    let kv = up(b, &[2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+    let win = i(&[4, 2], vec![1, 0, 0, 1, 0, 2, 0, 1]);
+    let comp = up(b, &[1, 2], vec![5.0, 6.0]);
+    let idx = i(&[4, 2], vec![-1, -1, 0, -1, -1, -1, 0, 1]);
+    for sinks in [vec![0.3, f32::NEG_INFINITY], vec![f32::NEG_INFINITY, f32::NEG_INFINITY]] {
+        let s = up(b, &[2], sinks);
+        let out = down(b, &b.sink_attention(&q, &kv, &win, Some((&comp, &idx)), &s, 2).unwrap());
+        assert_eq!(&out[..4], &[0.0; 4], "a query without keys gives zeros: {out:?}");
+        assert!(out[4..8].iter().all(|v| v.is_finite() && *v > 0.0), "{out:?}");
+        assert!(out[8..].iter().all(|v| v.is_nan()), "an index past the keys gives NaN heads: {out:?}");
+    }
+}
+
 #[test]
 fn swiglu() {
     if !adapter_available() {

@@ -223,7 +223,8 @@ impl WgpuBackend {
         self.per_element(LM_EXACT, "indexer_scores", &[("q", 1, q), ("k", 2, k), ("w", 3, w)], out, &params)
     }
 
-    /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per row.
+    /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per
+    /// row: a bitonic sort of the row's keys up to 2048 columns, a radix select past that.
     pub(super) fn topk_rows(&self, x: &WgpuTensor, k: usize) -> Result<WgpuTensor> {
         const OP: &str = "topk_rows";
         let (n, m) = checks::topk_rows(x)?;
@@ -243,7 +244,8 @@ impl WgpuBackend {
     }
 
     /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
-    /// thread per (query, head). A window or index out of range gives a NaN head.
+    /// workgroup per (query, head), in the reference's summation order. A window or index out of
+    /// range gives a NaN head.
     pub(super) fn sink_attention(
         &self,
         q: &WgpuTensor,
@@ -282,7 +284,7 @@ impl WgpuBackend {
                     (9, sinks.binding()),
                     (6, y.binding()),
                 ],
-                grid(total.div_ceil(64)),
+                grid(total),
             )?;
         }
         Ok(y)
