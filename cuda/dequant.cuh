@@ -329,27 +329,13 @@ __device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsig
     for (unsigned int i = 0; i < n; ++i) out[i] = dq_value<FMT>(b, j0 + i);
 }
 
-// (float)v for an integer 0 <= v < 2^23: the bits of 2^23 + v, minus 2^23 (both steps exact). An
-// integer-to-float conversion issues at 16 results a clock per SM on sm_80/sm_90 against 64 for
-// logic and 128 for f32 adds (CUDA C++ Programming Guide, arithmetic instruction throughput), and
-// dq_run8 makes one for every weight the small-row path streams.
-__device__ __forceinline__ float dq_uint_to_f32(unsigned int v) {
-    return __uint_as_float(0x4B000000u | v) - 8388608.0f;
-}
-// (float)(signed char)b for a byte b: b ^ 0x80 is the value + 128, in 0 .. 255.
-__device__ __forceinline__ float dq_int8_to_f32(unsigned int b) {
-    return __uint_as_float(0x4B000000u | (b ^ 0x80u)) - 8388736.0f;
-}
-
 // out[0 .. 8) = values idx .. idx + 7, idx a multiple of 8 (the small-row path's runs; every QK is a
 // multiple of 8, so a run lies in one block and in one 8-run of every format's sub-groups). The
 // values are dq_run's, bit for bit. With j = (r << 3) | i the compiler sees that j / 8, j / 16,
 // j / 32, ... are the same for the eight values (the low three bits never reach them) and decodes a
 // run's shared fields (scales, grid entry, sign pattern, super-block scale) once instead of eight
 // times; dq_run's j0 + i hides that. Q8_0, Q2_K and FP8 with an f32 scale, whose codes are one byte
-// per value at an offset their block alignment keeps aligned, load the run's codes in words; they
-// and IQ2_XXS (with Q8_0 the q2 mix's formats) turn their small integers into floats by bits
-// (dq_uint_to_f32) and IQ2_XXS applies its signs to the bits.
+// per value at an offset their block alignment keeps aligned, load the run's codes in words.
 template <int FMT>
 __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
     constexpr unsigned int QK = WBlock<FMT>::QK;
@@ -362,7 +348,7 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
         const unsigned int c[4] = {h[1u + 4u * r], h[2u + 4u * r], h[3u + 4u * r], h[4u + 4u * r]};
 #pragma unroll
         for (unsigned int i = 0; i < 8u; ++i)
-            out[i] = __fmul_rn(dq_int8_to_f32((c[i / 2u] >> (8u * (i % 2u))) & 0xffu), d);
+            out[i] = __fmul_rn((float)(signed char)((c[i / 2u] >> (8u * (i % 2u))) & 0xffu), d);
     } else if constexpr (FMT == WF_Q2_K) {
         // 84-byte blocks start on 4 bytes: the codes (at 16 + 32 (j / 128) + j % 32) and d, dmin
         // (at 80) are 4-byte aligned; the run shares one scale byte and one code shift
@@ -376,7 +362,7 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
 #pragma unroll
         for (unsigned int i = 0; i < 8u; ++i) {
             const unsigned int q = (c[i / 4u] >> (8u * (i % 4u) + shift)) & 3u;
-            out[i] = __fsub_rn(__fmul_rn(dl, dq_uint_to_f32(q)), ml);
+            out[i] = __fsub_rn(__fmul_rn(dl, (float)q), ml);
         }
     } else if constexpr (FMT == WF_FP8_E4M3_B128_F32) {
         // 132-byte blocks start on 4 bytes: the f32 scale and the codes (at 4 + 8r) are aligned
@@ -385,20 +371,6 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
         const unsigned int c[2] = {wd[1u + 2u * r], wd[2u + 2u * r]};
 #pragma unroll
         for (unsigned int i = 0; i < 8u; ++i) out[i] = __fmul_rn(dq_e4m3((c[i / 4u] >> (8u * (i % 4u))) & 0xffu), s);
-    } else if constexpr (FMT == WF_IQ2_XXS) {
-        // the run is 8-run l of 32-group g: one grid entry, one sign pattern, one scale; a sign
-        // flip of db * grid (exact) is dq_sign's product by -1
-        const unsigned int g = r / 4u, l = r % 4u;
-        const u8* q = b + 2u + 8u * g;
-        const unsigned int aux1 = dq_u32(q + 4);
-        const float db = __fmul_rn(__fmul_rn(dq_f16(b), __fadd_rn(0.5f, (float)(aux1 >> 28))), 0.25f);
-        const unsigned long long grid = IQ2XXS_GRID[q[l]];
-        const unsigned int signs = KSIGNS_IQ2XS[(aux1 >> (7u * l)) & 127u];
-#pragma unroll
-        for (unsigned int i = 0; i < 8u; ++i) {
-            const float v = __fmul_rn(db, dq_uint_to_f32(dq_byte(grid, i)));
-            out[i] = __uint_as_float(__float_as_uint(v) ^ (((signs >> i) & 1u) << 31));
-        }
     } else {
 #pragma unroll
         for (unsigned int i = 0; i < 8u; ++i) out[i] = dq_value<FMT>(b, (r << 3) | i);
