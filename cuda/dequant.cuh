@@ -336,6 +336,9 @@ __device__ __forceinline__ void dq_run(const void* w, u64 idx, float* out, unsig
 // run's shared fields (scales, grid entry, sign pattern, super-block scale) once instead of eight
 // times; dq_run's j0 + i hides that. Q8_0, Q2_K and FP8 with an f32 scale, whose codes are one byte
 // per value at an offset their block alignment keeps aligned, load the run's codes in words.
+// (Building the small integers into floats by bits instead of integer-to-float conversions, and
+// IQ2_XXS's signs into the bits, changed nothing measurable: the expert GEMVs took 37.1 / 38.3 /
+// 35.8 us against 35.9 / 37.4 / 35.0, Nsight on an H200, 2026-12-02.)
 template <int FMT>
 __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
     constexpr unsigned int QK = WBlock<FMT>::QK;
