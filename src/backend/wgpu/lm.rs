@@ -244,11 +244,8 @@ impl WgpuBackend {
     }
 
     /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
-    /// workgroup per (query, head), in the reference's summation order, or on a software adapter
-    /// one thread per (query, head) (`sink_attention_serial`, the same order: lavapipe runs the
-    /// workgroups' barriers and serial folds far slower; the shipped model's prefill in
-    /// describe_image took 72 tokens/s with them against 91). A window or index out of range
-    /// gives a NaN head.
+    /// workgroup per (query, head), in the reference's summation order. A window or index out of
+    /// range gives a NaN head.
     pub(super) fn sink_attention(
         &self,
         q: &WgpuTensor,
@@ -273,12 +270,9 @@ impl WgpuBackend {
                 None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
             };
             let scale = 1.0 / (hd as f32).sqrt();
-            let serial = self.is_software() && !self.opts.force_workgroup_attention;
-            let (entry, groups) =
-                if serial { ("sink_attention_serial", grid(total.div_ceil(64))) } else { (OP, grid(total)) };
             self.dispatch(
                 LM_EXACT,
-                entry,
+                OP,
                 0,
                 &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
                 &[
@@ -290,7 +284,7 @@ impl WgpuBackend {
                     (9, sinks.binding()),
                     (6, y.binding()),
                 ],
-                groups,
+                grid(total),
             )?;
         }
         Ok(y)

@@ -96,10 +96,6 @@ pub struct Options {
     /// Sum the small-row kernels' partials through workgroup memory even where the adapter has
     /// SUBGROUP (which is then not requested), so that reduction is tested there too. Diagnostic.
     pub force_workgroup_reduction: bool,
-    /// Run `sink_attention` as a workgroup per (query, head) even on a software adapter, which
-    /// otherwise gets one thread per (query, head) (lm.wgsl's `sink_attention_serial`: faster
-    /// there), so that lavapipe tests the GPUs' kernel too. Diagnostic.
-    pub force_workgroup_attention: bool,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -120,7 +116,6 @@ impl Default for Options {
             guard_words: 0,
             force_f16_fallback: false,
             force_workgroup_reduction: false,
-            force_workgroup_attention: false,
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
