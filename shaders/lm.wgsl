@@ -855,6 +855,65 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
+// sink_attention_serial: the same op, one thread per (query, head) making the three passes alone
+// (max, denominator, weighted sum, in the same order). The lane runs it on software adapters
+// (lavapipe), which run a workgroup's barriers and serial folds far slower than this: a decode
+// step's op took 27 ms this way against 350 ms in workgroups there, while on an H200's Vulkan the
+// workgroups took one layer's decode step from 173 to 24 ms (with the top-k's sort). A thread
+// here loops (m + kk)·(4·hd + 3) times at most, and lavapipe silently ends an invocation's loops
+// past 65 535 iterations: the lane runs this kernel only where that bound stays within its
+// budget (lm.rs, SOFTWARE_LOOP_BUDGET). Grid of ceil(u0 / 64) workgroups of 64; the uniforms are
+// sink_attention's.
+@compute @workgroup_size(64, 1, 1)
+fn sink_attention_serial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) li: u32) {
+    let x = (wg.y * nwg.x + wg.x) * 64u + li;
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let h = x % p.u1;
+    let hd = p.u2;
+    let kk = p.u4;
+    let qo = i * p.u1 * hd + h * hd;
+    let lo = ia[2u * i];
+    let hi = ia[2u * i + 1u];
+    var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        bad = bad || e < -1 || e >= i32(p.u5);
+    }
+    if (bad) {
+        for (var e = 0u; e < hd; e++) { out[qo + e] = nan(); }
+        return;
+    }
+    let nwin = u32(max(hi - lo + 1, 0));
+    let sink = comb[h];
+    var mx = sink;
+    for (var j = 0u; j < nwin; j++) { mx = max(mx, sa_logit(qo, u32(lo) + j, false)); }
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        if (e >= 0) { mx = max(mx, sa_logit(qo, u32(e), true)); }
+    }
+    var den = exp(sink - mx);
+    for (var j = 0u; j < nwin; j++) { den += exp(sa_logit(qo, u32(lo) + j, false) - mx); }
+    for (var s = 0u; s < kk; s++) {
+        let e = ib[i * kk + s];
+        if (e >= 0) { den += exp(sa_logit(qo, u32(e), true) - mx); }
+    }
+    for (var e = 0u; e < hd; e++) { out[qo + e] = 0.0; }
+    for (var j = 0u; j < nwin; j++) {
+        let key = u32(lo) + j;
+        let wgt = exp(sa_logit(qo, key, false) - mx) / den;
+        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * b[key * hd + e]; }
+    }
+    for (var s = 0u; s < kk; s++) {
+        let ei = ib[i * kk + s];
+        if (ei < 0) { continue; }
+        let key = u32(ei);
+        let wgt = exp(sa_logit(qo, key, true) - mx) / den;
+        for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * c[key * hd + e]; }
+    }
+}
+
 // moe_experts, per expert e (one dispatch each of moe_gate, moe_up, moe_down; weights bound one
 // expert at a time, each projection in its own format: gate and up are separate dispatches so that
 // w1 and w3 may differ in format, as GGUF mixes store them):

@@ -1308,6 +1308,19 @@ fn wgpu_small_rows_match_cpu_with_workgroup_reduction() {
     compare_with_cpu(&lane, with_fast_bounds(small_row_cases()));
 }
 
+/// sink_attention as a workgroup per (query, head), which a software adapter (lavapipe) does not
+/// run otherwise (`Options::force_workgroup_attention`; it takes one thread per head there): every
+/// sink_attention case.
+#[test]
+fn wgpu_sink_attention_in_workgroups_matches_cpu() {
+    let _alone = wgpu_alone();
+    let opts = Options { guard_words: 8, force_workgroup_attention: true, ..Options::default() };
+    let Some(lane) = common::wgpu_lane(opts) else { return };
+    let cases: Vec<Case> = lm_cases().into_iter().filter(|c| c.op == Op::SinkAttention).collect();
+    assert!(cases.len() >= 3, "the sink_attention cases: {}", cases.len());
+    compare_with_cpu(&lane, cases);
+}
+
 /// The wgpu lane in fast precision: the GEMM ops at fast precision's bounds (`with_fast_bounds`),
 /// embed_rows (a lookup, not a product) still exact, and every linear case again with its weight
 /// uploaded by `upload_weight_exact` (the router, the hyper-connection mixes) at the exact bound.

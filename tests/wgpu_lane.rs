@@ -377,14 +377,20 @@ fn gather_rows_repeated_and_out_of_range() {
 }
 
 /// sink_attention's edges the op harness cannot compare (the CPU lane errs on a bad index): a
-/// query without keys, a −inf sink, and NaN heads for a window or compressed index out of range.
+/// query without keys, a −inf sink, and NaN heads for a window or compressed index out of range;
+/// on the default lane and with the workgroup kernel forced (a software adapter, lavapipe, runs
+/// one thread per head otherwise; on a GPU both are the workgroup kernel).
 #[test]
 fn sink_attention_empty_queries_and_bad_indices() {
     if !adapter_available() {
         return;
     }
     let _devices = shared();
-    let b = be();
+    sink_attention_edges(be());
+    sink_attention_edges(&make(Options { guard_words: 4, force_workgroup_attention: true, ..Options::default() }));
+}
+
+fn sink_attention_edges(b: &WgpuBackend) {
     let i = |shape: &[usize], v: Vec<i32>| b.upload(&HostTensor::i32(shape.to_vec(), v).unwrap()).unwrap();
     // 2 heads of hd 2. Query 0: empty window, every slot −1; query 1: window 0..=1 and comp 0;
     // query 2: a window past the keys; query 3: a compressed index past comp (NaN heads).

@@ -244,8 +244,11 @@ impl WgpuBackend {
     }
 
     /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
-    /// workgroup per (query, head), in the reference's summation order. A window or index out of
-    /// range gives a NaN head.
+    /// workgroup per (query, head), in the reference's summation order, or on a software adapter
+    /// one thread per (query, head) (`sink_attention_serial`, the same order: lavapipe runs the
+    /// workgroups' barriers and serial folds far slower; the shipped model's prefill in
+    /// describe_image took 72 tokens/s with them against 91) where that thread's loops stay
+    /// within [`SOFTWARE_LOOP_BUDGET`]. A window or index out of range gives a NaN head.
     pub(super) fn sink_attention(
         &self,
         q: &WgpuTensor,
@@ -270,9 +273,14 @@ impl WgpuBackend {
                 None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
             };
             let scale = 1.0 / (hd as f32).sqrt();
+            let serial = self.is_software()
+                && !self.opts.force_workgroup_attention
+                && serial_attention_iterations(m, kk, hd) <= SOFTWARE_LOOP_BUDGET;
+            let (entry, groups) =
+                if serial { ("sink_attention_serial", grid(total.div_ceil(64))) } else { (OP, grid(total)) };
             self.dispatch(
                 LM_EXACT,
-                OP,
+                entry,
                 0,
                 &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
                 &[
@@ -284,9 +292,26 @@ impl WgpuBackend {
                     (9, sinks.binding()),
                     (6, y.binding()),
                 ],
-                grid(total),
+                groups,
             )?;
         }
         Ok(y)
     }
+}
+
+/// Mesa's llvmpipe (lavapipe) ends every loop of a shader invocation, silently, once that
+/// invocation has run 65 535 loop iterations in all (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`,
+/// "shared between every loop"). Measured with Mesa 22.3: `sink_attention_serial` over a window
+/// of 1 000 keys of hd 70 (about 71 000 iterations in its first pass alone) returned a
+/// denominator of a key or two. A kernel whose per-invocation loops may run longer does not run
+/// there; half the limit leaves a margin for how the limiter counts (loop entries, the lanes of a
+/// SIMD vector looping until the last is done).
+const SOFTWARE_LOOP_BUDGET: usize = 65_535 / 2;
+
+/// An upper bound on the loop iterations of one `sink_attention_serial` invocation: the index
+/// check (kk), zeroing its output (hd), and for each of at most m window keys and kk compressed
+/// slots one iteration in each of three passes plus a dot product of hd in each pass and hd adds
+/// in the last: (m + kk)·(4·hd + 3).
+fn serial_attention_iterations(m: usize, kk: usize, hd: usize) -> usize {
+    kk + hd + (m + kk) * (4 * hd + 3)
 }

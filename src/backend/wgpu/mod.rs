@@ -96,6 +96,11 @@ pub struct Options {
     /// Sum the small-row kernels' partials through workgroup memory even where the adapter has
     /// SUBGROUP (which is then not requested), so that reduction is tested there too. Diagnostic.
     pub force_workgroup_reduction: bool,
+    /// Run `sink_attention` as a workgroup per (query, head) even on a software adapter, which
+    /// otherwise gets one thread per (query, head) where that thread's loops fit lavapipe's loop
+    /// limit (lm.wgsl's `sink_attention_serial`: faster there), so that lavapipe tests the GPUs'
+    /// kernel on every case. Diagnostic.
+    pub force_workgroup_attention: bool,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -116,6 +121,7 @@ impl Default for Options {
             guard_words: 0,
             force_f16_fallback: false,
             force_workgroup_reduction: false,
+            force_workgroup_attention: false,
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
