@@ -146,8 +146,9 @@ fn hc_head_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     out[i] = sigmoid(a[i] * b[0] + c[i % p.u1]) + bitcast<f32>(p.u2);
 }
 
-// hc_pre: a = X [n, hc·d], b = w [n, hc] → out [n, d], Σ_i w_i X_i (i ascending).
-//   u0 = n·d, u1 = d, u2 = hc
+// hc_pre: a = X [n, hc·d], b = w [n, c] (its first hc columns: c = hc, or hc_split's output
+// whose first hc are pre) → out [n, d], Σ_i w_i X_i (i ascending).
+//   u0 = n·d, u1 = d, u2 = hc, u3 = c
 @compute @workgroup_size(256, 1, 1)
 fn hc_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
@@ -159,14 +160,14 @@ fn hc_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let j = i % d;
     var s = 0.0;
     for (var k = 0u; k < hc; k++) {
-        s += b[t * hc + k] * a[t * hc * d + k * d + j];
+        s += b[t * p.u3 + k] * a[t * hc * d + k * d + j];
     }
     out[i] = s;
 }
 
-// hc_post: a = X [n, hc·d], b = f [n, d], c = post [n, hc], comb (binding 9) [n, hc·hc] → out
-// [n, hc·d],
-// X'_dst = post_dst·f + Σ_src comb[src·hc + dst]·X_src.   u0 = n·hc·d, u1 = d, u2 = hc
+// hc_post: a = X [n, hc·d], b = f [n, d], c = hc_split's output [n, pre hc | post hc | comb hc·hc]
+// → out [n, hc·d], X'_dst = post_dst·f + Σ_src comb[src·hc + dst]·X_src.
+//   u0 = n·hc·d, u1 = d, u2 = hc
 
 
 @compute @workgroup_size(256, 1, 1)
@@ -179,9 +180,10 @@ fn hc_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let t = i / (hc * d);
     let dst = (i / d) % hc;
     let j = i % d;
-    var s = c[t * hc + dst] * b[t * d + j];
+    let row = t * (2u + hc) * hc;
+    var s = c[row + hc + dst] * b[t * d + j];
     for (var src = 0u; src < hc; src++) {
-        s += comb[t * hc * hc + src * hc + dst] * a[t * hc * d + src * d + j];
+        s += c[row + 2u * hc + src * hc + dst] * a[t * hc * d + src * d + j];
     }
     out[i] = s;
 }

@@ -102,29 +102,28 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
-    pub(super) fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+    /// X `[n, hc·d]`, w `[n, c ≥ hc]` (its first hc columns) → `[n, d]`.
+    pub(super) fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         const OP: &str = "hc_pre";
-        let (n, d, hc) = checks::hc_pre(x, w)?;
+        let (n, d, wc) = checks::hc_pre(x, w, hc)?;
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
+        let sizes = [
+            check_u32(OP, "rows", n)?,
+            check_u32(OP, "cols", d)?,
+            check_u32(OP, "hc", hc)?,
+            check_u32(OP, "w cols", wc)?,
+        ];
         self.launch_1d(OP, Source::LmSmall, "hc_pre_f32", &[&x.buf, &w.buf], &mut y, &sizes, n * d)?;
         Ok(y)
     }
 
-    /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
-    pub(super) fn hc_post(
-        &self,
-        x: &CudaTensor,
-        f: &CudaTensor,
-        post: &CudaTensor,
-        comb: &CudaTensor,
-    ) -> Result<CudaTensor> {
+    /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` (hc_split's) → X' `[n, hc·d]`.
+    pub(super) fn hc_post(&self, x: &CudaTensor, f: &CudaTensor, split: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "hc_post";
-        let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
+        let (n, cols, d, hc) = checks::hc_post(x, f, split)?;
         let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
-        let inputs = [&x.buf, &f.buf, &post.buf, &comb.buf];
+        let inputs = [&x.buf, &f.buf, &split.buf];
         self.launch_1d(OP, Source::LmSmall, "hc_post_f32", &inputs, &mut y, &sizes, n * cols)?;
         Ok(y)
     }

@@ -1376,11 +1376,11 @@ impl Backend for CudaBackend {
     ) -> Result<CudaTensor> {
         self.hc_split(m, s, b, hc, it, eps)
     }
-    fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
-        self.hc_pre(x, w)
+    fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
+        self.hc_pre(x, w, hc)
     }
-    fn hc_post(&self, x: &CudaTensor, f: &CudaTensor, post: &CudaTensor, comb: &CudaTensor) -> Result<CudaTensor> {
-        self.hc_post(x, f, post, comb)
+    fn hc_post(&self, x: &CudaTensor, f: &CudaTensor, split: &CudaTensor) -> Result<CudaTensor> {
+        self.hc_post(x, f, split)
     }
     fn hc_head_weights(&self, mix: &CudaTensor, scale: &CudaTensor, base: &CudaTensor, eps: f32) -> Result<CudaTensor> {
         self.hc_head_weights(mix, scale, base, eps)

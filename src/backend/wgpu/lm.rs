@@ -73,23 +73,17 @@ impl WgpuBackend {
         Ok(y)
     }
 
-    /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
-    pub(super) fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
-        let (n, d, hc) = checks::hc_pre(x, w)?;
+    /// X `[n, hc·d]`, w `[n, c ≥ hc]` (its first hc columns) → `[n, d]`.
+    pub(super) fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
+        let (n, d, wc) = checks::hc_pre(x, w, hc)?;
         let out = Output { binding: 6, shape: vec![n, d], dtype: DType::F32 };
-        self.per_element(LM_EXACT, "hc_pre", &[("x", 1, x), ("w", 2, w)], out, &[d as u32, hc as u32])
+        self.per_element(LM_EXACT, "hc_pre", &[("x", 1, x), ("w", 2, w)], out, &[d as u32, hc as u32, wc as u32])
     }
 
-    /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
-    pub(super) fn hc_post(
-        &self,
-        x: &WgpuTensor,
-        f: &WgpuTensor,
-        post: &WgpuTensor,
-        comb: &WgpuTensor,
-    ) -> Result<WgpuTensor> {
-        let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
-        let inputs = [("x", 1, x), ("f", 2, f), ("post", 3, post), ("comb", 9, comb)];
+    /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` (hc_split's) → X' `[n, hc·d]`.
+    pub(super) fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, split: &WgpuTensor) -> Result<WgpuTensor> {
+        let (n, cols, d, hc) = checks::hc_post(x, f, split)?;
+        let inputs = [("x", 1, x), ("f", 2, f), ("split", 3, split)];
         let out = Output { binding: 6, shape: vec![n, cols], dtype: DType::F32 };
         self.per_element(LM_EXACT, "hc_post", &inputs, out, &[d as u32, hc as u32])
     }

@@ -1445,11 +1445,11 @@ impl Backend for WgpuBackend {
     fn rms_norm_heads(&self, x: &WgpuTensor, n_heads: usize, eps: f32) -> Result<WgpuTensor> {
         self.rms_norm_heads(x, n_heads, eps)
     }
-    fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
-        self.hc_pre(x, w)
+    fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
+        self.hc_pre(x, w, hc)
     }
-    fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, post: &WgpuTensor, comb: &WgpuTensor) -> Result<WgpuTensor> {
-        self.hc_post(x, f, post, comb)
+    fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, split: &WgpuTensor) -> Result<WgpuTensor> {
+        self.hc_post(x, f, split)
     }
     fn hc_head_weights(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
         self.hc_head_weights(mix, scale, base, eps)
