@@ -1204,7 +1204,15 @@ impl Backend for CudaBackend {
         self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
         if let Some(p) = part {
             let sizes = [check_u32(OP, "outputs", n * w.rows)?, o32, splits as u32, has_bias];
-            self.launch_1d(OP, Source::Elementwise, "sum_splits_f32", &[&*p.buf, bias_buf], &mut y, &sizes, n * w.rows)?;
+            self.launch_1d(
+                OP,
+                Source::Elementwise,
+                "sum_splits_f32",
+                &[&*p.buf, bias_buf],
+                &mut y,
+                &sizes,
+                n * w.rows,
+            )?;
         }
         Ok(y)
     }
