@@ -744,9 +744,12 @@ fn attention_case(seed: u64, b: &WgpuBackend, n: usize) -> (Vec<f32>, Vec<f32>, 
     (q, k, v, t)
 }
 
-/// attention (ViT) over 12 000 keys of hd 4 stays within the budget and matches the reference;
-/// 28 000 keys (past lavapipe's limit itself: its kernel would skip the last ~2 400 keys) are
-/// refused on a software adapter.
+/// attention (ViT) over 6 000 keys of hd 4 stays within the budget and matches the reference (at
+/// half the budget: 12 000 keys, just under it, took 50 s of lavapipe's time); 13 000 keys, just
+/// past it, are refused on a software adapter. The bound counts the kernel's fixed-count loops,
+/// which Mesa 22.3 unrolls before its limiter sees them: there the kernel still matched at 28 000
+/// keys (a bound of 71 834, minutes of lavapipe's time); where it really fails is past what a test
+/// can afford there, the work growing with n².
 #[test]
 fn attention_within_and_past_lavapipe_loop_limit() {
     if !adapter_available() {
@@ -754,18 +757,18 @@ fn attention_within_and_past_lavapipe_loop_limit() {
     }
     let _devices = shared();
     let b = be();
-    let n = 12_000;
+    let n = 6_000;
     let (q, k, v, [qt, kt, vt]) = attention_case(90, b, n);
     let e = nmse(&down(b, &b.attention(&qt, &kt, &vt, 1).unwrap()), &attention_ref(&q, &k, &v, n, 1, 4));
     eprintln!("attention over {n} keys: nmse {e:e}");
     assert!(e <= 1e-9, "nmse {e:e}");
-    let n = 28_000;
+    let n = 13_000;
     let (q, k, v, [qt, kt, vt]) = attention_case(91, b, n);
     refused_on_software_else_matches(b, b.attention(&qt, &kt, &vt, 1), || attention_ref(&q, &k, &v, n, 1, 4));
 }
 
-/// One query of one head (hd 4) over the window `lo..=hi` of `m` random kv rows, without compressed
-/// entries, on `b` and on the CPU lane: (the wgpu result, the CPU lane's).
+/// Queries of one head (hd 4), one per inclusive window `(lo, hi)` into `m` random kv rows, without
+/// compressed entries, on `b` and on the CPU lane: (the wgpu result, the CPU lane's).
 fn sink_attention_case(
     b: &WgpuBackend,
     seed: u64,

@@ -267,10 +267,11 @@ impl WgpuBackend {
             [("q", q), ("kv", kv), ("window", window), ("sinks", sinks)].into_iter().chain(comp_inputs),
         )?;
         let total = n * n_heads;
-        let serial = self.is_software()
+        let software = self.is_software();
+        let serial = software
             && !self.opts.force_workgroup_attention
             && serial_attention_iterations(m, kk, hd) <= SOFTWARE_LOOP_BUDGET;
-        if total > 0 && hd > 0 && !serial && self.is_software() {
+        if software && !serial && total > 0 && hd > 0 {
             // every kv row bounds a query's window keys; where that bound is over the budget the
             // widest window itself decides (read back: a prefill chunk's kv holds all its rows,
             // its queries see only their own windows)
