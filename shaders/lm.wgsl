@@ -716,6 +716,9 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 // has the reference's (and the former one-thread-per-head kernel's) summation order. Past one
 // tile the logits are taken again in each of the three passes (max, denominator, weighted sum).
 // A window or compressed index out of range gives a NaN head (never an out-of-bounds read).
+// Thread 0's loops grow with the keys (≈ 2 a key for its folds, ⌈hd/64⌉ + 3 for the values, the
+// logits again per pass past one tile): the lane bounds them on software adapters (lm.rs,
+// workgroup_attention_iterations), where lavapipe's loop limiter would cut them short.
 //   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd
 const SA_THREADS: u32 = 64u;
 const SA_TILE: u32 = 1024u;
@@ -864,7 +867,7 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 // workgroups took one layer's decode step from 173 to 24 ms (with the top-k's sort). A thread
 // here loops (m + kk)·(4·hd + 3) times at most, and lavapipe silently ends an invocation's loops
 // past 65 535 iterations: the lane runs this kernel only where that bound stays within its
-// budget (lm.rs, SOFTWARE_LOOP_BUDGET). Grid of ceil(u0 / 64) workgroups of 64; the uniforms are
+// budget (mod.rs, SOFTWARE_LOOP_BUDGET). Grid of ceil(u0 / 64) workgroups of 64; the uniforms are
 // sink_attention's.
 @compute @workgroup_size(64, 1, 1)
 fn sink_attention_serial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
