@@ -554,6 +554,12 @@ impl BufferPool {
         self.held.fetch_add(len as u64, Ordering::Relaxed);
         self.free.lock().unwrap_or_else(|e| e.into_inner()).entry(len).or_default().push(buf);
     }
+
+    /// Return every kept buffer to the driver.
+    fn drain(&self) {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.held.store(0, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -893,7 +899,13 @@ impl CudaBackend {
             return Ok(buf);
         }
         // SAFETY: the contents are written (upload, kernel, copy) before anything reads them.
-        unsafe { self.stream.alloc::<u8>(len) }
+        let alloc = || unsafe { self.stream.alloc::<u8>(len) };
+        // a device that is full may be full of kept buffers: give them back and ask once more
+        alloc()
+            .or_else(|_| {
+                self.pool.drain();
+                alloc()
+            })
             .map_err(|e| dev_err(format!("op `{op}`: allocating {bytes} bytes of device memory"), e))
     }
 
