@@ -11,7 +11,8 @@
 //! sit at different positions and compressor phases, as a server's do. The two kinds of step
 //! alternate, so a machine shared with other work slows both alike. Prints the median step of
 //! each, the aggregate tokens/s and its ratio, and the lane's launches (CUDA) or encoded
-//! dispatches and copies (wgpu) per step.
+//! dispatches and copies (wgpu) per step, averaged over the steps (a step where a compressor
+//! block completes issues more).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -87,15 +88,15 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
     step(b, &model, &mut one, 1)?;
     step(b, &model, &mut many, 1)?;
     let (mut t1, mut tn) = (Vec::new(), Vec::new());
-    let (mut l1, mut ln) = (None, None);
+    let (mut l1, mut ln) = (Some(0), Some(0));
     for i in 0..args.steps {
         let token = (i * 31 % cfg.vocab_size) as i32;
         let (s, l) = step(b, &model, &mut one, token)?;
         t1.push(s);
-        l1 = l;
+        l1 = l1.zip(l).map(|(a, z)| a + z);
         let (s, l) = step(b, &model, &mut many, token)?;
         tn.push(s);
-        ln = l;
+        ln = ln.zip(l).map(|(a, z)| a + z);
     }
     let (s1, sn) = (median(t1), median(tn));
     println!("lane: {} ({}), {} precision", b.lane(), b.device_name(), b.precision());
@@ -105,7 +106,8 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         cfg.num_hidden_layers,
         (0..cfg.num_hidden_layers).map(|l| cfg.ratio(l)).collect::<Vec<_>>()
     );
-    let launches = |l: Option<u64>| l.map_or(String::new(), |l| format!(", {l} launches a step"));
+    let launches =
+        |l: Option<u64>| l.map_or(String::new(), |l| format!(", {:.1} launches a step", l as f64 / args.steps as f64));
     println!("1 sequence: median step {:.3} ms -> {:.0} tok/s{}", s1 * 1e3, 1.0 / s1, launches(l1));
     println!(
         "{} sequences: median step {:.3} ms -> {:.0} tok/s ({:.2} x one sequence){}",
