@@ -9,9 +9,11 @@
 //                        id >= vocab gives a zero row, a negative id a row of NaN (the CPU lane
 //                        returns an error; a GPU lane cannot without a host round trip)
 //   hc_expand_f32:       x [n, d] -> out [n, hc*d], every stream a copy of the row
-//   hc_pre_f32:          X [n, hc*d], w [n, hc] -> out [n, d], sum_i w_i X_i (i ascending)
-//   hc_post_f32:         X [n, hc*d], f [n, d], post [n, hc], comb [n, hc*hc] -> out [n, hc*d],
-//                        post_dst f + sum_src comb[src*hc + dst] X_src (src ascending)
+//   hc_pre_f32:          X [n, hc*d], w [n, wc] (its first hc columns: wc = hc, or hc_split's
+//                        output, whose first hc are pre) -> out [n, d], sum_i w_i X_i (i ascending)
+//   hc_post_f32:         X [n, hc*d], f [n, d], split [n, pre hc | post hc | comb hc*hc] (hc_split's
+//                        output) -> out [n, hc*d], post_dst f + sum_src comb[src*hc + dst] X_src
+//                        (src ascending)
 //   hc_head_weights_f32: mix [n, hc], scale [1], base [hc] -> sigmoid(mix*scale + base) + eps
 //   rope_tail_f32:       x [n, cols] (heads of hd), inv_freq [rd/2] -> out [n, cols]; one element
 //                        per step: the head part is copied, tail pair (2j, 2j+1) rotates by
@@ -101,26 +103,28 @@ BASE_KERNEL void hc_expand_f32(const float* x, float* out, unsigned int n, unsig
 }
 
 BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned int n, unsigned int d,
-                            unsigned int hc) {
+                            unsigned int hc, unsigned int wc) {
     const u64 total = (u64)n * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 t = i / d, j = i % d;
         float s = 0.0f;
-        for (unsigned int k = 0; k < hc; ++k) s += w[t * hc + k] * x[t * hc * d + (u64)k * d + j];
+        for (unsigned int k = 0; k < hc; ++k) s += w[t * wc + k] * x[t * hc * d + (u64)k * d + j];
         out[i] = s;
     }
 }
 
-BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* post, const float* comb,
-                             float* out, unsigned int n, unsigned int d, unsigned int hc) {
+BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
+                             unsigned int d, unsigned int hc) {
     const u64 total = (u64)n * hc * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 t = i / ((u64)hc * d);
         const unsigned int dst = (unsigned int)((i / d) % hc);
         const u64 j = i % d;
-        float s = post[t * hc + dst] * f[t * d + j];
+        const float* post = split + t * (2u + hc) * hc + hc;
+        const float* comb = post + hc;
+        float s = post[dst] * f[t * d + j];
         for (unsigned int src = 0; src < hc; ++src)
-            s += comb[t * hc * hc + (u64)src * hc + dst] * x[t * hc * d + (u64)src * d + j];
+            s += comb[(u64)src * hc + dst] * x[t * hc * d + (u64)src * d + j];
         out[i] = s;
     }
 }

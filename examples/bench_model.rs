@@ -613,35 +613,48 @@ fn prefill<B: Backend>(b: &B, model: &LmModel<B>, t: usize, chunk: usize) -> fov
     Ok((secs, p.cache))
 }
 
-/// The median of `steps` decode steps on `cache` (seconds), and the lane's launches a step
-/// (`Backend::launches`; `None` on the CPU lane).
+/// Decode steps on one cache: medians in seconds, and the lane's launches a step.
+struct DecodeTiming {
+    /// a step, until its logits are on the host
+    step: f64,
+    /// until `decode` returns: the host's time to issue the step's work (on a GPU lane the device
+    /// runs behind it, so a step whose issue time is close to `step` is bound by the host)
+    issue: f64,
+    /// `Backend::launches` a step; `None` on the CPU lane
+    launches: Option<f64>,
+}
+
+/// The medians of `steps` decode steps on `cache`.
 fn decode_median<B: Backend>(
     b: &B,
     model: &LmModel<B>,
     cache: &mut LmCache<B>,
     steps: usize,
-) -> fovea::Result<(f64, Option<f64>)> {
+) -> fovea::Result<DecodeTiming> {
     let vocab = model.config().vocab_size;
     let mut times = Vec::with_capacity(steps);
+    let mut issue = Vec::with_capacity(steps);
     let launches_before = b.launches();
     for i in 0..steps.max(1) {
         let start = Instant::now();
-        let logits = b.download(&model.decode(b, cache, ((i * 7919 + 13) % vocab) as i32)?)?.into_f32("logits")?;
+        let logits = model.decode(b, cache, ((i * 7919 + 13) % vocab) as i32)?;
+        issue.push(start.elapsed().as_secs_f64());
+        let logits = b.download(&logits)?.into_f32("logits")?;
         times.push(start.elapsed().as_secs_f64());
         if logits.iter().any(|x| !x.is_finite()) {
             return Err(fovea::Error::Invalid(format!("decode at {}: the logits are not finite", cache.pos)));
         }
     }
-    let per_step = match (launches_before, b.launches()) {
+    let launches = match (launches_before, b.launches()) {
         (Some(a), Some(z)) => Some((z - a) as f64 / steps.max(1) as f64),
         _ => None,
     };
-    Ok((median(times), per_step))
+    Ok(DecodeTiming { step: median(times), issue: median(issue), launches })
 }
 
-/// ", N launches a step" for a lane that counts them, else nothing.
-fn launches_note(per_step: Option<f64>) -> String {
-    per_step.map_or(String::new(), |n| format!(", {n:.0} launches a step"))
+/// ", issued in X ms, N launches a step" for a lane that counts launches, else nothing.
+fn launches_note(t: &DecodeTiming) -> String {
+    t.launches.map_or(String::new(), |n| format!(", issued in {:.2} ms, {n:.0} launches a step", t.issue * 1e3))
 }
 
 /// The language model's figures at one depth.
@@ -697,7 +710,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             flops / 1e12,
             sig3(flops / secs / 1e12)
         );
-        let (step, _) = decode_median(b, &model, &mut cache, args.decode_steps)?;
+        let step = decode_median(b, &model, &mut cache, args.decode_steps)?.step;
         println!("  decode at {t} on this real cache: median {:.2} ms ({} tokens/s)", step * 1e3, sig3(1.0 / step));
         figures.prefill.push((t, secs));
     }
@@ -709,7 +722,8 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
         let mut cache = model.synthetic_cache(b, n, &mut values)?;
         b.sync()?;
         let build_s = start.elapsed().as_secs_f64();
-        let (step, launches) = decode_median(b, &model, &mut cache, args.decode_steps)?;
+        let timing = decode_median(b, &model, &mut cache, args.decode_steps)?;
+        let step = timing.step;
         let (held, cache_read) = cache_bytes(&cfg, n);
         println!(
             "decode at {n} (synthetic cache: {} raw keys a layer, {} entries + indexer keys a CSA layer, {} a HCA \
@@ -726,7 +740,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             read / 1e9,
             cache_read / 1e9,
             sig3((read + cache_read) / step / 1e9),
-            launches_note(launches)
+            launches_note(&timing)
         );
         figures.decode.push((n, step));
     }

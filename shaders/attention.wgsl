@@ -7,6 +7,9 @@
 // lane and lane + 16 of its query's head row.
 // Workgroup memory: Q block [16][hd/4] vec4, K-then-V tile [32][hd/4] vec4, probabilities
 // [16][32] f32 = 26 KiB.
+// Every thread loops up to ≈ 80 + hd/2 times a key tile (its fixed-count loops counted): past
+// ≈ 9 000 keys of hd 64 that bound is over the lane's budget for lavapipe's loop limiter, so a
+// software adapter refuses those (attention.rs).
 
 struct P {
     n: u32,

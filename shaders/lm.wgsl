@@ -146,8 +146,9 @@ fn hc_head_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     out[i] = sigmoid(a[i] * b[0] + c[i % p.u1]) + bitcast<f32>(p.u2);
 }
 
-// hc_pre: a = X [n, hc·d], b = w [n, hc] → out [n, d], Σ_i w_i X_i (i ascending).
-//   u0 = n·d, u1 = d, u2 = hc
+// hc_pre: a = X [n, hc·d], b = w [n, c] (its first hc columns: c = hc, or hc_split's output
+// whose first hc are pre) → out [n, d], Σ_i w_i X_i (i ascending).
+//   u0 = n·d, u1 = d, u2 = hc, u3 = c
 @compute @workgroup_size(256, 1, 1)
 fn hc_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
@@ -159,14 +160,14 @@ fn hc_pre(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let j = i % d;
     var s = 0.0;
     for (var k = 0u; k < hc; k++) {
-        s += b[t * hc + k] * a[t * hc * d + k * d + j];
+        s += b[t * p.u3 + k] * a[t * hc * d + k * d + j];
     }
     out[i] = s;
 }
 
-// hc_post: a = X [n, hc·d], b = f [n, d], c = post [n, hc], comb (binding 9) [n, hc·hc] → out
-// [n, hc·d],
-// X'_dst = post_dst·f + Σ_src comb[src·hc + dst]·X_src.   u0 = n·hc·d, u1 = d, u2 = hc
+// hc_post: a = X [n, hc·d], b = f [n, d], c = hc_split's output [n, pre hc | post hc | comb hc·hc]
+// → out [n, hc·d], X'_dst = post_dst·f + Σ_src comb[src·hc + dst]·X_src.
+//   u0 = n·hc·d, u1 = d, u2 = hc
 
 
 @compute @workgroup_size(256, 1, 1)
@@ -179,9 +180,10 @@ fn hc_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let t = i / (hc * d);
     let dst = (i / d) % hc;
     let j = i % d;
-    var s = c[t * hc + dst] * b[t * d + j];
+    let row = t * (2u + hc) * hc;
+    var s = c[row + hc + dst] * b[t * d + j];
     for (var src = 0u; src < hc; src++) {
-        s += comb[t * hc * hc + src * hc + dst] * a[t * hc * d + src * d + j];
+        s += c[row + 2u * hc + src * hc + dst] * a[t * hc * d + src * d + j];
     }
     out[i] = s;
 }
@@ -729,6 +731,9 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 // has the reference's (and the former one-thread-per-head kernel's) summation order. Past one
 // tile the logits are taken again in each of the three passes (max, denominator, weighted sum).
 // A window or compressed index out of range gives a NaN head (never an out-of-bounds read).
+// Thread 0's loops grow with the keys (≈ 2 a key for its folds, ⌈hd/64⌉ + 3 for the values, the
+// logits again per pass past one tile): the lane bounds them on software adapters (lm.rs,
+// workgroup_attention_iterations), where lavapipe's loop limiter would cut them short.
 //   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd
 const SA_THREADS: u32 = 64u;
 const SA_TILE: u32 = 1024u;
@@ -877,7 +882,7 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 // workgroups took one layer's decode step from 173 to 24 ms (with the top-k's sort). A thread
 // here loops (m + kk)·(4·hd + 3) times at most, and lavapipe silently ends an invocation's loops
 // past 65 535 iterations: the lane runs this kernel only where that bound stays within its
-// budget (lm.rs, SOFTWARE_LOOP_BUDGET). Grid of ceil(u0 / 64) workgroups of 64; the uniforms are
+// budget (mod.rs, SOFTWARE_LOOP_BUDGET). Grid of ceil(u0 / 64) workgroups of 64; the uniforms are
 // sink_attention's.
 @compute @workgroup_size(64, 1, 1)
 fn sink_attention_serial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -134,12 +134,15 @@ enum Call {
         heads: usize,
         eps: f32,
     },
-    HcPre(usize, usize),
+    HcPre {
+        x: usize,
+        w: usize,
+        hc: usize,
+    },
     HcPost {
         x: usize,
         f: usize,
-        post: usize,
-        comb: usize,
+        split: usize,
     },
     HcHeadWeights {
         mix: usize,
@@ -277,8 +280,8 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::EmbedRows(ids) => b.embed_rows(weight.as_ref().unwrap(), &ts[ids]),
         Call::HcExpand(x, hc) => b.hc_expand(&ts[x], hc),
         Call::RmsNormHeads { x, heads, eps } => b.rms_norm_heads(&ts[x], heads, eps),
-        Call::HcPre(x, w) => b.hc_pre(&ts[x], &ts[w]),
-        Call::HcPost { x, f, post, comb } => b.hc_post(&ts[x], &ts[f], &ts[post], &ts[comb]),
+        Call::HcPre { x, w, hc } => b.hc_pre(&ts[x], &ts[w], hc),
+        Call::HcPost { x, f, split } => b.hc_post(&ts[x], &ts[f], &ts[split]),
         Call::HcHeadWeights { mix, scale, base, eps } => b.hc_head_weights(&ts[mix], &ts[scale], &ts[base], eps),
         Call::SqrtSoftplus(x) => b.sqrt_softplus(&ts[x]),
         Call::HashRoute { table, ids, fallback } => b.hash_route(&ts[table], &ts[ids], &ts[fallback]),
@@ -568,25 +571,23 @@ fn lm_cases() -> Vec<Case> {
             Args { a: heads, ..Default::default() },
         ));
     }
-    out.push(case(
-        "hc_pre [9,4x21]",
-        Op::HcPre,
-        REDUCTION,
-        vec![randn(&mut r, &[9, 84], 2.0), randn(&mut r, &[9, 4], 1.0)],
-        |_| Call::HcPre(0, 1),
-        Args::default(),
-    ));
+    // weights [n, hc] (the head's), and hc_split's [n, (2+hc)·hc] whose first hc columns are pre
+    for wc in [4, 24] {
+        out.push(case(
+            format!("hc_pre [9,4x21] w [9,{wc}]"),
+            Op::HcPre,
+            REDUCTION,
+            vec![randn(&mut r, &[9, 84], 2.0), randn(&mut r, &[9, wc], 1.0)],
+            |_| Call::HcPre { x: 0, w: 1, hc: 4 },
+            Args::default(),
+        ));
+    }
     out.push(case(
         "hc_post [6,4x13]",
         Op::HcPost,
         REDUCTION,
-        vec![
-            randn(&mut r, &[6, 52], 2.0),
-            randn(&mut r, &[6, 13], 2.0),
-            randn(&mut r, &[6, 4], 2.0),
-            randn(&mut r, &[6, 16], 1.0),
-        ],
-        |_| Call::HcPost { x: 0, f: 1, post: 2, comb: 3 },
+        vec![randn(&mut r, &[6, 52], 2.0), randn(&mut r, &[6, 13], 2.0), randn(&mut r, &[6, 24], 1.5)],
+        |_| Call::HcPost { x: 0, f: 1, split: 2 },
         Args::default(),
     ));
     out.push(case(

@@ -700,6 +700,122 @@ fn attention_rejects_unsupported_head_dim() {
     assert!(matches!(b.attention(&q, &q, &q, 1), Err(Error::Unsupported { .. })));
 }
 
+// ---- lavapipe's loop limiter ------------------------------------------------------------------
+// Mesa's llvmpipe ends a shader invocation's loops, silently, after 65 535 iterations in all. On a
+// software adapter the lane bounds each kernel's iterations from the shapes and refuses (or takes
+// another kernel) past half of that (`SOFTWARE_LOOP_BUDGET`). The shapes here use head dim 4 so
+// that the loops over keys, not the dot products, cross the limit while the work stays small.
+
+fn nmse(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length");
+    let num: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).powi(2)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    num / den.max(f64::MIN_POSITIVE)
+}
+
+/// Where `result` is an error it must be a software adapter's refusal naming lavapipe's loop
+/// limit; where it is a tensor it must match `want` (NMSE) and come from a GPU, which has no such
+/// limit: a software adapter that ran the op past its budget is checked against `want` first, so
+/// a kernel that lavapipe cut short shows as wrong values.
+#[track_caller]
+fn refused_on_software_else_matches(
+    b: &WgpuBackend,
+    result: Result<WgpuTensor, Error>,
+    want: impl FnOnce() -> Vec<f64>,
+) {
+    match result {
+        Ok(y) => {
+            let e = nmse(&down(b, &y), &want());
+            assert!(e <= 1e-9, "nmse {e:e} against the reference");
+            assert!(!b.is_software(), "a software adapter ran past its loop budget (the result matched)");
+        }
+        Err(e) => {
+            assert!(b.is_software(), "a GPU refused: {e}");
+            assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("loop"), "{e}");
+            eprintln!("{e}");
+        }
+    }
+}
+
+fn attention_case(seed: u64, b: &WgpuBackend, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, [WgpuTensor; 3]) {
+    let mut r = rng(seed);
+    let (q, k, v) = (randv(&mut r, n * 4), randv(&mut r, n * 4), randv(&mut r, n * 4));
+    let t = [up(b, &[n, 4], q.clone()), up(b, &[n, 4], k.clone()), up(b, &[n, 4], v.clone())];
+    (q, k, v, t)
+}
+
+/// attention (ViT) over 6 000 keys of hd 4 stays within the budget and matches the reference (at
+/// half the budget: 12 000 keys, just under it, took 50 s of lavapipe's time); 13 000 keys, just
+/// past it, are refused on a software adapter. The bound counts the kernel's fixed-count loops,
+/// which Mesa 22.3 unrolls before its limiter sees them: there the kernel still matched at 28 000
+/// keys (a bound of 71 834, minutes of lavapipe's time); where it really fails is past what a test
+/// can afford there, the work growing with n².
+#[test]
+fn attention_within_and_past_lavapipe_loop_limit() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = be();
+    let n = 6_000;
+    let (q, k, v, [qt, kt, vt]) = attention_case(90, b, n);
+    let e = nmse(&down(b, &b.attention(&qt, &kt, &vt, 1).unwrap()), &attention_ref(&q, &k, &v, n, 1, 4));
+    eprintln!("attention over {n} keys: nmse {e:e}");
+    assert!(e <= 1e-9, "nmse {e:e}");
+    let n = 13_000;
+    let (q, k, v, [qt, kt, vt]) = attention_case(91, b, n);
+    refused_on_software_else_matches(b, b.attention(&qt, &kt, &vt, 1), || attention_ref(&q, &k, &v, n, 1, 4));
+}
+
+/// Queries of one head (hd 4), one per inclusive window `(lo, hi)` into `m` random kv rows, without
+/// compressed entries, on `b` and on the CPU lane: (the wgpu result, the CPU lane's).
+fn sink_attention_case(
+    b: &WgpuBackend,
+    seed: u64,
+    m: usize,
+    windows: &[(i32, i32)],
+) -> (Result<WgpuTensor, Error>, Vec<f64>) {
+    let mut r = rng(seed);
+    let n = windows.len();
+    let (q, kv, sinks) = (randv(&mut r, n * 4), randv(&mut r, m * 4), vec![0.5f32]);
+    let win: Vec<i32> = windows.iter().flat_map(|&(lo, hi)| [lo, hi]).collect();
+    let host = |shape: &[usize], v: Vec<f32>| HostTensor::f32(shape.to_vec(), v).unwrap();
+    let (hq, hkv, hs) = (host(&[n, 4], q), host(&[m, 4], kv), host(&[1], sinks));
+    let hw = HostTensor::i32(vec![n, 2], win).unwrap();
+    let cpu = fovea::backend::cpu::CpuBackend::new();
+    let [cq, ckv, cw, cs] = [&hq, &hkv, &hw, &hs].map(|t| cpu.upload(t).unwrap());
+    let want = cpu.download(&cpu.sink_attention(&cq, &ckv, &cw, None, &cs, 1).unwrap()).unwrap();
+    let want = want.into_f32("cpu").unwrap().into_iter().map(f64::from).collect();
+    let [gq, gkv, gw, gs] = [&hq, &hkv, &hw, &hs].map(|t| b.upload(t).unwrap());
+    (b.sink_attention(&gq, &gkv, &gw, None, &gs, 1), want)
+}
+
+/// sink_attention on a software adapter past the serial kernel's budget: the workgroup kernel over
+/// a 4 000-key window, and over a 16 000-row kv whose queries see 100 keys each (a prefill chunk:
+/// the lane reads the windows back rather than refuse), match the CPU lane; a 16 000-key window
+/// (past lavapipe's limit for either kernel: ≈ 100 000 iterations) is refused. On the default lane
+/// and with the workgroup kernel forced.
+#[test]
+fn sink_attention_within_and_past_lavapipe_loop_limit() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = exclusive();
+    let forced = make(Options { guard_words: 4, force_workgroup_attention: true, ..Options::default() });
+    for b in [be(), &forced] {
+        let (got, want) = sink_attention_case(b, 92, 4_000, &[(0, 3_999)]);
+        let e = nmse(&down(b, &got.unwrap()), &want);
+        eprintln!("sink_attention over 4000 keys: nmse {e:e}");
+        assert!(e <= 1e-9, "nmse {e:e}");
+        let narrow = [(0, 99), (7_000, 7_099), (15_900, 15_999), (5, 4)];
+        let (got, want) = sink_attention_case(b, 93, 16_000, &narrow);
+        let e = nmse(&down(b, &got.unwrap()), &want);
+        assert!(e <= 1e-9, "nmse {e:e}");
+        let (got, want) = sink_attention_case(b, 94, 16_000, &[(0, 15_999)]);
+        refused_on_software_else_matches(b, got, || want);
+    }
+}
+
 /// Timing of one mid-size linear and, with FOVEA_BENCH_BIG=1 (real GPUs), ViT-size linear and
 /// attention (run with `--ignored --nocapture`).
 #[test]

@@ -892,29 +892,33 @@ static void test_lm_elementwise() {
             for (unsigned k = 0; k < hc; ++k) want.insert(want.end(), x.begin() + i * d, x.begin() + (i + 1) * d);
         check("hc_expand_f32 [7,19] hc=4 on 2 blocks", y, want, 0);
     }
-    {
+    // w rows of hc (the head's weights) and of (2 + hc) * hc (hc_split's output, pre first)
+    for (unsigned wc : {4u, 24u}) {
         unsigned n = 9, d = 21, hc = 4;
-        auto x = randv(n * hc * d, 2), w = randv(n * hc, 1);
+        auto x = randv(n * hc * d, 2), w = randv(n * wc, 1);
         std::vector<float> y(n * d), want(n * d, 0.0f);
         emu_launch(hc_pre_f32, {blocks1d(n * d)}, {256}, 0, (const float*)x.data(), (const float*)w.data(), y.data(), n,
-                   d, hc);
+                   d, hc, wc);
         for (unsigned t = 0; t < n; ++t)
             for (unsigned i = 0; i < hc; ++i)
-                for (unsigned j = 0; j < d; ++j) want[t * d + j] += w[t * hc + i] * x[t * hc * d + i * d + j];
-        check("hc_pre_f32 [9,4x21]", y, want, 1e-12);
+                for (unsigned j = 0; j < d; ++j) want[t * d + j] += w[t * wc + i] * x[t * hc * d + i * d + j];
+        char name[64];
+        std::snprintf(name, sizeof name, "hc_pre_f32 [9,4x21] w [9,%u]", wc);
+        check(name, y, want, 1e-12);
     }
     {
-        unsigned n = 6, d = 13, hc = 4, cols = hc * d;
-        auto x = randv(n * cols, 2), f = randv(n * d, 2), post = randv(n * hc, 2), comb = randv(n * hc * hc, 1);
+        // split [n, pre hc | post hc | comb hc * hc], hc_split's layout
+        unsigned n = 6, d = 13, hc = 4, cols = hc * d, sw = (2 + hc) * hc;
+        auto x = randv(n * cols, 2), f = randv(n * d, 2), split = randv(n * sw, 2);
         std::vector<float> y(n * cols), want(n * cols);
         emu_launch(hc_post_f32, {blocks1d(n * cols)}, {256}, 0, (const float*)x.data(), (const float*)f.data(),
-                   (const float*)post.data(), (const float*)comb.data(), y.data(), n, d, hc);
+                   (const float*)split.data(), y.data(), n, d, hc);
         for (unsigned t = 0; t < n; ++t)
             for (unsigned dst = 0; dst < hc; ++dst)
                 for (unsigned j = 0; j < d; ++j) {
-                    float o = post[t * hc + dst] * f[t * d + j];
+                    float o = split[t * sw + hc + dst] * f[t * d + j];
                     for (unsigned src = 0; src < hc; ++src)
-                        o += comb[t * hc * hc + src * hc + dst] * x[t * cols + src * d + j];
+                        o += split[t * sw + 2 * hc + src * hc + dst] * x[t * cols + src * d + j];
                     want[t * cols + dst * d + j] = o;
                 }
         check("hc_post_f32 [6,4x13]", y, want, 1e-12);

@@ -260,42 +260,30 @@ pub(crate) fn hc_split<T: DeviceTensor>(mix: &T, scale: &T, base: &T, hc: usize)
     Ok((n, w))
 }
 
-/// X `[n, hc·d]`, w `[n, hc]` → `(n, d, hc)`.
-pub(crate) fn hc_pre<T: DeviceTensor>(x: &T, w: &T) -> Result<(usize, usize, usize)> {
+/// X `[n, hc·d]`, w `[n, c]` with c ≥ hc → `(n, d, c)`.
+pub(crate) fn hc_pre<T: DeviceTensor>(x: &T, w: &T, hc: usize) -> Result<(usize, usize, usize)> {
     const OP: &str = "hc_pre";
     input(OP, "x", x, DType::F32)?;
     input(OP, "w", w, DType::F32)?;
     let (n, cols) = (x.rows(), x.cols());
-    let hc = w.cols();
-    if w.rows() != n || hc == 0 || cols % hc != 0 {
-        return Err(Error::shape(OP, format!("x {:?} and w {:?} do not fit", x.shape(), w.shape())));
+    if w.rows() != n || hc == 0 || w.cols() < hc || cols % hc != 0 {
+        return Err(Error::shape(OP, format!("x {:?} and w {:?} do not fit hc = {hc}", x.shape(), w.shape())));
     }
-    Ok((n, cols / hc, hc))
+    Ok((n, cols / hc, w.cols()))
 }
 
-/// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → `(n, hc·d, d, hc)`.
-pub(crate) fn hc_post<T: DeviceTensor>(x: &T, f: &T, post: &T, comb: &T) -> Result<(usize, usize, usize, usize)> {
+/// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` → `(n, hc·d, d, hc)`.
+pub(crate) fn hc_post<T: DeviceTensor>(x: &T, f: &T, split: &T) -> Result<(usize, usize, usize, usize)> {
     const OP: &str = "hc_post";
-    for (what, t) in [("x", x), ("f", f), ("post", post), ("comb", comb)] {
+    for (what, t) in [("x", x), ("f", f), ("split", split)] {
         input(OP, what, t, DType::F32)?;
     }
-    let (n, cols) = (x.rows(), x.cols());
-    let (d, hc) = (f.cols(), post.cols());
-    if f.rows() != n
-        || post.rows() != n
-        || comb.rows() != n
-        || hc.checked_mul(d) != Some(cols)
-        || hc.checked_mul(hc) != Some(comb.cols())
-    {
+    let (n, cols, d) = (x.rows(), x.cols(), f.cols());
+    let hc = if d == 0 { 0 } else { cols / d };
+    if f.rows() != n || split.rows() != n || hc == 0 || hc * d != cols || split.cols() != (2 + hc) * hc {
         return Err(Error::shape(
             OP,
-            format!(
-                "x {:?}, f {:?}, post {:?}, comb {:?} do not fit",
-                x.shape(),
-                f.shape(),
-                post.shape(),
-                comb.shape()
-            ),
+            format!("x {:?}, f {:?}, split {:?} do not fit", x.shape(), f.shape(), split.shape()),
         ));
     }
     Ok((n, cols, d, hc))
@@ -778,16 +766,15 @@ mod tests {
             &format!("mix [5, 24], scale [3], base [24] do not fit hc = {}", usize::MAX),
         );
         assert_eq!(hc_split(&mix, &f(&[3]), &base, 4).unwrap(), (5, 24));
-        refused(hc_pre(&f(&[2, 8]), &f(&[2, 3])), "hc_pre", "x [2, 8] and w [2, 3] do not fit");
-        refused(hc_pre(&f(&[2, 8]), &f(&[3, 4])), "hc_pre", "x [2, 8] and w [3, 4] do not fit");
-        assert_eq!(hc_pre(&f(&[2, 8]), &f(&[2, 4])).unwrap(), (2, 2, 4));
-        let (x, fx, post) = (f(&[2, 8]), f(&[2, 2]), f(&[2, 4]));
-        refused(
-            hc_post(&x, &fx, &post, &f(&[2, 15])),
-            "hc_post",
-            "x [2, 8], f [2, 2], post [2, 4], comb [2, 15] do not fit",
-        );
-        assert_eq!(hc_post(&x, &fx, &post, &f(&[2, 16])).unwrap(), (2, 8, 2, 4));
+        refused(hc_pre(&f(&[2, 8]), &f(&[2, 3]), 3), "hc_pre", "x [2, 8] and w [2, 3] do not fit hc = 3");
+        refused(hc_pre(&f(&[2, 8]), &f(&[3, 4]), 4), "hc_pre", "x [2, 8] and w [3, 4] do not fit hc = 4");
+        refused(hc_pre(&f(&[2, 8]), &f(&[2, 3]), 4), "hc_pre", "x [2, 8] and w [2, 3] do not fit hc = 4");
+        assert_eq!(hc_pre(&f(&[2, 8]), &f(&[2, 4]), 4).unwrap(), (2, 2, 4));
+        assert_eq!(hc_pre(&f(&[2, 8]), &f(&[2, 24]), 4).unwrap(), (2, 2, 24));
+        let (x, fx) = (f(&[2, 8]), f(&[2, 2]));
+        refused(hc_post(&x, &fx, &f(&[2, 23])), "hc_post", "x [2, 8], f [2, 2], split [2, 23] do not fit");
+        refused(hc_post(&x, &f(&[2, 3]), &f(&[2, 24])), "hc_post", "x [2, 8], f [2, 3], split [2, 24] do not fit");
+        assert_eq!(hc_post(&x, &fx, &f(&[2, 24])).unwrap(), (2, 8, 2, 4));
         refused(
             hc_head_weights(&f(&[2, 4]), &f(&[2]), &f(&[4])),
             "hc_head_weights",

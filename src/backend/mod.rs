@@ -516,22 +516,19 @@ pub trait Backend {
         let _ = (mix, scale, base, hc, iters, eps);
         Err(self.lm_unsupported(Op::HcSplit))
     }
-    /// Collapse the streams: X `[n, hc·d]`, w `[n, hc]` → `Σ_i w_i · X_i` `[n, d]`.
-    fn hc_pre(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor> {
-        let _ = (x, w);
+    /// Collapse the streams: X `[n, hc·d]`, w `[n, c]` (c ≥ hc; its first hc columns are the
+    /// weights: `hc_head_weights`' `[n, hc]`, or `hc_split`'s output whose first hc are `pre`) →
+    /// `Σ_i w_i · X_i` `[n, d]`.
+    fn hc_pre(&self, x: &Self::Tensor, w: &Self::Tensor, hc: usize) -> Result<Self::Tensor> {
+        let _ = (x, w, hc);
         Err(self.lm_unsupported(Op::HcPre))
     }
-    /// Write a sublayer output back: X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb
-    /// `[n, hc·hc]` (index `src·hc + dst`) → X' `[n, hc·d]`,
-    /// `X'_dst = post_dst · f + Σ_src comb[src, dst] · X_src`.
-    fn hc_post(
-        &self,
-        x: &Self::Tensor,
-        f: &Self::Tensor,
-        post: &Self::Tensor,
-        comb: &Self::Tensor,
-    ) -> Result<Self::Tensor> {
-        let _ = (x, f, post, comb);
+    /// Write a sublayer output back: X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]`
+    /// (`hc_split`'s output: post = columns hc..2hc, comb = columns 2hc.., index `src·hc + dst`)
+    /// → X' `[n, hc·d]`, `X'_dst = post_dst · f + Σ_src comb[src, dst] · X_src`. Taking the split
+    /// whole saves a GPU lane the three column slices of every sublayer.
+    fn hc_post(&self, x: &Self::Tensor, f: &Self::Tensor, split: &Self::Tensor) -> Result<Self::Tensor> {
+        let _ = (x, f, split);
         Err(self.lm_unsupported(Op::HcPost))
     }
     /// Final-head stream weights (no Sinkhorn, §4.2): mix `[n, hc]`, scale `[1]`, base `[hc]` →

@@ -120,19 +120,19 @@ pub(super) fn hc_split(
     Ok(CpuTensor::new_f32(vec![n, w], out))
 }
 
-// X [n, hc·d], w [n, hc] → Σ_i w_i X_i  [n, d]
-pub(super) fn hc_pre(x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor> {
+// X [n, hc·d], w [n, c ≥ hc] (its first hc columns) → Σ_i w_i X_i  [n, d]
+pub(super) fn hc_pre(x: &CpuTensor, w: &CpuTensor, hc: usize) -> Result<CpuTensor> {
     let (n, cols) = check_2d("hc_pre", "x", x)?;
-    let (n2, hc) = check_2d("hc_pre", "w", w)?;
-    if n2 != n || hc == 0 || cols % hc != 0 {
-        return Err(Error::shape("hc_pre", format!("x {:?} and w {:?} do not fit", x.shape, w.shape)));
+    let (n2, wc) = check_2d("hc_pre", "w", w)?;
+    if n2 != n || hc == 0 || wc < hc || cols % hc != 0 {
+        return Err(Error::shape("hc_pre", format!("x {:?} and w {:?} do not fit hc = {hc}", x.shape, w.shape)));
     }
     let d = cols / hc;
     let (xs, ws) = (x.f32("hc_pre")?, w.f32("hc_pre")?);
     let mut out = vec![0f32; n * d];
     for t in 0..n {
         for i in 0..hc {
-            let wi = ws[t * hc + i];
+            let wi = ws[t * wc + i];
             for j in 0..d {
                 out[t * d + j] += wi * xs[t * cols + i * d + j];
             }
@@ -141,29 +141,31 @@ pub(super) fn hc_pre(x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor> {
     Ok(CpuTensor::new_f32(vec![n, d], out))
 }
 
-// X [n, hc·d], f [n, d], post [n, hc], comb [n, hc·hc] → X'_dst = post_dst f + Σ_src comb[src,dst] X_src
-pub(super) fn hc_post(x: &CpuTensor, f: &CpuTensor, post: &CpuTensor, comb: &CpuTensor) -> Result<CpuTensor> {
+// X [n, hc·d], f [n, d], split [n, pre hc | post hc | comb hc·hc (src·hc+dst)]
+// → X'_dst = post_dst f + Σ_src comb[src,dst] X_src
+pub(super) fn hc_post(x: &CpuTensor, f: &CpuTensor, split: &CpuTensor) -> Result<CpuTensor> {
     let (n, cols) = check_2d("hc_post", "x", x)?;
     let (n2, d) = check_2d("hc_post", "f", f)?;
-    let (n3, hc) = check_2d("hc_post", "post", post)?;
-    let (n4, cc) = check_2d("hc_post", "comb", comb)?;
-    if n2 != n || n3 != n || n4 != n || hc * d != cols || cc != hc * hc {
+    let (n3, w) = check_2d("hc_post", "split", split)?;
+    let hc = if d == 0 { 0 } else { cols / d };
+    if n2 != n || n3 != n || hc == 0 || hc * d != cols || w != (2 + hc) * hc {
         return Err(Error::shape(
             "hc_post",
-            format!("x {:?}, f {:?}, post {:?}, comb {:?} do not fit", x.shape, f.shape, post.shape, comb.shape),
+            format!("x {:?}, f {:?}, split {:?} do not fit", x.shape, f.shape, split.shape),
         ));
     }
-    let (xs, fs, ps, cs) = (x.f32("hc_post")?, f.f32("hc_post")?, post.f32("hc_post")?, comb.f32("hc_post")?);
+    let (xs, fs, ss) = (x.f32("hc_post")?, f.f32("hc_post")?, split.f32("hc_post")?);
     let mut out = vec![0f32; n * cols];
     for t in 0..n {
+        let (post, comb) = (&ss[t * w + hc..][..hc], &ss[t * w + 2 * hc..][..hc * hc]);
         for dst in 0..hc {
             let o = &mut out[t * cols + dst * d..][..d];
-            let p = ps[t * hc + dst];
+            let p = post[dst];
             for j in 0..d {
                 o[j] = p * fs[t * d + j];
             }
             for src in 0..hc {
-                let c = cs[t * hc * hc + src * hc + dst];
+                let c = comb[src * hc + dst];
                 for j in 0..d {
                     o[j] += c * xs[t * cols + src * d + j];
                 }

@@ -530,11 +530,11 @@ impl Backend for CpuBackend {
     ) -> Result<CpuTensor> {
         lm::hc_split(mix, scale, base, hc, iters, eps)
     }
-    fn hc_pre(&self, x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor> {
-        lm::hc_pre(x, w)
+    fn hc_pre(&self, x: &CpuTensor, w: &CpuTensor, hc: usize) -> Result<CpuTensor> {
+        lm::hc_pre(x, w, hc)
     }
-    fn hc_post(&self, x: &CpuTensor, f: &CpuTensor, post: &CpuTensor, comb: &CpuTensor) -> Result<CpuTensor> {
-        lm::hc_post(x, f, post, comb)
+    fn hc_post(&self, x: &CpuTensor, f: &CpuTensor, split: &CpuTensor) -> Result<CpuTensor> {
+        lm::hc_post(x, f, split)
     }
     fn hc_head_weights(&self, mix: &CpuTensor, scale: &CpuTensor, base: &CpuTensor, eps: f32) -> Result<CpuTensor> {
         lm::hc_head_weights(mix, scale, base, eps)

@@ -81,15 +81,15 @@ impl CudaBackend {
         let part =
             if splits > 1 { Some(self.alloc(OP, vec![n * n_heads * splits, 2 + hd], DType::F32)?) } else { None };
         let scale = 1.0 / (hd as f32).sqrt();
-        let (cbuf, ibuf) = comp.map_or((&self.dummy, &self.dummy), |(c, i)| (&c.buf, &i.buf));
+        let (cbuf, ibuf) = comp.map_or((&self.dummy, &self.dummy), |(c, i)| (&*c.buf, &*i.buf));
         let cfg = LaunchConfig {
             grid_dim: (n32, groups as u32, splits as u32),
             block_dim: (SINK_THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&q.buf).arg(&kv.buf).arg(&window.buf).arg(cbuf).arg(ibuf).arg(&sinks.buf).arg(&mut y.buf);
-        l.arg(part.as_ref().map_or(&self.dummy, |p| &p.buf));
+        l.arg(&*q.buf).arg(&*kv.buf).arg(&*window.buf).arg(cbuf).arg(ibuf).arg(&*sinks.buf).arg(&mut *y.buf);
+        l.arg(part.as_ref().map_or(&self.dummy, |p| &*p.buf));
         l.arg(&n32).arg(&h32).arg(&hd32).arg(&m32).arg(&k32).arg(&c32).arg(&scale);
         // SAFETY: arguments match `sink_attention_f32` in cuda/lm_attention.cu; shapes checked
         // above (with no compressed entries kk = 0, so the dummy buffers are never read; with one
@@ -100,7 +100,7 @@ impl CudaBackend {
             let merge = self.func(Source::LmAttention, "sink_attention_merge_f32")?;
             let (total32, s32) = (check_u32(OP, "outputs", total)?, splits as u32);
             let mut l = self.stream.launch_builder(&merge);
-            l.arg(&part.buf).arg(&sinks.buf).arg(&mut y.buf).arg(&total32).arg(&h32).arg(&hd32).arg(&s32);
+            l.arg(&*part.buf).arg(&*sinks.buf).arg(&mut *y.buf).arg(&total32).arg(&h32).arg(&hd32).arg(&s32);
             // SAFETY: arguments match `sink_attention_merge_f32`; part holds splits states per
             // (query, head), written by the launch above on the same stream.
             self.launched(OP, "sink_attention_merge_f32", unsafe { l.launch(cfg_1d(total)) })?;
@@ -142,7 +142,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&q.buf).arg(&k.buf).arg(&w.buf).arg(&mut y.buf);
+        l.arg(&*q.buf).arg(&*k.buf).arg(&*w.buf).arg(&mut *y.buf);
         l.arg(&sizes[0]).arg(&sizes[1]).arg(&sizes[2]).arg(&sizes[3]).arg(&scale).arg(&pos32).arg(&r32);
         // SAFETY: arguments match `indexer_scores_f32` in cuda/lm_attention.cu; shapes checked above.
         self.launched(OP, "indexer_scores_f32", unsafe { l.launch(cfg) })?;
@@ -172,7 +172,7 @@ impl CudaBackend {
             OP,
             Source::LmAttention,
             "compress_pool_f32",
-            &[&kv.buf, &gate.buf, &ape.buf],
+            &[&*kv.buf, &*gate.buf, &*ape.buf],
             &mut y,
             &sizes,
             n * d,
@@ -208,7 +208,7 @@ impl CudaBackend {
         let cfg =
             LaunchConfig { grid_dim: (gx as u32, gy as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&x.buf).arg(&w.buf).arg(&mut y.buf);
+        l.arg(&*x.buf).arg(&w.buf).arg(&mut *y.buf);
         for s in &sizes {
             l.arg(s);
         }

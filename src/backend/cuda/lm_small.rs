@@ -35,7 +35,7 @@ impl CudaBackend {
             _ => {}
         }
         let kernel = EMBED_ROWS_KERNELS.of(table.format);
-        self.launch_1d(OP, Source::LmSmall, kernel, &[&table.buf, &ids.buf], &mut y, &sizes, n * d)?;
+        self.launch_1d(OP, Source::LmSmall, kernel, &[&table.buf, &*ids.buf], &mut y, &sizes, n * d)?;
         Ok(y)
     }
 
@@ -46,7 +46,7 @@ impl CudaBackend {
         let cols = hc.checked_mul(d).ok_or_else(|| Error::shape(OP, format!("hc = {hc} is too large")))?;
         let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
-        self.launch_1d(OP, Source::LmSmall, "hc_expand_f32", &[&x.buf], &mut y, &sizes, n * cols)?;
+        self.launch_1d(OP, Source::LmSmall, "hc_expand_f32", &[&*x.buf], &mut y, &sizes, n * cols)?;
         Ok(y)
     }
 
@@ -67,7 +67,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&x.buf).arg(&mut y.buf).arg(&segs32).arg(&hd32).arg(&eps);
+        l.arg(&*x.buf).arg(&mut *y.buf).arg(&segs32).arg(&hd32).arg(&eps);
         // SAFETY: arguments match `rms_norm_heads_f32` in cuda/lm_small.cu; shapes checked above.
         self.launched(OP, "rms_norm_heads_f32", unsafe { l.launch(cfg) })?;
         Ok(y)
@@ -94,7 +94,7 @@ impl CudaBackend {
             OP,
             Source::LmSmall,
             "hc_split_f32",
-            &[&mix.buf, &scale.buf, &base.buf],
+            &[&*mix.buf, &*scale.buf, &*base.buf],
             &mut y,
             &sizes,
             n * 32,
@@ -102,29 +102,28 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
-    pub(super) fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+    /// X `[n, hc·d]`, w `[n, c ≥ hc]` (its first hc columns) → `[n, d]`.
+    pub(super) fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         const OP: &str = "hc_pre";
-        let (n, d, hc) = checks::hc_pre(x, w)?;
+        let (n, d, wc) = checks::hc_pre(x, w, hc)?;
         let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
-        self.launch_1d(OP, Source::LmSmall, "hc_pre_f32", &[&x.buf, &w.buf], &mut y, &sizes, n * d)?;
+        let sizes = [
+            check_u32(OP, "rows", n)?,
+            check_u32(OP, "cols", d)?,
+            check_u32(OP, "hc", hc)?,
+            check_u32(OP, "w cols", wc)?,
+        ];
+        self.launch_1d(OP, Source::LmSmall, "hc_pre_f32", &[&*x.buf, &*w.buf], &mut y, &sizes, n * d)?;
         Ok(y)
     }
 
-    /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
-    pub(super) fn hc_post(
-        &self,
-        x: &CudaTensor,
-        f: &CudaTensor,
-        post: &CudaTensor,
-        comb: &CudaTensor,
-    ) -> Result<CudaTensor> {
+    /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` (hc_split's) → X' `[n, hc·d]`.
+    pub(super) fn hc_post(&self, x: &CudaTensor, f: &CudaTensor, split: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "hc_post";
-        let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
+        let (n, cols, d, hc) = checks::hc_post(x, f, split)?;
         let mut y = self.alloc(OP, vec![n, cols], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?];
-        let inputs = [&x.buf, &f.buf, &post.buf, &comb.buf];
+        let inputs = [&*x.buf, &*f.buf, &*split.buf];
         self.launch_1d(OP, Source::LmSmall, "hc_post_f32", &inputs, &mut y, &sizes, n * cols)?;
         Ok(y)
     }
@@ -141,7 +140,7 @@ impl CudaBackend {
         let (n, hc) = checks::hc_head_weights(mix, scale, base)?;
         let mut y = self.alloc(OP, mix.shape.clone(), DType::F32)?;
         let sizes = [check_u32(OP, "elements", n * hc)?, check_u32(OP, "hc", hc)?, eps.to_bits()];
-        let inputs = [&mix.buf, &scale.buf, &base.buf];
+        let inputs = [&*mix.buf, &*scale.buf, &*base.buf];
         self.launch_1d(OP, Source::LmSmall, "hc_head_weights_f32", &inputs, &mut y, &sizes, n * hc)?;
         Ok(y)
     }
@@ -170,7 +169,7 @@ impl CudaBackend {
             check_u32(OP, "stride", stride)?,
             inverse as u32,
         ];
-        self.launch_1d(OP, Source::LmSmall, "rope_tail_f32", &[&x.buf, &inv_freq.buf], &mut y, &sizes, n * cols)?;
+        self.launch_1d(OP, Source::LmSmall, "rope_tail_f32", &[&*x.buf, &*inv_freq.buf], &mut y, &sizes, n * cols)?;
         Ok(y)
     }
 
@@ -194,7 +193,7 @@ impl CudaBackend {
             check_u32(OP, "rotary dims", rd)?,
             inverse as u32,
         ];
-        let inputs = [&x.buf, &inv_freq.buf, &positions.buf];
+        let inputs = [&*x.buf, &*inv_freq.buf, &*positions.buf];
         self.launch_1d(OP, Source::LmSmall, "rope_tail_at_f32", &inputs, &mut y, &sizes, n * cols)?;
         Ok(y)
     }
@@ -216,7 +215,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&x.buf).arg(&mut y.buf).arg(&n32).arg(&m32).arg(&k32);
+        l.arg(&*x.buf).arg(&mut *y.buf).arg(&n32).arg(&m32).arg(&k32);
         // SAFETY: arguments match `topk_rows_i32` in cuda/lm_small.cu; shapes checked above.
         self.launched(OP, "topk_rows_i32", unsafe { l.launch(cfg) })?;
         Ok(y)
@@ -232,7 +231,7 @@ impl CudaBackend {
             OP,
             Source::LmSmall,
             "sqrt_softplus_f32",
-            &[&x.buf],
+            &[&*x.buf],
             &mut y,
             &[check_u32(OP, "elements", n)?],
             n,
@@ -246,7 +245,7 @@ impl CudaBackend {
         let (vocab, k, n) = checks::hash_route(table, ids, fallback)?;
         let mut y = self.alloc(OP, vec![n, k], DType::I32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "k", k)?, check_u32(OP, "vocab", vocab)?];
-        let inputs = [&table.buf, &ids.buf, &fallback.buf];
+        let inputs = [&*table.buf, &*ids.buf, &*fallback.buf];
         self.launch_1d(OP, Source::LmSmall, "hash_route_i32", &inputs, &mut y, &sizes, n * k)?;
         Ok(y)
     }
@@ -258,7 +257,7 @@ impl CudaBackend {
         let (n, e, k) = checks::route_weights(scores, ids)?;
         let mut y = self.alloc(OP, vec![n, k], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "k", k)?, check_u32(OP, "experts", e)?, scale.to_bits()];
-        self.launch_1d(OP, Source::LmSmall, "route_weights_f32", &[&scores.buf, &ids.buf], &mut y, &sizes, n * k)?;
+        self.launch_1d(OP, Source::LmSmall, "route_weights_f32", &[&*scores.buf, &*ids.buf], &mut y, &sizes, n * k)?;
         Ok(y)
     }
 
@@ -287,8 +286,8 @@ impl CudaBackend {
         let kinds = check_u32(OP, "bias rows", bias.rows())?;
         // without a table the kernel never reads `table` / `tok`; `kind` stands in for both
         let (table, tok, hashed, vocab) = match hash {
-            Some((table, tok)) => (&table.buf, &tok.buf, 1u32, check_u32(OP, "vocab", table.rows())?),
-            None => (&kind.buf, &kind.buf, 0, 0),
+            Some((table, tok)) => (&*table.buf, &*tok.buf, 1u32, check_u32(OP, "vocab", table.rows())?),
+            None => (&*kind.buf, &*kind.buf, 0, 0),
         };
         let scale_bits = scale.to_bits();
         let f = self.func(Source::LmSmall, "route_experts_f32")?;
@@ -298,8 +297,8 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
-        l.arg(&logits.buf).arg(&bias.buf).arg(&kind.buf).arg(table).arg(tok);
-        l.arg(&mut ids.buf).arg(&mut weights.buf);
+        l.arg(&*logits.buf).arg(&*bias.buf).arg(&*kind.buf).arg(table).arg(tok);
+        l.arg(&mut *ids.buf).arg(&mut *weights.buf);
         l.arg(&n32).arg(&e32).arg(&k32).arg(&kinds).arg(&hashed).arg(&vocab).arg(&scale_bits);
         // SAFETY: arguments match `route_experts_f32` in cuda/lm_small.cu; shapes checked above.
         self.launched(OP, "route_experts_f32", unsafe { l.launch(cfg) })?;
@@ -312,7 +311,7 @@ impl CudaBackend {
         let (n, h) = checks::swiglu_clamp(g, u)?;
         let mut y = self.alloc(OP, vec![n, h], DType::F32)?;
         let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "cols", h)?, limit.to_bits()];
-        self.launch_1d(OP, Source::LmSmall, "swiglu_clamp_f32", &[&g.buf, &u.buf], &mut y, &sizes, n * h)?;
+        self.launch_1d(OP, Source::LmSmall, "swiglu_clamp_f32", &[&*g.buf, &*u.buf], &mut y, &sizes, n * h)?;
         Ok(y)
     }
 }

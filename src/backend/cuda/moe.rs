@@ -117,7 +117,7 @@ impl CudaBackend {
             let f = self.func(Source::Moe, "moe_route")?;
             let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_THREADS, 1, 1), shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);
-            l.arg(&ids.buf).arg(&mut order.buf).arg(&mut tiles.buf).arg(&mut cursor.buf).arg(&slots32).arg(&e32);
+            l.arg(&*ids.buf).arg(&mut *order.buf).arg(&mut *tiles.buf).arg(&mut *cursor.buf).arg(&slots32).arg(&e32);
             l.arg(&tile_rows32);
             // SAFETY: arguments match `moe_route` in cuda/moe.cu; order holds slots, tiles
             // 1 + 3·max_tiles (the most any routing gives), cursor experts i32.
@@ -139,7 +139,7 @@ impl CudaBackend {
                 let kernel = MOE_GATE_KERNELS.of(gate_format);
                 let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
                 let mut l = self.stream.launch_builder(&f);
-                l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&table.buf).arg(&mut hid.buf);
+                l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&*table.buf).arg(&mut *hid.buf);
                 l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32);
                 // SAFETY: arguments match `moe_gate_*` in cuda/moe.cu; the tiles' rows lie in
                 // 0..slots, the table's first `experts` addresses are the w1[e] [h, d], all in
@@ -148,7 +148,7 @@ impl CudaBackend {
                 let kernel = MOE_UP_KERNELS.of(up_format);
                 let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
                 let mut l = self.stream.launch_builder(&f);
-                l.arg(&x.buf).arg(&order.buf).arg(&tiles.buf).arg(&w3_table).arg(&mut hid.buf);
+                l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&w3_table).arg(&mut *hid.buf);
                 l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
                 // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; w3_table holds the addresses
                 // of the w3[e] [h, d], all in this kernel's format; hid holds the gates the
@@ -160,7 +160,7 @@ impl CudaBackend {
             let gx = gemm_grid(tile_rows, d).0 as u32;
             let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };
             let mut l = self.stream.launch_builder(&f);
-            l.arg(&hid.buf).arg(&order.buf).arg(&tiles.buf).arg(&w2_table).arg(&mut ys.buf);
+            l.arg(&*hid.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&w2_table).arg(&mut *ys.buf);
             l.arg(&tile_rows32).arg(&d32).arg(&h32);
             // SAFETY: arguments match `moe_down_*` in cuda/moe.cu; w2_table holds the addresses
             // of the w2[e] [d, h], all in this kernel's format.
@@ -171,7 +171,7 @@ impl CudaBackend {
             OP,
             Source::Moe,
             "moe_combine",
-            &[&ys.buf, &weights.buf, &ids.buf],
+            &[&*ys.buf, &*weights.buf, &*ids.buf],
             &mut y,
             &[n_d, d32, k32, e32],
             n * d,

@@ -12,7 +12,8 @@ pub(super) const SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
 const MAX_HEAD_DIM: usize = 128;
 
 impl WgpuBackend {
-    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`, flash-style (no n×n matrix).
+    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`, flash-style (no n×n matrix). A software adapter
+    /// refuses keys past its loop budget (`attention_iterations`), which it has no other kernel for.
     pub(super) fn attention(
         &self,
         q: &WgpuTensor,
@@ -38,6 +39,9 @@ impl WgpuBackend {
                 ),
             ));
         }
+        self.check_loop_budget(Op::Attention, attention_iterations(n, hd), || {
+            format!("{n} rows of {n_heads} heads of dim {hd}")
+        })?;
         let y = self.alloc(OP, q.shape.clone(), DType::F32)?;
         if n == 0 || hd == 0 {
             return Ok(y);
@@ -53,4 +57,15 @@ impl WgpuBackend {
         )?;
         Ok(y)
     }
+}
+
+/// An upper bound on the loop iterations of one invocation of attention.wgsl over `n` keys of
+/// head dim `hd` (a multiple of 4): the Q block's load, then per tile of 32 keys (and once more
+/// for the pass that leaves the loop) the K and V tile loads (⌈hd/32⌉ + 1 each), the two scores
+/// (3, each a dot of hd/4 + 1), the max and the weighted sum over the tile's keys (33 each) and
+/// the two probabilities (3).
+fn attention_iterations(n: usize, hd: usize) -> usize {
+    let tile_load = hd.div_ceil(32) + 1;
+    let per_tile = 1 + 2 * tile_load + 3 + 2 * (hd / 4 + 1) + 1 + 33 + 3 + 33;
+    hd.div_ceil(64) + 1 + (n.div_ceil(32) + 1) * per_tile
 }

@@ -141,7 +141,9 @@ impl WgpuBackend {
 
     /// Routed experts, one (gate, up, down) dispatch triple per expert over the slots routed to
     /// it, each weight read by its own format's kernel, then a weighted sum over the slots in
-    /// order. Each expert matrix must fit one binding.
+    /// order. Each expert matrix must fit one binding. With more experts than slots the routed
+    /// ids are read back first and only the experts they name are dispatched
+    /// ([`Self::routed_experts`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_experts(
         &self,
@@ -166,10 +168,12 @@ impl WgpuBackend {
         let slots = n * k;
         let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
         let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
+        let routed = self.routed_experts(ids, w1.len(), slots)?;
+        let experts = w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| routed[*e]);
         if (1..=SMALL_ROWS).contains(&n) {
             // the small-row path from the token count: a token routes each slot to a different
             // expert, so an expert gets at most n slots, one batch of rows per column
-            for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
+            for (e, ((g, u), o)) in experts {
                 let params = |k_len, out_cols| RowsParams {
                     n: slots,
                     k: k_len,
@@ -185,7 +189,7 @@ impl WgpuBackend {
                 self.dispatch_rows("moe_down_rows", o, 0, params(h, d), &hid, &ys, &ids_at)?;
             }
         } else {
-            for (e, ((g, u), o)) in w1.iter().zip(w3).zip(w2).enumerate() {
+            for (e, ((g, u), o)) in experts {
                 // the gate into hid, then the up with the clamped SwiGLU over hid in place
                 for (entry, w) in [("moe_gate", g), ("moe_up", u)] {
                     let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
@@ -225,5 +229,25 @@ impl WgpuBackend {
             &[(1, ys.binding()), (2, weights.binding()), (4, ids.binding()), (6, y.binding())],
         )?;
         Ok(y)
+    }
+
+    /// Which of `experts` experts the `slots` routed ids name. Every expert's dispatches cost a
+    /// command even when no slot routes to it (the kernels compare ids on the device), and a
+    /// decode step of the full model routes 6 slots among 256 experts: 768 dispatches a layer,
+    /// most of a step on a GPU. So with more experts than slots the ids are read back (one wait
+    /// for the work queued so far) and only the named experts run; otherwise all do (an id out
+    /// of range names none, as on the device).
+    fn routed_experts(&self, ids: &WgpuTensor, experts: usize, slots: usize) -> Result<Vec<bool>> {
+        if experts <= slots {
+            return Ok(vec![true; experts]);
+        }
+        let raw = self.read_back(ids, 0, ids.bytes)?;
+        let mut routed = vec![false; experts];
+        for id in bytemuck::pod_collect_to_vec::<u8, i32>(&raw) {
+            if let Some(r) = usize::try_from(id).ok().and_then(|e| routed.get_mut(e)) {
+                *r = true;
+            }
+        }
+        Ok(routed)
     }
 }

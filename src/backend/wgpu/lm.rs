@@ -11,7 +11,7 @@
 //! host round trip.
 
 use super::linear::lm_weight_shader;
-use super::{Output, Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
+use super::{Output, SOFTWARE_LOOP_BUDGET, Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
 use crate::backend::{DType, Op, Precision, checks};
 use crate::error::{Error, Result};
 
@@ -73,23 +73,17 @@ impl WgpuBackend {
         Ok(y)
     }
 
-    /// X `[n, hc·d]`, w `[n, hc]` → `[n, d]`.
-    pub(super) fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
-        let (n, d, hc) = checks::hc_pre(x, w)?;
+    /// X `[n, hc·d]`, w `[n, c ≥ hc]` (its first hc columns) → `[n, d]`.
+    pub(super) fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
+        let (n, d, wc) = checks::hc_pre(x, w, hc)?;
         let out = Output { binding: 6, shape: vec![n, d], dtype: DType::F32 };
-        self.per_element(LM_EXACT, "hc_pre", &[("x", 1, x), ("w", 2, w)], out, &[d as u32, hc as u32])
+        self.per_element(LM_EXACT, "hc_pre", &[("x", 1, x), ("w", 2, w)], out, &[d as u32, hc as u32, wc as u32])
     }
 
-    /// X `[n, hc·d]`, f `[n, d]`, post `[n, hc]`, comb `[n, hc·hc]` → X' `[n, hc·d]`.
-    pub(super) fn hc_post(
-        &self,
-        x: &WgpuTensor,
-        f: &WgpuTensor,
-        post: &WgpuTensor,
-        comb: &WgpuTensor,
-    ) -> Result<WgpuTensor> {
-        let (n, cols, d, hc) = checks::hc_post(x, f, post, comb)?;
-        let inputs = [("x", 1, x), ("f", 2, f), ("post", 3, post), ("comb", 9, comb)];
+    /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` (hc_split's) → X' `[n, hc·d]`.
+    pub(super) fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, split: &WgpuTensor) -> Result<WgpuTensor> {
+        let (n, cols, d, hc) = checks::hc_post(x, f, split)?;
+        let inputs = [("x", 1, x), ("f", 2, f), ("split", 3, split)];
         let out = Output { binding: 6, shape: vec![n, cols], dtype: DType::F32 };
         self.per_element(LM_EXACT, "hc_post", &inputs, out, &[d as u32, hc as u32])
     }
@@ -264,7 +258,8 @@ impl WgpuBackend {
     /// one thread per (query, head) (`sink_attention_serial`, the same order: lavapipe runs the
     /// workgroups' barriers and serial folds far slower; the shipped model's prefill in
     /// describe_image took 72 tokens/s with them against 91) where that thread's loops stay
-    /// within [`SOFTWARE_LOOP_BUDGET`]. A window or index out of range gives a NaN head.
+    /// within [`SOFTWARE_LOOP_BUDGET`]. Where the workgroup kernel's do not either, a software
+    /// adapter returns `Error::Unsupported`. A window or index out of range gives a NaN head.
     pub(super) fn sink_attention(
         &self,
         q: &WgpuTensor,
@@ -281,17 +276,30 @@ impl WgpuBackend {
             OP,
             [("q", q), ("kv", kv), ("window", window), ("sinks", sinks)].into_iter().chain(comp_inputs),
         )?;
-        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
         let total = n * n_heads;
+        let software = self.is_software();
+        let serial = software
+            && !self.opts.force_workgroup_attention
+            && serial_attention_iterations(m, kk, hd) <= SOFTWARE_LOOP_BUDGET;
+        if software && !serial && total > 0 && hd > 0 {
+            // every kv row bounds a query's window keys; where that bound is over the budget the
+            // widest window itself decides (read back: a prefill chunk's kv holds all its rows,
+            // its queries see only their own windows)
+            let mut keys = m;
+            if workgroup_attention_iterations(keys, kk, hd) > SOFTWARE_LOOP_BUDGET {
+                keys = self.widest_window(window, m)?;
+            }
+            self.check_loop_budget(Op::SinkAttention, workgroup_attention_iterations(keys, kk, hd), || {
+                format!("{n} queries of {n_heads} heads of dim {hd} over {keys} window keys and {kk} compressed slots")
+            })?;
+        }
+        let y = self.alloc(OP, vec![n, cols], DType::F32)?;
         if total > 0 && hd > 0 {
             let (cres, ires) = match comp {
                 Some((c, idx)) => (c.binding(), idx.binding()),
                 None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
             };
             let scale = 1.0 / (hd as f32).sqrt();
-            let serial = self.is_software()
-                && !self.opts.force_workgroup_attention
-                && serial_attention_iterations(m, kk, hd) <= SOFTWARE_LOOP_BUDGET;
             let (entry, groups) =
                 if serial { ("sink_attention_serial", grid(total.div_ceil(64))) } else { (OP, grid(total)) };
             self.dispatch(
@@ -313,16 +321,19 @@ impl WgpuBackend {
         }
         Ok(y)
     }
-}
 
-/// Mesa's llvmpipe (lavapipe) ends every loop of a shader invocation, silently, once that
-/// invocation has run 65 535 loop iterations in all (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`,
-/// "shared between every loop"). Measured with Mesa 22.3: `sink_attention_serial` over a window
-/// of 1 000 keys of hd 70 (about 71 000 iterations in its first pass alone) returned a
-/// denominator of a key or two. A kernel whose per-invocation loops may run longer does not run
-/// there; half the limit leaves a margin for how the limiter counts (loop entries, the lanes of a
-/// SIMD vector looping until the last is done).
-const SOFTWARE_LOOP_BUDGET: usize = 65_535 / 2;
+    /// The most window keys a query of `window` (`[n, 2]` inclusive bounds into `m` kv rows)
+    /// has, read back from the device; an empty or out-of-range window (a NaN head) has none.
+    fn widest_window(&self, window: &WgpuTensor, m: usize) -> Result<usize> {
+        let bounds: Vec<i32> = bytemuck::pod_collect_to_vec(&self.read_back(window, 0, window.bytes)?);
+        Ok(bounds
+            .chunks_exact(2)
+            .filter(|w| w[0] <= w[1] && w[0] >= 0 && (w[1] as usize) < m)
+            .map(|w| (w[1] - w[0]) as usize + 1)
+            .max()
+            .unwrap_or(0))
+    }
+}
 
 /// An upper bound on the loop iterations of one `sink_attention_serial` invocation: the index
 /// check (kk), zeroing its output (hd), and for each of at most m window keys and kk compressed
@@ -330,4 +341,31 @@ const SOFTWARE_LOOP_BUDGET: usize = 65_535 / 2;
 /// in the last: (m + kk)·(4·hd + 3).
 fn serial_attention_iterations(m: usize, kk: usize, hd: usize) -> usize {
     kk + hd + (m + kk) * (4 * hd + 3)
+}
+
+/// An upper bound on the loop iterations of one invocation of the workgroup kernel
+/// (`sink_attention`, SA_THREADS 64, SA_TILE 1024) whose query sees at most `keys` window keys
+/// and `kk` compressed slots; thread 0's vector loops longest (it folds each tile's max and
+/// denominator alone). Per tile of `len` keys: the key loop of each pass (⌈len/64⌉ + 1 passes),
+/// each pass a logit (hd + 1 in its branch's dot product, 1 in the other's, one pass of both
+/// where a vector straddles window and compressed keys), taken again in passes 2 and 3 past one
+/// tile; the folds (len + 1 each); and each key's value added to the thread's dims
+/// ((len + 1)(⌈hd/64⌉ + 3)). With the index check, the NaN and zero fills and the tile loops.
+/// Tight on Mesa 22.3: with the check lifted, one query of hd 4 came back right over 10 000 keys
+/// (a bound of 64 643) and wrong over 10 500 (67 914).
+fn workgroup_attention_iterations(keys: usize, kk: usize, hd: usize) -> usize {
+    const THREADS: usize = 64;
+    const TILE: usize = 1024;
+    let all = keys + kk;
+    let tiles = all.div_ceil(TILE).max(1);
+    // Σ over the tiles of a strided key loop's passes, and of a serial loop's
+    let strided = all.div_ceil(THREADS) + 2 * tiles;
+    let serial = all + tiles;
+    let logits = strided * (hd + 3) + tiles * hd;
+    // past one tile the logits (and their exponentials) are taken again; else those loops only
+    // pass once each, their bodies masked off
+    let again = if tiles > 1 { logits + strided } else { 8 * tiles };
+    let dims = hd.div_ceil(THREADS) + 1;
+    let fixed = kk.div_ceil(THREADS) + 1 + 2 * dims + 3 * (tiles + 1);
+    fixed + (logits + serial) + (again + strided + serial) + (again + strided + serial * (dims + 2))
 }

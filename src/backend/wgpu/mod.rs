@@ -80,6 +80,43 @@ const FLUSH_EVERY: u32 = 128;
 /// Bytes of the uniform parameter block every dispatch gets.
 const PARAM_BYTES: usize = 64;
 
+/// Mesa's llvmpipe (lavapipe) ends every loop of a shader invocation, silently, once the
+/// invocation has run 65 535 loop iterations in all (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`,
+/// "shared between every loop"; counted per SIMD vector of invocations, one for each pass through
+/// a loop body, the pass that leaves the loop included, so the vector's longest-running lane
+/// counts). Measured with Mesa 22.3: `sink_attention_serial` over a window of 1 000 keys of hd 70
+/// (about 71 000 iterations) returned a denominator of a key or two. On a software adapter a
+/// kernel runs only where an upper bound on its invocations' iterations, from the op's shapes (a
+/// `*_iterations` function beside its dispatch), stays within this budget: half the limit, a
+/// margin for what a bound may miss. An op without a variant within it returns
+/// `Error::Unsupported` there ([`WgpuBackend::check_loop_budget`]).
+///
+/// The audit (2026-12-02) of every kernel's bound, at the model's sizes (LM: hidden 4096, 64
+/// heads of 512, window 128, index top-k 512, experts of 2048, hc 4; ViT: 16 heads of 64, up to
+/// 3 429 patches at the 384-token image budget; D ≤ 42 is a block decoder's own loops):
+/// - no loops: the elementwise and copy ops, rope_2d, rope_tail, embed_rows (float), hc_expand,
+///   hc_head_weights, sqrt_softplus, swiglu_clamp, hash_route;
+/// - rms_norm, rms_norm_heads: 2⌈d/256⌉ + 11 (43); hc_pre, hc_post, route_weights, moe_sum:
+///   hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations); compress_pool:
+///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450); topk_rows: ≈ 450 up to
+///   2 048 columns, then ≈ ⌈k/2048⌉(9⌈m/256⌉ + 550) (9 800 for the top 512 of a 1M-token
+///   context's 262 144 entries);
+/// - grouped_linear, moe_gate/up/down: k + 1 (float), (k/32)(D + 34) + 3 (block): ≤ 9 800 at
+///   k 4 096; the small-row kernels (rows.wgsl): ≈ 2 200 at k 8 192; linear's tiles:
+///   26(⌈k/16⌉ + 1) (float), (k/32)(D + 77) + 30 (block): ≤ 30 500 at the widest k, 8 192;
+/// - attention (ViT, `attention_iterations`): 12 400; past the budget beyond 9 152 patches of
+///   hd 64 (an image budget, `--image-max-tokens`, past ≈ 1 000 tokens): refused;
+/// - sink_attention: the serial kernel where `serial_attention_iterations` fits, else the
+///   workgroup kernel (`workgroup_attention_iterations`): 15 100 for a CSA query, 23 200 for an
+///   image token's (512-key window and 512 picks, one tile); ≈ 37 a key past one tile of 1 024
+///   keys (an HCA layer past ≈ 115 000 tokens of context, a CSA layer's image window past the
+///   384-token image budget): refused.
+///
+/// The bounds count fixed-count loops too, as naga emits them; Mesa 22.3 unrolls many of those
+/// before its limiter sees them (the ViT kernel still matched at a bound of 71 834), so they
+/// over-count there.
+pub(super) const SOFTWARE_LOOP_BUDGET: usize = 65_535 / 2;
+
 /// Construction options. `Default` is what the CLI uses.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -1170,6 +1207,26 @@ impl WgpuBackend {
     fn unsupported(op: Op, what: impl Into<String>) -> Error {
         Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
     }
+
+    /// On a software adapter, `Error::Unsupported` for `op` (its operands as `shape` says) when
+    /// one invocation of its kernel may loop `iterations` times, past [`SOFTWARE_LOOP_BUDGET`]:
+    /// lavapipe would end the loops early and return a wrong result without an error. Ok on
+    /// every other adapter.
+    fn check_loop_budget(&self, op: Op, iterations: usize, shape: impl FnOnce() -> String) -> Result<()> {
+        if !self.is_software() || iterations <= SOFTWARE_LOOP_BUDGET {
+            return Ok(());
+        }
+        Err(Self::unsupported(
+            op,
+            format!(
+                "{} on the software adapter {}: one invocation of its kernel may loop {iterations} times, past the \
+                 {SOFTWARE_LOOP_BUDGET} this lane allows for Mesa lavapipe's loop limiter (which silently ends a \
+                 shader invocation's loops after 65 535 iterations)",
+                shape(),
+                self.info.name
+            ),
+        ))
+    }
 }
 
 /// [`Backend::capacity`] of a device on wgpu's Vulkan backend, read through wgpu-hal.
@@ -1445,11 +1502,11 @@ impl Backend for WgpuBackend {
     fn rms_norm_heads(&self, x: &WgpuTensor, n_heads: usize, eps: f32) -> Result<WgpuTensor> {
         self.rms_norm_heads(x, n_heads, eps)
     }
-    fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor) -> Result<WgpuTensor> {
-        self.hc_pre(x, w)
+    fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
+        self.hc_pre(x, w, hc)
     }
-    fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, post: &WgpuTensor, comb: &WgpuTensor) -> Result<WgpuTensor> {
-        self.hc_post(x, f, post, comb)
+    fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, split: &WgpuTensor) -> Result<WgpuTensor> {
+        self.hc_post(x, f, split)
     }
     fn hc_head_weights(&self, mix: &WgpuTensor, scale: &WgpuTensor, base: &WgpuTensor, eps: f32) -> Result<WgpuTensor> {
         self.hc_head_weights(mix, scale, base, eps)

@@ -854,7 +854,7 @@ impl<B: Backend> LmModel<B> {
         if trace.is_some() && seqs.len() != 1 {
             return Err(Error::Invalid("forward: a trace records one sequence".into()));
         }
-        let eps = cfg.rms_norm_eps as f32;
+        let (eps, hc) = (cfg.rms_norm_eps as f32, cfg.hc_mult);
         let h = match embeds {
             Some(e) if e.shape() != [n, cfg.hidden_size] => {
                 return Err(Error::Invalid(format!(
@@ -880,7 +880,7 @@ impl<B: Backend> LmModel<B> {
             }
         }
         let positions = b.upload(&HostTensor::i32([n], positions)?)?;
-        let mut carry = Some(b.hc_expand(&h, cfg.hc_mult)?);
+        let mut carry = Some(b.hc_expand(&h, hc)?);
         for (l, layer) in self.layers.iter().enumerate() {
             // the residual entering this layer: carried, or the previous layer's traced output
             let x = match (&carry, &trace) {
@@ -889,15 +889,16 @@ impl<B: Backend> LmModel<B> {
                 (None, None) => unreachable!("the residual is either carried or traced"),
             };
             // attention sublayer
-            let (pre, post, comb) = self.hc_split(b, x, &layer.hc_attn)?;
-            let xa = b.rms_norm(&b.hc_pre(x, &pre)?, &layer.attn_norm, eps)?;
+            // attention sublayer; `split` is [T, pre hc | post hc | comb hc·hc]
+            let split = self.hc_split(b, x, &layer.hc_attn)?;
+            let xa = b.rms_norm(&b.hc_pre(x, &split, hc)?, &layer.attn_norm, eps)?;
             let (att, picks) = self.attention(b, layer, l, seqs, &positions, &xa)?;
-            let x = b.hc_post(x, &att, &post, &comb)?;
+            let x = b.hc_post(x, &att, &split)?;
             // MoE sublayer
-            let (pre, post, comb) = self.hc_split(b, &x, &layer.hc_ffn)?;
-            let xf = b.rms_norm(&b.hc_pre(&x, &pre)?, &layer.ffn_norm, eps)?;
+            let split = self.hc_split(b, &x, &layer.hc_ffn)?;
+            let xf = b.rms_norm(&b.hc_pre(&x, &split, hc)?, &layer.ffn_norm, eps)?;
             let (m, sel, w) = self.moe(b, &layer.moe, &xf, &ids_t, &kind)?;
-            let next = b.hc_post(&x, &m, &post, &comb)?;
+            let next = b.hc_post(&x, &m, &split)?;
             match trace.as_deref_mut() {
                 Some(t) => {
                     t.hidden[l].push(next);
@@ -921,15 +922,15 @@ impl<B: Backend> LmModel<B> {
         };
         let mix = b.linear(&b.rms_norm_heads(x, 1, eps)?, &self.hc_head.mix, None)?;
         let w = b.hc_head_weights(&mix, &self.hc_head.scale, &self.hc_head.base, cfg.hc_eps as f32)?;
-        b.rms_norm(&b.hc_pre(x, &w)?, &self.norm, eps)
+        b.rms_norm(&b.hc_pre(x, &w, hc)?, &self.norm, eps)
     }
 
-    /// `(pre, post, comb)` of one HC sublayer from the residual X `[T, hc·d]`.
-    fn hc_split(&self, b: &B, x: &B::Tensor, p: &Hc<B>) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+    /// `[T, pre hc | post hc | comb hc·hc]` of one HC sublayer from the residual X `[T, hc·d]`
+    /// (`hc_pre` and `hc_post` read their parts in place).
+    fn hc_split(&self, b: &B, x: &B::Tensor, p: &Hc<B>) -> Result<B::Tensor> {
         let (hc, eps) = (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32);
         let mix = b.linear(&b.rms_norm_heads(x, 1, eps)?, &p.mix, None)?;
-        let s = b.hc_split(&mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, self.cfg.hc_eps as f32)?;
-        Ok((b.slice_cols(&s, 0, hc)?, b.slice_cols(&s, hc, hc)?, b.slice_cols(&s, 2 * hc, hc * hc)?))
+        b.hc_split(&mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, self.cfg.hc_eps as f32)
     }
 
     /// Feed the compressor projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` of every row to
