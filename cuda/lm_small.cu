@@ -18,6 +18,8 @@
 //   rope_tail_f32:       x [n, cols] (heads of hd), inv_freq [rd/2] -> out [n, cols]; one element
 //                        per step: the head part is copied, tail pair (2j, 2j+1) rotates by
 //                        a = f32(pos0 + row*stride) * inv_freq[j] (minus sin when inverse)
+//   rope_tail_at_f32:    rope_tail_f32 with row r at position positions[r] (i32 [n], >= 0, read
+//                        as unsigned so that it rounds to float as rope_tail's does)
 //   sqrt_softplus_f32:   x [n] -> sqrt(x > 20 ? x : log1p(exp(x)))
 //   hash_route_i32:      table i32 [vocab, k], ids i32 [n], fallback i32 [n, k] -> i32 [n, k]
 //   route_weights_f32:   scores [n, e], ids i32 [n, k] -> out [n, k], s / (sum_k s + 1e-20) * scale
@@ -134,27 +136,38 @@ BASE_KERNEL void hc_head_weights_f32(const float* mix, const float* scale, const
         out[i] = lms_sigmoid(mix[i] * scale[0] + base[i % hc]) + eps;
 }
 
+// element i of a rope_tail row at position `pos`: the head part copied, tail pair (2j, 2j+1)
+// rotated by +-float(pos) * inv_freq[j]; shared by rope_tail_f32 and rope_tail_at_f32
+__device__ __forceinline__ float lms_rotated_tail(const float* x, const float* inv_freq, u64 i, u64 pos,
+                                                  unsigned int cols, unsigned int hd, unsigned int rd,
+                                                  unsigned int inverse) {
+    const unsigned int hc = (unsigned int)((i % cols) % hd); // column inside the head
+    if (hc < hd - rd) return x[i];
+    const unsigned int t = hc - (hd - rd); // index inside the rotary tail
+    const float a = (float)pos * inv_freq[t / 2];
+    const float c = cosf(a);
+    const float s = inverse ? -sinf(a) : sinf(a);
+    if ((t & 1u) == 0u) return x[i] * c - x[i + 1] * s;
+    return x[i] * c + x[i - 1] * s;
+}
+
 BASE_KERNEL void rope_tail_f32(const float* x, const float* inv_freq, float* out, unsigned int n,
                                unsigned int cols, unsigned int hd, unsigned int rd, unsigned int pos0,
                                unsigned int stride, unsigned int inverse) {
     const u64 total = (u64)n * cols;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 row = i / cols;
-        const unsigned int hc = (unsigned int)((i % cols) % hd); // column inside the head
-        if (hc < hd - rd) {
-            out[i] = x[i];
-            continue;
-        }
-        const unsigned int t = hc - (hd - rd); // index inside the rotary tail
-        const u64 pos = (u64)pos0 + row * stride;
-        const float a = (float)pos * inv_freq[t / 2];
-        const float c = cosf(a);
-        const float s = inverse ? -sinf(a) : sinf(a);
-        if ((t & 1u) == 0u) {
-            out[i] = x[i] * c - x[i + 1] * s;
-        } else {
-            out[i] = x[i] * c + x[i - 1] * s;
-        }
+        out[i] = lms_rotated_tail(x, inv_freq, i, (u64)pos0 + row * stride, cols, hd, rd, inverse);
+    }
+}
+
+BASE_KERNEL void rope_tail_at_f32(const float* x, const float* inv_freq, const int* positions, float* out,
+                                  unsigned int n, unsigned int cols, unsigned int hd, unsigned int rd,
+                                  unsigned int inverse) {
+    const u64 total = (u64)n * cols;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 row = i / cols;
+        out[i] = lms_rotated_tail(x, inv_freq, i, (u64)(unsigned int)positions[row], cols, hd, rd, inverse);
     }
 }
 

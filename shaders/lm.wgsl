@@ -305,6 +305,25 @@ fn reduce_2pi(x: f32) -> f32 {
     return r;
 }
 
+// Element i of a rope_tail row at position `pos`: the head part copied, tail pair (2j, 2j+1)
+// rotated by ±f32(pos)·inv_freq[j] (inv_freq in b). Shared by rope_tail and rope_tail_at.
+fn rotated_tail_element(i: u32, pos: f32, cols: u32, hd: u32, rd: u32, inverse: bool) -> f32 {
+    let hc = (i % cols) % hd;
+    if (hc < hd - rd) {
+        return a[i];
+    }
+    let t = hc - (hd - rd);
+    let ang = pos * b[t / 2u];
+    let r = reduce_2pi(ang);
+    let cs = cos(r);
+    var sn = sin(r);
+    if (inverse) { sn = -sn; }
+    if ((t & 1u) == 0u) {
+        return a[i] * cs - a[i + 1u] * sn;
+    }
+    return a[i] * cs + a[i - 1u] * sn;
+}
+
 // rope_tail: a = x [n, cols], b = inv_freq [rd/2] → out [n, cols]; one thread per element.
 //   u0 = n·cols, u1 = cols, u2 = hd, u3 = rd, u4 = pos0, u5 = stride, u6 = inverse
 @compute @workgroup_size(256, 1, 1)
@@ -312,25 +331,21 @@ fn rope_tail(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
              @builtin(local_invocation_index) li: u32) {
     let i = flat(wg, nwg, li);
     if (i >= p.u0) { return; }
-    let hd = p.u2;
-    let rd = p.u3;
     let row = i / p.u1;
-    let hc = (i % p.u1) % hd;
-    if (hc < hd - rd) {
-        out[i] = a[i];
-        return;
-    }
-    let t = hc - (hd - rd);
-    let ang = f32(p.u4 + row * p.u5) * b[t / 2u];
-    let r = reduce_2pi(ang);
-    let cs = cos(r);
-    var sn = sin(r);
-    if (p.u6 == 1u) { sn = -sn; }
-    if ((t & 1u) == 0u) {
-        out[i] = a[i] * cs - a[i + 1u] * sn;
-    } else {
-        out[i] = a[i] * cs + a[i - 1u] * sn;
-    }
+    out[i] = rotated_tail_element(i, f32(p.u4 + row * p.u5), p.u1, p.u2, p.u3, p.u6 == 1u);
+}
+
+// rope_tail_at: a = x [n, cols], b = inv_freq [rd/2], ia = positions i32 [n] → out [n, cols];
+// one thread per element; row r at position positions[r] (≥ 0, as u32 so that it rounds to f32
+// as rope_tail's does).
+//   u0 = n·cols, u1 = cols, u2 = hd, u3 = rd, u4 = inverse
+@compute @workgroup_size(256, 1, 1)
+fn rope_tail_at(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.u0) { return; }
+    let row = i / p.u1;
+    out[i] = rotated_tail_element(i, f32(u32(ia[row])), p.u1, p.u2, p.u3, p.u4 == 1u);
 }
 
 // hc_split: a = mix [n, (2+hc)·hc], b = scale [3], c = base [(2+hc)·hc] → out (same shape); one

@@ -14,7 +14,7 @@ mod common;
 use common::lm::{f32s, i32s, lm_golden, load_lm_tiny};
 use common::rel_l2;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::{Backend, DeviceTensor, HostTensor};
+use fovea::backend::{Backend, HostTensor};
 use fovea::config::LmConfig;
 use fovea::model::lm::vision::{MAX_IMAGE_TOKENS, visible_bounds};
 use fovea::model::lm::{CompState, LmCache, LmInput, LmModel, chunk_plan};
@@ -206,6 +206,50 @@ fn decode_after_a_chunked_prefill_reproduces_the_greedy_golden() {
 fn batched_decode_steps_match_the_golden() {
     let fails = common::lm::check_batched_decode(&CpuBackend::new(), REL_L2);
     assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+/// A batched step lays every sequence's keys, compressor rows and entries out in shared tensors
+/// (`LmModel::attention`). Sequences whose first ratio-4 block completes in the same step pool
+/// apart (with overlap a block pools the first halves of the block before it, and a first block
+/// has none), and a sequence that sat out steps joins with its rows still in an older batch's
+/// tensors. Every row is the sequence's own decode step, at the prefill tolerance.
+#[test]
+fn batched_steps_of_new_and_returning_sequences_equal_their_steps_alone() {
+    let (b, model, cfg) = load();
+    let v = cfg.vocab_size;
+    let ids: Vec<i32> = lm_golden("lm-text").i["input_ids"].1.iter().map(|&x| x as i32).collect();
+    let lens = [1usize, 1, 2, 3, 5, 9, 17];
+    let prefill = |n: usize| {
+        let input = LmInput { ids: ids[..n].to_vec(), window: None };
+        model.prefill_cache(&b, &input, None, 64, &mut |_| {}).unwrap().1
+    };
+    let mut batched: Vec<_> = lens.iter().map(|&n| prefill(n)).collect();
+    let mut alone: Vec<_> = lens.iter().map(|&n| prefill(n)).collect();
+    let mut steps_taken = vec![0usize; lens.len()];
+    let argmax = |r: &[f32]| r.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
+    for step in 0..9 {
+        // steps 3 and 4 leave every other sequence out; they rejoin at step 5
+        let members: Vec<usize> = (0..lens.len()).filter(|&s| !(3..5).contains(&step) || s % 2 == 0).collect();
+        let tokens: Vec<i32> = members.iter().map(|&s| ids[lens[s] + steps_taken[s]]).collect();
+        let mut refs: Vec<_> =
+            batched.iter_mut().enumerate().filter(|(s, _)| members.contains(s)).map(|(_, c)| c).collect();
+        let logits = f32s(&b, &model.decode_batch(&b, &mut refs, &tokens).unwrap());
+        for (row, (&s, &token)) in members.iter().zip(&tokens).enumerate() {
+            let want = f32s(&b, &model.decode(&b, &mut alone[s], token).unwrap());
+            let got = &logits[row * v..(row + 1) * v];
+            let e = rel_l2(got, &want);
+            assert!(
+                e <= REL_L2,
+                "step {step}, sequence {s} at position {}: logits rel L2 {e:.3e}",
+                lens[s] + steps_taken[s]
+            );
+            assert_eq!(argmax(got), argmax(&want), "step {step}, sequence {s}: top-1");
+            steps_taken[s] += 1;
+        }
+    }
+    for (s, (x, y)) in batched.iter().zip(&alone).enumerate() {
+        assert_eq!(cache_layout(x), cache_layout(y), "sequence {s}: cache layout after the steps");
+    }
 }
 
 /// `Generator::step_batch` (the server's round) gives every generator the tokens it gets alone:

@@ -179,6 +179,13 @@ enum Call {
         stride: usize,
         inverse: bool,
     },
+    RopeTailAt {
+        x: usize,
+        heads: usize,
+        inv_freq: usize,
+        positions: usize,
+        inverse: bool,
+    },
     HcSplit {
         mix: usize,
         scale: usize,
@@ -282,6 +289,9 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::SwigluClamp(g, u, limit) => b.swiglu_clamp(&ts[g], &ts[u], limit),
         Call::RopeTail { x, heads, inv_freq, pos0, stride, inverse } => {
             b.rope_tail(&ts[x], heads, &ts[inv_freq], pos0, stride, inverse)
+        }
+        Call::RopeTailAt { x, heads, inv_freq, positions, inverse } => {
+            b.rope_tail_at(&ts[x], heads, &ts[inv_freq], &ts[positions], inverse)
         }
         Call::HcSplit { mix, scale, base, hc, iters, eps } => {
             b.hc_split(&ts[mix], &ts[scale], &ts[base], hc, iters, eps)
@@ -655,6 +665,19 @@ fn lm_cases() -> Vec<Case> {
             vec![randn(&mut r, &[9, 66], 1.0), inv_freq(&mut r)],
             |a| Call::RopeTail { x: 0, heads: 3, inv_freq: 1, pos0: a.a, stride: a.b, inverse: a.c == 1 },
             Args { a: pos0, b: stride, c: inverse as usize, f: 0.0 },
+        ));
+    }
+    // rope_tail_at: rows of several sequences at unordered positions (a decode batch), up to ~9000
+    // rad as above
+    for inverse in [false, true] {
+        let positions = vec![8191, 0, 17, 4, 8000, 5, 63, 1, 640];
+        out.push(case(
+            format!("rope_tail_at [9,3x22] rd=12 scattered positions{}", if inverse { " inverse" } else { "" }),
+            Op::RopeTailAt,
+            ELEMENTWISE,
+            vec![randn(&mut r, &[9, 66], 1.0), inv_freq(&mut r), ints(&[9], positions)],
+            |a| Call::RopeTailAt { x: 0, heads: 3, inv_freq: 1, positions: 2, inverse: a.c == 1 },
+            Args { c: inverse as usize, ..Default::default() },
         ));
     }
     for (n, iters) in [(1, 1), (13, 20)] {

@@ -1050,6 +1050,21 @@ static void test_rope_tail() {
             }
         check(half_rd ? "rope_tail_f32 rd = hd" : "rope_tail_f32 rd = 0 (copy)", y, want, 1e-12);
     }
+    // rope_tail_at_f32 at the positions rope_tail_f32 gives its rows: the same bits
+    for (unsigned inverse : {0u, 1u}) {
+        unsigned n = 9, heads = 3, hd = 22, rd = 12, cols = heads * hd, pos0 = 8191, stride = 3;
+        auto x = randv(n * cols, 1);
+        std::vector<float> f(rd / 2);
+        for (unsigned j = 0; j < rd / 2; ++j) f[j] = std::pow(10000.0f, -float(j) / 6.0f);
+        std::vector<int> pos(n);
+        for (unsigned i = 0; i < n; ++i) pos[i] = int(pos0 + i * stride);
+        std::vector<float> y(n * cols), want(n * cols);
+        emu_launch(rope_tail_f32, {blocks1d(n * cols)}, {256}, 0, (const float*)x.data(), (const float*)f.data(),
+                   want.data(), n, cols, hd, rd, pos0, stride, inverse);
+        emu_launch(rope_tail_at_f32, {blocks1d(n * cols)}, {256}, 0, (const float*)x.data(), (const float*)f.data(),
+                   (const int*)pos.data(), y.data(), n, cols, hd, rd, inverse);
+        check(inverse ? "rope_tail_at_f32 = rope_tail_f32 (inverse)" : "rope_tail_at_f32 = rope_tail_f32", y, want, 0.0);
+    }
 }
 
 static void hc_split_ref(const float* m, const float* s, const float* b, float* o, unsigned hc, unsigned iters,

@@ -318,6 +318,28 @@ pub(crate) fn rope_tail<T: DeviceTensor>(x: &T, n_heads: usize, inv_freq: &T) ->
     Ok((n, cols, hd, rd))
 }
 
+/// [`rope_tail`]'s operands plus positions i32 `[n]` → `(n, heads·hd, hd, rd)`.
+pub(crate) fn rope_tail_at<T: DeviceTensor>(
+    x: &T,
+    n_heads: usize,
+    inv_freq: &T,
+    positions: &T,
+) -> Result<(usize, usize, usize, usize)> {
+    const OP: &str = "rope_tail_at";
+    input(OP, "x", x, DType::F32)?;
+    input(OP, "inv_freq", inv_freq, DType::F32)?;
+    input(OP, "positions", positions, DType::I32)?;
+    let (n, cols, hd) = heads(OP, "x", x, n_heads)?;
+    let rd = 2 * numel(inv_freq);
+    if rd > hd {
+        return Err(Error::shape(OP, format!("{rd} rotary dims exceed head_dim {hd}")));
+    }
+    if positions.shape().len() != 1 || numel(positions) != n {
+        return Err(Error::shape(OP, format!("positions {:?} for {n} rows", positions.shape())));
+    }
+    Ok((n, cols, hd, rd))
+}
+
 /// q `[n, heads·hd]`, kv `[m, hd]`, window i32 `[n, 2]`, comp (`[c, hd]`, idx i32 `[n, k]`),
 /// sinks `[heads]` → `(n, heads·hd, hd, m, c, k)` (`c = k = 0` without compressed entries).
 #[allow(clippy::type_complexity)]
@@ -763,6 +785,11 @@ mod tests {
         refused(rope_tail(&f(&[3, 8]), 3, &f(&[1])), "rope_tail", "x [3, 8] does not split into 3 heads");
         refused(rope_tail(&f(&[3, 8]), 2, &i(&[1])), "rope_tail", "inv_freq must be f32, found i32");
         assert_eq!(rope_tail(&f(&[3, 8]), 2, &f(&[2])).unwrap(), (3, 8, 4, 4));
+        refused(rope_tail_at(&f(&[3, 8]), 2, &f(&[3]), &i(&[3])), "rope_tail_at", "6 rotary dims exceed head_dim 4");
+        refused(rope_tail_at(&f(&[3, 8]), 2, &f(&[1]), &f(&[3])), "rope_tail_at", "positions must be i32, found f32");
+        refused(rope_tail_at(&f(&[3, 8]), 2, &f(&[1]), &i(&[2])), "rope_tail_at", "positions [2] for 3 rows");
+        refused(rope_tail_at(&f(&[3, 8]), 2, &f(&[1]), &i(&[3, 1])), "rope_tail_at", "positions [3, 1] for 3 rows");
+        assert_eq!(rope_tail_at(&f(&[3, 8]), 2, &f(&[2]), &i(&[3])).unwrap(), (3, 8, 4, 4));
     }
 
     #[test]

@@ -222,6 +222,7 @@ pub enum Op {
     HcPost,
     HcHeadWeights,
     RopeTail,
+    RopeTailAt,
     SinkAttention,
     GroupedLinear,
     CompressPool,
@@ -254,7 +255,7 @@ impl Op {
     ];
     /// The language-model ops. The CPU lane implements them; a lane without them says so in
     /// `supports` and answers `Error::Unsupported` from the trait's default implementations.
-    pub const LM: [Op; 19] = [
+    pub const LM: [Op; 20] = [
         Op::EmbedRows,
         Op::HcExpand,
         Op::RmsNormHeads,
@@ -263,6 +264,7 @@ impl Op {
         Op::HcPost,
         Op::HcHeadWeights,
         Op::RopeTail,
+        Op::RopeTailAt,
         Op::SinkAttention,
         Op::GroupedLinear,
         Op::CompressPool,
@@ -301,6 +303,7 @@ impl Op {
             Op::HcPost => "hc_post",
             Op::HcHeadWeights => "hc_head_weights",
             Op::RopeTail => "rope_tail",
+            Op::RopeTailAt => "rope_tail_at",
             Op::SinkAttention => "sink_attention",
             Op::GroupedLinear => "grouped_linear",
             Op::CompressPool => "compress_pool",
@@ -557,6 +560,22 @@ pub trait Backend {
     ) -> Result<Self::Tensor> {
         let _ = (x, n_heads, inv_freq, pos0, stride, inverse);
         Err(self.lm_unsupported(Op::RopeTail))
+    }
+    /// [`Backend::rope_tail`] with every row at its own position (rows of several sequences in
+    /// one batch): x `[n, heads·hd]`, inv_freq `[rd/2]`, positions i32 `[n]`, each ≥ 0 (the CPU
+    /// lane refuses a negative one; the GPU lanes cannot check without a host round trip) →
+    /// `[n, heads·hd]`; row i rotates by `f32(positions[i]) · inv_freq[j]`, bit for bit what
+    /// `rope_tail` gives a row at that position.
+    fn rope_tail_at(
+        &self,
+        x: &Self::Tensor,
+        n_heads: usize,
+        inv_freq: &Self::Tensor,
+        positions: &Self::Tensor,
+        inverse: bool,
+    ) -> Result<Self::Tensor> {
+        let _ = (x, n_heads, inv_freq, positions, inverse);
+        Err(self.lm_unsupported(Op::RopeTailAt))
     }
     /// One joint softmax over raw window keys ∪ compressed entries, with a per-head sink logit
     /// (no value) and K = V (one shared latent): q `[n, heads·hd]`, kv `[m, hd]` raw keys,

@@ -194,17 +194,50 @@ pub(super) fn rope_tail(
     stride: usize,
     inverse: bool,
 ) -> Result<CpuTensor> {
-    let (n, cols) = check_2d("rope_tail", "x", x)?;
-    let hd = check_heads("rope_tail", cols, n_heads)?;
-    let f = inv_freq.f32("rope_tail")?;
+    rotate_tails("rope_tail", x, n_heads, inv_freq, |i| Ok((pos0 + i * stride) as f32), inverse)
+}
+
+// x [n, heads·hd], positions i32 [n] → tail pairs rotated by ±positions[i]·inv_freq[j]  [n, heads·hd]
+pub(super) fn rope_tail_at(
+    x: &CpuTensor,
+    n_heads: usize,
+    inv_freq: &CpuTensor,
+    positions: &CpuTensor,
+    inverse: bool,
+) -> Result<CpuTensor> {
+    const OP: &str = "rope_tail_at";
+    let pos = positions.i32(OP)?;
+    if positions.shape.len() != 1 || pos.len() != x.shape.first().copied().unwrap_or(0) {
+        return Err(Error::shape(OP, format!("positions {:?} for x {:?}", positions.shape, x.shape)));
+    }
+    let position = |i: usize| match pos[i] {
+        p if p < 0 => Err(Error::Invalid(format!("rope_tail_at: row {i} at negative position {p}"))),
+        // through usize as rope_tail's positions, so both round the same way
+        p => Ok(p as usize as f32),
+    };
+    rotate_tails(OP, x, n_heads, inv_freq, position, inverse)
+}
+
+// Both RoPE ops: row i's tail pairs rotated by ±position(i)·inv_freq[j].
+fn rotate_tails(
+    op: &'static str,
+    x: &CpuTensor,
+    n_heads: usize,
+    inv_freq: &CpuTensor,
+    position: impl Fn(usize) -> Result<f32>,
+    inverse: bool,
+) -> Result<CpuTensor> {
+    let (n, cols) = check_2d(op, "x", x)?;
+    let hd = check_heads(op, cols, n_heads)?;
+    let f = inv_freq.f32(op)?;
     let rd = 2 * f.len();
     if rd > hd {
-        return Err(Error::shape("rope_tail", format!("{rd} rotary dims exceed head_dim {hd}")));
+        return Err(Error::shape(op, format!("{rd} rotary dims exceed head_dim {hd}")));
     }
-    let xs = x.f32("rope_tail")?;
+    let xs = x.f32(op)?;
     let mut out = xs.to_vec();
     for i in 0..n {
-        let p = (pos0 + i * stride) as f32;
+        let p = position(i)?;
         for (j, &fj) in f.iter().enumerate() {
             let a = p * fj;
             let (c, s) = (a.cos(), if inverse { -a.sin() } else { a.sin() });
@@ -269,8 +302,10 @@ pub(super) fn sink_attention(
     }
     let (qs, ks) = (q.f32(OP)?, kv.f32(OP)?);
     let scale = 1.0 / (hd as f32).sqrt();
-    // each query scores and sums at most every raw key and its k entries, per head
-    let out = b.par_rows(n, cols, 2 * n * (m + k) * cols, |rows, out| {
+    // each query scores and sums its window's raw keys and its k entries, per head (its window,
+    // not all m keys: a batch of sequences lays all their keys out in one kv)
+    let seen: usize = (0..n).map(|i| (win[2 * i + 1] as i64 - win[2 * i] as i64 + 1).max(0) as usize + k).sum();
+    let out = b.par_rows(n, cols, 2 * seen * cols, |rows, out| {
         for (r, i) in rows.enumerate() {
             // the keys query i sees: raw window rows, then selected compressed entries
             let (lo, hi) = (win[2 * i], win[2 * i + 1]);
@@ -634,6 +669,24 @@ mod tests {
         let b = CpuBackend::new();
         let x = t(&b, &[2, 4], vec![0.5, 2.0, -1.0, 2.0, 1.0, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY]);
         assert_eq!(geti(&b, &b.topk_rows(&x, 3).unwrap()), vec![1, 3, 0, 0, -1, -1]);
+    }
+
+    #[test]
+    fn rope_tail_at_matches_rope_tail_at_the_same_positions_and_refuses_negative_ones() {
+        let b = CpuBackend::new();
+        let x: Vec<f32> = (0..5 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
+        let xt = b.upload(&HostTensor::f32([5, 16], x).unwrap()).unwrap();
+        let f = b.upload(&HostTensor::f32([2], vec![0.9, 0.013]).unwrap()).unwrap();
+        let at = |p: Vec<i32>, inverse| {
+            let p = b.upload(&HostTensor::i32([p.len()], p).unwrap()).unwrap();
+            b.rope_tail_at(&xt, 2, &f, &p, inverse)
+        };
+        for inverse in [false, true] {
+            let strided = get(&b, &b.rope_tail(&xt, 2, &f, 7, 3, inverse).unwrap());
+            assert_eq!(get(&b, &at(vec![7, 10, 13, 16, 19], inverse).unwrap()), strided);
+        }
+        assert!(matches!(at(vec![7, 10, -1, 16, 19], false), Err(crate::Error::Invalid(_))));
+        assert!(matches!(at(vec![7, 10, 13], false), Err(crate::Error::Shape { .. })));
     }
 
     #[test]

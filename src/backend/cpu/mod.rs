@@ -550,6 +550,16 @@ impl Backend for CpuBackend {
     ) -> Result<CpuTensor> {
         lm::rope_tail(x, n_heads, inv_freq, pos0, stride, inverse)
     }
+    fn rope_tail_at(
+        &self,
+        x: &CpuTensor,
+        n_heads: usize,
+        inv_freq: &CpuTensor,
+        positions: &CpuTensor,
+        inverse: bool,
+    ) -> Result<CpuTensor> {
+        lm::rope_tail_at(x, n_heads, inv_freq, positions, inverse)
+    }
     fn sink_attention(
         &self,
         q: &CpuTensor,

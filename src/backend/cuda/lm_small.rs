@@ -173,6 +173,31 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// [`Self::rope_tail`] with row i at `positions[i]` (≥ 0; read as u32 on the device, then
+    /// rounded to f32 as the CPU lane does).
+    pub(super) fn rope_tail_at(
+        &self,
+        x: &CudaTensor,
+        n_heads: usize,
+        inv_freq: &CudaTensor,
+        positions: &CudaTensor,
+        inverse: bool,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "rope_tail_at";
+        let (n, cols, hd, rd) = checks::rope_tail_at(x, n_heads, inv_freq, positions)?;
+        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let sizes = [
+            check_u32(OP, "rows", n)?,
+            check_u32(OP, "cols", cols)?,
+            check_u32(OP, "head dim", hd)?,
+            check_u32(OP, "rotary dims", rd)?,
+            inverse as u32,
+        ];
+        let inputs = [&*x.buf, &*inv_freq.buf, &*positions.buf];
+        self.launch_1d(OP, Source::LmSmall, "rope_tail_at_f32", &inputs, &mut y, &sizes, n * cols)?;
+        Ok(y)
+    }
+
     /// Top-k columns per row (descending, ties to the lower column, −1 fill): x `[n, m]` → i32
     /// `[n, k]`; one block per row.
     pub(super) fn topk_rows(&self, x: &CudaTensor, k: usize) -> Result<CudaTensor> {

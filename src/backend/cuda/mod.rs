@@ -365,6 +365,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::LmSmall, "hc_post_f32"),
     (Source::LmSmall, "hc_head_weights_f32"),
     (Source::LmSmall, "rope_tail_f32"),
+    (Source::LmSmall, "rope_tail_at_f32"),
     (Source::LmSmall, "topk_rows_i32"),
     (Source::LmSmall, "sqrt_softplus_f32"),
     (Source::LmSmall, "hash_route_i32"),
@@ -1462,6 +1463,16 @@ impl Backend for CudaBackend {
         inv: bool,
     ) -> Result<CudaTensor> {
         self.rope_tail(x, h, f, pos0, st, inv)
+    }
+    fn rope_tail_at(
+        &self,
+        x: &CudaTensor,
+        h: usize,
+        f: &CudaTensor,
+        pos: &CudaTensor,
+        inv: bool,
+    ) -> Result<CudaTensor> {
+        self.rope_tail_at(x, h, f, pos, inv)
     }
     fn topk_rows(&self, x: &CudaTensor, k: usize) -> Result<CudaTensor> {
         self.topk_rows(x, k)

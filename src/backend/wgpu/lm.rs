@@ -152,6 +152,22 @@ impl WgpuBackend {
         self.per_element(LM_EXACT, "rope_tail", &[("x", 1, x), ("inv_freq", 2, inv_freq)], out, &params)
     }
 
+    /// [`Self::rope_tail`] with row i at `positions[i]`.
+    pub(super) fn rope_tail_at(
+        &self,
+        x: &WgpuTensor,
+        n_heads: usize,
+        inv_freq: &WgpuTensor,
+        positions: &WgpuTensor,
+        inverse: bool,
+    ) -> Result<WgpuTensor> {
+        let (_, cols, hd, rd) = checks::rope_tail_at(x, n_heads, inv_freq, positions)?;
+        let out = Output { binding: 6, shape: x.shape.clone(), dtype: DType::F32 };
+        let params = [cols as u32, hd as u32, rd as u32, inverse as u32];
+        let inputs = [("x", 1, x), ("inv_freq", 2, inv_freq), ("positions", 4, positions)];
+        self.per_element(LM_EXACT, "rope_tail_at", &inputs, out, &params)
+    }
+
     /// mHC split with Sinkhorn; one thread per row.
     pub(super) fn hc_split(
         &self,

@@ -1534,6 +1534,16 @@ impl Backend for WgpuBackend {
     ) -> Result<WgpuTensor> {
         self.rope_tail(x, n_heads, inv_freq, pos0, stride, inverse)
     }
+    fn rope_tail_at(
+        &self,
+        x: &WgpuTensor,
+        n_heads: usize,
+        inv_freq: &WgpuTensor,
+        positions: &WgpuTensor,
+        inverse: bool,
+    ) -> Result<WgpuTensor> {
+        self.rope_tail_at(x, n_heads, inv_freq, positions, inverse)
+    }
     fn hc_split(
         &self,
         mix: &WgpuTensor,

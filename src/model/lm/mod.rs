@@ -10,6 +10,8 @@ pub mod generate;
 pub mod vision;
 
 use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
 
 use crate::backend::{Backend, DeviceTensor, HostTensor};
 use crate::config::LmConfig;
@@ -108,15 +110,40 @@ pub struct LmInput {
     pub window: Option<Vec<(usize, usize)>>,
 }
 
+/// Rows `start..start + len` of a tensor that several sequences' caches may share: a forward
+/// over several sequences lays all their raw keys (or a compressor's rows, or its entries) out
+/// back to back in one tensor, so that one op reads or extends all of them, and each cache keeps
+/// its span of it.
+pub struct SharedRows<B: Backend> {
+    tensor: Arc<B::Tensor>,
+    start: usize,
+    len: usize,
+}
+
+impl<B: Backend> SharedRows<B> {
+    /// All rows of `t`, shared with no one yet.
+    fn whole(t: B::Tensor) -> Self {
+        let len = t.rows();
+        SharedRows { tensor: Arc::new(t), start: 0, len }
+    }
+    pub fn rows(&self) -> usize {
+        self.len
+    }
+    /// `[rows, cols]` of the span.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.len, self.tensor.cols()]
+    }
+}
+
 /// A compressor's running state: its emitted entries plus the raw projected rows it still needs
 /// (the incomplete block, and with overlap the previous complete block).
 pub struct CompState<B: Backend> {
     /// Emitted entries `[⌊P/r⌋, width]` (normed, roped at `r·i`).
-    pub entries: B::Tensor,
+    pub entries: SharedRows<B>,
     /// Buffered `wkv` / `wgate` rows of positions `buf_start..P` `[P − buf_start, w]`;
     /// `buf_start` is a block boundary.
-    pub rows_kv: B::Tensor,
-    pub rows_gate: B::Tensor,
+    pub rows_kv: SharedRows<B>,
+    pub rows_gate: SharedRows<B>,
     pub buf_start: usize,
 }
 
@@ -125,7 +152,7 @@ pub struct LayerCache<B: Backend> {
     /// Raw K = V latents (roped) of positions `kv_start..P`: between chunks only the last
     /// `sliding_window − 1`, all a later query can see (a chunk never splits an image span, and
     /// a span's window reaches back no further than the window of its first token).
-    pub kv: B::Tensor,
+    pub kv: SharedRows<B>,
     pub kv_start: usize,
     /// The attention compressor (ratio ≠ 0 layers).
     pub comp: Option<CompState<B>>,
@@ -143,7 +170,7 @@ pub struct LmCache<B: Backend> {
 struct SeqChunk<'a, B: Backend> {
     cache: &'a mut LmCache<B>,
     /// The rows of the forward's chunk that are this sequence's, at positions `cache.pos..`.
-    rows: std::ops::Range<usize>,
+    rows: Range<usize>,
     /// Each row's inclusive raw-key window, absolute positions.
     window: &'a [(usize, usize)],
 }
@@ -263,29 +290,104 @@ fn rows_of<B: Backend>(b: &B, x: &B::Tensor, range: std::ops::Range<usize>) -> R
     b.gather_rows(x, &b.upload(&HostTensor::i32([idx.len()], idx)?)?)
 }
 
-/// A sequence's rows of a tensor: the tensor itself when they are all of it.
-enum SeqRows<'t, T> {
-    All(&'t T),
-    Copied(T),
-}
+/// A cache's rows compacted out of a packed tensor once it holds more than twice their count
+/// plus this many rows (a prefill chunk's, of which a cache keeps the last few).
+const PACK_SLACK_ROWS: usize = 64;
 
-impl<T> std::ops::Deref for SeqRows<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        match self {
-            SeqRows::All(t) => t,
-            SeqRows::Copied(t) => t,
+/// One tensor with every sequence's rows back to back: sequence s's `kept[s]`, then rows
+/// `fresh.1[s]` of `fresh.0` (the new rows of all sequences). Returns it and the row where each
+/// sequence's rows start. Without fresh rows, kept rows that already share one tensor stay where
+/// they are (no op); else one concatenation per distinct tensor and one gather (none when the
+/// concatenation already is the layout).
+fn pack_rows<B: Backend>(
+    b: &B,
+    kept: &[&SharedRows<B>],
+    fresh: Option<(B::Tensor, &[Range<usize>])>,
+) -> Result<(Arc<B::Tensor>, Vec<usize>)> {
+    let first = kept.first().ok_or_else(|| Error::Invalid("pack_rows: no sequence".into()))?;
+    // the distinct tensors of non-empty spans, each with its first row in the concatenation
+    let mut sources: Vec<(&Arc<B::Tensor>, usize)> = Vec::new();
+    let mut total = 0;
+    for k in kept.iter().filter(|k| k.len > 0) {
+        if !sources.iter().any(|(t, _)| Arc::ptr_eq(t, &k.tensor)) {
+            sources.push((&k.tensor, total));
+            total += k.tensor.rows();
         }
     }
+    let fresh = fresh.filter(|(_, ranges)| ranges.iter().any(|r| !r.is_empty()));
+    match (&fresh, sources.as_slice()) {
+        (None, []) => Ok((first.tensor.clone(), vec![0; kept.len()])),
+        (None, [(t, _)]) => Ok(((*t).clone(), kept.iter().map(|k| k.start).collect())),
+        (Some((_, ranges)), _) if ranges.len() != kept.len() => {
+            Err(Error::Invalid(format!("pack_rows: {} row ranges for {} sequences", ranges.len(), kept.len())))
+        }
+        _ => pack_into_one(b, kept, &sources, fresh),
+    }
 }
 
-/// A sequence's rows of x: x itself when the sequence owns every row (`index` `None`, a forward
-/// of one sequence), else the rows `index` lists.
-fn seq_rows<'t, B: Backend>(b: &B, x: &'t B::Tensor, index: Option<&B::Tensor>) -> Result<SeqRows<'t, B::Tensor>> {
-    match index {
-        None => Ok(SeqRows::All(x)),
-        Some(i) => Ok(SeqRows::Copied(b.gather_rows(x, i)?)),
+/// [`pack_rows`]' copy: concatenate `sources`, then the fresh rows, and gather the layout.
+fn pack_into_one<B: Backend>(
+    b: &B,
+    kept: &[&SharedRows<B>],
+    sources: &[(&Arc<B::Tensor>, usize)],
+    fresh: Option<(B::Tensor, &[Range<usize>])>,
+) -> Result<(Arc<B::Tensor>, Vec<usize>)> {
+    // the fresh rows follow every source
+    let fresh_base = sources.last().map_or(0, |&(t, base)| base + t.rows());
+    let mut idx: Vec<i32> = Vec::new();
+    let mut starts = Vec::with_capacity(kept.len());
+    for (s, k) in kept.iter().enumerate() {
+        starts.push(idx.len());
+        if k.len > 0 {
+            let base = sources.iter().find(|(t, _)| Arc::ptr_eq(t, &k.tensor)).map_or(0, |&(_, base)| base);
+            idx.extend((base + k.start..base + k.start + k.len).map(|i| i as i32));
+        }
+        if let Some((_, ranges)) = &fresh {
+            idx.extend(ranges[s].clone().map(|i| (fresh_base + i) as i32));
+        }
     }
+    let all: Arc<B::Tensor> = match (sources, fresh) {
+        ([], Some((f, _))) => Arc::new(f),
+        ([], None) => return Err(Error::Invalid("pack_rows: no rows to lay out".into())),
+        ([(t, _)], None) => (*t).clone(),
+        (_, fresh) => {
+            let mut parts: Vec<&B::Tensor> = sources.iter().map(|(t, _)| t.as_ref()).collect();
+            if let Some((f, _)) = &fresh {
+                parts.push(f);
+            }
+            // two parts at least: several sources, or one and the fresh rows
+            let mut acc: Option<B::Tensor> = None;
+            for t in &parts[1..] {
+                acc = Some(b.concat_rows(acc.as_ref().unwrap_or(parts[0]), t)?);
+            }
+            Arc::new(acc.ok_or_else(|| Error::Invalid("pack_rows: one part to concatenate".into()))?)
+        }
+    };
+    if idx.len() == all.rows() && idx.iter().enumerate().all(|(i, &j)| j as usize == i) {
+        return Ok((all, starts));
+    }
+    let idx = b.upload(&HostTensor::i32([idx.len()], idx)?)?;
+    Ok((Arc::new(b.gather_rows(&all, &idx)?), starts))
+}
+
+/// The caches' spans `(start, len)` of `packed`; when they hold less than half of it (plus
+/// [`PACK_SLACK_ROWS`]), a compact copy of them instead, so that a cache does not keep a whole
+/// chunk alive.
+fn keep_spans<B: Backend>(b: &B, packed: Arc<B::Tensor>, spans: &[(usize, usize)]) -> Result<Vec<SharedRows<B>>> {
+    let kept: usize = spans.iter().map(|&(_, len)| len).sum();
+    if packed.rows() <= 2 * kept + PACK_SLACK_ROWS {
+        return Ok(spans.iter().map(|&(start, len)| SharedRows { tensor: packed.clone(), start, len }).collect());
+    }
+    let idx: Vec<i32> = spans.iter().flat_map(|&(start, len)| (start..start + len).map(|i| i as i32)).collect();
+    let compact = Arc::new(b.gather_rows(&packed, &b.upload(&HostTensor::i32([idx.len()], idx)?)?)?);
+    let mut start = 0;
+    Ok(spans
+        .iter()
+        .map(|&(_, len)| {
+            start += len;
+            SharedRows { tensor: compact.clone(), start: start - len, len }
+        })
+        .collect())
 }
 
 /// Concatenate one record's per-chunk tensors.
@@ -467,9 +569,9 @@ impl<B: Backend> LmModel<B> {
         let empty = |cols: usize| b.upload(&HostTensor::f32([0, cols], Vec::new())?);
         let state = |c: &Compressor<B>| -> Result<CompState<B>> {
             Ok(CompState {
-                entries: empty(c.norm.rows())?,
-                rows_kv: empty(c.ape.cols())?,
-                rows_gate: empty(c.ape.cols())?,
+                entries: SharedRows::whole(empty(c.norm.rows())?),
+                rows_kv: SharedRows::whole(empty(c.ape.cols())?),
+                rows_gate: SharedRows::whole(empty(c.ape.cols())?),
                 buf_start: 0,
             })
         };
@@ -478,7 +580,7 @@ impl<B: Backend> LmModel<B> {
             .iter()
             .map(|layer| {
                 Ok(LayerCache {
-                    kv: empty(self.cfg.head_dim)?,
+                    kv: SharedRows::whole(empty(self.cfg.head_dim)?),
                     kv_start: 0,
                     comp: layer.attn.compressor.as_ref().map(state).transpose()?,
                     index: layer.attn.indexer.as_ref().map(|ix| state(&ix.compressor)).transpose()?,
@@ -512,9 +614,9 @@ impl<B: Backend> LmModel<B> {
             let done = pos / c.ratio;
             let buf_start = open_rows_start(done, c.ratio, c.overlap);
             Ok::<_, Error>(CompState {
-                entries: filled(done, c.norm.rows())?,
-                rows_kv: filled(pos - buf_start, c.ape.cols())?,
-                rows_gate: filled(pos - buf_start, c.ape.cols())?,
+                entries: SharedRows::whole(filled(done, c.norm.rows())?),
+                rows_kv: SharedRows::whole(filled(pos - buf_start, c.ape.cols())?),
+                rows_gate: SharedRows::whole(filled(pos - buf_start, c.ape.cols())?),
                 buf_start,
             })
         };
@@ -523,7 +625,8 @@ impl<B: Backend> LmModel<B> {
         for layer in &self.layers {
             let comp = layer.attn.compressor.as_ref().map(|c| state(c, &mut filled)).transpose()?;
             let index = layer.attn.indexer.as_ref().map(|ix| state(&ix.compressor, &mut filled)).transpose()?;
-            layers.push(LayerCache { kv: filled(keep, self.cfg.head_dim)?, kv_start: pos - keep, comp, index });
+            let kv = SharedRows::whole(filled(keep, self.cfg.head_dim)?);
+            layers.push(LayerCache { kv, kv_start: pos - keep, comp, index });
         }
         Ok(LmCache { pos, layers })
     }
@@ -768,17 +871,15 @@ impl<B: Backend> LmModel<B> {
         let kind: Vec<i32> = ids.iter().map(|&i| i32::from(i >= 0 && i as usize >= cfg.vocab_size)).collect();
         let kind = b.upload(&HostTensor::i32([n], kind)?)?;
 
-        // each sequence's row indices, uploaded once for every layer (none for a lone sequence)
-        let row_index = match seqs {
-            [_] => vec![None],
-            _ => seqs
-                .iter()
-                .map(|s| {
-                    let idx: Vec<i32> = s.rows.clone().map(|i| i as i32).collect();
-                    b.upload(&HostTensor::i32([idx.len()], idx)?).map(Some)
-                })
-                .collect::<Result<Vec<_>>>()?,
-        };
+        // every row's position (its sequence's), uploaded once for the RoPE of every layer
+        let mut positions = Vec::with_capacity(n);
+        for s in seqs.iter() {
+            for p in s.cache.pos..s.cache.pos + s.rows.len() {
+                positions
+                    .push(i32::try_from(p).map_err(|_| Error::Invalid(format!("forward: position {p} beyond i32")))?);
+            }
+        }
+        let positions = b.upload(&HostTensor::i32([n], positions)?)?;
         let mut carry = Some(b.hc_expand(&h, hc)?);
         for (l, layer) in self.layers.iter().enumerate() {
             // the residual entering this layer: carried, or the previous layer's traced output
@@ -791,7 +892,7 @@ impl<B: Backend> LmModel<B> {
             // attention sublayer; `split` is [T, pre hc | post hc | comb hc·hc]
             let split = self.hc_split(b, x, &layer.hc_attn)?;
             let xa = b.rms_norm(&b.hc_pre(x, &split, hc)?, &layer.attn_norm, eps)?;
-            let (att, picks) = self.attention(b, layer, l, seqs, &row_index, &xa)?;
+            let (att, picks) = self.attention(b, layer, l, seqs, &positions, &xa)?;
             let x = b.hc_post(x, &att, &split)?;
             // MoE sublayer
             let split = self.hc_split(b, &x, &layer.hc_ffn)?;
@@ -832,86 +933,136 @@ impl<B: Backend> LmModel<B> {
         b.hc_split(&mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, self.cfg.hc_eps as f32)
     }
 
-    /// Feed a chunk's projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` to a compressor: buffer
-    /// them, emit the entry of every block they complete (pool, RMSNorm, RoPE at `r·i`), and keep
-    /// only the rows a later block still needs.
+    /// Feed the compressor projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` of every row to
+    /// the compressor states `states` of the sequences owning rows `rows[s]`: buffer them, emit
+    /// the entry of every block they complete (pool, RMSNorm, RoPE at `r·i`), and keep only the
+    /// rows a later block still needs. Every sequence's buffered rows and entries are laid out in
+    /// shared tensors ([`pack_rows`]), so the ops do not grow with the number of sequences, but
+    /// for the pooling of a sequence's very first block past the first such in a step. Returns
+    /// the entries of all sequences in one tensor, and where each sequence's start.
     fn compress(
         &self,
         b: &B,
         c: &Compressor<B>,
-        st: &mut CompState<B>,
-        kv: &B::Tensor,
-        gate: &B::Tensor,
-    ) -> Result<()> {
-        let rows_kv = b.concat_rows(&st.rows_kv, kv)?;
-        let rows_gate = b.concat_rows(&st.rows_gate, gate)?;
-        let end = st.buf_start + rows_kv.rows();
-        let emitted = st.entries.rows();
-        // the buffer starts at a block boundary; with overlap its first block may be the
-        // previous complete one, already emitted (kept for its first half)
-        let pooled = b.compress_pool(&rows_kv, &rows_gate, &c.ape, c.ratio, c.overlap)?;
-        let skip = emitted - st.buf_start / c.ratio;
-        if pooled.rows() > skip {
-            let fresh = rows_of(b, &pooled, skip..pooled.rows())?;
-            let normed = b.rms_norm(&fresh, &c.norm, self.cfg.rms_norm_eps as f32)?;
-            let entries = b.rope_tail(&normed, 1, &self.inv_freq_comp, emitted * c.ratio, c.ratio, false)?;
-            st.entries = b.concat_rows(&st.entries, &entries)?;
+        states: &mut [&mut CompState<B>],
+        rows: &[Range<usize>],
+        kv: B::Tensor,
+        gate: B::Tensor,
+    ) -> Result<(Arc<B::Tensor>, Vec<usize>)> {
+        let r = c.ratio;
+        let kept: Vec<&SharedRows<B>> = states.iter().map(|st| &st.rows_kv).collect();
+        let (kv_all, kv_at) = pack_rows(b, &kept, Some((kv, rows)))?;
+        let kept: Vec<&SharedRows<B>> = states.iter().map(|st| &st.rows_gate).collect();
+        let (gate_all, gate_at) = pack_rows(b, &kept, Some((gate, rows)))?;
+        // per sequence: complete blocks in its buffer, and how many of them are already emitted
+        // (with overlap the buffer starts at the last emitted block, kept for its first halves)
+        let blocks: Vec<(usize, usize)> = states
+            .iter()
+            .zip(rows)
+            .map(|(st, rows)| ((st.rows_kv.len + rows.len()) / r, st.entries.len - st.buf_start / r))
+            .collect();
+        // pooling groups: blocks laid out back to back pool, with overlap, the previous block's
+        // first halves, so a sequence's very first block (none before it, nothing emitted yet)
+        // must open a group; the others' first block is an emitted one, pooled but skipped
+        let (mut firsts, others): (Vec<usize>, Vec<usize>) =
+            (0..states.len()).filter(|&s| blocks[s].0 > blocks[s].1).partition(|&s| c.overlap && blocks[s].1 == 0);
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let opener = firsts.pop();
+        if opener.is_some() || !others.is_empty() {
+            groups.push(opener.into_iter().chain(others).collect());
         }
-        let buf_start = open_rows_start(st.entries.rows(), c.ratio, c.overlap);
-        st.rows_kv = rows_of(b, &rows_kv, buf_start - st.buf_start..end - st.buf_start)?;
-        st.rows_gate = rows_of(b, &rows_gate, buf_start - st.buf_start..end - st.buf_start)?;
-        st.buf_start = buf_start;
-        Ok(())
+        groups.extend(firsts.into_iter().map(|s| vec![s]));
+
+        // the fresh entries of every group, their sequences' fresh rows in that order
+        let mut fresh_parts = Vec::with_capacity(groups.len());
+        let mut fresh_rows = vec![0..0; states.len()];
+        let mut entry_positions = Vec::new();
+        for group in &groups {
+            let (mut kv_idx, mut gate_idx, mut keep) = (Vec::new(), Vec::new(), Vec::new());
+            for &s in group {
+                let (n_blocks, skip) = blocks[s];
+                // this sequence's first pooled entry: one per block gathered before it
+                let first = kv_idx.len() / r;
+                kv_idx.extend((kv_at[s]..kv_at[s] + n_blocks * r).map(|i| i as i32));
+                gate_idx.extend((gate_at[s]..gate_at[s] + n_blocks * r).map(|i| i as i32));
+                keep.extend((first + skip..first + n_blocks).map(|i| i as i32));
+                let (so_far, emitted) = (entry_positions.len(), states[s].entries.len);
+                fresh_rows[s] = so_far..so_far + n_blocks - skip;
+                entry_positions.extend((emitted..emitted + n_blocks - skip).map(|e| (e * r) as i32));
+            }
+            let gather =
+                |t: &B::Tensor, idx: Vec<i32>| b.gather_rows(t, &b.upload(&HostTensor::i32([idx.len()], idx)?)?);
+            let pooled =
+                b.compress_pool(&gather(&kv_all, kv_idx)?, &gather(&gate_all, gate_idx)?, &c.ape, r, c.overlap)?;
+            let identity = keep.len() == pooled.rows() && keep.iter().enumerate().all(|(i, &j)| j as usize == i);
+            fresh_parts.push(if identity { pooled } else { gather(&pooled, keep)? });
+        }
+        let fresh = if fresh_parts.is_empty() {
+            None
+        } else {
+            let normed = b.rms_norm(&concat_all(b, fresh_parts)?, &c.norm, self.cfg.rms_norm_eps as f32)?;
+            let at = b.upload(&HostTensor::i32([entry_positions.len()], entry_positions)?)?;
+            Some((b.rope_tail_at(&normed, 1, &self.inv_freq_comp, &at, false)?, fresh_rows.as_slice()))
+        };
+        let kept: Vec<&SharedRows<B>> = states.iter().map(|st| &st.entries).collect();
+        let (entries, entries_at) = pack_rows(b, &kept, fresh)?;
+
+        // keep the rows a later block still needs
+        let (mut kv_spans, mut gate_spans) = (Vec::with_capacity(states.len()), Vec::with_capacity(states.len()));
+        for (s, st) in states.iter_mut().enumerate() {
+            let (n_blocks, skip) = blocks[s];
+            let done = st.entries.len + n_blocks.saturating_sub(skip);
+            let buffered = st.rows_kv.len + rows[s].len();
+            let buf_start = open_rows_start(done, r, c.overlap);
+            let dropped = buf_start - st.buf_start;
+            kv_spans.push((kv_at[s] + dropped, buffered - dropped));
+            gate_spans.push((gate_at[s] + dropped, buffered - dropped));
+            st.entries = SharedRows { tensor: entries.clone(), start: entries_at[s], len: done };
+            st.buf_start = buf_start;
+        }
+        let kv_kept = keep_spans(b, kv_all, &kv_spans)?;
+        let gate_kept = keep_spans(b, gate_all, &gate_spans)?;
+        for ((st, kv), gate) in states.iter_mut().zip(kv_kept).zip(gate_kept) {
+            st.rows_kv = kv;
+            st.rows_gate = gate;
+        }
+        Ok((entries, entries_at))
     }
 
     /// Attention sublayer of layer `l` over rows x `[n, d]` that belong to `seqs` (each at its
-    /// own positions `cache.pos..`): output `[n, d]`, and the indexer picks on CSA layers (a
-    /// single sequence). The projections run on all rows at once; RoPE, the compressors, the
-    /// indexer, attention and the cache run per sequence, on the rows `row_index[s]` lists.
+    /// own positions `cache.pos..`, `positions` i32 `[n]`): output `[n, d]`, and the indexer
+    /// picks on CSA layers (a single sequence). Every op runs once on the rows of all sequences:
+    /// their keys, compressor rows and entries are laid out back to back ([`pack_rows`]), each
+    /// query's window and entries point into its own sequence's part.
     fn attention(
         &self,
         b: &B,
         layer: &Layer<B>,
         l: usize,
         seqs: &mut [SeqChunk<'_, B>],
-        row_index: &[Option<B::Tensor>],
+        positions: &B::Tensor,
         x: &B::Tensor,
     ) -> Result<(B::Tensor, Option<B::Tensor>)> {
         let cfg = &self.cfg;
         let a = &layer.attn;
         let eps = cfg.rms_norm_eps as f32;
         let nh = cfg.num_attention_heads;
+        let n = x.rows();
         let f = if layer.ratio == 0 { &self.inv_freq_main } else { &self.inv_freq_comp };
-        // projections of every row
+        let rows: Vec<Range<usize>> = seqs.iter().map(|s| s.rows.clone()).collect();
+        // projections of every row, roped at its position
         let qr = b.rms_norm(&b.linear(x, &a.wq_a, None)?, &a.q_norm, eps)?;
-        let q = b.rms_norm_heads(&b.linear(&qr, &a.wq_b, None)?, nh, eps)?;
-        let kv = b.rms_norm(&b.linear(x, &a.wkv, None)?, &a.kv_norm, eps)?;
-        let project = |c: &Compressor<B>| -> Result<(B::Tensor, B::Tensor)> {
-            Ok((b.linear(x, &c.wkv, None)?, b.linear(x, &c.wgate, None)?))
-        };
-        let comp_rows = a.compressor.as_ref().map(project).transpose()?;
-        let index_rows = a
-            .indexer
-            .as_ref()
-            .map(|ix| -> Result<_> {
-                let (kv, gate) = project(&ix.compressor)?;
-                Ok((kv, gate, b.linear(&qr, &ix.wq_b, None)?, b.linear(x, &ix.weights_proj, None)?))
-            })
-            .transpose()?;
+        let q = b.rope_tail_at(&b.rms_norm_heads(&b.linear(&qr, &a.wq_b, None)?, nh, eps)?, nh, f, positions, false)?;
+        let kv = b.rope_tail_at(&b.rms_norm(&b.linear(x, &a.wkv, None)?, &a.kv_norm, eps)?, 1, f, positions, false)?;
 
-        let single = seqs.len() == 1;
-        let mut outs = Vec::with_capacity(seqs.len());
-        let mut picks = None;
-        for (s, index) in seqs.iter_mut().zip(row_index) {
-            let (p0, n) = (s.cache.pos, s.rows.len());
-            let lc = &mut s.cache.layers[l];
-            let part = |t| seq_rows(b, t, index.as_ref());
-            let q = b.rope_tail(&*part(&q)?, nh, f, p0, 1, false)?;
-            let kv = b.rope_tail(&*part(&kv)?, 1, f, p0, 1, false)?;
-            let keys = b.concat_rows(&lc.kv, &kv)?;
-            let end = p0 + n;
-            // window bounds relative to the first kept key
-            let mut rel = Vec::with_capacity(2 * n);
+        // every sequence's kept keys then its new ones, back to back
+        let kept: Vec<&SharedRows<B>> = seqs.iter().map(|s| &s.cache.layers[l].kv).collect();
+        let (keys, keys_at) = pack_rows(b, &kept, Some((kv, rows.as_slice())))?;
+        // window bounds as rows of `keys`
+        let mut window = Vec::with_capacity(2 * n);
+        for (s, &at) in seqs.iter().zip(&keys_at) {
+            let (p0, lc) = (s.cache.pos, &s.cache.layers[l]);
+            let end = p0 + s.rows.len();
             for (i, &(lo, hi)) in s.window.iter().enumerate() {
                 if lo <= hi && (lo < lc.kv_start || hi >= end) {
                     return Err(Error::Invalid(format!(
@@ -921,55 +1072,138 @@ impl<B: Backend> LmModel<B> {
                         lc.kv_start
                     )));
                 }
-                let (lo, hi) = if lo <= hi { (lo - lc.kv_start, hi - lc.kv_start) } else { (1, 0) };
-                rel.extend([lo as i32, hi as i32]);
-            }
-            let rel = b.upload(&HostTensor::i32([n, 2], rel)?)?;
-
-            if let (Some(c), Some(st), Some((ckv, cgate))) = (&a.compressor, lc.comp.as_mut(), &comp_rows) {
-                self.compress(b, c, st, &*part(ckv)?, &*part(cgate)?)?;
-            }
-            let seq_picks = match (&a.indexer, lc.index.as_mut(), &index_rows) {
-                (Some(ix), Some(st), Some((ikv, igate, qi, w))) => {
-                    self.compress(b, &ix.compressor, st, &*part(ikv)?, &*part(igate)?)?;
-                    let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
-                    let qi = b.rope_tail(&*part(qi)?, ih, f, p0, 1, false)?;
-                    let scale = 1.0 / ((ih * ihd) as f32).sqrt();
-                    let scores = b.indexer_scores(&qi, &st.entries, &*part(w)?, ih, scale, p0, 4)?;
-                    Some(b.topk_rows(&scores, cfg.index_topk)?)
-                }
-                _ => None,
-            };
-            let hca_idx = match (&a.indexer, lc.comp.as_ref()) {
-                (None, Some(st)) => {
-                    // HCA: every complete entry is visible: j < (p + 1) / r
-                    let (m, r) = (st.entries.rows(), layer.ratio);
-                    let idx: Vec<i32> = (p0..end)
-                        .flat_map(|p| (0..m).map(move |j| if j < (p + 1) / r { j as i32 } else { -1 }))
-                        .collect();
-                    Some(b.upload(&HostTensor::i32([n, m], idx)?)?)
-                }
-                _ => None,
-            };
-            let entries = lc.comp.as_ref().map(|st| &st.entries).filter(|e| e.rows() > 0);
-            let o = match (entries, seq_picks.as_ref().or(hca_idx.as_ref())) {
-                (Some(c), Some(i)) => b.sink_attention(&q, &keys, &rel, Some((c, i)), &a.sinks, nh)?,
-                _ => b.sink_attention(&q, &keys, &rel, None, &a.sinks, nh)?,
-            };
-            // inverse RoPE at the query positions
-            outs.push(b.rope_tail(&o, nh, f, p0, 1, true)?);
-            // later chunks see at most the last W − 1 keys
-            let keep = kept_keys(cfg.sliding_window, keys.rows());
-            lc.kv = rows_of(b, &keys, keys.rows() - keep..keys.rows())?;
-            lc.kv_start = end - keep;
-            if single {
-                picks = seq_picks;
+                let (lo, hi) = if lo <= hi { (at + lo - lc.kv_start, at + hi - lc.kv_start) } else { (1, 0) };
+                window.extend([lo as i32, hi as i32]);
             }
         }
+        let window = b.upload(&HostTensor::i32([n, 2], window)?)?;
+
+        let project = |c: &Compressor<B>| -> Result<(B::Tensor, B::Tensor)> {
+            Ok((b.linear(x, &c.wkv, None)?, b.linear(x, &c.wgate, None)?))
+        };
+        let entries = match &a.compressor {
+            Some(c) => {
+                let (ckv, cgate) = project(c)?;
+                let mut states =
+                    seqs.iter_mut().map(|s| s.cache.layers[l].comp.as_mut()).collect::<Option<Vec<_>>>().ok_or_else(
+                        || Error::Invalid(format!("attention: layer {l}'s cache has no compressor state")),
+                    )?;
+                Some(self.compress(b, c, &mut states, &rows, ckv, cgate)?)
+            }
+            None => None,
+        };
+        let picks = match (&a.indexer, &entries) {
+            (Some(ix), Some((_, entries_at))) => {
+                let (ikv, igate) = project(&ix.compressor)?;
+                let mut states = seqs
+                    .iter_mut()
+                    .map(|s| s.cache.layers[l].index.as_mut())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| Error::Invalid(format!("attention: layer {l}'s cache has no indexer state")))?;
+                let (ix_entries, ix_at) = self.compress(b, &ix.compressor, &mut states, &rows, ikv, igate)?;
+                // the picks index the attention's entries: both compressors emit alike, so their
+                // entries lie alike
+                if ix_at != *entries_at {
+                    return Err(Error::Invalid(format!(
+                        "attention: layer {l}'s indexer entries lie apart from its own"
+                    )));
+                }
+                Some(self.indexer_picks(b, ix, seqs, positions, &qr, x, &ix_entries, &ix_at)?)
+            }
+            _ => None,
+        };
+        // the compressed entries each query sees, as rows of `entries`
+        let hca_idx = match (&picks, &entries) {
+            (None, Some((_, entries_at))) => {
+                // HCA: every complete entry is visible: j < (p + 1) / r
+                let r = layer.ratio;
+                let visible = |s: &SeqChunk<'_, B>, p: usize| {
+                    ((p + 1) / r).min(s.cache.layers[l].comp.as_ref().map_or(0, |st| st.entries.len))
+                };
+                let k = seqs
+                    .iter()
+                    .flat_map(|s| (s.cache.pos..s.cache.pos + s.rows.len()).map(|p| visible(s, p)))
+                    .max()
+                    .unwrap_or(0);
+                let mut idx = vec![-1i32; n * k];
+                for (s, &at) in seqs.iter().zip(entries_at) {
+                    for (i, p) in (s.cache.pos..s.cache.pos + s.rows.len()).enumerate() {
+                        let row = &mut idx[(s.rows.start + i) * k..][..visible(s, p)];
+                        row.iter_mut().enumerate().for_each(|(j, e)| *e = (at + j) as i32);
+                    }
+                }
+                match k {
+                    0 => None,
+                    _ => Some(b.upload(&HostTensor::i32([n, k], idx)?)?),
+                }
+            }
+            _ => None,
+        };
+        let o = match (&entries, picks.as_ref().or(hca_idx.as_ref())) {
+            (Some((c, _)), Some(i)) if c.rows() > 0 => {
+                b.sink_attention(&q, &keys, &window, Some((c, i)), &a.sinks, nh)?
+            }
+            _ => b.sink_attention(&q, &keys, &window, None, &a.sinks, nh)?,
+        };
+        // inverse RoPE at the query positions
+        let o = b.rope_tail_at(&o, nh, f, positions, true)?;
+        // later chunks see at most the last W − 1 keys
+        let mut spans = Vec::with_capacity(seqs.len());
+        for (s, &at) in seqs.iter_mut().zip(&keys_at) {
+            let lc = &mut s.cache.layers[l];
+            let (len, end) = (lc.kv.len + s.rows.len(), s.cache.pos + s.rows.len());
+            let keep = kept_keys(cfg.sliding_window, len);
+            spans.push((at + len - keep, keep));
+            lc.kv_start = end - keep;
+        }
+        for (s, kv) in seqs.iter_mut().zip(keep_spans(b, keys, &spans)?) {
+            s.cache.layers[l].kv = kv;
+        }
         // grouped `wo_a`, `wo_b` on every row
-        let o = concat_all(b, outs)?;
         let z = b.grouped_linear(&o, &a.wo_a, cfg.o_groups)?;
-        Ok((b.linear(&z, &a.wo_b, None)?, picks))
+        Ok((b.linear(&z, &a.wo_b, None)?, picks.filter(|_| seqs.len() == 1)))
+    }
+
+    /// The lightning indexer's picks i32 `[n, index_topk]` of every row, as rows of the entries
+    /// `keys` (all sequences', sequence s's from row `keys_at[s]`; −1 = empty slot). A lone
+    /// sequence at the start of `keys` takes the op's own causal mask; rows of several are
+    /// scored against every entry and masked to their own sequence's complete blocks.
+    #[allow(clippy::too_many_arguments)]
+    fn indexer_picks(
+        &self,
+        b: &B,
+        ix: &Indexer<B>,
+        seqs: &[SeqChunk<'_, B>],
+        positions: &B::Tensor,
+        qr: &B::Tensor,
+        x: &B::Tensor,
+        keys: &B::Tensor,
+        keys_at: &[usize],
+    ) -> Result<B::Tensor> {
+        let cfg = &self.cfg;
+        let (ih, ihd, r) = (cfg.index_n_heads, cfg.index_head_dim, ix.compressor.ratio);
+        let qi = b.rope_tail_at(&b.linear(qr, &ix.wq_b, None)?, ih, &self.inv_freq_comp, positions, false)?;
+        let w = b.linear(x, &ix.weights_proj, None)?;
+        let scale = 1.0 / ((ih * ihd) as f32).sqrt();
+        let scores = match (seqs, keys_at) {
+            ([s], [0]) => b.indexer_scores(&qi, keys, &w, ih, scale, s.cache.pos, r)?,
+            _ => {
+                // no entry is future to a query past r·m; the mask adds −0 to a row's own
+                // sequence's complete blocks (an exact no-op, −0 scores included) and −inf to
+                // every other entry
+                let (n, m) = (x.rows(), keys.rows());
+                let all = b.indexer_scores(&qi, keys, &w, ih, scale, r * m, r)?;
+                let mut mask = vec![f32::NEG_INFINITY; n * m];
+                for (s, &at) in seqs.iter().zip(keys_at) {
+                    for (i, p) in (s.cache.pos..s.cache.pos + s.rows.len()).enumerate() {
+                        let visible = ((p + 1) / r).min(m - at);
+                        mask[(s.rows.start + i) * m + at..][..visible].fill(-0.0);
+                    }
+                }
+                b.add(&all, &b.upload(&HostTensor::f32([n, m], mask)?)?)?
+            }
+        };
+        b.topk_rows(&scores, cfg.index_topk)
     }
 
     /// MoE sublayer output `[T, d]`, the selected experts and their weights.

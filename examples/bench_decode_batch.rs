@@ -1,0 +1,135 @@
+//! Benchmark: continuous batching's decode step on a real checkpoint (default: the shipped
+//! model) — one sequence's step against `--batch` sequences stepping in one forward
+//! (`LmModel::decode_batch`), in-process, no HTTP.
+//!
+//! ```text
+//! cargo run --release --example bench_decode_batch -- --backend cpu
+//! cargo run --release --example bench_decode_batch -- --backend wgpu --batch 8 --steps 40
+//! ```
+//!
+//! The sequences are prefilled to different lengths (`--context` plus 5 per sequence), so they
+//! sit at different positions and compressor phases, as a server's do. The two kinds of step
+//! alternate, so a machine shared with other work slows both alike. Prints the median step of
+//! each, the aggregate tokens/s and its ratio, and the lane's launches (CUDA) or encoded
+//! dispatches and copies (wgpu) per step, averaged over the steps (a step where a compressor
+//! block completes issues more).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Parser;
+use fovea::backend::Backend;
+use fovea::backend::cpu::CpuBackend;
+use fovea::config::LmConfig;
+use fovea::model::lm::{LmCache, LmInput, LmModel};
+use fovea::weights::Checkpoint;
+
+#[derive(Parser)]
+struct Args {
+    /// cpu, wgpu or cuda
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// exact or fast (see `--precision` of the CLI)
+    #[arg(long)]
+    precision: Option<fovea::backend::Precision>,
+    /// Model directory (config.json + safetensors)
+    #[arg(long, default_value = "fixtures/models/vl-scenes")]
+    model: PathBuf,
+    /// Sequences stepping together
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Prompt tokens of the first sequence; sequence s has 5·s more
+    #[arg(long, default_value_t = 40)]
+    context: usize,
+    /// Timed steps of each kind (medians are reported)
+    #[arg(long, default_value_t = 30)]
+    steps: usize,
+}
+
+/// A cache prefilled with `len` text tokens.
+fn prefilled<B: Backend>(b: &B, model: &LmModel<B>, cfg: &LmConfig, len: usize) -> fovea::Result<LmCache<B>> {
+    let ids: Vec<i32> = (0..len).map(|i| (i * 7919 % cfg.vocab_size) as i32).collect();
+    Ok(model.prefill_cache(b, &LmInput { ids, window: None }, None, 512, &mut |_| {})?.1)
+}
+
+/// Time one decode step of `caches` (downloading the logits waits for the device); its
+/// seconds and the lane's launches.
+fn step<B: Backend>(
+    b: &B,
+    model: &LmModel<B>,
+    caches: &mut [LmCache<B>],
+    token: i32,
+) -> fovea::Result<(f64, Option<u64>)> {
+    let ids = vec![token; caches.len()];
+    let mut refs: Vec<_> = caches.iter_mut().collect();
+    let before = b.launches();
+    let t = Instant::now();
+    b.download(&model.decode_batch(b, &mut refs, &ids)?)?;
+    let s = t.elapsed().as_secs_f64();
+    Ok((s, before.zip(b.launches()).map(|(a, z)| z - a)))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
+    if args.batch == 0 || args.steps == 0 {
+        return Err(fovea::Error::Invalid("--batch and --steps must be at least 1".into()));
+    }
+    let cfg = LmConfig::from_file(&args.model.join("config.json"))?;
+    let ckpt = Checkpoint::open_without_vision(&args.model)?;
+    let model = LmModel::load(b, &ckpt, &cfg)?;
+    let mut one = vec![prefilled(b, &model, &cfg, args.context)?];
+    let mut many =
+        (0..args.batch).map(|s| prefilled(b, &model, &cfg, args.context + 5 * s)).collect::<fovea::Result<Vec<_>>>()?;
+    // warm-up: pipelines, allocator pools
+    step(b, &model, &mut one, 1)?;
+    step(b, &model, &mut many, 1)?;
+    let (mut t1, mut tn) = (Vec::new(), Vec::new());
+    let (mut l1, mut ln) = (Some(0), Some(0));
+    for i in 0..args.steps {
+        let token = (i * 31 % cfg.vocab_size) as i32;
+        let (s, l) = step(b, &model, &mut one, token)?;
+        t1.push(s);
+        l1 = l1.zip(l).map(|(a, z)| a + z);
+        let (s, l) = step(b, &model, &mut many, token)?;
+        tn.push(s);
+        ln = ln.zip(l).map(|(a, z)| a + z);
+    }
+    let (s1, sn) = (median(t1), median(tn));
+    println!("lane: {} ({}), {} precision", b.lane(), b.device_name(), b.precision());
+    println!(
+        "model {}: {} layers, compress ratios {:?}",
+        args.model.display(),
+        cfg.num_hidden_layers,
+        (0..cfg.num_hidden_layers).map(|l| cfg.ratio(l)).collect::<Vec<_>>()
+    );
+    let launches =
+        |l: Option<u64>| l.map_or(String::new(), |l| format!(", {:.1} launches a step", l as f64 / args.steps as f64));
+    println!("1 sequence: median step {:.3} ms -> {:.0} tok/s{}", s1 * 1e3, 1.0 / s1, launches(l1));
+    println!(
+        "{} sequences: median step {:.3} ms -> {:.0} tok/s ({:.2} x one sequence){}",
+        args.batch,
+        sn * 1e3,
+        args.batch as f64 / sn,
+        args.batch as f64 * s1 / sn,
+        launches(ln)
+    );
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    let result = match args.backend.as_str() {
+        "cpu" => run(&CpuBackend::new(), &args),
+        "wgpu" => fovea::pipeline::wgpu_lane(args.precision).and_then(|b| run(&b, &args)),
+        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
+        other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
+    };
+    if let Err(e) = result {
+        eprintln!("bench_decode_batch: error: {e}");
+        std::process::exit(2);
+    }
+}
