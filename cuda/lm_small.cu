@@ -113,6 +113,30 @@ BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned
     }
 }
 
+// hc_pre_norm_f32: rms_norm(hc_pre(X, w, hc), weight, eps) of every row, X [n, hc*d], w [n, wc]
+// (its first hc columns), weight [d] -> out [n, d]. One block per row (the host's row_threads),
+// rows grid-strided: the first pass writes the collapsed row (summed over the streams as
+// hc_pre_f32 sums it) and its squares, the second scales it in place, each thread rereading only
+// the elements it wrote.
+BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* weight, float* out, unsigned int n,
+                                 unsigned int d, unsigned int hc, unsigned int wc, float eps) {
+    __shared__ float red[32];
+    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x) {
+        const float* xt = x + (u64)t * hc * d;
+        const float* wt = w + (u64)t * wc;
+        float* yt = out + (u64)t * d;
+        float s = 0.0f;
+        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
+            float v = 0.0f;
+            for (unsigned int k = 0; k < hc; ++k) v += wt[k] * xt[(u64)k * d + j];
+            yt[j] = v;
+            s = fmaf(v, v, s);
+        }
+        const float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
+        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
+    }
+}
+
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
                              unsigned int d, unsigned int hc) {
     const u64 total = (u64)n * hc * d;
@@ -168,6 +192,36 @@ BASE_KERNEL void rope_tail_at_f32(const float* x, const float* inv_freq, const i
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 row = i / cols;
         out[i] = lms_rotated_tail(x, inv_freq, i, (u64)(unsigned int)positions[row], cols, hd, rd, inverse);
+    }
+}
+
+// rms_norm_rope_f32: x [n, heads*hd] -> each (row, head) segment RMS-normalised as
+// rms_norm_heads_f32 (with has_weight, times weight [hd] as rms_norm_f32; one head), then its
+// rotary tail rotated forward by positions[row] * inv_freq as rope_tail_at_f32 rotates it. One
+// block per segment (the host's row_threads), segments grid-strided: the sum of squares is a block
+// reduction, then each thread writes its elements from the normalised element and its pair's.
+BASE_KERNEL void rms_norm_rope_f32(const float* x, const float* weight, const float* inv_freq, const int* positions,
+                                   float* out, unsigned int segs, unsigned int heads, unsigned int hd,
+                                   unsigned int rd, unsigned int has_weight, float eps) {
+    __shared__ float red[32];
+    for (unsigned int seg = blockIdx.x; seg < segs; seg += gridDim.x) {
+        const float* xs = x + (u64)seg * hd;
+        float* ys = out + (u64)seg * hd;
+        const float inv = 1.0f / sqrtf(block_sum_squares(xs, hd, red) / (float)hd + eps);
+        const u64 pos = (u64)(unsigned int)positions[seg / heads];
+        for (unsigned int c = threadIdx.x; c < hd; c += blockDim.x) {
+            const float v = has_weight ? (xs[c] * inv) * weight[c] : xs[c] * inv;
+            if (c < hd - rd) {
+                ys[c] = v;
+                continue;
+            }
+            const unsigned int t = c - (hd - rd); // index inside the rotary tail
+            const unsigned int p = (t & 1u) == 0u ? c + 1u : c - 1u;
+            const float vp = has_weight ? (xs[p] * inv) * weight[p] : xs[p] * inv;
+            const float a = (float)pos * inv_freq[t / 2];
+            const float cs = cosf(a), sn = sinf(a);
+            ys[c] = (t & 1u) == 0u ? v * cs - vp * sn : v * cs + vp * sn;
+        }
     }
 }
 
@@ -328,6 +382,83 @@ BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float*
         }
     } else {
         for (u64 t = flat_index(); t < n; t += flat_stride()) hc_split_thread(mix + t * w, scale, base, out + t * w, hc, iters, eps);
+    }
+}
+
+// hc_mix_split: hc_split of the mix (x . mix^T) * rsqrt(mean(x^2) + norm_eps) of every row of the
+// residual X [n, k] (the RMS norm's factor taken out of the product), in two kernels: the
+// partial sums over column ranges, then one warp per token adds them and splits. The mix is
+// (2 + hc) * hc <= LMS_MIX_MAX rows (24 for hc = 4) of f32, bf16 or f16.
+#define LMS_MIX_MAX 24
+#define LMS_MIX_THREADS 256
+
+template <int FMT>
+__device__ __forceinline__ void lms_mix_partials(const float* x, const void* mix, float* part, unsigned int n,
+                                                 unsigned int k, unsigned int w, unsigned int splits) {
+    __shared__ float red[LMS_MIX_THREADS / 32][LMS_MIX_MAX + 1];
+    const unsigned int span = (k + splits - 1) / splits, lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
+    const unsigned int c0 = blockIdx.x * span, c1 = c0 + span < k ? c0 + span : k;
+    for (unsigned int t = blockIdx.y; t < n; t += gridDim.y) {
+        const float* xt = x + (u64)t * k;
+        float acc[LMS_MIX_MAX + 1];
+#pragma unroll
+        for (unsigned int o = 0; o <= LMS_MIX_MAX; ++o) acc[o] = 0.0f;
+        for (unsigned int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+            const float v = xt[c];
+            acc[LMS_MIX_MAX] = fmaf(v, v, acc[LMS_MIX_MAX]);
+#pragma unroll
+            for (unsigned int o = 0; o < LMS_MIX_MAX; ++o)
+                if (o < w) acc[o] = fmaf(load_w<FMT>(mix, (u64)o * k + c), v, acc[o]);
+        }
+        // the block's sums: each warp's by shuffles, then one thread per value over the warps
+#pragma unroll
+        for (unsigned int o = 0; o <= LMS_MIX_MAX; ++o)
+            for (int sh = 16; sh > 0; sh >>= 1) acc[o] += __shfl_xor_sync(0xffffffffu, acc[o], sh);
+        __syncthreads(); // the previous row's readers of red[] are done
+        if (lane == 0)
+            for (unsigned int o = 0; o <= LMS_MIX_MAX; ++o) red[warp][o] = acc[o];
+        __syncthreads();
+        // value o <= w: o < w a dot product, o = w the sum of squares (kept in red's last slot)
+        if (threadIdx.x <= w) {
+            const unsigned int slot = threadIdx.x < w ? threadIdx.x : LMS_MIX_MAX;
+            float s = 0.0f;
+            for (unsigned int i = 0; i < blockDim.x / 32u; ++i) s += red[i][slot];
+            part[((u64)t * splits + blockIdx.x) * (w + 1) + threadIdx.x] = s;
+        }
+    }
+}
+
+// grid (splits, rows), LMS_MIX_THREADS threads; part [n, splits, w + 1] (w dot products, then
+// the sum of squares, of each column range); code 0 f32, 1 bf16, 2 f16
+BASE_KERNEL void hc_mix_partials_f32(const float* x, const void* mix, float* part, unsigned int n, unsigned int k,
+                                     unsigned int w, unsigned int splits, unsigned int code) {
+    if (code == 0) lms_mix_partials<0>(x, mix, part, n, k, w, splits);
+    else if (code == 1) lms_mix_partials<1>(x, mix, part, n, k, w, splits);
+    else lms_mix_partials<2>(x, mix, part, n, k, w, splits);
+}
+
+// a warp per token (32 threads per token, as hc_split_f32 with hc * hc <= 32): the ranges' sums,
+// the mix scaled by the norm's factor, then hc_split_warp on it
+BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const float* base, float* out,
+                                  unsigned int n, unsigned int k, unsigned int hc, unsigned int splits,
+                                  unsigned int iters, unsigned int eps_bits, float norm_eps) {
+    __shared__ float mix[LMS_MIX_THREADS / 32][32];
+    const float eps = __uint_as_float(eps_bits);
+    const unsigned int w = (2u + hc) * hc, warps = blockDim.x / 32u, warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
+    // every warp of a block runs the same number of rounds (the emulator's shuffles are
+    // block-wide barriers); warps past n run with active = false
+    for (u64 t0 = (u64)blockIdx.x * warps; t0 < n; t0 += (u64)gridDim.x * warps) {
+        const u64 t = t0 + warp;
+        const bool active = t < n;
+        const u64 tt = active ? t : 0;
+        float v = 0.0f;
+        if (lane <= w)
+            for (unsigned int i = 0; i < splits; ++i) v += part[(tt * splits + i) * (w + 1) + lane];
+        const float inv = 1.0f / sqrtf(__shfl_sync(0xffffffffu, v, (int)w) / (float)k + norm_eps);
+        if (lane < w) mix[warp][lane] = v * inv;
+        __syncwarp();
+        hc_split_warp(mix[warp], scale, base, out + tt * w, hc, iters, eps, active);
+        __syncwarp(); // mix[warp] is read before the next round writes it
     }
 }
 

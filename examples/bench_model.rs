@@ -87,7 +87,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::{Backend, HostTensor, HostWeight, MemoryReport, WeightFormat, decode_row};
+use fovea::backend::{Backend, HostProfile, HostTensor, HostWeight, MemoryReport, WeightFormat, decode_row};
 use fovea::config::{LmConfig, VisionConfig};
 use fovea::model::ParamSource;
 use fovea::model::lm::{LmCache, LmInput, LmModel, PREFILL_CHUNK};
@@ -622,6 +622,8 @@ struct DecodeTiming {
     issue: f64,
     /// `Backend::launches` a step; `None` on the CPU lane
     launches: Option<f64>,
+    /// the host's time over all steps, when the lane collects it (`FOVEA_HOST_PROFILE=1`)
+    host: Option<HostProfile>,
 }
 
 /// The medians of `steps` decode steps on `cache`.
@@ -635,6 +637,7 @@ fn decode_median<B: Backend>(
     let mut times = Vec::with_capacity(steps);
     let mut issue = Vec::with_capacity(steps);
     let launches_before = b.launches();
+    let host_before = b.host_profile();
     for i in 0..steps.max(1) {
         let start = Instant::now();
         let logits = model.decode(b, cache, ((i * 7919 + 13) % vocab) as i32)?;
@@ -649,12 +652,35 @@ fn decode_median<B: Backend>(
         (Some(a), Some(z)) => Some((z - a) as f64 / steps.max(1) as f64),
         _ => None,
     };
-    Ok(DecodeTiming { step: median(times), issue: median(issue), launches })
+    let host = match (host_before, b.host_profile()) {
+        (Some(a), Some(z)) => Some(z.since(&a)),
+        _ => None,
+    };
+    Ok(DecodeTiming { step: median(times), issue: median(issue), launches, host })
 }
 
-/// ", issued in X ms, N launches a step" for a lane that counts launches, else nothing.
-fn launches_note(t: &DecodeTiming) -> String {
-    t.launches.map_or(String::new(), |n| format!(", issued in {:.2} ms, {n:.0} launches a step", t.issue * 1e3))
+/// ", issued in X ms, N launches a step" for a lane that counts launches, else nothing; with a
+/// host profile, the issue time's parts a step (means over the steps).
+fn launches_note(t: &DecodeTiming, steps: usize) -> String {
+    let mut note =
+        t.launches.map_or(String::new(), |n| format!(", issued in {:.2} ms, {n:.0} launches a step", t.issue * 1e3));
+    if let Some(h) = t.host {
+        let per = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
+        let count = |n: u64| n as f64 / steps.max(1) as f64;
+        note += &format!(
+            " (host a step: {:.0} launches {:.2} ms, {:.0} copies {:.2} ms, {:.0} allocations {:.2} ms, {:.0} waits \
+             {:.2} ms; the rest is the graph's own host work)",
+            count(h.launches),
+            per(h.launch_ns),
+            count(h.copies),
+            per(h.copy_ns),
+            count(h.allocations),
+            per(h.allocation_ns),
+            count(h.waits),
+            per(h.wait_ns)
+        );
+    }
+    note
 }
 
 /// The language model's figures at one depth.
@@ -740,7 +766,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             read / 1e9,
             cache_read / 1e9,
             sig3((read + cache_read) / step / 1e9),
-            launches_note(&timing)
+            launches_note(&timing, args.decode_steps)
         );
         figures.decode.push((n, step));
     }

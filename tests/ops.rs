@@ -139,6 +139,18 @@ enum Call {
         w: usize,
         hc: usize,
     },
+    HcPreNorm {
+        x: usize,
+        w: usize,
+        weight: usize,
+        hc: usize,
+    },
+    HcMixSplit {
+        x: usize,
+        scale: usize,
+        base: usize,
+        hc: usize,
+    },
     HcPost {
         x: usize,
         f: usize,
@@ -185,6 +197,13 @@ enum Call {
         inv_freq: usize,
         positions: usize,
         inverse: bool,
+    },
+    RmsNormRope {
+        x: usize,
+        weight: Option<usize>,
+        heads: usize,
+        inv_freq: usize,
+        positions: usize,
     },
     HcSplit {
         mix: usize,
@@ -281,6 +300,10 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::HcExpand(x, hc) => b.hc_expand(&ts[x], hc),
         Call::RmsNormHeads { x, heads, eps } => b.rms_norm_heads(&ts[x], heads, eps),
         Call::HcPre { x, w, hc } => b.hc_pre(&ts[x], &ts[w], hc),
+        Call::HcPreNorm { x, w, weight, hc } => b.hc_pre_norm(&ts[x], &ts[w], hc, &ts[weight], 1e-6),
+        Call::HcMixSplit { x, scale, base, hc } => {
+            b.hc_mix_split(&ts[x], weight.as_ref().unwrap(), &ts[scale], &ts[base], hc, 20, 1e-6, 1e-6)
+        }
         Call::HcPost { x, f, split } => b.hc_post(&ts[x], &ts[f], &ts[split]),
         Call::HcHeadWeights { mix, scale, base, eps } => b.hc_head_weights(&ts[mix], &ts[scale], &ts[base], eps),
         Call::SqrtSoftplus(x) => b.sqrt_softplus(&ts[x]),
@@ -292,6 +315,9 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         }
         Call::RopeTailAt { x, heads, inv_freq, positions, inverse } => {
             b.rope_tail_at(&ts[x], heads, &ts[inv_freq], &ts[positions], inverse)
+        }
+        Call::RmsNormRope { x, weight, heads, inv_freq, positions } => {
+            b.rms_norm_rope(&ts[x], weight.map(|w| &ts[w]), heads, 1e-6, &ts[inv_freq], &ts[positions])
         }
         Call::HcSplit { mix, scale, base, hc, iters, eps } => {
             b.hc_split(&ts[mix], &ts[scale], &ts[base], hc, iters, eps)
@@ -837,7 +863,71 @@ fn lm_cases() -> Vec<Case> {
         let name = format!("moe_experts {g}/{u}/{o} n={n} d={d} h={h} {e} experts k={k}");
         out.push(moe_case(&mut r, name, formats, (n, d, h, e, k), ids));
     }
+    fused_cases(&mut out);
     out
+}
+
+/// The fused ops (a lane's own kernel against the CPU lane's composition of the parts), with
+/// their own random stream so that the cases above keep their inputs.
+fn fused_cases(out: &mut Vec<Case>) {
+    let mut r = StdRng::seed_from_u64(0xf05ed);
+    // hc_pre_norm: the head's weights [n, hc] and hc_split's [n, 24]; a row of ≥ 4096 (the
+    // 1024-thread blocks of a decode step's residual) whose width is no multiple of 4
+    for (n, d, wc) in [(9, 21, 4), (1, 21, 24), (2, 4101, 24)] {
+        out.push(case(
+            format!("hc_pre_norm [{n},4x{d}] w [{n},{wc}]"),
+            Op::HcPreNorm,
+            REDUCTION,
+            vec![randn(&mut r, &[n, 4 * d], 2.0), randn(&mut r, &[n, wc], 1.0), randn(&mut r, &[d], 1.5)],
+            |_| Call::HcPreNorm { x: 0, w: 1, weight: 2, hc: 4 },
+            Args::default(),
+        ));
+    }
+    // hc_mix_split: the mix in each float format (f32 products, as the model uploads it), one
+    // token and a few, k no multiple of the CUDA lane's column range; Q8_0 and hc = 5 (more mix
+    // rows than the CUDA kernel sums) take the lanes' composition
+    for (format, n, hc, k) in [
+        (WeightFormat::F32, 1, 4, 1100),
+        (WeightFormat::F16, 5, 4, 333),
+        (WeightFormat::BF16, 3, 4, 700),
+        (WeightFormat::Q8_0, 2, 4, 1024),
+        (WeightFormat::F32, 2, 5, 96),
+    ] {
+        let w = (2 + hc) * hc;
+        let mut c = case(
+            format!("hc_mix_split {format} [{n},{k}] hc={hc}"),
+            Op::HcMixSplit,
+            REDUCTION,
+            vec![randn(&mut r, &[n, k], 2.0), randn(&mut r, &[3], 1.5), randn(&mut r, &[w], 1.0)],
+            |a| Call::HcMixSplit { x: 0, scale: 1, base: 2, hc: a.a },
+            Args { a: hc, ..Default::default() },
+        );
+        c.weight = Some((format, w, k, weight_bytes(&mut r, format, w, k)));
+        c.exact_weight = true;
+        out.push(c);
+    }
+    // rms_norm_rope: heads without a weight (the queries; a head width whose unrotated part is
+    // odd, so the tail's pairs sit at odd columns), and one weighted head wider than a block
+    // (the keys, 512 in the released model) at scattered positions up to ~9000 rad
+    let inv_freq: Vec<f32> = (0..6).map(|j| 10000f32.powf(-(j as f32) / 6.0) * r.random_range(0.9f32..1.1)).collect();
+    let inv_freq = HostTensor::f32([6], inv_freq).unwrap();
+    let positions = vec![8191, 0, 17, 4, 8000, 5, 63, 1, 640];
+    out.push(case(
+        "rms_norm_rope [9,3x23] rd=12 scattered positions",
+        Op::RmsNormRope,
+        REDUCTION,
+        vec![randn(&mut r, &[9, 69], 3.0), inv_freq.clone(), ints(&[9], positions.clone())],
+        |_| Call::RmsNormRope { x: 0, weight: None, heads: 3, inv_freq: 1, positions: 2 },
+        Args::default(),
+    ));
+    out.push(case(
+        "rms_norm_rope [9,1x520] weighted, rd=12 scattered positions",
+        Op::RmsNormRope,
+        REDUCTION,
+        vec![randn(&mut r, &[9, 520], 3.0), randn(&mut r, &[520], 1.5), inv_freq, ints(&[9], positions)],
+        |_| Call::RmsNormRope { x: 0, weight: Some(1), heads: 1, inv_freq: 2, positions: 3 },
+        Args::default(),
+    ));
 }
 
 /// Weight shapes for a block format: `cols` a whole, odd number of blocks (3) where that stays

@@ -1129,6 +1129,45 @@ static void test_hc_split() {
     }
 }
 
+// hc_mix_partials_f32 + hc_mix_split_f32 against the composition in plain C++ (the row's RMS norm,
+// the mix's dot products in double, hc_split_ref): f32, bf16 and f16 mixes; k not a multiple of
+// the column range (the last range short) and a range longer than the block; 2 blocks of the
+// split kernel for 20 tokens (warps past n idle, the token loop grid-strides)
+static void test_hc_mix_split() {
+    unsigned configs[][4] = {{1, 4, 1100, 0}, {20, 4, 700, 1}, {3, 4, 16384, 2}, {5, 3, 333, 0}};
+    for (auto& cf : configs) {
+        unsigned n = cf[0], hc = cf[1], k = cf[2], fmt = cf[3], w = (2 + hc) * hc, iters = 20, span = 512;
+        unsigned splits = (k + span - 1) / span;
+        auto x = randv(n * k, 2), mf = randv(w * k, 0.05f), scale = randv(3, 1.5), base = randv(w, 1);
+        std::vector<uint16_t> m16;
+        std::vector<float> mdec;
+        make_weight(fmt, mf, m16, mdec);
+        const void* mix = fmt == 0 ? (const void*)mf.data() : (const void*)m16.data();
+        float eps = 1e-6f, norm_eps = 1e-6f;
+        unsigned eb;
+        std::memcpy(&eb, &eps, 4);
+        std::vector<float> part(n * splits * (w + 1)), y(n * w), want(n * w), m(w);
+        emu_launch(hc_mix_partials_f32, {splits, n}, {256}, 0, (const float*)x.data(), mix, part.data(), n, k, w,
+                   splits, fmt);
+        emu_launch(hc_mix_split_f32, {2}, {256}, 0, (const float*)part.data(), (const float*)scale.data(),
+                   (const float*)base.data(), y.data(), n, k, hc, splits, iters, eb, norm_eps);
+        for (unsigned t = 0; t < n; ++t) {
+            double ss = 0;
+            for (unsigned c = 0; c < k; ++c) ss += double(x[t * k + c]) * x[t * k + c];
+            const double inv = 1.0 / std::sqrt(ss / k + norm_eps);
+            for (unsigned o = 0; o < w; ++o) {
+                double dot = 0;
+                for (unsigned c = 0; c < k; ++c) dot += x[t * k + c] * inv * mdec[o * k + c];
+                m[o] = float(dot);
+            }
+            hc_split_ref(m.data(), scale.data(), base.data(), &want[t * w], hc, iters, eps);
+        }
+        char name[80];
+        std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u", n, k, fmt_name(fmt), hc);
+        check(name, y, want, 1e-10);
+    }
+}
+
 static void test_rms_norm_heads() {
     unsigned shapes[][3] = {{5, 3, 29}, {3, 1, 300}, {4, 2, 1000}, {1, 1, 1}};
     for (auto& sh : shapes) {
@@ -1148,6 +1187,53 @@ static void test_rms_norm_heads() {
             std::snprintf(name, sizeof name, "rms_norm_heads_f32 [%u,%ux%u] %u blocks", n, heads, hd, blocks);
             check(name, y, want, 1e-10);
         }
+    }
+}
+
+// The fused norms against the composition of their parts' kernels: hc_pre_norm_f32 sums the
+// squares in another order than rms_norm_f32 (1e-12), rms_norm_rope_f32 normalises as
+// rms_norm_heads_f32 / rms_norm_f32 and rotates as rope_tail_at_f32 (the same bits).
+static void test_fused_norms() {
+    const float eps = 1e-6f;
+    // hc_pre_norm_f32: row blocks of 256 and, for a row of >= 4096, 1024 threads (the host's
+    // row_threads); 2 blocks for 9 rows: the row loop grid-strides
+    unsigned hp[][5] = {{9, 21, 4, 2, 256}, {1, 21, 24, 1, 256}, {2, 4101, 24, 2, 1024}};
+    for (auto& c : hp) {
+        unsigned n = c[0], d = c[1], wc = c[2], blocks = c[3], threads = c[4], hc = 4;
+        auto x = randv(n * hc * d, 2), w = randv(n * wc, 1), g = randv(d, 1.5);
+        std::vector<float> y(n * d), pre(n * d), want(n * d);
+        emu_launch(hc_pre_norm_f32, {blocks}, {threads}, 0, (const float*)x.data(), (const float*)w.data(),
+                   (const float*)g.data(), y.data(), n, d, hc, wc, eps);
+        emu_launch(hc_pre_f32, {blocks1d(n * d)}, {256}, 0, (const float*)x.data(), (const float*)w.data(), pre.data(),
+                   n, d, hc, wc);
+        emu_launch(rms_norm_f32, {n}, {threads}, 0, (const float*)pre.data(), (const float*)g.data(), want.data(), n, d,
+                   eps);
+        char name[80];
+        std::snprintf(name, sizeof name, "hc_pre_norm_f32 [%u,4x%u] w [%u,%u] %u blocks", n, d, n, wc, blocks);
+        check(name, y, want, 1e-12);
+    }
+    // rms_norm_rope_f32: 3 heads of 23 (the unrotated part odd), no weight; one weighted head of
+    // 520 (wider than the block); 2 blocks: the segment loop grid-strides
+    unsigned rn[][3] = {{3, 23, 0}, {1, 520, 1}};
+    for (auto& c : rn) {
+        unsigned n = 9, heads = c[0], hd = c[1], weighted = c[2], rd = 12, cols = heads * hd, segs = n * heads;
+        auto x = randv(n * cols, 3), g = randv(hd, 1.5);
+        std::vector<float> f(rd / 2);
+        for (unsigned j = 0; j < rd / 2; ++j) f[j] = std::pow(10000.0f, -float(j) / 6.0f);
+        std::vector<int> pos = {8191, 0, 17, 4, 8000, 5, 63, 1, 640};
+        std::vector<float> y(n * cols), normed(n * cols), want(n * cols);
+        emu_launch(rms_norm_rope_f32, {2}, {256}, 0, (const float*)x.data(), (const float*)g.data(),
+                   (const float*)f.data(), (const int*)pos.data(), y.data(), segs, heads, hd, rd, weighted, eps);
+        if (weighted)
+            emu_launch(rms_norm_f32, {n}, {256}, 0, (const float*)x.data(), (const float*)g.data(), normed.data(), n,
+                       hd, eps);
+        else
+            emu_launch(rms_norm_heads_f32, {segs}, {256}, 0, (const float*)x.data(), normed.data(), segs, hd, eps);
+        emu_launch(rope_tail_at_f32, {blocks1d(n * cols)}, {256}, 0, (const float*)normed.data(),
+                   (const float*)f.data(), (const int*)pos.data(), want.data(), n, cols, hd, rd, 0u);
+        char name[80];
+        std::snprintf(name, sizeof name, "rms_norm_rope_f32 [9,%ux%u]%s", heads, hd, weighted ? " weighted" : "");
+        check(name, y, want, 0.0);
     }
 }
 
@@ -1756,6 +1842,7 @@ int main(int argc, char** argv) {
         {"grouped_linear", test_grouped_linear}, {"moe", test_moe}, {"gemv_long_rows", test_gemv_long_rows},
         {"lm_elementwise", test_lm_elementwise}, {"rope_tail", test_rope_tail},
         {"hc_split", test_hc_split},         {"rms_norm_heads", test_rms_norm_heads},
+        {"fused_norms", test_fused_norms},   {"hc_mix_split", test_hc_mix_split},
         {"topk", test_topk},                 {"route_experts", test_route_experts},
         {"gemm_specials", test_gemm_specials}, {"unfold_linear_gelu", test_unfold_linear_gelu},
         {"dequant", test_dequant},           {"block_formats", test_block_formats}};

@@ -45,6 +45,14 @@ fn heads(op: &'static str, what: &str, t: &impl DeviceTensor, n_heads: usize) ->
     Ok((n, cols, cols / n_heads))
 }
 
+/// `e` from the check of a fused op's part, reported as the fused op's.
+fn renamed(op: &'static str, e: Error) -> Error {
+    match e {
+        Error::Shape { msg, .. } => Error::Shape { op, msg },
+        e => e,
+    }
+}
+
 /// x `[n, 2h]` (f32, gate then up) → `(n, h)`.
 fn gated(op: &'static str, x: &impl DeviceTensor) -> Result<(usize, usize)> {
     input(op, "x", x, DType::F32)?;
@@ -260,6 +268,37 @@ pub(crate) fn hc_split<T: DeviceTensor>(mix: &T, scale: &T, base: &T, hc: usize)
     Ok((n, w))
 }
 
+/// X `[n, k]`, mix `[(2+hc)·hc, k]`, scale `[3]`, base `[(2+hc)·hc]` → `(n, k, (2+hc)·hc)`.
+pub(crate) fn hc_mix_split<T: DeviceTensor>(
+    x: &T,
+    mix: &impl NamedWeight,
+    scale: &T,
+    base: &T,
+    hc: usize,
+) -> Result<(usize, usize, usize)> {
+    const OP: &str = "hc_mix_split";
+    for (what, t) in [("x", x), ("scale", scale), ("base", base)] {
+        input(OP, what, t, DType::F32)?;
+    }
+    let (n, k) = (x.rows(), x.cols());
+    let w = hc.checked_add(2).and_then(|h2| h2.checked_mul(hc));
+    if Some(mix.rows()) != w || mix.cols() != k || numel(scale) != 3 || Some(numel(base)) != w {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "x {:?}, mix `{}` [{}, {}], scale {:?}, base {:?} do not fit hc = {hc}",
+                x.shape(),
+                mix.name(),
+                mix.rows(),
+                mix.cols(),
+                scale.shape(),
+                base.shape()
+            ),
+        ));
+    }
+    Ok((n, k, mix.rows()))
+}
+
 /// X `[n, hc·d]`, w `[n, c]` with c ≥ hc → `(n, d, c)`.
 pub(crate) fn hc_pre<T: DeviceTensor>(x: &T, w: &T, hc: usize) -> Result<(usize, usize, usize)> {
     const OP: &str = "hc_pre";
@@ -270,6 +309,20 @@ pub(crate) fn hc_pre<T: DeviceTensor>(x: &T, w: &T, hc: usize) -> Result<(usize,
         return Err(Error::shape(OP, format!("x {:?} and w {:?} do not fit hc = {hc}", x.shape(), w.shape())));
     }
     Ok((n, cols / hc, w.cols()))
+}
+
+/// [`hc_pre`]'s operands plus the norm weight `[d]` → `(n, d, c)`.
+pub(crate) fn hc_pre_norm<T: DeviceTensor>(x: &T, w: &T, hc: usize, weight: &T) -> Result<(usize, usize, usize)> {
+    const OP: &str = "hc_pre_norm";
+    let (n, d, wc) = hc_pre(x, w, hc).map_err(|e| renamed(OP, e))?;
+    input(OP, "weight", weight, DType::F32)?;
+    if numel(weight) != d {
+        return Err(Error::shape(
+            OP,
+            format!("weight {:?} for rows of {d} (x {:?}, hc = {hc})", weight.shape(), x.shape()),
+        ));
+    }
+    Ok((n, d, wc))
 }
 
 /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` → `(n, hc·d, d, hc)`.
@@ -336,6 +389,29 @@ pub(crate) fn rope_tail_at<T: DeviceTensor>(
     }
     if positions.shape().len() != 1 || numel(positions) != n {
         return Err(Error::shape(OP, format!("positions {:?} for {n} rows", positions.shape())));
+    }
+    Ok((n, cols, hd, rd))
+}
+
+/// [`rope_tail_at`]'s operands plus an optional norm weight `[hd]` (one head only) →
+/// `(n, heads·hd, hd, rd)`.
+pub(crate) fn rms_norm_rope<T: DeviceTensor>(
+    x: &T,
+    weight: Option<&T>,
+    n_heads: usize,
+    inv_freq: &T,
+    positions: &T,
+) -> Result<(usize, usize, usize, usize)> {
+    const OP: &str = "rms_norm_rope";
+    let (n, cols, hd, rd) = rope_tail_at(x, n_heads, inv_freq, positions).map_err(|e| renamed(OP, e))?;
+    if let Some(w) = weight {
+        input(OP, "weight", w, DType::F32)?;
+        if n_heads != 1 || numel(w) != hd {
+            return Err(Error::shape(
+                OP,
+                format!("a norm weight {:?} needs one head of its width, not {n_heads} of {hd}", w.shape()),
+            ));
+        }
     }
     Ok((n, cols, hd, rd))
 }

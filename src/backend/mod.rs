@@ -19,6 +19,7 @@ pub mod wgpu;
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
@@ -218,11 +219,14 @@ pub enum Op {
     HcExpand,
     RmsNormHeads,
     HcSplit,
+    HcMixSplit,
     HcPre,
+    HcPreNorm,
     HcPost,
     HcHeadWeights,
     RopeTail,
     RopeTailAt,
+    RmsNormRope,
     SinkAttention,
     GroupedLinear,
     CompressPool,
@@ -255,16 +259,19 @@ impl Op {
     ];
     /// The language-model ops. The CPU lane implements them; a lane without them says so in
     /// `supports` and answers `Error::Unsupported` from the trait's default implementations.
-    pub const LM: [Op; 20] = [
+    pub const LM: [Op; 23] = [
         Op::EmbedRows,
         Op::HcExpand,
         Op::RmsNormHeads,
         Op::HcSplit,
+        Op::HcMixSplit,
         Op::HcPre,
+        Op::HcPreNorm,
         Op::HcPost,
         Op::HcHeadWeights,
         Op::RopeTail,
         Op::RopeTailAt,
+        Op::RmsNormRope,
         Op::SinkAttention,
         Op::GroupedLinear,
         Op::CompressPool,
@@ -299,11 +306,14 @@ impl Op {
             Op::HcExpand => "hc_expand",
             Op::RmsNormHeads => "rms_norm_heads",
             Op::HcSplit => "hc_split",
+            Op::HcMixSplit => "hc_mix_split",
             Op::HcPre => "hc_pre",
+            Op::HcPreNorm => "hc_pre_norm",
             Op::HcPost => "hc_post",
             Op::HcHeadWeights => "hc_head_weights",
             Op::RopeTail => "rope_tail",
             Op::RopeTailAt => "rope_tail_at",
+            Op::RmsNormRope => "rms_norm_rope",
             Op::SinkAttention => "sink_attention",
             Op::GroupedLinear => "grouped_linear",
             Op::CompressPool => "compress_pool",
@@ -342,6 +352,107 @@ pub struct Capacity {
     /// Bytes this process may still allocate (the driver's free figure or budget).
     pub free_bytes: u64,
     pub total_bytes: u64,
+}
+
+/// Where the host's time went while it issued device work, counted since the lane opened: a
+/// diagnostic a GPU lane collects when `FOVEA_HOST_PROFILE=1` (timing every call costs two clock
+/// reads). Benchmarks print the difference over a decode step, to tell a step bound by kernel
+/// launches from one bound by copies, allocations or the graph's own host work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostProfile {
+    /// Kernel launches, and nanoseconds inside the driver's launch call.
+    pub launches: u64,
+    pub launch_ns: u64,
+    /// Host-to-device and device-to-device copies, and nanoseconds inside the copy calls.
+    pub copies: u64,
+    pub copy_ns: u64,
+    /// Device allocations the buffer pool could not serve, and nanoseconds inside them.
+    pub allocations: u64,
+    pub allocation_ns: u64,
+    /// Waits for the device (a read-back, a sync), and nanoseconds inside them.
+    pub waits: u64,
+    pub wait_ns: u64,
+}
+
+impl HostProfile {
+    /// The counts and times from `earlier` to `self`.
+    pub fn since(&self, earlier: &HostProfile) -> HostProfile {
+        HostProfile {
+            launches: self.launches - earlier.launches,
+            launch_ns: self.launch_ns - earlier.launch_ns,
+            copies: self.copies - earlier.copies,
+            copy_ns: self.copy_ns - earlier.copy_ns,
+            allocations: self.allocations - earlier.allocations,
+            allocation_ns: self.allocation_ns - earlier.allocation_ns,
+            waits: self.waits - earlier.waits,
+            wait_ns: self.wait_ns - earlier.wait_ns,
+        }
+    }
+}
+
+/// The counters behind [`Backend::host_profile`], kept by a GPU lane: every call counted, and
+/// timed when `FOVEA_HOST_PROFILE=1`.
+#[derive(Default)]
+pub(crate) struct HostClock {
+    on: bool,
+    launches: AtomicU64,
+    launch_ns: AtomicU64,
+    copies: AtomicU64,
+    copy_ns: AtomicU64,
+    allocations: AtomicU64,
+    allocation_ns: AtomicU64,
+    waits: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+impl HostClock {
+    /// Timing on when the environment asks for it.
+    pub(crate) fn from_env() -> Self {
+        HostClock { on: std::env::var("FOVEA_HOST_PROFILE").is_ok_and(|v| v == "1"), ..HostClock::default() }
+    }
+
+    fn time<T>(&self, count: &AtomicU64, ns: &AtomicU64, f: impl FnOnce() -> T) -> T {
+        count.fetch_add(1, Ordering::Relaxed);
+        if !self.on {
+            return f();
+        }
+        let start = std::time::Instant::now();
+        let r = f();
+        ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+
+    /// `f`, a kernel launch or dispatch.
+    pub(crate) fn launch<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.time(&self.launches, &self.launch_ns, f)
+    }
+    /// `f`, a copy to or between device buffers.
+    pub(crate) fn copy<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.time(&self.copies, &self.copy_ns, f)
+    }
+    /// `f`, a device allocation.
+    pub(crate) fn allocation<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.time(&self.allocations, &self.allocation_ns, f)
+    }
+    /// `f`, a wait for the device.
+    pub(crate) fn wait<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.time(&self.waits, &self.wait_ns, f)
+    }
+
+    /// The totals so far, when timing is on.
+    pub(crate) fn profile(&self) -> Option<HostProfile> {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.on.then(|| HostProfile {
+            launches: get(&self.launches),
+            launch_ns: get(&self.launch_ns),
+            copies: get(&self.copies),
+            copy_ns: get(&self.copy_ns),
+            allocations: get(&self.allocations),
+            allocation_ns: get(&self.allocation_ns),
+            waits: get(&self.waits),
+            wait_ns: get(&self.wait_ns),
+        })
+    }
 }
 
 /// A device tensor handle: opaque storage plus dtype and shape.
@@ -387,6 +498,11 @@ pub trait Backend {
     /// dispatches and buffer copies encoded (wgpu); `None` on the CPU lane. Benchmarks report the
     /// difference over a decode step (launch and dispatch overhead grow with it).
     fn launches(&self) -> Option<u64> {
+        None
+    }
+    /// The host's time in launches, copies and allocations so far, when `FOVEA_HOST_PROFILE=1`
+    /// and the lane collects it (the CUDA lane); `None` otherwise.
+    fn host_profile(&self) -> Option<HostProfile> {
         None
     }
 
@@ -516,6 +632,26 @@ pub trait Backend {
         let _ = (mix, scale, base, hc, iters, eps);
         Err(self.lm_unsupported(Op::HcSplit))
     }
+    /// A sublayer's split straight from the residual: `hc_split(linear(rms_norm_heads(x, 1,
+    /// norm_eps), mix), scale, base, hc, iters, eps)`, X `[n, hc·d]`, mix `[(2+hc)·hc, hc·d]` →
+    /// `[n, (2+hc)·hc]`. The default composes the three ops; a lane may fuse them, taking the
+    /// norm's factor out of the product (`(x·mixᵀ) · rsqrt(mean(x²) + norm_eps)`, equal up to
+    /// rounding): a decode step runs this twice a layer.
+    #[allow(clippy::too_many_arguments)]
+    fn hc_mix_split(
+        &self,
+        x: &Self::Tensor,
+        mix: &Self::Weight,
+        scale: &Self::Tensor,
+        base: &Self::Tensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+    ) -> Result<Self::Tensor> {
+        let mix = self.linear(&self.rms_norm_heads(x, 1, norm_eps)?, mix, None)?;
+        self.hc_split(&mix, scale, base, hc, iters, eps)
+    }
     /// Collapse the streams: X `[n, hc·d]`, w `[n, c]` (c ≥ hc; its first hc columns are the
     /// weights: `hc_head_weights`' `[n, hc]`, or `hc_split`'s output whose first hc are `pre`) →
     /// `Σ_i w_i · X_i` `[n, d]`.
@@ -530,6 +666,19 @@ pub trait Backend {
     fn hc_post(&self, x: &Self::Tensor, f: &Self::Tensor, split: &Self::Tensor) -> Result<Self::Tensor> {
         let _ = (x, f, split);
         Err(self.lm_unsupported(Op::HcPost))
+    }
+    /// A sublayer's input: the streams collapsed and normalised, `rms_norm(hc_pre(x, w, hc),
+    /// weight, eps)`, X `[n, hc·d]`, w `[n, c ≥ hc]`, weight `[d]` → `[n, d]`. The default composes
+    /// the two ops; a lane may fuse them (a decode step runs this twice a layer).
+    fn hc_pre_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        hc: usize,
+        weight: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        self.rms_norm(&self.hc_pre(x, w, hc)?, weight, eps)
     }
     /// Final-head stream weights (no Sinkhorn, §4.2): mix `[n, hc]`, scale `[1]`, base `[hc]` →
     /// `σ(mix · scale + base) + eps` `[n, hc]`.
@@ -576,6 +725,31 @@ pub trait Backend {
     ) -> Result<Self::Tensor> {
         let _ = (x, n_heads, inv_freq, positions, inverse);
         Err(self.lm_unsupported(Op::RopeTailAt))
+    }
+    /// The projected queries' and keys' norm and RoPE in one op: x `[n, heads·hd]`, each head
+    /// RMS-normalised (`rms_norm_heads`; with `weight` `[hd]`, one head only, `rms_norm`), then
+    /// rotated forward at the row's position (`rope_tail_at(·, heads, inv_freq, positions,
+    /// false)`) → `[n, heads·hd]`. The default composes the two ops; a lane may fuse them.
+    fn rms_norm_rope(
+        &self,
+        x: &Self::Tensor,
+        weight: Option<&Self::Tensor>,
+        n_heads: usize,
+        eps: f32,
+        inv_freq: &Self::Tensor,
+        positions: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        let normed = match weight {
+            Some(_) if n_heads != 1 => {
+                return Err(Error::shape(
+                    Op::RmsNormRope.name(),
+                    format!("a norm weight needs one head, not {n_heads}"),
+                ));
+            }
+            Some(w) => self.rms_norm(x, w, eps)?,
+            None => self.rms_norm_heads(x, n_heads, eps)?,
+        };
+        self.rope_tail_at(&normed, n_heads, inv_freq, positions, false)
     }
     /// One joint softmax over raw window keys ∪ compressed entries, with a per-head sink logit
     /// (no value) and K = V (one shared latent): q `[n, heads·hd]`, kv `[m, hd]` raw keys,

@@ -8,7 +8,9 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, MAX_BLOCKS, Source, check_u32, row_threads};
+use super::{
+    CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GRID_Y, MAX_BLOCKS, Source, check_u32, row_threads,
+};
 use crate::backend::checks;
 use crate::backend::{DType, DeviceTensor, WeightFormat};
 use crate::error::{Error, Result};
@@ -17,6 +19,13 @@ use crate::error::{Error, Result};
 const TOPK_THREADS: u32 = 256;
 /// Threads per block of `route_experts_f32`: one block per token (`LMS_ROUTE_THREADS`).
 const ROUTE_THREADS: u32 = 256;
+/// Threads per block of `hc_mix_partials_f32` and `hc_mix_split_f32` (`LMS_MIX_THREADS`).
+const MIX_THREADS: u32 = 256;
+/// Most mix rows `hc_mix_partials_f32` sums, (2 + hc)·hc for hc ≤ 4 (`LMS_MIX_MAX`).
+const MIX_MAX: usize = 24;
+/// Columns of the residual each `hc_mix_partials_f32` block sums (the released model's 16 384
+/// in 32 ranges: a block each, every SM busy at one token).
+const MIX_SPAN: usize = 512;
 
 impl CudaBackend {
     /// table `[vocab, d]` (any weight format, decoded in the kernel), ids i32 `[n]` → `[n, d]`; an
@@ -69,7 +78,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&mut *y.buf).arg(&segs32).arg(&hd32).arg(&eps);
         // SAFETY: arguments match `rms_norm_heads_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "rms_norm_heads_f32", unsafe { l.launch(cfg) })?;
+        self.launched(OP, "rms_norm_heads_f32", || unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -102,6 +111,74 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// `hc_split` of the residual's mix, norm factor taken out of the product: X `[n, k]`, mix
+    /// `[(2+hc)·hc, k]` → `[n, (2+hc)·hc]`. Two kernels (the column ranges' partial sums, then a
+    /// warp per token) where the mix is f32/bf16/f16, at most `MIX_MAX` rows and f32 products;
+    /// else the trait's composition.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hc_mix_split(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "hc_mix_split";
+        let (n, k, w) = checks::hc_mix_split(x, mix, scale, base, hc)?;
+        let code = match mix.format {
+            WeightFormat::F32 => 0u32,
+            WeightFormat::BF16 => 1,
+            WeightFormat::F16 => 2,
+            _ => u32::MAX,
+        };
+        let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
+        if code == u32::MAX || w > MIX_MAX || !f32_products || n == 0 || k == 0 {
+            let normed = self.rms_norm_heads(x, 1, norm_eps)?;
+            return self.hc_split(
+                &crate::backend::Backend::linear(self, &normed, mix, None)?,
+                scale,
+                base,
+                hc,
+                iters,
+                eps,
+            );
+        }
+        let splits = k.div_ceil(MIX_SPAN);
+        let mut part = self.alloc(OP, vec![n, splits * (w + 1)], DType::F32)?;
+        let (n32, k32, w32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", k)?, w as u32);
+        let splits32 = check_u32(OP, "column ranges", splits)?;
+        let f = self.func(Source::LmSmall, "hc_mix_partials_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (splits32, n.min(GRID_Y) as u32, 1),
+            block_dim: (MIX_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&*x.buf).arg(&mix.buf).arg(&mut *part.buf).arg(&n32).arg(&k32).arg(&w32).arg(&splits32).arg(&code);
+        // SAFETY: arguments match `hc_mix_partials_f32` in cuda/lm_small.cu; shapes checked above.
+        self.launched(OP, "hc_mix_partials_f32", || unsafe { l.launch(cfg) })?;
+
+        let mut y = self.alloc(OP, vec![n, w], DType::F32)?;
+        let (hc32, iters32, eps_bits) = (check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits());
+        let f = self.func(Source::LmSmall, "hc_mix_split_f32")?;
+        let warps = (MIX_THREADS / 32) as usize;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(warps).min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (MIX_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&*part.buf).arg(&*scale.buf).arg(&*base.buf).arg(&mut *y.buf);
+        l.arg(&n32).arg(&k32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps);
+        // SAFETY: arguments match `hc_mix_split_f32` in cuda/lm_small.cu; shapes checked above.
+        self.launched(OP, "hc_mix_split_f32", || unsafe { l.launch(cfg) })?;
+        Ok(y)
+    }
+
     /// X `[n, hc·d]`, w `[n, c ≥ hc]` (its first hc columns) → `[n, d]`.
     pub(super) fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         const OP: &str = "hc_pre";
@@ -114,6 +191,38 @@ impl CudaBackend {
             check_u32(OP, "w cols", wc)?,
         ];
         self.launch_1d(OP, Source::LmSmall, "hc_pre_f32", &[&*x.buf, &*w.buf], &mut y, &sizes, n * d)?;
+        Ok(y)
+    }
+
+    /// `rms_norm(hc_pre(X, w, hc), weight, eps)`: X `[n, hc·d]`, w `[n, c ≥ hc]`, weight `[d]` →
+    /// `[n, d]`; one block per row.
+    pub(super) fn hc_pre_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        hc: usize,
+        weight: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "hc_pre_norm";
+        let (n, d, wc) = checks::hc_pre_norm(x, w, hc, weight)?;
+        let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
+        if n == 0 || d == 0 {
+            return Ok(y);
+        }
+        let (n32, d32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?);
+        let (hc32, wc32) = (check_u32(OP, "hc", hc)?, check_u32(OP, "w cols", wc)?);
+        let f = self.func(Source::LmSmall, "hc_pre_norm_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (row_threads(d), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&*x.buf).arg(&*w.buf).arg(&*weight.buf).arg(&mut *y.buf);
+        l.arg(&n32).arg(&d32).arg(&hc32).arg(&wc32).arg(&eps);
+        // SAFETY: arguments match `hc_pre_norm_f32` in cuda/lm_small.cu; shapes checked above.
+        self.launched(OP, "hc_pre_norm_f32", || unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -198,6 +307,42 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// Per-head RMS norm (times `weight` `[hd]` with one head), then RoPE at `positions[i]`:
+    /// x `[n, heads·hd]` → `[n, heads·hd]`; one block per (row, head) segment.
+    pub(super) fn rms_norm_rope(
+        &self,
+        x: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        n_heads: usize,
+        eps: f32,
+        inv_freq: &CudaTensor,
+        positions: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "rms_norm_rope";
+        let (n, _, hd, rd) = checks::rms_norm_rope(x, weight, n_heads, inv_freq, positions)?;
+        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let segs = n * n_heads;
+        if segs == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let (segs32, heads32) = (check_u32(OP, "segments", segs)?, check_u32(OP, "heads", n_heads)?);
+        let (hd32, rd32) = (check_u32(OP, "head dim", hd)?, check_u32(OP, "rotary dims", rd)?);
+        let has_weight = u32::from(weight.is_some());
+        let f = self.func(Source::LmSmall, "rms_norm_rope_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (segs.min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (row_threads(hd), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(&*x.buf).arg(weight.map_or(&self.dummy, |w| &*w.buf)).arg(&*inv_freq.buf).arg(&*positions.buf);
+        l.arg(&mut *y.buf).arg(&segs32).arg(&heads32).arg(&hd32).arg(&rd32).arg(&has_weight).arg(&eps);
+        // SAFETY: arguments match `rms_norm_rope_f32` in cuda/lm_small.cu; shapes checked above
+        // (the dummy stands in for an absent weight, which the kernel never reads).
+        self.launched(OP, "rms_norm_rope_f32", || unsafe { l.launch(cfg) })?;
+        Ok(y)
+    }
+
     /// Top-k columns per row (descending, ties to the lower column, −1 fill): x `[n, m]` → i32
     /// `[n, k]`; one block per row.
     pub(super) fn topk_rows(&self, x: &CudaTensor, k: usize) -> Result<CudaTensor> {
@@ -217,7 +362,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&mut *y.buf).arg(&n32).arg(&m32).arg(&k32);
         // SAFETY: arguments match `topk_rows_i32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "topk_rows_i32", unsafe { l.launch(cfg) })?;
+        self.launched(OP, "topk_rows_i32", || unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -301,7 +446,7 @@ impl CudaBackend {
         l.arg(&mut *ids.buf).arg(&mut *weights.buf);
         l.arg(&n32).arg(&e32).arg(&k32).arg(&kinds).arg(&hashed).arg(&vocab).arg(&scale_bits);
         // SAFETY: arguments match `route_experts_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "route_experts_f32", unsafe { l.launch(cfg) })?;
+        self.launched(OP, "route_experts_f32", || unsafe { l.launch(cfg) })?;
         Ok((ids, weights))
     }
 

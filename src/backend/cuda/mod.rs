@@ -46,8 +46,8 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use crate::backend::checks::{self, NamedWeight};
 use crate::backend::cpu::rope_2d_tables;
 use crate::backend::{
-    Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op,
-    Precision, WeightFormat,
+    Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostClock, HostData, HostProfile, HostTensor, HostWeight,
+    MemoryReport, Op, Precision, WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -361,11 +361,15 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::LmSmall, "hc_expand_f32"),
     (Source::LmSmall, "rms_norm_heads_f32"),
     (Source::LmSmall, "hc_split_f32"),
+    (Source::LmSmall, "hc_mix_partials_f32"),
+    (Source::LmSmall, "hc_mix_split_f32"),
     (Source::LmSmall, "hc_pre_f32"),
+    (Source::LmSmall, "hc_pre_norm_f32"),
     (Source::LmSmall, "hc_post_f32"),
     (Source::LmSmall, "hc_head_weights_f32"),
     (Source::LmSmall, "rope_tail_f32"),
     (Source::LmSmall, "rope_tail_at_f32"),
+    (Source::LmSmall, "rms_norm_rope_f32"),
     (Source::LmSmall, "topk_rows_i32"),
     (Source::LmSmall, "sqrt_softplus_f32"),
     (Source::LmSmall, "hash_route_i32"),
@@ -565,6 +569,8 @@ impl BufferPool {
 
 #[derive(Default)]
 struct Counters {
+    /// `Backend::host_profile`'s counts and times.
+    clock: HostClock,
     weight: AtomicU64,
     /// The part of `weight` held by weight matrices.
     matrix: AtomicU64,
@@ -756,7 +762,7 @@ impl CudaBackend {
                 description,
                 arch,
                 opts,
-                counters: Arc::default(),
+                counters: Arc::new(Counters { clock: HostClock::from_env(), ..Counters::default() }),
                 pool: Arc::default(),
                 modules: Mutex::default(),
                 functions: Mutex::default(),
@@ -779,7 +785,7 @@ impl CudaBackend {
 
     /// Wait for all issued work; reports asynchronous faults (illegal address, ...).
     pub fn sync(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| dev_err("CUDA stream synchronize", e))?;
+        self.counters.clock.wait(|| self.stream.synchronize()).map_err(|e| dev_err("CUDA stream synchronize", e))?;
         self.ctx.check_err().map_err(|e| dev_err("CUDA (recorded in a destructor)", e))
     }
 
@@ -900,7 +906,7 @@ impl CudaBackend {
             return Ok(buf);
         }
         // SAFETY: the contents are written (upload, kernel, copy) before anything reads them.
-        let alloc = || unsafe { self.stream.alloc::<u8>(len) };
+        let alloc = || self.counters.clock.allocation(|| unsafe { self.stream.alloc::<u8>(len) });
         // a device that is full may be full of kept buffers: give them back and ask once more
         alloc()
             .or_else(|_| {
@@ -929,8 +935,9 @@ impl CudaBackend {
         let mut buf = self.raw_alloc(op, bytes + guard)?;
         if let Some(data) = contents {
             if !data.is_empty() {
-                self.stream
-                    .memcpy_htod(data, &mut buf.slice_mut(0..data.len()))
+                self.counters
+                    .clock
+                    .copy(|| self.stream.memcpy_htod(data, &mut buf.slice_mut(0..data.len())))
                     .map_err(|e| dev_err(format!("op `{op}`: host-to-device copy"), e))?;
             }
         }
@@ -971,9 +978,10 @@ impl CudaBackend {
         &self,
         op: &'static str,
         kernel: &str,
-        r: std::result::Result<T, cudarc::driver::DriverError>,
+        launch: impl FnOnce() -> std::result::Result<T, cudarc::driver::DriverError>,
     ) -> Result<()> {
         self.counters.launches.fetch_add(1, Ordering::Relaxed);
+        let r = self.counters.clock.launch(launch);
         r.map(|_| ()).map_err(|e| Self::launch_err(op, kernel, e))
     }
 
@@ -985,11 +993,14 @@ impl CudaBackend {
         if len == 0 {
             return self.sync().map(|_| Vec::new());
         }
+        // the copy waits for the work before it (pageable memory): the host's wait
         let out = self
-            .stream
-            .clone_dtoh(&t.buf.slice(from..from + len))
+            .counters
+            .clock
+            .wait(|| self.stream.clone_dtoh(&t.buf.slice(from..from + len)))
             .map_err(|e| dev_err(format!("device-to-host copy of {t:?}"), e))?;
-        self.sync()?;
+        self.stream.synchronize().map_err(|e| dev_err("CUDA stream synchronize", e))?;
+        self.ctx.check_err().map_err(|e| dev_err("CUDA (recorded in a destructor)", e))?;
         Ok(out)
     }
 
@@ -1027,7 +1038,7 @@ impl CudaBackend {
         l.arg(&*t.buf).arg(&index).arg(&value);
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: arguments match `debug_poke_u32` in cuda/debug.cu; the index is inside the buffer.
-        self.launched("debug_poke", "debug_poke_u32", unsafe { l.launch(cfg) })?;
+        self.launched("debug_poke", "debug_poke_u32", || unsafe { l.launch(cfg) })?;
         Ok(())
     }
 
@@ -1083,7 +1094,7 @@ impl CudaBackend {
         }
         // SAFETY: the argument list matches the kernel's signature in `src` (buffers, then
         // `unsigned int` sizes), and the host checked every size against the buffers.
-        self.launched(op, kernel, unsafe { l.launch(cfg_1d(total)) })?;
+        self.launched(op, kernel, || unsafe { l.launch(cfg_1d(total)) })?;
         Ok(())
     }
 }
@@ -1118,6 +1129,10 @@ impl Backend for CudaBackend {
 
     fn launches(&self) -> Option<u64> {
         Some(self.counters.launches.load(Ordering::Relaxed))
+    }
+
+    fn host_profile(&self) -> Option<HostProfile> {
+        self.counters.clock.profile()
     }
 
     /// The driver's free and total bytes of this context's device (`cuMemGetInfo`).
@@ -1214,7 +1229,7 @@ impl Backend for CudaBackend {
         // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above; with
         // grid_y = splits > 1 (n <= GEMV_ROWS), part holds splits·n·out and the ranges of
         // `chunk` cover k.
-        self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
+        self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
         if let Some(p) = part {
             let sizes = [check_u32(OP, "outputs", n * w.rows)?, o32, splits as u32, has_bias];
             self.launch_1d(
@@ -1248,7 +1263,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&*weight.buf).arg(&mut *y.buf).arg(&n32).arg(&d32).arg(&eps);
         // SAFETY: arguments match `rms_norm_f32` in cuda/norm.cu; shapes checked above.
-        self.launched(OP, "rms_norm_f32", unsafe { l.launch(cfg) })?;
+        self.launched(OP, "rms_norm_f32", || unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -1279,11 +1294,13 @@ impl Backend for CudaBackend {
         let mut y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
         let copy_err = |e| dev_err("op `concat_rows`: device-to-device copy", e);
         if a.bytes > 0 {
-            self.stream.memcpy_dtod(&a.buf.slice(0..a.bytes), &mut y.buf.slice_mut(0..a.bytes)).map_err(copy_err)?;
+            let dst = &mut y.buf.slice_mut(0..a.bytes);
+            self.counters.clock.copy(|| self.stream.memcpy_dtod(&a.buf.slice(0..a.bytes), dst)).map_err(copy_err)?;
         }
         if b.bytes > 0 {
             let end = a.bytes + b.bytes;
-            self.stream.memcpy_dtod(&b.buf.slice(0..b.bytes), &mut y.buf.slice_mut(a.bytes..end)).map_err(copy_err)?;
+            let dst = &mut y.buf.slice_mut(a.bytes..end);
+            self.counters.clock.copy(|| self.stream.memcpy_dtod(&b.buf.slice(0..b.bytes), dst)).map_err(copy_err)?;
         }
         Ok(y)
     }
@@ -1362,7 +1379,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*q.buf).arg(&*k.buf).arg(&*v.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&scale);
         // SAFETY: arguments match `attention_f32` in cuda/attention.cu; shapes checked above.
-        self.launched(OP, "attention_f32", unsafe { l.launch(cfg) })?;
+        self.launched(OP, "attention_f32", || unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -1419,7 +1436,7 @@ impl Backend for CudaBackend {
         l.arg(&*x.buf).arg(&weight.buf).arg(bias_buf).arg(&mut *y.buf);
         l.arg(&c32).arg(&h32).arg(&w32).arg(&r32).arg(&cw32).arg(&cells32).arg(&o32).arg(&has_bias);
         // SAFETY: arguments match `unfold_linear_gelu_*` in cuda/linear.cu; shapes checked above.
-        self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
+        self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -1444,8 +1461,31 @@ impl Backend for CudaBackend {
     ) -> Result<CudaTensor> {
         self.hc_split(m, s, b, hc, it, eps)
     }
+    fn hc_mix_split(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        s: &CudaTensor,
+        b: &CudaTensor,
+        hc: usize,
+        it: usize,
+        eps: f32,
+        norm_eps: f32,
+    ) -> Result<CudaTensor> {
+        self.hc_mix_split(x, mix, s, b, hc, it, eps, norm_eps)
+    }
     fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         self.hc_pre(x, w, hc)
+    }
+    fn hc_pre_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        hc: usize,
+        weight: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        self.hc_pre_norm(x, w, hc, weight, eps)
     }
     fn hc_post(&self, x: &CudaTensor, f: &CudaTensor, split: &CudaTensor) -> Result<CudaTensor> {
         self.hc_post(x, f, split)
@@ -1473,6 +1513,17 @@ impl Backend for CudaBackend {
         inv: bool,
     ) -> Result<CudaTensor> {
         self.rope_tail_at(x, h, f, pos, inv)
+    }
+    fn rms_norm_rope(
+        &self,
+        x: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        h: usize,
+        eps: f32,
+        f: &CudaTensor,
+        pos: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        self.rms_norm_rope(x, weight, h, eps, f, pos)
     }
     fn topk_rows(&self, x: &CudaTensor, k: usize) -> Result<CudaTensor> {
         self.topk_rows(x, k)

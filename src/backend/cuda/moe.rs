@@ -121,7 +121,7 @@ impl CudaBackend {
             l.arg(&tile_rows32);
             // SAFETY: arguments match `moe_route` in cuda/moe.cu; order holds slots, tiles
             // 1 + 3·max_tiles (the most any routing gives), cursor experts i32.
-            self.launched(OP, "moe_route", unsafe { l.launch(cfg) })?;
+            self.launched(OP, "moe_route", || unsafe { l.launch(cfg) })?;
             // 2. every tile at once: gathered gate GEMM, up GEMM + clamped SwiGLU, then down GEMM
             let table = self.expert_table(w1, w3, w2)?;
             let w3_table = table.buf.slice(experts * 8..);
@@ -144,7 +144,7 @@ impl CudaBackend {
                 // SAFETY: arguments match `moe_gate_*` in cuda/moe.cu; the tiles' rows lie in
                 // 0..slots, the table's first `experts` addresses are the w1[e] [h, d], all in
                 // this kernel's format.
-                self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
+                self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
                 let kernel = MOE_UP_KERNELS.of(up_format);
                 let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
                 let mut l = self.stream.launch_builder(&f);
@@ -153,7 +153,7 @@ impl CudaBackend {
                 // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; w3_table holds the addresses
                 // of the w3[e] [h, d], all in this kernel's format; hid holds the gates the
                 // previous launch (same stream) wrote.
-                self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
+                self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
             }
             let kernel = MOE_DOWN_KERNELS.of(down_format);
             let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
@@ -164,7 +164,7 @@ impl CudaBackend {
             l.arg(&tile_rows32).arg(&d32).arg(&h32);
             // SAFETY: arguments match `moe_down_*` in cuda/moe.cu; w2_table holds the addresses
             // of the w2[e] [d, h], all in this kernel's format.
-            self.launched(OP, kernel, unsafe { l.launch(cfg) })?;
+            self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
         }
         // 3. weighted combine per token in slot order
         self.launch_1d(

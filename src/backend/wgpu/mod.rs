@@ -67,8 +67,8 @@ use rows::rows_shader;
 
 use crate::backend::checks::NamedWeight;
 use crate::backend::{
-    Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostData, HostTensor, HostWeight, MemoryReport, Op,
-    Precision, WeightFormat,
+    Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostClock, HostData, HostProfile, HostTensor, HostWeight,
+    MemoryReport, Op, Precision, WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -177,6 +177,8 @@ struct Counters {
     cached: AtomicU64,
     /// Commands encoded: compute dispatches and buffer copies (`Backend::launches`).
     commands: AtomicU64,
+    /// `Backend::host_profile`'s counts and times.
+    clock: HostClock,
 }
 
 impl Counters {
@@ -754,8 +756,11 @@ impl WgpuBackend {
             contents: bytemuck::cast_slice(&formats::table_words()),
             usage: wgpu::BufferUsages::STORAGE,
         });
-        let shared =
-            Arc::new(Shared { counters: Counters::default(), free: Mutex::default(), reuse: opts.reuse_buffers });
+        let shared = Arc::new(Shared {
+            counters: Counters { clock: HostClock::from_env(), ..Counters::default() },
+            free: Mutex::default(),
+            reuse: opts.reuse_buffers,
+        });
         Ok(Self {
             device,
             queue,
@@ -869,7 +874,7 @@ impl WgpuBackend {
         self.queue.on_submitted_work_done(move || {
             let _ = tx.send(());
         });
-        self.wait_until("sync", || rx.try_recv().is_ok())
+        self.shared.counters.clock.wait(|| self.wait_until("sync", || rx.try_recv().is_ok()))
     }
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
@@ -931,6 +936,18 @@ impl WgpuBackend {
 
     /// Encode one dispatch of `shader::entry` with a uniform parameter block at binding 0.
     fn dispatch(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        fmt: u32,
+        params: &[u32],
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        self.shared.counters.clock.launch(|| self.encode_dispatch(shader, entry, fmt, params, bindings, groups))
+    }
+
+    fn encode_dispatch(
         &self,
         shader: Shader,
         entry: &'static str,
@@ -1065,11 +1082,13 @@ impl WgpuBackend {
                 self.shared.counters.cached.fetch_sub(size, Ordering::Relaxed);
                 b
             }
-            None => self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(op),
-                size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
+            None => self.shared.counters.clock.allocation(|| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(op),
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
             }),
         };
         if let Some(s) = &self.sentinel {
@@ -1162,9 +1181,11 @@ impl WgpuBackend {
             let _ = tx.send(r);
         });
         let mut mapped = None;
-        self.wait_until("download", || {
-            mapped = rx.try_recv().ok();
-            mapped.is_some()
+        self.shared.counters.clock.wait(|| {
+            self.wait_until("download", || {
+                mapped = rx.try_recv().ok();
+                mapped.is_some()
+            })
         })?;
         mapped.unwrap().map_err(|e| Error::Device(format!("mapping the download buffer failed: {e}")))?;
         let out = staging.get_mapped_range(..).map_err(device_err)?[..len as usize].to_vec();
@@ -1311,6 +1332,10 @@ impl Backend for WgpuBackend {
         Some(self.shared.counters.commands.load(Ordering::Relaxed))
     }
 
+    fn host_profile(&self) -> Option<HostProfile> {
+        self.shared.counters.clock.profile()
+    }
+
     /// Any host tensor → a fresh buffer (elements, then the guard band when on).
     fn upload(&self, host: &HostTensor) -> Result<WgpuTensor> {
         let (raw, dtype): (&[u8], DType) = match &host.data {
@@ -1328,10 +1353,12 @@ impl Backend for WgpuBackend {
         if contents.is_empty() {
             contents.extend_from_slice(&[0; 4]);
         }
-        let buf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("upload"),
-            contents: &contents,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        let buf = self.shared.counters.clock.copy(|| {
+            self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("upload"),
+                contents: &contents,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            })
         });
         Ok(self.make_tensor(buf, host.shape.clone(), dtype, "upload"))
     }

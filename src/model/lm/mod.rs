@@ -9,8 +9,10 @@
 pub mod generate;
 pub mod vision;
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::backend::{Backend, DeviceTensor, HostTensor};
@@ -284,6 +286,40 @@ pub fn chunk_plan(ids: &[i32], vocab: usize, max_chunk: usize) -> Vec<std::ops::
     plan
 }
 
+/// The index lists one forward uploads (window bounds, rows to gather, entry positions), each
+/// distinct list once: every layer keeps the same window of keys and the compressors of one ratio
+/// emit alike, so the layers of a decode step ask for the same few lists (on the CUDA lane a copy
+/// costs the host ~4 µs, and a decode step of the released model made 515 of them).
+struct IndexUploads<'a, B: Backend> {
+    b: &'a B,
+    /// By (shape, values).
+    memo: RefCell<HashMap<IndexKey, Rc<B::Tensor>>>,
+}
+
+type IndexKey = (Vec<usize>, Vec<i32>);
+
+impl<'a, B: Backend> IndexUploads<'a, B> {
+    fn new(b: &'a B) -> Self {
+        IndexUploads { b, memo: RefCell::default() }
+    }
+
+    /// An i32 tensor of `shape` holding `idx`: uploaded at its first request in this forward.
+    fn i32(&self, shape: &[usize], idx: Vec<i32>) -> Result<Rc<B::Tensor>> {
+        let key = (shape.to_vec(), idx);
+        if let Some(t) = self.memo.borrow().get(&key) {
+            return Ok(t.clone());
+        }
+        let t = Rc::new(self.b.upload(&HostTensor::i32(key.0.clone(), key.1.clone())?)?);
+        self.memo.borrow_mut().insert(key, t.clone());
+        Ok(t)
+    }
+
+    /// Rows `idx` of `x` (`Backend::gather_rows`), the list uploaded once per forward.
+    fn gather(&self, x: &B::Tensor, idx: Vec<i32>) -> Result<B::Tensor> {
+        self.b.gather_rows(x, &*self.i32(&[idx.len()], idx)?)
+    }
+}
+
 /// Rows `range` of x `[m, d]` (a copy).
 fn rows_of<B: Backend>(b: &B, x: &B::Tensor, range: std::ops::Range<usize>) -> Result<B::Tensor> {
     let idx: Vec<i32> = range.map(|i| i as i32).collect();
@@ -298,9 +334,10 @@ const PACK_SLACK_ROWS: usize = 64;
 /// `fresh.1[s]` of `fresh.0` (the new rows of all sequences). Returns it and the row where each
 /// sequence's rows start. Without fresh rows, kept rows that already share one tensor stay where
 /// they are (no op); else one concatenation per distinct tensor and one gather (none when the
-/// concatenation already is the layout).
+/// layout is a run of consecutive rows of the concatenation: the tensor then holds rows before
+/// the spans, until [`keep_spans`] compacts it).
 fn pack_rows<B: Backend>(
-    b: &B,
+    u: &IndexUploads<'_, B>,
     kept: &[&SharedRows<B>],
     fresh: Option<(B::Tensor, &[Range<usize>])>,
 ) -> Result<(Arc<B::Tensor>, Vec<usize>)> {
@@ -321,13 +358,13 @@ fn pack_rows<B: Backend>(
         (Some((_, ranges)), _) if ranges.len() != kept.len() => {
             Err(Error::Invalid(format!("pack_rows: {} row ranges for {} sequences", ranges.len(), kept.len())))
         }
-        _ => pack_into_one(b, kept, &sources, fresh),
+        _ => pack_into_one(u, kept, &sources, fresh),
     }
 }
 
 /// [`pack_rows`]' copy: concatenate `sources`, then the fresh rows, and gather the layout.
 fn pack_into_one<B: Backend>(
-    b: &B,
+    u: &IndexUploads<'_, B>,
     kept: &[&SharedRows<B>],
     sources: &[(&Arc<B::Tensor>, usize)],
     fresh: Option<(B::Tensor, &[Range<usize>])>,
@@ -358,28 +395,35 @@ fn pack_into_one<B: Backend>(
             // two parts at least: several sources, or one and the fresh rows
             let mut acc: Option<B::Tensor> = None;
             for t in &parts[1..] {
-                acc = Some(b.concat_rows(acc.as_ref().unwrap_or(parts[0]), t)?);
+                acc = Some(u.b.concat_rows(acc.as_ref().unwrap_or(parts[0]), t)?);
             }
             Arc::new(acc.ok_or_else(|| Error::Invalid("pack_rows: one part to concatenate".into()))?)
         }
     };
-    if idx.len() == all.rows() && idx.iter().enumerate().all(|(i, &j)| j as usize == i) {
-        return Ok((all, starts));
+    // a run of consecutive rows (a lone sequence whose kept span ends its tensor, as a decode
+    // step's is) is already the layout: the spans start further in, and no gather is needed
+    if let Some(&first) = idx.first()
+        && idx.iter().enumerate().all(|(i, &j)| j as usize == first as usize + i)
+    {
+        return Ok((all, starts.iter().map(|s| s + first as usize).collect()));
     }
-    let idx = b.upload(&HostTensor::i32([idx.len()], idx)?)?;
-    Ok((Arc::new(b.gather_rows(&all, &idx)?), starts))
+    Ok((Arc::new(u.gather(&all, idx)?), starts))
 }
 
 /// The caches' spans `(start, len)` of `packed`; when they hold less than half of it (plus
 /// [`PACK_SLACK_ROWS`]), a compact copy of them instead, so that a cache does not keep a whole
 /// chunk alive.
-fn keep_spans<B: Backend>(b: &B, packed: Arc<B::Tensor>, spans: &[(usize, usize)]) -> Result<Vec<SharedRows<B>>> {
+fn keep_spans<B: Backend>(
+    u: &IndexUploads<'_, B>,
+    packed: Arc<B::Tensor>,
+    spans: &[(usize, usize)],
+) -> Result<Vec<SharedRows<B>>> {
     let kept: usize = spans.iter().map(|&(_, len)| len).sum();
     if packed.rows() <= 2 * kept + PACK_SLACK_ROWS {
         return Ok(spans.iter().map(|&(start, len)| SharedRows { tensor: packed.clone(), start, len }).collect());
     }
     let idx: Vec<i32> = spans.iter().flat_map(|&(start, len)| (start..start + len).map(|i| i as i32)).collect();
-    let compact = Arc::new(b.gather_rows(&packed, &b.upload(&HostTensor::i32([idx.len()], idx)?)?)?);
+    let compact = Arc::new(u.gather(&packed, idx)?);
     let mut start = 0;
     Ok(spans
         .iter()
@@ -880,6 +924,7 @@ impl<B: Backend> LmModel<B> {
             }
         }
         let positions = b.upload(&HostTensor::i32([n], positions)?)?;
+        let uploads = IndexUploads::new(b);
         let mut carry = Some(b.hc_expand(&h, hc)?);
         for (l, layer) in self.layers.iter().enumerate() {
             // the residual entering this layer: carried, or the previous layer's traced output
@@ -888,15 +933,14 @@ impl<B: Backend> LmModel<B> {
                 (None, Some(t)) => t.hidden[l - 1].last().expect("traced layer output"),
                 (None, None) => unreachable!("the residual is either carried or traced"),
             };
-            // attention sublayer
             // attention sublayer; `split` is [T, pre hc | post hc | comb hc·hc]
             let split = self.hc_split(b, x, &layer.hc_attn)?;
-            let xa = b.rms_norm(&b.hc_pre(x, &split, hc)?, &layer.attn_norm, eps)?;
-            let (att, picks) = self.attention(b, layer, l, seqs, &positions, &xa)?;
+            let xa = b.hc_pre_norm(x, &split, hc, &layer.attn_norm, eps)?;
+            let (att, picks) = self.attention(&uploads, layer, l, seqs, &positions, &xa)?;
             let x = b.hc_post(x, &att, &split)?;
             // MoE sublayer
             let split = self.hc_split(b, &x, &layer.hc_ffn)?;
-            let xf = b.rms_norm(&b.hc_pre(&x, &split, hc)?, &layer.ffn_norm, eps)?;
+            let xf = b.hc_pre_norm(&x, &split, hc, &layer.ffn_norm, eps)?;
             let (m, sel, w) = self.moe(b, &layer.moe, &xf, &ids_t, &kind)?;
             let next = b.hc_post(&x, &m, &split)?;
             match trace.as_deref_mut() {
@@ -922,15 +966,14 @@ impl<B: Backend> LmModel<B> {
         };
         let mix = b.linear(&b.rms_norm_heads(x, 1, eps)?, &self.hc_head.mix, None)?;
         let w = b.hc_head_weights(&mix, &self.hc_head.scale, &self.hc_head.base, cfg.hc_eps as f32)?;
-        b.rms_norm(&b.hc_pre(x, &w, hc)?, &self.norm, eps)
+        b.hc_pre_norm(x, &w, hc, &self.norm, eps)
     }
 
     /// `[T, pre hc | post hc | comb hc·hc]` of one HC sublayer from the residual X `[T, hc·d]`
     /// (`hc_pre` and `hc_post` read their parts in place).
     fn hc_split(&self, b: &B, x: &B::Tensor, p: &Hc<B>) -> Result<B::Tensor> {
         let (hc, eps) = (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32);
-        let mix = b.linear(&b.rms_norm_heads(x, 1, eps)?, &p.mix, None)?;
-        b.hc_split(&mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, self.cfg.hc_eps as f32)
+        b.hc_mix_split(x, &p.mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, self.cfg.hc_eps as f32, eps)
     }
 
     /// Feed the compressor projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` of every row to
@@ -942,18 +985,18 @@ impl<B: Backend> LmModel<B> {
     /// the entries of all sequences in one tensor, and where each sequence's start.
     fn compress(
         &self,
-        b: &B,
+        u: &IndexUploads<'_, B>,
         c: &Compressor<B>,
         states: &mut [&mut CompState<B>],
         rows: &[Range<usize>],
         kv: B::Tensor,
         gate: B::Tensor,
     ) -> Result<(Arc<B::Tensor>, Vec<usize>)> {
-        let r = c.ratio;
+        let (b, r) = (u.b, c.ratio);
         let kept: Vec<&SharedRows<B>> = states.iter().map(|st| &st.rows_kv).collect();
-        let (kv_all, kv_at) = pack_rows(b, &kept, Some((kv, rows)))?;
+        let (kv_all, kv_at) = pack_rows(u, &kept, Some((kv, rows)))?;
         let kept: Vec<&SharedRows<B>> = states.iter().map(|st| &st.rows_gate).collect();
-        let (gate_all, gate_at) = pack_rows(b, &kept, Some((gate, rows)))?;
+        let (gate_all, gate_at) = pack_rows(u, &kept, Some((gate, rows)))?;
         // per sequence: complete blocks in its buffer, and how many of them are already emitted
         // (with overlap the buffer starts at the last emitted block, kept for its first halves)
         let blocks: Vec<(usize, usize)> = states
@@ -990,22 +1033,22 @@ impl<B: Backend> LmModel<B> {
                 fresh_rows[s] = so_far..so_far + n_blocks - skip;
                 entry_positions.extend((emitted..emitted + n_blocks - skip).map(|e| (e * r) as i32));
             }
-            let gather =
-                |t: &B::Tensor, idx: Vec<i32>| b.gather_rows(t, &b.upload(&HostTensor::i32([idx.len()], idx)?)?);
             let pooled =
-                b.compress_pool(&gather(&kv_all, kv_idx)?, &gather(&gate_all, gate_idx)?, &c.ape, r, c.overlap)?;
+                b.compress_pool(&u.gather(&kv_all, kv_idx)?, &u.gather(&gate_all, gate_idx)?, &c.ape, r, c.overlap)?;
             let identity = keep.len() == pooled.rows() && keep.iter().enumerate().all(|(i, &j)| j as usize == i);
-            fresh_parts.push(if identity { pooled } else { gather(&pooled, keep)? });
+            fresh_parts.push(if identity { pooled } else { u.gather(&pooled, keep)? });
         }
         let fresh = if fresh_parts.is_empty() {
             None
         } else {
-            let normed = b.rms_norm(&concat_all(b, fresh_parts)?, &c.norm, self.cfg.rms_norm_eps as f32)?;
-            let at = b.upload(&HostTensor::i32([entry_positions.len()], entry_positions)?)?;
-            Some((b.rope_tail_at(&normed, 1, &self.inv_freq_comp, &at, false)?, fresh_rows.as_slice()))
+            let at = u.i32(&[entry_positions.len()], entry_positions)?;
+            let eps = self.cfg.rms_norm_eps as f32;
+            let entries =
+                b.rms_norm_rope(&concat_all(b, fresh_parts)?, Some(&c.norm), 1, eps, &self.inv_freq_comp, &at)?;
+            Some((entries, fresh_rows.as_slice()))
         };
         let kept: Vec<&SharedRows<B>> = states.iter().map(|st| &st.entries).collect();
-        let (entries, entries_at) = pack_rows(b, &kept, fresh)?;
+        let (entries, entries_at) = pack_rows(u, &kept, fresh)?;
 
         // keep the rows a later block still needs
         let (mut kv_spans, mut gate_spans) = (Vec::with_capacity(states.len()), Vec::with_capacity(states.len()));
@@ -1020,8 +1063,8 @@ impl<B: Backend> LmModel<B> {
             st.entries = SharedRows { tensor: entries.clone(), start: entries_at[s], len: done };
             st.buf_start = buf_start;
         }
-        let kv_kept = keep_spans(b, kv_all, &kv_spans)?;
-        let gate_kept = keep_spans(b, gate_all, &gate_spans)?;
+        let kv_kept = keep_spans(u, kv_all, &kv_spans)?;
+        let gate_kept = keep_spans(u, gate_all, &gate_spans)?;
         for ((st, kv), gate) in states.iter_mut().zip(kv_kept).zip(gate_kept) {
             st.rows_kv = kv;
             st.rows_gate = gate;
@@ -1036,14 +1079,14 @@ impl<B: Backend> LmModel<B> {
     /// query's window and entries point into its own sequence's part.
     fn attention(
         &self,
-        b: &B,
+        u: &IndexUploads<'_, B>,
         layer: &Layer<B>,
         l: usize,
         seqs: &mut [SeqChunk<'_, B>],
         positions: &B::Tensor,
         x: &B::Tensor,
     ) -> Result<(B::Tensor, Option<B::Tensor>)> {
-        let cfg = &self.cfg;
+        let (b, cfg) = (u.b, &self.cfg);
         let a = &layer.attn;
         let eps = cfg.rms_norm_eps as f32;
         let nh = cfg.num_attention_heads;
@@ -1052,12 +1095,12 @@ impl<B: Backend> LmModel<B> {
         let rows: Vec<Range<usize>> = seqs.iter().map(|s| s.rows.clone()).collect();
         // projections of every row, roped at its position
         let qr = b.rms_norm(&b.linear(x, &a.wq_a, None)?, &a.q_norm, eps)?;
-        let q = b.rope_tail_at(&b.rms_norm_heads(&b.linear(&qr, &a.wq_b, None)?, nh, eps)?, nh, f, positions, false)?;
-        let kv = b.rope_tail_at(&b.rms_norm(&b.linear(x, &a.wkv, None)?, &a.kv_norm, eps)?, 1, f, positions, false)?;
+        let q = b.rms_norm_rope(&b.linear(&qr, &a.wq_b, None)?, None, nh, eps, f, positions)?;
+        let kv = b.rms_norm_rope(&b.linear(x, &a.wkv, None)?, Some(&a.kv_norm), 1, eps, f, positions)?;
 
         // every sequence's kept keys then its new ones, back to back
         let kept: Vec<&SharedRows<B>> = seqs.iter().map(|s| &s.cache.layers[l].kv).collect();
-        let (keys, keys_at) = pack_rows(b, &kept, Some((kv, rows.as_slice())))?;
+        let (keys, keys_at) = pack_rows(u, &kept, Some((kv, rows.as_slice())))?;
         // window bounds as rows of `keys`
         let mut window = Vec::with_capacity(2 * n);
         for (s, &at) in seqs.iter().zip(&keys_at) {
@@ -1076,7 +1119,7 @@ impl<B: Backend> LmModel<B> {
                 window.extend([lo as i32, hi as i32]);
             }
         }
-        let window = b.upload(&HostTensor::i32([n, 2], window)?)?;
+        let window = u.i32(&[n, 2], window)?;
 
         let project = |c: &Compressor<B>| -> Result<(B::Tensor, B::Tensor)> {
             Ok((b.linear(x, &c.wkv, None)?, b.linear(x, &c.wgate, None)?))
@@ -1088,7 +1131,7 @@ impl<B: Backend> LmModel<B> {
                     seqs.iter_mut().map(|s| s.cache.layers[l].comp.as_mut()).collect::<Option<Vec<_>>>().ok_or_else(
                         || Error::Invalid(format!("attention: layer {l}'s cache has no compressor state")),
                     )?;
-                Some(self.compress(b, c, &mut states, &rows, ckv, cgate)?)
+                Some(self.compress(u, c, &mut states, &rows, ckv, cgate)?)
             }
             None => None,
         };
@@ -1100,7 +1143,7 @@ impl<B: Backend> LmModel<B> {
                     .map(|s| s.cache.layers[l].index.as_mut())
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| Error::Invalid(format!("attention: layer {l}'s cache has no indexer state")))?;
-                let (ix_entries, ix_at) = self.compress(b, &ix.compressor, &mut states, &rows, ikv, igate)?;
+                let (ix_entries, ix_at) = self.compress(u, &ix.compressor, &mut states, &rows, ikv, igate)?;
                 // the picks index the attention's entries: both compressors emit alike, so their
                 // entries lie alike
                 if ix_at != *entries_at {
@@ -1134,12 +1177,12 @@ impl<B: Backend> LmModel<B> {
                 }
                 match k {
                     0 => None,
-                    _ => Some(b.upload(&HostTensor::i32([n, k], idx)?)?),
+                    _ => Some(u.i32(&[n, k], idx)?),
                 }
             }
             _ => None,
         };
-        let o = match (&entries, picks.as_ref().or(hca_idx.as_ref())) {
+        let o = match (&entries, picks.as_ref().or(hca_idx.as_deref())) {
             (Some((c, _)), Some(i)) if c.rows() > 0 => {
                 b.sink_attention(&q, &keys, &window, Some((c, i)), &a.sinks, nh)?
             }
@@ -1156,7 +1199,7 @@ impl<B: Backend> LmModel<B> {
             spans.push((at + len - keep, keep));
             lc.kv_start = end - keep;
         }
-        for (s, kv) in seqs.iter_mut().zip(keep_spans(b, keys, &spans)?) {
+        for (s, kv) in seqs.iter_mut().zip(keep_spans(u, keys, &spans)?) {
             s.cache.layers[l].kv = kv;
         }
         // grouped `wo_a`, `wo_b` on every row
