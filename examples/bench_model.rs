@@ -87,7 +87,9 @@ use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::cpu::CpuBackend;
-use fovea::backend::{Backend, HostProfile, HostTensor, HostWeight, MemoryReport, WeightFormat, decode_row};
+use fovea::backend::{
+    Backend, HostProfile, HostTensor, HostWeight, KernelTime, MemoryReport, WeightFormat, decode_row,
+};
 use fovea::config::{LmConfig, VisionConfig};
 use fovea::model::ParamSource;
 use fovea::model::lm::{LmCache, LmInput, LmModel, PREFILL_CHUNK};
@@ -624,6 +626,8 @@ struct DecodeTiming {
     launches: Option<f64>,
     /// the host's time over all steps, when the lane collects it (`FOVEA_HOST_PROFILE=1`)
     host: Option<HostProfile>,
+    /// each kernel's device time over all steps, when the lane collects it (`FOVEA_GPU_TIMES=1`)
+    kernels: Option<Vec<KernelTime>>,
 }
 
 /// The medians of `steps` decode steps on `cache`.
@@ -636,6 +640,7 @@ fn decode_median<B: Backend>(
     let vocab = model.config().vocab_size;
     let mut times = Vec::with_capacity(steps);
     let mut issue = Vec::with_capacity(steps);
+    b.kernel_times()?; // from here on
     let launches_before = b.launches();
     let host_before = b.host_profile();
     for i in 0..steps.max(1) {
@@ -656,7 +661,29 @@ fn decode_median<B: Backend>(
         (Some(a), Some(z)) => Some(z.since(&a)),
         _ => None,
     };
-    Ok(DecodeTiming { step: median(times), issue: median(issue), launches, host })
+    let kernels = b.kernel_times()?;
+    Ok(DecodeTiming { step: median(times), issue: median(issue), launches, host, kernels })
+}
+
+/// The kernels' device times over `steps` units of work (`what`: "a step", "the prefill"), the
+/// longest `top` then the rest, when the lane timed them.
+fn print_kernel_times(kernels: Option<&[KernelTime]>, what: &str, steps: usize, top: usize) {
+    let Some(kernels) = kernels else { return };
+    let per = |s: f64| s * 1e3 / steps.max(1) as f64;
+    let total: f64 = kernels.iter().map(|k| k.seconds).sum();
+    println!("  device time {what}, by kernel (timestamps around each dispatch): {:.2} ms in all", per(total));
+    for k in kernels.iter().take(top) {
+        println!(
+            "    {:<32} {:>8.3} ms  {:>6.1} dispatches",
+            k.name,
+            per(k.seconds),
+            k.count as f64 / steps.max(1) as f64
+        );
+    }
+    let rest: f64 = kernels.iter().skip(top).map(|k| k.seconds).sum();
+    if kernels.len() > top {
+        println!("    {} other kernels {:>17.3} ms", kernels.len() - top, per(rest));
+    }
 }
 
 /// ", issued in X ms, N launches a step" for a lane that counts launches, else nothing; with a
@@ -725,7 +752,9 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
     let mut figures =
         LmFigures { layers, prefill: Vec::new(), decode: Vec::new(), lm_weight_bytes, memory: b.memory() };
     for &t in &args.prefill.0 {
+        b.kernel_times()?; // from here on
         let (secs, mut cache) = prefill(b, &model, t, args.chunk)?;
+        let kernels = b.kernel_times()?;
         let flops = prefill_flops(&cfg, t);
         println!(
             "prefill {t} tokens (chunks of ≤ {} tokens: {}): {:.1} ms, {} tokens/s, {:.2} TFLOP -> {} TFLOP/s",
@@ -736,6 +765,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             flops / 1e12,
             sig3(flops / secs / 1e12)
         );
+        print_kernel_times(kernels.as_deref(), "of the prefill", 1, 16);
         let step = decode_median(b, &model, &mut cache, args.decode_steps)?.step;
         println!("  decode at {t} on this real cache: median {:.2} ms ({} tokens/s)", step * 1e3, sig3(1.0 / step));
         figures.prefill.push((t, secs));
@@ -768,6 +798,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             sig3((read + cache_read) / step / 1e9),
             launches_note(&timing, args.decode_steps)
         );
+        print_kernel_times(timing.kernels.as_deref(), "a step", args.decode_steps, 16);
         figures.decode.push((n, step));
     }
     figures.memory = b.memory();

@@ -200,6 +200,35 @@ fn launches_count_dispatches_and_copies() {
     assert_eq!(b.launches(), Some(before + 2));
 }
 
+/// `Backend::kernel_times` (timestamps around every dispatch): each entry point once per
+/// dispatch, a positive time, and nothing left over for the next call. Off by default.
+#[test]
+fn kernel_times_count_each_dispatch() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    assert_eq!(make(Options::default()).kernel_times().unwrap(), None, "off unless asked for");
+    let b = make(Options { kernel_times: true, ..Options::default() });
+    let Some(before) = b.kernel_times().unwrap() else {
+        eprintln!("SKIPPED kernel_times_count_each_dispatch: {} has no timestamp queries", b.device_name());
+        return;
+    };
+    assert!(before.is_empty(), "nothing ran yet: {before:?}");
+    let x = up(&b, &[64, 64], vec![1.0; 64 * 64]);
+    let mut y = b.add(&x, &x).unwrap();
+    for _ in 0..2 {
+        y = b.add(&y, &x).unwrap();
+    }
+    let _ = b.gelu_erf(&y).unwrap();
+    let times = b.kernel_times().unwrap().expect("timed");
+    let counts: Vec<(&str, u64)> = times.iter().map(|k| (k.name.as_str(), k.count)).collect();
+    assert_eq!(counts.len(), 2, "{times:?}");
+    assert!(counts.contains(&("add", 3)) && counts.contains(&("gelu_erf", 1)), "{times:?}");
+    assert!(times.iter().all(|k| k.seconds > 0.0 && k.seconds < 10.0), "{times:?}");
+    assert_eq!(b.kernel_times().unwrap(), Some(Vec::new()), "each call reports the work since the last");
+}
+
 #[test]
 fn adapter_name_not_found_lists_adapters() {
     if !adapter_available() {

@@ -390,6 +390,16 @@ impl HostProfile {
     }
 }
 
+/// One kernel's device time over some work ([`Backend::kernel_times`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    /// The kernel's entry point.
+    pub name: String,
+    /// Dispatches of it.
+    pub count: u64,
+    pub seconds: f64,
+}
+
 /// The counters behind [`Backend::host_profile`], kept by a GPU lane: every call counted, and
 /// timed when `FOVEA_HOST_PROFILE=1`.
 #[derive(Default)]
@@ -504,6 +514,12 @@ pub trait Backend {
     /// and the lane collects it (the CUDA lane); `None` otherwise.
     fn host_profile(&self) -> Option<HostProfile> {
         None
+    }
+    /// Each kernel's device time since the last call, longest first: a diagnostic the wgpu lane
+    /// collects with `FOVEA_GPU_TIMES=1` on an adapter with timestamp queries (every dispatch
+    /// then writes two timestamps); `Ok(None)` otherwise.
+    fn kernel_times(&self) -> Result<Option<Vec<KernelTime>>> {
+        Ok(None)
     }
 
     // ---- tensors & transfer --------------------------------------------------------------

@@ -59,6 +59,7 @@ mod lm;
 mod norm;
 mod rope;
 mod rows;
+mod timing;
 
 use formats::BlockKernel;
 use linear::{linear_shader, lm_weight_shader};
@@ -68,7 +69,7 @@ use rows::rows_shader;
 use crate::backend::checks::NamedWeight;
 use crate::backend::{
     Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostClock, HostData, HostProfile, HostTensor, HostWeight,
-    MemoryReport, Op, Precision, WeightFormat,
+    KernelTime, MemoryReport, Op, Precision, WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -148,6 +149,9 @@ pub struct Options {
     pub reuse_buffers: bool,
     /// How long `download`/`sync` wait for the device before reporting an error.
     pub wait_timeout: std::time::Duration,
+    /// Time every dispatch on the device (`Backend::kernel_times`) where the adapter has
+    /// timestamp queries. Diagnostic; on by default when `FOVEA_GPU_TIMES=1`.
+    pub kernel_times: bool,
 }
 
 impl Default for Options {
@@ -163,6 +167,7 @@ impl Default for Options {
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
             wait_timeout: std::time::Duration::from_secs(600),
+            kernel_times: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -567,6 +572,8 @@ pub struct WgpuBackend {
     shared: Arc<Shared>,
     pools: Mutex<Vec<Pool>>,
     errors: Arc<Mutex<Vec<String>>>,
+    /// Per-kernel device times (`FOVEA_GPU_TIMES=1`).
+    timer: Option<timing::PassTimer>,
     /// Source of guard-band fills (guard_words sentinels), when guards are on.
     sentinel: Option<wgpu::Buffer>,
     /// Bound in place of an absent bias.
@@ -704,6 +711,9 @@ impl WgpuBackend {
         if adapter.features().contains(wgpu::Features::SUBGROUP) && !opts.force_workgroup_reduction {
             features |= wgpu::Features::SUBGROUP;
         }
+        if opts.kernel_times && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+            features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         if opts.precision == Precision::Fast && (!has_f16 || opts.force_f16_fallback) {
             let why = if has_f16 { "has but Options::force_f16_fallback turns off" } else { "lacks" };
             return Err(Error::Unsupported {
@@ -761,8 +771,9 @@ impl WgpuBackend {
             free: Mutex::default(),
             reuse: opts.reuse_buffers,
         });
+        let timer = if opts.kernel_times { timing::PassTimer::new(&device, &queue) } else { None };
         Ok(Self {
-            device,
+            timer,
             queue,
             info,
             limits,
@@ -781,6 +792,7 @@ impl WgpuBackend {
             dummy,
             lut,
             rope_tables: Mutex::default(),
+            device,
         })
     }
 
@@ -830,7 +842,10 @@ impl WgpuBackend {
     fn submit_pending(&self) {
         let mut p = self.pending.lock().unwrap();
         p.dispatches = 0;
-        if let Some(enc) = p.encoder.take() {
+        if let Some(mut enc) = p.encoder.take() {
+            if let Some(timer) = &self.timer {
+                timer.close(&self.device, &mut enc);
+            }
             self.queue.submit([enc.finish()]);
         }
     }
@@ -980,8 +995,9 @@ impl WgpuBackend {
             entries: &entries,
         });
         self.with_encoder(|enc| {
+            let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(entry));
             let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bg, &[]);
             pass.dispatch_workgroups(groups.0, groups.1, groups.2);
@@ -1334,6 +1350,10 @@ impl Backend for WgpuBackend {
 
     fn host_profile(&self) -> Option<HostProfile> {
         self.shared.counters.clock.profile()
+    }
+
+    fn kernel_times(&self) -> Result<Option<Vec<KernelTime>>> {
+        self.pass_times()
     }
 
     /// Any host tensor → a fresh buffer (elements, then the guard band when on).

@@ -1,0 +1,125 @@
+//! Per-kernel GPU times, a diagnostic (`Options::kernel_times`, `FOVEA_GPU_TIMES=1`, on an
+//! adapter with `TIMESTAMP_QUERY`): every dispatch's compute pass writes a timestamp at its start and its end;
+//! each submission resolves its passes' timestamps into a buffer of its own, and
+//! [`Backend::kernel_times`](crate::backend::Backend::kernel_times) reads them back and sums them
+//! by entry point. The device time of each kernel is then known without a profiler (Nsight
+//! cannot see a Vulkan queue on the machines this was written for).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::{FLUSH_EVERY, WgpuBackend};
+use crate::backend::KernelTime;
+use crate::error::{Error, Result};
+
+/// Two timestamps a pass; a submission holds at most `FLUSH_EVERY` commands.
+const QUERIES: u32 = 2 * FLUSH_EVERY;
+
+pub(super) struct PassTimer {
+    set: wgpu::QuerySet,
+    /// Where a submission's timestamps are resolved before they are copied out.
+    resolve: wgpu::Buffer,
+    /// Nanoseconds per timestamp tick.
+    period: f64,
+    /// The entry points of the passes in the encoder being recorded, in order.
+    open: Mutex<Vec<&'static str>>,
+    /// Submitted: each submission's mappable copy of its timestamps, and its passes.
+    done: Mutex<Vec<(wgpu::Buffer, Vec<&'static str>)>>,
+}
+
+impl PassTimer {
+    /// A timer when the device has the feature.
+    pub(super) fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<PassTimer> {
+        if !device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return None;
+        }
+        let set = device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("pass times"),
+            ty: wgpu::QueryType::Timestamp,
+            count: QUERIES,
+        });
+        let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("pass times"),
+            size: QUERIES as u64 * 8,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Some(PassTimer {
+            set,
+            resolve,
+            period: queue.get_timestamp_period() as f64,
+            open: Mutex::default(),
+            done: Mutex::default(),
+        })
+    }
+
+    /// The timestamp writes of the next pass of the encoder being recorded (`entry` runs in it).
+    pub(super) fn next_pass(&self, entry: &'static str) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        let mut open = self.open.lock().unwrap();
+        let i = open.len() as u32;
+        if 2 * i + 2 > QUERIES {
+            return None;
+        }
+        open.push(entry);
+        Some(wgpu::ComputePassTimestampWrites {
+            query_set: &self.set,
+            beginning_of_pass_write_index: Some(2 * i),
+            end_of_pass_write_index: Some(2 * i + 1),
+        })
+    }
+
+    /// Before the encoder is finished: resolve its passes' timestamps and copy them out.
+    pub(super) fn close(&self, device: &wgpu::Device, enc: &mut wgpu::CommandEncoder) {
+        let passes = std::mem::take(&mut *self.open.lock().unwrap());
+        if passes.is_empty() {
+            return;
+        }
+        let bytes = passes.len() as u64 * 16;
+        let copy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("pass times"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        enc.resolve_query_set(&self.set, 0..2 * passes.len() as u32, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &copy, 0, bytes);
+        self.done.lock().unwrap().push((copy, passes));
+    }
+}
+
+impl WgpuBackend {
+    /// Every submitted pass's device time since the last call, summed by entry point (longest
+    /// first); `None` without a timer.
+    pub(super) fn pass_times(&self) -> Result<Option<Vec<KernelTime>>> {
+        let Some(timer) = &self.timer else { return Ok(None) };
+        self.sync()?;
+        let done = std::mem::take(&mut *timer.done.lock().unwrap());
+        let mut totals: HashMap<&'static str, (u64, f64)> = HashMap::new();
+        for (copy, passes) in done {
+            let (tx, rx) = std::sync::mpsc::channel();
+            copy.map_async(wgpu::MapMode::Read, .., move |r| {
+                let _ = tx.send(r);
+            });
+            let mut mapped = None;
+            self.wait_until("kernel times", || {
+                mapped = rx.try_recv().ok();
+                mapped.is_some()
+            })?;
+            mapped.unwrap().map_err(|e| Error::Device(format!("mapping the pass times failed: {e}")))?;
+            let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&copy.get_mapped_range(..).map_err(super::device_err)?);
+            copy.unmap();
+            for (pass, entry) in passes.iter().enumerate() {
+                let (start, end) = (ticks[2 * pass], ticks[2 * pass + 1]);
+                let t = totals.entry(entry).or_default();
+                t.0 += 1;
+                t.1 += end.saturating_sub(start) as f64 * timer.period * 1e-9;
+            }
+        }
+        let mut times: Vec<KernelTime> = totals
+            .into_iter()
+            .map(|(name, (count, seconds))| KernelTime { name: name.to_string(), count, seconds })
+            .collect();
+        times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        Ok(Some(times))
+    }
+}
