@@ -938,16 +938,20 @@ fn sink_attention_serial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
 // expert at a time, each projection in its own format: gate and up are separate dispatches so that
 // w1 and w3 may differ in format, as GGUF mixes store them):
 // moe_gate: a = x [n, d], ia = ids [n·k slots], w = w1_e [h, d] → out = hid [n·k, h] for the slots
-//   routed to e: the gate g = w1·x.
+//   routed to e: the gate g = w1·x. The dispatch covers only those slots: ib[u8..] lists them
+//   (the host's grouping of the slots by expert), thread y computing output y % h of slot
+//   ib[u8 + y / h].
 // moe_up: the same with w = w3_e: out = silu(min(g, lim)) · clamp(w3·x, ±lim), g read from out.
-//   u0 = n·k·h, u1 = h, u2 = d, u3 = k, u4 = e, u5 = fmt, u6 = stride, u7 = limit (moe_up)
+//   u0 = (e's slots)·h, u1 = h, u2 = d, u3 = k, u4 = e, u5 = fmt, u6 = stride, u7 = limit
+//   (moe_up), u8 = e's first entry in ib
 @compute @workgroup_size(256, 1, 1)
 fn moe_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) li: u32) {
-    let x = flat(wg, nwg, li);
-    if (x >= p.u0) { return; }
-    let t = x / p.u1;
-    let j = x % p.u1;
+    let y = flat(wg, nwg, li);
+    if (y >= p.u0) { return; }
+    let t = u32(ib[p.u8 + y / p.u1]);
+    let j = y % p.u1;
+    let x = t * p.u1 + j;
     if (ia[t] != i32(p.u4)) { return; }
     let xo = (t / p.u3) * p.u2;
     var g = 0.0;
@@ -960,10 +964,11 @@ fn moe_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 @compute @workgroup_size(256, 1, 1)
 fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
-    let x = flat(wg, nwg, li);
-    if (x >= p.u0) { return; }
-    let t = x / p.u1;
-    let j = x % p.u1;
+    let y = flat(wg, nwg, li);
+    if (y >= p.u0) { return; }
+    let t = u32(ib[p.u8 + y / p.u1]);
+    let j = y % p.u1;
+    let x = t * p.u1 + j;
     if (ia[t] != i32(p.u4)) { return; }
     let xo = (t / p.u3) * p.u2;
     var u = 0.0;
@@ -975,15 +980,17 @@ fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
 }
 
-// moe_down: b = hid [n·k, h], ia = ids, w = w2_e [d, h] → out = y [n·k, d] for slots routed to e.
-//   u0 = n·k·d, u1 = d, u2 = h, u4 = e, u5 = fmt, u6 = stride
+// moe_down: b = hid [n·k, h], ia = ids, w = w2_e [d, h] → out = y [n·k, d] for slots routed to e
+// (listed in ib as for moe_gate).
+//   u0 = (e's slots)·d, u1 = d, u2 = h, u4 = e, u5 = fmt, u6 = stride, u8 = e's first entry in ib
 @compute @workgroup_size(256, 1, 1)
 fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) li: u32) {
-    let x = flat(wg, nwg, li);
-    if (x >= p.u0) { return; }
-    let t = x / p.u1;
-    let o = x % p.u1;
+    let y = flat(wg, nwg, li);
+    if (y >= p.u0) { return; }
+    let t = u32(ib[p.u8 + y / p.u1]);
+    let o = y % p.u1;
+    let x = t * p.u1 + o;
     if (ia[t] != i32(p.u4)) { return; }
     var s = 0.0;
     for (var e = 0u; e < p.u2; e++) {

@@ -1064,6 +1064,15 @@ fn small_row_cases() -> Vec<Case> {
         let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} 12 slots an expert");
         out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
     }
+    // past the small rows, experts with no slot between ones with several (the wgpu lane then
+    // dispatches each expert over its own slots only)
+    for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::IQ2_XXS] {
+        let (k, h) = if format.is_block() { (block_cols(format), format.block_elems()) } else { (77, 13) };
+        let (n, e, topk) = (11, 7, 3);
+        let ids: Vec<i32> = (0..n * topk).map(|j| [5, 0, 2, 5, 2, 0, 6, 5][j % 8]).collect();
+        let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} experts 1, 3, 4 unused");
+        out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
+    }
     out
 }
 
