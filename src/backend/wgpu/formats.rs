@@ -226,10 +226,10 @@ pub fn block_shader_source(
     precision: Precision,
 ) -> Option<(String, String)> {
     let (file, decode) = decoder(format)?;
-    let (operands_file, operands) = super::operands_part(precision);
+    let (operands_file, operands) = super::shader::operands_part(precision);
     let label = format!("{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file} + {}", kernel.file());
     let mut src = format!("// {label}\n");
-    src += super::directives(precision == Precision::Fast);
+    src += super::shader::directives(precision == Precision::Fast);
     src += &tables_for(format);
     src += include_str!("../../../shaders/dequant/common.wgsl");
     src += decode;

@@ -1,0 +1,203 @@
+//! The lane's shader modules: which WGSL files each build is assembled from (the weight
+//! format's part, the operands file of the precision, the small rows' reduction, the body), the
+//! pipeline-override constants of each specialisation, and the list of every build the lane can
+//! make (`shader_builds`, which `tests/wgsl.rs` validates and translates to MSL and HLSL).
+
+use std::borrow::Cow;
+
+use super::Reduction;
+use super::formats::{self, BlockKernel};
+use super::linear::{linear_shader, lm_weight_shader};
+use super::rows::{self, rows_shader};
+use crate::backend::{Precision, WeightFormat};
+use crate::error::{Error, Result};
+
+/// A shader module. The GEMM kernels carry the precision of their operands (operands file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Shader {
+    Linear(Precision),
+    LinearF16(Precision),
+    Elementwise,
+    Copy,
+    Norm,
+    Rope,
+    Attention,
+    Debug,
+    /// lm.wgsl: its GEMM ops run from the build of their weight's precision, every other entry
+    /// point from the exact build.
+    Lm(Precision),
+    /// A kernel over block-format weights, built for one format (formats.rs).
+    Block(BlockKernel, WeightFormat, Precision),
+    /// The small-row kernels (rows.wgsl) over `linear_packed.wgsl` (f32, bf16, f16 fallback).
+    Rows(Precision, Reduction),
+    /// The small-row kernels over `linear_f16.wgsl` (f16 with SHADER_F16).
+    RowsF16(Precision, Reduction),
+}
+
+/// The operands file of a GEMM build: its label and WGSL (see `shaders/operands_exact.wgsl`).
+pub(super) fn operands_part(precision: Precision) -> (&'static str, &'static str) {
+    match precision {
+        Precision::Exact => ("operands_exact.wgsl", include_str!("../../../shaders/operands_exact.wgsl")),
+        Precision::Fast => ("operands_fast.wgsl", include_str!("../../../shaders/operands_fast.wgsl")),
+    }
+}
+
+/// The directives a build starts with: `enable f16;` when any of its parts uses f16 (WGSL wants
+/// every directive before the first declaration, so the parts themselves carry none).
+pub(super) fn directives(uses_f16: bool) -> &'static str {
+    if uses_f16 { "enable f16;\n" } else { "" }
+}
+
+impl Shader {
+    /// A label naming the shader's files, and its WGSL.
+    pub(super) fn source(self) -> Result<(String, Cow<'static, str>)> {
+        let fixed = |label: &str, src: &'static str| Ok((label.to_owned(), Cow::Borrowed(src)));
+        // A GEMM build: its directives, the weight-format part (if any), the operands file of
+        // the precision, then the body; (file, WGSL) pairs.
+        // The small-row kernels have their reduction and rows_pairs.wgsl between the operands
+        // and the body.
+        let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
+            let rows = |r: Reduction| vec![r.part(), rows::PAIRS];
+            let middle = match self {
+                Shader::Rows(_, r) | Shader::RowsF16(_, r) => rows(r),
+                _ => Vec::new(),
+            };
+            let parts: Vec<(&str, &str)> =
+                format.into_iter().chain([operands_part(precision)]).chain(middle).chain([body]).collect();
+            let label = parts.iter().map(|(file, _)| *file).collect::<Vec<_>>().join(" + ");
+            let mut src = directives(format_uses_f16 || precision == Precision::Fast).to_owned();
+            parts.iter().for_each(|(_, text)| src += text);
+            Ok((label, Cow::Owned(src)))
+        };
+        const TILE: (&str, &str) = ("linear_tile.wgsl", include_str!("../../../shaders/linear_tile.wgsl"));
+        const PACKED: (&str, &str) = ("linear_packed.wgsl", include_str!("../../../shaders/linear_packed.wgsl"));
+        const F16: (&str, &str) = ("linear_f16.wgsl", include_str!("../../../shaders/linear_f16.wgsl"));
+        const LM: (&str, &str) = ("lm.wgsl", include_str!("../../../shaders/lm.wgsl"));
+        match self {
+            Shader::Linear(precision) => gemm(false, Some(PACKED), TILE, precision),
+            Shader::LinearF16(precision) => gemm(true, Some(F16), TILE, precision),
+            Shader::Elementwise => fixed("elementwise.wgsl", include_str!("../../../shaders/elementwise.wgsl")),
+            Shader::Copy => fixed("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
+            Shader::Norm => fixed("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
+            Shader::Rope => fixed("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
+            Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
+            Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
+            Shader::Lm(precision) => gemm(false, None, LM, precision),
+            Shader::Rows(precision, _) => gemm(false, Some(PACKED), rows::BODY, precision),
+            Shader::RowsF16(precision, _) => gemm(true, Some(F16), rows::BODY, precision),
+            Shader::Block(kernel, format, precision) => match formats::block_shader_source(format, kernel, precision) {
+                Some((label, src)) => Ok((label, Cow::Owned(src))),
+                None => Err(Error::Device(format!("{}: {format} is not a block format", kernel.file()))),
+            },
+        }
+    }
+}
+
+impl Shader {
+    /// The pipeline-override constants of a pipeline of this shader created with `fmt`: `FMT`
+    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback; tiles and small rows); the others read `fmt`, if at all,
+    /// from their parameter block.
+    pub(super) fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
+        match self {
+            Shader::Linear(_) | Shader::Rows(..) => vec![("FMT", f64::from(fmt))],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The shaders no weight format chooses: one module each, created with `fmt` 0.
+    const FIXED: [Shader; 6] =
+        [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
+
+    /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
+    /// or chosen by [`linear_shader`] / [`lm_weight_shader`] / [`rows_shader`], so
+    /// [`shader_builds`] lists it.
+    #[allow(dead_code)]
+    fn listed(self) {
+        match self {
+            Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
+            Shader::Linear(_) | Shader::LinearF16(_) | Shader::Lm(_) | Shader::Block(..) => {}
+            Shader::Rows(..) | Shader::RowsF16(..) => {}
+        }
+    }
+
+    /// Whether the build uses subgroup operations (needs wgpu's SUBGROUP).
+    fn needs_subgroup(self) -> bool {
+        matches!(
+            self,
+            Shader::Rows(_, Reduction::Subgroup)
+                | Shader::RowsF16(_, Reduction::Subgroup)
+                | Shader::Block(BlockKernel::Rows(Reduction::Subgroup), ..)
+        )
+    }
+
+    /// Every (shader, `fmt`) the lane creates pipelines from, and whether it is built only with
+    /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
+    /// ([`linear_shader`], [`lm_weight_shader`], [`rows_shader`] with either reduction) for every
+    /// weight format, in both precisions with
+    /// SHADER_F16 and in exact precision without it (fast needs it); pairs that build the same
+    /// module and constants are listed once.
+    fn every_build() -> Vec<(Shader, u32, bool)> {
+        let mut with = Vec::new();
+        let mut without = Vec::new();
+        for (native_f16, precisions, list) in
+            [(true, &[Precision::Exact, Precision::Fast][..], &mut with), (false, &[Precision::Exact], &mut without)]
+        {
+            for &precision in precisions {
+                for f in WeightFormat::ALL {
+                    list.push(linear_shader(f, native_f16, precision));
+                    list.push(lm_weight_shader(f, precision));
+                    list.extend(Reduction::ALL.map(|r| rows_shader(f, native_f16, precision, r)));
+                }
+            }
+            list.extend(Shader::FIXED.map(|s| (s, 0)));
+        }
+        let mut builds: Vec<(Shader, u32, bool)> = Vec::new();
+        for &(s, fmt) in with.iter().chain(&without) {
+            if !builds.iter().any(|&(b, bf, _)| b == s && b.constants(bf) == s.constants(fmt)) {
+                let f16_only = !without.iter().any(|&(b, bf)| b == s && b.constants(bf) == s.constants(fmt));
+                builds.push((s, fmt, f16_only));
+            }
+        }
+        builds
+    }
+}
+
+/// One shader module the lane builds, with the override constants of one pipeline
+/// specialisation of it (see [`shader_builds`]).
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct ShaderBuild {
+    /// The files it is built from, and the constants (`... [FMT=2]`) when it has any.
+    pub label: String,
+    /// The WGSL exactly as the lane passes it to `create_shader_module`.
+    pub source: Cow<'static, str>,
+    /// The pipeline-override constants exactly as the lane passes them to the pipeline.
+    pub constants: Vec<(&'static str, f64)>,
+    /// Built only on a device with SHADER_F16 when `force_f16_fallback` is off; every other build
+    /// is also what a device without SHADER_F16 builds.
+    pub needs_f16: bool,
+    /// Uses subgroup operations: built only on a device with SUBGROUP (the small-row kernels'
+    /// subgroup reduction; the other reduction is built where it is absent).
+    pub needs_subgroup: bool,
+}
+
+/// Every shader module the lane can build, one entry per set of override constants, from the
+/// same source-building code as the lane's pipelines: the fixed shaders, the float weight
+/// kernels with and without SHADER_F16 (`force_f16_fallback`), and each block format's builds,
+/// the weight kernels in both precisions (fast only with SHADER_F16).
+/// For `tests/wgsl.rs`, which translates them with naga to MSL and HLSL.
+#[doc(hidden)]
+pub fn shader_builds() -> Result<Vec<ShaderBuild>> {
+    Shader::every_build()
+        .into_iter()
+        .map(|(shader, fmt, needs_f16)| {
+            let (mut label, source) = shader.source()?;
+            let constants = shader.constants(fmt);
+            if !constants.is_empty() {
+                let c: Vec<String> = constants.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                label += &format!(" [{}]", c.join(", "));
+            }
+            Ok(ShaderBuild { label, source, constants, needs_f16, needs_subgroup: shader.needs_subgroup() })
+        })
+        .collect()
+}
