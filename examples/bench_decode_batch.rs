@@ -19,9 +19,9 @@ use std::time::Instant;
 
 use clap::Parser;
 use fovea::backend::Backend;
-use fovea::backend::cpu::CpuBackend;
 use fovea::config::LmConfig;
 use fovea::model::lm::{LmCache, LmInput, LmModel};
+use fovea::pipeline::{LaneJob, run_on_lane};
 use fovea::weights::Checkpoint;
 
 #[derive(Parser)]
@@ -120,14 +120,17 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
     Ok(())
 }
 
+/// The benchmark, on whichever lane `--backend` opens (as the CLI opens it).
+impl LaneJob for &Args {
+    type Output = ();
+    fn run<B: Backend>(self, b: &B, _note: Option<&str>) -> fovea::Result<()> {
+        run(b, self)
+    }
+}
+
 fn main() {
     let args = Args::parse();
-    let result = match args.backend.as_str() {
-        "cpu" => run(&CpuBackend::new(), &args),
-        "wgpu" => fovea::pipeline::wgpu_lane(args.precision).and_then(|b| run(&b, &args)),
-        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
-        other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
-    };
+    let result = args.backend.parse().and_then(|lane| run_on_lane(lane, args.precision, &args));
     if let Err(e) = result {
         eprintln!("bench_decode_batch: error: {e}");
         std::process::exit(2);

@@ -29,11 +29,11 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use clap::Parser;
-use fovea::backend::cpu::CpuBackend;
 use fovea::backend::{Backend, HostWeight, WeightFormat};
 use fovea::config::LmConfig;
 use fovea::model::ParamSource;
 use fovea::model::lm::{LmInput, LmModel};
+use fovea::pipeline::{LaneJob, run_on_lane};
 use fovea::weights::lm::lm_manifest;
 use rand::{Rng, SeedableRng};
 
@@ -283,14 +283,17 @@ fn file_bytes(cfg: &LmConfig) -> fovea::Result<u64> {
     Ok(lm_manifest(cfg)?.iter().map(|e| e.shape.iter().product::<usize>() as u64 * if e.matrix { 2 } else { 4 }).sum())
 }
 
+/// The benchmark, on whichever lane `--backend` opens (as the CLI opens it).
+impl LaneJob for &Args {
+    type Output = ();
+    fn run<B: Backend>(self, b: &B, _note: Option<&str>) -> fovea::Result<()> {
+        run(b, self)
+    }
+}
+
 fn main() {
     let args = Args::parse();
-    let result = match args.backend.as_str() {
-        "cpu" => run(&CpuBackend::new(), &args),
-        "wgpu" => fovea::pipeline::wgpu_lane(args.precision).and_then(|b| run(&b, &args)),
-        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
-        other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
-    };
+    let result = args.backend.parse().and_then(|lane| run_on_lane(lane, args.precision, &args));
     if let Err(e) = result {
         eprintln!("bench_lm_layer: error: {e}");
         std::process::exit(2);

@@ -86,7 +86,6 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use clap::Parser;
-use fovea::backend::cpu::CpuBackend;
 use fovea::backend::{
     Backend, HostProfile, HostTensor, HostWeight, KernelTime, MemoryReport, WeightFormat, decode_row,
 };
@@ -94,7 +93,7 @@ use fovea::config::{LmConfig, VisionConfig};
 use fovea::model::ParamSource;
 use fovea::model::lm::{LmCache, LmInput, LmModel, PREFILL_CHUNK};
 use fovea::model::vision::VisionModel;
-use fovea::pipeline::preprocess_config;
+use fovea::pipeline::{LaneJob, preprocess_config, run_on_lane};
 use fovea::processor;
 use fovea::weights::lm::{ExpectedLm, ValueKind, lm_manifest};
 use fovea::weights::vision_manifest;
@@ -1097,14 +1096,17 @@ fn summary<B: Backend>(
     );
 }
 
+/// The benchmark, on whichever lane `--backend` opens (as the CLI opens it).
+impl LaneJob for &Args {
+    type Output = ();
+    fn run<B: Backend>(self, b: &B, _note: Option<&str>) -> fovea::Result<()> {
+        run(b, self)
+    }
+}
+
 fn main() {
     let args = Args::parse();
-    let result = match args.backend.as_str() {
-        "cpu" => fovea::pipeline::lane_precision("cpu", args.precision).and_then(|_| run(&CpuBackend::new(), &args)),
-        "wgpu" => fovea::pipeline::wgpu_lane(args.precision).and_then(|b| run(&b, &args)),
-        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
-        other => Err(fovea::Error::Invalid(format!("--backend: unknown lane `{other}` (expected cpu, wgpu or cuda)"))),
-    };
+    let result = args.backend.parse().and_then(|lane| run_on_lane(lane, args.precision, &args));
     if let Err(e) = result {
         eprintln!("bench_model: error: {e}");
         std::process::exit(2);

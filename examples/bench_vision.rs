@@ -17,12 +17,11 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use clap::Parser;
-use fovea::backend::cpu::CpuBackend;
 use fovea::backend::{Backend, HostTensor, HostWeight, WeightFormat};
 use fovea::config::VisionConfig;
 use fovea::model::ParamSource;
 use fovea::model::vision::VisionModel;
-use fovea::pipeline::preprocess_config;
+use fovea::pipeline::{LaneJob, preprocess_config, run_on_lane};
 use fovea::processor;
 use fovea::weights::vision_manifest;
 use rand::{Rng, SeedableRng};
@@ -167,14 +166,18 @@ fn file_bytes(cfg: &VisionConfig) -> u64 {
     vision_manifest(cfg).iter().map(|e| e.numel() as u64 * if e.shape.len() == 2 { 2 } else { 4 }).sum()
 }
 
+/// The benchmark, on whichever lane `--backend` opens (as the CLI opens it).
+impl LaneJob for &Args {
+    type Output = ();
+    const LANGUAGE_MODEL: bool = false;
+    fn run<B: Backend>(self, b: &B, _note: Option<&str>) -> fovea::Result<()> {
+        run(b, self)
+    }
+}
+
 fn main() {
     let args = Args::parse();
-    let result = match args.backend.as_str() {
-        "cpu" => run(&CpuBackend::new(), &args),
-        "wgpu" => fovea::pipeline::wgpu_lane(args.precision).and_then(|b| run(&b, &args)),
-        "cuda" => fovea::pipeline::cuda_lane(args.precision).and_then(|b| run(&b, &args)),
-        other => Err(fovea::Error::Invalid(format!("unknown backend `{other}`"))),
-    };
+    let result = args.backend.parse().and_then(|lane| run_on_lane(lane, args.precision, &args));
     if let Err(e) = result {
         eprintln!("bench_vision: error: {e}");
         std::process::exit(2);
