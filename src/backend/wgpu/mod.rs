@@ -43,8 +43,7 @@
 //!   devices run alone.
 
 use std::collections::HashMap;
-use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
@@ -60,6 +59,7 @@ mod norm;
 mod rope;
 mod rows;
 mod shader;
+mod tensor;
 mod timing;
 
 use adapter::{DEVICE_CREATION, describe, select_adapter};
@@ -67,11 +67,12 @@ pub use adapter::{default_precision, list_adapters};
 pub use rows::Reduction;
 use shader::Shader;
 pub use shader::{ShaderBuild, shader_builds};
+use tensor::{Counters, Pool, Role, Shared, WeightChunk};
+pub use tensor::{WgpuTensor, WgpuWeight};
 
-use crate::backend::checks::NamedWeight;
 use crate::backend::{
-    Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostClock, HostData, HostProfile, HostTensor, HostWeight,
-    KernelTime, MemoryReport, Op, Precision, WeightFormat,
+    Backend, Capacity, DType, HostClock, HostData, HostProfile, HostTensor, HostWeight, KernelTime, MemoryReport, Op,
+    Precision, WeightFormat,
 };
 use crate::error::{Error, Result};
 
@@ -172,188 +173,6 @@ impl Default for Options {
             kernel_times: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "1"),
         }
     }
-}
-
-#[derive(Default)]
-struct Counters {
-    weight: AtomicU64,
-    /// Bytes of the weight matrices inside the pools (the part of `weight` they fill).
-    matrix: AtomicU64,
-    activation: AtomicU64,
-    peak: AtomicU64,
-    cached: AtomicU64,
-    /// Commands encoded: compute dispatches and buffer copies (`Backend::launches`).
-    commands: AtomicU64,
-    /// `Backend::host_profile`'s counts and times.
-    clock: HostClock,
-}
-
-impl Counters {
-    fn add_activation(&self, bytes: u64) {
-        let now = self.activation.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak.fetch_max(now, Ordering::Relaxed);
-    }
-}
-
-/// State shared between the backend and its tensors (so a dropped tensor can give its buffer
-/// back and be uncounted).
-struct Shared {
-    counters: Counters,
-    free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
-    reuse: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    /// Own buffer, counted as activation memory, returned to the free list on drop.
-    Activation,
-    /// Sub-allocated from a weight pool (params); the pool is counted as weight memory.
-    Pooled,
-    /// Own buffer holding a constant table (rope cos/sin); counted as weight memory until dropped.
-    Table,
-}
-
-/// A device tensor: a buffer range plus shape and dtype. Activations are freed (recycled) on drop.
-pub struct WgpuTensor {
-    buf: wgpu::Buffer,
-    offset: u64,
-    /// Bytes of the elements (numel · 4).
-    bytes: u64,
-    /// Guard words after the elements (activations only).
-    guard_words: u32,
-    /// Bytes counted in the memory report for this tensor (activations: the buffer size).
-    counted: u64,
-    role: Role,
-    shape: Vec<usize>,
-    dtype: DType,
-    /// Op that produced this tensor (for guard-band messages).
-    producer: &'static str,
-    shared: Arc<Shared>,
-}
-
-impl WgpuTensor {
-    fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-    /// The op that wrote this tensor ("upload", "linear", ...).
-    pub fn producer(&self) -> &'static str {
-        self.producer
-    }
-    /// Bytes the binding of this tensor covers (elements plus guard band).
-    fn bind_bytes(&self) -> u64 {
-        (self.bytes + self.guard_words as u64 * 4).max(4)
-    }
-    fn binding(&self) -> wgpu::BindingResource<'_> {
-        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: &self.buf,
-            offset: self.offset,
-            size: NonZeroU64::new(self.bind_bytes()),
-        })
-    }
-}
-
-impl Drop for WgpuTensor {
-    fn drop(&mut self) {
-        let c = &self.shared.counters;
-        match self.role {
-            Role::Pooled => return,
-            Role::Table => {
-                c.weight.fetch_sub(self.counted, Ordering::Relaxed);
-                return;
-            }
-            Role::Activation => {}
-        }
-        c.activation.fetch_sub(self.counted, Ordering::Relaxed);
-        if self.shared.reuse {
-            c.cached.fetch_add(self.buf.size(), Ordering::Relaxed);
-            let mut free = self.shared.free.lock().unwrap();
-            free.entry(self.buf.size()).or_default().push(self.buf.clone());
-        }
-    }
-}
-
-impl std::fmt::Debug for WgpuTensor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "WgpuTensor({} {:?} from {})", self.dtype, self.shape, self.producer)
-    }
-}
-
-impl DeviceTensor for WgpuTensor {
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-}
-
-/// One row chunk of a weight matrix: rows `row0..row0+rows` at `offset` in `buf`.
-struct WeightChunk {
-    buf: wgpu::Buffer,
-    offset: u64,
-    bytes: u64,
-    row0: usize,
-    rows: usize,
-}
-
-impl WeightChunk {
-    fn binding(&self) -> wgpu::BindingResource<'_> {
-        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: &self.buf,
-            offset: self.offset,
-            size: NonZeroU64::new(self.bytes.max(4)),
-        })
-    }
-}
-
-/// A weight matrix `[rows, cols]` in its storage format, possibly split into row chunks.
-pub struct WgpuWeight {
-    name: String,
-    format: WeightFormat,
-    rows: usize,
-    cols: usize,
-    /// 32-bit words per (padded) row.
-    stride_words: usize,
-    chunks: Vec<WeightChunk>,
-    /// Uploaded by `upload_weight_exact`: its products stay f32 in fast precision.
-    exact: bool,
-}
-
-impl WgpuWeight {
-    /// Number of separately bound row chunks (1 unless the matrix exceeds the binding limit).
-    pub fn chunk_count(&self) -> usize {
-        self.chunks.len()
-    }
-    /// Device bytes of the (row-padded) matrix.
-    pub fn device_bytes(&self) -> u64 {
-        self.chunks.iter().map(|c| c.bytes).sum()
-    }
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl DeviceWeight for WgpuWeight {
-    fn format(&self) -> WeightFormat {
-        self.format
-    }
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-}
-
-impl NamedWeight for WgpuWeight {
-    fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-struct Pool {
-    buf: wgpu::Buffer,
-    used: u64,
 }
 
 type PipelineKey = (Shader, &'static str, u32);

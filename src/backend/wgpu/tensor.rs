@@ -1,0 +1,193 @@
+//! The lane's device memory: activation tensors (recycled by size when dropped), weights (in
+//! pool sub-allocations, split into chunks that each fit one binding), and the counters the memory
+//! report and `Backend::host_profile` read.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::backend::checks::NamedWeight;
+use crate::backend::{DType, DeviceTensor, DeviceWeight, HostClock, WeightFormat};
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) weight: AtomicU64,
+    /// Bytes of the weight matrices inside the pools (the part of `weight` they fill).
+    pub(super) matrix: AtomicU64,
+    pub(super) activation: AtomicU64,
+    pub(super) peak: AtomicU64,
+    pub(super) cached: AtomicU64,
+    /// Commands encoded: compute dispatches and buffer copies (`Backend::launches`).
+    pub(super) commands: AtomicU64,
+    /// `Backend::host_profile`'s counts and times.
+    pub(super) clock: HostClock,
+}
+
+impl Counters {
+    pub(super) fn add_activation(&self, bytes: u64) {
+        let now = self.activation.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+/// State shared between the backend and its tensors (so a dropped tensor can give its buffer
+/// back and be uncounted).
+pub(super) struct Shared {
+    pub(super) counters: Counters,
+    pub(super) free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+    pub(super) reuse: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    /// Own buffer, counted as activation memory, returned to the free list on drop.
+    Activation,
+    /// Sub-allocated from a weight pool (params); the pool is counted as weight memory.
+    Pooled,
+    /// Own buffer holding a constant table (rope cos/sin); counted as weight memory until dropped.
+    Table,
+}
+
+/// A device tensor: a buffer range plus shape and dtype. Activations are freed (recycled) on drop.
+pub struct WgpuTensor {
+    pub(super) buf: wgpu::Buffer,
+    pub(super) offset: u64,
+    /// Bytes of the elements (numel · 4).
+    pub(super) bytes: u64,
+    /// Guard words after the elements (activations only).
+    pub(super) guard_words: u32,
+    /// Bytes counted in the memory report for this tensor (activations: the buffer size).
+    pub(super) counted: u64,
+    pub(super) role: Role,
+    pub(super) shape: Vec<usize>,
+    pub(super) dtype: DType,
+    /// Op that produced this tensor (for guard-band messages).
+    pub(super) producer: &'static str,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl WgpuTensor {
+    pub(super) fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// The op that wrote this tensor ("upload", "linear", ...).
+    pub fn producer(&self) -> &'static str {
+        self.producer
+    }
+    /// Bytes the binding of this tensor covers (elements plus guard band).
+    pub(super) fn bind_bytes(&self) -> u64 {
+        (self.bytes + self.guard_words as u64 * 4).max(4)
+    }
+    pub(super) fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buf,
+            offset: self.offset,
+            size: NonZeroU64::new(self.bind_bytes()),
+        })
+    }
+}
+
+impl Drop for WgpuTensor {
+    fn drop(&mut self) {
+        let c = &self.shared.counters;
+        match self.role {
+            Role::Pooled => return,
+            Role::Table => {
+                c.weight.fetch_sub(self.counted, Ordering::Relaxed);
+                return;
+            }
+            Role::Activation => {}
+        }
+        c.activation.fetch_sub(self.counted, Ordering::Relaxed);
+        if self.shared.reuse {
+            c.cached.fetch_add(self.buf.size(), Ordering::Relaxed);
+            let mut free = self.shared.free.lock().unwrap();
+            free.entry(self.buf.size()).or_default().push(self.buf.clone());
+        }
+    }
+}
+
+impl std::fmt::Debug for WgpuTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuTensor({} {:?} from {})", self.dtype, self.shape, self.producer)
+    }
+}
+
+impl DeviceTensor for WgpuTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+/// One row chunk of a weight matrix: rows `row0..row0+rows` at `offset` in `buf`.
+pub(super) struct WeightChunk {
+    pub(super) buf: wgpu::Buffer,
+    pub(super) offset: u64,
+    pub(super) bytes: u64,
+    pub(super) row0: usize,
+    pub(super) rows: usize,
+}
+
+impl WeightChunk {
+    pub(super) fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buf,
+            offset: self.offset,
+            size: NonZeroU64::new(self.bytes.max(4)),
+        })
+    }
+}
+
+/// A weight matrix `[rows, cols]` in its storage format, possibly split into row chunks.
+pub struct WgpuWeight {
+    pub(super) name: String,
+    pub(super) format: WeightFormat,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    /// 32-bit words per (padded) row.
+    pub(super) stride_words: usize,
+    pub(super) chunks: Vec<WeightChunk>,
+    /// Uploaded by `upload_weight_exact`: its products stay f32 in fast precision.
+    pub(super) exact: bool,
+}
+
+impl WgpuWeight {
+    /// Number of separately bound row chunks (1 unless the matrix exceeds the binding limit).
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+    /// Device bytes of the (row-padded) matrix.
+    pub fn device_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.bytes).sum()
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl DeviceWeight for WgpuWeight {
+    fn format(&self) -> WeightFormat {
+        self.format
+    }
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+impl NamedWeight for WgpuWeight {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+pub(super) struct Pool {
+    pub(super) buf: wgpu::Buffer,
+    pub(super) used: u64,
+}
