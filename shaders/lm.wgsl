@@ -756,6 +756,14 @@ fn sa_logit(qo: u32, key: u32, from_comp: bool) -> f32 {
     return s * bitcast<f32>(p.u6);
 }
 
+// The tile's weights before normalising, exp(logit − mx), in place in sa_w (a thread per key;
+// keys without a row untouched).
+fn sa_tile_exp(li: u32, len: u32, mx: f32) {
+    for (var j = li; j < len; j += SA_THREADS) {
+        if (sa_row[j] >= 0) { sa_w[j] = exp(sa_w[j] - mx); }
+    }
+}
+
 // Rows and logits of the tile's keys t0..t0 + len into sa_row / sa_w, a thread per key.
 fn sa_tile_logits(li: u32, i: u32, qo: u32, lo: i32, nwin: u32, t0: u32, len: u32) {
     for (var j = li; j < len; j += SA_THREADS) {
@@ -830,9 +838,7 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
             sa_tile_logits(li, i, qo, lo, nwin, t0, len);
             workgroupBarrier();
         }
-        for (var j = li; j < len; j += SA_THREADS) {
-            if (sa_row[j] >= 0) { sa_w[j] = exp(sa_w[j] - mx); }
-        }
+        sa_tile_exp(li, len, mx);
         workgroupBarrier();
         if (li == 0u) {
             for (var j = 0u; j < len; j++) {
@@ -852,9 +858,7 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         if (!one_tile) {
             sa_tile_logits(li, i, qo, lo, nwin, t0, len);
             workgroupBarrier();
-            for (var j = li; j < len; j += SA_THREADS) {
-                if (sa_row[j] >= 0) { sa_w[j] = exp(sa_w[j] - mx); }
-            }
+            sa_tile_exp(li, len, mx);
         }
         for (var j = li; j < len; j += SA_THREADS) {
             if (sa_row[j] >= 0) { sa_w[j] = sa_w[j] / den; }
