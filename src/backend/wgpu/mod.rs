@@ -527,50 +527,41 @@ impl WgpuBackend {
         bindings: &[(u32, wgpu::BindingResource<'_>)],
         groups: (u32, u32, u32),
     ) -> Result<()> {
-        self.shared.counters.clock.launch(|| self.encode_dispatch(shader, entry, fmt, params, bindings, groups))
-    }
-
-    fn encode_dispatch(
-        &self,
-        shader: Shader,
-        entry: &'static str,
-        fmt: u32,
-        params: &[u32],
-        bindings: &[(u32, wgpu::BindingResource<'_>)],
-        groups: (u32, u32, u32),
-    ) -> Result<()> {
-        let pipeline = self.pipeline(shader, entry, fmt)?;
-        let mut block = [0u32; PARAM_BYTES / 4];
-        block[..params.len()].copy_from_slice(params);
-        let ubuf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: bytemuck::cast_slice(&block),
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
-        entries.extend(bindings.iter().map(|(b, r)| wgpu::BindGroupEntry { binding: *b, resource: r.clone() }));
-        if let Shader::Block(_, format, _) = shader
-            && formats::uses_tables(format)
-        {
-            entries.push(wgpu::BindGroupEntry {
-                binding: formats::TABLES_BINDING,
-                resource: self.lut.as_entire_binding(),
+        // the host profile times the whole encoding as the launch
+        self.shared.counters.clock.launch(|| {
+            let pipeline = self.pipeline(shader, entry, fmt)?;
+            let mut block = [0u32; PARAM_BYTES / 4];
+            block[..params.len()].copy_from_slice(params);
+            let ubuf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::cast_slice(&block),
+                usage: wgpu::BufferUsages::UNIFORM,
             });
-        }
-        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(entry),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        self.with_encoder(|enc| {
-            let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(entry));
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bg, &[]);
-            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
-        });
-        Ok(())
+            let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
+            entries.extend(bindings.iter().map(|(b, r)| wgpu::BindGroupEntry { binding: *b, resource: r.clone() }));
+            if let Shader::Block(_, format, _) = shader
+                && formats::uses_tables(format)
+            {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: formats::TABLES_BINDING,
+                    resource: self.lut.as_entire_binding(),
+                });
+            }
+            let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(entry),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            self.with_encoder(|enc| {
+                let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(entry));
+                let mut pass =
+                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bg, &[]);
+                pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+            });
+            Ok(())
+        })
     }
 
     /// One dispatch of `shader::entry` over `total` threads of 256-wide workgroups (no-op when 0).
