@@ -390,6 +390,24 @@ impl HostProfile {
     }
 }
 
+/// [`Backend::hc_mix_split`] as its three ops: the trait's default, and where a lane's fused
+/// kernel does not apply (a block-format mix, say), that lane's fallback.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn hc_mix_split_parts<B: Backend + ?Sized>(
+    b: &B,
+    x: &B::Tensor,
+    mix: &B::Weight,
+    scale: &B::Tensor,
+    base: &B::Tensor,
+    hc: usize,
+    iters: usize,
+    eps: f32,
+    norm_eps: f32,
+) -> Result<B::Tensor> {
+    let mix = b.linear(&b.rms_norm_heads(x, 1, norm_eps)?, mix, None)?;
+    b.hc_split(&mix, scale, base, hc, iters, eps)
+}
+
 /// One kernel's device time over some work ([`Backend::kernel_times`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTime {
@@ -665,8 +683,7 @@ pub trait Backend {
         eps: f32,
         norm_eps: f32,
     ) -> Result<Self::Tensor> {
-        let mix = self.linear(&self.rms_norm_heads(x, 1, norm_eps)?, mix, None)?;
-        self.hc_split(&mix, scale, base, hc, iters, eps)
+        hc_mix_split_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps)
     }
     /// Collapse the streams: X `[n, hc·d]`, w `[n, c]` (c ≥ hc; its first hc columns are the
     /// weights: `hc_head_weights`' `[n, hc]`, or `hc_split`'s output whose first hc are `pre`) →

@@ -8,11 +8,9 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{
-    CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GRID_Y, MAX_BLOCKS, Source, check_u32, row_threads,
-};
-use crate::backend::checks;
+use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GRID_Y, MAX_BLOCKS, Source, cfg_rows, check_u32};
 use crate::backend::{DType, DeviceTensor, WeightFormat};
+use crate::backend::{checks, hc_mix_split_parts};
 use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
@@ -27,6 +25,27 @@ const MIX_MAX: usize = 24;
 /// in 32 ranges: a block each, every SM busy at one token).
 const MIX_SPAN: usize = 512;
 
+/// The code by which the kernels shared by the float formats tell them apart (0 f32, 1 bf16,
+/// 2 f16, as `load_w`'s FMT in cuda/common.cuh); `None` for a block format.
+fn float_code(format: WeightFormat) -> Option<u32> {
+    match format {
+        WeightFormat::F32 => Some(0),
+        WeightFormat::BF16 => Some(1),
+        WeightFormat::F16 => Some(2),
+        _ => None,
+    }
+}
+
+/// `rope_tail`'s and `rope_tail_at`'s first four sizes: rows, cols, head dim, rotary dims.
+fn rope_sizes(op: &'static str, n: usize, cols: usize, hd: usize, rd: usize) -> Result<[u32; 4]> {
+    Ok([
+        check_u32(op, "rows", n)?,
+        check_u32(op, "cols", cols)?,
+        check_u32(op, "head dim", hd)?,
+        check_u32(op, "rotary dims", rd)?,
+    ])
+}
+
 impl CudaBackend {
     /// table `[vocab, d]` (any weight format, decoded in the kernel), ids i32 `[n]` → `[n, d]`; an
     /// id ≥ vocab gives a zero row, a negative id a row of NaN.
@@ -37,12 +56,7 @@ impl CudaBackend {
         let mut sizes = vec![check_u32(OP, "ids", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "vocab", table.rows)?];
         // the float formats share embed_rows_f32 and tell it theirs by a code; a block format has
         // its own kernel
-        match table.format {
-            WeightFormat::F32 => sizes.push(0),
-            WeightFormat::BF16 => sizes.push(1),
-            WeightFormat::F16 => sizes.push(2),
-            _ => {}
-        }
+        sizes.extend(float_code(table.format));
         let kernel = EMBED_ROWS_KERNELS.of(table.format);
         self.launch_1d(OP, Source::LmSmall, kernel, &[&table.buf, &*ids.buf], &mut y, &sizes, n * d)?;
         Ok(y)
@@ -70,11 +84,7 @@ impl CudaBackend {
         }
         let (segs32, hd32) = (check_u32(OP, "segments", segs)?, check_u32(OP, "head dim", hd)?);
         let f = self.func(Source::LmSmall, "rms_norm_heads_f32")?;
-        let cfg = LaunchConfig {
-            grid_dim: (segs.min(MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (row_threads(hd), 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = cfg_rows(segs, hd);
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&mut *y.buf).arg(&segs32).arg(&hd32).arg(&eps);
         // SAFETY: arguments match `rms_norm_heads_f32` in cuda/lm_small.cu; shapes checked above.
@@ -129,24 +139,11 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "hc_mix_split";
         let (n, k, w) = checks::hc_mix_split(x, mix, scale, base, hc)?;
-        let code = match mix.format {
-            WeightFormat::F32 => 0u32,
-            WeightFormat::BF16 => 1,
-            WeightFormat::F16 => 2,
-            _ => u32::MAX,
-        };
         let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
-        if code == u32::MAX || w > MIX_MAX || !f32_products || n == 0 || k == 0 {
-            let normed = self.rms_norm_heads(x, 1, norm_eps)?;
-            return self.hc_split(
-                &crate::backend::Backend::linear(self, &normed, mix, None)?,
-                scale,
-                base,
-                hc,
-                iters,
-                eps,
-            );
-        }
+        let code = match float_code(mix.format) {
+            Some(code) if w <= MIX_MAX && f32_products && n > 0 && k > 0 => code,
+            _ => return hc_mix_split_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps),
+        };
         let splits = k.div_ceil(MIX_SPAN);
         let mut part = self.alloc(OP, vec![n, splits * (w + 1)], DType::F32)?;
         let (n32, k32, w32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", k)?, w as u32);
@@ -213,11 +210,7 @@ impl CudaBackend {
         let (n32, d32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?);
         let (hc32, wc32) = (check_u32(OP, "hc", hc)?, check_u32(OP, "w cols", wc)?);
         let f = self.func(Source::LmSmall, "hc_pre_norm_f32")?;
-        let cfg = LaunchConfig {
-            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (row_threads(d), 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = cfg_rows(n, d);
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&*w.buf).arg(&*weight.buf).arg(&mut *y.buf);
         l.arg(&n32).arg(&d32).arg(&hc32).arg(&wc32).arg(&eps);
@@ -270,14 +263,10 @@ impl CudaBackend {
         let (n, cols, hd, rd) = checks::rope_tail(x, n_heads, inv_freq)?;
         let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
         let sizes = [
-            check_u32(OP, "rows", n)?,
-            check_u32(OP, "cols", cols)?,
-            check_u32(OP, "head dim", hd)?,
-            check_u32(OP, "rotary dims", rd)?,
-            check_u32(OP, "pos0", pos0)?,
-            check_u32(OP, "stride", stride)?,
-            inverse as u32,
-        ];
+            &rope_sizes(OP, n, cols, hd, rd)?[..],
+            &[check_u32(OP, "pos0", pos0)?, check_u32(OP, "stride", stride)?, inverse as u32],
+        ]
+        .concat();
         self.launch_1d(OP, Source::LmSmall, "rope_tail_f32", &[&*x.buf, &*inv_freq.buf], &mut y, &sizes, n * cols)?;
         Ok(y)
     }
@@ -295,13 +284,7 @@ impl CudaBackend {
         const OP: &str = "rope_tail_at";
         let (n, cols, hd, rd) = checks::rope_tail_at(x, n_heads, inv_freq, positions)?;
         let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        let sizes = [
-            check_u32(OP, "rows", n)?,
-            check_u32(OP, "cols", cols)?,
-            check_u32(OP, "head dim", hd)?,
-            check_u32(OP, "rotary dims", rd)?,
-            inverse as u32,
-        ];
+        let sizes = [&rope_sizes(OP, n, cols, hd, rd)?[..], &[inverse as u32]].concat();
         let inputs = [&*x.buf, &*inv_freq.buf, &*positions.buf];
         self.launch_1d(OP, Source::LmSmall, "rope_tail_at_f32", &inputs, &mut y, &sizes, n * cols)?;
         Ok(y)
@@ -329,11 +312,7 @@ impl CudaBackend {
         let (hd32, rd32) = (check_u32(OP, "head dim", hd)?, check_u32(OP, "rotary dims", rd)?);
         let has_weight = u32::from(weight.is_some());
         let f = self.func(Source::LmSmall, "rms_norm_rope_f32")?;
-        let cfg = LaunchConfig {
-            grid_dim: (segs.min(MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (row_threads(hd), 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = cfg_rows(segs, hd);
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(weight.map_or(&self.dummy, |w| &*w.buf)).arg(&*inv_freq.buf).arg(&*positions.buf);
         l.arg(&mut *y.buf).arg(&segs32).arg(&heads32).arg(&hd32).arg(&rd32).arg(&has_weight).arg(&eps);

@@ -68,6 +68,16 @@ fn row_threads(cols: usize) -> u32 {
 }
 /// Cap on the blocks of a 1-D launch (the kernels grid-stride over the rest).
 const MAX_BLOCKS: usize = 1 << 20;
+
+/// One block of `row_threads(cols)` per row, rows grid-strided past `MAX_BLOCKS`: the launch of
+/// the kernels whose block reduces one row (the RMS norms and the ops fused with them).
+fn cfg_rows(rows: usize, cols: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.min(MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (row_threads(cols), 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 /// Largest grid y (and z) dimension.
 const GRID_Y: usize = 65535;
 /// Threads per block of `attention_f32` (`ATT_THREADS` in cuda/attention.cu).
@@ -1255,11 +1265,7 @@ impl Backend for CudaBackend {
         }
         let f = self.func(Source::Norm, "rms_norm_f32")?;
         let (n32, d32) = (n as u32, d as u32);
-        let cfg = LaunchConfig {
-            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (row_threads(d), 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = cfg_rows(n, d);
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&*weight.buf).arg(&mut *y.buf).arg(&n32).arg(&d32).arg(&eps);
         // SAFETY: arguments match `rms_norm_f32` in cuda/norm.cu; shapes checked above.
