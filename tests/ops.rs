@@ -33,6 +33,16 @@ const REDUCTION: f64 = 1e-10;
 /// Fast precision (`--precision fast`, CUDA and wgpu): a GEMM whose operands are each rounded to
 /// f16 once has an NMSE of ≈ 8e-8 (tests/common `FAST_GEMM_NMSE`, derived there); gated at 4×.
 const FAST_GEMM: f64 = 4.0 * common::FAST_GEMM_NMSE;
+/// Attention in fast precision (CUDA's tensor-core kernel, cuda/attention.cu): q, k, v and the
+/// probabilities are each rounded once to f16 (relative error variance δ² = FAST_GEMM_NMSE / 2).
+/// The output o = Σ p_j v_j / Σ p_j takes δ² from p's rounding and δ² from v's, relative to o
+/// (each term's error scales with its own p_j v_j, as o does), and from the scores: s = scale·q·k
+/// with q and k rounded has an absolute error of variance 2δ²·var(s), which moves p_j by that
+/// relative to the row's mean and o by the same relative to o. NMSE ≈ FAST_GEMM_NMSE · (1 +
+/// var(s)); the cases draw q and k uniform in ±1.5 (variance 0.75 each), so var(s) = 0.75² =
+/// 0.5625 whatever the head width: ≈ 1.25e-7, gated at 4× (the host emulator measured
+/// 0.4–2.5e-7 on its shapes, cuda/emu/emu_test.cpp).
+const FAST_ATTENTION: f64 = 4.0 * common::FAST_GEMM_NMSE * (1.0 + 0.75 * 0.75);
 /// The experts chain two GEMMs through the clamped SwiGLU: the up GEMM's error reaches both its
 /// halves (≈ 1.6e-7, up to twice that through silu's slope) and the down GEMM adds its own 8e-8,
 /// ≈ 4e-7; gated at 4×, 1.6e-6.
@@ -1506,12 +1516,13 @@ fn with_f16_operands(c: &Case) -> Case {
 }
 
 /// Fast precision's bounds: the GEMM ops (linear, the aligner's fused GEMM, the grouped
-/// projection, the experts) at the fast bounds, every other op at its own (fast mode changes only
-/// the GEMM tiles).
+/// projection, the experts) and the ViT's attention at the fast bounds, every other op at its own
+/// (fast mode changes only the GEMM tiles and that attention).
 fn with_fast_bounds(mut cases: Vec<Case>) -> Vec<Case> {
     for c in &mut cases {
         c.bound = match c.op {
             Op::Linear | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
+            Op::Attention => c.bound.max(FAST_ATTENTION),
             Op::MoeExperts if c.tensors[0].shape[0] == 1 => c.bound.max(FAST_MOE_ONE_TOKEN),
             Op::MoeExperts => c.bound.max(FAST_MOE),
             _ => c.bound,
@@ -1536,8 +1547,7 @@ fn cuda_ops_match_cpu() {
 }
 
 /// The same cases in fast precision: the GEMM ops (linear, the aligner's fused GEMM, the grouped
-/// projection, the experts) at the fast bounds, every other op at its own (fast mode changes only
-/// the GEMM tiles).
+/// projection, the experts) and attention at the fast bounds, every other op at its own.
 #[test]
 fn cuda_ops_match_cpu_in_fast_precision() {
     let opts = fovea::backend::cuda::Options {

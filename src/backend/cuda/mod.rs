@@ -86,6 +86,13 @@ const ATTENTION_THREADS: u32 = 128;
 const ATTENTION_ROWS: usize = 32;
 /// Keys per shared-memory chunk of `attention_f32` (`ATT_KEYS`).
 const ATTENTION_KEYS: usize = 32;
+/// Threads per block of `attention_fast_d*` (32 · `FA_WARPS` in cuda/attention.cu).
+const FAST_ATTENTION_THREADS: u32 = 128;
+/// Queries per block of `attention_fast_d*` (16 · `FA_WARPS`).
+const FAST_ATTENTION_ROWS: usize = 64;
+/// `attention_fast_d*`'s instantiations: the padded head widths, each with its kernel.
+const FAST_ATTENTION_WIDTHS: [(usize, &str); 4] =
+    [(16, "attention_fast_d16"), (32, "attention_fast_d32"), (64, "attention_fast_d64"), (128, "attention_fast_d128")];
 /// Block tile of the shared GEMM (`GEMM_BM` rows x `GEMM_BN` columns in cuda/common.cuh) behind
 /// `linear`, `grouped_linear` and `moe_experts`, and its threads per block (`GEMM_THREADS`, 1-D).
 /// Its shared memory is static (at most 25 KiB, the tensor-core path with f16 weights).
@@ -367,6 +374,10 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Norm, "rms_norm_f32"),
     (Source::Rope, "rope_2d_f32"),
     (Source::Attention, "attention_f32"),
+    (Source::Attention, "attention_fast_d16"),
+    (Source::Attention, "attention_fast_d32"),
+    (Source::Attention, "attention_fast_d64"),
+    (Source::Attention, "attention_fast_d128"),
     (Source::Debug, "debug_poke_u32"),
     (Source::LmSmall, "hc_expand_f32"),
     (Source::LmSmall, "rms_norm_heads_f32"),
@@ -802,6 +813,16 @@ impl CudaBackend {
     /// Compile (at the first use in this process, for this architecture) and load `name`.
     fn func(&self, src: Source, name: &'static str) -> Result<CudaFunction> {
         self.func_in(src, name, Build::Tiles(Precision::Exact))
+    }
+
+    /// The tensor-core attention kernel for head width `hd` in fast precision (f16 operands, f32
+    /// softmax: cuda/attention.cu), or none: exact precision, a device below sm_80 (no f16 MMA),
+    /// or a head wider than the widest instantiation (those take `attention_f32`).
+    fn fast_attention_kernel(&self, hd: usize) -> Option<&'static str> {
+        if self.opts.precision != Precision::Fast || self.arch < 80 {
+            return None;
+        }
+        FAST_ATTENTION_WIDTHS.iter().find(|&&(width, _)| hd <= width).map(|&(_, kernel)| kernel)
     }
 
     /// The precision a weight's GEMMs take: the lane's, or exact for a weight from
@@ -1356,7 +1377,8 @@ impl Backend for CudaBackend {
     }
 
     /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`: flash attention, one block per (tile of
-    /// `ATTENTION_ROWS` queries, head), keys streamed through shared memory.
+    /// `ATTENTION_ROWS` queries, head), keys streamed through shared memory; in fast precision on
+    /// tensor cores (`fast_attention_kernel`, `FAST_ATTENTION_ROWS` queries a block).
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, n_heads: usize) -> Result<CudaTensor> {
         const OP: &str = "attention";
         let (n, hd) = checks::attention(q, k, v, n_heads)?;
@@ -1367,6 +1389,21 @@ impl Backend for CudaBackend {
         if n == 0 || hd == 0 {
             return Ok(y);
         }
+        let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
+        let scale = 1.0 / (hd as f32).sqrt();
+        if let Some(kernel) = self.fast_attention_kernel(hd) {
+            let f = self.func(Source::Attention, kernel)?;
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(FAST_ATTENTION_ROWS) as u32, h32, 1),
+                block_dim: (FAST_ATTENTION_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut l = self.stream.launch_builder(&f);
+            l.arg(&*q.buf).arg(&*k.buf).arg(&*v.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&scale);
+            // SAFETY: arguments match `attention_fast_d*` in cuda/attention.cu; shapes checked above.
+            self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+            return Ok(y);
+        }
         // q, k, v, acc tiles, then S, P^T, alpha and factor (the layout in cuda/attention.cu)
         let ld = flash_stride(hd);
         let shared = 4
@@ -1375,8 +1412,6 @@ impl Backend for CudaBackend {
                 + 2 * ATTENTION_ROWS);
         let f =
             self.func_shared(Op::Attention, Source::Attention, "attention_f32", shared, &format!("head dim {hd}"))?;
-        let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
-        let scale = 1.0 / (hd as f32).sqrt();
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(ATTENTION_ROWS) as u32, h32, 1),
             block_dim: (ATTENTION_THREADS, 1, 1),
