@@ -468,6 +468,15 @@ __device__ __forceinline__ float gemm_combine(float hi_sum, float aux_sum) {
     return f32_is_finite(hi_sum) ? hi_sum + aux_sum : hi_sum;
 }
 
+template <int FMT>
+__device__ __forceinline__ void load_w_run(const void* w, u64 idx, float* out);
+template <int FMT>
+__device__ __forceinline__ bool gemv_w_aligned(const void* w, u64 row);
+
+// Elements a run of the small-row path (gemv_cols) and of the tile's run staging (gemm_tile_mma)
+// covers: one 16-byte load of 16-bit weights, two of f32.
+#define GEMV_RUN 8
+
 // The operand rows one thread stages: tile rows (and tile columns) tid / GEMM_KP + 8i, i < 8, at
 // k pair tid % GEMM_KP of every k step, so a warp reads two rows of 16 adjacent pairs.
 #define GEMM_STAGE_ROWS (GEMM_BM * GEMM_KP / GEMM_THREADS)
@@ -481,6 +490,7 @@ __device__ __forceinline__ float gemm_combine(float hi_sum, float aux_sum) {
 // so its operands must be ContiguousRows.
 struct ContiguousRows {
     using ARow = const float*;
+    static constexpr bool CONTIGUOUS = true; // rows are k floats: gemm_tile_mma may stage them in runs
     __device__ __forceinline__ static float a_at(const float* row, unsigned int kk) { return row[kk]; }
 };
 
@@ -590,8 +600,6 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
     constexpr unsigned int WTERMS = (!FAST && FMT == 2) ? 2 : 1;
     __shared__ unsigned int as[ATERMS][GEMM_BM][GEMM_KP_PAD];
     __shared__ unsigned int ws[WTERMS][GEMM_BN][GEMM_KP_PAD];
-    GemmStage<Op> st;
-    st.init(op, rows, cols, row0, col0);
     const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
     const unsigned int g = lane / 4u, t = lane % 4u;
     const unsigned int wm = warp / 2u, wn = warp % 2u;
@@ -601,39 +609,33 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
     for (unsigned int i = 0; i < 2; ++i)
         for (unsigned int j = 0; j < 4; ++j)
             for (unsigned int e = 0; e < 4; ++e) acc[i][j][e] = aux[i][j][e] = 0.0f;
-    for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
-        const unsigned int kk = k0 + 2u * st.kp;
-#pragma unroll
-        for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
-            const unsigned int r = threadIdx.x / GEMM_KP + 8u * i;
-            float x0, x1;
-            st.load_a(op, i, kk, k, &x0, &x1);
-            float w0, w1;
-            st.template load_w2<FMT>(w, i, kk, k, &w0, &w1);
-            if constexpr (FAST) {
-                as[0][r][st.kp] = f16x2_rn(x0, x1);
-                ws[0][r][st.kp] = f16x2_rn(w0, w1);
-                continue;
-            } else {
-                unsigned int h0, m0, l0, h1, m1, l1;
-                split_bf16x3(x0, &h0, &m0, &l0);
-                split_bf16x3(x1, &h1, &m1, &l1);
-                as[0][r][st.kp] = h0 | (h1 << 16);
-                as[1][r][st.kp] = m0 | (m1 << 16);
-                as[2][r][st.kp] = l0 | (l1 << 16);
-            }
-            if constexpr (!FAST && FMT == 2) {
+
+    // tile row r, word kw (a k pair) of the step: x0, x1 and w0, w1 as this mode's terms
+    const auto stage_pair = [&](unsigned int r, unsigned int kw, float x0, float x1, float w0, float w1) {
+        if constexpr (FAST) {
+            as[0][r][kw] = f16x2_rn(x0, x1);
+            ws[0][r][kw] = f16x2_rn(w0, w1);
+        } else {
+            unsigned int h0, m0, l0, h1, m1, l1;
+            split_bf16x3(x0, &h0, &m0, &l0);
+            split_bf16x3(x1, &h1, &m1, &l1);
+            as[0][r][kw] = h0 | (h1 << 16);
+            as[1][r][kw] = m0 | (m1 << 16);
+            as[2][r][kw] = l0 | (l1 << 16);
+            if constexpr (FMT == 2) {
                 unsigned int wh0, wl0, wh1, wl1;
                 split_bf16x2(w0, &wh0, &wl0);
                 split_bf16x2(w1, &wh1, &wl1);
-                ws[0][r][st.kp] = wh0 | (wh1 << 16);
-                ws[1][r][st.kp] = wl0 | (wl1 << 16);
+                ws[0][r][kw] = wh0 | (wh1 << 16);
+                ws[1][r][kw] = wl0 | (wl1 << 16);
             } else {
                 // bf16 weights: the decoded f32 is exact, its upper 16 bits are the weight
-                ws[0][r][st.kp] = (__float_as_uint(w0) >> 16) | (__float_as_uint(w1) >> 16 << 16);
+                ws[0][r][kw] = (__float_as_uint(w0) >> 16) | (__float_as_uint(w1) >> 16 << 16);
             }
         }
-        __syncthreads();
+    };
+    // the MMAs of one staged k step
+    const auto multiply = [&]() {
         for (unsigned int ks = 0; ks < GEMM_KP; ks += 8u) { // two k16 steps per GEMM_BK
             unsigned int af[ATERMS][2][4];
 #pragma unroll
@@ -669,7 +671,95 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
                 }
             }
         }
-        __syncthreads();
+    };
+
+    // Staging, by one of two assignments of the same shared tiles. Either way a thread loads
+    // (and a block format decodes) its values of the next k step into registers (xa, wa) before
+    // the current step's MMAs, so that the loads are in flight meanwhile.
+    // - runs: thread (rr = tid / 4, kr = tid % 4) takes tile rows rr and rr + 32, elements
+    //   8kr .. 8kr + 7 of the step (row i at xa/wa [8i, 8i + 8)): A in two 16-byte loads, W as one
+    //   8-run (load_w_run: 16-byte loads, a block format's run decoded once). It needs contiguous A
+    //   rows (the Op says so), k % 8 == 0 and rows aligned as the small-row path's runs need them,
+    //   in every thread of the block;
+    // - pairs, otherwise (odd shapes, the aligner's gathered rows): tile rows tid / 16 + 8i
+    //   (i < 8), k pair tid % 16 (GemmStage), element loads (row i at xa/wa [2i, 2i + 2)).
+    // The two are separate loops so that each keeps only its own addressing in registers.
+    float xa[16], wa[16];
+    constexpr unsigned int RUN_ROWS = GEMM_BM * GEMM_BK / GEMV_RUN / GEMM_THREADS; // 2
+    bool runs = false;
+    const float* a_run[RUN_ROWS];
+    u64 w_run[RUN_ROWS];
+    const unsigned int rr = threadIdx.x / 4u, kr = threadIdx.x % 4u;
+    if constexpr (Op::CONTIGUOUS) {
+        bool ok = k % GEMV_RUN == 0u;
+#pragma unroll
+        for (unsigned int i = 0; i < RUN_ROWS; ++i) {
+            const unsigned int r = rr + 32u * i;
+            a_run[i] = row0 + r < rows ? op.a_row(row0 + r) : 0;
+            w_run[i] = col0 + r < cols ? op.w_row(col0 + r) : ~0ull;
+            ok = ok && ((u64)a_run[i] & 15u) == 0u && (w_run[i] == ~0ull || gemv_w_aligned<FMT>(w, w_run[i]));
+        }
+        runs = __syncthreads_and(ok);
+    }
+    if (runs) {
+        const auto fetch = [&](unsigned int k0) {
+            const unsigned int kk = k0 + GEMV_RUN * kr;
+#pragma unroll
+            for (unsigned int i = 0; i < RUN_ROWS; ++i) {
+                float* x = xa + GEMV_RUN * i;
+                float* v = wa + GEMV_RUN * i;
+                if (a_run[i] && kk < k) {
+                    const fa_f4 lo = *reinterpret_cast<const fa_f4*>(a_run[i] + kk);
+                    const fa_f4 hi = *reinterpret_cast<const fa_f4*>(a_run[i] + kk + 4u);
+                    x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w;
+                    x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
+                } else {
+#pragma unroll
+                    for (unsigned int e = 0; e < GEMV_RUN; ++e) x[e] = 0.0f;
+                }
+                if (w_run[i] != ~0ull && kk < k) {
+                    load_w_run<FMT>(w, w_run[i] + kk, v);
+                } else {
+#pragma unroll
+                    for (unsigned int e = 0; e < GEMV_RUN; ++e) v[e] = 0.0f;
+                }
+            }
+        };
+        fetch(0u);
+        for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
+#pragma unroll
+            for (unsigned int i = 0; i < RUN_ROWS; ++i)
+#pragma unroll
+                for (unsigned int e = 0; e < GEMV_RUN / 2u; ++e) {
+                    const unsigned int at = GEMV_RUN * i + 2u * e;
+                    stage_pair(rr + 32u * i, 4u * kr + e, xa[at], xa[at + 1u], wa[at], wa[at + 1u]);
+                }
+            __syncthreads();
+            if (k0 + GEMM_BK < k) fetch(k0 + GEMM_BK);
+            multiply();
+            __syncthreads();
+        }
+    } else {
+        GemmStage<Op> st;
+        st.init(op, rows, cols, row0, col0);
+        const auto fetch = [&](unsigned int k0) {
+            const unsigned int kk = k0 + 2u * st.kp;
+#pragma unroll
+            for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
+                st.load_a(op, i, kk, k, &xa[2 * i], &xa[2 * i + 1]);
+                st.template load_w2<FMT>(w, i, kk, k, &wa[2 * i], &wa[2 * i + 1]);
+            }
+        };
+        fetch(0u);
+        for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
+#pragma unroll
+            for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i)
+                stage_pair(threadIdx.x / GEMM_KP + 8u * i, st.kp, xa[2 * i], xa[2 * i + 1], wa[2 * i], wa[2 * i + 1]);
+            __syncthreads();
+            if (k0 + GEMM_BK < k) fetch(k0 + GEMM_BK);
+            multiply();
+            __syncthreads();
+        }
     }
 #pragma unroll
     for (unsigned int i = 0; i < 2; ++i)
@@ -726,7 +816,6 @@ __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned 
 // single elements, with the same reduction.
 // Block GEMM_THREADS; block b owns columns 2b, 2b + 1.
 #define GEMV_ROWS 8
-#define GEMV_RUN 8
 #define GEMV_WARPS (GEMM_THREADS / 32)
 
 // Eight 16-bit weights (one 16-byte load).

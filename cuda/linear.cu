@@ -81,6 +81,7 @@ struct UnfoldCell {
 
 struct UnfoldOperands {
     using ARow = UnfoldCell;
+    static constexpr bool CONTIGUOUS = false; // rows gathered from the grid: gemm_tile_mma stages pairs
     const float* x;
     const float* bias; // [out], or null
     float* y;

@@ -48,6 +48,16 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 
 inline void __syncthreads() { g_bar->arrive_and_wait(); }
 inline unsigned emu_tid() { return threadIdx.y * blockDim.x + threadIdx.x; }
+inline std::vector<int> g_pred; // per thread: its predicate in __syncthreads_and
+// 1 when every thread of the block passes a non-zero predicate (a barrier, as in CUDA)
+inline int __syncthreads_and(int p) {
+    g_pred[emu_tid()] = p != 0;
+    g_bar->arrive_and_wait();
+    int all = 1;
+    for (int v : g_pred) all &= v;
+    g_bar->arrive_and_wait(); // everyone has read before the next call writes
+    return all;
+}
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     unsigned t = emu_tid();
     g_shfl[t] = v;
@@ -167,6 +177,7 @@ void emu_launch(void (*k)(A...), dim3 grid, dim3 block, size_t dyn_smem_bytes, A
     const unsigned nt = block.x * block.y;
     g_shfl.assign(nt, 0.0f);
     g_mma.assign(nt * 6, 0u);
+    g_pred.assign(nt, 0);
     g_dyn_smem.assign(dyn_smem_bytes / 4 + 1, 0.0f);
     for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
