@@ -67,54 +67,118 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 // f32 accumulators); the scale, the online softmax (running max, exp, denominator) and the output
 // stay f32. q, k and v are each rounded once to f16, as fast precision's GEMM operands are, and so
 // are the probabilities p (in [0, 1]) before p·v (tests/ops.rs derives the bound). The suffix is
-// the padded head width HDP >= hd: dims hd .. HDP are staged as zeros (q·k is unchanged, the extra
-// output columns are never written).
+// the padded head width HDP >= hd: dims hd .. HDP are zeros (q·k is unchanged, the extra output
+// columns are never written).
 //
-// A block of FA_WARPS warps takes 16·FA_WARPS queries of one head (grid (ceil(n / (16·FA_WARPS)),
-// heads)). Each warp keeps its 16 queries' A fragments and their 16 × HDP output accumulators in
-// registers and streams the head's keys in chunks of FA_KEYS through shared memory: K as f16 pairs
-// along the head dim, V transposed (f16 pairs along the keys), the two layouts the B fragments read
-// with one 32-bit load each (mma_m16n8k16_bf16 in common.cuh has the fragment layout). Rows padded
-// by 4 words put each fragment load of a warp on 32 distinct banks. The score fragments of two
-// adjacent 8-key tiles are the A fragment of p·v for those 16 keys (FlashAttention-2's register
-// reuse). Keys past n score -inf (p = 0); query rows past n run on zeros and are not written. A NaN
-// in a query row makes that row's outputs NaN (its max skips the NaN, its exps are NaN), nothing else.
+// Two launches. attention_kv_f16 writes k and v once as the MMAs' f16 operands, zero-padded to
+// np keys (n rounded up to FA_KEYS) and HDP dims, into one buffer of 2·heads·np·HDP/2 words:
+//   kh [heads][np][HDP/2]  words of two f16 along the head dim (the low half the lower dim),
+//   vt [heads][HDP][np/2]  words of two f16 along the keys (V transposed: the low half the lower key),
+// the layouts the B fragments read with one 32-bit load each (mma_m16n8k16_bf16 in common.cuh has
+// the fragment layout). attention_fast_d* then takes 16·FA_WARPS queries of one head a block (grid
+// (ceil(n / (16·FA_WARPS)), heads)): each warp keeps its 16 queries' A fragments and their 16 × HDP
+// output accumulators in registers, and the block streams the head's chunks of FA_KEYS keys
+// through two shared-memory stages with cp.async (16-byte copies, the next chunk in flight while
+// the current one multiplies; dynamic shared memory 2 · (FA_KEYS·KW + HDP·VW) words, the host
+// mirrors it). Rows padded by 4 words put each fragment load of a warp on 32 distinct banks. The
+// score fragments of two adjacent 8-key tiles are the A fragment of p·v for those 16 keys
+// (FlashAttention-2's register reuse). Keys past n (the last chunk only) score -inf (p = 0); query
+// rows past n run on zeros and are not written. A NaN in a query row makes that row's outputs
+// NaN (its max skips the NaN, its exps are NaN), nothing else.
 #define FA_WARPS 4
 #define FA_KEYS 64
-
-// Elements d .. d + 3 of a row of hd floats (row = 0: a missing row, zeros), 0 past hd; vec4: hd
-// is a multiple of 4 (the row starts on 16 bytes).
-__device__ __forceinline__ fa_f4 fa_load4(const float* row, unsigned int d, unsigned int hd, bool vec4) {
-    if (!row) return fa_f4{0.0f, 0.0f, 0.0f, 0.0f};
-    if (vec4 && d < hd) return *reinterpret_cast<const fa_f4*>(row + d);
-    return fa_f4{d < hd ? row[d] : 0.0f, d + 1u < hd ? row[d + 1u] : 0.0f, d + 2u < hd ? row[d + 2u] : 0.0f,
-                 d + 3u < hd ? row[d + 3u] : 0.0f};
-}
 
 // Elements d, d + 1 of a row (0 past hd or for a missing row) as an f16 pair, d in the low half.
 __device__ __forceinline__ unsigned int fa_pair16(const float* row, unsigned int d, unsigned int hd) {
     return f16x2_rn(row && d < hd ? row[d] : 0.0f, row && d + 1u < hd ? row[d + 1u] : 0.0f);
 }
 
+// k, v [n, heads·hd] -> kv16 = kh then vt (above), a thread per word (grid-stride).
+extern "C" __global__ void attention_kv_f16(const float* k, const float* v, unsigned int* kv16, unsigned int n,
+                                            unsigned int heads, unsigned int hd, unsigned int hdp, unsigned int np) {
+    const u64 words = (u64)heads * np * (hdp / 2u), cols = (u64)heads * hd;
+    for (u64 e = flat_index(); e < 2u * words; e += flat_stride()) {
+        if (e < words) {
+            const unsigned int dw = (unsigned int)(e % (hdp / 2u));
+            const u64 hj = e / (hdp / 2u);
+            const unsigned int j = (unsigned int)(hj % np), h = (unsigned int)(hj / np);
+            kv16[e] = fa_pair16(j < n ? k + j * cols + (u64)h * hd : 0, 2u * dw, hd);
+        } else {
+            const u64 f = e - words;
+            const unsigned int jw = (unsigned int)(f % (np / 2u));
+            const u64 hdim = f / (np / 2u);
+            const unsigned int d = (unsigned int)(hdim % hdp), h = (unsigned int)(hdim / hdp), j = 2u * jw;
+            const float* col = v + (u64)h * hd + d;
+            const bool in = d < hd;
+            kv16[e] = f16x2_rn(in && j < n ? col[j * cols] : 0.0f, in && j + 1u < n ? col[(j + 1u) * cols] : 0.0f);
+        }
+    }
+}
+
+// 16 bytes from global memory to shared memory without passing through registers (cp.async.cg,
+// sm_80+; the host emulator copies at once), and the group bookkeeping: commit the copies issued
+// so far as a group; wait until at most N groups are still in flight.
+__device__ __forceinline__ void fa_cp16(unsigned int* dst, const unsigned int* src) {
+#if defined(CUDA_EMU)
+    std::memcpy(dst, src, 16);
+#elif !GEMM_TENSOR_CORES
+    __trap(); // the host launches these kernels on sm_80+ only
+#else
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+#endif
+}
+__device__ __forceinline__ void fa_cp_commit() {
+#if !defined(CUDA_EMU) && GEMM_TENSOR_CORES
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void fa_cp_wait() {
+#if !defined(CUDA_EMU) && GEMM_TENSOR_CORES
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
 template <int HDP>
-__device__ __forceinline__ void attention_fast(const float* q, const float* k, const float* v, float* out,
-                                               unsigned int n, unsigned int heads, unsigned int hd, float scale) {
-    constexpr int KT = HDP / 16;         // k16 steps of q·kᵀ
-    constexpr int DT = HDP / 8;          // n8 tiles of the output
-    constexpr int NT = FA_KEYS / 8;      // n8 tiles of a chunk's scores
-    constexpr int KW = HDP / 2 + 4;      // words a staged K row (f16 pairs along the head dim)
-    constexpr int VW = FA_KEYS / 2 + 4;  // words a staged Vᵀ row (f16 pairs along the keys)
-    constexpr int THREADS = 32 * FA_WARPS;
-    static_assert(HDP % 16 == 0 && FA_KEYS % 16 == 0, "attention_fast: MMA shapes");
-    __shared__ unsigned int ks[FA_KEYS * KW]; // [key][word]
-    __shared__ unsigned int vt[HDP * VW];     // [dim][key pair]
+__device__ __forceinline__ void attention_fast(const float* q, const unsigned int* kv16, float* out, unsigned int n,
+                                               unsigned int heads, unsigned int hd, unsigned int np, float scale) {
+    constexpr int KT = HDP / 16;                          // k16 steps of q·kᵀ
+    constexpr int DT = HDP / 8;                           // n8 tiles of the output
+    constexpr int NT = FA_KEYS / 8;                       // n8 tiles of a chunk's scores
+    constexpr unsigned int KW = HDP / 2 + 4;              // words a staged K row
+    constexpr unsigned int VW = FA_KEYS / 2 + 4;          // words a staged Vᵀ row
+    constexpr unsigned int STAGE = FA_KEYS * KW + HDP * VW; // words a stage: K chunk, then Vᵀ chunk
+    constexpr unsigned int THREADS = 32 * FA_WARPS;
+    static_assert(HDP % 16 == 0 && FA_KEYS % 16 == 0 && KW % 4 == 0 && VW % 4 == 0, "attention_fast: shapes");
+    extern __shared__ float smem[];
+    unsigned int* stages = reinterpret_cast<unsigned int*>(smem); // [2][STAGE]
 
     const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, g = lane / 4u, t = lane % 4u;
     const u64 cols = (u64)heads * hd, head_off = (u64)blockIdx.y * hd;
-    const bool vec4 = hd % 4u == 0u;
+    const unsigned int* kg = kv16 + (u64)blockIdx.y * np * (HDP / 2);                              // [np][HDP/2]
+    const unsigned int* vg = kv16 + (u64)heads * np * (HDP / 2) + (u64)blockIdx.y * HDP * (np / 2u); // [HDP][np/2]
+    // the copies of chunk c (keys c·FA_KEYS ..) into stage b, as one group
+    const auto issue = [&](unsigned int c, unsigned int b) {
+        unsigned int* ks = stages + b * STAGE;
+        unsigned int* vs = ks + FA_KEYS * KW;
+        const unsigned int j0 = c * FA_KEYS;
+        for (unsigned int u = threadIdx.x; u < FA_KEYS * (HDP / 8); u += THREADS) {
+            const unsigned int r = u / (HDP / 8), p = 4u * (u % (HDP / 8));
+            fa_cp16(ks + r * KW + p, kg + (u64)(j0 + r) * (HDP / 2) + p);
+        }
+        for (unsigned int u = threadIdx.x; u < HDP * (FA_KEYS / 8); u += THREADS) {
+            const unsigned int d = u / (FA_KEYS / 8), p = 4u * (u % (FA_KEYS / 8));
+            fa_cp16(vs + d * VW + p, vg + (u64)d * (np / 2u) + j0 / 2u + p);
+        }
+        fa_cp_commit();
+    };
+
     const unsigned int i0 = blockIdx.x * (16u * FA_WARPS) + warp * 16u; // the warp's first query
     const float* q0 = i0 + g < n ? q + (i0 + g) * cols + head_off : 0;
     const float* q1 = i0 + g + 8u < n ? q + (i0 + g + 8u) * cols + head_off : 0;
+    const unsigned int chunks = np / FA_KEYS;
+    issue(0u, 0u);
     unsigned int qa[KT][4]; // rows g and g + 8, dims kt·16 + 2t (+1) and + 8
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
@@ -130,25 +194,17 @@ __device__ __forceinline__ void attention_fast(const float* q, const float* k, c
     for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f; // rows g, g + 8: running max, this thread's part of the sum
 
-    for (unsigned int j0 = 0; j0 < n; j0 += FA_KEYS) {
-        __syncthreads(); // the previous chunk's K and Vᵀ are consumed
-        for (unsigned int u = threadIdx.x; u < FA_KEYS * (HDP / 4); u += THREADS) {
-            const unsigned int r = u / (HDP / 4), d = 4u * (u % (HDP / 4)), j = j0 + r;
-            const fa_f4 x = fa_load4(j < n ? k + j * cols + head_off : 0, d, hd, vec4);
-            ks[r * KW + d / 2u] = f16x2_rn(x.x, x.y);
-            ks[r * KW + d / 2u + 1u] = f16x2_rn(x.z, x.w);
+    for (unsigned int c = 0; c < chunks; ++c) {
+        if (c + 1u < chunks) {
+            issue(c + 1u, (c + 1u) % 2u);
+            fa_cp_wait<1>(); // chunk c's group has landed (c + 1's may still be in flight)
+        } else {
+            fa_cp_wait<0>();
         }
-        // a warp takes 32 consecutive key pairs of one 4-dim group: its Vᵀ stores hit 32 banks
-        for (unsigned int u = threadIdx.x; u < (FA_KEYS / 2) * (HDP / 4); u += THREADS) {
-            const unsigned int kp = u % (FA_KEYS / 2), d = 4u * (u / (FA_KEYS / 2)), j = j0 + 2u * kp;
-            const fa_f4 a = fa_load4(j < n ? v + j * cols + head_off : 0, d, hd, vec4);
-            const fa_f4 b = fa_load4(j + 1u < n ? v + (j + 1u) * cols + head_off : 0, d, hd, vec4);
-            vt[d * VW + kp] = f16x2_rn(a.x, b.x);
-            vt[(d + 1u) * VW + kp] = f16x2_rn(a.y, b.y);
-            vt[(d + 2u) * VW + kp] = f16x2_rn(a.z, b.z);
-            vt[(d + 3u) * VW + kp] = f16x2_rn(a.w, b.w);
-        }
-        __syncthreads();
+        __syncthreads(); // every thread's copies of chunk c are visible
+        const unsigned int* ks = stages + (c % 2u) * STAGE;
+        const unsigned int* vs = ks + FA_KEYS * KW;
+        const unsigned int j0 = c * FA_KEYS;
 
         // s[nt]: scores of rows g (0, 1) and g + 8 (2, 3) with keys j0 + nt·8 + 2t (+1)
         float s[NT][4];
@@ -162,16 +218,22 @@ __device__ __forceinline__ void attention_fast(const float* q, const float* k, c
                 mma_m16n8k16_f16(s[nt], qa[kt], b);
             }
         }
-        float mx0 = m0, mx1 = m1;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const unsigned int j = j0 + nt * 8u + 2u * t + (e & 1u);
-                s[nt][e] = j < n ? s[nt][e] * scale_log2 : NEG_INF;
-                if (e < 2) mx0 = fmaxf(mx0, s[nt][e]);
-                else mx1 = fmaxf(mx1, s[nt][e]);
-            }
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+        if (j0 + FA_KEYS > n) // the last chunk: its padding keys score -inf
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (j0 + nt * 8u + 2u * t + (e & 1u) >= n) s[nt][e] = NEG_INF;
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
 #pragma unroll
         for (int o2 = 1; o2 < 4; o2 <<= 1) {
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
@@ -203,11 +265,12 @@ __device__ __forceinline__ void attention_fast(const float* q, const float* k, c
                                         f16x2_rn(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
-                const unsigned int* vr = vt + (dt * 8u + g) * VW + kk * 8u + t;
+                const unsigned int* vr = vs + (dt * 8u + g) * VW + kk * 8u + t;
                 const unsigned int b[2] = {vr[0], vr[4]};
                 mma_m16n8k16_f16(o[dt], pa, b);
             }
         }
+        __syncthreads(); // stage c % 2 is consumed before chunk c + 2's copies overwrite it
     }
 #pragma unroll
     for (int o2 = 1; o2 < 4; o2 <<= 1) {
@@ -227,11 +290,11 @@ __device__ __forceinline__ void attention_fast(const float* q, const float* k, c
     }
 }
 
-#define ATTENTION_FAST_KERNEL(HDP)                                                                         \
-    extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)                                           \
-        attention_fast_d##HDP(const float* q, const float* k, const float* v, float* out, unsigned int n, \
-                              unsigned int heads, unsigned int hd, float scale) {                         \
-        attention_fast<HDP>(q, k, v, out, n, heads, hd, scale);                                           \
+#define ATTENTION_FAST_KERNEL(HDP)                                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)                                                 \
+        attention_fast_d##HDP(const float* q, const unsigned int* kv16, float* out, unsigned int n,             \
+                              unsigned int heads, unsigned int hd, unsigned int np, float scale) {              \
+        attention_fast<HDP>(q, kv16, out, n, heads, hd, np, scale);                                             \
     }
 ATTENTION_FAST_KERNEL(16)
 ATTENTION_FAST_KERNEL(32)

@@ -90,6 +90,9 @@ const ATTENTION_KEYS: usize = 32;
 const FAST_ATTENTION_THREADS: u32 = 128;
 /// Queries per block of `attention_fast_d*` (16 · `FA_WARPS`).
 const FAST_ATTENTION_ROWS: usize = 64;
+/// Keys per shared-memory chunk of `attention_fast_d*` (`FA_KEYS`); `attention_kv_f16` pads the
+/// keys to a multiple of it.
+const FAST_ATTENTION_KEYS: usize = 64;
 /// `attention_fast_d*`'s instantiations: the padded head widths, each with its kernel.
 const FAST_ATTENTION_WIDTHS: [(usize, &str); 4] =
     [(16, "attention_fast_d16"), (32, "attention_fast_d32"), (64, "attention_fast_d64"), (128, "attention_fast_d128")];
@@ -374,6 +377,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Norm, "rms_norm_f32"),
     (Source::Rope, "rope_2d_f32"),
     (Source::Attention, "attention_f32"),
+    (Source::Attention, "attention_kv_f16"),
     (Source::Attention, "attention_fast_d16"),
     (Source::Attention, "attention_fast_d32"),
     (Source::Attention, "attention_fast_d64"),
@@ -816,13 +820,13 @@ impl CudaBackend {
     }
 
     /// The tensor-core attention kernel for head width `hd` in fast precision (f16 operands, f32
-    /// softmax: cuda/attention.cu), or none: exact precision, a device below sm_80 (no f16 MMA),
+    /// softmax: cuda/attention.cu) with its padded width, or none: exact precision, a device below sm_80 (no f16 MMA),
     /// or a head wider than the widest instantiation (those take `attention_f32`).
-    fn fast_attention_kernel(&self, hd: usize) -> Option<&'static str> {
+    fn fast_attention_kernel(&self, hd: usize) -> Option<(usize, &'static str)> {
         if self.opts.precision != Precision::Fast || self.arch < 80 {
             return None;
         }
-        FAST_ATTENTION_WIDTHS.iter().find(|&&(width, _)| hd <= width).map(|&(_, kernel)| kernel)
+        FAST_ATTENTION_WIDTHS.iter().find(|&&(width, _)| hd <= width).copied()
     }
 
     /// The precision a weight's GEMMs take: the lane's, or exact for a weight from
@@ -1391,16 +1395,34 @@ impl Backend for CudaBackend {
         }
         let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
         let scale = 1.0 / (hd as f32).sqrt();
-        if let Some(kernel) = self.fast_attention_kernel(hd) {
-            let f = self.func(Source::Attention, kernel)?;
+        if let Some((width, kernel)) = self.fast_attention_kernel(hd) {
+            // k and v once as f16 operands, padded to `keys` and `width` (kh then vt: cuda/attention.cu)
+            let keys = n.div_ceil(FAST_ATTENTION_KEYS) * FAST_ATTENTION_KEYS;
+            let words = n_heads * keys * width / 2;
+            let mut kv16 = self.alloc(OP, vec![2 * words], DType::I32)?;
+            let sizes = [n32, h32, hd32, width as u32, check_u32(OP, "padded keys", keys)?];
+            self.launch_1d(
+                OP,
+                Source::Attention,
+                "attention_kv_f16",
+                &[&*k.buf, &*v.buf],
+                &mut kv16,
+                &sizes,
+                2 * words,
+            )?;
+            // two stages of a key chunk and its transposed values, in words
+            let shared = 4 * 2 * (FAST_ATTENTION_KEYS * (width / 2 + 4) + width * (FAST_ATTENTION_KEYS / 2 + 4));
+            let f = self.func_shared(Op::Attention, Source::Attention, kernel, shared, &format!("head dim {hd}"))?;
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(FAST_ATTENTION_ROWS) as u32, h32, 1),
                 block_dim: (FAST_ATTENTION_THREADS, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: shared as u32,
             };
+            let keys32 = keys as u32;
             let mut l = self.stream.launch_builder(&f);
-            l.arg(&*q.buf).arg(&*k.buf).arg(&*v.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&scale);
-            // SAFETY: arguments match `attention_fast_d*` in cuda/attention.cu; shapes checked above.
+            l.arg(&*q.buf).arg(&*kv16.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&keys32).arg(&scale);
+            // SAFETY: arguments match `attention_fast_d*` in cuda/attention.cu; kv16 holds the
+            // 2 · heads · keys · width / 2 words it reads, shapes checked above.
             self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
             return Ok(y);
         }
