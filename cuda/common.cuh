@@ -544,7 +544,8 @@ struct GemmStage {
 // owns rows tr + 8i (i < 8) and columns 2tc + 32j + {0, 1} (j < 2).
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_tile_fma(const Op& op, const void* w, unsigned int rows, unsigned int cols,
-                                              unsigned int k, unsigned int row0, unsigned int col0) {
+                                              unsigned int k, unsigned int row0, unsigned int col0,
+                                              unsigned int k_begin) {
     __shared__ float as[GEMM_BM][GEMM_BK + 1];
     __shared__ float ws[GEMM_BN][GEMM_BK + 1];
     GemmStage<Op> st;
@@ -554,7 +555,7 @@ __device__ __forceinline__ void gemm_tile_fma(const Op& op, const void* w, unsig
 #pragma unroll
     for (unsigned int i = 0; i < 8; ++i)
         for (unsigned int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
+    for (unsigned int k0 = k_begin; k0 < k; k0 += GEMM_BK) {
         const unsigned int kk = k0 + 2u * st.kp;
 #pragma unroll
         for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i) {
@@ -592,7 +593,8 @@ __device__ __forceinline__ void gemm_tile_fma(const Op& op, const void* w, unsig
 // (warp / 2, warp % 2) owns rows wm*32 + 16i (i < 2) and columns wn*32 + 8j (j < 4).
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsigned int rows, unsigned int cols,
-                                              unsigned int k, unsigned int row0, unsigned int col0) {
+                                              unsigned int k, unsigned int row0, unsigned int col0,
+                                              unsigned int k_begin) {
     // fast: one rounded f16 term of each operand; exact: x in three bf16, an f16 weight in two.
     // FAST depends on FMT so that the branch of the other mode is never instantiated.
     constexpr bool FAST = FOVEA_FAST && FMT >= 0;
@@ -691,7 +693,7 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
     u64 w_run[RUN_ROWS];
     const unsigned int rr = threadIdx.x / 4u, kr = threadIdx.x % 4u;
     if constexpr (Op::CONTIGUOUS) {
-        bool ok = k % GEMV_RUN == 0u;
+        bool ok = k % GEMV_RUN == 0u && k_begin % GEMV_RUN == 0u;
 #pragma unroll
         for (unsigned int i = 0; i < RUN_ROWS; ++i) {
             const unsigned int r = rr + 32u * i;
@@ -725,8 +727,8 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
                 }
             }
         };
-        fetch(0u);
-        for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
+        fetch(k_begin);
+        for (unsigned int k0 = k_begin; k0 < k; k0 += GEMM_BK) {
 #pragma unroll
             for (unsigned int i = 0; i < RUN_ROWS; ++i)
 #pragma unroll
@@ -750,8 +752,8 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
                 st.template load_w2<FMT>(w, i, kk, k, &wa[2 * i], &wa[2 * i + 1]);
             }
         };
-        fetch(0u);
-        for (unsigned int k0 = 0; k0 < k; k0 += GEMM_BK) {
+        fetch(k_begin);
+        for (unsigned int k0 = k_begin; k0 < k; k0 += GEMM_BK) {
 #pragma unroll
             for (unsigned int i = 0; i < GEMM_STAGE_ROWS; ++i)
                 stage_pair(threadIdx.x / GEMM_KP + 8u * i, st.kp, xa[2 * i], xa[2 * i + 1], wa[2 * i], wa[2 * i + 1]);
@@ -783,13 +785,16 @@ __device__ __forceinline__ void gemm_tile_mma(const Op& op, const void* w, unsig
 // products of the exact decoded value, the same arithmetic as f32 weights. Faster block-format
 // tiles (decode once per block into shared memory, integer MMAs) are the speed issue's.
 // In fast precision every format takes the tensor cores (one rounded f16 term per operand).
+// k_begin .. k is the k range the tile sums (k_begin a multiple of GEMM_BK): 0 .. the row length,
+// or one range of a k split (linear.cu); operand offsets stay those of whole rows.
 template <int FMT, class Op>
 __device__ __forceinline__ void gemm_tile(const Op& op, const void* w, unsigned int rows, unsigned int cols,
-                                          unsigned int k, unsigned int row0, unsigned int col0) {
+                                          unsigned int k, unsigned int row0, unsigned int col0,
+                                          unsigned int k_begin = 0u) {
     if constexpr ((FOVEA_FAST || FMT == 1 || FMT == 2) && GEMM_TENSOR_CORES)
-        gemm_tile_mma<FMT>(op, w, rows, cols, k, row0, col0);
+        gemm_tile_mma<FMT>(op, w, rows, cols, k, row0, col0, k_begin);
     else
-        gemm_tile_fma<FMT>(op, w, rows, cols, k, row0, col0);
+        gemm_tile_fma<FMT>(op, w, rows, cols, k, row0, col0, k_begin);
 }
 
 // Few rows (decode: one token, or the few slots of each expert): a 64-row tile would stage

@@ -24,11 +24,11 @@ struct LinearOperands : ContiguousRows {
     }
 };
 
-// A few rows and few output columns (a hyper-connection mix: 24 columns of 16384) give too few
-// column pairs to stream the weight, so the host splits k: with gridDim.y > 1 on the small-row
-// path, block (pair, s) takes k-range s, k_chunk wide (a multiple of 1024), and stores its
-// plain sums in part [s] [n, out]; sum_splits_f32 (elementwise.cu) adds the ranges in order and the
-// bias. (The tile path's gridDim.y is its row tiles.)
+// Few output columns (a hyper-connection mix: 24 columns of 16384) give too few blocks to stream
+// the weight, so the host splits k: block (.., s) takes k-range s, k_chunk wide (a multiple of
+// 1024), and stores its plain sums in part [s] [n, out]; sum_splits_f32 (elementwise.cu) adds the
+// ranges in order and the bias. The small-row path's splits are gridDim.y (block (pair, s)); the
+// tile path's are gridDim.z (block (column block, row tile, s)), its gridDim.y being the row tiles.
 template <int FMT>
 __device__ __forceinline__ void linear_tiled(const float* x, const void* w, const float* bias, float* y, float* part,
                                              unsigned int n, unsigned int k, unsigned int out,
@@ -38,6 +38,14 @@ __device__ __forceinline__ void linear_tiled(const float* x, const void* w, cons
         const unsigned int k0 = blockIdx.y * k_chunk, k1 = k - k0 > k_chunk ? k0 + k_chunk : k;
         const LinearOperands op{{}, x, 0, part + (u64)blockIdx.y * n * out, k, out};
         gemv_block<FMT>(op, w, n, out, k, k0, k1, blockIdx.x);
+        return;
+    }
+#endif
+#if FOVEA_GEMM_PATH != GEMM_PATH_ROWS
+    if (n > GEMV_ROWS && gridDim.z > 1u) {
+        const unsigned int k0 = blockIdx.z * k_chunk, k1 = k - k0 > k_chunk ? k0 + k_chunk : k;
+        const LinearOperands op{{}, x, 0, part + (u64)blockIdx.z * n * out, k, out};
+        gemm_tile<FMT>(op, w, n, out, k1, blockIdx.y * GEMM_BM, blockIdx.x * GEMM_BN, k0);
         return;
     }
 #endif

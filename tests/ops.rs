@@ -1130,6 +1130,14 @@ fn cuda_block_cases() -> Vec<Case> {
     out
 }
 
+/// The tile path's k split (CUDA: a grid of one block, 21 rows x 24 columns of 4096 with a bias,
+/// split in 4 ranges over grid z and summed, as a prefill chunk's hyper-connection mix is), in
+/// every format.
+fn tile_split_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0x5b17);
+    WeightFormat::ALL.into_iter().map(|format| linear_case(&mut r, format, 21, 4096, 24, " (tile, k split)")).collect()
+}
+
 /// Block-format weights over many row chunks (run with a 1 KiB binding cap; x stays under it):
 /// linear and embed_rows in every block format.
 fn block_chunked_cases() -> Vec<Case> {
@@ -1392,6 +1400,7 @@ fn wgpu_ops_match_cpu() {
     all.extend(lm_cases());
     all.extend(block_cases());
     all.extend(small_row_cases());
+    all.extend(tile_split_cases());
     eprintln!("small-row reduction on {}: {:?}", lane.adapter_info().name, lane.reduction());
     let covered = compare_with_cpu(&lane, all);
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
@@ -1422,6 +1431,7 @@ fn weight_op_cases() -> Vec<Case> {
         .chain(lm_cases())
         .chain(block_cases())
         .chain(small_row_cases())
+        .chain(tile_split_cases())
         .filter(|c| c.weight.is_some() || !c.experts.is_empty())
         .collect()
 }
@@ -1565,6 +1575,7 @@ fn cuda_ops_match_cpu_in_fast_precision() {
 fn cuda_cases(lane: &CudaBackend) -> Vec<Case> {
     let mut all = cases();
     all.extend(extra_cases());
+    all.extend(tile_split_cases());
     all.extend(
         block_cases()
             .into_iter()

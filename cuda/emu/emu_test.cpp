@@ -1805,7 +1805,8 @@ static void test_block_formats() {
 
 // The small-row path over long rows (k = 4096 and 2048: several runs a thread) in the q2 mix's
 // formats and Q4_K, one row and three, five columns (the last pair has one), whole and split over
-// k as the host splits narrow outputs (linear.cu), and an f16 mix split five ways.
+// k as the host splits narrow outputs (linear.cu), and an f16 mix split five ways; the same for the
+// tile path (13 rows; 70 rows of the mix), whose splits are gridDim.z.
 static void test_gemv_long_rows() {
     const auto goldens = load_golden_blocks();
     unsigned seen = 0;
@@ -1817,7 +1818,7 @@ static void test_gemv_long_rows() {
         if (lower != #SFX) continue;                                                                        \
         ++seen;                                                                                             \
         for (unsigned k : {4096u, 2048u})                                                                   \
-            for (unsigned n : {1u, 3u}) {                                                                   \
+            for (unsigned n : {1u, 3u, 13u}) {                                                              \
                 const unsigned o = 5;                                                                       \
                 std::vector<unsigned char> w;                                                               \
                 std::vector<float> wdec;                                                                    \
@@ -1839,7 +1840,9 @@ static void test_gemv_long_rows() {
                 /* split over k as the host does for narrow outputs: ranges of 1024, then sum_splits_f32 */ \
                 const unsigned splits = k / 1024;                                                           \
                 std::vector<float> part(splits * n * o, NAN), ys(n * o);                                    \
-                emu_launch(linear_##SFX, dim3{gemm_grid(n, o).x, splits}, {128}, 0, (const float*)x.data(), \
+                const dim3 tiles = gemm_grid(n, o);                                                         \
+                const dim3 sgrid = n <= 8 ? dim3{tiles.x, splits} : dim3{tiles.x, tiles.y, splits};         \
+                emu_launch(linear_##SFX, sgrid, {128}, 0, (const float*)x.data(),                           \
                            (const void*)w.data(), (const float*)b.data(), ys.data(), part.data(), n, k, o, 1u, 1024u); \
                 emu_launch(sum_splits_f32, {blocks1d(n * o)}, {256}, 0, (const float*)part.data(),          \
                            (const float*)b.data(), ys.data(), n * o, o, splits, 1u);                        \
@@ -1849,17 +1852,20 @@ static void test_gemv_long_rows() {
     }
     FOR_EACH_BLOCK_FORMAT(GEMV_LONG_CASE)
 #undef GEMV_LONG_CASE
-    // an f16 hyper-connection-like mix split over k: 24 columns of 5120 (five ranges, the last 1024)
-    {
-        const unsigned n = 2, k = 5120, o = 24, splits = 5;
+    // an f16 hyper-connection-like mix split over k: 24 columns of 5120 (five ranges, the last 1024),
+    // for a decode step (2 rows) and a prefill chunk (70 rows: the tile path)
+    for (const unsigned n : {2u, 70u}) {
+        const unsigned k = 5120, o = 24, splits = 5;
         const auto wf = randv(o * k, 0.05f);
         std::vector<uint16_t> w16;
         std::vector<float> wdec;
         make_weight(2, wf, w16, wdec);
         auto x = randv(n * k, 1), b = randv(o, 0.5);
         std::vector<float> part(splits * n * o, NAN), y(n * o), want(n * o);
-        emu_launch(linear_f16, dim3{gemm_grid(n, o).x, splits}, {128}, 0, (const float*)x.data(),
-                   (const unsigned short*)w16.data(), (const float*)b.data(), y.data(), part.data(), n, k, o, 1u, 1024u);
+        const dim3 tiles = gemm_grid(n, o);
+        const dim3 sgrid = n <= 8 ? dim3{tiles.x, splits} : dim3{tiles.x, tiles.y, splits};
+        emu_launch(linear_f16, sgrid, {128}, 0, (const float*)x.data(), (const unsigned short*)w16.data(),
+                   (const float*)b.data(), y.data(), part.data(), n, k, o, 1u, 1024u);
         emu_launch(sum_splits_f32, {blocks1d(n * o)}, {256}, 0, (const float*)part.data(), (const float*)b.data(),
                    y.data(), n * o, o, splits, 1u);
         for (unsigned i = 0; i < n; ++i)
@@ -1868,7 +1874,9 @@ static void test_gemv_long_rows() {
                 for (unsigned j = 0; j < k; ++j) dot += double(x[i * k + j]) * wdec[(size_t)c * k + j];
                 want[i * o + c] = float(dot);
             }
-        check("linear_f16 x[2,5120] W[24,5120] 5 k-splits", y, want, GEMM_NMSE);
+        char name[64];
+        std::snprintf(name, sizeof name, "linear_f16 x[%u,5120] W[24,5120] 5 k-splits", n);
+        check(name, y, want, GEMM_NMSE);
     }
     std::printf("%-44s %u of 4 formats %s\n", "gemv long rows", seen, seen == 4 ? "ok" : "FAIL");
     failures += seen != 4;

@@ -116,11 +116,24 @@ const GEMV_SPLIT_GRID: usize = 528;
 /// block format's runs lie in its blocks: k is a whole number of them).
 const GEMV_SPLIT_K: usize = 1024;
 
-/// (k splits, k per split) for a small-row `linear` of `pairs` column pairs over rows of `k`.
-fn gemv_splits(pairs: usize, k: usize) -> (usize, usize) {
-    let want = if pairs >= GEMV_SPLIT_BELOW { 1 } else { GEMV_SPLIT_GRID.div_ceil(pairs).min(k / GEMV_SPLIT_K).max(1) };
+/// A tile-path `linear` of fewer blocks than this (one a SM of an H200) splits k into about
+/// `TILE_SPLIT_GRID` blocks, in ranges of whole `GEMV_SPLIT_K`. Measured on an H200 (Nsight, a
+/// q2 prefill chunk of 512 tokens): each hyper-connection mix (24 columns of 16384: 8 blocks)
+/// took 1.55 ms whole, a sixth of the layer's chunk.
+const TILE_SPLIT_BELOW: usize = 132;
+const TILE_SPLIT_GRID: usize = 264;
+
+/// (k splits, k per split) for a grid of `blocks` over rows of `k`: about `grid` blocks when
+/// there are fewer than `below`, never ranges shorter than `GEMV_SPLIT_K`.
+fn k_splits(blocks: usize, k: usize, below: usize, grid: usize) -> (usize, usize) {
+    let want = if blocks >= below { 1 } else { grid.div_ceil(blocks).min(k / GEMV_SPLIT_K).max(1) };
     let chunk = k.div_ceil(want).div_ceil(GEMV_SPLIT_K) * GEMV_SPLIT_K;
     (k.div_ceil(chunk.max(1)).max(1), chunk)
+}
+
+/// (k splits, k per split) for a small-row `linear` of `pairs` column pairs over rows of `k`.
+fn gemv_splits(pairs: usize, k: usize) -> (usize, usize) {
+    k_splits(pairs, k, GEMV_SPLIT_BELOW, GEMV_SPLIT_GRID)
 }
 
 /// `gemm_block`'s grid for `cols` output columns when no block sees more than `bound_rows` rows
@@ -1238,8 +1251,10 @@ impl Backend for CudaBackend {
         if gy > GRID_Y {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
         }
-        // the small-row path splits k for narrow outputs (gy is then the splits; the tile's is its row tiles)
-        let (splits, chunk) = if n <= GEMV_ROWS { gemv_splits(gx, k) } else { (1, k) };
+        // narrow outputs split k: the small-row path's splits are grid y, the tile path's grid z
+        // (its y being the row tiles)
+        let (splits, chunk) =
+            if n <= GEMV_ROWS { gemv_splits(gx, k) } else { k_splits(gx * gy, k, TILE_SPLIT_BELOW, TILE_SPLIT_GRID) };
         let kernel = LINEAR_KERNELS.of(w.format);
         let f = self.gemm_func(Source::Linear, kernel, w.exact, n)?;
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
@@ -1248,9 +1263,13 @@ impl Backend for CudaBackend {
         let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
         // k-range s's sums, [splits, n, out]; the kernel writes y directly when there is one range
         let mut part = if splits > 1 { Some(self.alloc(OP, vec![splits, n, w.rows], DType::F32)?) } else { None };
-        let grid_y = if splits > 1 { splits } else { gy };
+        let grid = match (splits > 1, n <= GEMV_ROWS) {
+            (true, true) => (gx, splits, 1),
+            (true, false) => (gx, gy, splits),
+            (false, _) => (gx, gy, 1),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (gx as u32, grid_y as u32, 1),
+            grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
             block_dim: (GEMM_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -1262,8 +1281,8 @@ impl Backend for CudaBackend {
         };
         l.arg(&n32).arg(&k32).arg(&o32).arg(&has_bias).arg(&chunk32);
         // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above; with
-        // grid_y = splits > 1 (n <= GEMV_ROWS), part holds splits·n·out and the ranges of
-        // `chunk` cover k.
+        // splits > 1 (grid y on the small-row path, z on the tile path), part holds splits·n·out
+        // and the ranges of `chunk` cover k.
         self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
         if let Some(p) = part {
             let sizes = [check_u32(OP, "outputs", n * w.rows)?, o32, splits as u32, has_bias];
@@ -1848,6 +1867,19 @@ mod tests {
         // gemv_cols: a block per column pair, as gemm_grid's small-row arm sizes the grid
         assert!(common.contains("    const unsigned int c = 2u * block;\n"));
         assert_eq!(gemm_grid(GEMV_ROWS, 1025), (513, 1));
+    }
+
+    /// The tile path's k splits: a grid of fewer blocks than the device has SMs gets about
+    /// TILE_SPLIT_GRID; wide grids and short rows are not split.
+    #[test]
+    fn tile_splits_fill_the_device() {
+        // a hyper-connection mix over a 512-token chunk: 1 column block x 8 row tiles
+        assert_eq!(k_splits(8, 16384, TILE_SPLIT_BELOW, TILE_SPLIT_GRID), (16, 1024));
+        // the router (4 x 8 blocks over 4096): 4 ranges
+        assert_eq!(k_splits(32, 4096, TILE_SPLIT_BELOW, TILE_SPLIT_GRID), (4, 1024));
+        // a ViT projection (16 x 49 blocks) and short rows stay whole
+        assert_eq!(k_splits(16 * 49, 1024, TILE_SPLIT_BELOW, TILE_SPLIT_GRID).0, 1);
+        assert_eq!(k_splits(8, 1000, TILE_SPLIT_BELOW, TILE_SPLIT_GRID).0, 1);
     }
 
     /// The small-row linear's k splits: narrow outputs get about GEMV_SPLIT_GRID blocks, in
