@@ -252,6 +252,18 @@ impl Backend for CpuBackend {
         let row_bytes = w.format.row_bytes(k);
         // Parallelise over output columns (weight rows) so each thread decodes its own rows.
         let per = out_cols.div_ceil(self.workers(n.max(1) * k * out_cols)).max(1);
+        // x's rows in blocks of ROW_BLOCK, transposed: xt[blk][j·ROW_BLOCK + r] = x[blk·ROW_BLOCK + r][j],
+        // so that a block's sums take one vector of x a weight element
+        const ROW_BLOCK: usize = 8;
+        let blocks = n / ROW_BLOCK;
+        let mut xt = vec![0f32; blocks * ROW_BLOCK * k];
+        for (blk, t) in xt.chunks_exact_mut(ROW_BLOCK * k).enumerate() {
+            for r in 0..ROW_BLOCK {
+                for (j, &v) in xs[(blk * ROW_BLOCK + r) * k..(blk * ROW_BLOCK + r + 1) * k].iter().enumerate() {
+                    t[j * ROW_BLOCK + r] = v;
+                }
+            }
+        }
         // out_t[o - o0][i] = dot(x[i], W[o]) + b[o] for weight rows o0..o1
         let columns = |o0: usize, o1: usize| {
             let mut wrow = vec![0f32; k];
@@ -260,9 +272,21 @@ impl Backend for CpuBackend {
                 decode_row(w.format, &w.bytes[o * row_bytes..(o + 1) * row_bytes], &mut wrow);
                 let bo = b.map_or(0.0, |b| b[o]);
                 let out_o = &mut out_t[(o - o0) * n..(o - o0 + 1) * n];
-                // four rows at a time: four sums that do not wait on each other (each adds its
-                // products in the same order as a lone dot, so the result is the same bits)
-                let mut i = 0;
+                // ROW_BLOCK rows, then four at a time: sums that do not wait on each other (each
+                // adds its products in the same order as a lone dot, so the result is the same
+                // bits); a batched decode step's 8 rows cost about one row's chain of additions
+                for (blk, t) in xt.chunks_exact(ROW_BLOCK * k).enumerate() {
+                    let mut acc = [-0.0f32; ROW_BLOCK];
+                    for (xj, &wj) in t.chunks_exact(ROW_BLOCK).zip(&wrow) {
+                        for r in 0..ROW_BLOCK {
+                            acc[r] += xj[r] * wj;
+                        }
+                    }
+                    for (r, a) in acc.into_iter().enumerate() {
+                        out_o[blk * ROW_BLOCK + r] = a + bo;
+                    }
+                }
+                let mut i = blocks * ROW_BLOCK;
                 while i + 4 <= n {
                     let x = |r: usize| &xs[(i + r) * k..(i + r + 1) * k];
                     let (x0, x1, x2, x3) = (x(0), x(1), x(2), x(3));
@@ -774,6 +798,30 @@ mod tests {
         let out = get(&b, &b.attention(&q, &k, &v, 1).unwrap());
         for row in out.chunks(2) {
             assert!((row[0] - 3.0).abs() < 1e-6 && (row[1] - 4.0).abs() < 1e-6, "{row:?}");
+        }
+    }
+
+    /// Rows summed in blocks of eight and of four are the same bits as each row alone.
+    #[test]
+    fn linear_in_row_blocks_matches_each_row_alone() {
+        let b = CpuBackend::new();
+        let (n, k, o) = (21, 37, 5); // two blocks of 8, one of 4, one single row
+        let xs: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let ws: Vec<f32> = (0..o * k).map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021).collect();
+        let w = b
+            .upload_weight(&HostWeight {
+                name: "w".into(),
+                format: WeightFormat::F32,
+                rows: o,
+                cols: k,
+                bytes: ws.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into(),
+            })
+            .unwrap();
+        let all = get(&b, &b.linear(&t(&b, &[n, k], xs.clone()), &w, None).unwrap());
+        for i in 0..n {
+            let alone = get(&b, &b.linear(&t(&b, &[1, k], xs[i * k..(i + 1) * k].to_vec()), &w, None).unwrap());
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all[i * o..(i + 1) * o]), bits(&alone), "row {i}");
         }
     }
 
