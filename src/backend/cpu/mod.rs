@@ -249,6 +249,11 @@ impl Backend for CpuBackend {
             None => None,
         };
         let out_cols = w.rows;
+        if k == 0 {
+            // empty sums: the bias alone
+            let out = (0..n * out_cols).map(|e| b.map_or(0.0, |b| b[e % out_cols])).collect();
+            return Ok(CpuTensor::new_f32(vec![n, out_cols], out));
+        }
         let row_bytes = w.format.row_bytes(k);
         // Parallelise over output columns (weight rows) so each thread decodes its own rows.
         let per = out_cols.div_ceil(self.workers(n.max(1) * k * out_cols)).max(1);
@@ -264,49 +269,77 @@ impl Backend for CpuBackend {
                 }
             }
         }
-        // out_t[o - o0][i] = dot(x[i], W[o]) + b[o] for weight rows o0..o1
+        // Rows past the blocks of eight and four (a lone decode step's row, an expert's few) meet
+        // COL_GROUP weight rows at once instead: that many sums that do not wait on each other.
+        const COL_GROUP: usize = 4;
+        let rest = blocks * ROW_BLOCK + (n - blocks * ROW_BLOCK) / 4 * 4;
+        // out_t[o - o0][i] = dot(x[i], W[o]) + b[o] for weight rows o0..o1. Every sum adds its
+        // products in j order from -0.0, whichever block it is in, so a row's result is the same
+        // bits alone or in a batch.
         let columns = |o0: usize, o1: usize| {
-            let mut wrow = vec![0f32; k];
+            let mut wrows = vec![0f32; COL_GROUP * k];
             let mut out_t = vec![0f32; (o1 - o0) * n];
-            for o in o0..o1 {
-                decode_row(w.format, &w.bytes[o * row_bytes..(o + 1) * row_bytes], &mut wrow);
-                let bo = b.map_or(0.0, |b| b[o]);
-                let out_o = &mut out_t[(o - o0) * n..(o - o0 + 1) * n];
-                // ROW_BLOCK rows, then four at a time: sums that do not wait on each other (each
-                // adds its products in the same order as a lone dot, so the result is the same
-                // bits); a batched decode step's 8 rows cost about one row's chain of additions
-                for (blk, t) in xt.chunks_exact(ROW_BLOCK * k).enumerate() {
-                    let mut acc = [-0.0f32; ROW_BLOCK];
-                    for (xj, &wj) in t.chunks_exact(ROW_BLOCK).zip(&wrow) {
-                        for r in 0..ROW_BLOCK {
-                            acc[r] += xj[r] * wj;
+            let bias_of = |o: usize| b.map_or(0.0, |b| b[o]);
+            let mut o = o0;
+            while o < o1 {
+                let g = COL_GROUP.min(o1 - o);
+                for (c, wrow) in wrows.chunks_exact_mut(k).take(g).enumerate() {
+                    decode_row(w.format, &w.bytes[(o + c) * row_bytes..(o + c + 1) * row_bytes], wrow);
+                }
+                for (c, wrow) in wrows.chunks_exact(k).take(g).enumerate() {
+                    let bo = bias_of(o + c);
+                    let out_o = &mut out_t[(o + c - o0) * n..(o + c - o0 + 1) * n];
+                    // ROW_BLOCK rows at a time (a batched decode step's 8 rows cost about one
+                    // row's chain of additions), then four
+                    for (blk, t) in xt.chunks_exact(ROW_BLOCK * k).enumerate() {
+                        let mut acc = [-0.0f32; ROW_BLOCK];
+                        for (xj, &wj) in t.chunks_exact(ROW_BLOCK).zip(wrow) {
+                            for r in 0..ROW_BLOCK {
+                                acc[r] += xj[r] * wj;
+                            }
+                        }
+                        for (r, a) in acc.into_iter().enumerate() {
+                            out_o[blk * ROW_BLOCK + r] = a + bo;
                         }
                     }
-                    for (r, a) in acc.into_iter().enumerate() {
-                        out_o[blk * ROW_BLOCK + r] = a + bo;
+                    let mut i = blocks * ROW_BLOCK;
+                    while i < rest {
+                        let x = |r: usize| &xs[(i + r) * k..(i + r + 1) * k];
+                        let (x0, x1, x2, x3) = (x(0), x(1), x(2), x(3));
+                        let mut acc = [-0.0f32; 4];
+                        for (j, &wj) in wrow.iter().enumerate() {
+                            acc[0] += x0[j] * wj;
+                            acc[1] += x1[j] * wj;
+                            acc[2] += x2[j] * wj;
+                            acc[3] += x3[j] * wj;
+                        }
+                        for (r, a) in acc.into_iter().enumerate() {
+                            out_o[i + r] = a + bo;
+                        }
+                        i += 4;
                     }
                 }
-                let mut i = blocks * ROW_BLOCK;
-                while i + 4 <= n {
-                    let x = |r: usize| &xs[(i + r) * k..(i + r + 1) * k];
-                    let (x0, x1, x2, x3) = (x(0), x(1), x(2), x(3));
-                    let mut acc = [-0.0f32; 4];
-                    for (j, &wj) in wrow.iter().enumerate() {
-                        acc[0] += x0[j] * wj;
-                        acc[1] += x1[j] * wj;
-                        acc[2] += x2[j] * wj;
-                        acc[3] += x3[j] * wj;
-                    }
-                    for (r, a) in acc.into_iter().enumerate() {
-                        out_o[i + r] = a + bo;
-                    }
-                    i += 4;
-                }
-                for i in i..n {
+                for i in rest..n {
                     let xi = &xs[i * k..(i + 1) * k];
-                    let dot: f32 = xi.iter().zip(&wrow).map(|(a, b)| a * b).sum();
-                    out_o[i] = dot + bo;
+                    let mut acc = [-0.0f32; COL_GROUP];
+                    if g == COL_GROUP {
+                        let (w0, w1, w2, w3) = (&wrows[..k], &wrows[k..2 * k], &wrows[2 * k..3 * k], &wrows[3 * k..]);
+                        for (j, &xv) in xi.iter().enumerate() {
+                            acc[0] += xv * w0[j];
+                            acc[1] += xv * w1[j];
+                            acc[2] += xv * w2[j];
+                            acc[3] += xv * w3[j];
+                        }
+                    } else {
+                        for (c, wrow) in wrows.chunks_exact(k).take(g).enumerate() {
+                            acc[c] = xi.iter().zip(wrow).fold(-0.0f32, |a, (&xv, &wv)| a + xv * wv);
+                        }
+                    }
+                    for (c, a) in acc.into_iter().take(g).enumerate() {
+                        out_t[(o + c - o0) * n + i] = a + bias_of(o + c);
+                    }
                 }
+                o += g;
             }
             out_t
         };
@@ -818,6 +851,19 @@ mod tests {
             })
             .unwrap();
         let all = get(&b, &b.linear(&t(&b, &[n, k], xs.clone()), &w, None).unwrap());
+        // rows of no columns: the bias alone, in blocks too
+        let empty = b
+            .upload_weight(&HostWeight {
+                name: "e".into(),
+                format: WeightFormat::F32,
+                rows: 2,
+                cols: 0,
+                bytes: Vec::<u8>::new().into(),
+            })
+            .unwrap();
+        let bias = t(&b, &[2], vec![0.5, -2.0]);
+        let none = get(&b, &b.linear(&t(&b, &[9, 0], vec![]), &empty, Some(&bias)).unwrap());
+        assert_eq!(none, [0.5, -2.0].repeat(9));
         for i in 0..n {
             let alone = get(&b, &b.linear(&t(&b, &[1, k], xs[i * k..(i + 1) * k].to_vec()), &w, None).unwrap());
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
