@@ -1,5 +1,6 @@
 // attention_f32: non-causal multi-head attention, q, k, v [n, heads*hd] -> out [n, heads*hd],
-// softmax(q.k^T * scale) v per head.
+// softmax(q.k^T * scale) v per head. (Fast precision on tensor cores: attention_kv_f16 and
+// attention_fast_d*, at the end of this file.)
 //
 // Flash attention (the tile helpers of common.cuh): a block of ATT_THREADS threads takes
 // ATT_ROWS queries of one head (blockIdx.x = query tile, blockIdx.y = head) and streams the keys
