@@ -833,8 +833,9 @@ impl CudaBackend {
     }
 
     /// The tensor-core attention kernel for head width `hd` in fast precision (f16 operands, f32
-    /// softmax: cuda/attention.cu) with its padded width, or none: exact precision, a device below sm_80 (no f16 MMA),
-    /// or a head wider than the widest instantiation (those take `attention_f32`).
+    /// softmax: cuda/attention.cu) with its padded width, or none: exact precision, a device
+    /// below sm_80 (no f16 MMA), or a head wider than the widest instantiation (those take
+    /// `attention_f32`).
     fn fast_attention_kernel(&self, hd: usize) -> Option<(usize, &'static str)> {
         if self.opts.precision != Precision::Fast || self.arch < 80 {
             return None;
