@@ -269,10 +269,9 @@ impl Backend for CpuBackend {
                 }
             }
         }
-        // Rows past the blocks of eight and four (a lone decode step's row, an expert's few) meet
-        // COL_GROUP weight rows at once instead: that many sums that do not wait on each other.
+        // Rows past the blocks of eight (a lone decode step's row, an expert's few) meet COL_GROUP
+        // weight rows at once instead: that many sums that do not wait on each other.
         const COL_GROUP: usize = 4;
-        let rest = blocks * ROW_BLOCK + (n - blocks * ROW_BLOCK) / 4 * 4;
         // out_t[o - o0][i] = dot(x[i], W[o]) + b[o] for weight rows o0..o1. Every sum adds its
         // products in j order from -0.0, whichever block it is in, so a row's result is the same
         // bits alone or in a batch.
@@ -289,8 +288,8 @@ impl Backend for CpuBackend {
                 for (c, wrow) in wrows.chunks_exact(k).take(g).enumerate() {
                     let bo = bias_of(o + c);
                     let out_o = &mut out_t[(o + c - o0) * n..(o + c - o0 + 1) * n];
-                    // ROW_BLOCK rows at a time (a batched decode step's 8 rows cost about one
-                    // row's chain of additions), then four
+                    // ROW_BLOCK rows at a time: a batched decode step's 8 rows cost about one
+                    // row's chain of additions
                     for (blk, t) in xt.chunks_exact(ROW_BLOCK * k).enumerate() {
                         let mut acc = [-0.0f32; ROW_BLOCK];
                         for (xj, &wj) in t.chunks_exact(ROW_BLOCK).zip(wrow) {
@@ -302,24 +301,8 @@ impl Backend for CpuBackend {
                             out_o[blk * ROW_BLOCK + r] = a + bo;
                         }
                     }
-                    let mut i = blocks * ROW_BLOCK;
-                    while i < rest {
-                        let x = |r: usize| &xs[(i + r) * k..(i + r + 1) * k];
-                        let (x0, x1, x2, x3) = (x(0), x(1), x(2), x(3));
-                        let mut acc = [-0.0f32; 4];
-                        for (j, &wj) in wrow.iter().enumerate() {
-                            acc[0] += x0[j] * wj;
-                            acc[1] += x1[j] * wj;
-                            acc[2] += x2[j] * wj;
-                            acc[3] += x3[j] * wj;
-                        }
-                        for (r, a) in acc.into_iter().enumerate() {
-                            out_o[i + r] = a + bo;
-                        }
-                        i += 4;
-                    }
                 }
-                for i in rest..n {
+                for i in blocks * ROW_BLOCK..n {
                     let xi = &xs[i * k..(i + 1) * k];
                     let mut acc = [-0.0f32; COL_GROUP];
                     if g == COL_GROUP {
@@ -834,11 +817,12 @@ mod tests {
         }
     }
 
-    /// Rows summed in blocks of eight and of four are the same bits as each row alone.
+    /// Rows summed in blocks of eight, and rows summed against several weight rows at once, are the
+    /// same bits as each row alone.
     #[test]
     fn linear_in_row_blocks_matches_each_row_alone() {
         let b = CpuBackend::new();
-        let (n, k, o) = (21, 37, 5); // two blocks of 8, one of 4, one single row
+        let (n, k, o) = (21, 37, 5); // two blocks of 8, five rows against weight rows 4 + 1 at a time
         let xs: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
         let ws: Vec<f32> = (0..o * k).map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021).collect();
         let w = b
