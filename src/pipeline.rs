@@ -15,7 +15,7 @@ use crate::config::{LmConfig, VisionConfig};
 use crate::error::{Error, Result};
 use crate::model::lm::generate::{self, Sampling, StopReason};
 use crate::model::lm::vision::{ImageBlock, MAX_IMAGE_TOKENS, visible_bounds};
-use crate::model::lm::{LmInput, LmModel, PREFILL_CHUNK};
+use crate::model::lm::{LmInput, LmModel};
 use crate::model::vision::VisionModel;
 use crate::model::{CountingSource, LoadProgress, ParamSource, PrefillProgress};
 use crate::processor::{self, PreprocessConfig};
@@ -836,8 +836,9 @@ fn lm_job<B: Backend>(
     let PromptInput { input, embeds, image_starts } = prompt;
     match job {
         LmJob::Dump => {
-            let (hidden, _) =
-                lm.model.prefill_cache(b, &input, embeds, PREFILL_CHUNK, &mut |p| on_progress(Progress::Prefill(p)))?;
+            let (hidden, _) = lm
+                .model
+                .prefill_cache(b, &input, embeds, b.prefill_chunk(), &mut |p| on_progress(Progress::Prefill(p)))?;
             let logits = lm.model.logits(b, &hidden)?;
             Ok(LmOutcome::Dump(LmDump {
                 lane: b.lane(),

@@ -502,6 +502,9 @@ pub trait DeviceWeight {
     fn cols(&self) -> usize;
 }
 
+/// Default prefill chunk (tokens), [`Backend::prefill_chunk`]'s unless a lane says otherwise.
+pub const PREFILL_CHUNK: usize = 512;
+
 /// The contract every lane implements. Shapes in the comments: `n` rows (tokens/patches),
 /// `d` columns.
 pub trait Backend {
@@ -521,6 +524,12 @@ pub trait Backend {
     /// tell (`None` otherwise: a wgpu adapter other than Vulkan, a host without /proc/meminfo).
     fn capacity(&self) -> Option<Capacity> {
         None
+    }
+    /// Tokens one prefill forward takes when the caller does not choose (the CLI, the server,
+    /// `describe_image`, `bench_model`): bounds a forward's activations on long prompts. A lane
+    /// whose GEMMs gain from more rows a forward takes more (the CUDA lane).
+    fn prefill_chunk(&self) -> usize {
+        PREFILL_CHUNK
     }
     /// Units of device work issued since the lane opened: kernel launches (CUDA), compute
     /// dispatches and buffer copies encoded (wgpu); `None` on the CPU lane. Benchmarks report the

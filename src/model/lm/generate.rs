@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::model::PrefillProgress;
 
-use super::{LmCache, LmInput, LmModel, PREFILL_CHUNK, Prefill};
+use super::{LmCache, LmInput, LmModel, Prefill};
 
 /// How the next token is picked from a row of logits.
 #[derive(Clone, Debug, PartialEq)]
@@ -218,7 +218,7 @@ impl<B: Backend> Generator<B> {
         let phase = if max_tokens == 0 {
             Phase::Done(StopReason::MaxTokens)
         } else {
-            Phase::Prefill(model.start_prefill(b, input, embeds, PREFILL_CHUNK)?)
+            Phase::Prefill(model.start_prefill(b, input, embeds, b.prefill_chunk())?)
         };
         Ok(Generator {
             phase,

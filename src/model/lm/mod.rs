@@ -243,8 +243,7 @@ pub struct LmOutput<B: Backend> {
     pub cache: LmCache<B>,
 }
 
-/// Default prefill chunk (tokens): bounds one forward's activations on long prompts.
-pub const PREFILL_CHUNK: usize = 512;
+pub use crate::backend::PREFILL_CHUNK;
 
 /// How many raw keys a layer keeps after position `end`: the last `window − 1`, all a later
 /// query can see (see [`LayerCache::kv`]).
