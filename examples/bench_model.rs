@@ -60,8 +60,9 @@
 //! - `--image WxH`: random pixels through the processor (its host time printed apart), then the
 //!   ViT + aligner on the device: median of `--image-iters` encodes after a warm-up, TFLOP/s.
 //! - `--prefill T,…`: the model's chunked prefill from position 0 as `fovea generate` runs it
-//!   (`start_prefill` / `prefill_step` in `--chunk`-token chunks, default 512 like the CLI, each
-//!   waited for; the last chunk's logits downloaded), tokens/s and TFLOP/s (matrix products, attention, the
+//!   (`start_prefill` / `prefill_step` in `--chunk`-token chunks, by default the lane's as the CLI
+//!   takes it: 2048 on CUDA, else 512; each waited for; the last chunk's logits downloaded),
+//!   tokens/s and TFLOP/s (matrix products, attention, the
 //!   indexer's scores). Then decode steps on that real cache (a cross-check of the synthetic
 //!   ones below at the same context).
 //! - `--decode-at N,…`: the median of `--decode-steps` decode steps at context N, on a
@@ -91,7 +92,7 @@ use fovea::backend::{
 };
 use fovea::config::{LmConfig, VisionConfig};
 use fovea::model::ParamSource;
-use fovea::model::lm::{LmCache, LmInput, LmModel, PREFILL_CHUNK};
+use fovea::model::lm::{LmCache, LmInput, LmModel};
 use fovea::model::vision::VisionModel;
 use fovea::pipeline::{LaneJob, preprocess_config, run_on_lane};
 use fovea::processor;
@@ -108,7 +109,7 @@ const MAX_POSITIONS: usize = 1 << 20;
 const MAX_IMAGE_SIDE: u32 = 16384;
 const GIB: f64 = (1u64 << 30) as f64;
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 #[command(about = "The whole DeepSeek-V4-Flash-Vision from random weights: image, prefill, decode, memory")]
 struct Args {
     /// cpu, wgpu or cuda
@@ -146,8 +147,11 @@ struct Args {
     /// ViT depth (32 at full size)
     #[arg(long, default_value_t = 32)]
     vit_layers: usize,
-    /// Prefill chunk in tokens (the CLI's default)
-    #[arg(long, default_value_t = PREFILL_CHUNK)]
+    /// Prefill chunk in tokens [default: the lane's, as the CLI takes it: 2048 on CUDA, else 512]
+    #[arg(long = "chunk", value_name = "CHUNK")]
+    chunk_arg: Option<usize>,
+    /// The chunk this run takes (`--chunk`, else the lane's)
+    #[arg(skip)]
     chunk: usize,
     /// Timed decode steps per context (the median is reported)
     #[arg(long, default_value_t = 16)]
@@ -930,7 +934,7 @@ fn check_args(args: &Args) -> fovea::Result<()> {
     if args.vocab < 2 {
         return bad("--vocab", format!("{} leaves no prompt tokens", args.vocab));
     }
-    if args.chunk == 0 {
+    if args.chunk_arg == Some(0) {
         return bad("--chunk", "a chunk needs at least one token".into());
     }
     if args.image.0.is_some() && args.vit_layers == 0 {
@@ -959,6 +963,7 @@ fn check_args(args: &Args) -> fovea::Result<()> {
 
 fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
     check_args(args)?;
+    let args = &Args { chunk: args.chunk_arg.unwrap_or_else(|| b.prefill_chunk()), ..args.clone() };
     let vision_cfg = args.image.0.map(|_| vision_config(args.vit_layers)).transpose()?;
     println!(
         "bench_model: {} lane ({}), {} precision; mix {}; layers {} of {FULL_LAYERS}, {} experts, vocabulary {}{}",
