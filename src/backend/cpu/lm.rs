@@ -802,7 +802,6 @@ mod tests {
     /// The entries scored side by side give each score the bits of the plain formula (one dot a
     /// query, head and entry, products added in order), past a group of eight and at its tail.
     #[test]
-    #[test]
     fn indexer_scores_are_the_plain_formula_bit_for_bit() {
         let b = CpuBackend::new();
         let (n, m, heads, hd, ratio, pos0) = (5, 19, 3, 20, 2, 30);
