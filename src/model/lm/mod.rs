@@ -243,8 +243,6 @@ pub struct LmOutput<B: Backend> {
     pub cache: LmCache<B>,
 }
 
-pub use crate::backend::PREFILL_CHUNK;
-
 /// How many raw keys a layer keeps after position `end`: the last `window − 1`, all a later
 /// query can see (see [`LayerCache::kv`]).
 fn kept_keys(window: usize, end: usize) -> usize {
