@@ -418,10 +418,14 @@ async fn bad_requests_get_4xx_naming_the_problem_and_the_server_keeps_serving() 
     assert_eq!((h["failed"].as_u64(), h["active"].as_u64()), (Some(0), Some(0)), "{h}");
 }
 
-/// A request that runs until cancelled: 1000 tokens through end-of-sentence (~10 s here).
+/// A request that runs until cancelled: [`ENDLESS_TOKENS`] through end-of-sentence. The CPU lane
+/// decodes the shipped model at ~2 000 tokens/s here, so a count near the default limit (1 024)
+/// finished inside the 500 ms a test waits for it to be cancelled; this one takes minutes.
 fn endless(stream: bool) -> Value {
-    json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 1000, "ignore_eos": true, "stream": stream})
+    json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": ENDLESS_TOKENS, "ignore_eos": true, "stream": stream})
 }
+
+const ENDLESS_TOKENS: usize = 200_000;
 
 /// Read a stream until `n` content chunks have come (the sequence is then decoding).
 async fn read_chunks(r: &mut reqwest::Response, n: usize) {
@@ -436,6 +440,7 @@ async fn a_full_queue_answers_429_and_clients_that_leave_are_cancelled() {
     let s = start(|o| {
         o.engine.parallel = 1;
         o.engine.queue_size = 1;
+        o.limits.max_tokens = ENDLESS_TOKENS;
     })
     .await;
     let post = |body: Value| s.client.post(s.url("/v1/chat/completions")).json_body(&body).send();
@@ -511,7 +516,11 @@ async fn concurrent_clients_get_their_own_answers() {
     let distinct: HashSet<&String> = captions.iter().chain(&texts).collect();
     assert_eq!(distinct.len(), captions.len() + texts.len(), "answers must differ to catch cross-wiring");
 
-    let s = start(|o| o.engine.parallel = 3).await;
+    let s = start(|o| {
+        o.engine.parallel = 3;
+        o.limits.max_tokens = ENDLESS_TOKENS;
+    })
+    .await;
     let images: Vec<String> = scenes.iter().map(|f| data_url(&std::fs::read(common::image_path(f)).unwrap())).collect();
     const CLIENTS: usize = 6;
     const PER_CLIENT: usize = 4;
