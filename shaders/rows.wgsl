@@ -3,22 +3,25 @@
 // a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and dequant/lm.wgsl's GEMM ops)
 // with the same epilogue. Those run a 64×64 output tile (or a thread per output re-reading its
 // weight row), so with one token row almost all of their work is padding; here, as in the CUDA
-// lane's gemv_cols, one workgroup owns one output column: its WG threads stride along k span by
-// span, so the weight row is read once (consecutive threads, consecutive spans), each thread
-// accumulates the dot products of every row in registers, then `reduce_rows` sums the threads'
-// partials (f32 products and sums as the tiles; only the summation order differs).
+// lane's gemv_cols, one workgroup owns two output columns: its WG threads stride along k span by
+// span, so each weight row is read once (consecutive threads, consecutive spans) and each x
+// element a thread loads serves both columns; each thread accumulates the dot products of every
+// row in registers, then `reduce_rows` sums the threads' partials (f32 products and sums as the
+// tiles; only the summation order differs).
 // Not a complete shader: the lane builds it after
 //   - a weight part defining `SPAN` and `load_span(r, s) -> array<f32, SPAN>` (elements
 //     SPAN·s … SPAN·s + SPAN − 1 of row r of the bound weight chunk): rows_pairs.wgsl after
-//     linear_packed.wgsl or linear_f16.wgsl, or dequant/rows.wgsl after a block decoder;
+//     linear_packed.wgsl or linear_f16.wgsl, or dequant/rows.wgsl (8-value runs) after a block
+//     decoder;
 //   - an operands file (`to_operand`, operands_exact.wgsl or operands_fast.wgsl): both operands
 //     of every product go through it, as in the tiles;
 //   - a reduction file, rows_subgroup.wgsl or rows_workgroup.wgsl: `Lane` (the invocation
 //     builtins the entry points take) and `reduce_rows(lane, acc)`, which leaves row i's total in
-//     `sums[i]` for every thread. It holds barriers (and subgroup operations), so every call is
-//     in workgroup-uniform control flow: a workgroup's column, row count and expert batches
-//     depend only on the workgroup id, the parameters and `ids`.
-// Dispatch: one workgroup per column of the bound chunk, numbered wg.y·gx + wg.x (2-D grid).
+//     `sums[i]` (both columns) for every thread. It holds barriers (and subgroup operations), so
+//     every call is in workgroup-uniform control flow: a workgroup's columns, row count and
+//     expert batches depend only on the workgroup id, the parameters and `ids`.
+// Dispatch: one workgroup per pair of columns of the bound chunk, numbered wg.y·gx + wg.x (2-D
+// grid).
 
 struct P {
     n: u32,          // rows of x (linear_rows, grouped_rows; ≤ ROWS) or expert slots n·topk
@@ -43,21 +46,32 @@ struct P {
 
 const WG: u32 = 64u;
 const ROWS: u32 = 8u;
+// Rows a pipeline accumulates: 1 (a lone sequence's decode step: one accumulator pair and no
+// per-row tests) or ROWS. A pipeline-override constant, so loops bounded by it unroll to exactly
+// that many rows; the lane picks the pipeline from the row count.
+override ROW_BOUND: u32 = ROWS;
+// Output columns a workgroup owns: each x element a thread loads serves both.
+const COLS: u32 = 2u;
 
+// The workgroup's first column (its pair is c, c + 1), numbered (wg.y·gx + wg.x)·COLS.
 fn column(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wg.y * nwg.x + wg.x;
+    return (wg.y * nwg.x + wg.x) * COLS;
 }
 
-// This thread's share (spans li, li + WG, …) of Σ_e x[xo[i] + e] · W[c, e] for rows i < rows.
-fn dot_rows(li: u32, c: u32, xo: array<u32, ROWS>, rows: u32) -> array<f32, ROWS> {
-    var acc: array<f32, ROWS>;
+// This thread's share (spans li, li + WG, …) of Σ_e x[xo[i] + e] · W[c + q, e] for rows
+// i < rows, in acc[i][q], q < COLS. A workgroup whose second column is past the chunk reads the
+// first column's row for it (in bounds) and stores nothing from it.
+fn dot_rows(li: u32, c: u32, xo: array<u32, ROWS>, rows: u32) -> array<vec2<f32>, ROWS> {
+    var acc: array<vec2<f32>, ROWS>;
+    let c1 = select(c, c + 1u, c + 1u < p.cols);
     for (var s = li; s * SPAN < p.k; s += WG) {
-        let wv = load_span(c, s);
+        let wa = load_span(c, s);
+        let wb = load_span(c1, s);
         for (var j = 0u; j < SPAN; j++) {
             let e = s * SPAN + j;
             if (e >= p.k) { break; }
-            let wo = f32(to_operand(wv[j]));
-            for (var i = 0u; i < ROWS; i++) {
+            let wo = vec2<f32>(f32(to_operand(wa[j])), f32(to_operand(wb[j])));
+            for (var i = 0u; i < ROW_BOUND; i++) {
                 if (i < rows) {
                     acc[i] += f32(to_operand(x[xo[i] + e])) * wo;
                 }
@@ -65,6 +79,14 @@ fn dot_rows(li: u32, c: u32, xo: array<u32, ROWS>, rows: u32) -> array<f32, ROWS
         }
     }
     return acc;
+}
+
+// The pair's totals v into y[at] and, when column c + 1 is in the chunk, y[at + 1].
+fn store_pair(c: u32, at: u32, v: vec2<f32>) {
+    y[at] = v.x;
+    if (c + 1u < p.cols) {
+        y[at + 1u] = v.y;
+    }
 }
 
 // linear: y[i, col_off + c] = x[i] · W[c] (+ bias), rows i < n ≤ ROWS (as linear_tile's store).
@@ -79,9 +101,9 @@ fn linear_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         let oc = p.col_off + c;
         var v = sums[lane.li];
         if (p.has_bias != 0u) {
-            v += bias[oc];
+            v += vec2<f32>(bias[oc], bias[min(oc + 1u, p.col_off + p.cols - 1u)]);
         }
-        y[lane.li * p.out_cols + oc] = v;
+        store_pair(c, lane.li * p.out_cols + oc, v);
     }
 }
 
@@ -91,18 +113,27 @@ fn grouped_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let c = column(wg, nwg);
     if (c >= p.cols) { return; }
     let o = p.col_off + c;
+    let g = o / p.group_rows;
     var xo: array<u32, ROWS>;
-    for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.x_stride + (o / p.group_rows) * p.k; }
-    reduce_rows(lane, dot_rows(lane.li, c, xo, p.n));
+    for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.x_stride + g * p.k; }
+    var acc = dot_rows(lane.li, c, xo, p.n);
+    if (c + 1u < p.cols && (o + 1u) / p.group_rows != g) {
+        // the pair straddles two groups (odd group_rows, or a chunk starting mid-group): column
+        // c + 1 reads the next group's x
+        for (var i = 0u; i < ROWS; i++) { xo[i] += p.k; }
+        let next = dot_rows(lane.li, c, xo, p.n);
+        for (var i = 0u; i < ROWS; i++) { acc[i].y = next[i].y; }
+    }
+    reduce_rows(lane, acc);
     if (lane.li < p.n) {
-        y[lane.li * p.out_cols + o] = sums[lane.li];
+        store_pair(c, lane.li * p.out_cols + o, sums[lane.li]);
     }
 }
 
-// Up to ROWS slots routed to this dispatch's expert, the first at or after slot `first`, and the
-// slot to continue from. Every thread scans `ids` alike, so the batch is workgroup-uniform. A
-// token's top-k experts are distinct, so one batch holds every slot of ≤ ROWS tokens; more (or
-// repeated ids) take more batches, each reading the weight row again.
+// Up to ROW_BOUND slots routed to this dispatch's expert, the first at or after slot `first`, and
+// the slot to continue from. Every thread scans `ids` alike, so the batch is workgroup-uniform. A
+// token's top-k experts are distinct, so one batch holds every slot of ≤ ROW_BOUND tokens; more
+// (or repeated ids) take more batches, each reading the weight row again.
 struct Batch {
     slots: array<u32, ROWS>,
     rows: u32,
@@ -112,7 +143,7 @@ struct Batch {
 fn next_batch(first: u32) -> Batch {
     var b: Batch;
     var t = first;
-    for (; t < p.n && b.rows < ROWS; t++) {
+    for (; t < p.n && b.rows < ROW_BOUND; t++) {
         if (ids[t] == i32(p.expert)) {
             b.slots[b.rows] = t;
             b.rows++;
@@ -122,10 +153,10 @@ fn next_batch(first: u32) -> Batch {
     return b;
 }
 
-// The experts (lm.wgsl's moe_gate, moe_up, moe_down, same parameters' meaning): column j of
-// w1/w3 (k = d) into hid[slot, j] (out_cols = h), or column o of w2 (k = h) into ys[slot, o]
-// (out_cols = d), for each slot routed to the expert. x is the token rows (gate, up: slot
-// t reads row t / topk) or hid (down: row t).
+// The experts (lm.wgsl's moe_gate, moe_up, moe_down, same parameters' meaning): columns j, j + 1
+// of w1/w3 (k = d) into hid[slot, j …] (out_cols = h), or columns o, o + 1 of w2 (k = h) into
+// ys[slot, o …] (out_cols = d), for each slot routed to the expert. x is the token rows (gate,
+// up: slot t reads row t / topk) or hid (down: row t).
 fn expert_rows(lane: Lane, col: u32, from_hid: bool, epilogue: u32) {
     var b = next_batch(0u);
     while (b.rows > 0u) {
@@ -137,13 +168,16 @@ fn expert_rows(lane: Lane, col: u32, from_hid: bool, epilogue: u32) {
         if (lane.li < b.rows) {
             let at = b.slots[lane.li] * p.out_cols + col;
             let s = sums[lane.li];
-            if (epilogue == SWIGLU) {
-                // the gate's value is in y already (moe_gate_rows)
-                let lim = bitcast<f32>(p.limit);
-                let g = min(y[at], lim);
-                y[at] = g / (1.0 + exp(-g)) * clamp(s, -lim, lim);
-            } else {
-                y[at] = s;
+            for (var q = 0u; q < COLS; q++) {
+                if (col + q >= p.cols) { break; }
+                if (epilogue == SWIGLU) {
+                    // the gate's value is in y already (moe_gate_rows)
+                    let lim = bitcast<f32>(p.limit);
+                    let g = min(y[at + q], lim);
+                    y[at + q] = g / (1.0 + exp(-g)) * clamp(s[q], -lim, lim);
+                } else {
+                    y[at + q] = s[q];
+                }
             }
         }
         b = next_batch(b.next);

@@ -8,19 +8,19 @@ struct Lane {
     @builtin(num_subgroups) nsg: u32,
 }
 
-var<workgroup> partials: array<f32, ROWS * WG>; // [ROWS][WG]: row i's total of subgroup s at i·WG + s
-var<workgroup> sums: array<f32, ROWS>;
+var<workgroup> partials: array<vec2<f32>, ROWS * WG>; // [ROWS][WG]: row i's totals of subgroup s at i·WG + s
+var<workgroup> sums: array<vec2<f32>, ROWS>;
 
-fn reduce_rows(lane: Lane, acc: array<f32, ROWS>) {
-    for (var i = 0u; i < ROWS; i++) {
+fn reduce_rows(lane: Lane, acc: array<vec2<f32>, ROWS>) {
+    for (var i = 0u; i < ROW_BOUND; i++) {
         let s = subgroupAdd(acc[i]);
         if (lane.sli == 0u) {
             partials[i * WG + lane.sg] = s;
         }
     }
     workgroupBarrier();
-    if (lane.li < ROWS) {
-        var t = 0.0;
+    if (lane.li < ROW_BOUND) {
+        var t = vec2<f32>(0.0);
         for (var s = 0u; s < lane.nsg; s++) {
             t += partials[lane.li * WG + s];
         }

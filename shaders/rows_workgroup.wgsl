@@ -4,23 +4,23 @@ struct Lane {
     @builtin(local_invocation_index) li: u32,
 }
 
-var<workgroup> partials: array<f32, ROWS * WG>; // [ROWS][WG]: row i's partial of thread t at i·WG + t
-var<workgroup> sums: array<f32, ROWS>;
+var<workgroup> partials: array<vec2<f32>, ROWS * WG>; // [ROWS][WG]: row i's partials of thread t at i·WG + t
+var<workgroup> sums: array<vec2<f32>, ROWS>;
 
-fn reduce_rows(lane: Lane, acc: array<f32, ROWS>) {
-    for (var i = 0u; i < ROWS; i++) {
+fn reduce_rows(lane: Lane, acc: array<vec2<f32>, ROWS>) {
+    for (var i = 0u; i < ROW_BOUND; i++) {
         partials[i * WG + lane.li] = acc[i];
     }
     workgroupBarrier();
     for (var width = WG / 2u; width > 0u; width >>= 1u) {
         if (lane.li < width) {
-            for (var i = 0u; i < ROWS; i++) {
+            for (var i = 0u; i < ROW_BOUND; i++) {
                 partials[i * WG + lane.li] += partials[i * WG + lane.li + width];
             }
         }
         workgroupBarrier();
     }
-    if (lane.li < ROWS) {
+    if (lane.li < ROW_BOUND) {
         sums[lane.li] = partials[lane.li * WG];
     }
     workgroupBarrier();

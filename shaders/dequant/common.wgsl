@@ -4,10 +4,11 @@
 // fields are read byte by byte relative to the row's first word `base`.
 //
 // Each decoder defines `decode_run(base, run) -> array<f32, 32>`: values 32·run … 32·run + 31 of
-// the row, computed with ggml's f32 operations in ggml's order (`dequantize_row_*` in
-// ggml-quants.c), so each equals the CPU lane's `formats::decode_row` bit for bit. Every
-// product there is exact in f32 (scale bits + code bits ≤ 24), so a driver that fuses a
-// multiply-subtract into an fma cannot change a value either.
+// the row, and `decode_run8(base, run8) -> array<f32, 8>`: values 8·run8 … 8·run8 + 7 (for the
+// small-row kernels, dequant/rows.wgsl), each computed with ggml's f32 operations in ggml's order
+// (`dequantize_row_*` in ggml-quants.c), so each equals the CPU lane's `formats::decode_row` bit
+// for bit. Every product there is exact in f32 (scale bits + code bits ≤ 24), so a driver that
+// fuses a multiply-subtract into an fma cannot change a value either.
 
 fn byte_at(base: u32, off: u32) -> u32 {
     return (w[base + (off >> 2u)] >> ((off & 3u) * 8u)) & 0xffu;
@@ -20,6 +21,21 @@ fn u16_at(base: u32, off: u32) -> u32 {
 
 fn u32_at(base: u32, off: u32) -> u32 {
     return u16_at(base, off) | (u16_at(base, off + 2u) << 16u);
+}
+
+// The 8 bytes at any byte offset, little-endian, as (bytes 0-3, bytes 4-7): three word loads
+// (two when aligned) instead of byte_at's eight. The bytes lie inside the row, so every word read
+// holds at least one of them and stays inside the binding.
+fn u64_at(base: u32, off: u32) -> vec2<u32> {
+    let i = base + (off >> 2u);
+    let sh = (off & 3u) * 8u;
+    let a = w[i];
+    let b = w[i + 1u];
+    if (sh == 0u) {
+        return vec2<u32>(a, b);
+    }
+    let c = w[i + 2u];
+    return vec2<u32>((a >> sh) | (b << (32u - sh)), (b >> sh) | (c << (32u - sh)));
 }
 
 // A byte as the signed int8 it stores.

@@ -16,3 +16,22 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     }
     return v;
 }
+
+// Values 8·r8 … 8·r8 + 7: codes 8(r8 % 4) … of run r8 / 4.
+fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
+    let run = r8 / 4u;
+    let o = (run / 4u) * (FP8_SCALE_BYTES + 128u);
+    var scale: f32;
+    if (FP8_SCALE_BYTES == 1u) {
+        scale = e8m0_to_f32(byte_at(base, o));
+    } else {
+        scale = bitcast<f32>(u32_at(base, o));
+    }
+    let q = u64_at(base, o + FP8_SCALE_BYTES + (run % 4u) * 32u + 8u * (r8 % 4u));
+    var v: array<f32, 8>;
+    for (var j = 0u; j < 4u; j++) {
+        v[j] = e4m3_to_f32((q.x >> (8u * j)) & 0xffu) * scale;
+        v[j + 4u] = e4m3_to_f32((q.y >> (8u * j)) & 0xffu) * scale;
+    }
+    return v;
+}

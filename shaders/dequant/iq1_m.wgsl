@@ -31,3 +31,29 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     }
     return v;
 }
+
+// Values 8·r8 … 8·r8 + 7: group l = r8 % 4 of run r8 / 4.
+fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
+    let run = r8 / 4u;
+    let l = r8 % 4u;
+    let o = (run / 8u) * 56u;
+    let ib = run % 8u;
+    let s0 = u16_at(base, o + 48u);
+    let s1 = u16_at(base, o + 50u);
+    let s2 = u16_at(base, o + 52u);
+    let s3 = u16_at(base, o + 54u);
+    let d = half_to_f32((s0 >> 12u) | ((s1 >> 8u) & 0x00f0u) | ((s2 >> 4u) & 0x0f00u) | (s3 & 0xf000u));
+    let sc = u16_at(base, o + 48u + 2u * (ib / 2u));
+    let dl = d * f32(2u * ((sc >> (6u * (ib % 2u) + select(0u, 3u, l >= 2u))) & 7u) + 1u);
+    let qh = byte_at(base, o + 32u + 2u * ib + l / 2u);
+    let hb = select(qh << 8u, qh << 4u, (l % 2u) == 1u) & 0x700u;
+    let neg = (qh & select(0x08u, 0x80u, (l % 2u) == 1u)) != 0u;
+    let g = byte_at(base, o + 4u * ib + l) | hb;
+    let delta = select(IQ1_DELTA, -IQ1_DELTA, neg);
+    var v: array<f32, 8>;
+    for (var j = 0u; j < 8u; j++) {
+        let gv = i8_of((iq1s_grid(2u * g + j / 4u) >> (8u * (j % 4u))) & 0xffu);
+        v[j] = dl * (f32(gv) + delta);
+    }
+    return v;
+}

@@ -35,3 +35,25 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     }
     return v;
 }
+
+// Values 8·r8 … 8·r8 + 7: eighth c = r8 % 4 of run r8 / 4, so h = c / 2 and l = 8(c % 2) … of
+// decode_run's loops.
+fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
+    let run = r8 / 4u;
+    let c = r8 % 4u;
+    let o = (run / 8u) * 110u;
+    let sub = run % 8u;
+    let n = sub / 4u;
+    let j = sub % 4u;
+    let m = 1u << (4u * n + j);
+    let h = c / 2u;
+    let dl = f16_at(base, o + 108u) * f32(q3k_scale(base, o, 8u * n + 2u * j + h));
+    var v: array<f32, 8>;
+    for (var t = 0u; t < 8u; t++) {
+        let l = 8u * (c % 2u) + t;
+        let q = i32((byte_at(base, o + 32u + 32u * n + 16u * h + l) >> (2u * j)) & 3u);
+        let hi = select(4, 0, (byte_at(base, o + 16u * h + l) & m) != 0u);
+        v[t] = dl * f32(q - hi);
+    }
+    return v;
+}

@@ -15,3 +15,26 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     }
     return v;
 }
+
+// Values 8·r8 … 8·r8 + 7: l = 8(r8 % 4) … of run r8 / 4 (code bytes and qh bytes in a u64_at each).
+fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
+    let run = r8 / 4u;
+    let c = r8 % 4u;
+    let o = (run / 8u) * 176u;
+    let sub = run % 8u;
+    let sm = scale_min_k4(base, o + 4u, sub);
+    let d1 = f16_at(base, o) * f32(sm.x);
+    let m1 = f16_at(base, o + 2u) * f32(sm.y);
+    let shift = 4u * (sub % 2u);
+    let q = u64_at(base, o + 48u + 32u * (sub / 2u) + 8u * c);
+    let qh = u64_at(base, o + 16u + 8u * c);
+    let bit = 1u << sub;
+    var v: array<f32, 8>;
+    for (var t = 0u; t < 4u; t++) {
+        let hx = select(0u, 16u, ((qh.x >> (8u * t)) & bit) != 0u);
+        let hy = select(0u, 16u, ((qh.y >> (8u * t)) & bit) != 0u);
+        v[t] = d1 * f32(((q.x >> (8u * t + shift)) & 0xfu) + hx) - m1;
+        v[t + 4u] = d1 * f32(((q.y >> (8u * t + shift)) & 0xfu) + hy) - m1;
+    }
+    return v;
+}

@@ -15,7 +15,7 @@
 
 use std::fmt::Write;
 
-use super::Reduction;
+use super::rows::RowsBuild;
 use crate::backend::Precision;
 use crate::formats::{WeightFormat, tables};
 
@@ -26,26 +26,24 @@ pub enum BlockKernel {
     Linear,
     /// `embed_rows`, `grouped_linear`, `moe_gate`, `moe_up`, `moe_down` (lm.wgsl's weight ops).
     Lm,
-    /// The small-row kernels (rows.wgsl) with their reduction, after `dequant/rows.wgsl`.
-    Rows(Reduction),
+    /// The small-row kernels (rows.wgsl) in one build, after `dequant/rows.wgsl`.
+    Rows(RowsBuild),
 }
 
 impl BlockKernel {
-    pub const ALL: [BlockKernel; 4] = [
-        BlockKernel::Linear,
-        BlockKernel::Lm,
-        BlockKernel::Rows(Reduction::Subgroup),
-        BlockKernel::Rows(Reduction::Workgroup),
-    ];
+    /// Every kernel body.
+    pub fn all() -> impl Iterator<Item = BlockKernel> {
+        [BlockKernel::Linear, BlockKernel::Lm].into_iter().chain(RowsBuild::all().map(BlockKernel::Rows))
+    }
 
     /// The files that follow the operands file: (name, WGSL).
     fn body(self) -> Vec<(&'static str, &'static str)> {
         match self {
             BlockKernel::Linear => vec![("dequant/linear.wgsl", include_str!("../../../shaders/dequant/linear.wgsl"))],
             BlockKernel::Lm => vec![("dequant/lm.wgsl", include_str!("../../../shaders/dequant/lm.wgsl"))],
-            BlockKernel::Rows(reduction) => vec![
+            BlockKernel::Rows(build) => vec![
                 ("dequant/rows.wgsl", include_str!("../../../shaders/dequant/rows.wgsl")),
-                reduction.part(),
+                build.reduction.part(),
                 super::rows::BODY,
             ],
         }
@@ -227,7 +225,8 @@ pub fn block_shader_source(
 ) -> Option<(String, String)> {
     let (file, decode) = decoder(format)?;
     let (operands_file, operands) = super::shader::operands_part(precision);
-    let label = format!("{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file} + {}", kernel.file());
+    let label =
+        format!("{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file} + {}", kernel.file());
     let mut src = format!("// {label}\n");
     src += super::shader::directives(precision == Precision::Fast);
     src += &tables_for(format);

@@ -71,7 +71,7 @@ impl WgpuBackend {
             let extra = [(3, bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding()))];
             for chunk in 0..w.chunks.len() {
                 let params = RowsParams { n, k, out_cols: w.rows, has_bias, ..RowsParams::default() };
-                self.dispatch_rows("linear_rows", w, chunk, params, x, &y, &extra)?;
+                self.dispatch_rows("linear_rows", w, chunk, n, params, x, &y, &extra)?;
             }
             return Ok(y);
         }
@@ -117,7 +117,7 @@ impl WgpuBackend {
             for chunk in 0..w.chunks.len() {
                 let params =
                     RowsParams { n, k, out_cols: w.rows, x_stride: cols, group_rows: r, ..RowsParams::default() };
-                self.dispatch_rows("grouped_rows", w, chunk, params, x, &y, &[])?;
+                self.dispatch_rows("grouped_rows", w, chunk, n, params, x, &y, &[])?;
             }
             return Ok(y);
         }
@@ -185,9 +185,9 @@ impl WgpuBackend {
                     ..RowsParams::default()
                 };
                 let ids_at = [(5, ids.binding())];
-                self.dispatch_rows("moe_gate_rows", g, 0, params(d, h), x, &hid, &ids_at)?;
-                self.dispatch_rows("moe_up_rows", u, 0, params(d, h), x, &hid, &ids_at)?;
-                self.dispatch_rows("moe_down_rows", o, 0, params(h, d), &hid, &ys, &ids_at)?;
+                self.dispatch_rows("moe_gate_rows", g, 0, n, params(d, h), x, &hid, &ids_at)?;
+                self.dispatch_rows("moe_up_rows", u, 0, n, params(d, h), x, &hid, &ids_at)?;
+                self.dispatch_rows("moe_down_rows", o, 0, n, params(h, d), &hid, &ys, &ids_at)?;
             }
         } else {
             // each expert's dispatches cover only its own slots (a 512-token chunk routes ~12 to

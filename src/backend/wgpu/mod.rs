@@ -64,7 +64,7 @@ mod timing;
 
 use adapter::{DEVICE_CREATION, describe, select_adapter};
 pub use adapter::{default_precision, list_adapters};
-pub use rows::Reduction;
+pub use rows::{Reduction, RowBound, RowsBuild};
 use shader::Shader;
 pub use shader::{ShaderBuild, shader_builds};
 use tensor::{Counters, Pool, Role, Shared, WeightChunk};

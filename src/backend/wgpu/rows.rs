@@ -37,24 +37,63 @@ impl Reduction {
     }
 }
 
+/// How many rows of x a small-row pipeline accumulates (rows.wgsl's `ROW_BOUND`, a
+/// pipeline-override constant): a lone sequence's decode step takes the one-row pipeline, without
+/// the accumulators and per-row tests of [`SMALL_ROWS`] (as the CUDA lane's one-row gemv_cols).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowBound {
+    One,
+    Small,
+}
+
+impl RowBound {
+    pub const ALL: [RowBound; 2] = [RowBound::One, RowBound::Small];
+
+    /// The bound for `rows` rows of x (or, for the experts, tokens).
+    pub(super) fn of(rows: usize) -> RowBound {
+        if rows == 1 { RowBound::One } else { RowBound::Small }
+    }
+
+    pub(super) fn rows(self) -> usize {
+        match self {
+            RowBound::One => 1,
+            RowBound::Small => SMALL_ROWS,
+        }
+    }
+}
+
+/// A small-row build: its reduction and row bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowsBuild {
+    pub reduction: Reduction,
+    pub bound: RowBound,
+}
+
+impl RowsBuild {
+    /// Every build of a weight format.
+    pub(super) fn all() -> impl Iterator<Item = RowsBuild> {
+        Reduction::ALL.into_iter().flat_map(|reduction| RowBound::ALL.map(|bound| RowsBuild { reduction, bound }))
+    }
+
+    /// rows.wgsl's override constants.
+    pub(super) fn constants(self) -> Vec<(&'static str, f64)> {
+        vec![("ROW_BOUND", self.bound.rows() as f64)]
+    }
+}
+
 /// The small-row body, and the weight part that adapts the float formats' `load_pair` to it.
 pub(super) const BODY: (&str, &str) = ("rows.wgsl", include_str!("../../../shaders/rows.wgsl"));
 pub(super) const PAIRS: (&str, &str) = ("rows_pairs.wgsl", include_str!("../../../shaders/rows_pairs.wgsl"));
 
-/// The small-row kernel for `format` in `precision` with `reduction`, and its `FMT` override: as
+/// The small-row kernel for `format` in `precision` as `build`, and its `FMT` override: as
 /// [`super::linear::linear_shader`] chooses the tile kernel's weight part.
-pub(super) fn rows_shader(
-    format: WeightFormat,
-    native_f16: bool,
-    precision: Precision,
-    reduction: Reduction,
-) -> (Shader, u32) {
+pub(super) fn rows_shader(format: WeightFormat, native_f16: bool, precision: Precision, build: RowsBuild) -> (Shader, u32) {
     match format {
-        WeightFormat::F32 => (Shader::Rows(precision, reduction), 0),
-        WeightFormat::BF16 => (Shader::Rows(precision, reduction), 1),
-        WeightFormat::F16 if native_f16 => (Shader::RowsF16(precision, reduction), 0),
-        WeightFormat::F16 => (Shader::Rows(precision, reduction), 2),
-        f => (Shader::Block(BlockKernel::Rows(reduction), f, precision), 0),
+        WeightFormat::F32 => (Shader::Rows(precision, build), 0),
+        WeightFormat::BF16 => (Shader::Rows(precision, build), 1),
+        WeightFormat::F16 if native_f16 => (Shader::RowsF16(precision, build), 0),
+        WeightFormat::F16 => (Shader::Rows(precision, build), 2),
+        f => (Shader::Block(BlockKernel::Rows(build), f, precision), 0),
     }
 }
 
@@ -74,13 +113,15 @@ pub(super) struct RowsParams {
 }
 
 impl WgpuBackend {
-    /// One small-row dispatch of `entry` over the chunk `c` of `w` (one workgroup per column),
-    /// x at binding 1, y at 4, and `extra` bindings (bias at 3, ids at 5).
+    /// One small-row dispatch of `entry` over the chunk `c` of `w` (one workgroup per pair of
+    /// columns), x at binding 1, y at 4, and `extra` bindings (bias at 3, ids at 5). `rows`: the
+    /// rows of x (tokens, for the experts), which pick the pipeline's row bound.
     pub(super) fn dispatch_rows(
         &self,
         entry: &'static str,
         w: &WgpuWeight,
         chunk: usize,
+        rows: usize,
         params: RowsParams,
         x: &WgpuTensor,
         y: &WgpuTensor,
@@ -90,11 +131,12 @@ impl WgpuBackend {
         if c.rows == 0 {
             return Ok(());
         }
-        let groups = grid(c.rows);
+        let groups = grid(c.rows.div_ceil(2));
         if groups.1 > self.limits.max_compute_workgroups_per_dimension {
             return Err(Error::Device(format!("{entry}: {} columns exceed the dispatch limit", c.rows)));
         }
-        let (shader, fmt) = rows_shader(w.format, self.native_f16, self.gemm_precision(w), self.reduction);
+        let build = RowsBuild { reduction: self.reduction, bound: RowBound::of(rows) };
+        let (shader, fmt) = rows_shader(w.format, self.native_f16, self.gemm_precision(w), build);
         let words = [
             params.n,
             params.k,

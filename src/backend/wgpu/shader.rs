@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use super::Reduction;
 use super::formats::{self, BlockKernel};
 use super::linear::{linear_shader, lm_weight_shader};
-use super::rows::{self, rows_shader};
+use super::rows::{self, RowsBuild, rows_shader};
 use crate::backend::{Precision, WeightFormat};
 use crate::error::{Error, Result};
 
@@ -29,9 +29,9 @@ pub(super) enum Shader {
     /// A kernel over block-format weights, built for one format (formats.rs).
     Block(BlockKernel, WeightFormat, Precision),
     /// The small-row kernels (rows.wgsl) over `linear_packed.wgsl` (f32, bf16, f16 fallback).
-    Rows(Precision, Reduction),
+    Rows(Precision, RowsBuild),
     /// The small-row kernels over `linear_f16.wgsl` (f16 with SHADER_F16).
-    RowsF16(Precision, Reduction),
+    RowsF16(Precision, RowsBuild),
 }
 
 /// The operands file of a GEMM build: its label and WGSL (see `shaders/operands_exact.wgsl`).
@@ -57,9 +57,9 @@ impl Shader {
         // The small-row kernels have their reduction and rows_pairs.wgsl between the operands
         // and the body.
         let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
-            let rows = |r: Reduction| vec![r.part(), rows::PAIRS];
+            let rows = |b: RowsBuild| vec![b.reduction.part(), rows::PAIRS];
             let middle = match self {
-                Shader::Rows(_, r) | Shader::RowsF16(_, r) => rows(r),
+                Shader::Rows(_, b) | Shader::RowsF16(_, b) => rows(b),
                 _ => Vec::new(),
             };
             let parts: Vec<(&str, &str)> =
@@ -95,11 +95,13 @@ impl Shader {
 
 impl Shader {
     /// The pipeline-override constants of a pipeline of this shader created with `fmt`: `FMT`
-    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback; tiles and small rows); the others read `fmt`, if at all,
-    /// from their parameter block.
+    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback; tiles and small rows), and the small
+    /// rows' `ROW_BOUND`; the others read `fmt`, if at all, from their parameter block.
     pub(super) fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
         match self {
-            Shader::Linear(_) | Shader::Rows(..) => vec![("FMT", f64::from(fmt))],
+            Shader::Linear(_) => vec![("FMT", f64::from(fmt))],
+            Shader::Rows(_, b) => [("FMT", f64::from(fmt))].into_iter().chain(b.constants()).collect(),
+            Shader::RowsF16(_, b) | Shader::Block(BlockKernel::Rows(b), ..) => b.constants(),
             _ => Vec::new(),
         }
     }
@@ -124,15 +126,15 @@ impl Shader {
     fn needs_subgroup(self) -> bool {
         matches!(
             self,
-            Shader::Rows(_, Reduction::Subgroup)
-                | Shader::RowsF16(_, Reduction::Subgroup)
-                | Shader::Block(BlockKernel::Rows(Reduction::Subgroup), ..)
+            Shader::Rows(_, RowsBuild { reduction: Reduction::Subgroup, .. })
+                | Shader::RowsF16(_, RowsBuild { reduction: Reduction::Subgroup, .. })
+                | Shader::Block(BlockKernel::Rows(RowsBuild { reduction: Reduction::Subgroup, .. }), ..)
         )
     }
 
     /// Every (shader, `fmt`) the lane creates pipelines from, and whether it is built only with
     /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
-    /// ([`linear_shader`], [`lm_weight_shader`], [`rows_shader`] with either reduction) for every
+    /// ([`linear_shader`], [`lm_weight_shader`], [`rows_shader`] in every build) for every
     /// weight format, in both precisions with
     /// SHADER_F16 and in exact precision without it (fast needs it); pairs that build the same
     /// module and constants are listed once.
@@ -146,7 +148,7 @@ impl Shader {
                 for f in WeightFormat::ALL {
                     list.push(linear_shader(f, native_f16, precision));
                     list.push(lm_weight_shader(f, precision));
-                    list.extend(Reduction::ALL.map(|r| rows_shader(f, native_f16, precision, r)));
+                    list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, precision, b)));
                 }
             }
             list.extend(Shader::FIXED.map(|s| (s, 0)));
