@@ -34,8 +34,10 @@ struct P {
     x_stride: u32,   // grouped_rows: elements per row of x (g·k)
     group_rows: u32, // grouped_rows: output columns per group (r)
     topk: u32,       // experts: slots per token
-    expert: u32,     // experts: the expert this dispatch's weight belongs to
+    expert: u32,     // experts, one expert's weight bound: that expert
     limit: u32,      // moe_up_rows: the SwiGLU clamp (f32 bits)
+    experts: u32,    // experts, every expert's weight bound (0: one expert's): how many,
+    expert_stride: u32, // and the weight rows from one expert's first row to the next's
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -58,15 +60,16 @@ fn column(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return (wg.y * nwg.x + wg.x) * COLS;
 }
 
-// This thread's share (spans li, li + WG, …) of Σ_e x[xo[i] + e] · W[c + q, e] for rows
-// i < rows, in acc[i][q], q < COLS. A workgroup whose second column is past the chunk reads the
+// This thread's share (spans li, li + WG, …) of Σ_e x[xo[i] + e] · W[r0 + c + q, e] for rows
+// i < rows, in acc[i][q], q < COLS (r0: the first weight row of the dispatch's matrix in the
+// binding, 0 but for the experts). A workgroup whose second column is past the chunk reads the
 // first column's row for it (in bounds) and stores nothing from it.
-fn dot_rows(li: u32, c: u32, xo: array<u32, ROWS>, rows: u32) -> array<vec2<f32>, ROWS> {
+fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32) -> array<vec2<f32>, ROWS> {
     var acc: array<vec2<f32>, ROWS>;
     let c1 = select(c, c + 1u, c + 1u < p.cols);
     for (var s = li; s * SPAN < p.k; s += WG) {
-        let wa = load_span(c, s);
-        let wb = load_span(c1, s);
+        let wa = load_span(r0 + c, s);
+        let wb = load_span(r0 + c1, s);
         for (var j = 0u; j < SPAN; j++) {
             let e = s * SPAN + j;
             if (e >= p.k) { break; }
@@ -96,7 +99,7 @@ fn linear_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     if (c >= p.cols) { return; }
     var xo: array<u32, ROWS>;
     for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.k; }
-    reduce_rows(lane, dot_rows(lane.li, c, xo, p.n));
+    reduce_rows(lane, dot_rows(lane.li, 0u, c, xo, p.n));
     if (lane.li < p.n) {
         let oc = p.col_off + c;
         var v = sums[lane.li];
@@ -116,12 +119,12 @@ fn grouped_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let g = o / p.group_rows;
     var xo: array<u32, ROWS>;
     for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.x_stride + g * p.k; }
-    var acc = dot_rows(lane.li, c, xo, p.n);
+    var acc = dot_rows(lane.li, 0u, c, xo, p.n);
     if (c + 1u < p.cols && (o + 1u) / p.group_rows != g) {
         // the pair straddles two groups (odd group_rows, or a chunk starting mid-group): column
         // c + 1 reads the next group's x
         for (var i = 0u; i < ROWS; i++) { xo[i] += p.k; }
-        let next = dot_rows(lane.li, c, xo, p.n);
+        let next = dot_rows(lane.li, 0u, c, xo, p.n);
         for (var i = 0u; i < ROWS; i++) { acc[i].y = next[i].y; }
     }
     reduce_rows(lane, acc);
@@ -130,21 +133,21 @@ fn grouped_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-// Up to ROW_BOUND slots routed to this dispatch's expert, the first at or after slot `first`, and
-// the slot to continue from. Every thread scans `ids` alike, so the batch is workgroup-uniform. A
-// token's top-k experts are distinct, so one batch holds every slot of ≤ ROW_BOUND tokens; more
-// (or repeated ids) take more batches, each reading the weight row again.
+// Up to ROW_BOUND slots routed to `expert`, the first at or after slot `first`, and the slot to
+// continue from. Every thread scans `ids` alike, so the batch is workgroup-uniform. A token's
+// top-k experts are distinct, so one batch holds every slot of ≤ ROW_BOUND tokens; more (or
+// repeated ids) take more batches, each reading the weight row again.
 struct Batch {
     slots: array<u32, ROWS>,
     rows: u32,
     next: u32,
 }
 
-fn next_batch(first: u32) -> Batch {
+fn next_batch(expert: i32, first: u32) -> Batch {
     var b: Batch;
     var t = first;
     for (; t < p.n && b.rows < ROW_BOUND; t++) {
-        if (ids[t] == i32(p.expert)) {
+        if (ids[t] == expert) {
             b.slots[b.rows] = t;
             b.rows++;
         }
@@ -157,14 +160,29 @@ fn next_batch(first: u32) -> Batch {
 // of w1/w3 (k = d) into hid[slot, j …] (out_cols = h), or columns o, o + 1 of w2 (k = h) into
 // ys[slot, o …] (out_cols = d), for each slot routed to the expert. x is the token rows (gate,
 // up: slot t reads row t / topk) or hid (down: row t).
-fn expert_rows(lane: Lane, col: u32, from_hid: bool, epilogue: u32) {
-    var b = next_batch(0u);
+// With one expert's weight bound (p.experts = 0) the dispatch is that expert's (a grid of one
+// layer, z = 0). With every expert's bound (p.expert_stride rows apart) the grid has a layer per
+// slot, and in layer z the first slot routed to an expert runs that expert's slots while the
+// others return: the host dispatches a projection once, without reading the ids back (an id
+// outside 0..experts runs nothing; moe_sum makes its token NaN).
+fn expert_rows(lane: Lane, col: u32, z: u32, from_hid: bool, epilogue: u32) {
+    var expert = i32(p.expert);
+    var r0 = 0u;
+    if (p.experts != 0u) {
+        expert = ids[z];
+        if (expert < 0 || u32(expert) >= p.experts) { return; }
+        for (var t = 0u; t < z; t++) {
+            if (ids[t] == expert) { return; }
+        }
+        r0 = u32(expert) * p.expert_stride;
+    }
+    var b = next_batch(expert, z);
     while (b.rows > 0u) {
         var xo: array<u32, ROWS>;
         for (var i = 0u; i < ROWS; i++) {
             xo[i] = select(b.slots[i] / p.topk, b.slots[i], from_hid) * p.k;
         }
-        reduce_rows(lane, dot_rows(lane.li, col, xo, b.rows));
+        reduce_rows(lane, dot_rows(lane.li, r0, col, xo, b.rows));
         if (lane.li < b.rows) {
             let at = b.slots[lane.li] * p.out_cols + col;
             let s = sums[lane.li];
@@ -180,7 +198,7 @@ fn expert_rows(lane: Lane, col: u32, from_hid: bool, epilogue: u32) {
                 }
             }
         }
-        b = next_batch(b.next);
+        b = next_batch(expert, b.next);
     }
 }
 
@@ -191,19 +209,19 @@ const SWIGLU: u32 = 1u;
 fn moe_gate_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
     let j = column(wg, nwg);
     if (j >= p.cols) { return; }
-    expert_rows(lane, j, false, STORE);
+    expert_rows(lane, j, wg.z, false, STORE);
 }
 
 @compute @workgroup_size(64, 1, 1)
 fn moe_up_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
     let j = column(wg, nwg);
     if (j >= p.cols) { return; }
-    expert_rows(lane, j, false, SWIGLU);
+    expert_rows(lane, j, wg.z, false, SWIGLU);
 }
 
 @compute @workgroup_size(64, 1, 1)
 fn moe_down_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
     let o = column(wg, nwg);
     if (o >= p.cols) { return; }
-    expert_rows(lane, o, true, STORE);
+    expert_rows(lane, o, wg.z, true, STORE);
 }

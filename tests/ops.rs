@@ -82,6 +82,10 @@ struct Case {
     experts: Vec<(WeightFormat, usize, usize, Vec<u8>)>,
     /// `weight` goes up with `upload_weight_exact` (f32 products in every precision).
     exact_weight: bool,
+    /// `experts` go up one `upload_weight` each, not a projection at a time by `upload_experts`
+    /// (which the model loads with): on the wgpu lane, the per-expert dispatches after an ids
+    /// readback that experts too large to share one binding take.
+    experts_one_by_one: bool,
     run: fn(&Args) -> Call,
     args: Args,
 }
@@ -273,19 +277,29 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         }
         None => None,
     };
-    let experts: Vec<B::Weight> = case
-        .experts
-        .iter()
-        .map(|(format, rows, cols, bytes)| {
-            b.upload_weight(&HostWeight {
-                name: case.name.clone(),
-                format: *format,
-                rows: *rows,
-                cols: *cols,
-                bytes: Cow::Borrowed(bytes),
-            })
-        })
-        .collect::<fovea::Result<_>>()?;
+    fn host<'a>(name: &str, (format, rows, cols, bytes): &'a (WeightFormat, usize, usize, Vec<u8>)) -> HostWeight<'a> {
+        HostWeight { name: name.to_string(), format: *format, rows: *rows, cols: *cols, bytes: Cow::Borrowed(bytes) }
+    }
+    let e = case.experts.len() / 3;
+    let experts: Vec<B::Weight> = if case.experts_one_by_one {
+        // each projection's experts uploaded last to first, so that expert 1 never lies after
+        // expert 0 in one buffer (equal uploads in a row could lie evenly spaced, one span)
+        let mut all = Vec::new();
+        for projection in case.experts.chunks(e.max(1)) {
+            let mut up: Vec<B::Weight> =
+                projection.iter().rev().map(|w| b.upload_weight(&host(&case.name, w))).collect::<fovea::Result<_>>()?;
+            up.reverse();
+            all.extend(up);
+        }
+        all
+    } else {
+        // a projection at a time: every w1, every w3, every w2
+        let mut all = Vec::new();
+        for projection in case.experts.chunks(e.max(1)) {
+            all.extend(b.upload_experts(projection.len(), &mut |j| Ok(host(&case.name, &projection[j])))?);
+        }
+        all
+    };
     let one = match (case.run)(&case.args) {
         Call::RouteExperts { logits, bias, kind, hash, k, scale } => {
             let hash = hash.map(|(t, i)| (&ts[t], &ts[i]));
@@ -365,7 +379,18 @@ fn case(
     run: fn(&Args) -> Call,
     args: Args,
 ) -> Case {
-    Case { name: name.into(), op, bound, tensors, weight: None, experts: Vec::new(), exact_weight: false, run, args }
+    Case {
+        name: name.into(),
+        op,
+        bound,
+        tensors,
+        weight: None,
+        experts: Vec::new(),
+        exact_weight: false,
+        experts_one_by_one: false,
+        run,
+        args,
+    }
 }
 
 /// Every op, with shapes that are not multiples of any tile size.
@@ -1052,7 +1077,9 @@ fn moe_case(
 /// slots to experts t, t + 2 and t (mod 4): two distinct experts, one of them twice. Then per
 /// format one experts case at 8 tokens over 2 experts, 12 slots each, so an expert sees more than
 /// 8 slots (the wgpu small-row path's second batch; 8 tokens with distinct ids never reach it);
-/// drawn after the others, so theirs keep their random inputs.
+/// drawn after the others, so theirs keep their random inputs. Each experts case comes twice: a
+/// projection's experts uploaded together (on the wgpu lane one dispatch a projection, the
+/// experts read from the ids on the device) and one by one (a dispatch triple an expert).
 fn small_row_cases() -> Vec<Case> {
     let mut r = StdRng::seed_from_u64(0x6e3f);
     let mut out = Vec::new();
@@ -1064,7 +1091,9 @@ fn small_row_cases() -> Vec<Case> {
             let (e, topk) = (4, 3);
             let ids: Vec<i32> = (0..n * topk).map(|j| ((j / topk + 2 * (j % topk)) % e) as i32).collect();
             let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} small rows");
-            out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
+            let c = moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids);
+            out.push(Case { name: format!("{} one by one", c.name), experts_one_by_one: true, ..c.clone() });
+            out.push(c);
         }
     }
     for format in WeightFormat::ALL {
@@ -1072,7 +1101,9 @@ fn small_row_cases() -> Vec<Case> {
         let (n, e, topk) = (8, 2, 3);
         let ids: Vec<i32> = (0..n * topk).map(|j| (j % e) as i32).collect();
         let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} 12 slots an expert");
-        out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
+        let c = moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids);
+        out.push(Case { name: format!("{} one by one", c.name), experts_one_by_one: true, ..c.clone() });
+        out.push(c);
     }
     // past the small rows, experts with no slot between ones with several (the wgpu lane then
     // dispatches each expert over its own slots only)

@@ -200,6 +200,58 @@ fn launches_count_dispatches_and_copies() {
     assert_eq!(b.launches(), Some(before + 2));
 }
 
+/// A decode step's routed experts, uploaded a projection at a time (`upload_experts`, as the
+/// model loads them), take one dispatch a projection and no read-back of the ids (which would
+/// wait for the work queued so far): gate, up, down and the weighted sum, four commands. Uploaded
+/// one by one they take a dispatch triple per routed expert after the ids' copy to the host;
+/// both give the same bits (the same kernels over the same rows).
+#[test]
+fn a_few_tokens_reach_every_expert_in_one_dispatch_a_projection() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = make(Options::default());
+    let (e, d, h) = (4, 24, 10);
+    let mut r = rng(0x3e);
+    let matrices: Vec<(usize, usize, Vec<u8>)> = [(h, d), (h, d), (d, h)]
+        .iter()
+        .flat_map(|&(rows, cols)| (0..e).map(move |_| (rows, cols)))
+        .map(|(rows, cols)| (rows, cols, encode(WeightFormat::F32, &randv(&mut r, rows * cols))))
+        .collect();
+    let host = |j: usize| HostWeight {
+        name: format!("expert matrix {j}"),
+        format: WeightFormat::F32,
+        rows: matrices[j].0,
+        cols: matrices[j].1,
+        bytes: Cow::Borrowed(&matrices[j].2),
+    };
+    let together: Vec<_> = (0..3).flat_map(|p| b.upload_experts(e, &mut |j| Ok(host(p * e + j))).unwrap()).collect();
+    // one by one, each projection last to first: expert 1 never lies after expert 0 in one
+    // buffer, so they are not one span (equal uploads in a row could be)
+    let one_by_one: Vec<_> = (0..3)
+        .flat_map(|p| {
+            let mut up: Vec<_> = (0..e).rev().map(|j| b.upload_weight(&host(p * e + j)).unwrap()).collect();
+            up.reverse();
+            up
+        })
+        .collect();
+    let x = up(&b, &[1, d], randv(&mut r, d));
+    let ids = b.upload(&HostTensor::i32(vec![1, 2], vec![3, 1]).unwrap()).unwrap();
+    let weights = up(&b, &[1, 2], vec![0.7, 0.3]);
+    let run = |w: &[_]| {
+        let before = b.launches().unwrap();
+        let y = b.moe_experts(&x, &ids, &weights, &w[..e], &w[e..2 * e], &w[2 * e..], 0.8).unwrap();
+        (b.launches().unwrap() - before, down(&b, &y))
+    };
+    let (packed, want) = run(&together);
+    let (separate, got) = run(&one_by_one);
+    assert_eq!(packed, 4, "gate, up, down over every slot, then the sum; no copy of the ids");
+    assert_eq!(separate, 1 + 3 * 2 + 1, "the ids' copy, a triple for each of the 2 experts, the sum");
+    assert_eq!(want, got);
+    assert!(want.iter().all(|v| v.is_finite() && *v != 0.0), "{want:?}");
+}
+
 /// `Backend::kernel_times` (timestamps around every dispatch): each entry point once per
 /// dispatch, a positive time, and nothing left over for the next call. Off by default.
 #[test]

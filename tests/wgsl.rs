@@ -96,8 +96,7 @@ fn every_block_format_build_validates() {
     let mut errors = Vec::new();
     let mut built = 0;
     for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
-        for (kernel, precision) in
-            BlockKernel::all().flat_map(|k| [Precision::Exact, Precision::Fast].map(|p| (k, p)))
+        for (kernel, precision) in BlockKernel::all().flat_map(|k| [Precision::Exact, Precision::Fast].map(|p| (k, p)))
         {
             let (label, src) =
                 block_shader_source(format, kernel, precision).unwrap_or_else(|| panic!("{format}: no build"));

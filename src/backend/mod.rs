@@ -564,6 +564,17 @@ pub trait Backend {
     fn upload_weight_exact(&self, weight: &HostWeight<'_>) -> Result<Self::Weight> {
         self.upload_weight(weight)
     }
+    /// Copy the routed experts of one projection, `expert(j)` for `j < count` (made one at a
+    /// time, so a converted source never holds them all), as [`Backend::upload_weight`] does
+    /// each. A lane may place them so that [`Backend::moe_experts`] reaches all of them at once
+    /// (the wgpu lane: one binding).
+    fn upload_experts<'s>(
+        &self,
+        count: usize,
+        expert: &mut dyn FnMut(usize) -> Result<HostWeight<'s>>,
+    ) -> Result<Vec<Self::Weight>> {
+        (0..count).map(|j| self.upload_weight(&expert(j)?)).collect()
+    }
     /// The precision of this lane's matrix products (see [`Precision`]).
     fn precision(&self) -> Precision {
         Precision::Exact

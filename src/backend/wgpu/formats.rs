@@ -225,8 +225,7 @@ pub fn block_shader_source(
 ) -> Option<(String, String)> {
     let (file, decode) = decoder(format)?;
     let (operands_file, operands) = super::shader::operands_part(precision);
-    let label =
-        format!("{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file} + {}", kernel.file());
+    let label = format!("{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file} + {}", kernel.file());
     let mut src = format!("// {label}\n");
     src += super::shader::directives(precision == Precision::Fast);
     src += &tables_for(format);

@@ -18,7 +18,7 @@
 //!   a weight from `upload_weight_exact`.
 
 use super::formats::BlockKernel;
-use super::rows::{RowsParams, SMALL_ROWS};
+use super::rows::{ExpertSpan, RowsParams, SMALL_ROWS};
 use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight};
 use crate::backend::{Backend, DType, DeviceTensor, HostTensor, Op, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
@@ -139,12 +139,15 @@ impl WgpuBackend {
         Ok(y)
     }
 
-    /// Routed experts, one (gate, up, down) dispatch triple per expert over the slots routed to
-    /// it, each weight read by its own format's kernel, then a weighted sum over the slots in
-    /// order. Each expert matrix must fit one binding. The ids are read back first: with at most
-    /// `SMALL_ROWS` tokens (and more experts than slots) to dispatch only the experts they name
-    /// ([`Self::routed_experts`]), with more to group the slots by expert, each expert's
-    /// dispatches then covering its own slots alone ([`Self::slots_by_expert`]).
+    /// Routed experts, each weight read by its own format's kernel, then a weighted sum over the
+    /// slots in order. Each expert matrix must fit one binding. With at most `SMALL_ROWS` tokens
+    /// and each projection's experts in one binding ([`ExpertSpan`]), one small-row dispatch a
+    /// projection covers every slot, its workgroups reading their experts from `ids` on the
+    /// device. Otherwise one (gate, up, down) dispatch triple per expert over the slots routed to
+    /// it, after reading the ids back: with at most `SMALL_ROWS` tokens (and more experts than
+    /// slots) to dispatch only the experts they name ([`Self::routed_experts`]), with more to
+    /// group the slots by expert, each expert's dispatches then covering its own slots alone
+    /// ([`Self::slots_by_expert`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_experts(
         &self,
@@ -169,7 +172,17 @@ impl WgpuBackend {
         let slots = n * k;
         let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
         let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
-        if (1..=SMALL_ROWS).contains(&n) {
+        let spans = [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding));
+        if let ([Some(g), Some(u), Some(o)], true) = (&spans, (1..=SMALL_ROWS).contains(&n)) {
+            // no readback, so no wait for the work queued so far: a decode step's layers are
+            // queued back to back
+            let params =
+                |k_len, out_cols| RowsParams { n: slots, k: k_len, out_cols, topk: k, limit, ..RowsParams::default() };
+            let ids_at = [(5, ids.binding())];
+            self.dispatch_rows_over("moe_gate_rows", g.weight(), n, params(d, h), x, &hid, &ids_at)?;
+            self.dispatch_rows_over("moe_up_rows", u.weight(), n, params(d, h), x, &hid, &ids_at)?;
+            self.dispatch_rows_over("moe_down_rows", o.weight(), n, params(h, d), &hid, &ys, &ids_at)?;
+        } else if (1..=SMALL_ROWS).contains(&n) {
             let routed = self.routed_experts(ids, w1.len(), slots)?;
             let experts = w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| routed[*e]);
             // the small-row path from the token count: a token routes each slot to a different

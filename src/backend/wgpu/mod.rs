@@ -672,6 +672,23 @@ impl WgpuBackend {
         Ok(self.make_tensor(buf, shape, dtype, op))
     }
 
+    /// Write `src`, rows of `row_bytes`, into `buf` at `offset` as rows of `padded_row` bytes
+    /// (the pad zero).
+    fn write_rows(&self, buf: &wgpu::Buffer, offset: u64, src: &[u8], row_bytes: usize, padded_row: usize) {
+        if src.is_empty() {
+            return;
+        }
+        if padded_row == row_bytes {
+            self.queue.write_buffer(buf, offset, src);
+        } else {
+            let mut data = vec![0u8; src.len() / row_bytes.max(1) * padded_row];
+            for (dst, s) in data.chunks_exact_mut(padded_row).zip(src.chunks_exact(row_bytes)) {
+                dst[..row_bytes].copy_from_slice(s);
+            }
+            self.queue.write_buffer(buf, offset, &data);
+        }
+    }
+
     /// Sub-allocate `bytes` of weight memory: from a pool (first fit), or a buffer of its own when
     /// larger than half a pool. Returns the buffer and the aligned offset.
     fn alloc_weight(&self, bytes: u64) -> (wgpu::Buffer, u64) {
@@ -982,17 +999,7 @@ impl Backend for WgpuBackend {
             let bytes = Self::weight_alloc_bytes(w.format, rows, w.cols);
             let (buf, offset) = self.alloc_weight(bytes);
             self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
-            if bytes > 0 {
-                if padded_row as usize == row_bytes {
-                    self.queue.write_buffer(&buf, offset, src);
-                } else {
-                    let mut data = vec![0u8; bytes as usize];
-                    for (dst, s) in data.chunks_exact_mut(padded_row as usize).zip(src.chunks_exact(row_bytes)) {
-                        dst[..row_bytes].copy_from_slice(s);
-                    }
-                    self.queue.write_buffer(&buf, offset, &data);
-                }
-            }
+            self.write_rows(&buf, offset, src, row_bytes, padded_row as usize);
             chunks.push(WeightChunk { buf, offset, bytes, row0, rows });
             row0 += rows;
             if w.rows == 0 {
@@ -1008,6 +1015,70 @@ impl Backend for WgpuBackend {
             chunks,
             exact: false,
         })
+    }
+
+    /// Each projection's experts in one buffer, equally spaced at offsets the storage alignment
+    /// allows, when they fit one binding ([`rows::ExpertSpan`]); else (or for an expert whose
+    /// format or shape differs from the first's) one `upload_weight` each.
+    fn upload_experts<'s>(
+        &self,
+        count: usize,
+        expert: &mut dyn FnMut(usize) -> Result<HostWeight<'s>>,
+    ) -> Result<Vec<WgpuWeight>> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let first = expert(0)?;
+        first.validate()?;
+        let (format, rows, cols) = (first.format, first.rows, first.cols);
+        let stride_words = formats::stride_words(format, cols);
+        let padded_row = stride_words as u64 * 4;
+        // the experts' offsets are whole rows apart (the kernels index rows) and aligned
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        let unit = align / align.min(1 << padded_row.trailing_zeros().min(63));
+        let step = (rows as u64).next_multiple_of(unit) * padded_row;
+        let span = step * (count as u64 - 1) + Self::weight_alloc_bytes(format, rows, cols);
+        if rows == 0 || padded_row == 0 || span > self.max_binding || span > self.limits.max_buffer_size {
+            let mut all = vec![self.upload_weight(&first)?];
+            for j in 1..count {
+                all.push(self.upload_weight(&expert(j)?)?);
+            }
+            return Ok(all);
+        }
+        let size = span.next_multiple_of(4);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("experts"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.shared.counters.weight.fetch_add(size, Ordering::Relaxed);
+        let mut all = Vec::with_capacity(count);
+        let mut next = Some(first);
+        for j in 0..count {
+            let w = match next.take() {
+                Some(w) => w,
+                None => expert(j)?,
+            };
+            if (w.format, w.rows, w.cols) != (format, rows, cols) {
+                all.push(self.upload_weight(&w)?);
+                continue;
+            }
+            w.validate()?;
+            let (offset, bytes) = (step * j as u64, Self::weight_alloc_bytes(format, rows, cols));
+            self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
+            self.write_rows(&buf, offset, &w.bytes, format.row_bytes(cols), padded_row as usize);
+            all.push(WgpuWeight {
+                name: w.name.clone(),
+                format,
+                rows,
+                cols,
+                stride_words,
+                chunks: vec![WeightChunk { buf: buf.clone(), offset, bytes, row0: 0, rows }],
+                exact: false,
+            });
+        }
+        Ok(all)
     }
 
     fn upload_weight_exact(&self, w: &HostWeight<'_>) -> Result<WgpuWeight> {

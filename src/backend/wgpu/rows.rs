@@ -6,6 +6,8 @@
 //! the same float weight parts (`linear_packed.wgsl` with its `FMT`, `linear_f16.wgsl`) or block
 //! decoders, the same operands files.
 
+use std::num::NonZeroU64;
+
 use super::formats::BlockKernel;
 use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
 use crate::backend::{Precision, WeightFormat};
@@ -87,7 +89,12 @@ pub(super) const PAIRS: (&str, &str) = ("rows_pairs.wgsl", include_str!("../../.
 
 /// The small-row kernel for `format` in `precision` as `build`, and its `FMT` override: as
 /// [`super::linear::linear_shader`] chooses the tile kernel's weight part.
-pub(super) fn rows_shader(format: WeightFormat, native_f16: bool, precision: Precision, build: RowsBuild) -> (Shader, u32) {
+pub(super) fn rows_shader(
+    format: WeightFormat,
+    native_f16: bool,
+    precision: Precision,
+    build: RowsBuild,
+) -> (Shader, u32) {
     match format {
         WeightFormat::F32 => (Shader::Rows(precision, build), 0),
         WeightFormat::BF16 => (Shader::Rows(precision, build), 1),
@@ -112,10 +119,71 @@ pub(super) struct RowsParams {
     pub limit: f32,
 }
 
+/// The weight rows a small-row dispatch binds: one chunk of a matrix, or every expert of a
+/// projection at once ([`ExpertSpan`]).
+pub(super) struct RowsWeight<'a> {
+    /// The format, row stride and precision come from this matrix (an expert's, for a span).
+    pub matrix: &'a WgpuWeight,
+    pub binding: wgpu::BindingResource<'a>,
+    /// Columns of the dispatch (rows of one matrix's chunk), and the first one's output column.
+    pub cols: usize,
+    pub col_off: usize,
+    /// With every expert bound: the experts and the rows from one's first row to the next's.
+    pub experts: Option<(usize, usize)>,
+}
+
+/// Every expert of one projection in one binding, equally spaced (`upload_experts` packs them
+/// so when they fit): the experts' small-row kernels then take all of a step's slots in one
+/// dispatch, each workgroup reading its expert from the ids on the device.
+pub(super) struct ExpertSpan<'a> {
+    first: &'a WgpuWeight,
+    binding: wgpu::BufferBinding<'a>,
+    stride_rows: usize,
+    experts: usize,
+}
+
+impl<'a> ExpertSpan<'a> {
+    /// The span of `experts` if they lie in one buffer at offsets `stride_rows` rows apart, in one
+    /// format, shape and precision, each in one chunk, within `max_binding` bytes; else `None`.
+    pub(super) fn of(experts: &'a [WgpuWeight], max_binding: u64) -> Option<ExpertSpan<'a>> {
+        let first = experts.first()?;
+        let row_bytes = first.stride_words as u64 * 4;
+        let chunk = |w: &'a WgpuWeight| (w.chunks.len() == 1).then(|| &w.chunks[0]);
+        let c0 = chunk(first)?;
+        let step = match experts.get(1) {
+            Some(w) => chunk(w)?.offset.checked_sub(c0.offset)?,
+            None => c0.bytes,
+        };
+        if row_bytes == 0 || step % row_bytes != 0 || step < c0.bytes {
+            return None;
+        }
+        let same = |(e, w): (usize, &'a WgpuWeight)| {
+            chunk(w).is_some_and(|c| c.buf == c0.buf && c.offset == c0.offset + e as u64 * step && c.bytes == c0.bytes)
+                && (w.format, w.rows, w.cols, w.stride_words, w.exact)
+                    == (first.format, first.rows, first.cols, first.stride_words, first.exact)
+        };
+        let bytes = step * (experts.len() as u64 - 1) + c0.bytes;
+        if bytes > max_binding || !experts.iter().enumerate().all(same) {
+            return None;
+        }
+        let binding = wgpu::BufferBinding { buffer: &c0.buf, offset: c0.offset, size: NonZeroU64::new(bytes.max(4)) };
+        Some(ExpertSpan { first, binding, stride_rows: (step / row_bytes) as usize, experts: experts.len() })
+    }
+
+    pub(super) fn weight(&self) -> RowsWeight<'a> {
+        RowsWeight {
+            matrix: self.first,
+            binding: wgpu::BindingResource::Buffer(self.binding.clone()),
+            cols: self.first.rows,
+            col_off: 0,
+            experts: Some((self.experts, self.stride_rows)),
+        }
+    }
+}
+
 impl WgpuBackend {
-    /// One small-row dispatch of `entry` over the chunk `c` of `w` (one workgroup per pair of
-    /// columns), x at binding 1, y at 4, and `extra` bindings (bias at 3, ids at 5). `rows`: the
-    /// rows of x (tokens, for the experts), which pick the pipeline's row bound.
+    /// One small-row dispatch of `entry` over the chunk `c` of `w`: [`Self::dispatch_rows_over`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_rows(
         &self,
         entry: &'static str,
@@ -128,21 +196,44 @@ impl WgpuBackend {
         extra: &[(u32, wgpu::BindingResource<'_>)],
     ) -> Result<()> {
         let c = &w.chunks[chunk];
-        if c.rows == 0 {
+        let weight = RowsWeight { matrix: w, binding: c.binding(), cols: c.rows, col_off: c.row0, experts: None };
+        self.dispatch_rows_over(entry, weight, rows, params, x, y, extra)
+    }
+
+    /// One small-row dispatch of `entry` over `w`'s columns (one workgroup per pair, times the
+    /// slots `params.n` when every expert is bound), x at binding 1, y at 4, and `extra` bindings
+    /// (bias at 3, ids at 5). `rows`: the rows of x (tokens, for the experts), which pick the
+    /// pipeline's row bound.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dispatch_rows_over(
+        &self,
+        entry: &'static str,
+        w: RowsWeight<'_>,
+        rows: usize,
+        params: RowsParams,
+        x: &WgpuTensor,
+        y: &WgpuTensor,
+        extra: &[(u32, wgpu::BindingResource<'_>)],
+    ) -> Result<()> {
+        if w.cols == 0 {
             return Ok(());
         }
-        let groups = grid(c.rows.div_ceil(2));
-        if groups.1 > self.limits.max_compute_workgroups_per_dimension {
-            return Err(Error::Device(format!("{entry}: {} columns exceed the dispatch limit", c.rows)));
+        let (gx, gy, _) = grid(w.cols.div_ceil(2));
+        let layers = if w.experts.is_some() { params.n as u32 } else { 1 };
+        let max = self.limits.max_compute_workgroups_per_dimension;
+        if gy > max || layers > max {
+            return Err(Error::Device(format!("{entry}: {} columns × {layers} exceed the dispatch limit", w.cols)));
         }
+        let m = w.matrix;
         let build = RowsBuild { reduction: self.reduction, bound: RowBound::of(rows) };
-        let (shader, fmt) = rows_shader(w.format, self.native_f16, self.gemm_precision(w), build);
+        let (shader, fmt) = rows_shader(m.format, self.native_f16, self.gemm_precision(m), build);
+        let (experts, expert_stride) = w.experts.unwrap_or((0, 0));
         let words = [
             params.n,
             params.k,
-            w.stride_words,
-            c.rows,
-            c.row0,
+            m.stride_words,
+            w.cols,
+            w.col_off,
             params.out_cols,
             params.has_bias as usize,
             params.x_stride,
@@ -152,9 +243,9 @@ impl WgpuBackend {
         ]
         .map(|v| v as u32);
         let mut block: Vec<u32> = words.to_vec();
-        block.push(params.limit.to_bits());
-        let mut bindings = vec![(1, x.binding()), (2, c.binding()), (4, y.binding())];
+        block.extend([params.limit.to_bits(), experts as u32, expert_stride as u32]);
+        let mut bindings = vec![(1, x.binding()), (2, w.binding), (4, y.binding())];
         bindings.extend(extra.iter().cloned());
-        self.dispatch(shader, entry, fmt, &block, &bindings, groups)
+        self.dispatch(shader, entry, fmt, &block, &bindings, (gx, gy, layers))
     }
 }

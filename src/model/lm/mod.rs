@@ -533,13 +533,8 @@ impl<B: Backend> LmModel<B> {
             } else {
                 None
             };
-            let (mut w1, mut w3, mut w2) = (Vec::with_capacity(e), Vec::with_capacity(e), Vec::with_capacity(e));
-            for j in 0..e {
-                let x = format!("{f}experts.{j}.");
-                w1.push(matrix(&format!("{x}w1.weight"))?);
-                w3.push(matrix(&format!("{x}w3.weight"))?);
-                w2.push(matrix(&format!("{x}w2.weight"))?);
-            }
+            let experts = |w: &str| b.upload_experts(e, &mut |j| src.matrix(&format!("{f}experts.{j}.{w}.weight")));
+            let (w1, w3, w2) = (experts("w1")?, experts("w3")?, experts("w2")?);
             let x = format!("{f}shared_experts.");
             let moe = Moe {
                 gate: exact_matrix(&format!("{f}gate.weight"))?,
