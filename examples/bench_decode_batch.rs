@@ -12,13 +12,14 @@
 //! alternate, so a machine shared with other work slows both alike. Prints the median step of
 //! each, the aggregate tokens/s and its ratio, and the lane's launches (CUDA) or encoded
 //! dispatches and copies (wgpu) per step, averaged over the steps (a step where a compressor
-//! block completes issues more).
+//! block completes issues more); with `FOVEA_HOST_PROFILE=1` also the host's waits for the
+//! device a step (the logits' download is one) and its time in launches.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use fovea::backend::Backend;
+use fovea::backend::{Backend, HostProfile};
 use fovea::config::LmConfig;
 use fovea::model::lm::{LmCache, LmInput, LmModel};
 use fovea::pipeline::{LaneJob, run_on_lane};
@@ -52,26 +53,45 @@ fn prefilled<B: Backend>(b: &B, model: &LmModel<B>, cfg: &LmConfig, len: usize) 
     Ok(model.prefill_cache(b, &LmInput { ids, window: None }, None, 512, &mut |_| {})?.1)
 }
 
-/// Time one decode step of `caches` (downloading the logits waits for the device); its
-/// seconds and the lane's launches.
-fn step<B: Backend>(
-    b: &B,
-    model: &LmModel<B>,
-    caches: &mut [LmCache<B>],
-    token: i32,
-) -> fovea::Result<(f64, Option<u64>)> {
-    let ids = vec![token; caches.len()];
-    let mut refs: Vec<_> = caches.iter_mut().collect();
-    let before = b.launches();
-    let t = Instant::now();
-    b.download(&model.decode_batch(b, &mut refs, &ids)?)?;
-    let s = t.elapsed().as_secs_f64();
-    Ok((s, before.zip(b.launches()).map(|(a, z)| z - a)))
+/// One step's seconds, the lane's launches and its host profile (when collected).
+struct Step {
+    seconds: f64,
+    launches: Option<u64>,
+    host: Option<HostProfile>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// Time one decode step of `caches` (downloading the logits waits for the device).
+fn step<B: Backend>(b: &B, model: &LmModel<B>, caches: &mut [LmCache<B>], token: i32) -> fovea::Result<Step> {
+    let ids = vec![token; caches.len()];
+    let mut refs: Vec<_> = caches.iter_mut().collect();
+    let (before, host_before) = (b.launches(), b.host_profile());
+    let t = Instant::now();
+    b.download(&model.decode_batch(b, &mut refs, &ids)?)?;
+    let seconds = t.elapsed().as_secs_f64();
+    let host = host_before.zip(b.host_profile()).map(|(a, z)| z.since(&a));
+    Ok(Step { seconds, launches: before.zip(b.launches()).map(|(a, z)| z - a), host })
+}
+
+/// The steps' median seconds.
+fn median(steps: &[Step]) -> f64 {
+    let mut v: Vec<f64> = steps.iter().map(|s| s.seconds).collect();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Launches a step, and the host's waits and time in launches a step (averaged), where known.
+fn counts(steps: &[Step]) -> String {
+    let n = steps.len() as f64;
+    let mut out = String::new();
+    if let Some(l) = steps.iter().map(|s| s.launches).sum::<Option<u64>>() {
+        out += &format!(", {:.1} launches a step", l as f64 / n);
+    }
+    let waits = steps.iter().map(|s| s.host.as_ref().map(|h| h.waits)).sum::<Option<u64>>();
+    let launch_ns = steps.iter().map(|s| s.host.as_ref().map(|h| h.launch_ns)).sum::<Option<u64>>();
+    if let (Some(w), Some(ns)) = (waits, launch_ns) {
+        out += &format!(" (host: {:.1} waits, {:.2} ms in launches a step)", w as f64 / n, ns as f64 / 1e6 / n);
+    }
+    out
 }
 
 fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
@@ -88,17 +108,12 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
     step(b, &model, &mut one, 1)?;
     step(b, &model, &mut many, 1)?;
     let (mut t1, mut tn) = (Vec::new(), Vec::new());
-    let (mut l1, mut ln) = (Some(0), Some(0));
     for i in 0..args.steps {
         let token = (i * 31 % cfg.vocab_size) as i32;
-        let (s, l) = step(b, &model, &mut one, token)?;
-        t1.push(s);
-        l1 = l1.zip(l).map(|(a, z)| a + z);
-        let (s, l) = step(b, &model, &mut many, token)?;
-        tn.push(s);
-        ln = ln.zip(l).map(|(a, z)| a + z);
+        t1.push(step(b, &model, &mut one, token)?);
+        tn.push(step(b, &model, &mut many, token)?);
     }
-    let (s1, sn) = (median(t1), median(tn));
+    let (s1, sn) = (median(&t1), median(&tn));
     println!("lane: {} ({}), {} precision", b.lane(), b.device_name(), b.precision());
     println!(
         "model {}: {} layers, compress ratios {:?}",
@@ -106,16 +121,14 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         cfg.num_hidden_layers,
         (0..cfg.num_hidden_layers).map(|l| cfg.ratio(l)).collect::<Vec<_>>()
     );
-    let launches =
-        |l: Option<u64>| l.map_or(String::new(), |l| format!(", {:.1} launches a step", l as f64 / args.steps as f64));
-    println!("1 sequence: median step {:.3} ms -> {:.0} tok/s{}", s1 * 1e3, 1.0 / s1, launches(l1));
+    println!("1 sequence: median step {:.3} ms -> {:.0} tok/s{}", s1 * 1e3, 1.0 / s1, counts(&t1));
     println!(
         "{} sequences: median step {:.3} ms -> {:.0} tok/s ({:.2} x one sequence){}",
         args.batch,
         sn * 1e3,
         args.batch as f64 / sn,
         args.batch as f64 * s1 / sn,
-        launches(ln)
+        counts(&tn)
     );
     Ok(())
 }
