@@ -43,6 +43,7 @@
 //!   devices run alone.
 
 use std::collections::HashMap;
+use std::num::NonZeroU64;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -177,10 +178,16 @@ impl Default for Options {
 
 type PipelineKey = (Shader, &'static str, u32);
 
+/// The commands encoded since the last submit, and their dispatches' parameter blocks: each
+/// dispatch binds its own slot of one uniform buffer, filled by one write at the submit (a buffer
+/// created a submit, not a dispatch).
 #[derive(Default)]
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: u32,
+    params: Option<wgpu::Buffer>,
+    /// The blocks, a slot (`param_stride` bytes) each.
+    blocks: Vec<u8>,
 }
 
 /// The wgpu lane.
@@ -410,6 +417,10 @@ impl WgpuBackend {
     fn submit_pending(&self) {
         let mut p = self.pending.lock().unwrap();
         p.dispatches = 0;
+        if let Some(buf) = p.params.take() {
+            self.queue.write_buffer(&buf, 0, &p.blocks);
+        }
+        p.blocks.clear();
         if let Some(mut enc) = p.encoder.take() {
             if let Some(timer) = &self.timer {
                 timer.close(&self.device, &mut enc);
@@ -461,20 +472,29 @@ impl WgpuBackend {
     }
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        let flush = {
-            let mut p = self.pending.lock().unwrap();
-            let enc = p.encoder.get_or_insert_with(|| {
-                self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fovea ops") })
-            });
-            f(enc);
-            p.dispatches += 1;
-            self.shared.counters.commands.fetch_add(1, Ordering::Relaxed);
-            p.dispatches >= FLUSH_EVERY
-        };
+        let flush = self.encode(&mut self.pending.lock().unwrap(), f);
         if flush {
             self.submit_pending();
             let _ = self.device.poll(wgpu::PollType::Poll);
         }
+    }
+
+    /// Encode one command into the pending encoder; whether it is full (`FLUSH_EVERY` commands,
+    /// each with at most one parameter slot), so the caller submits it.
+    fn encode(&self, p: &mut Pending, f: impl FnOnce(&mut wgpu::CommandEncoder)) -> bool {
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fovea ops") })
+        });
+        f(enc);
+        p.dispatches += 1;
+        self.shared.counters.commands.fetch_add(1, Ordering::Relaxed);
+        p.dispatches >= FLUSH_EVERY
+    }
+
+    /// Bytes between two dispatches' parameter slots: the block, aligned as uniform bindings
+    /// must be.
+    fn param_stride(&self) -> u64 {
+        (PARAM_BYTES as u64).next_multiple_of(u64::from(self.limits.min_uniform_buffer_offset_alignment))
     }
 
     // ---- pipelines, dispatch -----------------------------------------------------------------
@@ -530,36 +550,57 @@ impl WgpuBackend {
         // the host profile times the whole encoding as the launch
         self.shared.counters.clock.launch(|| {
             let pipeline = self.pipeline(shader, entry, fmt)?;
+            let layout = pipeline.get_bind_group_layout(0);
             let mut block = [0u32; PARAM_BYTES / 4];
             block[..params.len()].copy_from_slice(params);
-            let ubuf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::cast_slice(&block),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-            let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
-            entries.extend(bindings.iter().map(|(b, r)| wgpu::BindGroupEntry { binding: *b, resource: r.clone() }));
-            if let Shader::Block(_, format, _) = shader
-                && formats::uses_tables(format)
-            {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: formats::TABLES_BINDING,
-                    resource: self.lut.as_entire_binding(),
+            let stride = self.param_stride();
+            // the slot, the bind group and the pass under one lock: the slot is this encoder's
+            // until the submit that writes it
+            let flush = {
+                let mut pending = self.pending.lock().unwrap();
+                let p = &mut *pending;
+                let slot = p.blocks.len() as u64;
+                p.blocks.extend_from_slice(bytemuck::cast_slice(&block));
+                p.blocks.resize(p.blocks.len() + stride as usize - PARAM_BYTES, 0);
+                let ubuf = p.params.get_or_insert_with(|| {
+                    self.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("params"),
+                        size: stride * u64::from(FLUSH_EVERY),
+                        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
                 });
+                let params =
+                    wgpu::BufferBinding { buffer: ubuf, offset: slot, size: NonZeroU64::new(PARAM_BYTES as u64) };
+                let mut entries =
+                    vec![wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(params) }];
+                entries.extend(bindings.iter().map(|(b, r)| wgpu::BindGroupEntry { binding: *b, resource: r.clone() }));
+                if let Shader::Block(_, format, _) = shader
+                    && formats::uses_tables(format)
+                {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: formats::TABLES_BINDING,
+                        resource: self.lut.as_entire_binding(),
+                    });
+                }
+                let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(entry),
+                    layout: &layout,
+                    entries: &entries,
+                });
+                self.encode(p, |enc| {
+                    let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(entry));
+                    let mut pass =
+                        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
+                    pass.set_pipeline(&pipeline);
+                    pass.set_bind_group(0, &bg, &[]);
+                    pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+                })
+            };
+            if flush {
+                self.submit_pending();
+                let _ = self.device.poll(wgpu::PollType::Poll);
             }
-            let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(entry),
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
-            self.with_encoder(|enc| {
-                let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(entry));
-                let mut pass =
-                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &bg, &[]);
-                pass.dispatch_workgroups(groups.0, groups.1, groups.2);
-            });
             Ok(())
         })
     }
