@@ -115,3 +115,10 @@ fn scale_min_k4(base: u32, off: u32, j: u32) -> vec2<u32> {
     let mn = (hi >> 4u) | ((byte_at(base, off + j) >> 6u) << 4u);
     return vec2<u32>(sc, mn);
 }
+
+// Q4_K, Q5_K: run `sub`'s scale d·sc and offset dmin·mn, of the block at `o` (d @0, dmin @2,
+// scales @4).
+fn k_run_scale_min(base: u32, o: u32, sub: u32) -> vec2<f32> {
+    let sm = scale_min_k4(base, o + 4u, sub);
+    return vec2<f32>(f16_at(base, o) * f32(sm.x), f16_at(base, o + 2u) * f32(sm.y));
+}

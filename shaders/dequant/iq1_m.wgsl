@@ -2,14 +2,19 @@
 // the delta sign, two groups per byte), scales @48 as four u16: 3-bit group scales (6 bits per
 // 16 values) and, in their top nibbles, the f16 super-scale. value 8l + j of run ib =
 // d·(2·scale + 1) · (grid byte j + ±IQ1_DELTA), groups l < 2 with the first scale of the run.
-fn decode_run(base: u32, run: u32) -> array<f32, 32> {
-    let o = (run / 8u) * 56u;
-    let ib = run % 8u;
+// The f16 super-scale of the block at `o`, from the top nibbles of its four scale words.
+fn iq1m_super_scale(base: u32, o: u32) -> f32 {
     let s0 = u16_at(base, o + 48u);
     let s1 = u16_at(base, o + 50u);
     let s2 = u16_at(base, o + 52u);
     let s3 = u16_at(base, o + 54u);
-    let d = half_to_f32((s0 >> 12u) | ((s1 >> 8u) & 0x00f0u) | ((s2 >> 4u) & 0x0f00u) | (s3 & 0xf000u));
+    return half_to_f32((s0 >> 12u) | ((s1 >> 8u) & 0x00f0u) | ((s2 >> 4u) & 0x0f00u) | (s3 & 0xf000u));
+}
+
+fn decode_run(base: u32, run: u32) -> array<f32, 32> {
+    let o = (run / 8u) * 56u;
+    let ib = run % 8u;
+    let d = iq1m_super_scale(base, o);
     let sc = u16_at(base, o + 48u + 2u * (ib / 2u));
     let dl1 = d * f32(2u * ((sc >> (6u * (ib % 2u))) & 7u) + 1u);
     let dl2 = d * f32(2u * ((sc >> (6u * (ib % 2u) + 3u)) & 7u) + 1u);
@@ -38,11 +43,7 @@ fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
     let l = r8 % 4u;
     let o = (run / 8u) * 56u;
     let ib = run % 8u;
-    let s0 = u16_at(base, o + 48u);
-    let s1 = u16_at(base, o + 50u);
-    let s2 = u16_at(base, o + 52u);
-    let s3 = u16_at(base, o + 54u);
-    let d = half_to_f32((s0 >> 12u) | ((s1 >> 8u) & 0x00f0u) | ((s2 >> 4u) & 0x0f00u) | (s3 & 0xf000u));
+    let d = iq1m_super_scale(base, o);
     let sc = u16_at(base, o + 48u + 2u * (ib / 2u));
     let dl = d * f32(2u * ((sc >> (6u * (ib % 2u) + select(0u, 3u, l >= 2u))) & 7u) + 1u);
     let qh = byte_at(base, o + 32u + 2u * ib + l / 2u);

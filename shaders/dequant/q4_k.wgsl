@@ -4,14 +4,12 @@
 fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     let o = (run / 8u) * 144u;
     let sub = run % 8u;
-    let sm = scale_min_k4(base, o + 4u, sub);
-    let d1 = f16_at(base, o) * f32(sm.x);
-    let m1 = f16_at(base, o + 2u) * f32(sm.y);
+    let dm = k_run_scale_min(base, o, sub);
     let shift = 4u * (sub % 2u);
     var v: array<f32, 32>;
     for (var l = 0u; l < 32u; l++) {
         let q = (byte_at(base, o + 16u + 32u * (sub / 2u) + l) >> shift) & 0xfu;
-        v[l] = d1 * f32(q) - m1;
+        v[l] = dm.x * f32(q) - dm.y;
     }
     return v;
 }
@@ -21,15 +19,13 @@ fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
     let run = r8 / 4u;
     let o = (run / 8u) * 144u;
     let sub = run % 8u;
-    let sm = scale_min_k4(base, o + 4u, sub);
-    let d1 = f16_at(base, o) * f32(sm.x);
-    let m1 = f16_at(base, o + 2u) * f32(sm.y);
+    let dm = k_run_scale_min(base, o, sub);
     let shift = 4u * (sub % 2u);
     let q = u64_at(base, o + 16u + 32u * (sub / 2u) + 8u * (r8 % 4u));
     var v: array<f32, 8>;
     for (var t = 0u; t < 4u; t++) {
-        v[t] = d1 * f32((q.x >> (8u * t + shift)) & 0xfu) - m1;
-        v[t + 4u] = d1 * f32((q.y >> (8u * t + shift)) & 0xfu) - m1;
+        v[t] = dm.x * f32((q.x >> (8u * t + shift)) & 0xfu) - dm.y;
+        v[t + 4u] = dm.x * f32((q.y >> (8u * t + shift)) & 0xfu) - dm.y;
     }
     return v;
 }

@@ -3,15 +3,13 @@
 fn decode_run(base: u32, run: u32) -> array<f32, 32> {
     let o = (run / 8u) * 176u;
     let sub = run % 8u;
-    let sm = scale_min_k4(base, o + 4u, sub);
-    let d1 = f16_at(base, o) * f32(sm.x);
-    let m1 = f16_at(base, o + 2u) * f32(sm.y);
+    let dm = k_run_scale_min(base, o, sub);
     let shift = 4u * (sub % 2u);
     var v: array<f32, 32>;
     for (var l = 0u; l < 32u; l++) {
         let lo = (byte_at(base, o + 48u + 32u * (sub / 2u) + l) >> shift) & 0xfu;
         let hi = select(0u, 16u, (byte_at(base, o + 16u + l) & (1u << sub)) != 0u);
-        v[l] = d1 * f32(lo + hi) - m1;
+        v[l] = dm.x * f32(lo + hi) - dm.y;
     }
     return v;
 }
@@ -22,9 +20,7 @@ fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
     let c = r8 % 4u;
     let o = (run / 8u) * 176u;
     let sub = run % 8u;
-    let sm = scale_min_k4(base, o + 4u, sub);
-    let d1 = f16_at(base, o) * f32(sm.x);
-    let m1 = f16_at(base, o + 2u) * f32(sm.y);
+    let dm = k_run_scale_min(base, o, sub);
     let shift = 4u * (sub % 2u);
     let q = u64_at(base, o + 48u + 32u * (sub / 2u) + 8u * c);
     let qh = u64_at(base, o + 16u + 8u * c);
@@ -33,8 +29,8 @@ fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
     for (var t = 0u; t < 4u; t++) {
         let hx = select(0u, 16u, ((qh.x >> (8u * t)) & bit) != 0u);
         let hy = select(0u, 16u, ((qh.y >> (8u * t)) & bit) != 0u);
-        v[t] = d1 * f32(((q.x >> (8u * t + shift)) & 0xfu) + hx) - m1;
-        v[t + 4u] = d1 * f32(((q.y >> (8u * t + shift)) & 0xfu) + hy) - m1;
+        v[t] = dm.x * f32(((q.x >> (8u * t + shift)) & 0xfu) + hx) - dm.y;
+        v[t + 4u] = dm.x * f32(((q.y >> (8u * t + shift)) & 0xfu) + hy) - dm.y;
     }
     return v;
 }
