@@ -1077,8 +1077,8 @@ impl Backend for WgpuBackend {
         // the experts' offsets are whole rows apart (the kernels index rows) and aligned
         let align = self.limits.min_storage_buffer_offset_alignment as u64;
         let unit = align / align.min(1 << padded_row.trailing_zeros().min(63));
-        let step = (rows as u64).next_multiple_of(unit) * padded_row;
-        let span = step * (count as u64 - 1) + Self::weight_alloc_bytes(format, rows, cols);
+        let step = (rows as u64).next_multiple_of(unit).saturating_mul(padded_row);
+        let span = step.saturating_mul(count as u64 - 1).saturating_add(Self::weight_alloc_bytes(format, rows, cols));
         if rows == 0 || padded_row == 0 || span > self.max_binding || span > self.limits.max_buffer_size {
             let mut all = vec![self.upload_weight(&first)?];
             for j in 1..count {
