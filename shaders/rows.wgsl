@@ -161,22 +161,29 @@ fn next_batch(expert: i32, first: u32) -> Batch {
 // ys[slot, o …] (out_cols = d), for each slot routed to the expert. x is the token rows (gate,
 // up: slot t reads row t / topk) or hid (down: row t).
 // With one expert's weight bound (p.experts = 0) the dispatch is that expert's (a grid of one
-// layer, z = 0). With every expert's bound (p.expert_stride rows apart) the grid has a layer per
-// slot, and in layer z the first slot routed to an expert runs that expert's slots while the
-// others return: the host dispatches a projection once, without reading the ids back (an id
-// outside 0..experts runs nothing; moe_sum makes its token NaN).
+// layer, z = 0). With every expert's bound (p.expert_stride rows apart) the host dispatches a
+// projection once, without reading the ids back, over min(slots, experts) grid layers: with
+// fewer slots than experts layer z stands for slot z, and the first slot routed to an expert
+// runs that expert's slots while the others return; else layer z is expert z (which may have no
+// slot). An id outside 0..experts runs nothing (moe_sum makes its token NaN).
 fn expert_rows(lane: Lane, col: u32, z: u32, from_hid: bool, epilogue: u32) {
     var expert = i32(p.expert);
+    var first = 0u;
     var r0 = 0u;
     if (p.experts != 0u) {
-        expert = ids[z];
-        if (expert < 0 || u32(expert) >= p.experts) { return; }
-        for (var t = 0u; t < z; t++) {
-            if (ids[t] == expert) { return; }
+        if (p.experts <= p.n) {
+            expert = i32(z);
+        } else {
+            expert = ids[z];
+            if (expert < 0 || u32(expert) >= p.experts) { return; }
+            for (var t = 0u; t < z; t++) {
+                if (ids[t] == expert) { return; }
+            }
+            first = z;
         }
         r0 = u32(expert) * p.expert_stride;
     }
-    var b = next_batch(expert, z);
+    var b = next_batch(expert, first);
     while (b.rows > 0u) {
         var xo: array<u32, ROWS>;
         for (var i = 0u; i < ROWS; i++) {

@@ -201,7 +201,7 @@ impl WgpuBackend {
     }
 
     /// One small-row dispatch of `entry` over `w`'s columns (one workgroup per pair, times the
-    /// slots `params.n` when every expert is bound), x at binding 1, y at 4, and `extra` bindings
+    /// slots `params.n` or the experts, the fewer, when every expert is bound), x at binding 1, y at 4, and `extra` bindings
     /// (bias at 3, ids at 5). `rows`: the rows of x (tokens, for the experts), which pick the
     /// pipeline's row bound.
     #[allow(clippy::too_many_arguments)]
@@ -219,7 +219,8 @@ impl WgpuBackend {
             return Ok(());
         }
         let (gx, gy, _) = grid(w.cols.div_ceil(2));
-        let layers = if w.experts.is_some() { params.n as u32 } else { 1 };
+        // with every expert bound, a grid layer per slot or per expert, whichever are fewer
+        let layers = w.experts.map_or(1, |(experts, _)| params.n.min(experts) as u32);
         let max = self.limits.max_compute_workgroups_per_dimension;
         if gy > max || layers > max {
             return Err(Error::Device(format!("{entry}: {} columns × {layers} exceed the dispatch limit", w.cols)));
