@@ -172,8 +172,9 @@ impl WgpuBackend {
         let slots = n * k;
         let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
         let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
-        let spans = [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding));
-        if let ([Some(g), Some(u), Some(o)], true) = (&spans, (1..=SMALL_ROWS).contains(&n)) {
+        let small = (1..=SMALL_ROWS).contains(&n);
+        let spans = small.then(|| [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding)));
+        if let Some([Some(g), Some(u), Some(o)]) = &spans {
             // no readback, so no wait for the work queued so far: a decode step's layers are
             // queued back to back
             let params =
@@ -182,7 +183,7 @@ impl WgpuBackend {
             self.dispatch_rows_over("moe_gate_rows", g.weight(), n, params(d, h), x, &hid, &ids_at)?;
             self.dispatch_rows_over("moe_up_rows", u.weight(), n, params(d, h), x, &hid, &ids_at)?;
             self.dispatch_rows_over("moe_down_rows", o.weight(), n, params(h, d), &hid, &ys, &ids_at)?;
-        } else if (1..=SMALL_ROWS).contains(&n) {
+        } else if small {
             let routed = self.routed_experts(ids, w1.len(), slots)?;
             let experts = w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| routed[*e]);
             // the small-row path from the token count: a token routes each slot to a different

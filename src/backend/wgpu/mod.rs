@@ -472,8 +472,13 @@ impl WgpuBackend {
     }
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        let flush = self.encode(&mut self.pending.lock().unwrap(), f);
-        if flush {
+        let full = self.encode(&mut self.pending.lock().unwrap(), f);
+        self.submit_when_full(full);
+    }
+
+    /// Submit the pending encoder once `encode` says it is full (and let finished work retire).
+    fn submit_when_full(&self, full: bool) {
+        if full {
             self.submit_pending();
             let _ = self.device.poll(wgpu::PollType::Poll);
         }
@@ -556,7 +561,7 @@ impl WgpuBackend {
             let stride = self.param_stride();
             // the slot, the bind group and the pass under one lock: the slot is this encoder's
             // until the submit that writes it
-            let flush = {
+            let full = {
                 let mut pending = self.pending.lock().unwrap();
                 let p = &mut *pending;
                 let slot = p.blocks.len() as u64;
@@ -597,10 +602,7 @@ impl WgpuBackend {
                     pass.dispatch_workgroups(groups.0, groups.1, groups.2);
                 })
             };
-            if flush {
-                self.submit_pending();
-                let _ = self.device.poll(wgpu::PollType::Poll);
-            }
+            self.submit_when_full(full);
             Ok(())
         })
     }

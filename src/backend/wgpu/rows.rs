@@ -201,9 +201,9 @@ impl WgpuBackend {
     }
 
     /// One small-row dispatch of `entry` over `w`'s columns (one workgroup per pair, times the
-    /// slots `params.n` or the experts, the fewer, when every expert is bound), x at binding 1, y at 4, and `extra` bindings
-    /// (bias at 3, ids at 5). `rows`: the rows of x (tokens, for the experts), which pick the
-    /// pipeline's row bound.
+    /// slots `params.n` or the experts, the fewer, when every expert is bound), x at binding 1,
+    /// y at 4, and `extra` bindings (bias at 3, ids at 5). `rows`: the rows of x (tokens, for the
+    /// experts), which pick the pipeline's row bound.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_rows_over(
         &self,
