@@ -1,5 +1,6 @@
 #!/bin/bash
-# The CUDA conformance tests on a GPU machine that has no Rust toolchain.
+# The GPU lanes' conformance tests (CUDA, and wgpu on the machine's Vulkan driver) on a GPU machine
+# that has no Rust toolchain.
 #
 #   bash cuda/gpu_tests.sh pack OUT.tar.xz   # here: build the test executables and pack them (stripped)
 #   bash cuda/gpu_tests.sh run OUT.tar.xz    # there, in a copy of this repository (fixtures are read
@@ -8,10 +9,13 @@
 # `run` sets FOVEA_REQUIRE_CUDA=1, so a missing driver fails instead of skipping, and finds NVRTC
 # under the CUDA toolkit or a pip-installed nvidia-cuda-nvrtc (never the toolkit's stubs, which
 # would shadow the real libcuda). One process per executable: a kernel fault poisons its context.
+# FOVEA_LANES picks the lanes (default "cuda wgpu"); the wgpu lane needs a Vulkan loader and driver
+# there (VK_DRIVER_FILES naming the NVIDIA ICD where the loader does not find it by itself); its
+# tests run with FOVEA_REQUIRE_WGPU=1, so a missing adapter fails instead of skipping.
 set -u
 cmd=${1:-}
 archive=${2:-}
-tests="ops cuda_lane vision_cuda lm_cuda describe_image real_models device_bytes"
+tests="ops cuda_lane vision_cuda lm_cuda wgpu_lane vision_wgpu lm_wgpu describe_image real_models device_bytes"
 case "$cmd" in
 pack)
     [ -n "$archive" ] || { echo "usage: $0 pack OUT.tar.xz" >&2; exit 2; }
@@ -45,14 +49,31 @@ run)
         echo "=== $*"
         "$@" || status=1
     }
-    run_one "$bin/fovea" backend::cuda --test-threads=1
-    run_one "$bin/ops" cuda --test-threads=1 --nocapture
-    run_one "$bin/cuda_lane" --test-threads=1
-    run_one "$bin/vision_cuda" --test-threads=1
-    run_one "$bin/lm_cuda" --test-threads=1
-    run_one "$bin/describe_image" cuda --nocapture
-    run_one "$bin/real_models" cuda --nocapture
-    run_one "$bin/device_bytes" cuda --nocapture
+    for lane in ${FOVEA_LANES:-cuda wgpu}; do
+        case $lane in
+        cuda)
+            run_one "$bin/fovea" backend::cuda --test-threads=1
+            run_one "$bin/ops" cuda --test-threads=1 --nocapture
+            run_one "$bin/cuda_lane" --test-threads=1
+            run_one "$bin/vision_cuda" --test-threads=1
+            run_one "$bin/lm_cuda" --test-threads=1
+            run_one "$bin/describe_image" cuda --nocapture
+            run_one "$bin/real_models" cuda --nocapture
+            run_one "$bin/device_bytes" cuda --nocapture
+            ;;
+        wgpu)
+            FOVEA_REQUIRE_WGPU=1 run_one "$bin/fovea" backend::wgpu --test-threads=1
+            FOVEA_REQUIRE_WGPU=1 run_one "$bin/ops" wgpu --test-threads=1 --nocapture
+            FOVEA_REQUIRE_WGPU=1 run_one "$bin/wgpu_lane" --test-threads=1
+            FOVEA_REQUIRE_WGPU=1 run_one "$bin/vision_wgpu" --test-threads=1
+            FOVEA_REQUIRE_WGPU=1 run_one "$bin/lm_wgpu" --test-threads=1
+            FOVEA_REQUIRE_WGPU=1 run_one "$bin/describe_image" wgpu --nocapture
+            FOVEA_REQUIRE_WGPU=1 run_one "$bin/real_models" wgpu --nocapture
+            FOVEA_REQUIRE_WGPU=1 run_one "$bin/device_bytes" wgpu --nocapture
+            ;;
+        *) echo "unknown lane $lane (cuda, wgpu)"; status=1 ;;
+        esac
+    done
     exit $status
     ;;
 *)

@@ -253,13 +253,22 @@ pub fn golden_resized_matches(g: &Golden, ours: &[u8], ours_hw: (usize, usize)) 
     ours_hw == g.resized_hw && ours == g.resized.as_slice()
 }
 
-/// The wgpu lane for a test. Without an adapter the test fails under CI (lavapipe is installed
-/// there, so a missing adapter is a broken setup) and is skipped, loudly, elsewhere.
+/// Whether the wgpu tests must run rather than skip: under `CI` (lavapipe is installed there, so a
+/// missing adapter is a broken setup) or with `FOVEA_REQUIRE_WGPU=1` (set on GPU machines by
+/// cuda/gpu_tests.sh, so nothing passes there by skipping).
+pub fn wgpu_required() -> bool {
+    std::env::var_os("CI").is_some() || std::env::var("FOVEA_REQUIRE_WGPU").is_ok_and(|v| v.trim() == "1")
+}
+
+/// The wgpu lane for a test. Without an adapter the test fails where [`wgpu_required`] and is
+/// skipped, loudly, elsewhere.
 pub fn wgpu_lane(opts: fovea::backend::wgpu::Options) -> Option<fovea::backend::wgpu::WgpuBackend> {
     ensure_runtime_dir();
     match fovea::backend::wgpu::WgpuBackend::with_options(opts) {
         Ok(b) => Some(b),
-        Err(e) if std::env::var_os("CI").is_some() => panic!("wgpu lane unavailable under CI (must not skip): {e}"),
+        Err(e) if wgpu_required() => {
+            panic!("wgpu lane unavailable where it must run (CI or FOVEA_REQUIRE_WGPU=1): {e}")
+        }
         Err(e) => {
             // Written past the test harness's capture so the skip is visible in a normal run.
             use std::io::Write;
@@ -303,12 +312,12 @@ pub fn wgpu_lanes() -> &'static [Option<fovea::backend::wgpu::WgpuBackend>; 2] {
     })
 }
 
-/// Whether a wgpu adapter exists for a CLI-level wgpu test: outside CI a missing one prints a
-/// visible skip and returns false; under `CI` it fails the test (the wgpu tests must run there).
+/// Whether a wgpu adapter exists for a CLI-level wgpu test: a missing one fails the test where
+/// [`wgpu_required`], elsewhere prints a visible skip and returns false.
 pub fn wgpu_adapter_or_skip() -> bool {
     ensure_runtime_dir();
     if fovea::backend::wgpu::list_adapters().is_empty() {
-        assert!(std::env::var_os("CI").is_none(), "no wgpu adapter under CI: the wgpu tests must run");
+        assert!(!wgpu_required(), "no wgpu adapter where the wgpu tests must run (CI or FOVEA_REQUIRE_WGPU=1)");
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "SKIPPED: no wgpu adapter; install a Vulkan driver or mesa-vulkan-drivers");
         return false;
