@@ -12,14 +12,14 @@
 // Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
 
 struct P {
-    n: u32,          // rows of x
+    n: u32,          // rows of x this dispatch covers: row_off .. row_off + n
     k: u32,          // in_features (unpadded)
     out_cols: u32,   // columns of y (= total out_features)
     col_off: u32,    // first output column of this chunk
     chunk_rows: u32, // W rows in this chunk
     w_stride: u32,   // words per W row
     has_bias: u32,
-    _pad: u32,
+    row_off: u32,    // first row of x and of y (one expert's slots in moe_experts; else 0)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -55,7 +55,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let gk = k0 + kk;
             var v = 0.0;
             if (gr < p.n && gk < p.k) {
-                v = x[gr * p.k + gk];
+                v = x[(p.row_off + gr) * p.k + gk];
             }
             xs[kk * BM + m] = to_operand(v);
         }
@@ -103,6 +103,6 @@ fn store_row(gr: u32, gc: u32, acc: vec4<f32>) {
         if (p.has_bias != 0u) {
             v += bias[oc];
         }
-        y[gr * p.out_cols + oc] = v;
+        y[(p.row_off + gr) * p.out_cols + oc] = v;
     }
 }

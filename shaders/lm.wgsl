@@ -6,7 +6,7 @@
 //   comb, 10 i32 input fallback.
 // Weights: u0-style fields name the format (0 f32, 1 bf16, 2 f16 by integer decode), the row
 // stride in words and the chunk's first row (a weight may be split into row chunks).
-// The products of the GEMM ops (grouped_linear, moe_gate, moe_up, moe_down) take both operands
+// The products of the GEMM op (grouped_linear) take both operands
 // through `to_operand` of the operands file the lane appends (operands_exact.wgsl or
 // operands_fast.wgsl), with f32 accumulation; the other entry points are the same in both builds
 // and the lane runs them from the exact one.
@@ -936,71 +936,6 @@ fn sink_attention_serial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
         let wgt = exp(sa_logit(qo, key, true) - mx) / den;
         for (var e = 0u; e < hd; e++) { out[qo + e] += wgt * c[key * hd + e]; }
     }
-}
-
-// moe_experts, per expert e (one dispatch each of moe_gate, moe_up, moe_down; weights bound one
-// expert at a time, each projection in its own format: gate and up are separate dispatches so that
-// w1 and w3 may differ in format, as GGUF mixes store them):
-// moe_gate: a = x [n, d], ia = ids [n·k slots], w = w1_e [h, d] → out = hid [n·k, h] for the slots
-//   routed to e: the gate g = w1·x. The dispatch covers only those slots: ib[u8..] lists them
-//   (the host's grouping of the slots by expert), thread y computing output y % h of slot
-//   ib[u8 + y / h].
-// moe_up: the same with w = w3_e: out = silu(min(g, lim)) · clamp(w3·x, ±lim), g read from out.
-//   u0 = (e's slots)·h, u1 = h, u2 = d, u3 = k, u4 = e, u5 = fmt, u6 = stride, u7 = limit
-//   (moe_up), u8 = e's first entry in ib
-@compute @workgroup_size(256, 1, 1)
-fn moe_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) li: u32) {
-    let y = flat(wg, nwg, li);
-    if (y >= p.u0) { return; }
-    let t = u32(ib[p.u8 + y / p.u1]);
-    let j = y % p.u1;
-    let x = t * p.u1 + j;
-    if (ia[t] != i32(p.u4)) { return; }
-    let xo = (t / p.u3) * p.u2;
-    var g = 0.0;
-    for (var e = 0u; e < p.u2; e++) {
-        g += f32(to_operand(a[xo + e])) * f32(to_operand(wload(p.u5, p.u6, j, e)));
-    }
-    out[x] = g;
-}
-
-@compute @workgroup_size(256, 1, 1)
-fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) li: u32) {
-    let y = flat(wg, nwg, li);
-    if (y >= p.u0) { return; }
-    let t = u32(ib[p.u8 + y / p.u1]);
-    let j = y % p.u1;
-    let x = t * p.u1 + j;
-    if (ia[t] != i32(p.u4)) { return; }
-    let xo = (t / p.u3) * p.u2;
-    var u = 0.0;
-    for (var e = 0u; e < p.u2; e++) {
-        u += f32(to_operand(a[xo + e])) * f32(to_operand(wload(p.u5, p.u6, j, e)));
-    }
-    let lim = bitcast<f32>(p.u7);
-    let g = min(out[x], lim);
-    out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
-}
-
-// moe_down: b = hid [n·k, h], ia = ids, w = w2_e [d, h] → out = y [n·k, d] for slots routed to e
-// (listed in ib as for moe_gate).
-//   u0 = (e's slots)·d, u1 = d, u2 = h, u4 = e, u5 = fmt, u6 = stride, u8 = e's first entry in ib
-@compute @workgroup_size(256, 1, 1)
-fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) li: u32) {
-    let y = flat(wg, nwg, li);
-    if (y >= p.u0) { return; }
-    let t = u32(ib[p.u8 + y / p.u1]);
-    let o = y % p.u1;
-    let x = t * p.u1 + o;
-    if (ia[t] != i32(p.u4)) { return; }
-    var s = 0.0;
-    for (var e = 0u; e < p.u2; e++) {
-        s += f32(to_operand(b[t * p.u2 + e])) * f32(to_operand(wload(p.u5, p.u6, o, e)));
-    }
-    out[x] = s;
 }
 
 // moe_sum: a = y [n·k, d], b = weights [n, k], ia = ids → out [n, d] = Σ_s weights_s · y_s (slot

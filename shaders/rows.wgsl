@@ -156,7 +156,7 @@ fn next_batch(expert: i32, first: u32) -> Batch {
     return b;
 }
 
-// The experts (lm.wgsl's moe_gate, moe_up, moe_down, same parameters' meaning): columns j, j + 1
+// The experts (moe_gate_rows, moe_up_rows, moe_down_rows): columns j, j + 1
 // of w1/w3 (k = d) into hid[slot, j …] (out_cols = h), or columns o, o + 1 of w2 (k = h) into
 // ys[slot, o …] (out_cols = d), for each slot routed to the expert. x is the token rows (gate,
 // up: slot t reads row t / topk) or hid (down: row t).

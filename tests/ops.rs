@@ -1114,6 +1114,15 @@ fn small_row_cases() -> Vec<Case> {
         let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} experts 1, 3, 4 unused");
         out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
     }
+    // an expert's rows past one 64-row tile, the second expert's run starting inside a tile (the
+    // wgpu lane's tiles over each expert's rows of x gathered in expert order)
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Q4_K] {
+        let (k, h) = if format.is_block() { (block_cols(format), format.block_elems()) } else { (77, 13) };
+        let (n, e, topk) = (50, 3, 2);
+        let ids: Vec<i32> = (0..n * topk).map(|j| [2, 0, 2][j % 3]).collect();
+        let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} 33 and 67 slots");
+        out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
+    }
     out
 }
 

@@ -15,9 +15,7 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(4) var<storage, read> ia: array<i32>;
-@group(0) @binding(5) var<storage, read> ib: array<i32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 @group(0) @binding(8) var<storage, read> w: array<u32>;
 
@@ -74,67 +72,4 @@ fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         }
     }
     out[i * p.u6 + o] = s;
-}
-
-// Slot t's token row of x against row j of this expert's weight (this build's format), k = d.
-fn expert_row_dot(t: u32, j: u32) -> f32 {
-    let xo = (t / p.u3) * p.u2;
-    var s = 0.0;
-    for (var run = 0u; run < p.u2 / 32u; run++) {
-        let v = decode_run(j * p.u6, run);
-        for (var e = 0u; e < 32u; e++) {
-            s += f32(to_operand(a[xo + 32u * run + e])) * f32(to_operand(v[e]));
-        }
-    }
-    return s;
-}
-
-// moe_gate, then moe_up on the same hid (u0 = (e's slots)·h, u1 = h, u2 = d, u3 = k, u4 = e,
-// u6 = stride, u7 = limit, u8 = e's first entry in the slot list ib): lm.wgsl's pair, w1_e and
-// w3_e each bound in its own format's build.
-@compute @workgroup_size(256, 1, 1)
-fn moe_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) li: u32) {
-    let y = flat(wg, nwg, li);
-    if (y >= p.u0) { return; }
-    let t = u32(ib[p.u8 + y / p.u1]);
-    let j = y % p.u1;
-    let x = t * p.u1 + j;
-    if (ia[t] != i32(p.u4)) { return; }
-    out[x] = expert_row_dot(t, j);
-}
-
-@compute @workgroup_size(256, 1, 1)
-fn moe_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) li: u32) {
-    let y = flat(wg, nwg, li);
-    if (y >= p.u0) { return; }
-    let t = u32(ib[p.u8 + y / p.u1]);
-    let j = y % p.u1;
-    let x = t * p.u1 + j;
-    if (ia[t] != i32(p.u4)) { return; }
-    let u = expert_row_dot(t, j);
-    let lim = bitcast<f32>(p.u7);
-    let g = min(out[x], lim);
-    out[x] = g / (1.0 + exp(-g)) * clamp(u, -lim, lim);
-}
-
-// moe_down (u0 = (e's slots)·d, u1 = d, u2 = h, u4 = e, u6 = stride, u8 = e's first entry in ib).
-@compute @workgroup_size(256, 1, 1)
-fn moe_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) li: u32) {
-    let y = flat(wg, nwg, li);
-    if (y >= p.u0) { return; }
-    let t = u32(ib[p.u8 + y / p.u1]);
-    let o = y % p.u1;
-    let x = t * p.u1 + o;
-    if (ia[t] != i32(p.u4)) { return; }
-    var s = 0.0;
-    for (var run = 0u; run < p.u2 / 32u; run++) {
-        let v = decode_run(o * p.u6, run);
-        for (var e = 0u; e < 32u; e++) {
-            s += f32(to_operand(b[t * p.u2 + 32u * run + e])) * f32(to_operand(v[e]));
-        }
-    }
-    out[x] = s;
 }

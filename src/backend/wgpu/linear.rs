@@ -8,9 +8,11 @@
 //!   which needs naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals. A weight
 //!   split into row chunks (larger than one binding) takes one dispatch per chunk, each writing
 //!   its own output columns.
-//! - `grouped_linear` and the experts' gate/up/down are GEMM entry points of `lm.wgsl` (float
-//!   formats) or of a block format's build of `dequant/lm.wgsl`; `grouped_linear` also takes one
-//!   dispatch per row chunk, while each expert matrix must fit one binding.
+//! - `grouped_linear` is a GEMM entry point of `lm.wgsl` (float formats) or of a block format's
+//!   build of `dequant/lm.wgsl`, one dispatch per row chunk.
+//! - The routed experts of more than `SMALL_ROWS` tokens take `linear`'s tiles, one dispatch per
+//!   expert and projection over its own slots' rows (x gathered in expert order); each expert
+//!   matrix must fit one binding.
 //! - With at most `SMALL_ROWS` (8) rows of x — decode, the experts counting tokens — each of the
 //!   three takes its small-row kernel instead (`rows.rs`, `shaders/rows.wgsl`: a workgroup per
 //!   output column reading its weight row once), for every format and both precisions.
@@ -75,6 +77,21 @@ impl WgpuBackend {
             }
             return Ok(y);
         }
+        self.dispatch_tiles(x, w, bias, &y, 0, n)?;
+        Ok(y)
+    }
+
+    /// The tiled linear over rows `row_off .. row_off + n` of x into the same rows of y (y has
+    /// `w.rows` columns), one dispatch per weight chunk.
+    fn dispatch_tiles(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        bias: Option<&WgpuTensor>,
+        y: &WgpuTensor,
+        row_off: usize,
+        n: usize,
+    ) -> Result<()> {
         let gy = n.div_ceil(64);
         if gy > self.limits.max_compute_workgroups_per_dimension as usize {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
@@ -87,12 +104,13 @@ impl WgpuBackend {
         for c in &w.chunks {
             let params = [
                 n as u32,
-                k as u32,
+                x.cols() as u32,
                 w.rows as u32,
                 c.row0 as u32,
                 c.rows as u32,
                 w.stride_words as u32,
                 bias.is_some() as u32,
+                row_off as u32,
             ];
             self.dispatch(
                 shader,
@@ -103,7 +121,7 @@ impl WgpuBackend {
                 (c.rows.div_ceil(64) as u32, gy as u32, 1),
             )?;
         }
-        Ok(y)
+        Ok(())
     }
 
     /// x `[n, g·k]`, W `[g·r, k]` (any format, possibly row-chunked) → `[n, g·r]`.
@@ -143,11 +161,9 @@ impl WgpuBackend {
     /// slots in order. Each expert matrix must fit one binding. With at most `SMALL_ROWS` tokens
     /// and each projection's experts in one binding ([`ExpertSpan`]), one small-row dispatch a
     /// projection covers every slot, its workgroups reading their experts from `ids` on the
-    /// device. Otherwise one (gate, up, down) dispatch triple per expert over the slots routed to
-    /// it, after reading the ids back: with at most `SMALL_ROWS` tokens (and more experts than
-    /// slots) to dispatch only the experts they name ([`Self::routed_experts`]), with more to
-    /// group the slots by expert, each expert's dispatches then covering its own slots alone
-    /// ([`Self::slots_by_expert`]).
+    /// device; with at most `SMALL_ROWS` tokens otherwise, one small-row (gate, up, down) triple
+    /// per expert the ids name ([`Self::routed_experts`]); with more tokens, the slots grouped
+    /// by expert and each expert's rows a tiled GEMM ([`Self::experts_as_tiles`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_experts(
         &self,
@@ -170,81 +186,50 @@ impl WgpuBackend {
         }
 
         let slots = n * k;
-        let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
-        let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
         let small = (1..=SMALL_ROWS).contains(&n);
         let spans = small.then(|| [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding)));
-        if let Some([Some(g), Some(u), Some(o)]) = &spans {
-            // no readback, so no wait for the work queued so far: a decode step's layers are
-            // queued back to back
-            let params =
-                |k_len, out_cols| RowsParams { n: slots, k: k_len, out_cols, topk: k, limit, ..RowsParams::default() };
+        let ys = if small {
+            let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
+            let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
             let ids_at = [(5, ids.binding())];
-            self.dispatch_rows_over("moe_gate_rows", g.weight(), n, params(d, h), x, &hid, &ids_at)?;
-            self.dispatch_rows_over("moe_up_rows", u.weight(), n, params(d, h), x, &hid, &ids_at)?;
-            self.dispatch_rows_over("moe_down_rows", o.weight(), n, params(h, d), &hid, &ys, &ids_at)?;
-        } else if small {
-            let routed = self.routed_experts(ids, w1.len(), slots)?;
-            let experts = w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| routed[*e]);
-            // the small-row path from the token count: a token routes each slot to a different
-            // expert, so an expert gets at most n slots, one batch of rows per column
-            for (e, ((g, u), o)) in experts {
+            if let Some([Some(g), Some(u), Some(o)]) = &spans {
+                // no readback, so no wait for the work queued so far: a decode step's layers are
+                // queued back to back
                 let params = |k_len, out_cols| RowsParams {
                     n: slots,
                     k: k_len,
                     out_cols,
                     topk: k,
-                    expert: e,
                     limit,
                     ..RowsParams::default()
                 };
-                let ids_at = [(5, ids.binding())];
-                self.dispatch_rows("moe_gate_rows", g, 0, n, params(d, h), x, &hid, &ids_at)?;
-                self.dispatch_rows("moe_up_rows", u, 0, n, params(d, h), x, &hid, &ids_at)?;
-                self.dispatch_rows("moe_down_rows", o, 0, n, params(h, d), &hid, &ys, &ids_at)?;
-            }
-        } else {
-            // each expert's dispatches cover only its own slots (a 512-token chunk routes ~12 to
-            // each of 256 experts; a dispatch over every slot, most threads returning at once,
-            // took 96 % of a prefill on an H200 under Vulkan)
-            let (order, at) = self.slots_by_expert(ids, w1.len())?;
-            let experts = w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| at[e + 1] > at[*e]);
-            for (e, ((g, u), o)) in experts {
-                let (first, count) = (at[e] as u32, (at[e + 1] - at[e]) as u32);
-                // the gate into hid, then the up with the clamped SwiGLU over hid in place
-                for (entry, w) in [("moe_gate", g), ("moe_up", u)] {
-                    let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
-                    let params = [count * h as u32, h as u32, d as u32, k as u32, e as u32, fmt, w.stride_words as u32];
-                    self.dispatch_1d(
-                        shader,
-                        entry,
-                        count as usize * h,
-                        &[&params[..], &[limit.to_bits(), first]].concat(),
-                        &[
-                            (1, x.binding()),
-                            (4, ids.binding()),
-                            (5, order.binding()),
-                            (8, w.chunks[0].binding()),
-                            (6, hid.binding()),
-                        ],
-                    )?;
+                self.dispatch_rows_over("moe_gate_rows", g.weight(), n, params(d, h), x, &hid, &ids_at)?;
+                self.dispatch_rows_over("moe_up_rows", u.weight(), n, params(d, h), x, &hid, &ids_at)?;
+                self.dispatch_rows_over("moe_down_rows", o.weight(), n, params(h, d), &hid, &ys, &ids_at)?;
+            } else {
+                let routed = self.routed_experts(ids, w1.len(), slots)?;
+                let experts = w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| routed[*e]);
+                // the small-row path from the token count: a token routes each slot to a different
+                // expert, so an expert gets at most n slots, one batch of rows per column
+                for (e, ((g, u), o)) in experts {
+                    let params = |k_len, out_cols| RowsParams {
+                        n: slots,
+                        k: k_len,
+                        out_cols,
+                        topk: k,
+                        expert: e,
+                        limit,
+                        ..RowsParams::default()
+                    };
+                    self.dispatch_rows("moe_gate_rows", g, 0, n, params(d, h), x, &hid, &ids_at)?;
+                    self.dispatch_rows("moe_up_rows", u, 0, n, params(d, h), x, &hid, &ids_at)?;
+                    self.dispatch_rows("moe_down_rows", o, 0, n, params(h, d), &hid, &ys, &ids_at)?;
                 }
-                let (down, down_fmt) = lm_weight_shader(o.format, self.gemm_precision(o));
-                self.dispatch_1d(
-                    down,
-                    "moe_down",
-                    count as usize * d,
-                    &[count * d as u32, d as u32, h as u32, 0, e as u32, down_fmt, o.stride_words as u32, 0, first],
-                    &[
-                        (2, hid.binding()),
-                        (4, ids.binding()),
-                        (5, order.binding()),
-                        (8, o.chunks[0].binding()),
-                        (6, ys.binding()),
-                    ],
-                )?;
             }
-        }
+            ys
+        } else {
+            self.experts_as_tiles(x, ids, w1, w3, w2, limit)?
+        };
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
         self.dispatch_1d(
             Shader::Lm(Precision::Exact),
@@ -256,17 +241,55 @@ impl WgpuBackend {
         Ok(y)
     }
 
-    /// Which of `experts` experts the `slots` routed ids name. Every expert's dispatches cost a
-    /// command even when no slot routes to it (the kernels compare ids on the device), and a
-    /// decode step of the full model routes 6 slots among 256 experts: 768 dispatches a layer,
-    /// most of a step on a GPU. So with more experts than slots the ids are read back (one wait
-    /// for the work queued so far) and only the named experts run; otherwise all do (an id out
-    /// of range names none, as on the device).
+    /// The prefill's experts: the slots grouped by expert (one readback of the ids), x's rows
+    /// gathered in that order `[runs, d]`, then per expert one tiled GEMM a projection over its
+    /// own rows (its weight read once per 64 rows; the thread-per-output kernels this replaces
+    /// re-read a weight row for every slot, 46 of 49 s of a 4-layer prefill on an H200 under
+    /// Vulkan), the clamped SwiGLU over every row at once, and the results gathered back into slot
+    /// order `[n·k, d]`. A slot whose id is outside `0..experts` is in no run: its row is left
+    /// unwritten (row 0's), and `moe_sum` makes its token NaN.
+    fn experts_as_tiles(
+        &self,
+        x: &WgpuTensor,
+        ids: &WgpuTensor,
+        w1: &[WgpuWeight],
+        w3: &[WgpuWeight],
+        w2: &[WgpuWeight],
+        limit: f32,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "moe_experts";
+        let (slots, k, d, h) = (ids.rows() * ids.cols(), ids.cols(), x.cols(), w1[0].rows);
+        let (order, at) = self.slots_by_expert(ids, w1.len())?;
+        if order.is_empty() {
+            return self.alloc(OP, vec![slots, d], DType::F32);
+        }
+        let runs = order.len();
+        let tokens: Vec<i32> = order.iter().map(|&slot| (slot / k) as i32).collect();
+        let xs = self.gather_rows(x, &self.upload(&HostTensor::i32([runs], tokens)?)?)?; // [runs, d]
+        let gate = self.alloc(OP, vec![runs, h], DType::F32)?;
+        let up = self.alloc(OP, vec![runs, h], DType::F32)?;
+        let experts = || w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| at[e + 1] > at[*e]);
+        for (e, ((g, u), _)) in experts() {
+            self.dispatch_tiles(&xs, g, None, &gate, at[e], at[e + 1] - at[e])?;
+            self.dispatch_tiles(&xs, u, None, &up, at[e], at[e + 1] - at[e])?;
+        }
+        let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
+        drop((gate, up, xs));
+        let ys_by_expert = self.alloc(OP, vec![runs, d], DType::F32)?;
+        for (e, (_, o)) in experts() {
+            self.dispatch_tiles(&hid, o, None, &ys_by_expert, at[e], at[e + 1] - at[e])?;
+        }
+        let mut row_of_slot = vec![0i32; slots];
+        for (row, &slot) in order.iter().enumerate() {
+            row_of_slot[slot] = row as i32;
+        }
+        self.gather_rows(&ys_by_expert, &self.upload(&HostTensor::i32([slots], row_of_slot)?)?)
+    }
+
     /// The slots grouped by expert, read back from `ids` (one wait for the work queued so far):
-    /// the slot numbers in expert order (on the device, i32) and where each expert's run starts,
-    /// `experts + 1` bounds. A slot whose id is outside `0..experts` is in no run (`moe_sum`
-    /// makes its token NaN).
-    fn slots_by_expert(&self, ids: &WgpuTensor, experts: usize) -> Result<(WgpuTensor, Vec<usize>)> {
+    /// the slot numbers in expert order and where each expert's run starts, `experts + 1`
+    /// bounds. A slot whose id is outside `0..experts` is in no run.
+    fn slots_by_expert(&self, ids: &WgpuTensor, experts: usize) -> Result<(Vec<usize>, Vec<usize>)> {
         let ids: Vec<i32> = bytemuck::pod_collect_to_vec(&self.read_back(ids, 0, ids.bytes)?);
         let expert_of = |id: i32| usize::try_from(id).ok().filter(|&e| e < experts);
         let mut at = vec![0usize; experts + 1];
@@ -277,18 +300,20 @@ impl WgpuBackend {
             at[e + 1] += at[e];
         }
         let mut next = at.clone();
-        let mut order = vec![0i32; at[experts]];
+        let mut order = vec![0usize; at[experts]];
         for (slot, e) in ids.iter().enumerate().filter_map(|(s, &id)| expert_of(id).map(|e| (s, e))) {
-            order[next[e]] = slot as i32;
+            order[next[e]] = slot;
             next[e] += 1;
         }
-        if order.is_empty() {
-            order.push(0); // a binding is never empty; no dispatch reads it
-        }
-        let order = self.upload(&HostTensor::i32([order.len()], order)?)?;
         Ok((order, at))
     }
 
+    /// Which of `experts` experts the `slots` routed ids name. Every expert's dispatches cost a
+    /// command even when no slot routes to it (the kernels compare ids on the device), and a
+    /// decode step of the full model routes 6 slots among 256 experts: 768 dispatches a layer,
+    /// most of a step on a GPU. So with more experts than slots the ids are read back (one wait
+    /// for the work queued so far) and only the named experts run; otherwise all do (an id out
+    /// of range names none, as on the device).
     fn routed_experts(&self, ids: &WgpuTensor, experts: usize, slots: usize) -> Result<Vec<bool>> {
         if experts <= slots {
             return Ok(vec![true; experts]);

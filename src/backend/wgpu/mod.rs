@@ -106,7 +106,7 @@ const PARAM_BYTES: usize = 64;
 ///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450); topk_rows: ≈ 450 up to
 ///   2 048 columns, then ≈ ⌈k/2048⌉(9⌈m/256⌉ + 550) (9 800 for the top 512 of a 1M-token
 ///   context's 262 144 entries);
-/// - grouped_linear, moe_gate/up/down: k + 1 (float), (k/32)(D + 34) + 3 (block): ≤ 9 800 at
+/// - grouped_linear: k + 1 (float), (k/32)(D + 34) + 3 (block): ≤ 9 800 at
 ///   k 4 096; the small-row kernels (rows.wgsl): ≈ 2 200 at k 8 192; linear's tiles:
 ///   26(⌈k/16⌉ + 1) (float), (k/32)(D + 77) + 30 (block): ≤ 30 500 at the widest k, 8 192;
 /// - attention (ViT, `attention_iterations`): 12 400; past the budget beyond 9 152 patches of
