@@ -31,8 +31,9 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["target"]["name"], m["executable"])' |
         while read -r name exe; do strip -o "$dir/$name" "$exe"; done || exit 1
-    cargo build --release --bin fovea || exit 1
+    cargo build --release --bin fovea --example describe_image || exit 1
     strip -o "$dir/fovea-cli" "${CARGO_TARGET_DIR:-target}/release/fovea"
+    strip -o "$dir/describe_image-example" "${CARGO_TARGET_DIR:-target}/release/examples/describe_image"
     # xz -9: its 64 MiB window finds what the executables share (about half the size of -6)
     tar cf - -C "$dir" . | xz -9 -T2 >"$archive" && rm -rf "$dir" && ls -l "$archive"
     ;;
@@ -44,6 +45,7 @@ run)
         export LD_LIBRARY_PATH=$(dirname "$f"):${LD_LIBRARY_PATH:-}
     done
     export FOVEA_REQUIRE_CUDA=1 FOVEA_REPO_ROOT=$PWD FOVEA_BIN=$bin/fovea-cli
+    export FOVEA_DESCRIBE_IMAGE=$bin/describe_image-example
     status=0
     run_one() {
         echo "=== $*"

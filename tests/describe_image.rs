@@ -16,12 +16,17 @@ use std::process::{Command, Output};
 
 const SAMPLE_CAPTION: &str = "a large green triangle at the left and a small green square in the center";
 
-/// target/<profile>/examples/describe_image (cargo test builds the examples beside the tests).
+/// target/<profile>/examples/describe_image (cargo test builds the examples beside the tests),
+/// unless `FOVEA_DESCRIBE_IMAGE` names another (prebuilt executables on a GPU machine:
+/// cuda/gpu_tests.sh).
 fn describe_image() -> Command {
     common::ensure_runtime_dir();
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let path: PathBuf = dir.join("examples").join(format!("describe_image{}", std::env::consts::EXE_SUFFIX));
+    let path: PathBuf = match std::env::var_os("FOVEA_DESCRIBE_IMAGE") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => dir.join("examples").join(format!("describe_image{}", std::env::consts::EXE_SUFFIX)),
+    };
     assert!(path.is_file(), "{} not built (cargo test builds the examples)", path.display());
     let mut cmd = Command::new(path);
     // the embedded model unpacks under the build's scratch space, not the user's ~/.cache
