@@ -5,7 +5,9 @@
 // defines the tiles' element type `operand` and `to_operand`: the products are f32 products of
 // what the tiles hold, accumulated in f32.
 //
-// y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row-chunk of W per dispatch.
+// y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row-chunk of W per dispatch; or a part of it: a
+// range of x's rows (an expert's slots), x's columns of one group against that group's W rows
+// (grouped_linear).
 // Tiling: workgroup 16×16 threads computes a 64×64 output tile (4×4 per thread, strided by 16, held
 // in four vec4 accumulators), K is walked in steps of 16 through workgroup memory
 // (x tile [16][64], W tile [16][64], of `operand`).
@@ -15,11 +17,14 @@ struct P {
     n: u32,          // rows of x this dispatch covers: row_off .. row_off + n
     k: u32,          // in_features (unpadded)
     out_cols: u32,   // columns of y (= total out_features)
-    col_off: u32,    // first output column of this chunk
-    chunk_rows: u32, // W rows in this chunk
+    col_off: u32,    // y's column of this dispatch's first weight row
+    chunk_rows: u32, // weight rows this dispatch covers: w_row0 .. w_row0 + chunk_rows of the binding
     w_stride: u32,   // words per W row
     has_bias: u32,
     row_off: u32,    // first row of x and of y (one expert's slots in moe_experts; else 0)
+    x_stride: u32,   // x's row length (k, or g·k for a group of grouped_linear)
+    x_col: u32,      // x's first column (the group's)
+    w_row0: u32,     // the binding's first weight row this dispatch reads
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -55,7 +60,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let gk = k0 + kk;
             var v = 0.0;
             if (gr < p.n && gk < p.k) {
-                v = x[(p.row_off + gr) * p.k + gk];
+                v = x[(p.row_off + gr) * p.x_stride + p.x_col + gk];
             }
             xs[kk * BM + m] = to_operand(v);
         }
@@ -68,7 +73,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let gk = k0 + 2u * kp;
             var v = vec2<f32>(0.0, 0.0);
             if (gc < p.chunk_rows && gk < p.k) {
-                v = load_pair(gc, gk);
+                v = load_pair(p.w_row0 + gc, gk);
             }
             ws[(2u * kp) * BN + nn] = to_operand(v.x);
             ws[(2u * kp + 1u) * BN + nn] = to_operand(v.y);

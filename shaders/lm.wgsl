@@ -6,10 +6,8 @@
 //   comb, 10 i32 input fallback.
 // Weights: u0-style fields name the format (0 f32, 1 bf16, 2 f16 by integer decode), the row
 // stride in words and the chunk's first row (a weight may be split into row chunks).
-// The products of the GEMM op (grouped_linear) take both operands
-// through `to_operand` of the operands file the lane appends (operands_exact.wgsl or
-// operands_fast.wgsl), with f32 accumulation; the other entry points are the same in both builds
-// and the lane runs them from the exact one.
+// No entry point is a weight product (those are linear's tiles and rows.wgsl's small rows): the
+// lane runs every one from the exact build.
 // Elementwise kernels: workgroup 256, element = (wg.y·gx + wg.x)·256 + lid.
 
 struct P {
@@ -700,26 +698,6 @@ fn topk_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     } else {
         tk_by_select(li, row, p.u1, p.u2);
     }
-}
-
-// grouped_linear (one weight chunk per dispatch): a = x [n, g·k], w = rows row0.. of W [g·r, k]
-// → out [n, g·r]; output column o reads x columns [(o / r)·k, +k).
-//   u0 = n·rows, u1 = rows, u2 = row0, u3 = k, u4 = r, u5 = g·k, u6 = g·r, u7 = fmt, u8 = stride
-@compute @workgroup_size(256, 1, 1)
-fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) li: u32) {
-    let x = flat(wg, nwg, li);
-    if (x >= p.u0) { return; }
-    let i = x / p.u1;
-    let ol = x % p.u1;
-    let o = p.u2 + ol;
-    let k = p.u3;
-    let xb = i * p.u5 + (o / p.u4) * k;
-    var s = 0.0;
-    for (var e = 0u; e < k; e++) {
-        s += f32(to_operand(a[xb + e])) * f32(to_operand(wload(p.u7, p.u8, ol, e)));
-    }
-    out[i * p.u6 + o] = s;
 }
 
 // sink_attention: a = q [n, heads·hd], b = kv [m, hd], c = comp [c, hd], ia = window [n, 2],

@@ -1342,6 +1342,9 @@ fn chunked_linear_cases() -> Vec<Case> {
         c.weight = Some((format, vocab, d, weight_bytes(&mut r, format, vocab, d)));
         out.push(c);
     }
+    // grouped_linear past the small rows: linear's tiles a group at a time, the second group's
+    // weight rows (13..26) over two chunks (21 f32 rows of 12 a chunk)
+    out.push(grouped_case(&mut r, WeightFormat::F32, 9, 2, 12, 13, " chunked, a group over two chunks"));
     out
 }
 

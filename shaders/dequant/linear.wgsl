@@ -1,22 +1,25 @@
 // linear over a block-format weight: y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row chunk of W
-// per dispatch. Not a complete shader: the lane builds it per format and precision as emitted
-// tables + dequant/common.wgsl + dequant/<format>.wgsl (`decode_run`) + an operands file
+// per dispatch, or a part of it as linear_tile.wgsl's. Not a complete shader: the lane builds it per format and precision as emitted
+// tables + dequant/common.wgsl + dequant/<format>.wgsl (`decode_run8`) + an operands file
 // (`operand`, `to_operand`: see operands_exact.wgsl) + this body.
 // Tiling as linear_tile.wgsl, with K walked in runs of 32 (k is a whole number of blocks, so of
 // runs): workgroup 16×16 threads, 64×64 output tile (4×4 per thread, strided by 16); per step,
-// x tile [32][64] and W tile [32][64] in workgroup memory, the W tile decoded by 64 threads one
-// run (32 values of one row) each, so every block scale is read once per run.
+// x tile [32][64] and W tile [32][64] in workgroup memory, the W tile decoded by all 256 threads,
+// a quarter run (8 values of one row) each.
 // Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
 
 struct P {
     n: u32,          // rows of x this dispatch covers: row_off .. row_off + n
     k: u32,          // in_features (a multiple of 32)
     out_cols: u32,   // columns of y (= total out_features)
-    col_off: u32,    // first output column of this chunk
-    chunk_rows: u32, // W rows in this chunk
+    col_off: u32,    // y's column of this dispatch's first weight row
+    chunk_rows: u32, // weight rows this dispatch covers: w_row0 .. w_row0 + chunk_rows of the binding
     w_stride: u32,   // words per (padded) W row
     has_bias: u32,
     row_off: u32,    // first row of x and of y (one expert's slots in moe_experts; else 0)
+    x_stride: u32,   // x's row length (k, or g·k for a group of grouped_linear)
+    x_col: u32,      // x's first column (the group's)
+    w_row0: u32,     // the binding's first weight row this dispatch reads
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -51,21 +54,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let gr = row0 + m;
             var v = 0.0;
             if (gr < p.n) {
-                v = x[(p.row_off + gr) * p.k + k0 + kk];
+                v = x[(p.row_off + gr) * p.x_stride + p.x_col + k0 + kk];
             }
             xs[kk * BM + m] = to_operand(v);
         }
-        // W tile: thread li < 64 decodes run k0/32 of row col0 + li.
-        if (li < BN) {
-            let gc = col0 + li;
+        // W tile: thread li decodes values 8·(li / 64) … + 7 of run k0/32 of row col0 + li % 64
+        // (every thread a quarter run: a whole run each kept three quarters of the workgroup
+        // waiting at the barrier while a quarter decoded).
+        {
+            let c = li % BN;
+            let part = li / BN;
+            let gc = col0 + c;
             if (gc < p.chunk_rows) {
-                let v = decode_run(gc * p.w_stride, k0 / BK);
-                for (var kk = 0u; kk < BK; kk++) {
-                    ws[kk * BN + li] = to_operand(v[kk]);
+                let v = decode_run8((p.w_row0 + gc) * p.w_stride, k0 / 8u + part);
+                for (var j = 0u; j < 8u; j++) {
+                    ws[(8u * part + j) * BN + c] = to_operand(v[j]);
                 }
             } else {
-                for (var kk = 0u; kk < BK; kk++) {
-                    ws[kk * BN + li] = operand(0.0);
+                for (var j = 0u; j < 8u; j++) {
+                    ws[(8u * part + j) * BN + c] = operand(0.0);
                 }
             }
         }

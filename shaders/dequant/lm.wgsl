@@ -1,10 +1,8 @@
-// The language-model ops with a weight operand, over a block-format weight: the same entry
-// points, bindings and parameter blocks as lm.wgsl's (see there), each reading W a run of 32
-// values at a time through `decode_run` (dequant/<format>.wgsl). Not a complete shader: the
-// lane builds it per format and precision as emitted tables + dequant/common.wgsl + the format
-// file + an operands file (as lm.wgsl's GEMM ops, the products take both operands through
-// `to_operand`) + this.
-// Every weight row length (k, d, h) is a whole number of blocks, so of runs.
+// lm.wgsl's weight lookup, embed_rows, over a block-format weight: the same entry point, bindings
+// and parameter block as lm.wgsl's (see there), reading W a run of 32 values at a time through
+// `decode_run` (dequant/<format>.wgsl). Not a complete shader: the lane builds it per format as
+// emitted tables + dequant/common.wgsl + the format file + the exact operands file + this.
+// Every weight row length is a whole number of blocks, so of runs.
 
 struct P {
     u0: u32, u1: u32, u2: u32, u3: u32,
@@ -50,26 +48,4 @@ fn embed_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         let v = decode_run((r - p.u3) * p.u6, (i0 % d) / 32u);
         for (var j = 0u; j < 32u; j++) { out[i0 + j] = v[j]; }
     }
-}
-
-// grouped_linear: one thread per output (u0 = n·rows, u1 = rows, u2 = row0, u3 = k, u4 = r,
-// u5 = g·k, u6 = g·r, u8 = stride).
-@compute @workgroup_size(256, 1, 1)
-fn grouped_linear(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) li: u32) {
-    let x = flat(wg, nwg, li);
-    if (x >= p.u0) { return; }
-    let i = x / p.u1;
-    let ol = x % p.u1;
-    let o = p.u2 + ol;
-    let k = p.u3;
-    let xb = i * p.u5 + (o / p.u4) * k;
-    var s = 0.0;
-    for (var run = 0u; run < k / 32u; run++) {
-        let v = decode_run(ol * p.u8, run);
-        for (var j = 0u; j < 32u; j++) {
-            s += f32(to_operand(a[xb + 32u * run + j])) * f32(to_operand(v[j]));
-        }
-    }
-    out[i * p.u6 + o] = s;
 }

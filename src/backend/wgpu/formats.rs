@@ -24,16 +24,16 @@ use crate::formats::{WeightFormat, tables};
 pub enum BlockKernel {
     /// `linear` (and so the default `unfold_linear_gelu`): the tiled matmul.
     Linear,
-    /// `embed_rows`, `grouped_linear` (lm.wgsl's weight ops).
+    /// `embed_rows` (lm.wgsl's weight lookup).
     Lm,
     /// The small-row kernels (rows.wgsl) in one build, after `dequant/rows.wgsl`.
     Rows(RowsBuild),
 }
 
 impl BlockKernel {
-    /// Every kernel body.
+    /// Every kernel body, one per shader module (the row bounds of a small-row build share one).
     pub fn all() -> impl Iterator<Item = BlockKernel> {
-        [BlockKernel::Linear, BlockKernel::Lm].into_iter().chain(RowsBuild::all().map(BlockKernel::Rows))
+        [BlockKernel::Linear, BlockKernel::Lm].into_iter().chain(RowsBuild::modules().map(BlockKernel::Rows))
     }
 
     /// The files that follow the operands file: (name, WGSL).
@@ -89,7 +89,7 @@ pub const TABLES_BINDING: u32 = 15;
 /// A lookup table of [`crate::formats::tables`] as the decoders read it from the device table
 /// buffer. The tables live in one read-only storage buffer uploaded once per device, not in the
 /// shader text: as `var<private>` arrays every invocation initialised its own copy, and lavapipe
-/// took 18 s, 11 s and 12 s to build the IQ1_S linear, moe_up (since replaced by linear's tiles) and grouped_linear pipelines (as
+/// took 18 s, 11 s and 12 s to build the IQ1_S linear, moe_up and grouped_linear pipelines (both since replaced by linear's tiles) (as
 /// `const` arrays naga spilled a copy at each access); from the buffer, under 0.1 s each (one
 /// measurement each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

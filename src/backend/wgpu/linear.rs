@@ -8,8 +8,8 @@
 //!   which needs naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals. A weight
 //!   split into row chunks (larger than one binding) takes one dispatch per chunk, each writing
 //!   its own output columns.
-//! - `grouped_linear` is a GEMM entry point of `lm.wgsl` (float formats) or of a block format's
-//!   build of `dequant/lm.wgsl`, one dispatch per row chunk.
+//! - `grouped_linear` takes `linear`'s tiles too, one dispatch per group (per piece of a group in
+//!   each row chunk).
 //! - The routed experts of more than `SMALL_ROWS` tokens take `linear`'s tiles, one dispatch per
 //!   expert and projection over its own slots' rows (x gathered in expert order); each expert
 //!   matrix must fit one binding.
@@ -25,6 +25,16 @@ use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight};
 use crate::backend::{Backend, DType, DeviceTensor, HostTensor, Op, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
 
+/// The part of a tiled product one dispatch computes: x's rows `rows` (first, count; y's rows are
+/// the same), x's columns `x_cols` (first, count = the product's k) against the binding's weight
+/// rows `w_rows` (first, count), written to y's columns from `y_col`.
+struct TilePart {
+    rows: (usize, usize),
+    x_cols: (usize, usize),
+    w_rows: (usize, usize),
+    y_col: usize,
+}
+
 /// The kernel of `linear` for `format` in `precision`, with its `FMT` override:
 /// `linear_packed.wgsl` for f32 (0), bf16 (1) and f16 without SHADER_F16 (2, integer decode),
 /// `linear_f16.wgsl` for f16 with it (`native_f16`), else the format's block build of
@@ -39,16 +49,15 @@ pub(super) fn linear_shader(format: WeightFormat, native_f16: bool, precision: P
     }
 }
 
-/// The kernel of lm.wgsl's weight ops for `format` in `precision`, with the `fmt` parameter it
-/// reads: lm.wgsl itself for the float formats (0 f32, 1 bf16, 2 f16), else the format's block
-/// build of dequant/lm.wgsl (which has no `fmt`). `embed_rows` (a lookup, not a product) always
-/// takes the exact build.
-pub(super) fn lm_weight_shader(format: WeightFormat, precision: Precision) -> (Shader, u32) {
+/// The kernel of `embed_rows` (lm.wgsl's one weight op, a lookup: the exact build) for `format`,
+/// with the `fmt` parameter it reads: lm.wgsl itself for the float formats (0 f32, 1 bf16, 2
+/// f16), else the format's block build of dequant/lm.wgsl (which has no `fmt`).
+pub(super) fn lm_weight_shader(format: WeightFormat) -> (Shader, u32) {
     match format {
-        WeightFormat::F32 => (Shader::Lm(precision), 0),
-        WeightFormat::BF16 => (Shader::Lm(precision), 1),
-        WeightFormat::F16 => (Shader::Lm(precision), 2),
-        f => (Shader::Block(BlockKernel::Lm, f, precision), 0),
+        WeightFormat::F32 => (Shader::Lm(Precision::Exact), 0),
+        WeightFormat::BF16 => (Shader::Lm(Precision::Exact), 1),
+        WeightFormat::F16 => (Shader::Lm(Precision::Exact), 2),
+        f => (Shader::Block(BlockKernel::Lm, f, Precision::Exact), 0),
     }
 }
 
@@ -92,36 +101,52 @@ impl WgpuBackend {
         row_off: usize,
         n: usize,
     ) -> Result<()> {
+        for c in &w.chunks {
+            let part = TilePart { rows: (row_off, n), x_cols: (0, x.cols()), w_rows: (0, c.rows), y_col: c.row0 };
+            self.dispatch_tile_part(x, w, c.binding(), bias, y, part)?;
+        }
+        Ok(())
+    }
+
+    /// One dispatch of the tiled linear (linear_tile.wgsl, or the block formats'
+    /// dequant/linear.wgsl) over `part`.
+    fn dispatch_tile_part(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuWeight,
+        chunk: wgpu::BindingResource<'_>,
+        bias: Option<&WgpuTensor>,
+        y: &WgpuTensor,
+        part: TilePart,
+    ) -> Result<()> {
+        let TilePart { rows: (row_off, n), x_cols: (x_col, k), w_rows: (w_row0, w_rows), y_col } = part;
         let gy = n.div_ceil(64);
         if gy > self.limits.max_compute_workgroups_per_dimension as usize {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
         }
         let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w));
-        let bias_res = match bias {
-            Some(b) => b.binding(),
-            None => self.dummy.as_entire_binding(),
-        };
-        for c in &w.chunks {
-            let params = [
-                n as u32,
-                x.cols() as u32,
-                w.rows as u32,
-                c.row0 as u32,
-                c.rows as u32,
-                w.stride_words as u32,
-                bias.is_some() as u32,
-                row_off as u32,
-            ];
-            self.dispatch(
-                shader,
-                "main",
-                fmt,
-                &params,
-                &[(1, x.binding()), (2, c.binding()), (3, bias_res.clone()), (4, y.binding())],
-                (c.rows.div_ceil(64) as u32, gy as u32, 1),
-            )?;
-        }
-        Ok(())
+        let bias_res = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
+        let params = [
+            n as u32,
+            k as u32,
+            y.cols() as u32,
+            y_col as u32,
+            w_rows as u32,
+            w.stride_words as u32,
+            bias.is_some() as u32,
+            row_off as u32,
+            x.cols() as u32,
+            x_col as u32,
+            w_row0 as u32,
+        ];
+        self.dispatch(
+            shader,
+            "main",
+            fmt,
+            &params,
+            &[(1, x.binding()), (2, chunk), (3, bias_res), (4, y.binding())],
+            (w_rows.div_ceil(64) as u32, gy as u32, 1),
+        )
     }
 
     /// x `[n, g·k]`, W `[g·r, k]` (any format, possibly row-chunked) → `[n, g·r]`.
@@ -131,7 +156,10 @@ impl WgpuBackend {
         self.check_inputs(OP, [("x", x)])?;
         let cols = x.cols();
         let y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
-        if (1..=SMALL_ROWS).contains(&n) {
+        if n == 0 {
+            return Ok(y);
+        }
+        if n <= SMALL_ROWS {
             for chunk in 0..w.chunks.len() {
                 let params =
                     RowsParams { n, k, out_cols: w.rows, x_stride: cols, group_rows: r, ..RowsParams::default() };
@@ -139,20 +167,14 @@ impl WgpuBackend {
             }
             return Ok(y);
         }
-        let (shader, fmt) = lm_weight_shader(w.format, self.gemm_precision(w));
+        // linear's tiles, one dispatch per group (per piece of it in each row chunk): group gi's
+        // weight rows gi·r .. against x's columns gi·k ..
         for c in &w.chunks {
-            let params = [
-                (n * c.rows) as u32,
-                c.rows as u32,
-                c.row0 as u32,
-                k as u32,
-                r as u32,
-                cols as u32,
-                w.rows as u32,
-                fmt,
-                w.stride_words as u32,
-            ];
-            self.dispatch_1d(shader, OP, n * c.rows, &params, &[(1, x.binding()), (6, y.binding()), (8, c.binding())])?;
+            for gi in c.row0 / r..(c.row0 + c.rows).div_ceil(r) {
+                let (lo, hi) = ((gi * r).max(c.row0), ((gi + 1) * r).min(c.row0 + c.rows));
+                let part = TilePart { rows: (0, n), x_cols: (gi * k, k), w_rows: (lo - c.row0, hi - lo), y_col: lo };
+                self.dispatch_tile_part(x, w, c.binding(), None, &y, part)?;
+            }
         }
         Ok(y)
     }

@@ -27,7 +27,7 @@ impl WgpuBackend {
         let (n, d) = checks::embed_rows(table, ids)?;
         self.check_inputs(OP, [("ids", ids)])?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let (shader, fmt) = lm_weight_shader(table.format, Precision::Exact);
+        let (shader, fmt) = lm_weight_shader(table.format);
         // block formats: one thread per run of 32 values (d is a whole number of blocks)
         let threads = if table.format.is_block() { n * d / 32 } else { n * d };
         for (ci, c) in table.chunks.iter().enumerate() {

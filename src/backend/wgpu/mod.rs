@@ -30,8 +30,9 @@
 //!   activation larger than the binding limit is an `Error::Device` naming the op.
 //! - Guard bands (`Options::guard_words`): every activation output gets extra words filled with
 //!   `GUARD_SENTINEL` before the op; `check_guards` / `download` report a write past the end.
-//! - Precision (`Options::precision`): every GEMM kernel (linear, grouped_linear, the experts'
-//!   gate/up/down; float and block formats) is built twice, with `shaders/operands_exact.wgsl`
+//! - Precision (`Options::precision`): every GEMM kernel (linear's tiles, which also take
+//!   grouped_linear and the prefill's experts, and the small-row kernels; float and block
+//!   formats) is built twice, with `shaders/operands_exact.wgsl`
 //!   (f32 operands) and with `shaders/operands_fast.wgsl` (each operand rounded to the nearest
 //!   f16, f16 tiles, f32 accumulation), which needs SHADER_F16. A weight uploaded with
 //!   `upload_weight_exact` (router, hyper-connection mixes) always takes the exact build; norms,
@@ -106,8 +107,8 @@ const PARAM_BYTES: usize = 64;
 ///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450); topk_rows: ≈ 450 up to
 ///   2 048 columns, then ≈ ⌈k/2048⌉(9⌈m/256⌉ + 550) (9 800 for the top 512 of a 1M-token
 ///   context's 262 144 entries);
-/// - grouped_linear: k + 1 (float), (k/32)(D + 34) + 3 (block): ≤ 9 800 at
-///   k 4 096; the small-row kernels (rows.wgsl): ≈ 2 200 at k 8 192; linear's tiles:
+/// - the small-row kernels (rows.wgsl): ≈ 2 200 at k 8 192; linear's tiles (also grouped_linear's
+///   and the prefill's experts'):
 ///   26(⌈k/16⌉ + 1) (float), (k/32)(D + 77) + 30 (block): ≤ 30 500 at the widest k, 8 192;
 /// - attention (ViT, `attention_iterations`): 12 400; past the budget beyond 9 152 patches of
 ///   hd 64 (an image budget, `--image-max-tokens`, past ≈ 1 000 tokens): refused;
@@ -514,7 +515,7 @@ impl WgpuBackend {
         let module = {
             let mut modules = self.modules.lock().unwrap();
             modules
-                .entry(shader)
+                .entry(shader.module())
                 .or_insert_with(|| {
                     self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
                         label: Some(&file),

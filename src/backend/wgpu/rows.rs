@@ -77,6 +77,17 @@ impl RowsBuild {
         Reduction::ALL.into_iter().flat_map(|reduction| RowBound::ALL.map(|bound| RowsBuild { reduction, bound }))
     }
 
+    /// One build per shader module: the row bound is an override constant, so builds that differ
+    /// in it alone have the same source.
+    pub(super) fn modules() -> impl Iterator<Item = RowsBuild> {
+        Reduction::ALL.into_iter().map(|reduction| RowsBuild { reduction, bound: RowBound::Small })
+    }
+
+    /// The build of [`Self::modules`] whose module this one's pipelines are created from.
+    pub(super) fn module(self) -> RowsBuild {
+        RowsBuild { bound: RowBound::Small, ..self }
+    }
+
     /// rows.wgsl's override constants.
     pub(super) fn constants(self) -> Vec<(&'static str, f64)> {
         vec![("ROW_BOUND", self.bound.rows() as f64)]

@@ -122,6 +122,18 @@ impl Shader {
         }
     }
 
+    /// The shader whose module this one's pipelines are created from: itself, but for the
+    /// small-row builds, whose two row bounds (an override constant) share one module, parsed
+    /// and validated once.
+    pub(super) fn module(self) -> Shader {
+        match self {
+            Shader::Rows(p, b) => Shader::Rows(p, b.module()),
+            Shader::RowsF16(p, b) => Shader::RowsF16(p, b.module()),
+            Shader::Block(BlockKernel::Rows(b), f, p) => Shader::Block(BlockKernel::Rows(b.module()), f, p),
+            s => s,
+        }
+    }
+
     /// Whether the build uses subgroup operations (needs wgpu's SUBGROUP).
     fn needs_subgroup(self) -> bool {
         matches!(
@@ -147,7 +159,7 @@ impl Shader {
             for &precision in precisions {
                 for f in WeightFormat::ALL {
                     list.push(linear_shader(f, native_f16, precision));
-                    list.push(lm_weight_shader(f, precision));
+                    list.push(lm_weight_shader(f));
                     list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, precision, b)));
                 }
             }
@@ -202,4 +214,27 @@ pub fn shader_builds() -> Result<Vec<ShaderBuild>> {
             Ok(ShaderBuild { label, source, constants, needs_f16, needs_subgroup: shader.needs_subgroup() })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pipelines share a module by [`Shader::module`]: sound only if every build mapped to the
+    /// same module has the same source, and the constants still tell the builds apart.
+    #[test]
+    fn builds_sharing_a_module_have_one_source_and_their_own_constants() {
+        let builds = Shader::every_build();
+        let mut shared = 0;
+        for (i, &(a, fa, _)) in builds.iter().enumerate() {
+            for &(b, fb, _) in &builds[i + 1..] {
+                if a.module() == b.module() {
+                    assert_eq!(a.source().unwrap().1, b.source().unwrap().1, "{a:?} and {b:?} share a module");
+                    assert_ne!(a.constants(fa), b.constants(fb), "{a:?} and {b:?}: one pipeline twice");
+                    shared += (a != b) as usize;
+                }
+            }
+        }
+        assert!(shared > 0, "no two row bounds share a module");
+    }
 }
