@@ -186,6 +186,22 @@ fn adapter_and_capabilities() {
     }
 }
 
+/// Prefill chunks of 2048 tokens only where a binding holds 1 GiB: lavapipe's 128 MiB (and any
+/// lane capped below 1 GiB) keeps the default 512, whose activations fit it at the released
+/// geometry.
+#[test]
+fn narrow_bindings_keep_the_default_prefill_chunk() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = make(Options { max_binding_bytes: Some((1 << 30) - 4), ..Options::default() });
+    assert_eq!(b.prefill_chunk(), fovea::backend::PREFILL_CHUNK);
+    if be().max_binding_bytes() >= 1 << 30 {
+        assert_eq!(be().prefill_chunk(), 2048, "{} binds 1 GiB", be().device_name());
+    }
+}
+
 /// `Backend::launches` counts what the lane encodes: an elementwise op is one dispatch, a
 /// download one copy to its staging buffer (a lane of its own, so no other test's work counts).
 #[test]
