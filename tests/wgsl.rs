@@ -22,7 +22,6 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 const COMPOSED: &[&[&str]] = &[
     &["linear_packed.wgsl", "operands_exact.wgsl", "linear_tile.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "linear_tile.wgsl"],
-    &["operands_exact.wgsl", "lm.wgsl"],
     &["linear_packed.wgsl", "operands_exact.wgsl", "rows_subgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "rows_workgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
 ];

@@ -54,9 +54,9 @@ pub(super) fn linear_shader(format: WeightFormat, native_f16: bool, precision: P
 /// f16), else the format's block build of dequant/lm.wgsl (which has no `fmt`).
 pub(super) fn lm_weight_shader(format: WeightFormat) -> (Shader, u32) {
     match format {
-        WeightFormat::F32 => (Shader::Lm(Precision::Exact), 0),
-        WeightFormat::BF16 => (Shader::Lm(Precision::Exact), 1),
-        WeightFormat::F16 => (Shader::Lm(Precision::Exact), 2),
+        WeightFormat::F32 => (Shader::Lm, 0),
+        WeightFormat::BF16 => (Shader::Lm, 1),
+        WeightFormat::F16 => (Shader::Lm, 2),
         f => (Shader::Block(BlockKernel::Lm, f, Precision::Exact), 0),
     }
 }
@@ -254,7 +254,7 @@ impl WgpuBackend {
         };
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
         self.dispatch_1d(
-            Shader::Lm(Precision::Exact),
+            Shader::Lm,
             "moe_sum",
             n * d,
             &[(n * d) as u32, d as u32, k as u32, w1.len() as u32],

@@ -1,4 +1,5 @@
-//! The language-model ops of `shaders/lm.wgsl` other than its GEMMs (those are linear.rs's):
+//! The language-model ops of `shaders/lm.wgsl` (its weight products are linear.rs's tiles and
+//! small rows):
 //! embeddings, hyper-connections, per-head RMS norm, tail RoPE, routing, the compressor's pooling,
 //! the lightning indexer, top-k and sink attention. Most run one thread per output element
 //! through [`WgpuBackend::per_element`]; `embed_rows` (one dispatch per row chunk of its table),
@@ -12,12 +13,11 @@
 
 use super::linear::lm_weight_shader;
 use super::{Output, SOFTWARE_LOOP_BUDGET, Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
-use crate::backend::{DType, Op, Precision, checks};
+use crate::backend::{DType, Op, checks};
 use crate::error::{Error, Result};
 
-/// lm.wgsl's exact build, which runs every entry point but the GEMMs (those take their weight's
-/// precision: linear.rs).
-const LM_EXACT: Shader = Shader::Lm(Precision::Exact);
+/// lm.wgsl (one build: its ops have no precision to choose).
+const LM: Shader = Shader::Lm;
 
 impl WgpuBackend {
     /// table `[vocab, d]` (any format, possibly row-chunked), ids i32 `[n]` → `[n, d]`; ids ≥ vocab
@@ -50,7 +50,7 @@ impl WgpuBackend {
     pub(super) fn hc_expand(&self, x: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
         let (n, d) = checks::hc_expand(x)?;
         let out = Output { binding: 6, shape: vec![n, hc * d], dtype: DType::F32 };
-        self.per_element(LM_EXACT, "hc_expand", &[("x", 1, x)], out, &[d as u32, hc as u32])
+        self.per_element(LM, "hc_expand", &[("x", 1, x)], out, &[d as u32, hc as u32])
     }
 
     /// x `[n, heads·hd]` → per-head unweighted RMS norm; one workgroup per (row, head).
@@ -62,7 +62,7 @@ impl WgpuBackend {
         let segs = n * n_heads;
         if segs > 0 && cols > 0 {
             self.dispatch(
-                LM_EXACT,
+                LM,
                 OP,
                 0,
                 &[segs as u32, (cols / n_heads) as u32, eps.to_bits()],
@@ -77,7 +77,7 @@ impl WgpuBackend {
     pub(super) fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
         let (n, d, wc) = checks::hc_pre(x, w, hc)?;
         let out = Output { binding: 6, shape: vec![n, d], dtype: DType::F32 };
-        self.per_element(LM_EXACT, "hc_pre", &[("x", 1, x), ("w", 2, w)], out, &[d as u32, hc as u32, wc as u32])
+        self.per_element(LM, "hc_pre", &[("x", 1, x), ("w", 2, w)], out, &[d as u32, hc as u32, wc as u32])
     }
 
     /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` (hc_split's) → X' `[n, hc·d]`.
@@ -85,7 +85,7 @@ impl WgpuBackend {
         let (n, cols, d, hc) = checks::hc_post(x, f, split)?;
         let inputs = [("x", 1, x), ("f", 2, f), ("split", 3, split)];
         let out = Output { binding: 6, shape: vec![n, cols], dtype: DType::F32 };
-        self.per_element(LM_EXACT, "hc_post", &inputs, out, &[d as u32, hc as u32])
+        self.per_element(LM, "hc_post", &inputs, out, &[d as u32, hc as u32])
     }
 
     /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `σ(mix·scale + base) + eps`.
@@ -99,14 +99,14 @@ impl WgpuBackend {
         let (_, hc) = checks::hc_head_weights(mix, scale, base)?;
         let inputs = [("mix", 1, mix), ("scale", 2, scale), ("base", 3, base)];
         let out = Output { binding: 6, shape: mix.shape.clone(), dtype: DType::F32 };
-        self.per_element(LM_EXACT, "hc_head_weights", &inputs, out, &[hc as u32, eps.to_bits()])
+        self.per_element(LM, "hc_head_weights", &inputs, out, &[hc as u32, eps.to_bits()])
     }
 
     /// `sqrt(softplus(x))` elementwise.
     pub(super) fn sqrt_softplus(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
         checks::sqrt_softplus(x)?;
         let out = Output { binding: 6, shape: x.shape.clone(), dtype: DType::F32 };
-        self.per_element(LM_EXACT, "sqrt_softplus", &[("x", 1, x)], out, &[])
+        self.per_element(LM, "sqrt_softplus", &[("x", 1, x)], out, &[])
     }
 
     /// table i32 `[vocab, k]`, ids i32 `[n]`, fallback i32 `[n, k]` → i32 `[n, k]`.
@@ -114,7 +114,7 @@ impl WgpuBackend {
         let (vocab, k, n) = checks::hash_route(table, ids, fallback)?;
         let inputs = [("table", 4, table), ("ids", 5, ids), ("fallback", 10, fallback)];
         let out = Output { binding: 7, shape: vec![n, k], dtype: DType::I32 };
-        self.per_element(LM_EXACT, "hash_route", &inputs, out, &[k as u32, vocab as u32])
+        self.per_element(LM, "hash_route", &inputs, out, &[k as u32, vocab as u32])
     }
 
     /// scores `[n, e]`, ids i32 `[n, k]` → `[n, k]`; a row with an id outside `0..e` is NaN.
@@ -122,14 +122,14 @@ impl WgpuBackend {
         let (n, e, k) = checks::route_weights(scores, ids)?;
         let out = Output { binding: 6, shape: vec![n, k], dtype: DType::F32 };
         let params = [k as u32, e as u32, scale.to_bits()];
-        self.per_element(LM_EXACT, "route_weights", &[("scores", 1, scores), ("ids", 4, ids)], out, &params)
+        self.per_element(LM, "route_weights", &[("scores", 1, scores), ("ids", 4, ids)], out, &params)
     }
 
     /// g, u `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)` `[n, h]`.
     pub(super) fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
         let (n, h) = checks::swiglu_clamp(g, u)?;
         let out = Output { binding: 6, shape: vec![n, h], dtype: DType::F32 };
-        self.per_element(LM_EXACT, "swiglu_clamp", &[("g", 1, g), ("u", 2, u)], out, &[limit.to_bits()])
+        self.per_element(LM, "swiglu_clamp", &[("g", 1, g), ("u", 2, u)], out, &[limit.to_bits()])
     }
 
     /// Interleaved RoPE on the last `2·inv_freq.len()` dims of every head.
@@ -149,7 +149,7 @@ impl WgpuBackend {
         }
         let out = Output { binding: 6, shape: x.shape.clone(), dtype: DType::F32 };
         let params = [cols as u32, hd as u32, rd as u32, pos0 as u32, stride as u32, inverse as u32];
-        self.per_element(LM_EXACT, "rope_tail", &[("x", 1, x), ("inv_freq", 2, inv_freq)], out, &params)
+        self.per_element(LM, "rope_tail", &[("x", 1, x), ("inv_freq", 2, inv_freq)], out, &params)
     }
 
     /// [`Self::rope_tail`] with row i at `positions[i]`.
@@ -165,7 +165,7 @@ impl WgpuBackend {
         let out = Output { binding: 6, shape: x.shape.clone(), dtype: DType::F32 };
         let params = [cols as u32, hd as u32, rd as u32, inverse as u32];
         let inputs = [("x", 1, x), ("inv_freq", 2, inv_freq), ("positions", 4, positions)];
-        self.per_element(LM_EXACT, "rope_tail_at", &inputs, out, &params)
+        self.per_element(LM, "rope_tail_at", &inputs, out, &params)
     }
 
     /// mHC split with Sinkhorn; one thread per row.
@@ -188,7 +188,7 @@ impl WgpuBackend {
                 return Err(Error::Device(format!("op `{OP}`: {n} rows exceed the dispatch limit")));
             }
             self.dispatch(
-                LM_EXACT,
+                LM,
                 OP,
                 0,
                 &[n as u32, hc as u32, iters as u32, eps.to_bits()],
@@ -212,7 +212,7 @@ impl WgpuBackend {
         let inputs = [("kv", 1, kv), ("gate", 2, gate), ("ape", 3, ape)];
         let out = Output { binding: 6, shape: vec![n, d], dtype: DType::F32 };
         let params = [d as u32, w as u32, ratio as u32, overlap as u32];
-        self.per_element(LM_EXACT, "compress_pool", &inputs, out, &params)
+        self.per_element(LM, "compress_pool", &inputs, out, &params)
     }
 
     /// Lightning-indexer scores `[n, m]`, −inf for entries not yet complete.
@@ -230,7 +230,7 @@ impl WgpuBackend {
         let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
         let out = Output { binding: 6, shape: vec![n, m], dtype: DType::F32 };
         let params = [m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32];
-        self.per_element(LM_EXACT, "indexer_scores", &[("q", 1, q), ("k", 2, k), ("w", 3, w)], out, &params)
+        self.per_element(LM, "indexer_scores", &[("q", 1, q), ("k", 2, k), ("w", 3, w)], out, &params)
     }
 
     /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per
@@ -241,14 +241,7 @@ impl WgpuBackend {
         self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, k], DType::I32)?;
         if n > 0 && k > 0 {
-            self.dispatch(
-                LM_EXACT,
-                OP,
-                0,
-                &[n as u32, m as u32, k as u32],
-                &[(1, x.binding()), (7, y.binding())],
-                grid(n),
-            )?;
+            self.dispatch(LM, OP, 0, &[n as u32, m as u32, k as u32], &[(1, x.binding()), (7, y.binding())], grid(n))?;
         }
         Ok(y)
     }
@@ -303,7 +296,7 @@ impl WgpuBackend {
             let (entry, groups) =
                 if serial { ("sink_attention_serial", grid(total.div_ceil(64))) } else { (OP, grid(total)) };
             self.dispatch(
-                LM_EXACT,
+                LM,
                 entry,
                 0,
                 &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],

@@ -4,8 +4,8 @@
 //! (activations, weight pools, guard bands), upload and download, and the `Backend` impl, which
 //! hands each op to the file of its shader family (`shaders/`), where its notes are:
 //! - linear.rs: `linear`, `grouped_linear`, `moe_experts`, and the kernel each weight format takes
-//!   (`linear_tile.wgsl` with `linear_packed.wgsl` or `linear_f16.wgsl`, the GEMM entry points of
-//!   `lm.wgsl`, the `dequant/` builds of formats.rs);
+//!   (`linear_tile.wgsl` with `linear_packed.wgsl` or `linear_f16.wgsl`, the small rows of
+//!   `rows.wgsl`, the `dequant/` builds of formats.rs);
 //! - elementwise.rs, copy.rs, norm.rs, rope.rs, attention.rs: the ops of `elementwise.wgsl`,
 //!   `copy.wgsl` (and `concat_rows`, a buffer copy), `norm.wgsl`, `rope.wgsl`, `attention.wgsl`;
 //! - lm.rs: the other language-model ops, on `lm.wgsl`;

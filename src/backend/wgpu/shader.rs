@@ -23,9 +23,8 @@ pub(super) enum Shader {
     Rope,
     Attention,
     Debug,
-    /// lm.wgsl: its GEMM ops run from the build of their weight's precision, every other entry
-    /// point from the exact build.
-    Lm(Precision),
+    /// lm.wgsl (no weight products: one build).
+    Lm,
     /// A kernel over block-format weights, built for one format (formats.rs).
     Block(BlockKernel, WeightFormat, Precision),
     /// The small-row kernels (rows.wgsl) over `linear_packed.wgsl` (f32, bf16, f16 fallback).
@@ -72,7 +71,6 @@ impl Shader {
         const TILE: (&str, &str) = ("linear_tile.wgsl", include_str!("../../../shaders/linear_tile.wgsl"));
         const PACKED: (&str, &str) = ("linear_packed.wgsl", include_str!("../../../shaders/linear_packed.wgsl"));
         const F16: (&str, &str) = ("linear_f16.wgsl", include_str!("../../../shaders/linear_f16.wgsl"));
-        const LM: (&str, &str) = ("lm.wgsl", include_str!("../../../shaders/lm.wgsl"));
         match self {
             Shader::Linear(precision) => gemm(false, Some(PACKED), TILE, precision),
             Shader::LinearF16(precision) => gemm(true, Some(F16), TILE, precision),
@@ -82,7 +80,7 @@ impl Shader {
             Shader::Rope => fixed("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
             Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
-            Shader::Lm(precision) => gemm(false, None, LM, precision),
+            Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
             Shader::Rows(precision, _) => gemm(false, Some(PACKED), rows::BODY, precision),
             Shader::RowsF16(precision, _) => gemm(true, Some(F16), rows::BODY, precision),
             Shader::Block(kernel, format, precision) => match formats::block_shader_source(format, kernel, precision) {
@@ -117,7 +115,7 @@ impl Shader {
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
-            Shader::Linear(_) | Shader::LinearF16(_) | Shader::Lm(_) | Shader::Block(..) => {}
+            Shader::Linear(_) | Shader::LinearF16(_) | Shader::Lm | Shader::Block(..) => {}
             Shader::Rows(..) | Shader::RowsF16(..) => {}
         }
     }
