@@ -272,7 +272,8 @@ fn a_few_tokens_reach_every_expert_in_one_dispatch_a_projection() {
 }
 
 /// `Backend::kernel_times` (timestamps around every dispatch): each entry point once per
-/// dispatch, a positive time, and nothing left over for the next call. Off by default.
+/// dispatch (linear's tiles under the op's label), a positive time, and nothing left over for the
+/// next call. Off by default.
 #[test]
 fn kernel_times_count_each_dispatch() {
     if !adapter_available() {
@@ -292,10 +293,19 @@ fn kernel_times_count_each_dispatch() {
         y = b.add(&y, &x).unwrap();
     }
     let _ = b.gelu_erf(&y).unwrap();
+    let f32_weight = HostWeight {
+        name: "w".into(),
+        format: WeightFormat::F32,
+        rows: 3,
+        cols: 64,
+        bytes: Cow::Owned(encode(WeightFormat::F32, &[0.5; 3 * 64])),
+    };
+    let _ = b.linear(&x, &b.upload_weight(&f32_weight).unwrap(), None).unwrap(); // 64 rows: the tiles
     let times = b.kernel_times().unwrap().expect("timed");
     let counts: Vec<(&str, u64)> = times.iter().map(|k| (k.name.as_str(), k.count)).collect();
-    assert_eq!(counts.len(), 2, "{times:?}");
+    assert_eq!(counts.len(), 3, "{times:?}");
     assert!(counts.contains(&("add", 3)) && counts.contains(&("gelu_erf", 1)), "{times:?}");
+    assert!(counts.contains(&("linear_tiles", 1)), "{times:?}");
     assert!(times.iter().all(|k| k.seconds > 0.0 && k.seconds < 10.0), "{times:?}");
     assert_eq!(b.kernel_times().unwrap(), Some(Vec::new()), "each call reports the work since the last");
 }

@@ -86,14 +86,16 @@ impl WgpuBackend {
             }
             return Ok(y);
         }
-        self.dispatch_tiles(x, w, bias, &y, 0, n)?;
+        self.dispatch_tiles("linear_tiles", x, w, bias, &y, 0, n)?;
         Ok(y)
     }
 
     /// The tiled linear over rows `row_off .. row_off + n` of x into the same rows of y (y has
-    /// `w.rows` columns), one dispatch per weight chunk.
+    /// `w.rows` columns), one dispatch per weight chunk, timed under `label`.
+    #[allow(clippy::too_many_arguments)]
     fn dispatch_tiles(
         &self,
+        label: &'static str,
         x: &WgpuTensor,
         w: &WgpuWeight,
         bias: Option<&WgpuTensor>,
@@ -103,15 +105,17 @@ impl WgpuBackend {
     ) -> Result<()> {
         for c in &w.chunks {
             let part = TilePart { rows: (row_off, n), x_cols: (0, x.cols()), w_rows: (0, c.rows), y_col: c.row0 };
-            self.dispatch_tile_part(x, w, c.binding(), bias, y, part)?;
+            self.dispatch_tile_part(label, x, w, c.binding(), bias, y, part)?;
         }
         Ok(())
     }
 
     /// One dispatch of the tiled linear (linear_tile.wgsl, or the block formats'
-    /// dequant/linear.wgsl) over `part`.
+    /// dequant/linear.wgsl) over `part`, timed under `label` (`FOVEA_GPU_TIMES`).
+    #[allow(clippy::too_many_arguments)]
     fn dispatch_tile_part(
         &self,
+        label: &'static str,
         x: &WgpuTensor,
         w: &WgpuWeight,
         chunk: wgpu::BindingResource<'_>,
@@ -139,7 +143,8 @@ impl WgpuBackend {
             x_col as u32,
             w_row0 as u32,
         ];
-        self.dispatch(
+        self.dispatch_as(
+            label,
             shader,
             "main",
             fmt,
@@ -173,7 +178,7 @@ impl WgpuBackend {
             for gi in c.row0 / r..(c.row0 + c.rows).div_ceil(r) {
                 let (lo, hi) = ((gi * r).max(c.row0), ((gi + 1) * r).min(c.row0 + c.rows));
                 let part = TilePart { rows: (0, n), x_cols: (gi * k, k), w_rows: (lo - c.row0, hi - lo), y_col: lo };
-                self.dispatch_tile_part(x, w, c.binding(), None, &y, part)?;
+                self.dispatch_tile_part("grouped_tiles", x, w, c.binding(), None, &y, part)?;
             }
         }
         Ok(y)
@@ -292,14 +297,14 @@ impl WgpuBackend {
         let up = self.alloc(OP, vec![runs, h], DType::F32)?;
         let experts = || w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| at[e + 1] > at[*e]);
         for (e, ((g, u), _)) in experts() {
-            self.dispatch_tiles(&xs, g, None, &gate, at[e], at[e + 1] - at[e])?;
-            self.dispatch_tiles(&xs, u, None, &up, at[e], at[e + 1] - at[e])?;
+            self.dispatch_tiles("expert_tiles", &xs, g, None, &gate, at[e], at[e + 1] - at[e])?;
+            self.dispatch_tiles("expert_tiles", &xs, u, None, &up, at[e], at[e + 1] - at[e])?;
         }
         let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
         drop((gate, up, xs));
         let ys_by_expert = self.alloc(OP, vec![runs, d], DType::F32)?;
         for (e, (_, o)) in experts() {
-            self.dispatch_tiles(&hid, o, None, &ys_by_expert, at[e], at[e + 1] - at[e])?;
+            self.dispatch_tiles("expert_tiles", &hid, o, None, &ys_by_expert, at[e], at[e + 1] - at[e])?;
         }
         let mut row_of_slot = vec![0i32; slots];
         for (row, &slot) in order.iter().enumerate() {

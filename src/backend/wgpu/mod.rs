@@ -558,6 +558,23 @@ impl WgpuBackend {
         bindings: &[(u32, wgpu::BindingResource<'_>)],
         groups: (u32, u32, u32),
     ) -> Result<()> {
+        self.dispatch_as(entry, shader, entry, fmt, params, bindings, groups)
+    }
+
+    /// [`Self::dispatch`] under `label` (the pass's label and its name in `kernel_times`), for an
+    /// entry point several ops share (linear's tiles: `linear_tiles`, `grouped_tiles`,
+    /// `expert_tiles`).
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_as(
+        &self,
+        label: &'static str,
+        shader: Shader,
+        entry: &'static str,
+        fmt: u32,
+        params: &[u32],
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
         // the host profile times the whole encoding as the launch
         self.shared.counters.clock.launch(|| {
             let pipeline = self.pipeline(shader, entry, fmt)?;
@@ -595,14 +612,14 @@ impl WgpuBackend {
                     });
                 }
                 let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(entry),
+                    label: Some(label),
                     layout: &layout,
                     entries: &entries,
                 });
                 self.encode(p, |enc| {
-                    let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(entry));
+                    let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(label));
                     let mut pass =
-                        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
+                        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes });
                     pass.set_pipeline(&pipeline);
                     pass.set_bind_group(0, &bg, &[]);
                     pass.dispatch_workgroups(groups.0, groups.1, groups.2);
