@@ -273,8 +273,8 @@ impl WgpuBackend {
     /// own rows (its weight read once per 64 rows; the thread-per-output kernels this replaces
     /// re-read a weight row for every slot, 46 of 49 s of a 4-layer prefill on an H200 under
     /// Vulkan), the clamped SwiGLU over every row at once, and the results gathered back into slot
-    /// order `[n·k, d]`. A slot whose id is outside `0..experts` is in no run: its row is left
-    /// unwritten (row 0's), and `moe_sum` makes its token NaN.
+    /// order `[n·k, d]`. A slot whose id is outside `0..experts` is in no run: its row is a copy of
+    /// the first run's, and `moe_sum` makes its token NaN.
     fn experts_as_tiles(
         &self,
         x: &WgpuTensor,
