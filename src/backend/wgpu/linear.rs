@@ -20,7 +20,7 @@
 //!   a weight from `upload_weight_exact`.
 
 use super::formats::BlockKernel;
-use super::rows::{ExpertSpan, RowsParams, SMALL_ROWS};
+use super::rows::{ExpertSpan, RowsParams, RowsWeight, SMALL_ROWS};
 use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight};
 use crate::backend::{Backend, DType, DeviceTensor, HostTensor, Op, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
@@ -213,44 +213,37 @@ impl WgpuBackend {
         }
 
         let slots = n * k;
-        let small = (1..=SMALL_ROWS).contains(&n);
-        let spans = small.then(|| [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding)));
-        let ys = if small {
+        let ys = if (1..=SMALL_ROWS).contains(&n) {
             let hid = self.alloc(OP, vec![slots, h], DType::F32)?;
             let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
             let ids_at = [(5, ids.binding())];
-            if let Some([Some(g), Some(u), Some(o)]) = &spans {
-                // no readback, so no wait for the work queued so far: a decode step's layers are
-                // queued back to back
+            // gate, up (with the clamped SwiGLU over hid) and down, over `expert`'s slots, or every
+            // slot when the weights span every expert
+            let triple = |[g, u, o]: [RowsWeight<'_>; 3], expert: usize| -> Result<()> {
                 let params = |k_len, out_cols| RowsParams {
                     n: slots,
                     k: k_len,
                     out_cols,
                     topk: k,
+                    expert,
                     limit,
                     ..RowsParams::default()
                 };
-                self.dispatch_rows_over("moe_gate_rows", g.weight(), n, params(d, h), x, &hid, &ids_at)?;
-                self.dispatch_rows_over("moe_up_rows", u.weight(), n, params(d, h), x, &hid, &ids_at)?;
-                self.dispatch_rows_over("moe_down_rows", o.weight(), n, params(h, d), &hid, &ys, &ids_at)?;
+                self.dispatch_rows_over("moe_gate_rows", g, n, params(d, h), x, &hid, &ids_at)?;
+                self.dispatch_rows_over("moe_up_rows", u, n, params(d, h), x, &hid, &ids_at)?;
+                self.dispatch_rows_over("moe_down_rows", o, n, params(h, d), &hid, &ys, &ids_at)
+            };
+            if let [Some(g), Some(u), Some(o)] = [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding)) {
+                // no readback, so no wait for the work queued so far: a decode step's layers are
+                // queued back to back
+                triple([g.weight(), u.weight(), o.weight()], 0)?;
             } else {
                 let routed = self.routed_experts(ids, w1.len(), slots)?;
                 let experts = w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| routed[*e]);
                 // the small-row path from the token count: a token routes each slot to a different
                 // expert, so an expert gets at most n slots, one batch of rows per column
                 for (e, ((g, u), o)) in experts {
-                    let params = |k_len, out_cols| RowsParams {
-                        n: slots,
-                        k: k_len,
-                        out_cols,
-                        topk: k,
-                        expert: e,
-                        limit,
-                        ..RowsParams::default()
-                    };
-                    self.dispatch_rows("moe_gate_rows", g, 0, n, params(d, h), x, &hid, &ids_at)?;
-                    self.dispatch_rows("moe_up_rows", u, 0, n, params(d, h), x, &hid, &ids_at)?;
-                    self.dispatch_rows("moe_down_rows", o, 0, n, params(h, d), &hid, &ys, &ids_at)?;
+                    triple([g, u, o].map(|w| RowsWeight::chunk(w, 0)), e)?;
                 }
             }
             ys

@@ -143,6 +143,14 @@ pub(super) struct RowsWeight<'a> {
     pub experts: Option<(usize, usize)>,
 }
 
+impl<'a> RowsWeight<'a> {
+    /// Row chunk `chunk` of `w`.
+    pub(super) fn chunk(w: &'a WgpuWeight, chunk: usize) -> RowsWeight<'a> {
+        let c = &w.chunks[chunk];
+        RowsWeight { matrix: w, binding: c.binding(), cols: c.rows, col_off: c.row0, experts: None }
+    }
+}
+
 /// Every expert of one projection in one binding, equally spaced (`upload_experts` packs them
 /// so when they fit): the experts' small-row kernels then take all of a step's slots in one
 /// dispatch, each workgroup reading its expert from the ids on the device.
@@ -206,9 +214,7 @@ impl WgpuBackend {
         y: &WgpuTensor,
         extra: &[(u32, wgpu::BindingResource<'_>)],
     ) -> Result<()> {
-        let c = &w.chunks[chunk];
-        let weight = RowsWeight { matrix: w, binding: c.binding(), cols: c.rows, col_off: c.row0, experts: None };
-        self.dispatch_rows_over(entry, weight, rows, params, x, y, extra)
+        self.dispatch_rows_over(entry, RowsWeight::chunk(w, chunk), rows, params, x, y, extra)
     }
 
     /// One small-row dispatch of `entry` over `w`'s columns (one workgroup per pair, times the
