@@ -11,7 +11,9 @@
 # would shadow the real libcuda). One process per executable: a kernel fault poisons its context.
 # FOVEA_LANES picks the lanes (default "cuda wgpu"); the wgpu lane needs a Vulkan loader and driver
 # there (VK_DRIVER_FILES naming the NVIDIA ICD where the loader does not find it by itself); its
-# tests run with FOVEA_REQUIRE_WGPU=1, so a missing adapter fails instead of skipping.
+# tests run with FOVEA_REQUIRE_WGPU=1, so a missing adapter fails instead of skipping, and on an
+# NVIDIA GPU with FOVEA_REQUIRE_COOP_TILES=1, so fast precision's tiles must run on cooperative
+# matrices there.
 set -u
 cmd=${1:-}
 archive=${2:-}
@@ -46,6 +48,7 @@ run)
     done
     export FOVEA_REQUIRE_CUDA=1 FOVEA_REPO_ROOT=$PWD FOVEA_BIN=$bin/fovea-cli
     export FOVEA_DESCRIBE_IMAGE=$bin/describe_image-example
+    if command -v nvidia-smi >/dev/null; then export FOVEA_REQUIRE_COOP_TILES=1; fi
     status=0
     run_one() {
         echo "=== $*"

@@ -1,16 +1,15 @@
-// The tiled body of linear, shared by every weight format and both precisions. Not a complete
-// shader: the lane builds it after a format file (linear_packed.wgsl or linear_f16.wgsl) that
-// declares binding 2 (`w`) and defines `load_pair(r, k) -> vec2<f32>` (elements k, k+1 of W row r,
-// zero past the row), and an operands file (operands_exact.wgsl or operands_fast.wgsl) that
-// defines the tiles' element type `operand` and `to_operand`: the products are f32 products of
-// what the tiles hold, accumulated in f32.
+// The tile loads of linear over a float weight, shared by both tile bodies (tile_fma.wgsl,
+// tile_coop.wgsl) and both precisions. Not a complete shader: the lane builds it after a format
+// file (linear_packed.wgsl or linear_f16.wgsl) that declares binding 2 (`w`) and defines
+// `load_pair(r, k) -> vec2<f32>` (elements k, k+1 of W row r, zero past the row), and an operands
+// file (operands_exact.wgsl or operands_fast.wgsl) that defines the tiles' element type `operand`
+// and `to_operand`; then a tile body, which multiplies what the tiles hold with f32 accumulation.
 //
 // y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row-chunk of W per dispatch; or a part of it: a
 // range of x's rows (an expert's slots), x's columns of one group against that group's W rows
 // (grouped_linear).
-// Tiling: workgroup 16×16 threads computes a 64×64 output tile (4×4 per thread, strided by 16, held
-// in four vec4 accumulators), K is walked in steps of 16 through workgroup memory
-// (x tile [16][64], W tile [16][64], of `operand`).
+// Tiling: a workgroup of 256 invocations computes a 64×64 output tile, K walked in steps of 16
+// through workgroup memory (x tile [16][64], W tile [16][64], of `operand`, k-major).
 // Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
 
 struct P {
@@ -39,75 +38,45 @@ const BK: u32 = 16u;
 var<workgroup> xs: array<operand, 1024>; // [BK][BM]
 var<workgroup> ws: array<operand, 1024>; // [BK][BN]
 
-@compute @workgroup_size(16, 16, 1)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let row0 = wg.y * BM;
-    let col0 = wg.x * BN;
-    // Row i of this thread's 4×4 block in acc_i, columns lid.x + 16·j in its components.
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        // x tile: 64 rows × 16 k, 4 elements per thread, consecutive threads walk k.
-        for (var e = 0u; e < 4u; e++) {
-            let idx = li + e * 256u;
-            let m = idx / BK;
-            let kk = idx % BK;
-            let gr = row0 + m;
-            let gk = k0 + kk;
-            var v = 0.0;
-            if (gr < p.n && gk < p.k) {
-                v = x[(p.row_off + gr) * p.x_stride + p.x_col + gk];
-            }
-            xs[kk * BM + m] = to_operand(v);
+// Fills xs and ws with k0 .. k0 + BK of output tile (row0, col0); `li` is the invocation's index
+// in the workgroup (0..256).
+fn load_tiles(k0: u32, row0: u32, col0: u32, li: u32) {
+    // x tile: 64 rows × 16 k, 4 elements per invocation, consecutive invocations walk k.
+    for (var e = 0u; e < 4u; e++) {
+        let idx = li + e * 256u;
+        let m = idx / BK;
+        let kk = idx % BK;
+        let gr = row0 + m;
+        let gk = k0 + kk;
+        var v = 0.0;
+        if (gr < p.n && gk < p.k) {
+            v = x[(p.row_off + gr) * p.x_stride + p.x_col + gk];
         }
-        // W tile: 64 rows × 8 pairs of k, 2 pairs per thread.
-        for (var e = 0u; e < 2u; e++) {
-            let idx = li + e * 256u;
-            let nn = idx / (BK / 2u);
-            let kp = idx % (BK / 2u);
-            let gc = col0 + nn;
-            let gk = k0 + 2u * kp;
-            var v = vec2<f32>(0.0, 0.0);
-            if (gc < p.chunk_rows && gk < p.k) {
-                v = load_pair(p.w_row0 + gc, gk);
-            }
-            ws[(2u * kp) * BN + nn] = to_operand(v.x);
-            ws[(2u * kp + 1u) * BN + nn] = to_operand(v.y);
-        }
-        workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk++) {
-            let xo = kk * BM + lid.y;
-            let wo = kk * BN + lid.x;
-            let b = vec4<f32>(vec4<operand>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]));
-            acc0 = fma(vec4<f32>(f32(xs[xo])), b, acc0);
-            acc1 = fma(vec4<f32>(f32(xs[xo + 16u])), b, acc1);
-            acc2 = fma(vec4<f32>(f32(xs[xo + 32u])), b, acc2);
-            acc3 = fma(vec4<f32>(f32(xs[xo + 48u])), b, acc3);
-        }
-        workgroupBarrier();
+        xs[kk * BM + m] = to_operand(v);
     }
-
-    store_row(row0 + lid.y, col0 + lid.x, acc0);
-    store_row(row0 + lid.y + 16u, col0 + lid.x, acc1);
-    store_row(row0 + lid.y + 32u, col0 + lid.x, acc2);
-    store_row(row0 + lid.y + 48u, col0 + lid.x, acc3);
+    // W tile: 64 rows × 8 pairs of k, 2 pairs per invocation.
+    for (var e = 0u; e < 2u; e++) {
+        let idx = li + e * 256u;
+        let nn = idx / (BK / 2u);
+        let kp = idx % (BK / 2u);
+        let gc = col0 + nn;
+        let gk = k0 + 2u * kp;
+        var v = vec2<f32>(0.0, 0.0);
+        if (gc < p.chunk_rows && gk < p.k) {
+            v = load_pair(p.w_row0 + gc, gk);
+        }
+        ws[(2u * kp) * BN + nn] = to_operand(v.x);
+        ws[(2u * kp + 1u) * BN + nn] = to_operand(v.y);
+    }
 }
 
-// y[gr, col_off + gc + 16·j] = acc[j] (+ bias) for the columns inside this chunk.
-fn store_row(gr: u32, gc: u32, acc: vec4<f32>) {
-    if (gr >= p.n) { return; }
-    for (var j = 0u; j < 4u; j++) {
-        let c = gc + 16u * j;
-        if (c >= p.chunk_rows) { return; }
-        let oc = p.col_off + c;
-        var v = acc[j];
-        if (p.has_bias != 0u) {
-            v += bias[oc];
-        }
-        y[(p.row_off + gr) * p.out_cols + oc] = v;
+// y[gr, col_off + c] = v (+ bias) for an output inside the dispatch's rows and weight rows.
+fn store(gr: u32, c: u32, v: f32) {
+    if (gr >= p.n || c >= p.chunk_rows) { return; }
+    let oc = p.col_off + c;
+    var out = v;
+    if (p.has_bias != 0u) {
+        out += bias[oc];
     }
+    y[(p.row_off + gr) * p.out_cols + oc] = out;
 }

@@ -1546,6 +1546,39 @@ fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
     compare_with_cpu_on(&lane, gemms, |c| Cow::Owned(with_f16_operands(c)));
 }
 
+/// Fast precision's tiles on both their maths where the adapter has cooperative matrices: the
+/// fast tests above ran the cooperative tiles there (`coop_tiles`), so this runs the row-chunked
+/// cases on them too (a weight split over many bindings), then every fast weight case on the FMA
+/// tiles (`Options::force_fma_tiles`). Where the adapter has none (lavapipe) the tests above ran
+/// the FMA tiles, and this says so. `FOVEA_REQUIRE_COOP_TILES=1` (cuda/gpu_tests.sh, on NVIDIA)
+/// makes a lane without them a failure, so the cooperative path cannot pass there by not running.
+#[test]
+fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
+    let _alone = wgpu_alone();
+    let fast = Options { guard_words: 8, precision: Precision::Fast, ..Options::default() };
+    let Some(lane) = common::wgpu_lane(fast.clone()) else { return };
+    let (coop, name) = (lane.coop_tiles(), lane.adapter_info().name.clone());
+    drop(lane);
+    if std::env::var("FOVEA_REQUIRE_COOP_TILES").is_ok_and(|v| v.trim() == "1") {
+        assert!(coop, "{name}: no cooperative-matrix tiles where FOVEA_REQUIRE_COOP_TILES=1");
+    }
+    if !coop {
+        eprintln!("{name}: no cooperative-matrix tiles; the fast tests ran the FMA tiles");
+        return;
+    }
+    eprintln!("{name}: the fast tests ran the cooperative-matrix tiles; now the chunked cases on them");
+    let Some(lane) = common::wgpu_lane(Options { max_binding_bytes: Some(1024), ..fast.clone() }) else { return };
+    assert!(lane.coop_tiles());
+    let mut chunked = chunked_linear_cases();
+    chunked.extend(block_chunked_cases());
+    compare_with_cpu(&lane, with_fast_bounds(chunked));
+    drop(lane);
+    eprintln!("{name}: the fast weight cases on the FMA tiles");
+    let Some(lane) = common::wgpu_lane(Options { force_fma_tiles: true, ..fast }) else { return };
+    assert!(!lane.coop_tiles());
+    compare_with_cpu(&lane, with_fast_bounds(weight_op_cases()));
+}
+
 /// `c` with its GEMM operands rounded to the nearest f16 (ties to even): the operand tensor x
 /// (not the bias) and the weight, decoded to f32 as the CPU lane decodes it, rounded, as F32.
 fn with_f16_operands(c: &Case) -> Case {

@@ -1,5 +1,6 @@
-//! Validates every `shaders/*.wgsl` with naga (parse + full validation, f16 and subgroups
-//! allowed; `enable f16;` leads each, as the lane emits it ahead of its builds that use f16). New
+//! Validates every `shaders/*.wgsl` with naga (parse + full validation, f16, subgroups and
+//! cooperative matrices allowed; `enable f16;` and `enable wgpu_cooperative_matrix;` lead each, as
+//! the lane emits them ahead of its builds that use them). New
 //! files are picked up automatically; errors print as `file:line`. A few files are parts that the
 //! lane concatenates into one shader (`COMPOSED`, the same order as in `src/backend/wgpu`): those
 //! are validated as the composed shader, and an error line is mapped back to the part it falls
@@ -10,8 +11,11 @@
 //! source-building code: each shader, each block format's build, each `FMT` specialisation, with
 //! and without SHADER_F16, the GEMM kernels in both precisions) is translated, one entry point at a time, to MSL and HLSL by naga's
 //! backends with the options wgpu 30's Metal and DX12 backends give them, so a kernel that only
-//! Vulkan accepts fails here and not on a Mac or under DX12. Only naga's translation is checked,
-//! not Apple's Metal compiler nor FXC/DXC.
+//! Vulkan accepts fails here and not on a Mac or under DX12. The exception is the cooperative-matrix
+//! tiles (`Tiles::Coop`), which the lane builds only on an adapter with a 16×16 f16 configuration
+//! (Vulkan's VK_KHR_cooperative_matrix; wgpu 30's Metal offers 8×8 f32 only, its DX12 none): they
+//! are translated to SPIR-V, as wgpu's Vulkan backend does. Only naga's translation is checked,
+//! not Apple's Metal compiler nor FXC/DXC nor a Vulkan driver's.
 
 use std::path::Path;
 
@@ -20,20 +24,23 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 /// Shaders the lane builds from several files, in concatenation order (each operands file with
 /// one of the GEMM kernels; the lane builds every pairing, `every_build_translates_to_msl_and_hlsl`).
 const COMPOSED: &[&[&str]] = &[
-    &["linear_packed.wgsl", "operands_exact.wgsl", "linear_tile.wgsl"],
-    &["linear_f16.wgsl", "operands_fast.wgsl", "linear_tile.wgsl"],
+    &["linear_packed.wgsl", "operands_exact.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
+    &["linear_f16.wgsl", "operands_fast.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
+    &["linear_f16.wgsl", "operands_fast.wgsl", "linear_tile.wgsl", "tile_coop.wgsl"],
     &["linear_packed.wgsl", "operands_exact.wgsl", "rows_subgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "rows_workgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
 ];
 
-/// What leads every validated source: the directive the lane emits ahead of its f16 builds.
-const DIRECTIVES: &str = "enable f16;\n";
+/// What leads every validated source: the directives the lane emits ahead of its f16 and its
+/// cooperative-matrix builds.
+const DIRECTIVES: &str = "enable f16;\nenable wgpu_cooperative_matrix;\n";
 
 /// Parse and validate one WGSL source; errors carry the 1-based line (when naga gives one).
 fn validate_source(src: &str) -> Result<naga::Module, (Option<u32>, String)> {
     let module = naga::front::wgsl::parse_str(src)
         .map_err(|e| (e.location(src).map(|l| l.line_number), e.emit_to_string(src)))?;
-    Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16 | Capabilities::SUBGROUP)
+    let caps = Capabilities::SHADER_FLOAT16 | Capabilities::SUBGROUP | Capabilities::COOPERATIVE_MATRIX;
+    Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| (e.location(src).map(|l| l.line_number), e.emit_to_string(src)))?;
     Ok(module)
@@ -95,8 +102,8 @@ fn every_block_format_build_validates() {
     let mut errors = Vec::new();
     let mut built = 0;
     for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
-        for (kernel, precision) in BlockKernel::all().flat_map(|k| [Precision::Exact, Precision::Fast].map(|p| (k, p)))
-        {
+        let kernels = BlockKernel::all().flat_map(|k| [Precision::Exact, Precision::Fast].map(|p| (k, p)));
+        for (kernel, precision) in kernels.filter(|&(k, p)| k.builds_in(p)) {
             let (label, src) =
                 block_shader_source(format, kernel, precision).unwrap_or_else(|| panic!("{format}: no build"));
             built += 1;
@@ -121,8 +128,9 @@ fn every_block_format_build_validates() {
     }
     assert_eq!(
         built,
-        4 * 2 * 15,
-        "15 block formats x 4 modules (linear, lm, rows with each reduction; a row bound is a constant) x 2 precisions"
+        (4 * 2 + 1) * 15,
+        "15 block formats x 4 modules (linear on FMA tiles, lm, rows with each reduction; a row bound is a \
+         constant) x 2 precisions, and linear on cooperative tiles in fast precision"
     );
     assert!(errors.is_empty(), "{} of {built} block builds failed:\n{}", errors.len(), errors.join("\n"));
 }
@@ -137,6 +145,9 @@ enum Target {
     /// shader model 5.1, where wgpu exposes no SHADER_F16; with DXC, the device's model, at
     /// least 6.2 wherever SHADER_F16 is exposed.
     Hlsl(naga::back::hlsl::ShaderModel),
+    /// Vulkan, SPIR-V 1.3 or newer as wgpu-hal asks for with subgroups: the cooperative-matrix
+    /// builds only.
+    Spv,
 }
 
 impl std::fmt::Display for Target {
@@ -144,14 +155,19 @@ impl std::fmt::Display for Target {
         match self {
             Target::Msl(major, minor) => write!(f, "MSL {major}.{minor}"),
             Target::Hlsl(sm) => write!(f, "HLSL {}", sm.to_str()),
+            Target::Spv => write!(f, "SPIR-V"),
         }
     }
 }
 
 /// The targets of a build: every module to MSL 2.4 and HLSL SM 6.2; those a device without
-/// SHADER_F16 builds also to SM 5.1 (FXC), but for the subgroup builds.
-fn targets(needs_f16: bool, needs_subgroup: bool) -> Vec<Target> {
+/// SHADER_F16 builds also to SM 5.1 (FXC), but for the subgroup builds; the cooperative-matrix
+/// builds to SPIR-V only.
+fn targets(needs_f16: bool, needs_subgroup: bool, needs_coop: bool) -> Vec<Target> {
     use naga::back::hlsl::ShaderModel;
+    if needs_coop {
+        return vec![Target::Spv];
+    }
     let mut t = vec![Target::Msl(2, 4), Target::Hlsl(ShaderModel::V6_2)];
     // wave intrinsics need shader model 6.0: under FXC wgpu exposes no SUBGROUP
     if !needs_f16 && !needs_subgroup {
@@ -241,6 +257,18 @@ fn translate(
                 Some(Err(e)) => Err(e.to_string()),
                 None => Err("no entry point written".into()),
             }
+        }
+        Target::Spv => {
+            use naga::back::spv;
+            let options = spv::Options {
+                lang_version: (1, 3),
+                flags: spv::WriterFlags::empty(),
+                zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::None,
+                ..Default::default()
+            };
+            let pipeline = spv::PipelineOptions { shader_stage: entry.stage, entry_point: entry.name.clone() };
+            let words = spv::write_vec(module, info, &options, Some(&pipeline)).map_err(|e| e.to_string())?;
+            Ok(format!("{} SPIR-V words", words.len()))
         }
         Target::Hlsl(shader_model) => {
             use naga::back::hlsl;
@@ -334,13 +362,16 @@ fn every_build_translates_to_msl_and_hlsl() {
     }
 
     let mut errors = Vec::new();
-    let (mut modules, mut pipelines, mut translations) = (0, 0, [0usize; 2]);
+    let (mut modules, mut pipelines, mut translations) = (0, 0, [0usize; 3]);
     for b in &builds {
         // The capabilities wgpu validates the lane's modules with: the lane requests SHADER_F16
         // and SUBGROUP where the adapter has them, and only builds that need one may use it.
         let mut caps = if b.needs_f16 { Capabilities::SHADER_FLOAT16 } else { Capabilities::empty() };
         if b.needs_subgroup {
             caps |= Capabilities::SUBGROUP;
+        }
+        if b.needs_coop {
+            caps |= Capabilities::COOPERATIVE_MATRIX;
         }
         let module = match naga::front::wgsl::parse_str(&b.source) {
             Ok(m) => m,
@@ -383,13 +414,19 @@ fn every_build_translates_to_msl_and_hlsl() {
             if let Err(e) = within_metal_and_dx12_limits(&m, &i, idx) {
                 errors.push(format!("{at}: Metal/DX12 limits: {e}"));
             }
-            for target in targets(b.needs_f16, b.needs_subgroup) {
+            for target in targets(b.needs_f16, b.needs_subgroup, b.needs_coop) {
                 // naga's backends panic on some things they cannot write (MSL on f64: seen; the
                 // HLSL writer has `unimplemented!` for cooperative-matrix stores): a panic is that
                 // build's failure, reported with the others, not the test's end.
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| translate(&m, &i, idx, target)));
                 match run {
-                    Ok(Ok(_)) => translations[matches!(target, Target::Hlsl(_)) as usize] += 1,
+                    Ok(Ok(_)) => {
+                        translations[match target {
+                            Target::Msl(..) => 0,
+                            Target::Hlsl(_) => 1,
+                            Target::Spv => 2,
+                        }] += 1
+                    }
                     Ok(Err(e)) => errors.push(format!("{at}: {target}: {e}")),
                     Err(p) => {
                         let msg = p
@@ -405,13 +442,16 @@ fn every_build_translates_to_msl_and_hlsl() {
         eprintln!("translated {} ({} entry points)", b.label, module.entry_points.len());
     }
     eprintln!(
-        "{} builds ({} need SHADER_F16, {} SUBGROUP), {modules} modules, {pipelines} (module, entry point) pipelines: \
-         {} MSL and {} HLSL translations; {files} shader files covered; {:.2} s",
+        "{} builds ({} need SHADER_F16, {} SUBGROUP, {} cooperative matrices), {modules} modules, {pipelines} \
+         (module, entry point) pipelines: {} MSL, {} HLSL and {} SPIR-V translations; {files} shader files covered; \
+         {:.2} s",
         builds.len(),
         builds.iter().filter(|b| b.needs_f16).count(),
         builds.iter().filter(|b| b.needs_subgroup).count(),
+        builds.iter().filter(|b| b.needs_coop).count(),
         translations[0],
         translations[1],
+        translations[2],
         start.elapsed().as_secs_f64()
     );
     assert!(errors.is_empty(), "{} failures:\n{}", errors.len(), errors.join("\n"));

@@ -8,22 +8,24 @@
 //! `shaders/dequant/common.wgsl` (byte access, f16/E8M0/e4m3 by bit construction), the format's
 //! `shaders/dequant/<format>.wgsl` (its `decode_run`: 32 consecutive values of a row, each block
 //! scale decoded once per run), the operands file of the precision (`shaders/operands_*.wgsl`),
-//! then the kernel body (`shaders/dequant/linear.wgsl`, `shaders/dequant/lm.wgsl`, or the small-row
-//! kernels: `dequant/rows.wgsl`, a reduction, `shaders/rows.wgsl`). So each
+//! then the kernel body (`shaders/dequant/linear.wgsl`'s tile loads and a tile body, `shaders/tile_fma.wgsl`
+//! or `shaders/tile_coop.wgsl`; `shaders/dequant/lm.wgsl`; or the small-row kernels:
+//! `dequant/rows.wgsl`, a reduction, `shaders/rows.wgsl`). So each
 //! pipeline is specialised to one format, with no per-element branch on a runtime format code,
 //! and the weights stay in their file bytes on the device.
 
 use std::fmt::Write;
 
 use super::rows::RowsBuild;
+use super::shader::Tiles;
 use crate::backend::Precision;
 use crate::formats::{WeightFormat, tables};
 
 /// The kernel bodies that read block-format weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BlockKernel {
-    /// `linear` (and so the default `unfold_linear_gelu`): the tiled matmul.
-    Linear,
+    /// `linear` (and so the default `unfold_linear_gelu`): the tiled matmul, on its tiles' math.
+    Linear(Tiles),
     /// `embed_rows` (lm.wgsl's weight lookup).
     Lm,
     /// The small-row kernels (rows.wgsl) in one build, after `dequant/rows.wgsl`.
@@ -33,13 +35,25 @@ pub enum BlockKernel {
 impl BlockKernel {
     /// Every kernel body, one per shader module (the row bounds of a small-row build share one).
     pub fn all() -> impl Iterator<Item = BlockKernel> {
-        [BlockKernel::Linear, BlockKernel::Lm].into_iter().chain(RowsBuild::modules().map(BlockKernel::Rows))
+        Tiles::ALL
+            .map(BlockKernel::Linear)
+            .into_iter()
+            .chain([BlockKernel::Lm])
+            .chain(RowsBuild::modules().map(BlockKernel::Rows))
+    }
+
+    /// Whether the lane builds this kernel in `precision`: the cooperative tiles take f16
+    /// operands, so only fast precision's.
+    pub fn builds_in(self, precision: Precision) -> bool {
+        self != BlockKernel::Linear(Tiles::Coop) || precision == Precision::Fast
     }
 
     /// The files that follow the operands file: (name, WGSL).
     fn body(self) -> Vec<(&'static str, &'static str)> {
         match self {
-            BlockKernel::Linear => vec![("dequant/linear.wgsl", include_str!("../../../shaders/dequant/linear.wgsl"))],
+            BlockKernel::Linear(tiles) => {
+                vec![("dequant/linear.wgsl", include_str!("../../../shaders/dequant/linear.wgsl")), tiles.body()]
+            }
             BlockKernel::Lm => vec![("dequant/lm.wgsl", include_str!("../../../shaders/dequant/lm.wgsl"))],
             BlockKernel::Rows(build) => vec![
                 ("dequant/rows.wgsl", include_str!("../../../shaders/dequant/rows.wgsl")),
@@ -217,17 +231,20 @@ fn tables_for(format: WeightFormat) -> String {
 
 /// The WGSL of `kernel` specialised to the block format `format` (`None` for a float format) and
 /// to `precision` (its operands file, see `shaders/operands_exact.wgsl`), with a label naming its
-/// parts.
+/// parts; `None` also for a kernel the lane does not build in `precision` ([`BlockKernel::builds_in`]).
 pub fn block_shader_source(
     format: WeightFormat,
     kernel: BlockKernel,
     precision: Precision,
 ) -> Option<(String, String)> {
     let (file, decode) = decoder(format)?;
+    if !kernel.builds_in(precision) {
+        return None;
+    }
     let (operands_file, operands) = super::shader::operands_part(precision);
     let label = format!("{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file} + {}", kernel.file());
     let mut src = format!("// {label}\n");
-    src += super::shader::directives(precision == Precision::Fast);
+    src += super::shader::directives(precision == Precision::Fast, kernel == BlockKernel::Linear(Tiles::Coop));
     src += &tables_for(format);
     src += include_str!("../../../shaders/dequant/common.wgsl");
     src += decode;
@@ -283,7 +300,7 @@ mod tests {
     #[test]
     fn formats_without_tables_declare_no_table_binding() {
         for f in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
-            let (_, src) = block_shader_source(f, BlockKernel::Linear, Precision::Exact).unwrap();
+            let (_, src) = block_shader_source(f, BlockKernel::Linear(Tiles::Fma), Precision::Exact).unwrap();
             assert_eq!(src.contains(&format!("@binding({TABLES_BINDING})")), uses_tables(f), "{f}");
         }
     }

@@ -1,7 +1,8 @@
 //! The GEMM ops, `linear`, `grouped_linear` and `moe_experts` (the routed experts), and the kernel
 //! each weight format takes in each.
 //!
-//! - `linear` runs `shaders/linear_tile.wgsl` (64×64 output tiles) over a weight read by
+//! - `linear` runs `shaders/linear_tile.wgsl`'s tile loads (64×64 output tiles) and a tile body
+//!   (`tile_fma.wgsl`, or `tile_coop.wgsl` on cooperative matrices: [`Tiles`]) over a weight read by
 //!   `linear_packed.wgsl` (f32, bf16 as `u << 16`, f16 by an exact integer half→f32 decode),
 //!   `linear_f16.wgsl` (`array<vec2<f16>>`, when the device has SHADER_F16) or a block format's
 //!   build of `dequant/linear.wgsl`. The integer decode is used rather than `unpack2x16float`,
@@ -21,7 +22,7 @@
 
 use super::formats::BlockKernel;
 use super::rows::{ExpertSpan, RowsParams, RowsWeight, SMALL_ROWS};
-use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight};
+use super::{Shader, Tiles, WgpuBackend, WgpuTensor, WgpuWeight};
 use crate::backend::{Backend, DType, DeviceTensor, HostTensor, Op, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
 
@@ -35,17 +36,24 @@ struct TilePart {
     y_col: usize,
 }
 
-/// The kernel of `linear` for `format` in `precision`, with its `FMT` override:
+/// The kernel of `linear` for `format` in `precision` on `tiles` (the FMA tiles in exact
+/// precision: the cooperative ones take f16 operands), with its `FMT` override:
 /// `linear_packed.wgsl` for f32 (0), bf16 (1) and f16 without SHADER_F16 (2, integer decode),
 /// `linear_f16.wgsl` for f16 with it (`native_f16`), else the format's block build of
 /// dequant/linear.wgsl.
-pub(super) fn linear_shader(format: WeightFormat, native_f16: bool, precision: Precision) -> (Shader, u32) {
+pub(super) fn linear_shader(
+    format: WeightFormat,
+    native_f16: bool,
+    precision: Precision,
+    tiles: Tiles,
+) -> (Shader, u32) {
+    let tiles = if precision == Precision::Fast { tiles } else { Tiles::Fma };
     match format {
-        WeightFormat::F32 => (Shader::Linear(precision), 0),
-        WeightFormat::BF16 => (Shader::Linear(precision), 1),
-        WeightFormat::F16 if native_f16 => (Shader::LinearF16(precision), 0),
-        WeightFormat::F16 => (Shader::Linear(precision), 2),
-        f => (Shader::Block(BlockKernel::Linear, f, precision), 0),
+        WeightFormat::F32 => (Shader::Linear(precision, tiles), 0),
+        WeightFormat::BF16 => (Shader::Linear(precision, tiles), 1),
+        WeightFormat::F16 if native_f16 => (Shader::LinearF16(precision, tiles), 0),
+        WeightFormat::F16 => (Shader::Linear(precision, tiles), 2),
+        f => (Shader::Block(BlockKernel::Linear(tiles), f, precision), 0),
     }
 }
 
@@ -124,11 +132,11 @@ impl WgpuBackend {
         part: TilePart,
     ) -> Result<()> {
         let TilePart { rows: (row_off, n), x_cols: (x_col, k), w_rows: (w_row0, w_rows), y_col } = part;
-        let gy = n.div_ceil(64);
+        let gy = n.div_ceil(64); // both tile bodies: 64×64 outputs a workgroup
         if gy > self.limits.max_compute_workgroups_per_dimension as usize {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
         }
-        let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w));
+        let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w), self.tiles);
         let bias_res = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
         let params = [
             n as u32,

@@ -4,8 +4,8 @@
 //! (activations, weight pools, guard bands), upload and download, and the `Backend` impl, which
 //! hands each op to the file of its shader family (`shaders/`), where its notes are:
 //! - linear.rs: `linear`, `grouped_linear`, `moe_experts`, and the kernel each weight format takes
-//!   (`linear_tile.wgsl` with `linear_packed.wgsl` or `linear_f16.wgsl`, the small rows of
-//!   `rows.wgsl`, the `dequant/` builds of formats.rs);
+//!   (`linear_tile.wgsl`'s tile loads with `linear_packed.wgsl` or `linear_f16.wgsl` and a tile
+//!   body, the small rows of `rows.wgsl`, the `dequant/` builds of formats.rs);
 //! - elementwise.rs, copy.rs, norm.rs, rope.rs, attention.rs: the ops of `elementwise.wgsl`,
 //!   `copy.wgsl` (and `concat_rows`, a buffer copy), `norm.wgsl`, `rope.wgsl`, `attention.wgsl`;
 //! - lm.rs: the other language-model ops, on `lm.wgsl`;
@@ -34,7 +34,9 @@
 //!   grouped_linear and the prefill's experts, and the small-row kernels; float and block
 //!   formats) is built twice, with `shaders/operands_exact.wgsl`
 //!   (f32 operands) and with `shaders/operands_fast.wgsl` (each operand rounded to the nearest
-//!   f16, f16 tiles, f32 accumulation), which needs SHADER_F16. A weight uploaded with
+//!   f16, f16 tiles, f32 accumulation), which needs SHADER_F16; in fast precision the tiles
+//!   multiply on cooperative matrices where the adapter has them (`Tiles`, `coop_tiles_fit`),
+//!   else on f32 FMAs as in exact. A weight uploaded with
 //!   `upload_weight_exact` (router, hyper-connection mixes) always takes the exact build; norms,
 //!   softmax, attention, routing and the residual stream have one (f32) build.
 //! - Threads: the backend is `Sync`; submissions keep encoding order across threads and blocking
@@ -68,7 +70,7 @@ use adapter::{DEVICE_CREATION, describe, select_adapter};
 pub use adapter::{default_precision, list_adapters};
 pub use rows::{Reduction, RowBound, RowsBuild};
 use shader::Shader;
-pub use shader::{ShaderBuild, shader_builds};
+pub use shader::{ShaderBuild, Tiles, shader_builds};
 use tensor::{Counters, Pool, Role, Shared, WeightChunk};
 pub use tensor::{WgpuTensor, WgpuWeight};
 
@@ -149,6 +151,10 @@ pub struct Options {
     /// limit (lm.wgsl's `sink_attention_serial`: faster there), so that lavapipe tests the GPUs'
     /// kernel on every case. Diagnostic.
     pub force_workgroup_attention: bool,
+    /// Run fast precision's tiled GEMMs on f32 FMAs even where the adapter has cooperative
+    /// matrices (`Tiles::Fma`), so such a device tests that path too. Diagnostic; on by default
+    /// when `FOVEA_WGPU_FMA_TILES=1` (to time both in one build).
+    pub force_fma_tiles: bool,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -173,6 +179,7 @@ impl Default for Options {
             force_f16_fallback: false,
             force_workgroup_reduction: false,
             force_workgroup_attention: false,
+            force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
@@ -208,6 +215,9 @@ pub struct WgpuBackend {
     native_f16: bool,
     /// How the small-row kernels reduce (subgroups where the device has them).
     reduction: Reduction,
+    /// The tiled GEMMs' math in fast precision ([`Tiles::Coop`] where the adapter has it,
+    /// [`Self::coop_tiles`]).
+    tiles: Tiles,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     pending: Mutex<Pending>,
@@ -226,6 +236,22 @@ pub struct WgpuBackend {
     lut: wgpu::Buffer,
     /// cos/sin tables of rope_2d (rope.rs).
     rope_tables: Mutex<rope::Tables>,
+}
+
+/// Whether `adapter` can run `shaders/tile_coop.wgsl`: cooperative matrices with a subgroup-scope
+/// 16×16×16 f16 → f32 configuration, and subgroups of exactly 32 invocations (the body splits its
+/// 256 invocations into 8 subgroups). NVIDIA under Vulkan has both; RADV's subgroups may be 32 or
+/// 64 and lavapipe has no cooperative matrices, so they take the FMA tiles.
+fn coop_tiles_fit(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    let info = adapter.get_info();
+    adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter
+            .cooperative_matrix_properties()
+            .iter()
+            .any(|c| (c.m_size, c.n_size, c.k_size) == (16, 16, 16) && c.ab_type == F16 && c.cr_type == F32)
 }
 
 fn device_err(e: impl std::fmt::Display) -> Error {
@@ -295,6 +321,14 @@ impl WgpuBackend {
         if opts.kernel_times && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
             features |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        let coop = opts.precision == Precision::Fast
+            && !opts.force_fma_tiles
+            && has_f16
+            && features.contains(wgpu::Features::SUBGROUP)
+            && coop_tiles_fit(&adapter);
+        if coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         if opts.precision == Precision::Fast && (!has_f16 || opts.force_f16_fallback) {
             let why = if has_f16 { "has but Options::force_f16_fallback turns off" } else { "lacks" };
             return Err(Error::Unsupported {
@@ -311,7 +345,13 @@ impl WgpuBackend {
             label: Some("fovea"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            // SAFETY: wgpu's experimental features are only requested for cooperative matrices,
+            // whose kernels the op harness checks on such a device (FOVEA_REQUIRE_COOP_TILES).
+            experimental_features: if coop {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -361,6 +401,7 @@ impl WgpuBackend {
             max_binding,
             native_f16,
             reduction,
+            tiles: if coop { Tiles::Coop } else { Tiles::Fma },
             opts,
             modules: Mutex::default(),
             pipelines: Mutex::default(),
@@ -391,6 +432,10 @@ impl WgpuBackend {
     /// How the small-row kernels sum their partials on this device.
     pub fn reduction(&self) -> Reduction {
         self.reduction
+    }
+    /// Whether fast precision's tiled GEMMs run on cooperative matrices here ([`Tiles::Coop`]).
+    pub fn coop_tiles(&self) -> bool {
+        self.tiles == Tiles::Coop
     }
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
         &self.info
@@ -954,7 +999,8 @@ impl Backend for WgpuBackend {
 
     fn device_name(&self) -> String {
         let i = &self.info;
-        format!("{} ({:?}, {:?}; driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
+        let tiles = if self.coop_tiles() { "; GEMM tiles on cooperative matrices" } else { "" };
+        format!("{} ({:?}, {:?}; driver {} {}{tiles})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
     }
 
     /// Every weight format is read inside the kernels that take weights (block formats through

@@ -1,5 +1,6 @@
 //! The lane's shader modules: which WGSL files each build is assembled from (the weight
-//! format's part, the operands file of the precision, the small rows' reduction, the body), the
+//! format's part, the operands file of the precision, the small rows' reduction, the body, the
+//! tiles' math), the
 //! pipeline-override constants of each specialisation, and the list of every build the lane can
 //! make (`shader_builds`, which `tests/wgsl.rs` validates and translates to MSL and HLSL).
 
@@ -12,11 +13,36 @@ use super::rows::{self, RowsBuild, rows_shader};
 use crate::backend::{Precision, WeightFormat};
 use crate::error::{Error, Result};
 
-/// A shader module. The GEMM kernels carry the precision of their operands (operands file).
+/// How the tiled GEMM multiplies its tiles (the body after the tile loads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tiles {
+    /// f32 FMAs, 4×4 outputs per invocation (`shaders/tile_fma.wgsl`): every device, both
+    /// precisions.
+    Fma,
+    /// Cooperative matrices, 16×16×16 f16 → f32 (`shaders/tile_coop.wgsl`): fast precision, on an
+    /// adapter with EXPERIMENTAL_COOPERATIVE_MATRIX, that configuration and 32-invocation
+    /// subgroups (NVIDIA under Vulkan); see `WgpuBackend::coop_tiles`.
+    Coop,
+}
+
+impl Tiles {
+    pub const ALL: [Tiles; 2] = [Tiles::Fma, Tiles::Coop];
+
+    /// The body's file and WGSL.
+    pub(super) fn body(self) -> (&'static str, &'static str) {
+        match self {
+            Tiles::Fma => ("tile_fma.wgsl", include_str!("../../../shaders/tile_fma.wgsl")),
+            Tiles::Coop => ("tile_coop.wgsl", include_str!("../../../shaders/tile_coop.wgsl")),
+        }
+    }
+}
+
+/// A shader module. The GEMM kernels carry the precision of their operands (operands file), the
+/// tiled ones also their tiles' math.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Shader {
-    Linear(Precision),
-    LinearF16(Precision),
+    Linear(Precision, Tiles),
+    LinearF16(Precision, Tiles),
     Elementwise,
     Copy,
     Norm,
@@ -41,10 +67,15 @@ pub(super) fn operands_part(precision: Precision) -> (&'static str, &'static str
     }
 }
 
-/// The directives a build starts with: `enable f16;` when any of its parts uses f16 (WGSL wants
-/// every directive before the first declaration, so the parts themselves carry none).
-pub(super) fn directives(uses_f16: bool) -> &'static str {
-    if uses_f16 { "enable f16;\n" } else { "" }
+/// The directives a build starts with: `enable f16;` when any of its parts uses f16, `enable
+/// wgpu_cooperative_matrix;` for the cooperative tiles (WGSL wants every directive before the
+/// first declaration, so the parts themselves carry none).
+pub(super) fn directives(uses_f16: bool, coop: bool) -> &'static str {
+    match (uses_f16, coop) {
+        (_, true) => "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        (true, false) => "enable f16;\n",
+        (false, false) => "",
+    }
 }
 
 impl Shader {
@@ -54,17 +85,18 @@ impl Shader {
         // A GEMM build: its directives, the weight-format part (if any), the operands file of
         // the precision, then the body; (file, WGSL) pairs.
         // The small-row kernels have their reduction and rows_pairs.wgsl between the operands
-        // and the body.
+        // and the body; the tiles have their math after it.
         let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
             let rows = |b: RowsBuild| vec![b.reduction.part(), rows::PAIRS];
-            let middle = match self {
-                Shader::Rows(_, b) | Shader::RowsF16(_, b) => rows(b),
-                _ => Vec::new(),
+            let (middle, last) = match self {
+                Shader::Rows(_, b) | Shader::RowsF16(_, b) => (rows(b), None),
+                Shader::Linear(_, tiles) | Shader::LinearF16(_, tiles) => (Vec::new(), Some(tiles.body())),
+                _ => (Vec::new(), None),
             };
             let parts: Vec<(&str, &str)> =
-                format.into_iter().chain([operands_part(precision)]).chain(middle).chain([body]).collect();
+                format.into_iter().chain([operands_part(precision)]).chain(middle).chain([body]).chain(last).collect();
             let label = parts.iter().map(|(file, _)| *file).collect::<Vec<_>>().join(" + ");
-            let mut src = directives(format_uses_f16 || precision == Precision::Fast).to_owned();
+            let mut src = directives(format_uses_f16 || precision == Precision::Fast, self.needs_coop()).to_owned();
             parts.iter().for_each(|(_, text)| src += text);
             Ok((label, Cow::Owned(src)))
         };
@@ -72,8 +104,8 @@ impl Shader {
         const PACKED: (&str, &str) = ("linear_packed.wgsl", include_str!("../../../shaders/linear_packed.wgsl"));
         const F16: (&str, &str) = ("linear_f16.wgsl", include_str!("../../../shaders/linear_f16.wgsl"));
         match self {
-            Shader::Linear(precision) => gemm(false, Some(PACKED), TILE, precision),
-            Shader::LinearF16(precision) => gemm(true, Some(F16), TILE, precision),
+            Shader::Linear(precision, _) => gemm(false, Some(PACKED), TILE, precision),
+            Shader::LinearF16(precision, _) => gemm(true, Some(F16), TILE, precision),
             Shader::Elementwise => fixed("elementwise.wgsl", include_str!("../../../shaders/elementwise.wgsl")),
             Shader::Copy => fixed("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
             Shader::Norm => fixed("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
@@ -97,7 +129,7 @@ impl Shader {
     /// rows' `ROW_BOUND`; the others read `fmt`, if at all, from their parameter block.
     pub(super) fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
         match self {
-            Shader::Linear(_) => vec![("FMT", f64::from(fmt))],
+            Shader::Linear(..) => vec![("FMT", f64::from(fmt))],
             Shader::Rows(_, b) => [("FMT", f64::from(fmt))].into_iter().chain(b.constants()).collect(),
             Shader::RowsF16(_, b) | Shader::Block(BlockKernel::Rows(b), ..) => b.constants(),
             _ => Vec::new(),
@@ -115,7 +147,7 @@ impl Shader {
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
-            Shader::Linear(_) | Shader::LinearF16(_) | Shader::Lm | Shader::Block(..) => {}
+            Shader::Linear(..) | Shader::LinearF16(..) | Shader::Lm | Shader::Block(..) => {}
             Shader::Rows(..) | Shader::RowsF16(..) => {}
         }
     }
@@ -132,13 +164,25 @@ impl Shader {
         }
     }
 
-    /// Whether the build uses subgroup operations (needs wgpu's SUBGROUP).
+    /// Whether the build uses subgroup operations (needs wgpu's SUBGROUP): the small rows'
+    /// subgroup reduction, the cooperative tiles' `subgroup_id`.
     fn needs_subgroup(self) -> bool {
+        self.needs_coop()
+            || matches!(
+                self,
+                Shader::Rows(_, RowsBuild { reduction: Reduction::Subgroup, .. })
+                    | Shader::RowsF16(_, RowsBuild { reduction: Reduction::Subgroup, .. })
+                    | Shader::Block(BlockKernel::Rows(RowsBuild { reduction: Reduction::Subgroup, .. }), ..)
+            )
+    }
+
+    /// Whether the build uses cooperative matrices (needs EXPERIMENTAL_COOPERATIVE_MATRIX).
+    fn needs_coop(self) -> bool {
         matches!(
             self,
-            Shader::Rows(_, RowsBuild { reduction: Reduction::Subgroup, .. })
-                | Shader::RowsF16(_, RowsBuild { reduction: Reduction::Subgroup, .. })
-                | Shader::Block(BlockKernel::Rows(RowsBuild { reduction: Reduction::Subgroup, .. }), ..)
+            Shader::Linear(_, Tiles::Coop)
+                | Shader::LinearF16(_, Tiles::Coop)
+                | Shader::Block(BlockKernel::Linear(Tiles::Coop), ..)
         )
     }
 
@@ -146,8 +190,8 @@ impl Shader {
     /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
     /// ([`linear_shader`], [`lm_weight_shader`], [`rows_shader`] in every build) for every
     /// weight format, in both precisions with
-    /// SHADER_F16 and in exact precision without it (fast needs it); pairs that build the same
-    /// module and constants are listed once.
+    /// SHADER_F16 (and each tiles' math) and in exact precision without it (fast needs it);
+    /// pairs that build the same module and constants are listed once.
     fn every_build() -> Vec<(Shader, u32, bool)> {
         let mut with = Vec::new();
         let mut without = Vec::new();
@@ -156,7 +200,7 @@ impl Shader {
         {
             for &precision in precisions {
                 for f in WeightFormat::ALL {
-                    list.push(linear_shader(f, native_f16, precision));
+                    list.extend(Tiles::ALL.map(|t| linear_shader(f, native_f16, precision, t)));
                     list.push(lm_weight_shader(f));
                     list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, precision, b)));
                 }
@@ -191,6 +235,9 @@ pub struct ShaderBuild {
     /// Uses subgroup operations: built only on a device with SUBGROUP (the small-row kernels'
     /// subgroup reduction; the other reduction is built where it is absent).
     pub needs_subgroup: bool,
+    /// Uses cooperative matrices: built only on a device with EXPERIMENTAL_COOPERATIVE_MATRIX
+    /// (the tiles' other math is built everywhere).
+    pub needs_coop: bool,
 }
 
 /// Every shader module the lane can build, one entry per set of override constants, from the
@@ -209,7 +256,14 @@ pub fn shader_builds() -> Result<Vec<ShaderBuild>> {
                 let c: Vec<String> = constants.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 label += &format!(" [{}]", c.join(", "));
             }
-            Ok(ShaderBuild { label, source, constants, needs_f16, needs_subgroup: shader.needs_subgroup() })
+            Ok(ShaderBuild {
+                label,
+                source,
+                constants,
+                needs_f16,
+                needs_subgroup: shader.needs_subgroup(),
+                needs_coop: shader.needs_coop(),
+            })
         })
         .collect()
 }

@@ -1,0 +1,44 @@
+// The tiled GEMM's body on f32 FMAs, every device: after a tile-load part (linear_tile.wgsl, or
+// dequant/linear.wgsl for the block formats), which declares the tiles xs [BK][BM], ws [BK][BN],
+// `load_tiles` and `store`.
+// Workgroup 16×16 invocations, a 64×64 output tile: 4×4 outputs per invocation (rows lid.y +
+// 16·i, columns lid.x + 16·j), held in four vec4 accumulators.
+
+@compute @workgroup_size(16, 16, 1)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let row0 = wg.y * BM;
+    let col0 = wg.x * BN;
+    // Row i of this invocation's 4×4 block in acc_i, columns lid.x + 16·j in its components.
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        load_tiles(k0, row0, col0, li);
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            let xo = kk * BM + lid.y;
+            let wo = kk * BN + lid.x;
+            let b = vec4<f32>(vec4<operand>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]));
+            acc0 = fma(vec4<f32>(f32(xs[xo])), b, acc0);
+            acc1 = fma(vec4<f32>(f32(xs[xo + 16u])), b, acc1);
+            acc2 = fma(vec4<f32>(f32(xs[xo + 32u])), b, acc2);
+            acc3 = fma(vec4<f32>(f32(xs[xo + 48u])), b, acc3);
+        }
+        workgroupBarrier();
+    }
+
+    store_row(row0 + lid.y, col0 + lid.x, acc0);
+    store_row(row0 + lid.y + 16u, col0 + lid.x, acc1);
+    store_row(row0 + lid.y + 32u, col0 + lid.x, acc2);
+    store_row(row0 + lid.y + 48u, col0 + lid.x, acc3);
+}
+
+// Row gr of the output, columns gc + 16·j from acc[j].
+fn store_row(gr: u32, gc: u32, acc: vec4<f32>) {
+    for (var j = 0u; j < 4u; j++) {
+        store(gr, gc + 16u * j, acc[j]);
+    }
+}
