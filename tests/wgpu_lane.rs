@@ -2,6 +2,8 @@
 //! These run on whatever adapter wgpu finds (Mesa lavapipe in CI) and FAIL if there is none.
 //! The shared backend has guard bands on, so every `download` also checks for writes past the end.
 
+mod common;
+
 use std::borrow::Cow;
 use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -10,23 +12,6 @@ use fovea::backend::wgpu::{Options, WgpuBackend, WgpuTensor};
 use fovea::backend::{Backend, DeviceTensor, DeviceWeight, HostTensor, HostWeight, Op, Precision, WeightFormat};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn env_setup() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-            let dir = std::env::temp_dir().join(format!("fovea-xdg-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-            }
-            // SAFETY: set once, before any backend (and its threads) exists in this process.
-            unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
-        }
-    });
-}
 
 /// Tests on the shared backend run in parallel (`shared()`); a test that opens a device of its
 /// own runs alone (`exclusive()`): on the NVIDIA Vulkan driver, creating a second device while
@@ -47,11 +32,9 @@ fn exclusive() -> RwLockWriteGuard<'static, ()> {
 fn adapter_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        env_setup();
+        common::ensure_runtime_dir();
         let found = !fovea::backend::wgpu::list_adapters().is_empty();
-        let required =
-            std::env::var_os("CI").is_some() || std::env::var("FOVEA_REQUIRE_WGPU").is_ok_and(|v| v.trim() == "1");
-        if !found && required {
+        if !found && common::wgpu_required() {
             panic!("no wgpu adapter where the wgpu tests must run (CI or FOVEA_REQUIRE_WGPU=1; install mesa-vulkan-drivers)");
         }
         if !found {
@@ -67,7 +50,7 @@ fn adapter_available() -> bool {
 }
 
 fn make(opts: Options) -> WgpuBackend {
-    env_setup();
+    common::ensure_runtime_dir();
     WgpuBackend::with_options(opts).unwrap_or_else(|e| panic!("wgpu backend unavailable (tests must not skip): {e}"))
 }
 
@@ -316,7 +299,7 @@ fn adapter_name_not_found_lists_adapters() {
         return;
     }
     let _devices = exclusive();
-    env_setup();
+    common::ensure_runtime_dir();
     let err = WgpuBackend::new(Some("no-such-adapter-xyz")).err().expect("must fail");
     let msg = err.to_string();
     assert!(msg.contains("no-such-adapter-xyz") && msg.contains("found:"), "{msg}");
