@@ -14,7 +14,7 @@ var<workgroup> tile_out: array<f32, 4096>; // [BM][BN]
 @compute @workgroup_size(256, 1, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,
         @builtin(subgroup_id) sg: u32) {
-    let row0 = wg.y * BM;
+    let t = tile_rows(wg.y);
     let col0 = wg.x * BN;
     let rb = (sg / 2u) * 16u; // the subgroup's first row in the tile
     let cb = (sg % 2u) * 32u; // its first column
@@ -22,7 +22,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var c1 = coop_mat16x16<f32, C>();
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        load_tiles(k0, row0, col0, li);
+        load_tiles(k0, t, col0, li);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk += 16u) {
             // A: x rows rb.., k kk.. (element (m, k) at xs[k·BM + m]: column-major, stride BM);
@@ -41,6 +41,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
     for (var e = 0u; e < 16u; e++) {
         let idx = li + e * 256u;
-        store(row0 + idx / BN, col0 + idx % BN, tile_out[idx]);
+        store(t, idx / BN, col0 + idx % BN, tile_out[idx]);
     }
 }

@@ -7,7 +7,7 @@
 @compute @workgroup_size(16, 16, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let row0 = wg.y * BM;
+    let t = tile_rows(wg.y);
     let col0 = wg.x * BN;
     // Row i of this invocation's 4×4 block in acc_i, columns lid.x + 16·j in its components.
     var acc0 = vec4<f32>(0.0);
@@ -16,7 +16,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var acc3 = vec4<f32>(0.0);
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        load_tiles(k0, row0, col0, li);
+        load_tiles(k0, t, col0, li);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
             let xo = kk * BM + lid.y;
@@ -30,15 +30,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         workgroupBarrier();
     }
 
-    store_row(row0 + lid.y, col0 + lid.x, acc0);
-    store_row(row0 + lid.y + 16u, col0 + lid.x, acc1);
-    store_row(row0 + lid.y + 32u, col0 + lid.x, acc2);
-    store_row(row0 + lid.y + 48u, col0 + lid.x, acc3);
+    store_row(t, lid.y, col0 + lid.x, acc0);
+    store_row(t, lid.y + 16u, col0 + lid.x, acc1);
+    store_row(t, lid.y + 32u, col0 + lid.x, acc2);
+    store_row(t, lid.y + 48u, col0 + lid.x, acc3);
 }
 
-// Row gr of the output, columns gc + 16·j from acc[j].
-fn store_row(gr: u32, gc: u32, acc: vec4<f32>) {
+// Row m of the tile's rows, columns gc + 16·j from acc[j].
+fn store_row(t: TileRows, m: u32, gc: u32, acc: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
-        store(gr, gc + 16u * j, acc[j]);
+        store(t, m, gc + 16u * j, acc[j]);
     }
 }

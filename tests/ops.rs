@@ -1106,22 +1106,27 @@ fn small_row_cases() -> Vec<Case> {
         out.push(c);
     }
     // past the small rows, experts with no slot between ones with several (the wgpu lane then
-    // dispatches each expert over its own slots only)
+    // tiles each expert's own slots only: in one dispatch a projection when the experts were
+    // uploaded together, a dispatch an expert one by one)
     for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::IQ2_XXS] {
         let (k, h) = if format.is_block() { (block_cols(format), format.block_elems()) } else { (77, 13) };
         let (n, e, topk) = (11, 7, 3);
         let ids: Vec<i32> = (0..n * topk).map(|j| [5, 0, 2, 5, 2, 0, 6, 5][j % 8]).collect();
         let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} experts 1, 3, 4 unused");
-        out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
+        let c = moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids);
+        out.push(Case { name: format!("{} one by one", c.name), experts_one_by_one: true, ..c.clone() });
+        out.push(c);
     }
     // an expert's rows past one 64-row tile, the second expert's run starting inside a tile (the
-    // wgpu lane's tiles over each expert's rows of x gathered in expert order)
+    // wgpu lane's tiles over each expert's rows of x gathered in expert order; both ways)
     for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Q4_K] {
         let (k, h) = if format.is_block() { (block_cols(format), format.block_elems()) } else { (77, 13) };
         let (n, e, topk) = (50, 3, 2);
         let ids: Vec<i32> = (0..n * topk).map(|j| [2, 0, 2][j % 3]).collect();
         let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} 33 and 67 slots");
-        out.push(moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids));
+        let c = moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids);
+        out.push(Case { name: format!("{} one by one", c.name), experts_one_by_one: true, ..c.clone() });
+        out.push(c);
     }
     out
 }

@@ -11,8 +11,10 @@
 //!   its own output columns.
 //! - `grouped_linear` takes `linear`'s tiles too, one dispatch per group (per piece of a group in
 //!   each row chunk).
-//! - The routed experts of more than `SMALL_ROWS` tokens take `linear`'s tiles, one dispatch per
-//!   expert and projection over its own slots' rows (x gathered in expert order); each expert
+//! - The routed experts of more than `SMALL_ROWS` tokens take `linear`'s tiles over x's rows
+//!   gathered in expert order: one dispatch a projection over every expert's 64-row tiles (a
+//!   table of tiles, `row_tiles`) where the projection's experts share one binding
+//!   (`ExpertSpan`), else one dispatch per expert and projection over its own rows; each expert
 //!   matrix must fit one binding.
 //! - With at most `SMALL_ROWS` (8) rows of x — decode, the experts counting tokens — each of the
 //!   three takes its small-row kernel instead (`rows.rs`, `shaders/rows.wgsl`: a workgroup per
@@ -150,6 +152,7 @@ impl WgpuBackend {
             x.cols() as u32,
             x_col as u32,
             w_row0 as u32,
+            0, // expert_stride: not a dispatch over every expert
         ];
         self.dispatch_as(
             label,
@@ -157,8 +160,57 @@ impl WgpuBackend {
             "main",
             fmt,
             &params,
-            &[(1, x.binding()), (2, chunk), (3, bias_res), (4, y.binding())],
+            &[(1, x.binding()), (2, chunk), (3, bias_res), (4, y.binding()), (5, self.dummy.as_entire_binding())],
             (w_rows.div_ceil(64) as u32, gy as u32, 1),
+        )
+    }
+
+    /// One dispatch of the tiled linear over every expert of a projection (`span`, each
+    /// expert's matrix `rows` weight rows): workgroup row i covers the rows of x and y named by
+    /// `row_tiles` entry i (first row, count ≤ 64, expert), `tiles` entries, as the experts'
+    /// runs of `at` cut into 64-row tiles ([`expert_row_tiles`]).
+    fn dispatch_expert_tiles(
+        &self,
+        x: &WgpuTensor,
+        span: &RowsWeight<'_>,
+        row_tiles: &WgpuTensor,
+        tiles: usize,
+        y: &WgpuTensor,
+    ) -> Result<()> {
+        let (w, (_, stride_rows)) = (span.matrix, span.experts.expect("a span over every expert"));
+        if tiles > self.limits.max_compute_workgroups_per_dimension as usize {
+            return Err(Error::Device(format!("op `moe_experts`: {tiles} row tiles exceed the dispatch limit")));
+        }
+        let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w), self.tiles);
+        let params = [
+            0, // n: each tile's own
+            w.cols as u32,
+            y.cols() as u32,
+            0,
+            w.rows as u32,
+            w.stride_words as u32,
+            0,
+            0,
+            x.cols() as u32,
+            0,
+            0,
+            stride_rows as u32,
+        ];
+        let bindings = [
+            (1, x.binding()),
+            (2, span.binding.clone()),
+            (3, self.dummy.as_entire_binding()),
+            (4, y.binding()),
+            (5, row_tiles.binding()),
+        ];
+        self.dispatch_as(
+            "expert_tiles",
+            shader,
+            "main",
+            fmt,
+            &params,
+            &bindings,
+            (w.rows.div_ceil(64) as u32, tiles as u32, 1),
         )
     }
 
@@ -270,11 +322,12 @@ impl WgpuBackend {
     }
 
     /// The prefill's experts: the slots grouped by expert (one readback of the ids), x's rows
-    /// gathered in that order `[runs, d]`, then per expert one tiled GEMM a projection over its
-    /// own rows (its weight read once per 64 rows; the thread-per-output kernels this replaces
+    /// gathered in that order `[runs, d]`, then a tiled GEMM a projection over each expert's own
+    /// rows (its weight read once per 64 rows; the thread-per-output kernels this replaces
     /// re-read a weight row for every slot, 46 of 49 s of a 4-layer prefill on an H200 under
-    /// Vulkan), the clamped SwiGLU over every row at once, and the results gathered back into slot
-    /// order `[n·k, d]`. A slot whose id is outside `0..experts` is in no run: its row is a copy of
+    /// Vulkan) — one dispatch over every expert where the projection's experts share a binding,
+    /// else one an expert —, the clamped SwiGLU over every row at once, and the results gathered
+    /// back into slot order `[n·k, d]`. A slot whose id is outside `0..experts` is in no run: its row is a copy of
     /// the first run's, and `moe_sum` makes its token NaN.
     fn experts_as_tiles(
         &self,
@@ -296,22 +349,40 @@ impl WgpuBackend {
         let xs = self.gather_rows(x, &self.upload(&HostTensor::i32([runs], tokens)?)?)?; // [runs, d]
         let gate = self.alloc(OP, vec![runs, h], DType::F32)?;
         let up = self.alloc(OP, vec![runs, h], DType::F32)?;
-        let experts = || w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| at[e + 1] > at[*e]);
-        for (e, ((g, u), _)) in experts() {
-            self.dispatch_tiles("expert_tiles", &xs, g, None, &gate, at[e], at[e + 1] - at[e])?;
-            self.dispatch_tiles("expert_tiles", &xs, u, None, &up, at[e], at[e + 1] - at[e])?;
-        }
-        let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
-        drop((gate, up, xs));
-        let ys_by_expert = self.alloc(OP, vec![runs, d], DType::F32)?;
-        for (e, (_, o)) in experts() {
-            self.dispatch_tiles("expert_tiles", &hid, o, None, &ys_by_expert, at[e], at[e + 1] - at[e])?;
-        }
+        let ys_by_expert = || self.alloc(OP, vec![runs, d], DType::F32);
+        let ys = if let [Some(g), Some(u), Some(o)] = [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding)) {
+            // each projection one dispatch over every expert's tiles: a prefill chunk routes its
+            // ~6·2048 slots over 256 experts, a few dozen rows each, and a dispatch an expert was
+            // a few dozen workgroups, most of an H200 idle, 768 dispatches a layer one after another
+            let row_tiles = expert_row_tiles(&at);
+            let tiles = row_tiles.len() / 3;
+            let row_tiles = self.upload(&HostTensor::i32([row_tiles.len()], row_tiles)?)?;
+            self.dispatch_expert_tiles(&xs, &g.weight(), &row_tiles, tiles, &gate)?;
+            self.dispatch_expert_tiles(&xs, &u.weight(), &row_tiles, tiles, &up)?;
+            let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
+            drop((gate, up, xs));
+            let ys = ys_by_expert()?;
+            self.dispatch_expert_tiles(&hid, &o.weight(), &row_tiles, tiles, &ys)?;
+            ys
+        } else {
+            let experts = || w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| at[e + 1] > at[*e]);
+            for (e, ((g, u), _)) in experts() {
+                self.dispatch_tiles("expert_tiles", &xs, g, None, &gate, at[e], at[e + 1] - at[e])?;
+                self.dispatch_tiles("expert_tiles", &xs, u, None, &up, at[e], at[e + 1] - at[e])?;
+            }
+            let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
+            drop((gate, up, xs));
+            let ys = ys_by_expert()?;
+            for (e, (_, o)) in experts() {
+                self.dispatch_tiles("expert_tiles", &hid, o, None, &ys, at[e], at[e + 1] - at[e])?;
+            }
+            ys
+        };
         let mut row_of_slot = vec![0i32; slots];
         for (row, &slot) in order.iter().enumerate() {
             row_of_slot[slot] = row as i32;
         }
-        self.gather_rows(&ys_by_expert, &self.upload(&HostTensor::i32([slots], row_of_slot)?)?)
+        self.gather_rows(&ys, &self.upload(&HostTensor::i32([slots], row_of_slot)?)?)
     }
 
     /// The slots grouped by expert, read back from `ids` (one wait for the work queued so far):
@@ -354,5 +425,30 @@ impl WgpuBackend {
             }
         }
         Ok(routed)
+    }
+}
+
+/// The row tiles of a dispatch over every expert: each expert's run of rows `at[e] .. at[e + 1]`
+/// (in the rows gathered in expert order) cut into tiles of at most 64 rows, three words each
+/// (first row, rows, expert), as `linear_tile.wgsl`'s `row_tiles` reads them.
+fn expert_row_tiles(at: &[usize]) -> Vec<i32> {
+    let mut tiles = Vec::new();
+    for (e, run) in at.windows(2).enumerate() {
+        for first in (run[0]..run[1]).step_by(64) {
+            tiles.extend([first, (run[1] - first).min(64), e].map(|v| v as i32));
+        }
+    }
+    tiles
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expert_row_tiles;
+
+    #[test]
+    fn expert_row_tiles_cut_each_run_into_64_row_tiles() {
+        // expert 0: 70 rows (64 + 6), expert 1: none, expert 2: 64 rows, expert 3: 1 row
+        let tiles = expert_row_tiles(&[0, 70, 70, 134, 135]);
+        assert_eq!(tiles, [0, 64, 0, 64, 6, 0, 70, 64, 2, 134, 1, 3]);
     }
 }
