@@ -24,9 +24,9 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 /// Shaders the lane builds from several files, in concatenation order (each operands file with
 /// one of the GEMM kernels; the lane builds every pairing, `every_build_translates_to_msl_and_hlsl`).
 const COMPOSED: &[&[&str]] = &[
-    &["linear_packed.wgsl", "operands_exact.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
-    &["linear_f16.wgsl", "operands_fast.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
-    &["linear_f16.wgsl", "operands_fast.wgsl", "linear_tile.wgsl", "tile_coop.wgsl"],
+    &["linear_packed.wgsl", "operands_exact.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
+    &["linear_f16.wgsl", "operands_fast.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
+    &["linear_f16.wgsl", "operands_fast.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_coop.wgsl"],
     &["linear_packed.wgsl", "operands_exact.wgsl", "rows_subgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "rows_workgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
 ];

@@ -51,9 +51,11 @@ impl BlockKernel {
     /// The files that follow the operands file: (name, WGSL).
     fn body(self) -> Vec<(&'static str, &'static str)> {
         match self {
-            BlockKernel::Linear(tiles) => {
-                vec![("dequant/linear.wgsl", include_str!("../../../shaders/dequant/linear.wgsl")), tiles.body()]
-            }
+            BlockKernel::Linear(tiles) => vec![
+                super::shader::TILE_ROWS,
+                ("dequant/linear.wgsl", include_str!("../../../shaders/dequant/linear.wgsl")),
+                tiles.body(),
+            ],
             BlockKernel::Lm => vec![("dequant/lm.wgsl", include_str!("../../../shaders/dequant/lm.wgsl"))],
             BlockKernel::Rows(build) => vec![
                 ("dequant/rows.wgsl", include_str!("../../../shaders/dequant/rows.wgsl")),

@@ -13,6 +13,10 @@ use super::rows::{self, RowsBuild, rows_shader};
 use crate::backend::{Precision, WeightFormat};
 use crate::error::{Error, Result};
 
+/// What both tile-load parts (`linear_tile.wgsl`, `dequant/linear.wgsl`) build on: the tiles'
+/// parameters, bindings, rows and store.
+pub(super) const TILE_ROWS: (&str, &str) = ("tile_rows.wgsl", include_str!("../../../shaders/tile_rows.wgsl"));
+
 /// How the tiled GEMM multiplies its tiles (the body after the tile loads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Tiles {
@@ -85,12 +89,12 @@ impl Shader {
         // A GEMM build: its directives, the weight-format part (if any), the operands file of
         // the precision, then the body; (file, WGSL) pairs.
         // The small-row kernels have their reduction and rows_pairs.wgsl between the operands
-        // and the body; the tiles have their math after it.
+        // and the body; the tiles have tile_rows.wgsl before it and their math after it.
         let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
             let rows = |b: RowsBuild| vec![b.reduction.part(), rows::PAIRS];
             let (middle, last) = match self {
                 Shader::Rows(_, b) | Shader::RowsF16(_, b) => (rows(b), None),
-                Shader::Linear(_, tiles) | Shader::LinearF16(_, tiles) => (Vec::new(), Some(tiles.body())),
+                Shader::Linear(_, tiles) | Shader::LinearF16(_, tiles) => (vec![TILE_ROWS], Some(tiles.body())),
                 _ => (Vec::new(), None),
             };
             let parts: Vec<(&str, &str)> =
