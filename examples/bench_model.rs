@@ -668,27 +668,6 @@ fn decode_median<B: Backend>(
     Ok(DecodeTiming { step: median(times), issue: median(issue), launches, host, kernels })
 }
 
-/// The kernels' device times over `steps` units of work (`what`: "a step", "the prefill"), the
-/// longest `top` then the rest, when the lane timed them.
-fn print_kernel_times(kernels: Option<&[KernelTime]>, what: &str, steps: usize, top: usize) {
-    let Some(kernels) = kernels else { return };
-    let per = |s: f64| s * 1e3 / steps.max(1) as f64;
-    let total: f64 = kernels.iter().map(|k| k.seconds).sum();
-    println!("  device time {what}, by kernel (timestamps around each dispatch): {:.2} ms in all", per(total));
-    for k in kernels.iter().take(top) {
-        println!(
-            "    {:<32} {:>8.3} ms  {:>6.1} dispatches",
-            k.name,
-            per(k.seconds),
-            k.count as f64 / steps.max(1) as f64
-        );
-    }
-    let rest: f64 = kernels.iter().skip(top).map(|k| k.seconds).sum();
-    if kernels.len() > top {
-        println!("    {} other kernels {:>17.3} ms", kernels.len() - top, per(rest));
-    }
-}
-
 /// ", issued in X ms, N launches a step" for a lane that counts launches, else nothing; with a
 /// host profile, the issue time's parts a step (means over the steps).
 fn launches_note(t: &DecodeTiming, steps: usize) -> String {
@@ -768,7 +747,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             flops / 1e12,
             sig3(flops / secs / 1e12)
         );
-        print_kernel_times(kernels.as_deref(), "of the prefill", 1, 16);
+        bench_common::print_kernel_times(kernels.as_deref(), "of the prefill", 1, 16);
         let step = decode_median(b, &model, &mut cache, args.decode_steps)?.step;
         println!("  decode at {t} on this real cache: median {:.2} ms ({} tokens/s)", step * 1e3, sig3(1.0 / step));
         figures.prefill.push((t, secs));
@@ -801,7 +780,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             sig3((read + cache_read) / step / 1e9),
             launches_note(&timing, args.decode_steps)
         );
-        print_kernel_times(timing.kernels.as_deref(), "a step", args.decode_steps, 16);
+        bench_common::print_kernel_times(timing.kernels.as_deref(), "a step", args.decode_steps, 16);
         figures.decode.push((n, step));
     }
     figures.memory = b.memory();

@@ -8,7 +8,8 @@
 //!
 //! Prints the lane, the grid, the time per encode (after one warm-up that compiles the
 //! pipelines), achieved TFLOP/s, and the device memory split into weights (vs their bf16 file
-//! bytes; with the bytes of the matrices themselves) and activations.
+//! bytes; with the bytes of the matrices themselves) and activations. With `FOVEA_GPU_TIMES=1` on a
+//! lane that times its kernels, each kernel's device time an encode.
 
 #[path = "bench_common/mod.rs"]
 mod bench_common;
@@ -127,7 +128,9 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         Ok(t.elapsed().as_secs_f64())
     };
     let warm = encode()?;
+    b.kernel_times()?; // from here on
     let mut times: Vec<f64> = (0..args.iters).map(|_| encode()).collect::<fovea::Result<_>>()?;
+    let kernels = b.kernel_times()?;
     times.sort_by(f64::total_cmp);
     let median = times.get(times.len() / 2).copied().unwrap_or(warm);
 
@@ -148,6 +151,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         flops / 1e12,
         flops / median / 1e12
     );
+    bench_common::print_kernel_times(kernels.as_deref(), "an encode", times.len(), 16);
     println!(
         "device memory: weights {:.1} MiB ({:.3} x the {:.1} MiB bf16 file; the matrices themselves {:.1} MiB), \
          activations peak {:.1} MiB",

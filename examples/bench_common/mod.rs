@@ -1,7 +1,8 @@
-//! FLOP models the benches share (each bench includes this file with `#[path]`, so one count of
+//! FLOP models and the kernel-time table the benches share (each bench includes this file with `#[path]`, so one count of
 //! the work stands behind every TFLOP/s figure they print).
 #![allow(dead_code)] // each bench uses a part
 
+use fovea::backend::KernelTime;
 use fovea::config::{LmConfig, VisionConfig};
 
 /// FLOPs of layer `l`'s prefill of `t` tokens from position 0: the matrix products (the hc
@@ -51,4 +52,25 @@ pub fn vit_encode_flops(cfg: &VisionConfig, n: usize, n_llm: usize) -> f64 {
     2.0 * nf * cfg.patch_dim() as f64 * d
         + cfg.n_layers as f64 * per_layer
         + 2.0 * n_llm as f64 * (cfg.aligner_in_dim() as f64 * h + h * h)
+}
+
+/// The kernels' device times over `steps` units of work (`what`: "a step", "the prefill"), the
+/// longest `top` then the rest, when the lane timed them.
+pub fn print_kernel_times(kernels: Option<&[KernelTime]>, what: &str, steps: usize, top: usize) {
+    let Some(kernels) = kernels else { return };
+    let per = |s: f64| s * 1e3 / steps.max(1) as f64;
+    let total: f64 = kernels.iter().map(|k| k.seconds).sum();
+    println!("  device time {what}, by kernel (timestamps around each dispatch): {:.2} ms in all", per(total));
+    for k in kernels.iter().take(top) {
+        println!(
+            "    {:<32} {:>8.3} ms  {:>6.1} dispatches",
+            k.name,
+            per(k.seconds),
+            k.count as f64 / steps.max(1) as f64
+        );
+    }
+    let rest: f64 = kernels.iter().skip(top).map(|k| k.seconds).sum();
+    if kernels.len() > top {
+        println!("    {} other kernels {:>17.3} ms", kernels.len() - top, per(rest));
+    }
 }
