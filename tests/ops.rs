@@ -468,7 +468,7 @@ fn cases() -> Vec<Case> {
             Args { a: heads, b: gw, c: 0, f: theta },
         ));
     }
-    for (n, heads, hd) in [(1, 1, 16), (45, 3, 16), (77, 2, 64), (130, 4, 32)] {
+    for (n, heads, hd) in [(1, 1, 16), (45, 3, 16), (77, 2, 64), (130, 4, 32), (200, 2, 64)] {
         out.push(case(
             format!("attention n={n} {heads}x{hd}"),
             Op::Attention,
@@ -1552,9 +1552,10 @@ fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
 }
 
 /// Fast precision's tiles on both their maths where the adapter has cooperative matrices: the
-/// fast tests above ran the cooperative tiles there (`coop_tiles`), so this runs the row-chunked
-/// cases on them too (a weight split over many bindings), then every fast weight case on the FMA
-/// tiles (`Options::force_fma_tiles`). Where the adapter has none (lavapipe) the tests above ran
+/// fast tests above ran the cooperative tiles there (`coop_tiles`), so this runs the attention
+/// cases (head dim 64 on cooperative matrices, attention_coop.wgsl) and the row-chunked cases on
+/// them too (a weight split over many bindings), then every fast weight case on the FMA tiles
+/// (`Options::force_fma_tiles`). Where the adapter has none (lavapipe) the tests above ran
 /// the FMA tiles, and this says so. `FOVEA_REQUIRE_COOP_TILES=1` (cuda/gpu_tests.sh, on NVIDIA)
 /// makes a lane without them a failure, so the cooperative path cannot pass there by not running.
 #[test]
@@ -1571,7 +1572,15 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
         eprintln!("{name}: no cooperative-matrix tiles; the fast tests ran the FMA tiles");
         return;
     }
-    eprintln!("{name}: the fast tests ran the cooperative-matrix tiles; now the chunked cases on them");
+    eprintln!("{name}: the fast tests ran the cooperative-matrix tiles; now attention and the chunked cases on them");
+    // the ViT's attention (head dim 64) on cooperative matrices too: its cases, and the kernel
+    // they ran on by name
+    let Some(lane) = common::wgpu_lane(Options { kernel_times: true, ..fast.clone() }) else { return };
+    let attention: Vec<Case> = cases().into_iter().filter(|c| c.op == Op::Attention).collect();
+    compare_with_cpu(&lane, with_fast_bounds(attention));
+    let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
+    assert!(kernels.iter().any(|k| k.name == "attention_coop"), "no attention on cooperative matrices: {kernels:?}");
+    drop(lane);
     let Some(lane) = common::wgpu_lane(Options { max_binding_bytes: Some(1024), ..fast.clone() }) else { return };
     assert!(lane.coop_tiles());
     let mut chunked = chunked_linear_cases();

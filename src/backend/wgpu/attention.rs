@@ -1,13 +1,20 @@
 //! The vision tower's `attention` on `shaders/attention.wgsl`: flash-style, one workgroup per
-//! block of 16 queries of one head, keys and values walked in tiles through workgroup memory.
+//! block of 16 queries of one head, keys and values walked in tiles through workgroup memory; in
+//! fast precision where the GEMM tiles run on cooperative matrices, `shaders/attention_coop.wgsl`
+//! (the same online softmax, its two products on cooperative matrices, f16 operands) for the
+//! ViT's head dim, 64.
 //! (The language model's `sink_attention` is an entry point of lm.wgsl: lm.rs.)
 
-use super::{Shader, WgpuBackend, WgpuTensor};
+use super::{Shader, Tiles, WgpuBackend, WgpuTensor};
 use crate::backend::{Backend, DType, Op, WeightFormat, checks};
 use crate::error::Result;
 
 /// Workgroup memory the kernel needs (see shaders/attention.wgsl).
 pub(super) const SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
+/// Workgroup memory of the cooperative kernel (see shaders/attention_coop.wgsl).
+const COOP_SHARED_BYTES: u32 = (2048 + 4096 + 2048) * 2 + (2048 + 256) * 4;
+/// The head dim the cooperative kernel is written for (its subgroups' 16×16 blocks cover it).
+const COOP_HEAD_DIM: usize = 64;
 /// The largest head dim the kernel's workgroup arrays hold.
 const MAX_HEAD_DIM: usize = 128;
 
@@ -47,6 +54,21 @@ impl WgpuBackend {
             return Ok(y);
         }
         let scale = 1.0 / (hd as f32).sqrt();
+        if self.tiles == Tiles::Coop
+            && hd == COOP_HEAD_DIM
+            && self.limits.max_compute_workgroup_storage_size >= COOP_SHARED_BYTES
+        {
+            return self
+                .dispatch(
+                    Shader::AttentionCoop,
+                    "attention_coop",
+                    0,
+                    &[n as u32, n_heads as u32, hd as u32, scale.to_bits()],
+                    &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
+                    (n.div_ceil(32) as u32, n_heads as u32, 1),
+                )
+                .map(|()| y);
+        }
         self.dispatch(
             Shader::Attention,
             OP,

@@ -52,6 +52,8 @@ pub(super) enum Shader {
     Norm,
     Rope,
     Attention,
+    /// The ViT's attention on cooperative matrices (fast precision, where the tiles use them).
+    AttentionCoop,
     Debug,
     /// lm.wgsl (no weight products: one build).
     Lm,
@@ -115,6 +117,12 @@ impl Shader {
             Shader::Norm => fixed("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
             Shader::Rope => fixed("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
             Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
+            Shader::AttentionCoop => {
+                let (operands, rounding) = operands_part(Precision::Fast);
+                let src =
+                    directives(true, true).to_owned() + rounding + include_str!("../../../shaders/attention_coop.wgsl");
+                Ok((format!("{operands} + attention_coop.wgsl"), Cow::Owned(src)))
+            }
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
             Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
             Shader::Rows(precision, _) => gemm(false, Some(PACKED), rows::BODY, precision),
@@ -143,14 +151,17 @@ impl Shader {
     /// The shaders no weight format chooses: one module each, created with `fmt` 0.
     const FIXED: [Shader; 6] =
         [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
+    /// The shaders no weight format chooses that fast precision alone builds (with SHADER_F16).
+    const FIXED_F16: [Shader; 1] = [Shader::AttentionCoop];
 
     /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
-    /// or chosen by [`linear_shader`] / [`lm_weight_shader`] / [`rows_shader`], so
+    /// (or, built only with SHADER_F16, [`Self::FIXED_F16`]) or chosen by [`linear_shader`] / [`lm_weight_shader`] / [`rows_shader`], so
     /// [`shader_builds`] lists it.
     #[allow(dead_code)]
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
+            Shader::AttentionCoop => {}
             Shader::Linear(..) | Shader::LinearF16(..) | Shader::Lm | Shader::Block(..) => {}
             Shader::Rows(..) | Shader::RowsF16(..) => {}
         }
@@ -187,15 +198,17 @@ impl Shader {
             Shader::Linear(_, Tiles::Coop)
                 | Shader::LinearF16(_, Tiles::Coop)
                 | Shader::Block(BlockKernel::Linear(Tiles::Coop), ..)
+                | Shader::AttentionCoop
         )
     }
 
     /// Every (shader, `fmt`) the lane creates pipelines from, and whether it is built only with
     /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
     /// ([`linear_shader`], [`lm_weight_shader`], [`rows_shader`] in every build) for every
-    /// weight format, in both precisions with
-    /// SHADER_F16 (and each tiles' math) and in exact precision without it (fast needs it);
-    /// pairs that build the same module and constants are listed once.
+    /// weight format, in both precisions with SHADER_F16 (and each tiles' math) and in exact
+    /// precision without it (fast needs it); the fixed shaders in both, fast precision's
+    /// ([`Self::FIXED_F16`]) with SHADER_F16. Pairs that build the same module and constants are
+    /// listed once.
     fn every_build() -> Vec<(Shader, u32, bool)> {
         let mut with = Vec::new();
         let mut without = Vec::new();
@@ -210,6 +223,9 @@ impl Shader {
                 }
             }
             list.extend(Shader::FIXED.map(|s| (s, 0)));
+            if native_f16 {
+                list.extend(Shader::FIXED_F16.map(|s| (s, 0)));
+            }
         }
         let mut builds: Vec<(Shader, u32, bool)> = Vec::new();
         for &(s, fmt) in with.iter().chain(&without) {
