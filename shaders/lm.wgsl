@@ -347,8 +347,12 @@ fn rope_tail_at(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
 }
 
 // hc_split: a = mix [n, (2+hc)·hc], b = scale [3], c = base [(2+hc)·hc] → out (same shape); one
-// thread per row, Sinkhorn in place in `out` in the reference's order.
+// thread per row, Sinkhorn in the reference's order on the hc×hc block held in registers
+// (`comb`, hc ≤ HC_MAX: lm.rs checks) and written out once: done in place in `out`, each of its
+// dependent steps was a global-memory round trip (0.1 ms a decode step's row on an H200).
 //   u0 = n, u1 = hc, u2 = iters, u3 = eps
+const HC_MAX: u32 = 8u;
+
 @compute @workgroup_size(64, 1, 1)
 fn hc_split(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x;
@@ -362,22 +366,23 @@ fn hc_split(@builtin(global_invocation_id) gid: vec3<u32>) {
         out[o + hc + i] = 2.0 * sigmoid(a[o + hc + i] * b[1] + c[hc + i]);
     }
     let cb = o + 2u * hc;
+    var comb: array<f32, 64>; // [src][dst], HC_MAX²
     for (var src = 0u; src < hc; src++) {
         var mx = bitcast<f32>(0xff800000u);
         for (var dst = 0u; dst < hc; dst++) {
             let q = src * hc + dst;
             let v = a[cb + q] * b[2] + c[2u * hc + q];
-            out[cb + q] = v;
+            comb[q] = v;
             mx = max(mx, v);
         }
         var sum = 0.0;
         for (var dst = 0u; dst < hc; dst++) {
-            let e = exp(out[cb + src * hc + dst] - mx);
-            out[cb + src * hc + dst] = e;
+            let e = exp(comb[src * hc + dst] - mx);
+            comb[src * hc + dst] = e;
             sum += e;
         }
         for (var dst = 0u; dst < hc; dst++) {
-            out[cb + src * hc + dst] = out[cb + src * hc + dst] / sum + eps;
+            comb[src * hc + dst] = comb[src * hc + dst] / sum + eps;
         }
     }
     for (var it = 0u; it < p.u2; it++) {
@@ -385,18 +390,21 @@ fn hc_split(@builtin(global_invocation_id) gid: vec3<u32>) {
             // rows (dst normalisation over each src row)
             for (var src = 0u; src < hc; src++) {
                 var sum = 0.0;
-                for (var dst = 0u; dst < hc; dst++) { sum += out[cb + src * hc + dst]; }
+                for (var dst = 0u; dst < hc; dst++) { sum += comb[src * hc + dst]; }
                 sum += eps;
-                for (var dst = 0u; dst < hc; dst++) { out[cb + src * hc + dst] /= sum; }
+                for (var dst = 0u; dst < hc; dst++) { comb[src * hc + dst] /= sum; }
             }
         }
         // columns (src normalisation for each dst)
         for (var dst = 0u; dst < hc; dst++) {
             var sum = 0.0;
-            for (var src = 0u; src < hc; src++) { sum += out[cb + src * hc + dst]; }
+            for (var src = 0u; src < hc; src++) { sum += comb[src * hc + dst]; }
             sum += eps;
-            for (var src = 0u; src < hc; src++) { out[cb + src * hc + dst] /= sum; }
+            for (var src = 0u; src < hc; src++) { comb[src * hc + dst] /= sum; }
         }
+    }
+    for (var q = 0u; q < hc * hc; q++) {
+        out[cb + q] = comb[q];
     }
 }
 

@@ -793,6 +793,23 @@ fn attention_rejects_unsupported_head_dim() {
     assert!(matches!(b.attention(&q, &q, &q, 1), Err(Error::Unsupported { .. })));
 }
 
+/// hc_split holds a row's hc×hc block in registers, up to 8 streams: more is a clear refusal, not
+/// a write past its array.
+#[test]
+fn hc_split_rejects_more_streams_than_it_holds() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = be();
+    let hc = 9;
+    let mix = up(b, &[2, (2 + hc) * hc], vec![0.1; 2 * (2 + hc) * hc]);
+    let scale = up(b, &[3], vec![1.0; 3]);
+    let base = up(b, &[(2 + hc) * hc], vec![0.0; (2 + hc) * hc]);
+    let e = b.hc_split(&mix, &scale, &base, hc, 3, 1e-6).err().expect("hc = 9 must be refused");
+    assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("hc = 9"), "{e}");
+}
+
 // ---- lavapipe's loop limiter ------------------------------------------------------------------
 // Mesa's llvmpipe ends a shader invocation's loops, silently, after 65 535 iterations in all. On a
 // software adapter the lane bounds each kernel's iterations from the shapes and refuses (or takes

@@ -18,6 +18,9 @@ use crate::error::{Error, Result};
 
 /// lm.wgsl (one build: its ops have no precision to choose).
 const LM: Shader = Shader::Lm;
+/// The most hyper-connection streams `hc_split` holds in registers (lm.wgsl's `HC_MAX`; the
+/// model has 4).
+const HC_MAX: usize = 8;
 
 impl WgpuBackend {
     /// table `[vocab, d]` (any format, possibly row-chunked), ids i32 `[n]` → `[n, d]`; ids ≥ vocab
@@ -168,7 +171,8 @@ impl WgpuBackend {
         self.per_element(LM, "rope_tail_at", &inputs, out, &params)
     }
 
-    /// mHC split with Sinkhorn; one thread per row.
+    /// mHC split with Sinkhorn; one thread per row, its hc×hc block in registers (hc ≤
+    /// [`HC_MAX`]).
     pub(super) fn hc_split(
         &self,
         mix: &WgpuTensor,
@@ -181,6 +185,9 @@ impl WgpuBackend {
         const OP: &str = "hc_split";
         let (n, w) = checks::hc_split(mix, scale, base, hc)?;
         self.check_inputs(OP, [("mix", mix), ("scale", scale), ("base", base)])?;
+        if hc > HC_MAX {
+            return Err(Self::unsupported(Op::HcSplit, format!("hc = {hc} streams (at most {HC_MAX})")));
+        }
         let y = self.alloc(OP, vec![n, w], DType::F32)?;
         if n > 0 {
             let g = n.div_ceil(64);
