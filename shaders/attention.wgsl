@@ -10,19 +10,7 @@
 // Every thread loops up to ≈ 80 + hd/2 times a key tile (its fixed-count loops counted): past
 // ≈ 9 000 keys of hd 64 that bound is over the lane's budget for lavapipe's loop limiter, so a
 // software adapter refuses those (attention.rs).
-
-struct P {
-    n: u32,
-    heads: u32,
-    hd: u32,
-    scale: f32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+// Built after attention_io.wgsl (parameters, bindings).
 
 const BQ: u32 = 16u;
 const BKEY: u32 = 32u;

@@ -1,6 +1,7 @@
 // attention (non-causal, flash style) on cooperative matrices, fast precision: q, k, v
 // [n, heads·64] → out [n, heads·64], scale 1/8: head dim 64 only (the ViT's). Built after
-// operands_fast.wgsl (`to_operand`: round to the nearest f16), only on an adapter whose
+// operands_fast.wgsl (`to_operand`: round to the nearest f16) and attention_io.wgsl (parameters,
+// bindings), only on an adapter whose
 // cooperative tiles the lane uses (16×16×16 f16 → f32, subgroups of exactly 32: 8 per workgroup).
 // q, k, v and the probabilities are each rounded once to f16; the products and every sum are f32
 // (the same rounding as the CUDA lane's tensor-core attention).
@@ -14,19 +15,6 @@
 // Workgroup memory: Q block [32][64], K-then-V tile [64][64] and P [32][64] as f16, S-then-P·V
 // [32][64] as f32, the eighth-row maxima-then-sums: 25 KiB (attention.rs `COOP_SHARED_BYTES`),
 // within Metal's and DX12's 32 KiB.
-
-struct P {
-    n: u32,
-    heads: u32,
-    hd: u32, // 64
-    scale: f32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 const HD: u32 = 64u;
 const BQ: u32 = 32u;

@@ -27,7 +27,8 @@ const COMPOSED: &[&[&str]] = &[
     &["linear_packed.wgsl", "operands_exact.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_coop.wgsl"],
-    &["operands_fast.wgsl", "attention_coop.wgsl"],
+    &["attention_io.wgsl", "attention.wgsl"],
+    &["operands_fast.wgsl", "attention_io.wgsl", "attention_coop.wgsl"],
     &["linear_packed.wgsl", "operands_exact.wgsl", "rows_subgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "rows_workgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
 ];

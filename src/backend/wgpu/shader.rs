@@ -73,6 +73,9 @@ pub(super) fn operands_part(precision: Precision) -> (&'static str, &'static str
     }
 }
 
+/// The parameters and bindings both attention kernels start with.
+const ATTENTION_IO: &str = include_str!("../../../shaders/attention_io.wgsl");
+
 /// The directives a build starts with: `enable f16;` when any of its parts uses f16, `enable
 /// wgpu_cooperative_matrix;` for the cooperative tiles (WGSL wants every directive before the
 /// first declaration, so the parts themselves carry none).
@@ -116,12 +119,17 @@ impl Shader {
             Shader::Copy => fixed("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
             Shader::Norm => fixed("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
             Shader::Rope => fixed("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
-            Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
+            Shader::Attention => Ok((
+                "attention_io.wgsl + attention.wgsl".to_owned(),
+                Cow::Owned(ATTENTION_IO.to_owned() + include_str!("../../../shaders/attention.wgsl")),
+            )),
             Shader::AttentionCoop => {
                 let (operands, rounding) = operands_part(Precision::Fast);
-                let src =
-                    directives(true, true).to_owned() + rounding + include_str!("../../../shaders/attention_coop.wgsl");
-                Ok((format!("{operands} + attention_coop.wgsl"), Cow::Owned(src)))
+                let src = directives(true, true).to_owned()
+                    + rounding
+                    + ATTENTION_IO
+                    + include_str!("../../../shaders/attention_coop.wgsl");
+                Ok((format!("{operands} + attention_io.wgsl + attention_coop.wgsl"), Cow::Owned(src)))
             }
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
             Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
