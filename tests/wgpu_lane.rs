@@ -293,6 +293,33 @@ fn kernel_times_count_each_dispatch() {
     assert_eq!(b.kernel_times().unwrap(), Some(Vec::new()), "each call reports the work since the last");
 }
 
+/// `Options::kernel_times_by_grid` (`FOVEA_GPU_TIMES=grid`): one op's dispatches of different
+/// sizes come apart by their workgroups (elementwise ops run 256-wide workgroups).
+#[test]
+fn kernel_times_by_grid_tell_dispatch_sizes_apart() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = make(Options { kernel_times: true, kernel_times_by_grid: true, ..Options::default() });
+    if b.kernel_times().unwrap().is_none() {
+        eprintln!(
+            "SKIPPED kernel_times_by_grid_tell_dispatch_sizes_apart: {} has no timestamp queries",
+            b.device_name()
+        );
+        return;
+    }
+    let big = up(&b, &[64, 64], vec![1.0; 64 * 64]);
+    let small = up(&b, &[8, 64], vec![1.0; 8 * 64]);
+    let _ = b.add(&big, &big).unwrap();
+    let _ = b.add(&small, &small).unwrap();
+    let _ = b.add(&small, &small).unwrap();
+    let times = b.kernel_times().unwrap().expect("timed");
+    let mut counts: Vec<(&str, u64)> = times.iter().map(|k| (k.name.as_str(), k.count)).collect();
+    counts.sort();
+    assert_eq!(counts, [("add ×16", 1), ("add ×2", 2)], "{times:?}");
+}
+
 #[test]
 fn adapter_name_not_found_lists_adapters() {
     if !adapter_available() {

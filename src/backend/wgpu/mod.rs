@@ -166,8 +166,13 @@ pub struct Options {
     /// How long `download`/`sync` wait for the device before reporting an error.
     pub wait_timeout: std::time::Duration,
     /// Time every dispatch on the device (`Backend::kernel_times`) where the adapter has
-    /// timestamp queries. Diagnostic; on by default when `FOVEA_GPU_TIMES=1`.
+    /// timestamp queries. Diagnostic; on by default when `FOVEA_GPU_TIMES=1` (or `=grid`).
     pub kernel_times: bool,
+    /// With `kernel_times`, sum the times by entry point and grid size (`"linear_rows ×64640"`:
+    /// the workgroups of the dispatch), so that one op's dispatches of different shapes (a
+    /// decode step's head and its layers' projections) come apart. Diagnostic; on by default
+    /// when `FOVEA_GPU_TIMES=grid`.
+    pub kernel_times_by_grid: bool,
 }
 
 impl Default for Options {
@@ -184,7 +189,8 @@ impl Default for Options {
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
             wait_timeout: std::time::Duration::from_secs(600),
-            kernel_times: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "1"),
+            kernel_times: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "1" || v == "grid"),
+            kernel_times_by_grid: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "grid"),
         }
     }
 }
@@ -392,7 +398,8 @@ impl WgpuBackend {
             free: Mutex::default(),
             reuse: opts.reuse_buffers,
         });
-        let timer = if opts.kernel_times { timing::PassTimer::new(&device, &queue) } else { None };
+        let timer =
+            if opts.kernel_times { timing::PassTimer::new(&device, &queue, opts.kernel_times_by_grid) } else { None };
         Ok(Self {
             timer,
             queue,
@@ -662,7 +669,7 @@ impl WgpuBackend {
                     entries: &entries,
                 });
                 self.encode(p, |enc| {
-                    let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(label));
+                    let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(label, groups));
                     let mut pass =
                         enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes });
                     pass.set_pipeline(&pipeline);

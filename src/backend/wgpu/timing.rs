@@ -2,8 +2,9 @@
 //! adapter with `TIMESTAMP_QUERY`): every dispatch's compute pass writes a timestamp at its start and its end;
 //! each submission resolves its passes' timestamps into a buffer of its own, and
 //! [`Backend::kernel_times`](crate::backend::Backend::kernel_times) reads them back and sums them
-//! by entry point. The device time of each kernel is then known without a profiler (Nsight
-//! cannot see a Vulkan queue on the machines this was written for).
+//! by entry point (or, `Options::kernel_times_by_grid`, by entry point and grid size). The device
+//! time of each kernel is then known without a profiler (Nsight cannot see a Vulkan queue on the
+//! machines this was written for).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,15 +22,17 @@ pub(super) struct PassTimer {
     resolve: wgpu::Buffer,
     /// Nanoseconds per timestamp tick.
     period: f64,
-    /// The entry points of the passes in the encoder being recorded, in order.
-    open: Mutex<Vec<&'static str>>,
+    /// The passes in the encoder being recorded, in order: entry point, workgroups.
+    open: Mutex<Vec<(&'static str, u64)>>,
     /// Submitted: each submission's mappable copy of its timestamps, and its passes.
-    done: Mutex<Vec<(wgpu::Buffer, Vec<&'static str>)>>,
+    done: Mutex<Vec<(wgpu::Buffer, Vec<(&'static str, u64)>)>>,
+    /// Sum by entry point and grid size rather than by entry point.
+    by_grid: bool,
 }
 
 impl PassTimer {
     /// A timer when the device has the feature.
-    pub(super) fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<PassTimer> {
+    pub(super) fn new(device: &wgpu::Device, queue: &wgpu::Queue, by_grid: bool) -> Option<PassTimer> {
         if !device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
             return None;
         }
@@ -50,17 +53,23 @@ impl PassTimer {
             period: queue.get_timestamp_period() as f64,
             open: Mutex::default(),
             done: Mutex::default(),
+            by_grid,
         })
     }
 
-    /// The timestamp writes of the next pass of the encoder being recorded (`entry` runs in it).
-    pub(super) fn next_pass(&self, entry: &'static str) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+    /// The timestamp writes of the next pass of the encoder being recorded (`entry` runs in it,
+    /// over a grid of `groups`).
+    pub(super) fn next_pass(
+        &self,
+        entry: &'static str,
+        groups: (u32, u32, u32),
+    ) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
         let mut open = self.open.lock().unwrap();
         let i = open.len() as u32;
         if 2 * i + 2 > QUERIES {
             return None;
         }
-        open.push(entry);
+        open.push((entry, u64::from(groups.0) * u64::from(groups.1) * u64::from(groups.2)));
         Some(wgpu::ComputePassTimestampWrites {
             query_set: &self.set,
             beginning_of_pass_write_index: Some(2 * i),
@@ -88,13 +97,14 @@ impl PassTimer {
 }
 
 impl WgpuBackend {
-    /// Every submitted pass's device time since the last call, summed by entry point (longest
-    /// first); `None` without a timer.
+    /// Every submitted pass's device time since the last call, summed by entry point, or by entry
+    /// point and workgroups (`"linear_rows ×64640"`) with `kernel_times_by_grid` (longest first);
+    /// `None` without a timer.
     pub(super) fn pass_times(&self) -> Result<Option<Vec<KernelTime>>> {
         let Some(timer) = &self.timer else { return Ok(None) };
         self.sync()?;
         let done = std::mem::take(&mut *timer.done.lock().unwrap());
-        let mut totals: HashMap<&'static str, (u64, f64)> = HashMap::new();
+        let mut totals: HashMap<String, (u64, f64)> = HashMap::new();
         for (copy, passes) in done {
             let (tx, rx) = std::sync::mpsc::channel();
             copy.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -108,17 +118,16 @@ impl WgpuBackend {
             mapped.unwrap().map_err(|e| Error::Device(format!("mapping the pass times failed: {e}")))?;
             let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&copy.get_mapped_range(..).map_err(super::device_err)?);
             copy.unmap();
-            for (pass, entry) in passes.iter().enumerate() {
+            for (pass, &(entry, groups)) in passes.iter().enumerate() {
                 let (start, end) = (ticks[2 * pass], ticks[2 * pass + 1]);
-                let t = totals.entry(entry).or_default();
+                let name = if timer.by_grid { format!("{entry} ×{groups}") } else { entry.to_string() };
+                let t = totals.entry(name).or_default();
                 t.0 += 1;
                 t.1 += end.saturating_sub(start) as f64 * timer.period * 1e-9;
             }
         }
-        let mut times: Vec<KernelTime> = totals
-            .into_iter()
-            .map(|(name, (count, seconds))| KernelTime { name: name.to_string(), count, seconds })
-            .collect();
+        let mut times: Vec<KernelTime> =
+            totals.into_iter().map(|(name, (count, seconds))| KernelTime { name, count, seconds }).collect();
         times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         Ok(Some(times))
     }
