@@ -20,8 +20,8 @@ const BK: u32 = 16u;
 var<workgroup> xs: array<operand, 1024>; // [BK][BM]
 var<workgroup> ws: array<operand, 1024>; // [BK][BN]
 
-// Fills xs and ws with k0 .. k0 + BK of the output tile of rows `t` and weight rows col0 …; `li` is the invocation's index
-// in the workgroup (0..256).
+// Fills xs and ws with k0 .. k0 + BK of the output tile of rows `t` and weight rows col0 …;
+// `li` is the invocation's index in the workgroup (0..256).
 fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
     // x tile: 64 rows × 16 k, 4 elements per invocation, consecutive invocations walk k.
     for (var e = 0u; e < 4u; e++) {

@@ -1,5 +1,5 @@
-//! FLOP models and the kernel-time table the benches share (each bench includes this file with `#[path]`, so one count of
-//! the work stands behind every TFLOP/s figure they print).
+//! FLOP models and the kernel-time table the benches share (each bench includes this file with
+//! `#[path]`, so one count of the work stands behind every TFLOP/s figure they print).
 #![allow(dead_code)] // each bench uses a part
 
 use fovea::backend::KernelTime;

@@ -18,8 +18,8 @@ const BK: u32 = 32u;
 var<workgroup> xs: array<operand, 2048>; // [BK][BM]
 var<workgroup> ws: array<operand, 2048>; // [BK][BN]
 
-// Fills xs and ws with run k0 / 32 of the output tile of rows `t` and weight rows col0 …; `li` is the invocation's index in
-// the workgroup (0..256).
+// Fills xs and ws with run k0 / 32 of the output tile of rows `t` and weight rows col0 …; `li`
+// is the invocation's index in the workgroup (0..256).
 fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
     // x tile: 64 rows × 32 k, 8 elements per invocation, consecutive invocations walk k.
     for (var e = 0u; e < 8u; e++) {

@@ -54,28 +54,23 @@ impl WgpuBackend {
             return Ok(y);
         }
         let scale = 1.0 / (hd as f32).sqrt();
-        if self.tiles == Tiles::Coop
+        // the kernel, its entry point and the queries a workgroup takes (both read the same
+        // parameters and bindings: attention_io.wgsl)
+        let (shader, entry, queries) = if self.tiles == Tiles::Coop
             && hd == COOP_HEAD_DIM
             && self.limits.max_compute_workgroup_storage_size >= COOP_SHARED_BYTES
         {
-            return self
-                .dispatch(
-                    Shader::AttentionCoop,
-                    "attention_coop",
-                    0,
-                    &[n as u32, n_heads as u32, hd as u32, scale.to_bits()],
-                    &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
-                    (n.div_ceil(32) as u32, n_heads as u32, 1),
-                )
-                .map(|()| y);
-        }
+            (Shader::AttentionCoop, "attention_coop", 32)
+        } else {
+            (Shader::Attention, OP, 16)
+        };
         self.dispatch(
-            Shader::Attention,
-            OP,
+            shader,
+            entry,
             0,
             &[n as u32, n_heads as u32, hd as u32, scale.to_bits()],
             &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
-            (n.div_ceil(16) as u32, n_heads as u32, 1),
+            (n.div_ceil(queries) as u32, n_heads as u32, 1),
         )?;
         Ok(y)
     }

@@ -28,14 +28,25 @@ use super::{Shader, Tiles, WgpuBackend, WgpuTensor, WgpuWeight};
 use crate::backend::{Backend, DType, DeviceTensor, HostTensor, Op, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
 
-/// The part of a tiled product one dispatch computes: x's rows `rows` (first, count; y's rows are
-/// the same), x's columns `x_cols` (first, count = the product's k) against the binding's weight
-/// rows `w_rows` (first, count), written to y's columns from `y_col`.
-struct TilePart {
-    rows: (usize, usize),
+/// The part of a tiled product one dispatch computes: x's rows `rows` (y's rows are the same),
+/// x's columns `x_cols` (first, count = the product's k) against the binding's weight rows
+/// `w_rows` (first, count), written to y's columns from `y_col`.
+struct TilePart<'a> {
+    rows: TileRowSource<'a>,
     x_cols: (usize, usize),
     w_rows: (usize, usize),
     y_col: usize,
+}
+
+/// The rows of x and y each workgroup row of a tile dispatch covers (tile_rows.wgsl's
+/// `tile_rows`).
+enum TileRowSource<'a> {
+    /// Rows first .. first + count, 64 a workgroup row.
+    Range(usize, usize),
+    /// Entry i of `table` for workgroup row i ([`expert_row_tiles`]: first row, count ≤ 64,
+    /// expert; `tiles` entries), the experts' matrices `expert_stride` weight rows apart in the
+    /// binding: a dispatch over every expert of a projection.
+    Experts { table: &'a WgpuTensor, tiles: usize, expert_stride: usize },
 }
 
 /// The kernel of `linear` for `format` in `precision` on `tiles` (the FMA tiles in exact
@@ -114,14 +125,16 @@ impl WgpuBackend {
         n: usize,
     ) -> Result<()> {
         for c in &w.chunks {
-            let part = TilePart { rows: (row_off, n), x_cols: (0, x.cols()), w_rows: (0, c.rows), y_col: c.row0 };
+            let rows = TileRowSource::Range(row_off, n);
+            let part = TilePart { rows, x_cols: (0, x.cols()), w_rows: (0, c.rows), y_col: c.row0 };
             self.dispatch_tile_part(label, x, w, c.binding(), bias, y, part)?;
         }
         Ok(())
     }
 
     /// One dispatch of the tiled linear (linear_tile.wgsl, or the block formats'
-    /// dequant/linear.wgsl) over `part`, timed under `label` (`FOVEA_GPU_TIMES`).
+    /// dequant/linear.wgsl) over `part`, timed under `label` (`FOVEA_GPU_TIMES`); its parameter
+    /// block is tile_rows.wgsl's `P`.
     #[allow(clippy::too_many_arguments)]
     fn dispatch_tile_part(
         &self,
@@ -133,10 +146,15 @@ impl WgpuBackend {
         y: &WgpuTensor,
         part: TilePart,
     ) -> Result<()> {
-        let TilePart { rows: (row_off, n), x_cols: (x_col, k), w_rows: (w_row0, w_rows), y_col } = part;
-        let gy = n.div_ceil(64); // both tile bodies: 64×64 outputs a workgroup
+        let TilePart { rows, x_cols: (x_col, k), w_rows: (w_row0, w_rows), y_col } = part;
+        // (row_off, n, expert_stride), the row tiles' binding, and the workgroup rows (both tile
+        // bodies: 64×64 outputs a workgroup)
+        let ((row_off, n, expert_stride), row_tiles, gy) = match rows {
+            TileRowSource::Range(row_off, n) => ((row_off, n, 0), self.dummy.as_entire_binding(), n.div_ceil(64)),
+            TileRowSource::Experts { table, tiles, expert_stride } => ((0, 0, expert_stride), table.binding(), tiles),
+        };
         if gy > self.limits.max_compute_workgroups_per_dimension as usize {
-            return Err(Error::Device(format!("op `linear`: {n} rows exceed the dispatch limit")));
+            return Err(Error::Device(format!("op `{label}`: {gy} row tiles exceed the dispatch limit")));
         }
         let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w), self.tiles);
         let bias_res = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
@@ -152,7 +170,7 @@ impl WgpuBackend {
             x.cols() as u32,
             x_col as u32,
             w_row0 as u32,
-            0, // expert_stride: not a dispatch over every expert
+            expert_stride as u32,
         ];
         self.dispatch_as(
             label,
@@ -160,57 +178,8 @@ impl WgpuBackend {
             "main",
             fmt,
             &params,
-            &[(1, x.binding()), (2, chunk), (3, bias_res), (4, y.binding()), (5, self.dummy.as_entire_binding())],
+            &[(1, x.binding()), (2, chunk), (3, bias_res), (4, y.binding()), (5, row_tiles)],
             (w_rows.div_ceil(64) as u32, gy as u32, 1),
-        )
-    }
-
-    /// One dispatch of the tiled linear over every expert of a projection (`span`, each
-    /// expert's matrix `rows` weight rows): workgroup row i covers the rows of x and y named by
-    /// `row_tiles` entry i (first row, count ≤ 64, expert), `tiles` entries, as the experts'
-    /// runs of `at` cut into 64-row tiles ([`expert_row_tiles`]).
-    fn dispatch_expert_tiles(
-        &self,
-        x: &WgpuTensor,
-        span: &RowsWeight<'_>,
-        row_tiles: &WgpuTensor,
-        tiles: usize,
-        y: &WgpuTensor,
-    ) -> Result<()> {
-        let (w, (_, stride_rows)) = (span.matrix, span.experts.expect("a span over every expert"));
-        if tiles > self.limits.max_compute_workgroups_per_dimension as usize {
-            return Err(Error::Device(format!("op `moe_experts`: {tiles} row tiles exceed the dispatch limit")));
-        }
-        let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w), self.tiles);
-        let params = [
-            0, // n: each tile's own
-            w.cols as u32,
-            y.cols() as u32,
-            0,
-            w.rows as u32,
-            w.stride_words as u32,
-            0,
-            0,
-            x.cols() as u32,
-            0,
-            0,
-            stride_rows as u32,
-        ];
-        let bindings = [
-            (1, x.binding()),
-            (2, span.binding.clone()),
-            (3, self.dummy.as_entire_binding()),
-            (4, y.binding()),
-            (5, row_tiles.binding()),
-        ];
-        self.dispatch_as(
-            "expert_tiles",
-            shader,
-            "main",
-            fmt,
-            &params,
-            &bindings,
-            (w.rows.div_ceil(64) as u32, tiles as u32, 1),
         )
     }
 
@@ -237,7 +206,8 @@ impl WgpuBackend {
         for c in &w.chunks {
             for gi in c.row0 / r..(c.row0 + c.rows).div_ceil(r) {
                 let (lo, hi) = ((gi * r).max(c.row0), ((gi + 1) * r).min(c.row0 + c.rows));
-                let part = TilePart { rows: (0, n), x_cols: (gi * k, k), w_rows: (lo - c.row0, hi - lo), y_col: lo };
+                let rows = TileRowSource::Range(0, n);
+                let part = TilePart { rows, x_cols: (gi * k, k), w_rows: (lo - c.row0, hi - lo), y_col: lo };
                 self.dispatch_tile_part("grouped_tiles", x, w, c.binding(), None, &y, part)?;
             }
         }
@@ -327,8 +297,8 @@ impl WgpuBackend {
     /// re-read a weight row for every slot, 46 of 49 s of a 4-layer prefill on an H200 under
     /// Vulkan) — one dispatch over every expert where the projection's experts share a binding,
     /// else one an expert —, the clamped SwiGLU over every row at once, and the results gathered
-    /// back into slot order `[n·k, d]`. A slot whose id is outside `0..experts` is in no run: its row is a copy of
-    /// the first run's, and `moe_sum` makes its token NaN.
+    /// back into slot order `[n·k, d]`. A slot whose id is outside `0..experts` is in no run: its
+    /// row is a copy of the first run's, and `moe_sum` makes its token NaN.
     fn experts_as_tiles(
         &self,
         x: &WgpuTensor,
@@ -347,37 +317,39 @@ impl WgpuBackend {
         let runs = order.len();
         let tokens: Vec<i32> = order.iter().map(|&slot| (slot / k) as i32).collect();
         let xs = self.gather_rows(x, &self.upload(&HostTensor::i32([runs], tokens)?)?)?; // [runs, d]
+        // Each projection one dispatch over every expert's tiles where its experts share a
+        // binding: a prefill chunk routes its ~6·2048 slots over 256 experts, a few dozen rows
+        // each, and a dispatch an expert was a few dozen workgroups, most of an H200 idle, 768
+        // dispatches a layer one after another. Else one dispatch an expert (with rows).
+        let spans = [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding));
+        let table = if spans.iter().all(Option::is_some) {
+            let row_tiles = expert_row_tiles(&at);
+            Some((row_tiles.len() / 3, self.upload(&HostTensor::i32([row_tiles.len()], row_tiles)?)?))
+        } else {
+            None
+        };
+        // x's rows (in expert order) times projection `p`'s experts (`ws`) into y
+        let project = |x: &WgpuTensor, p: usize, ws: &[WgpuWeight], y: &WgpuTensor| -> Result<()> {
+            if let (Some(span), Some((tiles, table))) = (&spans[p], &table) {
+                let span = span.weight();
+                let (_, expert_stride) = span.experts.expect("a span over every expert");
+                let rows = TileRowSource::Experts { table, tiles: *tiles, expert_stride };
+                let part = TilePart { rows, x_cols: (0, x.cols()), w_rows: (0, span.matrix.rows), y_col: 0 };
+                return self.dispatch_tile_part("expert_tiles", x, span.matrix, span.binding, None, y, part);
+            }
+            for (e, w) in ws.iter().enumerate().filter(|&(e, _)| at[e + 1] > at[e]) {
+                self.dispatch_tiles("expert_tiles", x, w, None, y, at[e], at[e + 1] - at[e])?;
+            }
+            Ok(())
+        };
         let gate = self.alloc(OP, vec![runs, h], DType::F32)?;
         let up = self.alloc(OP, vec![runs, h], DType::F32)?;
-        let ys_by_expert = || self.alloc(OP, vec![runs, d], DType::F32);
-        let ys = if let [Some(g), Some(u), Some(o)] = [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding)) {
-            // each projection one dispatch over every expert's tiles: a prefill chunk routes its
-            // ~6·2048 slots over 256 experts, a few dozen rows each, and a dispatch an expert was
-            // a few dozen workgroups, most of an H200 idle, 768 dispatches a layer one after another
-            let row_tiles = expert_row_tiles(&at);
-            let tiles = row_tiles.len() / 3;
-            let row_tiles = self.upload(&HostTensor::i32([row_tiles.len()], row_tiles)?)?;
-            self.dispatch_expert_tiles(&xs, &g.weight(), &row_tiles, tiles, &gate)?;
-            self.dispatch_expert_tiles(&xs, &u.weight(), &row_tiles, tiles, &up)?;
-            let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
-            drop((gate, up, xs));
-            let ys = ys_by_expert()?;
-            self.dispatch_expert_tiles(&hid, &o.weight(), &row_tiles, tiles, &ys)?;
-            ys
-        } else {
-            let experts = || w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| at[e + 1] > at[*e]);
-            for (e, ((g, u), _)) in experts() {
-                self.dispatch_tiles("expert_tiles", &xs, g, None, &gate, at[e], at[e + 1] - at[e])?;
-                self.dispatch_tiles("expert_tiles", &xs, u, None, &up, at[e], at[e + 1] - at[e])?;
-            }
-            let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
-            drop((gate, up, xs));
-            let ys = ys_by_expert()?;
-            for (e, (_, o)) in experts() {
-                self.dispatch_tiles("expert_tiles", &hid, o, None, &ys, at[e], at[e + 1] - at[e])?;
-            }
-            ys
-        };
+        project(&xs, 0, w1, &gate)?;
+        project(&xs, 1, w3, &up)?;
+        let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
+        drop((gate, up, xs));
+        let ys = self.alloc(OP, vec![runs, d], DType::F32)?;
+        project(&hid, 2, w2, &ys)?;
         let mut row_of_slot = vec![0i32; slots];
         for (row, &slot) in order.iter().enumerate() {
             row_of_slot[slot] = row as i32;

@@ -163,8 +163,8 @@ impl Shader {
     const FIXED_F16: [Shader; 1] = [Shader::AttentionCoop];
 
     /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
-    /// (or, built only with SHADER_F16, [`Self::FIXED_F16`]) or chosen by [`linear_shader`] / [`lm_weight_shader`] / [`rows_shader`], so
-    /// [`shader_builds`] lists it.
+    /// (or, built only with SHADER_F16, [`Self::FIXED_F16`]) or chosen by [`linear_shader`] /
+    /// [`lm_weight_shader`] / [`rows_shader`], so [`shader_builds`] lists it.
     #[allow(dead_code)]
     fn listed(self) {
         match self {
