@@ -346,65 +346,78 @@ fn rope_tail_at(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     out[i] = rotated_tail_element(i, f32(u32(ia[row])), p.u1, p.u2, p.u3, p.u4 == 1u);
 }
 
-// hc_split: a = mix [n, (2+hc)·hc], b = scale [3], c = base [(2+hc)·hc] → out (same shape); one
-// thread per row, Sinkhorn in the reference's order on the hc×hc block held in registers
-// (`comb`, hc ≤ HC_MAX: lm.rs checks) and written out once: done in place in `out`, each of its
-// dependent steps was a global-memory round trip (0.1 ms a decode step's row on an H200).
+// hc_split: a = mix [n, (2+hc)·hc], b = scale [3], c = base [(2+hc)·hc] → out (same shape). A
+// row's hc×hc Sinkhorn block is spread over hc² threads, one element each (hc ≤ HC_MAX: lm.rs
+// checks), HC_MAX² / hc² rows a workgroup: each normalisation step publishes the elements in
+// workgroup memory and every thread sums its own row (or column) from there in the reference's
+// order, so the sums are the one-thread loop's, bit for bit. One thread per row, its block in
+// registers, took 0.08 ms a decode step's row on an H200: 20 iterations of dependent steps in
+// one thread. Two buffers alternate, so one barrier a step keeps a step's reads before the
+// next step's writes to the same buffer (a barrier lies between them).
 //   u0 = n, u1 = hc, u2 = iters, u3 = eps
 const HC_MAX: u32 = 8u;
+const HC_THREADS: u32 = HC_MAX * HC_MAX;
+
+var<workgroup> hc_block: array<array<f32, HC_THREADS>, 2>;
 
 @compute @workgroup_size(64, 1, 1)
-fn hc_split(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = gid.x;
-    if (t >= p.u0) { return; }
+fn hc_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let hc = p.u1;
+    let cells = hc * hc;
+    let per_group = HC_THREADS / cells;
+    let slot = li / cells;                // this thread's row in the workgroup
+    let q = li % cells;                   // its element of the block: [src][dst]
+    let src = q / hc;
+    let dst = q % hc;
+    let t = wg.x * per_group + slot;
+    let live = slot < per_group && t < p.u0; // uniform per row; barriers below are for all
     let wd = (2u + hc) * hc;
     let eps = bitcast<f32>(p.u3);
     let o = t * wd;
-    for (var i = 0u; i < hc; i++) {
-        out[o + i] = sigmoid(a[o + i] * b[0] + c[i]) + eps;
-        out[o + hc + i] = 2.0 * sigmoid(a[o + hc + i] * b[1] + c[hc + i]);
-    }
     let cb = o + 2u * hc;
-    var comb: array<f32, 64>; // [src][dst], HC_MAX²
-    for (var src = 0u; src < hc; src++) {
-        var mx = bitcast<f32>(0xff800000u);
-        for (var dst = 0u; dst < hc; dst++) {
-            let q = src * hc + dst;
-            let v = a[cb + q] * b[2] + c[2u * hc + q];
-            comb[q] = v;
-            mx = max(mx, v);
+    // the block's first element in hc_block (a thread past the last whole block reads the last's)
+    let row0 = min(slot, per_group - 1u) * cells;
+    var v = 0.0;
+    if (live) {
+        if (q < hc) {
+            out[o + q] = sigmoid(a[o + q] * b[0] + c[q]) + eps;
+            out[o + hc + q] = 2.0 * sigmoid(a[o + hc + q] * b[1] + c[hc + q]);
         }
-        var sum = 0.0;
-        for (var dst = 0u; dst < hc; dst++) {
-            let e = exp(comb[src * hc + dst] - mx);
-            comb[src * hc + dst] = e;
-            sum += e;
-        }
-        for (var dst = 0u; dst < hc; dst++) {
-            comb[src * hc + dst] = comb[src * hc + dst] / sum + eps;
-        }
+        v = a[cb + q] * b[2] + c[2u * hc + q];
     }
+    // the softmax over each src row
+    var buf = 0u;
+    hc_block[buf][li] = v;
+    workgroupBarrier();
+    var mx = bitcast<f32>(0xff800000u);
+    for (var j = 0u; j < hc; j++) { mx = max(mx, hc_block[buf][row0 + src * hc + j]); }
+    v = exp(v - mx);
+    buf = 1u - buf;
+    hc_block[buf][li] = v;
+    workgroupBarrier();
+    var sum = 0.0;
+    for (var j = 0u; j < hc; j++) { sum += hc_block[buf][row0 + src * hc + j]; }
+    v = v / sum + eps;
     for (var it = 0u; it < p.u2; it++) {
         if (it > 0u) {
             // rows (dst normalisation over each src row)
-            for (var src = 0u; src < hc; src++) {
-                var sum = 0.0;
-                for (var dst = 0u; dst < hc; dst++) { sum += comb[src * hc + dst]; }
-                sum += eps;
-                for (var dst = 0u; dst < hc; dst++) { comb[src * hc + dst] /= sum; }
-            }
+            buf = 1u - buf;
+            hc_block[buf][li] = v;
+            workgroupBarrier();
+            sum = 0.0;
+            for (var j = 0u; j < hc; j++) { sum += hc_block[buf][row0 + src * hc + j]; }
+            v /= sum + eps;
         }
         // columns (src normalisation for each dst)
-        for (var dst = 0u; dst < hc; dst++) {
-            var sum = 0.0;
-            for (var src = 0u; src < hc; src++) { sum += comb[src * hc + dst]; }
-            sum += eps;
-            for (var src = 0u; src < hc; src++) { comb[src * hc + dst] /= sum; }
-        }
+        buf = 1u - buf;
+        hc_block[buf][li] = v;
+        workgroupBarrier();
+        sum = 0.0;
+        for (var j = 0u; j < hc; j++) { sum += hc_block[buf][row0 + j * hc + dst]; }
+        v /= sum + eps;
     }
-    for (var q = 0u; q < hc * hc; q++) {
-        out[cb + q] = comb[q];
+    if (live) {
+        out[cb + q] = v;
     }
 }
 

@@ -741,14 +741,17 @@ fn lm_cases() -> Vec<Case> {
             Args { c: inverse as usize, ..Default::default() },
         ));
     }
-    for (n, iters) in [(1, 1), (13, 20)] {
+    // hc_split: the model's 4 streams (a decode row, a prefill's), 3 (blocks of 9 threads leave a
+    // workgroup's last threads out) and 8 (one block a workgroup).
+    for (hc, n, iters) in [(4, 1, 1), (4, 13, 20), (3, 10, 5), (8, 3, 7)] {
+        let w = (2 + hc) * hc;
         out.push(case(
-            format!("hc_split [{n},24] hc=4 iters {iters}"),
+            format!("hc_split [{n},{w}] hc={hc} iters {iters}"),
             Op::HcSplit,
             REDUCTION,
-            vec![randn(&mut r, &[n, 24], 2.0), randn(&mut r, &[3], 1.5), randn(&mut r, &[24], 1.0)],
-            |a| Call::HcSplit { mix: 0, scale: 1, base: 2, hc: 4, iters: a.a, eps: 1e-6 },
-            Args { a: iters, ..Default::default() },
+            vec![randn(&mut r, &[n, w], 2.0), randn(&mut r, &[3], 1.5), randn(&mut r, &[w], 1.0)],
+            |a| Call::HcSplit { mix: 0, scale: 1, base: 2, hc: a.b, iters: a.a, eps: 1e-6 },
+            Args { a: iters, b: hc, ..Default::default() },
         ));
     }
     // compress_pool: trailing partial block (T = 4·3 + 2), with and without overlap.

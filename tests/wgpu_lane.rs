@@ -820,8 +820,8 @@ fn attention_rejects_unsupported_head_dim() {
     assert!(matches!(b.attention(&q, &q, &q, 1), Err(Error::Unsupported { .. })));
 }
 
-/// hc_split holds a row's hc×hc block in registers, up to 8 streams: more is a clear refusal, not
-/// a write past its array.
+/// hc_split spreads a row's hc×hc block over hc² threads of a 64-thread workgroup, up to 8
+/// streams: more is a clear refusal, not a block past its workgroup.
 #[test]
 fn hc_split_rejects_more_streams_than_it_holds() {
     if !adapter_available() {

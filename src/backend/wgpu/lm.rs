@@ -18,8 +18,8 @@ use crate::error::{Error, Result};
 
 /// lm.wgsl (one build: its ops have no precision to choose).
 const LM: Shader = Shader::Lm;
-/// The most hyper-connection streams `hc_split` holds in registers (lm.wgsl's `HC_MAX`; the
-/// model has 4).
+/// The most hyper-connection streams `hc_split` takes (lm.wgsl's `HC_MAX`: a row's hc² threads
+/// fit its workgroup; the model has 4).
 const HC_MAX: usize = 8;
 
 impl WgpuBackend {
@@ -171,8 +171,8 @@ impl WgpuBackend {
         self.per_element(LM, "rope_tail_at", &inputs, out, &params)
     }
 
-    /// mHC split with Sinkhorn; one thread per row, its hc×hc block in registers (hc ≤
-    /// [`HC_MAX`]).
+    /// mHC split with Sinkhorn; a row's hc×hc block over hc² threads, `HC_MAX² / hc²` rows a
+    /// workgroup (hc ≤ [`HC_MAX`]).
     pub(super) fn hc_split(
         &self,
         mix: &WgpuTensor,
@@ -189,8 +189,8 @@ impl WgpuBackend {
             return Err(Self::unsupported(Op::HcSplit, format!("hc = {hc} streams (at most {HC_MAX})")));
         }
         let y = self.alloc(OP, vec![n, w], DType::F32)?;
-        if n > 0 {
-            let g = n.div_ceil(64);
+        if n > 0 && hc > 0 {
+            let g = n.div_ceil(HC_MAX * HC_MAX / (hc * hc));
             if g > self.limits.max_compute_workgroups_per_dimension as usize {
                 return Err(Error::Device(format!("op `{OP}`: {n} rows exceed the dispatch limit")));
             }
