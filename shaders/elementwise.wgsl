@@ -3,12 +3,18 @@
 //   add:      a [n], b [n] → out [n]
 //   swiglu:   a [rows, 2h] → out [rows, h], out = silu(a[:, :h]) · a[:, h:]   (gate = first half)
 //   gelu_erf: a [n] → out [n], out = x/2 · (1 + erf(x/√2)) with a float32 erf (≤ 1 ulp + exp error)
+//   sum_slices: a [slices, rows, cols] (partial sums: rows.wgsl's linear_rows split over k),
+//             b = bias [col_off + cols] if has_bias → out[r, col_off + c] (out_cols per row) =
+//             Σ_z a[z, r, c] in slice order (+ b[col_off + c]); n = rows·cols
 
 struct P {
-    n: u32, // output elements
-    h: u32, // swiglu: half width
-    _a: u32,
-    _b: u32,
+    n: u32,        // output elements
+    h: u32,        // swiglu: half width
+    cols: u32,     // sum_slices: columns of a slice's row
+    slices: u32,
+    out_cols: u32,
+    col_off: u32,
+    has_bias: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -71,4 +77,21 @@ fn gelu_erf(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (i >= p.n) { return; }
     let v = a[i];
     out[i] = v * 0.5 * (1.0 + erf_f32(v * 0.70710678118654752));
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn sum_slices(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.n) { return; }
+    let r = i / p.cols;
+    let c = i % p.cols;
+    var v = 0.0;
+    for (var z = 0u; z < p.slices; z++) {
+        v += a[z * p.n + i];
+    }
+    if (p.has_bias != 0u) {
+        v += b[p.col_off + c];
+    }
+    out[r * p.out_cols + p.col_off + c] = v;
 }

@@ -21,7 +21,7 @@
 //     every call is in workgroup-uniform control flow: a workgroup's columns, row count and
 //     expert batches depend only on the workgroup id, the parameters and `ids`.
 // Dispatch: one workgroup per pair of columns of the bound chunk, numbered wg.y·gx + wg.x (2-D
-// grid).
+// grid); linear_rows may also split k over grid layers (z), each writing its partial sums.
 
 struct P {
     n: u32,          // rows of x (linear_rows, grouped_rows; ≤ ROWS) or expert slots n·topk
@@ -38,6 +38,8 @@ struct P {
     limit: u32,      // moe_up_rows: the SwiGLU clamp (f32 bits)
     experts: u32,    // experts, every expert's weight bound (0: one expert's): how many,
     expert_stride: u32, // and the weight rows from one expert's first row to the next's
+    k_slice: u32,    // linear_rows: elements of k grid layer z sums, from z·k_slice (k: all)
+    slice_stride: u32, // linear_rows: elements of y from one layer's partial sums to the next's
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -60,19 +62,20 @@ fn column(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return (wg.y * nwg.x + wg.x) * COLS;
 }
 
-// This thread's share (spans li, li + WG, …) of Σ_e x[xo[i] + e] · W[r0 + c + q, e] for rows
-// i < rows, in acc[i][q], q < COLS (r0: the first weight row of the dispatch's matrix in the
-// binding, 0 but for the experts). A workgroup whose second column is past the chunk reads the
-// first column's row for it (in bounds) and stores nothing from it.
-fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32) -> array<vec2<f32>, ROWS> {
+// This thread's share (spans k0 / SPAN + li, + WG, …) of Σ_e x[xo[i] + e] · W[r0 + c + q, e]
+// over k0 ≤ e < k1 (k0 a multiple of SPAN) for rows i < rows, in acc[i][q], q < COLS (r0: the
+// first weight row of the dispatch's matrix in the binding, 0 but for the experts). A workgroup
+// whose second column is past the chunk reads the first column's row for it (in bounds) and
+// stores nothing from it.
+fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32, k0: u32, k1: u32) -> array<vec2<f32>, ROWS> {
     var acc: array<vec2<f32>, ROWS>;
     let c1 = select(c, c + 1u, c + 1u < p.cols);
-    for (var s = li; s * SPAN < p.k; s += WG) {
+    for (var s = k0 / SPAN + li; s * SPAN < k1; s += WG) {
         let wa = load_span(r0 + c, s);
         let wb = load_span(r0 + c1, s);
         for (var j = 0u; j < SPAN; j++) {
             let e = s * SPAN + j;
-            if (e >= p.k) { break; }
+            if (e >= k1) { break; }
             let wo = vec2<f32>(f32(to_operand(wa[j])), f32(to_operand(wb[j])));
             for (var i = 0u; i < ROW_BOUND; i++) {
                 if (i < rows) {
@@ -93,20 +96,25 @@ fn store_pair(c: u32, at: u32, v: vec2<f32>) {
 }
 
 // linear: y[i, col_off + c] = x[i] · W[c] (+ bias), rows i < n ≤ ROWS (as linear_tile's store).
+// Split over k (few columns, so few workgroups: the model's hyper-connection mixes are 24
+// columns over 16 384 inputs, 12 workgroups that each walked 16 384 elements one latency at a
+// time): layer z sums k_slice elements into y[z·slice_stride + i·out_cols + c] (the host gives
+// col_off 0, out_cols = cols and no bias), and elementwise.wgsl's sum_slices adds the layers.
 @compute @workgroup_size(64, 1, 1)
 fn linear_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
     let c = column(wg, nwg);
     if (c >= p.cols) { return; }
     var xo: array<u32, ROWS>;
     for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.k; }
-    reduce_rows(lane, dot_rows(lane.li, 0u, c, xo, p.n));
+    let k0 = wg.z * p.k_slice;
+    reduce_rows(lane, dot_rows(lane.li, 0u, c, xo, p.n, k0, min(p.k, k0 + p.k_slice)));
     if (lane.li < p.n) {
         let oc = p.col_off + c;
         var v = sums[lane.li];
         if (p.has_bias != 0u) {
             v += vec2<f32>(bias[oc], bias[min(oc + 1u, p.col_off + p.cols - 1u)]);
         }
-        store_pair(c, lane.li * p.out_cols + oc, v);
+        store_pair(c, wg.z * p.slice_stride + lane.li * p.out_cols + oc, v);
     }
 }
 
@@ -119,12 +127,12 @@ fn grouped_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let g = o / p.group_rows;
     var xo: array<u32, ROWS>;
     for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.x_stride + g * p.k; }
-    var acc = dot_rows(lane.li, 0u, c, xo, p.n);
+    var acc = dot_rows(lane.li, 0u, c, xo, p.n, 0u, p.k);
     if (c + 1u < p.cols && (o + 1u) / p.group_rows != g) {
         // the pair straddles two groups (odd group_rows, or a chunk starting mid-group): column
         // c + 1 reads the next group's x
         for (var i = 0u; i < ROWS; i++) { xo[i] += p.k; }
-        let next = dot_rows(lane.li, 0u, c, xo, p.n);
+        let next = dot_rows(lane.li, 0u, c, xo, p.n, 0u, p.k);
         for (var i = 0u; i < ROWS; i++) { acc[i].y = next[i].y; }
     }
     reduce_rows(lane, acc);
@@ -189,7 +197,7 @@ fn expert_rows(lane: Lane, col: u32, z: u32, from_hid: bool, epilogue: u32) {
         for (var i = 0u; i < ROWS; i++) {
             xo[i] = select(b.slots[i] / p.topk, b.slots[i], from_hid) * p.k;
         }
-        reduce_rows(lane, dot_rows(lane.li, r0, col, xo, b.rows));
+        reduce_rows(lane, dot_rows(lane.li, r0, col, xo, b.rows, 0u, p.k));
         if (lane.li < b.rows) {
             let at = b.slots[lane.li] * p.out_cols + col;
             let s = sums[lane.li];

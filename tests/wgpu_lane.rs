@@ -320,6 +320,45 @@ fn kernel_times_by_grid_tell_dispatch_sizes_apart() {
     assert_eq!(counts, [("add ×16", 1), ("add ×2", 2)], "{times:?}");
 }
 
+/// A one-row linear with few columns over long rows is split over k and its slices summed
+/// (rows.rs `k_slice`, elementwise.wgsl's `sum_slices`: 24 columns of 4096 → 8 slices of 512),
+/// as the model's hyper-connection mixes are; many columns, or `split_rows_k` off, are not. The
+/// values are the op harness's to check (its "(k split)" cases); this checks which path ran.
+#[test]
+fn small_row_linear_splits_few_columns_over_k() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let run = |cols: usize, split_rows_k: bool| {
+        let b = make(Options { kernel_times: true, kernel_times_by_grid: true, split_rows_k, ..Options::default() });
+        b.kernel_times().unwrap()?;
+        let k = 4096;
+        let w = HostWeight {
+            name: "w".into(),
+            format: WeightFormat::F32,
+            rows: cols,
+            cols: k,
+            bytes: Cow::Owned(encode(WeightFormat::F32, &vec![0.5; cols * k])),
+        };
+        let x = up(&b, &[1, k], vec![1.0; k]);
+        let y = b.linear(&x, &b.upload_weight(&w).unwrap(), None).unwrap();
+        assert!(down(&b, &y).iter().all(|&v| v == 2048.0), "each column 4096 × 0.5");
+        let mut counts: Vec<(String, u64)> =
+            b.kernel_times().unwrap().expect("timed").into_iter().map(|k| (k.name, k.count)).collect();
+        counts.sort();
+        Some(counts)
+    };
+    let Some(split) = run(24, true) else {
+        eprintln!("SKIPPED small_row_linear_splits_few_columns_over_k: no timestamp queries");
+        return;
+    };
+    let named = |v: &[(&str, u64)]| v.iter().map(|(n, c)| (n.to_string(), *c)).collect::<Vec<_>>();
+    assert_eq!(split, named(&[("linear_rows ×96", 1), ("sum_slices ×1", 1)]), "12 pairs × 8 slices");
+    assert_eq!(run(24, false).unwrap(), named(&[("linear_rows ×12", 1)]));
+    assert_eq!(run(1024, true).unwrap(), named(&[("linear_rows ×512", 1)]), "512 workgroups: unsplit");
+}
+
 #[test]
 fn adapter_name_not_found_lists_adapters() {
     if !adapter_available() {

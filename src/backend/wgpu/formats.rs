@@ -43,9 +43,14 @@ impl BlockKernel {
     }
 
     /// Whether the lane builds this kernel in `precision`: the cooperative tiles take f16
-    /// operands, so only fast precision's.
+    /// operands, so only fast precision's; the small rows take f32 operands in both
+    /// (`rows::rows_shader`), so only exact precision's.
     pub fn builds_in(self, precision: Precision) -> bool {
-        self != BlockKernel::Linear(Tiles::Coop) || precision == Precision::Fast
+        match self {
+            BlockKernel::Linear(Tiles::Coop) => precision == Precision::Fast,
+            BlockKernel::Rows(_) => precision == Precision::Exact,
+            _ => true,
+        }
     }
 
     /// The files that follow the operands file: (name, WGSL).

@@ -99,11 +99,8 @@ impl WgpuBackend {
             return Ok(y);
         }
         if n <= SMALL_ROWS {
-            let has_bias = bias.is_some();
-            let extra = [(3, bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding()))];
             for chunk in 0..w.chunks.len() {
-                let params = RowsParams { n, k, out_cols: w.rows, has_bias, ..RowsParams::default() };
-                self.dispatch_rows("linear_rows", w, chunk, n, params, x, &y, &extra)?;
+                self.linear_rows(w, chunk, x, (n, k), bias, &y)?;
             }
             return Ok(y);
         }

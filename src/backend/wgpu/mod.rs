@@ -155,6 +155,9 @@ pub struct Options {
     /// matrices (`Tiles::Fma`), so such a device tests that path too. Diagnostic; on by default
     /// when `FOVEA_WGPU_FMA_TILES=1` (to time both in one build).
     pub force_fma_tiles: bool,
+    /// Split a small-row linear with few columns over k (`rows::k_slice`). On by default; off
+    /// when `FOVEA_WGPU_ROWS_SPLIT=0`, to time both in one build. Diagnostic.
+    pub split_rows_k: bool,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -185,6 +188,7 @@ impl Default for Options {
             force_workgroup_reduction: false,
             force_workgroup_attention: false,
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
+            split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,

@@ -10,6 +10,7 @@ use std::num::NonZeroU64;
 
 use super::formats::BlockKernel;
 use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
+use crate::backend::DType;
 use crate::backend::{Precision, WeightFormat};
 use crate::error::{Error, Result};
 
@@ -98,20 +99,19 @@ impl RowsBuild {
 pub(super) const BODY: (&str, &str) = ("rows.wgsl", include_str!("../../../shaders/rows.wgsl"));
 pub(super) const PAIRS: (&str, &str) = ("rows_pairs.wgsl", include_str!("../../../shaders/rows_pairs.wgsl"));
 
-/// The small-row kernel for `format` in `precision` as `build`, and its `FMT` override: as
-/// [`super::linear::linear_shader`] chooses the tile kernel's weight part.
-pub(super) fn rows_shader(
-    format: WeightFormat,
-    native_f16: bool,
-    precision: Precision,
-    build: RowsBuild,
-) -> (Shader, u32) {
+/// The small-row kernel for `format` as `build`, and its `FMT` override: as
+/// [`super::linear::linear_shader`] chooses the tile kernel's weight part. In both precisions its
+/// operands stay f32 (operands_exact.wgsl): fast precision rounds them to f16 for the f16
+/// arithmetic of the tiles and attention, but these products read each weight once and are bound
+/// by memory and latency, not arithmetic, so the rounding would only add work (≈ 25 % of these
+/// kernels' time on an H200 under Vulkan) and error.
+pub(super) fn rows_shader(format: WeightFormat, native_f16: bool, build: RowsBuild) -> (Shader, u32) {
     match format {
-        WeightFormat::F32 => (Shader::Rows(precision, build), 0),
-        WeightFormat::BF16 => (Shader::Rows(precision, build), 1),
-        WeightFormat::F16 if native_f16 => (Shader::RowsF16(precision, build), 0),
-        WeightFormat::F16 => (Shader::Rows(precision, build), 2),
-        f => (Shader::Block(BlockKernel::Rows(build), f, precision), 0),
+        WeightFormat::F32 => (Shader::Rows(build), 0),
+        WeightFormat::BF16 => (Shader::Rows(build), 1),
+        WeightFormat::F16 if native_f16 => (Shader::RowsF16(build), 0),
+        WeightFormat::F16 => (Shader::Rows(build), 2),
+        f => (Shader::Block(BlockKernel::Rows(build), f, Precision::Exact), 0),
     }
 }
 
@@ -128,6 +128,29 @@ pub(super) struct RowsParams {
     pub topk: usize,
     pub expert: usize,
     pub limit: f32,
+    /// linear_rows split over k: the elements each grid layer sums (0: all of k, one layer).
+    pub k_slice: usize,
+}
+
+/// Workgroups (column pairs) below which `linear` splits a small-row product over k
+/// ([`k_slice`]).
+const SPLIT_BELOW_GROUPS: usize = 512;
+/// The fewest elements of k a slice takes: one 8-value run a thread of a 64-thread workgroup.
+const MIN_SLICE: usize = 512;
+
+/// The elements of k each grid layer of a small-row `linear` over `cols` columns sums: all of k
+/// with enough workgroups, else slices (a multiple of 256, so every block format's blocks and
+/// spans stay whole) until the dispatch has about [`SPLIT_BELOW_GROUPS`] workgroups. A workgroup
+/// walks its slice one load latency a step, so few workgroups over long rows leave most of a GPU
+/// idle: the hyper-connection mixes, 12 workgroups over 16 384 inputs, took 0.12 ms each on an
+/// H200 under Vulkan.
+pub(super) fn k_slice(cols: usize, k: usize) -> usize {
+    let groups = cols.div_ceil(2);
+    if groups >= SPLIT_BELOW_GROUPS || k < 2 * MIN_SLICE {
+        return k;
+    }
+    let slices = SPLIT_BELOW_GROUPS.div_ceil(groups).min(k / MIN_SLICE);
+    k.div_ceil(slices).next_multiple_of(256).min(k)
 }
 
 /// The weight rows a small-row dispatch binds: one chunk of a matrix, or every expert of a
@@ -218,7 +241,8 @@ impl WgpuBackend {
     }
 
     /// One small-row dispatch of `entry` over `w`'s columns (one workgroup per pair, times the
-    /// slots `params.n` or the experts, the fewer, when every expert is bound), x at binding 1,
+    /// slots `params.n` or the experts, the fewer, when every expert is bound, or times the k
+    /// slices of a split linear_rows), x at binding 1,
     /// y at 4, and `extra` bindings (bias at 3, ids at 5). `rows`: the rows of x (tokens, for the
     /// experts), which pick the pipeline's row bound.
     #[allow(clippy::too_many_arguments)]
@@ -235,17 +259,23 @@ impl WgpuBackend {
         if w.cols == 0 {
             return Ok(());
         }
+        // with every expert bound, a grid layer per slot or per expert, whichever are fewer; split
+        // over k, a layer a slice
+        let layers = match w.experts {
+            Some((experts, _)) => params.n.min(experts),
+            None if params.k_slice > 0 => params.k.div_ceil(params.k_slice),
+            None => 1,
+        };
         let (gx, gy, _) = grid(w.cols.div_ceil(2));
-        // with every expert bound, a grid layer per slot or per expert, whichever are fewer
-        let layers = w.experts.map_or(1, |(experts, _)| params.n.min(experts) as u32);
         let max = self.limits.max_compute_workgroups_per_dimension;
-        if gy > max || layers > max {
+        if gy > max || layers > max as usize {
             return Err(Error::Device(format!("{entry}: {} columns × {layers} exceed the dispatch limit", w.cols)));
         }
         let m = w.matrix;
         let build = RowsBuild { reduction: self.reduction, bound: RowBound::of(rows) };
-        let (shader, fmt) = rows_shader(m.format, self.native_f16, self.gemm_precision(m), build);
+        let (shader, fmt) = rows_shader(m.format, self.native_f16, build);
         let (experts, expert_stride) = w.experts.unwrap_or((0, 0));
+        let k_slice = if params.k_slice == 0 { params.k } else { params.k_slice };
         let words = [
             params.n,
             params.k,
@@ -262,8 +292,41 @@ impl WgpuBackend {
         .map(|v| v as u32);
         let mut block: Vec<u32> = words.to_vec();
         block.extend([params.limit.to_bits(), experts as u32, expert_stride as u32]);
+        block.extend([k_slice as u32, (params.n * w.cols) as u32]);
         let mut bindings = vec![(1, x.binding()), (2, w.binding), (4, y.binding())];
         bindings.extend(extra.iter().cloned());
-        self.dispatch(shader, entry, fmt, &block, &bindings, (gx, gy, layers))
+        self.dispatch(shader, entry, fmt, &block, &bindings, (gx, gy, layers as u32))
+    }
+
+    /// linear's small-row path over chunk `chunk` of `w`: x `[n, k]` (`shape`) → columns `row0 ..` of y
+    /// `[n, w.rows]` (+ bias). Few columns over long rows ([`k_slice`]) are split over k: each
+    /// slice's partial sums into a scratch `[slices, n, cols]`, then elementwise.wgsl's
+    /// `sum_slices` adds them in slice order (and the bias) into y.
+    pub(super) fn linear_rows(
+        &self,
+        w: &WgpuWeight,
+        chunk: usize,
+        x: &WgpuTensor,
+        (n, k): (usize, usize),
+        bias: Option<&WgpuTensor>,
+        y: &WgpuTensor,
+    ) -> Result<()> {
+        let bias_at = (3, bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding()));
+        let weight = RowsWeight::chunk(w, chunk);
+        let slice = if self.opts.split_rows_k { k_slice(weight.cols, k) } else { k };
+        let has_bias = bias.is_some();
+        if slice >= k {
+            let params = RowsParams { n, k, out_cols: w.rows, has_bias, ..RowsParams::default() };
+            return self.dispatch_rows_over("linear_rows", weight, n, params, x, y, &[bias_at]);
+        }
+        let (cols, col_off) = (weight.cols, weight.col_off);
+        let part = self.alloc("linear", vec![k.div_ceil(slice), n, cols], DType::F32)?;
+        let params = RowsParams { n, k, out_cols: cols, k_slice: slice, ..RowsParams::default() };
+        let no_bias = (3, self.dummy.as_entire_binding());
+        self.dispatch_rows_over("linear_rows", RowsWeight { col_off: 0, ..weight }, n, params, x, &part, &[no_bias])?;
+        let slices = k.div_ceil(slice);
+        let params = [n * cols, 0, cols, slices, w.rows, col_off, has_bias as usize].map(|v| v as u32);
+        let bindings = [(1, part.binding()), (2, bias_at.1), (3, y.binding())];
+        self.dispatch_1d(Shader::Elementwise, "sum_slices", n * cols, &params, &bindings)
     }
 }

@@ -59,10 +59,11 @@ pub(super) enum Shader {
     Lm,
     /// A kernel over block-format weights, built for one format (formats.rs).
     Block(BlockKernel, WeightFormat, Precision),
-    /// The small-row kernels (rows.wgsl) over `linear_packed.wgsl` (f32, bf16, f16 fallback).
-    Rows(Precision, RowsBuild),
+    /// The small-row kernels (rows.wgsl) over `linear_packed.wgsl` (f32, bf16, f16 fallback), on
+    /// f32 operands in both precisions ([`rows_shader`]).
+    Rows(RowsBuild),
     /// The small-row kernels over `linear_f16.wgsl` (f16 with SHADER_F16).
-    RowsF16(Precision, RowsBuild),
+    RowsF16(RowsBuild),
 }
 
 /// The operands file of a GEMM build: its label and WGSL (see `shaders/operands_exact.wgsl`).
@@ -98,7 +99,7 @@ impl Shader {
         let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
             let rows = |b: RowsBuild| vec![b.reduction.part(), rows::PAIRS];
             let (middle, last) = match self {
-                Shader::Rows(_, b) | Shader::RowsF16(_, b) => (rows(b), None),
+                Shader::Rows(b) | Shader::RowsF16(b) => (rows(b), None),
                 Shader::Linear(_, tiles) | Shader::LinearF16(_, tiles) => (vec![TILE_ROWS], Some(tiles.body())),
                 _ => (Vec::new(), None),
             };
@@ -133,8 +134,8 @@ impl Shader {
             }
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
             Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
-            Shader::Rows(precision, _) => gemm(false, Some(PACKED), rows::BODY, precision),
-            Shader::RowsF16(precision, _) => gemm(true, Some(F16), rows::BODY, precision),
+            Shader::Rows(_) => gemm(false, Some(PACKED), rows::BODY, Precision::Exact),
+            Shader::RowsF16(_) => gemm(true, Some(F16), rows::BODY, Precision::Exact),
             Shader::Block(kernel, format, precision) => match formats::block_shader_source(format, kernel, precision) {
                 Some((label, src)) => Ok((label, Cow::Owned(src))),
                 None => Err(Error::Device(format!("{}: {format} is not a block format", kernel.file()))),
@@ -150,8 +151,8 @@ impl Shader {
     pub(super) fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
         match self {
             Shader::Linear(..) => vec![("FMT", f64::from(fmt))],
-            Shader::Rows(_, b) => [("FMT", f64::from(fmt))].into_iter().chain(b.constants()).collect(),
-            Shader::RowsF16(_, b) | Shader::Block(BlockKernel::Rows(b), ..) => b.constants(),
+            Shader::Rows(b) => [("FMT", f64::from(fmt))].into_iter().chain(b.constants()).collect(),
+            Shader::RowsF16(b) | Shader::Block(BlockKernel::Rows(b), ..) => b.constants(),
             _ => Vec::new(),
         }
     }
@@ -180,8 +181,8 @@ impl Shader {
     /// and validated once.
     pub(super) fn module(self) -> Shader {
         match self {
-            Shader::Rows(p, b) => Shader::Rows(p, b.module()),
-            Shader::RowsF16(p, b) => Shader::RowsF16(p, b.module()),
+            Shader::Rows(b) => Shader::Rows(b.module()),
+            Shader::RowsF16(b) => Shader::RowsF16(b.module()),
             Shader::Block(BlockKernel::Rows(b), f, p) => Shader::Block(BlockKernel::Rows(b.module()), f, p),
             s => s,
         }
@@ -193,8 +194,8 @@ impl Shader {
         self.needs_coop()
             || matches!(
                 self,
-                Shader::Rows(_, RowsBuild { reduction: Reduction::Subgroup, .. })
-                    | Shader::RowsF16(_, RowsBuild { reduction: Reduction::Subgroup, .. })
+                Shader::Rows(RowsBuild { reduction: Reduction::Subgroup, .. })
+                    | Shader::RowsF16(RowsBuild { reduction: Reduction::Subgroup, .. })
                     | Shader::Block(BlockKernel::Rows(RowsBuild { reduction: Reduction::Subgroup, .. }), ..)
             )
     }
@@ -227,7 +228,7 @@ impl Shader {
                 for f in WeightFormat::ALL {
                     list.extend(Tiles::ALL.map(|t| linear_shader(f, native_f16, precision, t)));
                     list.push(lm_weight_shader(f));
-                    list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, precision, b)));
+                    list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, b)));
                 }
             }
             list.extend(Shader::FIXED.map(|s| (s, 0)));
