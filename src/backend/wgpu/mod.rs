@@ -155,6 +155,10 @@ pub struct Options {
     /// matrices (`Tiles::Fma`), so such a device tests that path too. Diagnostic; on by default
     /// when `FOVEA_WGPU_FMA_TILES=1` (to time both in one build).
     pub force_fma_tiles: bool,
+    /// Create the shader modules with wgpu's runtime checks (naga's index clamping and loop
+    /// counters), which the lane otherwise leaves out of its own, harness-proven kernels. Off by
+    /// default; on when `FOVEA_WGPU_CHECKED_SHADERS=1`. Diagnostic.
+    pub checked_shaders: bool,
     /// Split a small-row linear with few columns over k (`rows::k_slice`). On by default; off
     /// when `FOVEA_WGPU_ROWS_SPLIT=0`, to time both in one build. Diagnostic.
     pub split_rows_k: bool,
@@ -188,6 +192,7 @@ impl Default for Options {
             force_workgroup_reduction: false,
             force_workgroup_attention: false,
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
+            checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),
             split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
@@ -578,10 +583,22 @@ impl WgpuBackend {
             modules
                 .entry(shader.module())
                 .or_insert_with(|| {
-                    self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(&file),
-                        source: wgpu::ShaderSource::Wgsl(src),
-                    })
+                    let desc =
+                        wgpu::ShaderModuleDescriptor { label: Some(&file), source: wgpu::ShaderSource::Wgsl(src) };
+                    if self.opts.checked_shaders {
+                        return self.device.create_shader_module(desc);
+                    }
+                    // SAFETY: wgpu's runtime checks are for untrusted shaders; ours are this
+                    // crate's own WGSL. Every loop is bounded by its parameters (no infinite
+                    // loop for the driver to assume away), and every kernel's indices stay in
+                    // its bindings: each op runs in the op harness (tests/ops.rs) with guard
+                    // words after every output, which a write past the end overwrites, on
+                    // every lane build. Vulkan's robust buffer access, where the device has it,
+                    // still bounds what a faulty read or write reaches. The checks cost: naga
+                    // clamps every storage index and adds a counter to every loop, which keeps
+                    // drivers from unrolling fixed-count loops and holding their arrays in
+                    // registers.
+                    unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
                 })
                 .clone()
         };
