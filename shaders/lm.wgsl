@@ -727,7 +727,10 @@ fn topk_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 // j − nwin (a −1 slot is no key). The keys go through in tiles of SA_TILE: a thread per key takes
 // its logit (a serial dot over hd), thread 0 folds the max and then the denominator serially in
 // key order, and each thread sums its own output dims over the keys in order; every value thus
-// has the reference's (and the former one-thread-per-head kernel's) summation order. Past one
+// has the reference's (and the former one-thread-per-head kernel's) summation order. A thread's
+// output dims (e = li + SA_THREADS·q, q < SA_DIMS: hd ≤ 1024, lm.rs checks) are summed in
+// registers and written once (summed in place in `out`, each key's addition was a global-memory
+// round trip). Past one
 // tile the logits are taken again in each of the three passes (max, denominator, weighted sum).
 // A window or compressed index out of range gives a NaN head (never an out-of-bounds read).
 // Thread 0's loops grow with the keys (≈ 2 a key for its folds, ⌈hd/64⌉ + 3 for the values, the
@@ -736,6 +739,7 @@ fn topk_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 //   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd
 const SA_THREADS: u32 = 64u;
 const SA_TILE: u32 = 1024u;
+const SA_DIMS: u32 = 16u;
 // per key of the tile: its logit, then exp(logit − max), then its weight
 var<workgroup> sa_w: array<f32, SA_TILE>;
 // per key of the tile: its row in kv (window keys) or comp (compressed keys), −1 for no key
@@ -850,8 +854,9 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         sa_den = den;
     }
     den = workgroupUniformLoad(&sa_den);
-    // pass 3: the weights, then each thread's dims e ≡ li (mod SA_THREADS) summed over the keys
-    for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] = 0.0; }
+    // pass 3: the weights, then each thread's dims e = li + SA_THREADS·q summed over the keys
+    // in acc[q] (the loops over q stop where e passes hd, as a loop over e would)
+    var acc: array<f32, SA_DIMS>;
     for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
         let len = min(SA_TILE, nkeys - t0);
         if (!one_tile) {
@@ -868,13 +873,24 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
             let row = sa_row[j];
             if (row < 0) { continue; }
             let wgt = sa_w[j];
+            let vo = u32(row) * hd + li;
             if (t0 + j < nwin) {
-                for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] += wgt * b[u32(row) * hd + e]; }
+                for (var q = 0u; q < SA_DIMS; q++) {
+                    if (li + q * SA_THREADS >= hd) { break; }
+                    acc[q] += wgt * b[vo + q * SA_THREADS];
+                }
             } else {
-                for (var e = li; e < hd; e += SA_THREADS) { out[qo + e] += wgt * c[u32(row) * hd + e]; }
+                for (var q = 0u; q < SA_DIMS; q++) {
+                    if (li + q * SA_THREADS >= hd) { break; }
+                    acc[q] += wgt * c[vo + q * SA_THREADS];
+                }
             }
         }
         workgroupBarrier();
+    }
+    for (var q = 0u; q < SA_DIMS; q++) {
+        if (li + q * SA_THREADS >= hd) { break; }
+        out[qo + li + q * SA_THREADS] = acc[q];
     }
 }
 

@@ -876,6 +876,24 @@ fn hc_split_rejects_more_streams_than_it_holds() {
     assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("hc = 9"), "{e}");
 }
 
+/// sink_attention sums a thread's output dims in registers, up to head dim 1024: wider is a
+/// clear refusal, not dims left unsummed.
+#[test]
+fn sink_attention_rejects_head_dims_past_its_registers() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = be();
+    let hd = 1025;
+    let q = up(b, &[1, hd], vec![0.01; hd]);
+    let kv = up(b, &[1, hd], vec![0.01; hd]);
+    let win = b.upload(&HostTensor::i32(vec![1, 2], vec![0, 0]).unwrap()).unwrap();
+    let sinks = up(b, &[1], vec![0.0]);
+    let e = b.sink_attention(&q, &kv, &win, None, &sinks, 1).err().expect("head dim 1025 must be refused");
+    assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("head dim 1025"), "{e}");
+}
+
 // ---- lavapipe's loop limiter ------------------------------------------------------------------
 // Mesa's llvmpipe ends a shader invocation's loops, silently, after 65 535 iterations in all. On a
 // software adapter the lane bounds each kernel's iterations from the shapes and refuses (or takes

@@ -21,6 +21,9 @@ const LM: Shader = Shader::Lm;
 /// The most hyper-connection streams `hc_split` takes (lm.wgsl's `HC_MAX`: a row's hc² threads
 /// fit its workgroup; the model has 4).
 const HC_MAX: usize = 8;
+/// The largest head dim `sink_attention` sums in registers (lm.wgsl: SA_THREADS · SA_DIMS; the
+/// model's is 512).
+const SINK_ATTENTION_MAX_HEAD_DIM: usize = 64 * 16;
 
 impl WgpuBackend {
     /// table `[vocab, d]` (any format, possibly row-chunked), ids i32 `[n]` → `[n, d]`; ids ≥ vocab
@@ -277,6 +280,12 @@ impl WgpuBackend {
             [("q", q), ("kv", kv), ("window", window), ("sinks", sinks)].into_iter().chain(comp_inputs),
         )?;
         let total = n * n_heads;
+        if hd > SINK_ATTENTION_MAX_HEAD_DIM {
+            return Err(Self::unsupported(
+                Op::SinkAttention,
+                format!("head dim {hd} (at most {SINK_ATTENTION_MAX_HEAD_DIM})"),
+            ));
+        }
         let software = self.is_software();
         let serial = software
             && !self.opts.force_workgroup_attention
