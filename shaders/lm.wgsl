@@ -360,6 +360,17 @@ const HC_THREADS: u32 = HC_MAX * HC_MAX;
 
 var<workgroup> hc_block: array<array<f32, HC_THREADS>, 2>;
 
+// v published as this thread's element of hc_block[buf], then the sum of the hc elements from
+// `first`, `stride` apart (a row: 1, a column: hc), in order. Workgroup-uniform control flow only
+// (a barrier).
+fn hc_publish_sum(buf: u32, li: u32, v: f32, first: u32, stride: u32, hc: u32) -> f32 {
+    hc_block[buf][li] = v;
+    workgroupBarrier();
+    var sum = 0.0;
+    for (var j = 0u; j < hc; j++) { sum += hc_block[buf][first + j * stride]; }
+    return sum;
+}
+
 @compute @workgroup_size(64, 1, 1)
 fn hc_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let hc = p.u1;
@@ -385,36 +396,26 @@ fn hc_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         }
         v = a[cb + q] * b[2] + c[2u * hc + q];
     }
+    let row = row0 + src * hc; // this thread's row and column in hc_block
+    let col = row0 + dst;
     // the softmax over each src row
     var buf = 0u;
     hc_block[buf][li] = v;
     workgroupBarrier();
     var mx = bitcast<f32>(0xff800000u);
-    for (var j = 0u; j < hc; j++) { mx = max(mx, hc_block[buf][row0 + src * hc + j]); }
+    for (var j = 0u; j < hc; j++) { mx = max(mx, hc_block[buf][row + j]); }
     v = exp(v - mx);
     buf = 1u - buf;
-    hc_block[buf][li] = v;
-    workgroupBarrier();
-    var sum = 0.0;
-    for (var j = 0u; j < hc; j++) { sum += hc_block[buf][row0 + src * hc + j]; }
-    v = v / sum + eps;
+    v = v / hc_publish_sum(buf, li, v, row, 1u, hc) + eps;
     for (var it = 0u; it < p.u2; it++) {
         if (it > 0u) {
             // rows (dst normalisation over each src row)
             buf = 1u - buf;
-            hc_block[buf][li] = v;
-            workgroupBarrier();
-            sum = 0.0;
-            for (var j = 0u; j < hc; j++) { sum += hc_block[buf][row0 + src * hc + j]; }
-            v /= sum + eps;
+            v /= hc_publish_sum(buf, li, v, row, 1u, hc) + eps;
         }
         // columns (src normalisation for each dst)
         buf = 1u - buf;
-        hc_block[buf][li] = v;
-        workgroupBarrier();
-        sum = 0.0;
-        for (var j = 0u; j < hc; j++) { sum += hc_block[buf][row0 + j * hc + dst]; }
-        v /= sum + eps;
+        v /= hc_publish_sum(buf, li, v, col, hc, hc) + eps;
     }
     if (live) {
         out[cb + q] = v;
