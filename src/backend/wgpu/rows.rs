@@ -242,9 +242,9 @@ impl WgpuBackend {
 
     /// One small-row dispatch of `entry` over `w`'s columns (one workgroup per pair, times the
     /// slots `params.n` or the experts, the fewer, when every expert is bound, or times the k
-    /// slices of a split linear_rows), x at binding 1,
-    /// y at 4, and `extra` bindings (bias at 3, ids at 5). `rows`: the rows of x (tokens, for the
-    /// experts), which pick the pipeline's row bound.
+    /// slices of a split linear_rows), x at binding 1, y at 4, and `extra` bindings (bias at 3,
+    /// ids at 5). `rows`: the rows of x (tokens, for the experts), which pick the pipeline's row
+    /// bound.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_rows_over(
         &self,
@@ -261,10 +261,10 @@ impl WgpuBackend {
         }
         // with every expert bound, a grid layer per slot or per expert, whichever are fewer; split
         // over k, a layer a slice
+        let k_slice = if params.k_slice == 0 { params.k } else { params.k_slice };
         let layers = match w.experts {
             Some((experts, _)) => params.n.min(experts),
-            None if params.k_slice > 0 => params.k.div_ceil(params.k_slice),
-            None => 1,
+            None => params.k.div_ceil(k_slice.max(1)).max(1),
         };
         let (gx, gy, _) = grid(w.cols.div_ceil(2));
         let max = self.limits.max_compute_workgroups_per_dimension;
@@ -275,7 +275,6 @@ impl WgpuBackend {
         let build = RowsBuild { reduction: self.reduction, bound: RowBound::of(rows) };
         let (shader, fmt) = rows_shader(m.format, self.native_f16, build);
         let (experts, expert_stride) = w.experts.unwrap_or((0, 0));
-        let k_slice = if params.k_slice == 0 { params.k } else { params.k_slice };
         let words = [
             params.n,
             params.k,
@@ -298,7 +297,7 @@ impl WgpuBackend {
         self.dispatch(shader, entry, fmt, &block, &bindings, (gx, gy, layers as u32))
     }
 
-    /// linear's small-row path over chunk `chunk` of `w`: x `[n, k]` (`shape`) → columns `row0 ..` of y
+    /// linear's small-row path over chunk `chunk` of `w`: x `[n, k]` → columns `row0 ..` of y
     /// `[n, w.rows]` (+ bias). Few columns over long rows ([`k_slice`]) are split over k: each
     /// slice's partial sums into a scratch `[slices, n, cols]`, then elementwise.wgsl's
     /// `sum_slices` adds them in slice order (and the bias) into y.
@@ -319,12 +318,11 @@ impl WgpuBackend {
             let params = RowsParams { n, k, out_cols: w.rows, has_bias, ..RowsParams::default() };
             return self.dispatch_rows_over("linear_rows", weight, n, params, x, y, &[bias_at]);
         }
-        let (cols, col_off) = (weight.cols, weight.col_off);
-        let part = self.alloc("linear", vec![k.div_ceil(slice), n, cols], DType::F32)?;
+        let (cols, col_off, slices) = (weight.cols, weight.col_off, k.div_ceil(slice));
+        let part = self.alloc("linear", vec![slices, n, cols], DType::F32)?;
         let params = RowsParams { n, k, out_cols: cols, k_slice: slice, ..RowsParams::default() };
         let no_bias = (3, self.dummy.as_entire_binding());
         self.dispatch_rows_over("linear_rows", RowsWeight { col_off: 0, ..weight }, n, params, x, &part, &[no_bias])?;
-        let slices = k.div_ceil(slice);
         let params = [n * cols, 0, cols, slices, w.rows, col_off, has_bias as usize].map(|v| v as u32);
         let bindings = [(1, part.binding()), (2, bias_at.1), (3, y.binding())];
         self.dispatch_1d(Shader::Elementwise, "sum_slices", n * cols, &params, &bindings)
