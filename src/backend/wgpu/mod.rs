@@ -14,8 +14,9 @@
 //! The ops that run one thread per output element share one path, `WgpuBackend::per_element`
 //! (check the inputs against the binding limit, allocate the output, dispatch).
 //!
-//! - Ops encode compute passes into one pending command encoder; only `download` (and the
-//!   diagnostics) submit and wait. The encoder is also submitted, without waiting, every
+//! - Ops encode their dispatches into one compute pass of one pending command encoder (a copy
+//!   ends the pass, the next dispatch opens another; the kernel timer, whose timestamps are a
+//!   pass's, gives each dispatch its own); only `download` (and the diagnostics) submit and wait. The encoder is also submitted, without waiting, every
 //!   `FLUSH_EVERY` dispatches so command buffers stay small.
 //! - Pipelines are created lazily, once per (shader, entry point, weight format), and cached.
 //! - Weights keep their checkpoint format on the device (f32, f16, bf16, and every block format,
@@ -162,6 +163,13 @@ pub struct Options {
     /// Split a small-row linear with few columns over k (`rows::k_slice`). On by default; off
     /// when `FOVEA_WGPU_ROWS_SPLIT=0`, to time both in one build. Diagnostic.
     pub split_rows_k: bool,
+    /// Give every dispatch a compute pass of its own, as `kernel_times` must (its timestamps are
+    /// a pass's), rather than keeping one pass open across consecutive dispatches. Off by
+    /// default; on when `FOVEA_WGPU_PASS_PER_DISPATCH=1`, to time both in one build. Diagnostic.
+    pub pass_per_dispatch: bool,
+    /// Submit the pending encoder after this many commands (1..=`FLUSH_EVERY`; `FLUSH_EVERY` by
+    /// default, `FOVEA_WGPU_FLUSH_EVERY=n` to time another). Diagnostic.
+    pub flush_every: u32,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -194,6 +202,11 @@ impl Default for Options {
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
             checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),
             split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),
+            pass_per_dispatch: std::env::var("FOVEA_WGPU_PASS_PER_DISPATCH").is_ok_and(|v| v == "1"),
+            flush_every: std::env::var("FOVEA_WGPU_FLUSH_EVERY")
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .map_or(FLUSH_EVERY, |n| n.clamp(1, FLUSH_EVERY)),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
@@ -211,6 +224,9 @@ type PipelineKey = (Shader, &'static str, u32);
 /// created a submit, not a dispatch).
 #[derive(Default)]
 struct Pending {
+    /// The compute pass consecutive dispatches share (`encoder`'s, which it locks until dropped:
+    /// every other command and the submit end it first; declared first so it drops first).
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: u32,
     params: Option<wgpu::Buffer>,
@@ -484,6 +500,7 @@ impl WgpuBackend {
     fn submit_pending(&self) {
         let mut p = self.pending.lock().unwrap();
         p.dispatches = 0;
+        p.pass = None;
         if let Some(buf) = p.params.take() {
             self.queue.write_buffer(&buf, 0, &p.blocks);
         }
@@ -551,16 +568,58 @@ impl WgpuBackend {
         }
     }
 
-    /// Encode one command into the pending encoder; whether it is full (`FLUSH_EVERY` commands,
+    /// Encode one command into the pending encoder; whether it is full (`flush_every` commands,
     /// each with at most one parameter slot), so the caller submits it.
     fn encode(&self, p: &mut Pending, f: impl FnOnce(&mut wgpu::CommandEncoder)) -> bool {
-        let enc = p.encoder.get_or_insert_with(|| {
-            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fovea ops") })
-        });
+        p.pass = None;
+        let enc = p.encoder.get_or_insert_with(|| self.new_encoder());
         f(enc);
+        self.count_command(p)
+    }
+
+    /// Encode one dispatch: into the open compute pass (opened here if there is none), or, with
+    /// the timer or `pass_per_dispatch`, into a pass of its own. Whether the encoder is full.
+    fn encode_dispatch(
+        &self,
+        p: &mut Pending,
+        label: &'static str,
+        pipeline: &wgpu::ComputePipeline,
+        bind_group: &wgpu::BindGroup,
+        groups: (u32, u32, u32),
+    ) -> bool {
+        let record = |pass: &mut wgpu::ComputePass<'_>| {
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, bind_group, &[]);
+            pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+        };
+        if self.timer.is_some() || self.opts.pass_per_dispatch {
+            return self.encode(p, |enc| {
+                let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(label, groups));
+                record(
+                    &mut enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes }),
+                );
+            });
+        }
+        // One pass for a run of dispatches: wgpu still puts a barrier between two dispatches
+        // that share a buffer written by one of them (each dispatch is a usage scope of its
+        // own), and a pass a dispatch cost the NVIDIA driver ~µs of device time each.
+        let enc = p.encoder.get_or_insert_with(|| self.new_encoder());
+        let pass = p.pass.get_or_insert_with(|| {
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("fovea ops"), timestamp_writes: None })
+                .forget_lifetime()
+        });
+        record(pass);
+        self.count_command(p)
+    }
+
+    fn new_encoder(&self) -> wgpu::CommandEncoder {
+        self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fovea ops") })
+    }
+
+    fn count_command(&self, p: &mut Pending) -> bool {
         p.dispatches += 1;
         self.shared.counters.commands.fetch_add(1, Ordering::Relaxed);
-        p.dispatches >= FLUSH_EVERY
+        p.dispatches >= self.opts.flush_every
     }
 
     /// Bytes between two dispatches' parameter slots: the block, aligned as uniform bindings
@@ -689,14 +748,7 @@ impl WgpuBackend {
                     layout: &layout,
                     entries: &entries,
                 });
-                self.encode(p, |enc| {
-                    let timestamp_writes = self.timer.as_ref().and_then(|t| t.next_pass(label, groups));
-                    let mut pass =
-                        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes });
-                    pass.set_pipeline(&pipeline);
-                    pass.set_bind_group(0, &bg, &[]);
-                    pass.dispatch_workgroups(groups.0, groups.1, groups.2);
-                })
+                self.encode_dispatch(p, label, &pipeline, &bg, groups)
             };
             self.submit_when_full(full);
             Ok(())
