@@ -895,6 +895,152 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
+// sink_attention_part + sink_attention_merge: the same op split over keys, for few (query, head)
+// pairs (a decode step: one query of every head is too few workgroups to fill a GPU, each
+// folding its several hundred keys alone). Part s of a pair takes its keys s·SA_THREADS ..
+// (s + 1)·SA_THREADS, a thread per key: their logits, their max m_s (thread 0, key order),
+// their exponentials e_j = exp(logit_j − m_s) and sum l_s (thread 0, key order), and each
+// thread's output dims summed over them, Σ_j e_j·v_j, into the part's record in `out`:
+// [m_s, l_s, bad, 0, the hd sums] (hd + 4 words; l_s = 0: the part has no key). The merge takes
+// M = max(sink, the m_s), den = exp(sink − M) + Σ_s exp(m_s − M)·l_s and each dim
+// Σ_s exp(m_s − M)·sum_s / den, in part order: the reference's softmax with its sums regrouped
+// by part. A window or compressed index out of range gives a NaN head, as above.
+// sink_attention_part: a = q, b = kv, c = comp, ia = window, ib = comp_idx → out = the records,
+//   [n·heads, parts, hd + 4]; grid (n·heads, parts) workgroups of SA_THREADS;
+//   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd, u7 = parts
+@compute @workgroup_size(SA_THREADS, 1, 1)
+fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let x = wg.x; // uniform across the workgroup
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let h = x % p.u1;
+    let hd = p.u2;
+    let kk = p.u4;
+    let qo = i * p.u1 * hd + h * hd;
+    let lo = ia[2u * i];
+    let hi = ia[2u * i + 1u];
+    let rec = (x * p.u7 + wg.y) * (hd + 4u);
+    var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
+    if (li == 0u) {
+        atomicStore(&sa_bad_any, 0u);
+    }
+    workgroupBarrier();
+    // this thread's key: window row lo + key, or compressed slot key − nwin
+    let nwin = select(0u, u32(max(hi - lo + 1, 0)), !bad);
+    let key = wg.y * SA_THREADS + li;
+    var row = -1;
+    if (!bad && key < nwin + kk) {
+        if (key < nwin) {
+            row = lo + i32(key);
+        } else {
+            let e = ib[i * kk + key - nwin];
+            bad = e < -1 || e >= i32(p.u5);
+            row = select(e, -1, bad);
+        }
+    }
+    if (bad) {
+        atomicStore(&sa_bad_any, 1u);
+    }
+    sa_row[li] = row;
+    if (row >= 0) {
+        sa_w[li] = sa_logit(qo, u32(row), key >= nwin);
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        var any = false;
+        var mx = 0.0;
+        for (var j = 0u; j < SA_THREADS; j++) {
+            if (sa_row[j] >= 0) {
+                mx = select(sa_w[j], max(mx, sa_w[j]), any);
+                any = true;
+            }
+        }
+        sa_mx = mx;
+        sa_bad = atomicLoad(&sa_bad_any);
+    }
+    let mx = workgroupUniformLoad(&sa_mx);
+    if (row >= 0) {
+        sa_w[li] = exp(sa_w[li] - mx);
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        var den = 0.0;
+        for (var j = 0u; j < SA_THREADS; j++) {
+            if (sa_row[j] >= 0) { den += sa_w[j]; }
+        }
+        out[rec] = mx;
+        out[rec + 1u] = den;
+        out[rec + 2u] = f32(sa_bad);
+        out[rec + 3u] = 0.0;
+    }
+    var acc: array<f32, SA_DIMS>;
+    for (var j = 0u; j < SA_THREADS; j++) {
+        let r = sa_row[j];
+        if (r < 0) { continue; }
+        let wgt = sa_w[j];
+        let vo = u32(r) * hd + li;
+        if (wg.y * SA_THREADS + j < nwin) {
+            for (var q = 0u; q < SA_DIMS; q++) {
+                if (li + q * SA_THREADS >= hd) { break; }
+                acc[q] += wgt * b[vo + q * SA_THREADS];
+            }
+        } else {
+            for (var q = 0u; q < SA_DIMS; q++) {
+                if (li + q * SA_THREADS >= hd) { break; }
+                acc[q] += wgt * c[vo + q * SA_THREADS];
+            }
+        }
+    }
+    for (var q = 0u; q < SA_DIMS; q++) {
+        if (li + q * SA_THREADS >= hd) { break; }
+        out[rec + 4u + li + q * SA_THREADS] = acc[q];
+    }
+}
+
+// sink_attention_merge: a = the parts' records, comb = sinks → out [n, heads·hd]; a workgroup of
+// SA_THREADS per (query, head), each thread folding the parts' scalars itself (few parts).
+//   u0 = n·heads, u1 = heads, u2 = hd, u7 = parts
+@compute @workgroup_size(SA_THREADS, 1, 1)
+fn sink_attention_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let x = wg.x;
+    if (x >= p.u0) { return; }
+    let h = x % p.u1;
+    let hd = p.u2;
+    let parts = p.u7;
+    let rec0 = x * parts * (hd + 4u);
+    let oo = x * hd; // = i·heads·hd + h·hd
+    let sink = comb[h];
+    var bad = false;
+    var keys = false;
+    var mx = sink;
+    for (var s = 0u; s < parts; s++) {
+        let r = rec0 + s * (hd + 4u);
+        bad = bad || a[r + 2u] != 0.0;
+        if (a[r + 1u] > 0.0) {
+            mx = max(mx, a[r]);
+            keys = true;
+        }
+    }
+    // no key: zeros, as the reference's empty sum (whatever the sink, −inf included)
+    if (bad || !keys) {
+        for (var e = li; e < hd; e += SA_THREADS) { out[oo + e] = select(0.0, nan(), bad); }
+        return;
+    }
+    var den = exp(sink - mx);
+    for (var s = 0u; s < parts; s++) {
+        let r = rec0 + s * (hd + 4u);
+        if (a[r + 1u] > 0.0) { den += exp(a[r] - mx) * a[r + 1u]; }
+    }
+    for (var e = li; e < hd; e += SA_THREADS) {
+        var o = 0.0;
+        for (var s = 0u; s < parts; s++) {
+            let r = rec0 + s * (hd + 4u);
+            if (a[r + 1u] > 0.0) { o += exp(a[r] - mx) * a[r + 4u + e]; }
+        }
+        out[oo + e] = o / den;
+    }
+}
+
 // sink_attention_serial: the same op, one thread per (query, head) making the three passes alone
 // (max, denominator, weighted sum, in the same order). The lane runs it on software adapters
 // (lavapipe), which run a workgroup's barriers and serial folds far slower than this: a decode

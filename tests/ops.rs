@@ -1517,15 +1517,19 @@ fn wgpu_small_rows_match_cpu_with_workgroup_reduction() {
 
 /// sink_attention as a workgroup per (query, head), which a software adapter (lavapipe) does not
 /// run otherwise (`Options::force_workgroup_attention`; it takes one thread per head there): every
-/// sink_attention case.
+/// sink_attention case, with the keys of few (query, head) pairs split into parts (the cases past
+/// 64 keys: lm.rs) and with `split_attention_keys` off.
 #[test]
 fn wgpu_sink_attention_in_workgroups_matches_cpu() {
     let _alone = wgpu_alone();
-    let opts = Options { guard_words: 8, force_workgroup_attention: true, ..Options::default() };
-    let Some(lane) = common::wgpu_lane(opts) else { return };
-    let cases: Vec<Case> = lm_cases().into_iter().filter(|c| c.op == Op::SinkAttention).collect();
-    assert!(cases.len() >= 3, "the sink_attention cases: {}", cases.len());
-    compare_with_cpu(&lane, cases);
+    for split_attention_keys in [true, false] {
+        let opts =
+            Options { guard_words: 8, force_workgroup_attention: true, split_attention_keys, ..Options::default() };
+        let Some(lane) = common::wgpu_lane(opts) else { return };
+        let cases: Vec<Case> = lm_cases().into_iter().filter(|c| c.op == Op::SinkAttention).collect();
+        assert!(cases.len() >= 3, "the sink_attention cases: {}", cases.len());
+        compare_with_cpu(&lane, cases);
+    }
 }
 
 /// The wgpu lane in fast precision: the GEMM ops at fast precision's bounds (`with_fast_bounds`),

@@ -538,33 +538,85 @@ fn gather_rows_repeated_and_out_of_range() {
 /// sink_attention's edges the op harness cannot compare (the CPU lane errs on a bad index): a
 /// query without keys, a −inf sink, and NaN heads for a window or compressed index out of range;
 /// on the default lane and with the workgroup kernel forced (a software adapter, lavapipe, runs
-/// one thread per head otherwise; on a GPU both are the workgroup kernel).
+/// one thread per head otherwise; on a GPU both are the workgroup kernel), over 2 kv rows (one
+/// part of keys) and over 100 (two parts: the kernel split over keys, lm.rs), split and unsplit.
 #[test]
 fn sink_attention_empty_queries_and_bad_indices() {
     if !adapter_available() {
         return;
     }
     let _devices = shared();
-    sink_attention_edges(be());
-    sink_attention_edges(&make(Options { guard_words: 4, force_workgroup_attention: true, ..Options::default() }));
+    let forced = |split_attention_keys| {
+        make(Options { guard_words: 4, force_workgroup_attention: true, split_attention_keys, ..Options::default() })
+    };
+    for kv_rows in [2, 100] {
+        sink_attention_edges(be(), kv_rows);
+        sink_attention_edges(&forced(true), kv_rows);
+        sink_attention_edges(&forced(false), kv_rows);
+    }
 }
 
-fn sink_attention_edges(b: &WgpuBackend) {
+fn sink_attention_edges(b: &WgpuBackend, kv_rows: usize) {
     let i = |shape: &[usize], v: Vec<i32>| b.upload(&HostTensor::i32(shape.to_vec(), v).unwrap()).unwrap();
     // 2 heads of hd 2. Query 0: empty window, every slot −1; query 1: window 0..=1 and comp 0;
     // query 2: a window past the keys; query 3: a compressed index past comp (NaN heads).
     let q = up(b, &[4, 4], vec![0.5; 16]);
-    let kv = up(b, &[2, 2], vec![1.0, 2.0, 3.0, 4.0]);
-    let win = i(&[4, 2], vec![1, 0, 0, 1, 0, 2, 0, 1]);
+    let mut keys = vec![0.0; 2 * kv_rows];
+    keys[..4].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+    let kv = up(b, &[kv_rows, 2], keys);
+    let win = i(&[4, 2], vec![1, 0, 0, 1, 0, kv_rows as i32, 0, 1]);
     let comp = up(b, &[1, 2], vec![5.0, 6.0]);
     let idx = i(&[4, 2], vec![-1, -1, 0, -1, -1, -1, 0, 1]);
     for sinks in [vec![0.3, f32::NEG_INFINITY], vec![f32::NEG_INFINITY, f32::NEG_INFINITY]] {
         let s = up(b, &[2], sinks);
         let out = down(b, &b.sink_attention(&q, &kv, &win, Some((&comp, &idx)), &s, 2).unwrap());
-        assert_eq!(&out[..4], &[0.0; 4], "a query without keys gives zeros: {out:?}");
+        assert_eq!(&out[..4], &[0.0; 4], "a query without keys gives zeros ({kv_rows} kv rows): {out:?}");
         assert!(out[4..8].iter().all(|v| v.is_finite() && *v > 0.0), "{out:?}");
         assert!(out[8..].iter().all(|v| v.is_nan()), "an index past the keys gives NaN heads: {out:?}");
     }
+}
+
+/// sink_attention splits its keys into parts of 64 and merges them where it has few (query,
+/// head) pairs (a decode step), and not for many pairs (a prefill chunk) or with
+/// `split_attention_keys` off. The values are the op harness's and the goldens' to check; this
+/// checks which path ran.
+#[test]
+fn sink_attention_splits_few_heads_over_keys() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let run = |n: usize, split_attention_keys: bool| {
+        let b = make(Options {
+            kernel_times: true,
+            kernel_times_by_grid: true,
+            force_workgroup_attention: true,
+            split_attention_keys,
+            ..Options::default()
+        });
+        b.kernel_times().unwrap()?;
+        let (heads, hd, m) = (2, 4, 150);
+        let q = up(&b, &[n, heads * hd], vec![0.25; n * heads * hd]);
+        let kv = up(&b, &[m, hd], vec![1.0; m * hd]);
+        let win = b.upload(&HostTensor::i32(vec![n, 2], [0, m as i32 - 1].repeat(n)).unwrap()).unwrap();
+        let sinks = up(&b, &[heads], vec![0.0; heads]);
+        let y = b.sink_attention(&q, &kv, &win, None, &sinks, heads).unwrap();
+        // equal keys: each gets 1/(m + e^(sink − logit)) of its value 1, logit = 0.25·4/2
+        let want = m as f32 / (m as f32 + (-0.5f32).exp());
+        assert!(down(&b, &y).iter().all(|&v| (v - want).abs() < 1e-5), "every dim {want}");
+        let mut counts: Vec<(String, u64)> =
+            b.kernel_times().unwrap().expect("timed").into_iter().map(|k| (k.name, k.count)).collect();
+        counts.sort();
+        Some(counts)
+    };
+    let Some(split) = run(1, true) else {
+        eprintln!("SKIPPED sink_attention_splits_few_heads_over_keys: no timestamp queries");
+        return;
+    };
+    let named = |v: &[(&str, u64)]| v.iter().map(|(n, c)| (n.to_string(), *c)).collect::<Vec<_>>();
+    assert_eq!(split, named(&[("sink_attention_merge ×2", 1), ("sink_attention_part ×6", 1)]), "2 heads × 3 parts");
+    assert_eq!(run(1, false).unwrap(), named(&[("sink_attention ×2", 1)]));
+    assert_eq!(run(1024, true).unwrap(), named(&[("sink_attention ×2048", 1)]), "2048 pairs: unsplit");
 }
 
 #[test]

@@ -24,6 +24,12 @@ const HC_MAX: usize = 8;
 /// The largest head dim `sink_attention` sums in registers (lm.wgsl: SA_THREADS · SA_DIMS; the
 /// model's is 512).
 const SINK_ATTENTION_MAX_HEAD_DIM: usize = 64 * 16;
+/// The keys of one part of a split `sink_attention` (lm.wgsl's SA_THREADS: a thread per key).
+const SINK_ATTENTION_PART_KEYS: usize = 64;
+/// `sink_attention` splits its keys into parts below this many (query, head) pairs (a workgroup
+/// each unsplit): a decode step's 64 heads fill a quarter of an H200's 132 multiprocessors'
+/// first wave, a prefill chunk's thousands all of them.
+const SINK_ATTENTION_SPLIT_BELOW: usize = 2048;
 
 impl WgpuBackend {
     /// table `[vocab, d]` (any format, possibly row-chunked), ids i32 `[n]` → `[n, d]`; ids ≥ vocab
@@ -257,7 +263,9 @@ impl WgpuBackend {
     }
 
     /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
-    /// workgroup per (query, head), in the reference's summation order, or on a software adapter
+    /// workgroup per (query, head), in the reference's summation order; for fewer than
+    /// [`SINK_ATTENTION_SPLIT_BELOW`] pairs (decode) a workgroup per (query, head, part of
+    /// [`SINK_ATTENTION_PART_KEYS`] keys) and a merge (`Options::split_attention_keys`); or on a software adapter
     /// one thread per (query, head) (`sink_attention_serial`, the same order: lavapipe runs the
     /// workgroups' barriers and serial folds far slower; the shipped model's prefill in
     /// describe_image took 72 tokens/s with them against 91) where that thread's loops stay
@@ -309,24 +317,39 @@ impl WgpuBackend {
                 None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
             };
             let scale = 1.0 / (hd as f32).sqrt();
-            let (entry, groups) =
-                if serial { ("sink_attention_serial", grid(total.div_ceil(64))) } else { (OP, grid(total)) };
-            self.dispatch(
-                LM,
-                entry,
-                0,
-                &[total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()],
-                &[
-                    (1, q.binding()),
-                    (2, kv.binding()),
-                    (3, cres),
-                    (4, window.binding()),
-                    (5, ires),
-                    (9, sinks.binding()),
-                    (6, y.binding()),
-                ],
-                groups,
-            )?;
+            // a window holds at most m keys: parts for m + kk of them cover every query's
+            let parts = (m + kk).div_ceil(SINK_ATTENTION_PART_KEYS);
+            let record_bytes = (total * parts * (hd + 4) * 4) as u64;
+            let split = !serial
+                && self.opts.split_attention_keys
+                && total < SINK_ATTENTION_SPLIT_BELOW
+                && parts > 1
+                && parts <= self.limits.max_compute_workgroups_per_dimension as usize
+                && record_bytes <= self.max_binding;
+            let mut params =
+                vec![total as u32, n_heads as u32, hd as u32, m as u32, kk as u32, c_rows as u32, scale.to_bits()];
+            let inputs = [(1, q.binding()), (2, kv.binding()), (3, cres), (4, window.binding()), (5, ires)];
+            if split {
+                params.push(parts as u32);
+                let records = self.alloc(OP, vec![total * parts, hd + 4], DType::F32)?;
+                let mut bindings = inputs.to_vec();
+                bindings.push((6, records.binding()));
+                self.dispatch(LM, "sink_attention_part", 0, &params, &bindings, (total as u32, parts as u32, 1))?;
+                self.dispatch(
+                    LM,
+                    "sink_attention_merge",
+                    0,
+                    &params,
+                    &[(1, records.binding()), (9, sinks.binding()), (6, y.binding())],
+                    (total as u32, 1, 1),
+                )?;
+            } else {
+                let (entry, groups) =
+                    if serial { ("sink_attention_serial", grid(total.div_ceil(64))) } else { (OP, grid(total)) };
+                let mut bindings = inputs.to_vec();
+                bindings.extend([(9, sinks.binding()), (6, y.binding())]);
+                self.dispatch(LM, entry, 0, &params, &bindings, groups)?;
+            }
         }
         Ok(y)
     }

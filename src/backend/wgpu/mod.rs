@@ -163,6 +163,10 @@ pub struct Options {
     /// Split a small-row linear with few columns over k (`rows::k_slice`). On by default; off
     /// when `FOVEA_WGPU_ROWS_SPLIT=0`, to time both in one build. Diagnostic.
     pub split_rows_k: bool,
+    /// Split `sink_attention` over its keys where it has few (query, head) pairs (lm.rs). On by
+    /// default; off when `FOVEA_WGPU_ATTENTION_SPLIT=0`, to time both in one build and to test
+    /// the unsplit kernel on decode's shapes. Diagnostic.
+    pub split_attention_keys: bool,
     /// Give every dispatch a compute pass of its own, as `kernel_times` must (its timestamps are
     /// a pass's), rather than keeping one pass open across consecutive dispatches. Off by
     /// default; on when `FOVEA_WGPU_PASS_PER_DISPATCH=1`, to time both in one build. Diagnostic.
@@ -202,6 +206,7 @@ impl Default for Options {
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
             checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),
             split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),
+            split_attention_keys: std::env::var("FOVEA_WGPU_ATTENTION_SPLIT").map_or(true, |v| v != "0"),
             pass_per_dispatch: std::env::var("FOVEA_WGPU_PASS_PER_DISPATCH").is_ok_and(|v| v == "1"),
             flush_every: std::env::var("FOVEA_WGPU_FLUSH_EVERY")
                 .ok()
