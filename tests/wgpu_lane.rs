@@ -359,6 +359,26 @@ fn small_row_linear_splits_few_columns_over_k() {
     assert_eq!(run(1024, true).unwrap(), named(&[("linear_rows ×512", 1)]), "512 workgroups: unsplit");
 }
 
+/// A chain of 300 dependent adds (past `MAX_SUBMIT`, 128 commands a submission) is right
+/// whatever `flush_every` asks, 0 and 1000 included: the lane holds it to 1..=128, the commands a
+/// submission's parameter slots hold.
+#[test]
+fn any_flush_interval_runs_long_chains() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    for flush_every in [0, 1, 16, 1000] {
+        let b = make(Options { flush_every, ..Options::default() });
+        let one = up(&b, &[4], vec![1.0; 4]);
+        let mut x = up(&b, &[4], vec![0.0; 4]);
+        for _ in 0..300 {
+            x = b.add(&x, &one).unwrap();
+        }
+        assert_eq!(down(&b, &x), vec![300.0; 4], "flush_every {flush_every}");
+    }
+}
+
 #[test]
 fn adapter_name_not_found_lists_adapters() {
     if !adapter_available() {

@@ -9,12 +9,12 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::{FLUSH_EVERY, WgpuBackend};
+use super::{MAX_SUBMIT, WgpuBackend};
 use crate::backend::KernelTime;
 use crate::error::{Error, Result};
 
-/// Two timestamps a pass; a submission holds at most `FLUSH_EVERY` commands.
-const QUERIES: u32 = 2 * FLUSH_EVERY;
+/// Two timestamps a pass; a submission holds at most `MAX_SUBMIT` commands.
+const QUERIES: u32 = 2 * MAX_SUBMIT;
 
 pub(super) struct PassTimer {
     set: wgpu::QuerySet,
