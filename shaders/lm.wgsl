@@ -760,6 +760,49 @@ fn sa_logit(qo: u32, key: u32, from_comp: bool) -> f32 {
     return s * bitcast<f32>(p.u6);
 }
 
+// Pair x = i·heads + h of sink_attention: its query i, head h, the offset of its q (and of its
+// output) row, and its window's inclusive bounds.
+struct SaPair {
+    i: u32,
+    h: u32,
+    qo: u32,
+    lo: i32,
+    hi: i32,
+}
+
+fn sa_pair(x: u32) -> SaPair {
+    let i = x / p.u1;
+    let h = x % p.u1;
+    return SaPair(i, h, i * p.u1 * p.u2 + h * p.u2, ia[2u * i], ia[2u * i + 1u]);
+}
+
+// acc plus wgt times the value row `row` (of comp when from_comp, else of kv) at the thread's
+// dims e = li + SA_THREADS·q (the loops over q stop where e passes hd, as a loop over e would).
+fn sa_add_value(acc: array<f32, SA_DIMS>, li: u32, row: u32, from_comp: bool, wgt: f32) -> array<f32, SA_DIMS> {
+    var sum = acc;
+    let vo = row * p.u2 + li;
+    if (from_comp) {
+        for (var q = 0u; q < SA_DIMS; q++) {
+            if (li + q * SA_THREADS >= p.u2) { break; }
+            sum[q] += wgt * c[vo + q * SA_THREADS];
+        }
+    } else {
+        for (var q = 0u; q < SA_DIMS; q++) {
+            if (li + q * SA_THREADS >= p.u2) { break; }
+            sum[q] += wgt * b[vo + q * SA_THREADS];
+        }
+    }
+    return sum;
+}
+
+// The thread's dims of acc into out[at + e].
+fn sa_store(at: u32, li: u32, acc: array<f32, SA_DIMS>) {
+    for (var q = 0u; q < SA_DIMS; q++) {
+        if (li + q * SA_THREADS >= p.u2) { break; }
+        out[at + li + q * SA_THREADS] = acc[q];
+    }
+}
+
 // The tile's weights before normalising, exp(logit − mx), in place in sa_w (a thread per key;
 // keys without a row untouched).
 fn sa_tile_exp(li: u32, len: u32, mx: f32) {
@@ -788,13 +831,13 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
                   @builtin(local_invocation_index) li: u32) {
     let x = wg.y * nwg.x + wg.x; // uniform across the workgroup
     if (x >= p.u0) { return; }
-    let i = x / p.u1;
-    let h = x % p.u1;
+    let pair = sa_pair(x);
+    let i = pair.i;
     let hd = p.u2;
     let kk = p.u4;
-    let qo = i * p.u1 * hd + h * hd;
-    let lo = ia[2u * i];
-    let hi = ia[2u * i + 1u];
+    let qo = pair.qo;
+    let lo = pair.lo;
+    let hi = pair.hi;
     if (li == 0u) {
         atomicStore(&sa_bad_any, select(0u, 1u, lo <= hi && (lo < 0 || hi >= i32(p.u3))));
     }
@@ -816,7 +859,7 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let nwin = u32(max(hi - lo + 1, 0));
     let nkeys = nwin + kk;
     let one_tile = nkeys <= SA_TILE;
-    let sink = comb[h];
+    let sink = comb[pair.h];
     // pass 1: the max, sink first, then the keys in order
     var mx = sink;
     for (var t0 = 0u; t0 < nkeys; t0 += SA_TILE) {
@@ -873,26 +916,11 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         for (var j = 0u; j < len; j++) {
             let row = sa_row[j];
             if (row < 0) { continue; }
-            let wgt = sa_w[j];
-            let vo = u32(row) * hd + li;
-            if (t0 + j < nwin) {
-                for (var q = 0u; q < SA_DIMS; q++) {
-                    if (li + q * SA_THREADS >= hd) { break; }
-                    acc[q] += wgt * b[vo + q * SA_THREADS];
-                }
-            } else {
-                for (var q = 0u; q < SA_DIMS; q++) {
-                    if (li + q * SA_THREADS >= hd) { break; }
-                    acc[q] += wgt * c[vo + q * SA_THREADS];
-                }
-            }
+            acc = sa_add_value(acc, li, u32(row), t0 + j >= nwin, sa_w[j]);
         }
         workgroupBarrier();
     }
-    for (var q = 0u; q < SA_DIMS; q++) {
-        if (li + q * SA_THREADS >= hd) { break; }
-        out[qo + li + q * SA_THREADS] = acc[q];
-    }
+    sa_store(qo, li, acc);
 }
 
 // sink_attention_part + sink_attention_merge: the same op split over keys, for few (query, head)
@@ -912,13 +940,12 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let x = wg.x; // uniform across the workgroup
     if (x >= p.u0) { return; }
-    let i = x / p.u1;
-    let h = x % p.u1;
+    let pair = sa_pair(x);
+    let i = pair.i;
     let hd = p.u2;
     let kk = p.u4;
-    let qo = i * p.u1 * hd + h * hd;
-    let lo = ia[2u * i];
-    let hi = ia[2u * i + 1u];
+    let lo = pair.lo;
+    let hi = pair.hi;
     let rec = (x * p.u7 + wg.y) * (hd + 4u);
     var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
     if (li == 0u) {
@@ -943,7 +970,7 @@ fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
     }
     sa_row[li] = row;
     if (row >= 0) {
-        sa_w[li] = sa_logit(qo, u32(row), key >= nwin);
+        sa_w[li] = sa_logit(pair.qo, u32(row), key >= nwin);
     }
     workgroupBarrier();
     if (li == 0u) {
@@ -977,24 +1004,9 @@ fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
     for (var j = 0u; j < SA_THREADS; j++) {
         let r = sa_row[j];
         if (r < 0) { continue; }
-        let wgt = sa_w[j];
-        let vo = u32(r) * hd + li;
-        if (wg.y * SA_THREADS + j < nwin) {
-            for (var q = 0u; q < SA_DIMS; q++) {
-                if (li + q * SA_THREADS >= hd) { break; }
-                acc[q] += wgt * b[vo + q * SA_THREADS];
-            }
-        } else {
-            for (var q = 0u; q < SA_DIMS; q++) {
-                if (li + q * SA_THREADS >= hd) { break; }
-                acc[q] += wgt * c[vo + q * SA_THREADS];
-            }
-        }
+        acc = sa_add_value(acc, li, u32(r), wg.y * SA_THREADS + j >= nwin, sa_w[j]);
     }
-    for (var q = 0u; q < SA_DIMS; q++) {
-        if (li + q * SA_THREADS >= hd) { break; }
-        out[rec + 4u + li + q * SA_THREADS] = acc[q];
-    }
+    sa_store(rec + 4u, li, acc);
 }
 
 // sink_attention_merge: a = the parts' records, comb = sinks → out [n, heads·hd]; a workgroup of
@@ -1055,13 +1067,13 @@ fn sink_attention_serial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
                   @builtin(local_invocation_index) li: u32) {
     let x = (wg.y * nwg.x + wg.x) * 64u + li;
     if (x >= p.u0) { return; }
-    let i = x / p.u1;
-    let h = x % p.u1;
+    let pair = sa_pair(x);
+    let i = pair.i;
     let hd = p.u2;
     let kk = p.u4;
-    let qo = i * p.u1 * hd + h * hd;
-    let lo = ia[2u * i];
-    let hi = ia[2u * i + 1u];
+    let qo = pair.qo;
+    let lo = pair.lo;
+    let hi = pair.hi;
     var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
     for (var s = 0u; s < kk; s++) {
         let e = ib[i * kk + s];
@@ -1072,7 +1084,7 @@ fn sink_attention_serial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
         return;
     }
     let nwin = u32(max(hi - lo + 1, 0));
-    let sink = comb[h];
+    let sink = comb[pair.h];
     var mx = sink;
     for (var j = 0u; j < nwin; j++) { mx = max(mx, sa_logit(qo, u32(lo) + j, false)); }
     for (var s = 0u; s < kk; s++) {

@@ -189,7 +189,9 @@ pub struct Options {
     /// How long `download`/`sync` wait for the device before reporting an error.
     pub wait_timeout: std::time::Duration,
     /// Time every dispatch on the device (`Backend::kernel_times`) where the adapter has
-    /// timestamp queries. Diagnostic; on by default when `FOVEA_GPU_TIMES=1` (or `=grid`).
+    /// timestamp queries: each dispatch then runs in a compute pass of its own (the timestamps
+    /// are a pass's), which makes a run with many small dispatches slower than an untimed one.
+    /// Diagnostic; on by default when `FOVEA_GPU_TIMES=1` (or `=grid`).
     pub kernel_times: bool,
     /// With `kernel_times`, sum the times by entry point and grid size (`"linear_rows ×64640"`:
     /// the workgroups of the dispatch), so that one op's dispatches of different shapes (a
