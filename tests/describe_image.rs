@@ -87,6 +87,22 @@ fn the_gguf_pair_of_the_shipped_model_captions_the_sample() {
     assert_eq!(text(&out.stdout), format!("{SAMPLE_CAPTION}\n"));
 }
 
+/// `cmd`'s output, retried while the kernel finds the executable busy (ETXTBSY): a test thread
+/// that forks while this one's fresh copy of the binary is still open for writing gives its
+/// child that descriptor until the child execs, and executing the copy then fails — a race
+/// between this file's tests (seen once in CI), not a fault of the binary.
+fn output_when_not_busy(cmd: &mut Command) -> std::process::Output {
+    for _ in 0..100 {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            out => return out.unwrap(),
+        }
+    }
+    cmd.output().unwrap()
+}
+
 /// The model and the sample are compiled into the binary: a copy in an empty folder, away from
 /// the repository, describes the sample, unpacking both into its cache folder on first use.
 #[test]
@@ -95,13 +111,21 @@ fn a_copied_binary_carries_its_model_and_sample() {
     let exe = dir.path().join("describe_image");
     std::fs::copy(describe_image().get_program(), &exe).unwrap();
     let cache = dir.path().join("cache");
-    let out = Command::new(&exe)
-        .args(["--backend", "cpu"])
-        .current_dir(dir.path())
-        .env("XDG_CACHE_HOME", &cache)
-        .env("HOME", dir.path())
-        .output()
-        .unwrap();
+    // the copy held open for writing for its first 200 ms, as another test's forked child may
+    // hold it: the run waits that out
+    let writer = std::fs::OpenOptions::new().write(true).open(&exe).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(writer);
+    });
+    let out = output_when_not_busy(
+        Command::new(&exe)
+            .args(["--backend", "cpu"])
+            .current_dir(dir.path())
+            .env("XDG_CACHE_HOME", &cache)
+            .env("HOME", dir.path()),
+    );
+    release.join().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), format!("{SAMPLE_CAPTION}\n"));
     let unpacked: Vec<PathBuf> = std::fs::read_dir(cache.join("fovea"))
