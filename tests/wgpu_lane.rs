@@ -379,6 +379,32 @@ fn any_flush_interval_runs_long_chains() {
     }
 }
 
+/// Four threads encoding into one lane at once, submitting every 2 commands: each thread's
+/// chain is right. A command that fills the encoder submits it under the pending lock; when the
+/// submit came after the lock, another thread's dispatch could take a parameter slot past the
+/// buffer's `flush_every` (CI saw it with 16 as a validation error in `lm_wgpu`).
+#[test]
+fn threads_sharing_a_lane_keep_to_its_submit_size() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = make(Options { flush_every: 2, ..Options::default() });
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let b = &b;
+            scope.spawn(move || {
+                let one = up(b, &[4], vec![1.0; 4]);
+                let mut x = up(b, &[4], vec![t as f32; 4]);
+                for _ in 0..200 {
+                    x = b.add(&x, &one).unwrap();
+                }
+                assert_eq!(down(b, &x), vec![t as f32 + 200.0; 4], "thread {t}");
+            });
+        }
+    });
+}
+
 #[test]
 fn adapter_name_not_found_lists_adapters() {
     if !adapter_available() {

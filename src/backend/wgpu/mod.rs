@@ -511,7 +511,14 @@ impl WgpuBackend {
     /// Submit the pending encoder. The lock is held across `submit` so that submissions from
     /// several threads reach the queue in the order their commands were encoded.
     fn submit_pending(&self) {
-        let mut p = self.pending.lock().unwrap();
+        self.submit_locked(&mut self.pending.lock().unwrap());
+    }
+
+    /// [`Self::submit_pending`] with the pending lock already held: a command that fills the
+    /// encoder submits it before the lock is let go, so no other thread's command (and its
+    /// parameter slot) lands in an encoder already full (its parameter buffer holds
+    /// `flush_every` slots).
+    fn submit_locked(&self, p: &mut Pending) {
         p.dispatches = 0;
         p.pass = None;
         if let Some(buf) = p.params.take() {
@@ -569,20 +576,32 @@ impl WgpuBackend {
     }
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        let full = self.encode(&mut self.pending.lock().unwrap(), f);
-        self.submit_when_full(full);
+        let full = {
+            let mut p = self.pending.lock().unwrap();
+            let full = self.encode(&mut p, f);
+            self.submit_if_full(&mut p, full)
+        };
+        self.retire_if(full);
     }
 
-    /// Submit the pending encoder once `encode` says it is full (and let finished work retire).
-    fn submit_when_full(&self, full: bool) {
+    /// Submit the pending encoder, whose lock the caller holds, once `encode` says it is full;
+    /// whether it did.
+    fn submit_if_full(&self, p: &mut Pending, full: bool) -> bool {
         if full {
-            self.submit_pending();
+            self.submit_locked(p);
+        }
+        full
+    }
+
+    /// After a submit, with the pending lock let go: let finished work retire.
+    fn retire_if(&self, submitted: bool) {
+        if submitted {
             let _ = self.device.poll(wgpu::PollType::Poll);
         }
     }
 
     /// Encode one command into the pending encoder; whether it is full (`flush_every` commands,
-    /// each with at most one parameter slot), so the caller submits it.
+    /// each with at most one parameter slot), so the caller submits it under the same lock.
     fn encode(&self, p: &mut Pending, f: impl FnOnce(&mut wgpu::CommandEncoder)) -> bool {
         p.pass = None;
         let enc = p.encoder.get_or_insert_with(|| self.new_encoder());
@@ -761,9 +780,10 @@ impl WgpuBackend {
                     layout: &layout,
                     entries: &entries,
                 });
-                self.encode_dispatch(p, label, &pipeline, &bg, groups)
+                let full = self.encode_dispatch(p, label, &pipeline, &bg, groups);
+                self.submit_if_full(p, full)
             };
-            self.submit_when_full(full);
+            self.retire_if(full);
             Ok(())
         })
     }
