@@ -770,6 +770,11 @@ struct SaPair {
     hi: i32,
 }
 
+// Whether the pair's window is non-empty and reaches outside kv's m rows (a NaN head).
+fn sa_window_bad(pair: SaPair) -> bool {
+    return pair.lo <= pair.hi && (pair.lo < 0 || pair.hi >= i32(p.u3));
+}
+
 fn sa_pair(x: u32) -> SaPair {
     let i = x / p.u1;
     let h = x % p.u1;
@@ -839,7 +844,7 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let lo = pair.lo;
     let hi = pair.hi;
     if (li == 0u) {
-        atomicStore(&sa_bad_any, select(0u, 1u, lo <= hi && (lo < 0 || hi >= i32(p.u3))));
+        atomicStore(&sa_bad_any, select(0u, 1u, sa_window_bad(pair)));
     }
     workgroupBarrier();
     for (var s = li; s < kk; s += SA_THREADS) {
@@ -947,7 +952,7 @@ fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
     let lo = pair.lo;
     let hi = pair.hi;
     let rec = (x * p.u7 + wg.y) * (hd + 4u);
-    var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
+    var bad = sa_window_bad(pair);
     if (li == 0u) {
         atomicStore(&sa_bad_any, 0u);
     }
@@ -1074,7 +1079,7 @@ fn sink_attention_serial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     let qo = pair.qo;
     let lo = pair.lo;
     let hi = pair.hi;
-    var bad = lo <= hi && (lo < 0 || hi >= i32(p.u3));
+    var bad = sa_window_bad(pair);
     for (var s = 0u; s < kk; s++) {
         let e = ib[i * kk + s];
         bad = bad || e < -1 || e >= i32(p.u5);
