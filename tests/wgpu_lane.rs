@@ -314,10 +314,20 @@ fn kernel_times_by_grid_tell_dispatch_sizes_apart() {
     let _ = b.add(&big, &big).unwrap();
     let _ = b.add(&small, &small).unwrap();
     let _ = b.add(&small, &small).unwrap();
-    let times = b.kernel_times().unwrap().expect("timed");
-    let mut counts: Vec<(&str, u64)> = times.iter().map(|k| (k.name.as_str(), k.count)).collect();
+    assert_eq!(dispatch_counts(&b), named(&[("add ×16", 1), ("add ×2", 2)]));
+}
+
+/// The dispatches timed since the last `kernel_times` call, by name (with `kernel_times_by_grid`:
+/// entry point and workgroups), sorted: which paths an op took.
+fn dispatch_counts(b: &WgpuBackend) -> Vec<(String, u64)> {
+    let mut counts: Vec<(String, u64)> =
+        b.kernel_times().unwrap().expect("timed").into_iter().map(|k| (k.name, k.count)).collect();
     counts.sort();
-    assert_eq!(counts, [("add ×16", 1), ("add ×2", 2)], "{times:?}");
+    counts
+}
+
+fn named(counts: &[(&str, u64)]) -> Vec<(String, u64)> {
+    counts.iter().map(|(n, c)| (n.to_string(), *c)).collect()
 }
 
 /// A one-row linear with few columns over long rows is split over k and its slices summed
@@ -344,16 +354,12 @@ fn small_row_linear_splits_few_columns_over_k() {
         let x = up(&b, &[1, k], vec![1.0; k]);
         let y = b.linear(&x, &b.upload_weight(&w).unwrap(), None).unwrap();
         assert!(down(&b, &y).iter().all(|&v| v == 2048.0), "each column 4096 × 0.5");
-        let mut counts: Vec<(String, u64)> =
-            b.kernel_times().unwrap().expect("timed").into_iter().map(|k| (k.name, k.count)).collect();
-        counts.sort();
-        Some(counts)
+        Some(dispatch_counts(&b))
     };
     let Some(split) = run(24, true) else {
         eprintln!("SKIPPED small_row_linear_splits_few_columns_over_k: no timestamp queries");
         return;
     };
-    let named = |v: &[(&str, u64)]| v.iter().map(|(n, c)| (n.to_string(), *c)).collect::<Vec<_>>();
     assert_eq!(split, named(&[("linear_rows ×96", 1), ("sum_slices ×1", 1)]), "12 pairs × 8 slices");
     assert_eq!(run(24, false).unwrap(), named(&[("linear_rows ×12", 1)]));
     assert_eq!(run(1024, true).unwrap(), named(&[("linear_rows ×512", 1)]), "512 workgroups: unsplit");
@@ -370,12 +376,7 @@ fn any_flush_interval_runs_long_chains() {
     let _devices = shared();
     for flush_every in [0, 1, 16, 1000] {
         let b = make(Options { flush_every, ..Options::default() });
-        let one = up(&b, &[4], vec![1.0; 4]);
-        let mut x = up(&b, &[4], vec![0.0; 4]);
-        for _ in 0..300 {
-            x = b.add(&x, &one).unwrap();
-        }
-        assert_eq!(down(&b, &x), vec![300.0; 4], "flush_every {flush_every}");
+        assert_eq!(add_ones(&b, 0.0, 300), vec![300.0; 4], "flush_every {flush_every}");
     }
 }
 
@@ -393,16 +394,20 @@ fn threads_sharing_a_lane_keep_to_its_submit_size() {
     std::thread::scope(|scope| {
         for t in 0..4 {
             let b = &b;
-            scope.spawn(move || {
-                let one = up(b, &[4], vec![1.0; 4]);
-                let mut x = up(b, &[4], vec![t as f32; 4]);
-                for _ in 0..200 {
-                    x = b.add(&x, &one).unwrap();
-                }
-                assert_eq!(down(b, &x), vec![t as f32 + 200.0; 4], "thread {t}");
-            });
+            scope.spawn(move || assert_eq!(add_ones(b, t as f32, 200), vec![t as f32 + 200.0; 4], "thread {t}"));
         }
     });
+}
+
+/// `start` plus one, `times` times over, as a chain of dependent adds (one dispatch each) on 4
+/// elements.
+fn add_ones(b: &WgpuBackend, start: f32, times: usize) -> Vec<f32> {
+    let one = up(b, &[4], vec![1.0; 4]);
+    let mut x = up(b, &[4], vec![start; 4]);
+    for _ in 0..times {
+        x = b.add(&x, &one).unwrap();
+    }
+    down(b, &x)
 }
 
 #[test]
@@ -650,16 +655,12 @@ fn sink_attention_splits_few_heads_over_keys() {
         // equal keys: each gets 1/(m + e^(sink − logit)) of its value 1, logit = 0.25·4/2
         let want = m as f32 / (m as f32 + (-0.5f32).exp());
         assert!(down(&b, &y).iter().all(|&v| (v - want).abs() < 1e-5), "every dim {want}");
-        let mut counts: Vec<(String, u64)> =
-            b.kernel_times().unwrap().expect("timed").into_iter().map(|k| (k.name, k.count)).collect();
-        counts.sort();
-        Some(counts)
+        Some(dispatch_counts(&b))
     };
     let Some(split) = run(1, true) else {
         eprintln!("SKIPPED sink_attention_splits_few_heads_over_keys: no timestamp queries");
         return;
     };
-    let named = |v: &[(&str, u64)]| v.iter().map(|(n, c)| (n.to_string(), *c)).collect::<Vec<_>>();
     assert_eq!(split, named(&[("sink_attention_merge ×2", 1), ("sink_attention_part ×6", 1)]), "2 heads × 3 parts");
     assert_eq!(run(1, false).unwrap(), named(&[("sink_attention ×2", 1)]));
     assert_eq!(run(1024, true).unwrap(), named(&[("sink_attention ×2048", 1)]), "2048 pairs: unsplit");

@@ -217,7 +217,7 @@ impl Default for Options {
             flush_every: std::env::var("FOVEA_WGPU_FLUSH_EVERY")
                 .ok()
                 .and_then(|v| v.parse::<u32>().ok())
-                .map_or(FLUSH_EVERY, |n| n.clamp(1, MAX_SUBMIT)),
+                .unwrap_or(FLUSH_EVERY),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
