@@ -14,13 +14,24 @@ fn byte_at(base: u32, off: u32) -> u32 {
     return (w[base + (off >> 2u)] >> ((off & 3u) * 8u)) & 0xffu;
 }
 
-// Little-endian u16 / u32 at any byte offset (fields need not be aligned).
+// Little-endian u16 / u32 at any byte offset (fields need not be aligned): one word load, or two
+// when the field straddles words (each word read holds one of its bytes, so it lies in the row).
 fn u16_at(base: u32, off: u32) -> u32 {
-    return byte_at(base, off) | (byte_at(base, off + 1u) << 8u);
+    let i = base + (off >> 2u);
+    let sh = (off & 3u) * 8u;
+    if (sh == 24u) {
+        return (w[i] >> 24u) | ((w[i + 1u] & 0xffu) << 8u);
+    }
+    return (w[i] >> sh) & 0xffffu;
 }
 
 fn u32_at(base: u32, off: u32) -> u32 {
-    return u16_at(base, off) | (u16_at(base, off + 2u) << 16u);
+    let i = base + (off >> 2u);
+    let sh = (off & 3u) * 8u;
+    if (sh == 0u) {
+        return w[i];
+    }
+    return (w[i] >> sh) | (w[i + 1u] << (32u - sh));
 }
 
 // The 8 bytes at any byte offset, little-endian, as (bytes 0-3, bytes 4-7): three word loads

@@ -16,7 +16,7 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
         let db = select(db0, db1, l >= 2u);
         for (var j = 0u; j < 8u; j++) {
             let gv = (iq2xs_grid(2u * g + j / 4u) >> (8u * (j % 4u))) & 0xffu;
-            let s = select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
+            let s = select(1.0, -1.0, (signs & (1u << j)) != 0u);
             v[8u * l + j] = db * f32(gv) * s;
         }
     }
@@ -37,7 +37,7 @@ fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
     var v: array<f32, 8>;
     for (var j = 0u; j < 8u; j++) {
         let gv = (iq2xs_grid(2u * g + j / 4u) >> (8u * (j % 4u))) & 0xffu;
-        v[j] = db * f32(gv) * select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
+        v[j] = db * f32(gv) * select(1.0, -1.0, (signs & (1u << j)) != 0u);
     }
     return v;
 }

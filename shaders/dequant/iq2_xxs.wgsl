@@ -14,7 +14,7 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
         let signs = ksigns_iq2xs((a1 >> (7u * l)) & 127u);
         for (var j = 0u; j < 8u; j++) {
             let gv = (iq2xxs_grid(2u * g + j / 4u) >> (8u * (j % 4u))) & 0xffu;
-            let s = select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
+            let s = select(1.0, -1.0, (signs & (1u << j)) != 0u);
             v[8u * l + j] = db * f32(gv) * s;
         }
     }
@@ -35,8 +35,8 @@ fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
     let hi = iq2xxs_grid(2u * g + 1u);
     var v: array<f32, 8>;
     for (var j = 0u; j < 4u; j++) {
-        v[j] = db * f32((lo >> (8u * j)) & 0xffu) * select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
-        v[j + 4u] = db * f32((hi >> (8u * j)) & 0xffu) * select(1.0, -1.0, (signs & kmask_iq2xs(j + 4u)) != 0u);
+        v[j] = db * f32((lo >> (8u * j)) & 0xffu) * select(1.0, -1.0, (signs & (1u << j)) != 0u);
+        v[j + 4u] = db * f32((hi >> (8u * j)) & 0xffu) * select(1.0, -1.0, (signs & (1u << (j + 4u))) != 0u);
     }
     return v;
 }

@@ -14,8 +14,8 @@ fn decode_run(base: u32, run: u32) -> array<f32, 32> {
         let g1 = iq3xxs_grid(byte_at(base, qs + 2u * l));
         let g2 = iq3xxs_grid(byte_at(base, qs + 2u * l + 1u));
         for (var j = 0u; j < 4u; j++) {
-            let s1 = select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
-            let s2 = select(1.0, -1.0, (signs & kmask_iq2xs(j + 4u)) != 0u);
+            let s1 = select(1.0, -1.0, (signs & (1u << j)) != 0u);
+            let s2 = select(1.0, -1.0, (signs & (1u << (j + 4u))) != 0u);
             v[8u * l + j] = db * f32((g1 >> (8u * j)) & 0xffu) * s1;
             v[8u * l + j + 4u] = db * f32((g2 >> (8u * j)) & 0xffu) * s2;
         }
@@ -37,8 +37,8 @@ fn decode_run8(base: u32, r8: u32) -> array<f32, 8> {
     let g2 = iq3xxs_grid(byte_at(base, qs + 2u * l + 1u));
     var v: array<f32, 8>;
     for (var j = 0u; j < 4u; j++) {
-        v[j] = db * f32((g1 >> (8u * j)) & 0xffu) * select(1.0, -1.0, (signs & kmask_iq2xs(j)) != 0u);
-        v[j + 4u] = db * f32((g2 >> (8u * j)) & 0xffu) * select(1.0, -1.0, (signs & kmask_iq2xs(j + 4u)) != 0u);
+        v[j] = db * f32((g1 >> (8u * j)) & 0xffu) * select(1.0, -1.0, (signs & (1u << j)) != 0u);
+        v[j + 4u] = db * f32((g2 >> (8u * j)) & 0xffu) * select(1.0, -1.0, (signs & (1u << (j + 4u))) != 0u);
     }
     return v;
 }

@@ -112,11 +112,11 @@ pub const TABLES_BINDING: u32 = 15;
 /// shader text: as `var<private>` arrays every invocation initialised its own copy, and lavapipe
 /// took 18 s, 11 s and 12 s to build the IQ1_S linear, moe_up and grouped_linear pipelines (both since replaced by linear's tiles) (as
 /// `const` arrays naga spilled a copy at each access); from the buffer, under 0.1 s each (one
-/// measurement each).
+/// measurement each). ggml's `kmask_iq2xs` is not among them: entry j is `1 << j`, which the
+/// decoders shift instead (a table read per value cost the IQ2/IQ3 decoders eight loads a span).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Table {
     KsignsIq2xs,
-    KmaskIq2xs,
     Iq2xxsGrid,
     Iq2xsGrid,
     Iq3xxsGrid,
@@ -127,9 +127,8 @@ enum Table {
 
 impl Table {
     /// Buffer order: each table starts where the one before it ends.
-    const ALL: [Table; 8] = [
+    const ALL: [Table; 7] = [
         Table::KsignsIq2xs,
-        Table::KmaskIq2xs,
         Table::Iq2xxsGrid,
         Table::Iq2xsGrid,
         Table::Iq3xxsGrid,
@@ -142,7 +141,6 @@ impl Table {
     fn name(self) -> &'static str {
         match self {
             Table::KsignsIq2xs => "ksigns_iq2xs",
-            Table::KmaskIq2xs => "kmask_iq2xs",
             Table::Iq2xxsGrid => "iq2xxs_grid",
             Table::Iq2xsGrid => "iq2xs_grid",
             Table::Iq3xxsGrid => "iq3xxs_grid",
@@ -164,7 +162,6 @@ impl Table {
         let signed = |v: &[i8]| v.iter().map(|e| i32::from(*e) as u32).collect();
         match self {
             Table::KsignsIq2xs => tables::KSIGNS_IQ2XS.map(u32::from).to_vec(),
-            Table::KmaskIq2xs => tables::KMASK_IQ2XS.map(u32::from).to_vec(),
             Table::Iq2xxsGrid => u64_pairs(&tables::IQ2XXS_GRID),
             Table::Iq2xsGrid => u64_pairs(&tables::IQ2XS_GRID),
             Table::Iq3xxsGrid => tables::IQ3XXS_GRID.to_vec(),
@@ -189,9 +186,9 @@ pub fn table_words() -> Vec<u32> {
 fn tables_of(format: WeightFormat) -> &'static [Table] {
     use WeightFormat::*;
     match format {
-        IQ2_XXS => &[Table::KsignsIq2xs, Table::KmaskIq2xs, Table::Iq2xxsGrid],
-        IQ2_XS => &[Table::KsignsIq2xs, Table::KmaskIq2xs, Table::Iq2xsGrid],
-        IQ3_XXS => &[Table::KsignsIq2xs, Table::KmaskIq2xs, Table::Iq3xxsGrid],
+        IQ2_XXS => &[Table::KsignsIq2xs, Table::Iq2xxsGrid],
+        IQ2_XS => &[Table::KsignsIq2xs, Table::Iq2xsGrid],
+        IQ3_XXS => &[Table::KsignsIq2xs, Table::Iq3xxsGrid],
         IQ1_S | IQ1_M => &[Table::Iq1sGrid],
         IQ4_XS => &[Table::KvaluesIq4nl],
         MXFP4 => &[Table::KvaluesMxfp4],
@@ -310,6 +307,11 @@ mod tests {
             let (_, src) = block_shader_source(f, BlockKernel::Linear(Tiles::Fma), Precision::Exact).unwrap();
             assert_eq!(src.contains(&format!("@binding({TABLES_BINDING})")), uses_tables(f), "{f}");
         }
+    }
+
+    #[test]
+    fn the_sign_mask_the_decoders_shift_is_ggmls() {
+        assert!(tables::KMASK_IQ2XS.iter().enumerate().all(|(j, &m)| u32::from(m) == 1 << j));
     }
 
     #[test]
