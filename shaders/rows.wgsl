@@ -73,13 +73,29 @@ fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32, k0: u32, 
     for (var s = k0 / SPAN + li; s * SPAN < k1; s += WG) {
         let wa = load_span(r0 + c, s);
         let wb = load_span(r0 + c1, s);
-        for (var j = 0u; j < SPAN; j++) {
-            let e = s * SPAN + j;
-            if (e >= k1) { break; }
-            let wo = vec2<f32>(f32(to_operand(wa[j])), f32(to_operand(wb[j])));
+        let e0 = s * SPAN;
+        if (e0 + SPAN <= k1) {
+            // a whole span: its x loads carry no test, so they issue together rather than one
+            // latency after another behind a per-element branch
             for (var i = 0u; i < ROW_BOUND; i++) {
                 if (i < rows) {
-                    acc[i] += f32(to_operand(x[xo[i] + e])) * wo;
+                    var xs: array<f32, SPAN>;
+                    for (var j = 0u; j < SPAN; j++) { xs[j] = x[xo[i] + e0 + j]; }
+                    for (var j = 0u; j < SPAN; j++) {
+                        let wo = vec2<f32>(f32(to_operand(wa[j])), f32(to_operand(wb[j])));
+                        acc[i] += f32(to_operand(xs[j])) * wo;
+                    }
+                }
+            }
+        } else {
+            for (var j = 0u; j < SPAN; j++) {
+                let e = e0 + j;
+                if (e >= k1) { break; }
+                let wo = vec2<f32>(f32(to_operand(wa[j])), f32(to_operand(wb[j])));
+                for (var i = 0u; i < ROW_BOUND; i++) {
+                    if (i < rows) {
+                        acc[i] += f32(to_operand(x[xo[i] + e])) * wo;
+                    }
                 }
             }
         }
