@@ -488,6 +488,47 @@ fn indexer_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     out[x] = s * bitcast<f32>(p.u4);
 }
 
+// indexer_scores_rows: indexer_scores for few query rows (decode), one workgroup per output: a
+// thread a head computes its dot product, and thread 0 adds the heads' terms in head order, the
+// sum indexer_scores takes, so the scores are the same bits. A thread an output left a decode
+// step's 1 024 entries to 4 workgroups each walking 64 · 128 products one after another: 1.1 ms
+// a CSA layer on an H200 under Vulkan.
+//   u0 = n·m, u1 = m, u2 = heads, u3 = hd, u4 = scale, u5 = pos0, u6 = ratio
+const IS_THREADS: u32 = 64u;
+var<workgroup> is_terms: array<f32, IS_THREADS>;
+
+@compute @workgroup_size(64, 1, 1)
+fn indexer_scores_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) li: u32) {
+    let x = wg.y * nwg.x + wg.x; // uniform across the workgroup
+    if (x >= p.u0) { return; }
+    let i = x / p.u1;
+    let j = x % p.u1;
+    let heads = p.u2;
+    let hd = p.u3;
+    if (j >= (p.u5 + i + 1u) / p.u6) {
+        if (li == 0u) { out[x] = bitcast<f32>(0xff800000u); }
+        return;
+    }
+    var s = 0.0;
+    for (var h0 = 0u; h0 < heads; h0 += IS_THREADS) {
+        let h = h0 + li;
+        if (h < heads) {
+            var dot = 0.0;
+            for (var e = 0u; e < hd; e++) {
+                dot += a[(i * heads + h) * hd + e] * b[j * hd + e];
+            }
+            is_terms[li] = c[i * heads + h] * max(dot, 0.0);
+        }
+        workgroupBarrier();
+        if (li == 0u) {
+            for (var t = 0u; t < min(IS_THREADS, heads - h0); t++) { s += is_terms[t]; }
+        }
+        workgroupBarrier();
+    }
+    if (li == 0u) { out[x] = s * bitcast<f32>(p.u4); }
+}
+
 // topk_rows: a = x [n, m] → iout [n, k]; one workgroup per row. The finite values ranked value
 // descending, then column ascending; slot s is the column of rank s, −1 past the finite ones. As
 // the CUDA lane's topk_rows_i32: every element has a 64-bit key (hi: the value, lo: the column)

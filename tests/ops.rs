@@ -778,6 +778,18 @@ fn lm_cases() -> Vec<Case> {
         |_| Call::IndexerScores { q: 0, k: 1, w: 2, heads: 3, scale: 0.37, pos0: 5, ratio: 4 },
         Args::default(),
     ));
+    // few query rows (decode; the wgpu lane's workgroup-an-output kernel): one row, every entry
+    // visible; three rows of 70 heads (past one round of 64 threads), the last entries future.
+    for (n, m, heads, pos0) in [(1, 9, 3, 40), (3, 9, 70, 30)] {
+        out.push(case(
+            format!("indexer_scores n={n} m={m} {heads}x17 pos0 {pos0} r=4"),
+            Op::IndexerScores,
+            REDUCTION,
+            vec![randn(&mut r, &[n, heads * 17], 1.0), randn(&mut r, &[m, 17], 1.0), randn(&mut r, &[n, heads], 1.0)],
+            |a| Call::IndexerScores { q: 0, k: 1, w: 2, heads: a.a, scale: 0.37, pos0: a.b, ratio: 4 },
+            Args { a: heads, b: pos0, ..Default::default() },
+        ));
+    }
     // topk_rows: ties (quantised values), −inf / NaN entries, rows with fewer than k finite values,
     // m beyond one workgroup pass.
     {

@@ -12,6 +12,7 @@
 //! host round trip.
 
 use super::linear::lm_weight_shader;
+use super::rows::SMALL_ROWS;
 use super::{Output, SOFTWARE_LOOP_BUDGET, Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
 use crate::backend::{DType, Op, checks};
 use crate::error::{Error, Result};
@@ -244,9 +245,21 @@ impl WgpuBackend {
         ratio: usize,
     ) -> Result<WgpuTensor> {
         let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
-        let out = Output { binding: 6, shape: vec![n, m], dtype: DType::F32 };
         let params = [m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32];
-        self.per_element(LM, "indexer_scores", &[("q", 1, q), ("k", 2, k), ("w", 3, w)], out, &params)
+        if n > SMALL_ROWS {
+            let out = Output { binding: 6, shape: vec![n, m], dtype: DType::F32 };
+            return self.per_element(LM, "indexer_scores", &[("q", 1, q), ("k", 2, k), ("w", 3, w)], out, &params);
+        }
+        // few query rows (decode): a workgroup an output, its threads over the heads
+        self.check_inputs("indexer_scores", [("q", q), ("k", k), ("w", w)])?;
+        let y = self.alloc("indexer_scores", vec![n, m], DType::F32)?;
+        if n * m == 0 {
+            return Ok(y);
+        }
+        let params: Vec<u32> = std::iter::once((n * m) as u32).chain(params).collect();
+        let bindings = [(1, q.binding()), (2, k.binding()), (3, w.binding()), (6, y.binding())];
+        self.dispatch(LM, "indexer_scores_rows", 0, &params, &bindings, grid(n * m))?;
+        Ok(y)
     }
 
     /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per

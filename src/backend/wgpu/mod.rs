@@ -116,7 +116,8 @@ const WIDE_BINDING: u64 = 1 << 30;
 ///   hc_head_weights, sqrt_softplus, swiglu_clamp, hash_route;
 /// - rms_norm, rms_norm_heads: 2⌈d/256⌉ + 11 (43); hc_pre, hc_post, route_weights, moe_sum:
 ///   hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations); compress_pool:
-///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450); topk_rows: ≈ 450 up to
+///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450; its few-row kernel
+///   indexer_scores_rows: ⌈heads/64⌉(hd + 66), 194); topk_rows: ≈ 450 up to
 ///   2 048 columns, then ≈ ⌈k/2048⌉(9⌈m/256⌉ + 550) (9 800 for the top 512 of a 1M-token
 ///   context's 262 144 entries);
 /// - the small-row kernels (rows.wgsl): ≈ 2 200 at k 8 192; linear's tiles (also grouped_linear's
