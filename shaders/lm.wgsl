@@ -471,21 +471,30 @@ fn indexer_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     if (x >= p.u0) { return; }
     let i = x / p.u1;
     let j = x % p.u1;
-    let heads = p.u2;
-    let hd = p.u3;
-    if (j >= (p.u5 + i + 1u) / p.u6) {
+    if (!indexer_visible(i, j)) {
         out[x] = bitcast<f32>(0xff800000u);
         return;
     }
     var s = 0.0;
-    for (var h = 0u; h < heads; h++) {
-        var dot = 0.0;
-        for (var e = 0u; e < hd; e++) {
-            dot += a[(i * heads + h) * hd + e] * b[j * hd + e];
-        }
-        s += c[i * heads + h] * max(dot, 0.0);
+    for (var h = 0u; h < p.u2; h++) {
+        s += indexer_term(i, j, h);
     }
     out[x] = s * bitcast<f32>(p.u4);
+}
+
+// Whether entry j is complete for query row i: j < (pos0 + i + 1) / ratio.
+fn indexer_visible(i: u32, j: u32) -> bool {
+    return j < (p.u5 + i + 1u) / p.u6;
+}
+
+// Head h's term of score (i, j): w[i, h] · relu(q[i, h] · k[j]).
+fn indexer_term(i: u32, j: u32, h: u32) -> f32 {
+    let hd = p.u3;
+    var dot = 0.0;
+    for (var e = 0u; e < hd; e++) {
+        dot += a[(i * p.u2 + h) * hd + e] * b[j * hd + e];
+    }
+    return c[i * p.u2 + h] * max(dot, 0.0);
 }
 
 // indexer_scores_rows: indexer_scores for few query rows (decode), one workgroup per output: a
@@ -505,8 +514,7 @@ fn indexer_scores_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
     let i = x / p.u1;
     let j = x % p.u1;
     let heads = p.u2;
-    let hd = p.u3;
-    if (j >= (p.u5 + i + 1u) / p.u6) {
+    if (!indexer_visible(i, j)) {
         if (li == 0u) { out[x] = bitcast<f32>(0xff800000u); }
         return;
     }
@@ -514,11 +522,7 @@ fn indexer_scores_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
     for (var h0 = 0u; h0 < heads; h0 += IS_THREADS) {
         let h = h0 + li;
         if (h < heads) {
-            var dot = 0.0;
-            for (var e = 0u; e < hd; e++) {
-                dot += a[(i * heads + h) * hd + e] * b[j * hd + e];
-            }
-            is_terms[li] = c[i * heads + h] * max(dot, 0.0);
+            is_terms[li] = indexer_term(i, j, h);
         }
         workgroupBarrier();
         if (li == 0u) {
