@@ -677,10 +677,11 @@ fn launches_note(t: &DecodeTiming, steps: usize) -> String {
         let per = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
         let count = |n: u64| n as f64 / steps.max(1) as f64;
         note += &format!(
-            " (host a step: {:.0} launches {:.2} ms, {:.0} copies {:.2} ms, {:.0} allocations {:.2} ms, {:.0} waits \
-             {:.2} ms; the rest is the graph's own host work)",
+            " (host a step: {:.0} launches {:.2} ms ({:.0} bind groups made), {:.0} copies {:.2} ms, {:.0} \
+             allocations {:.2} ms, {:.0} waits {:.2} ms; the rest is the graph's own host work)",
             count(h.launches),
             per(h.launch_ns),
+            count(h.bind_groups),
             count(h.copies),
             per(h.copy_ns),
             count(h.allocations),

@@ -1,7 +1,7 @@
 // Language-model ops (see the LM section of src/backend/mod.rs for shapes and semantics; each
 // entry point mirrors its reference in src/backend/cpu/lm.rs).
 // One fixed binding layout for every entry point (each binds only what it uses):
-//   0 uniform P (16 words; f32 parameters are bit patterns), 1-3 f32 inputs a, b, c,
+//   immediate P (16 words; f32 parameters are bit patterns), 1-3 f32 inputs a, b, c,
 //   4-5 i32 inputs ia, ib, 6 f32 output out, 7 i32 output iout, 8 weight words w, 9 f32 input
 //   comb, 10 i32 input fallback.
 // Weights: u0-style fields name the format (0 f32, 1 bf16, 2 f16 by integer decode), the row
@@ -17,7 +17,7 @@ struct P {
     u12: u32, u13: u32, u14: u32, u15: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: P;
+var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read> c: array<f32>;

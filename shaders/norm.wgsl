@@ -6,9 +6,12 @@ struct P {
     d: u32,
     eps: f32,
     _a: u32,
+    // padding: every dispatch pushes 16 words (mod.rs, PARAM_BYTES)
+    _p4: u32, _p5: u32, _p6: u32, _p7: u32, _p8: u32, _p9: u32,
+    _p10: u32, _p11: u32, _p12: u32, _p13: u32, _p14: u32, _p15: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: P;
+var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> wt: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;

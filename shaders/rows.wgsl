@@ -42,7 +42,7 @@ struct P {
     slice_stride: u32, // linear_rows: elements of y from one layer's partial sums to the next's
 }
 
-@group(0) @binding(0) var<uniform> p: P;
+var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;

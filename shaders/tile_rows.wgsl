@@ -18,9 +18,11 @@ struct P {
     w_row0: u32,     // the binding's first weight row this dispatch reads
     expert_stride: u32, // 0, or a dispatch over every expert's rows (`row_tiles`): the weight rows
                         // from one expert's first row to the next's in the binding
+    // padding: every dispatch pushes 16 words (mod.rs, PARAM_BYTES)
+    _p12: u32, _p13: u32, _p14: u32, _p15: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: P;
+var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;

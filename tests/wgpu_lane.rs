@@ -921,6 +921,37 @@ fn buffer_reuse_keeps_results_right() {
     assert_close(&down(b, &cur), &want, 0.0, 0.0);
 }
 
+/// A launch with the same pipeline and buffer ranges as an earlier one reuses its bind group (the
+/// dropped output's buffer comes back from the free list for the next), and a buffer let go of for
+/// good (here a weight dropped) empties the cache, whose groups would keep it alive.
+#[test]
+fn bind_groups_are_reused_until_a_buffer_is_let_go() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = exclusive();
+    let b = make(Options::default());
+    let weight = |name: &str| HostWeight {
+        name: name.into(),
+        format: WeightFormat::F32,
+        rows: 3,
+        cols: 8,
+        bytes: Cow::Owned(encode(WeightFormat::F32, &randv(&mut rng(7), 3 * 8))),
+    };
+    let x = up(&b, &[2, 8], randv(&mut rng(8), 16));
+    let w = b.upload_weight(&weight("w")).unwrap();
+    let want = down(&b, &b.linear(&x, &w, None).unwrap());
+    let per_product = b.bind_groups_made();
+    assert!(per_product > 0);
+    for _ in 0..3 {
+        assert_eq!(down(&b, &b.linear(&x, &w, None).unwrap()), want);
+    }
+    assert_eq!(b.bind_groups_made(), per_product, "the same product again reuses its groups");
+    drop(b.upload_weight(&weight("other")).unwrap());
+    assert_eq!(down(&b, &b.linear(&x, &w, None).unwrap()), want);
+    assert_eq!(b.bind_groups_made(), 2 * per_product, "a weight dropped empties the cache");
+}
+
 #[test]
 fn threads_sharing_one_backend() {
     if !adapter_available() {

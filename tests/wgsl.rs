@@ -41,7 +41,10 @@ const DIRECTIVES: &str = "enable f16;\nenable wgpu_cooperative_matrix;\n";
 fn validate_source(src: &str) -> Result<naga::Module, (Option<u32>, String)> {
     let module = naga::front::wgsl::parse_str(src)
         .map_err(|e| (e.location(src).map(|l| l.line_number), e.emit_to_string(src)))?;
-    let caps = Capabilities::SHADER_FLOAT16 | Capabilities::SUBGROUP | Capabilities::COOPERATIVE_MATRIX;
+    let caps = Capabilities::IMMEDIATES
+        | Capabilities::SHADER_FLOAT16
+        | Capabilities::SUBGROUP
+        | Capabilities::COOPERATIVE_MATRIX;
     Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| (e.location(src).map(|l| l.line_number), e.emit_to_string(src)))?;
@@ -205,6 +208,12 @@ fn used_resources(
     Ok(used)
 }
 
+/// Whether entry point `ep` reads immediate data (`var<immediate>`).
+fn uses_immediates(module: &naga::Module, info: &naga::valid::ModuleInfo, ep: usize) -> bool {
+    let fun = info.get_entry_point(ep);
+    module.global_variables.iter().any(|(h, g)| g.space == naga::AddressSpace::Immediate && !fun[h].is_empty())
+}
+
 /// Translate entry point `ep` (its module already specialised to it by `process_overrides`) for
 /// `target`, with the binding maps and options wgpu-hal builds for an auto-layout compute
 /// pipeline (create_pipeline_layout / load_shader of its metal and dx12 backends): bounds checks
@@ -228,8 +237,13 @@ fn translate(
                 map.resources.insert(binding, target);
                 slot += 1;
             }
-            // The buffer of runtime-array lengths, after the bindings (wgpu sets it aside
-            // whenever the layout has a storage buffer).
+            // The immediate data's buffer, after the bindings, where the entry point has any.
+            if uses_immediates(module, info, ep) {
+                map.immediates_buffer = Some(slot);
+                slot += 1;
+            }
+            // The buffer of runtime-array lengths, after those (wgpu sets it aside whenever the
+            // layout has a storage buffer).
             if resources.iter().any(|&(_, uniform, _)| !uniform) {
                 map.sizes_buffer = Some(slot);
             }
@@ -283,9 +297,15 @@ fn translate(
                 force_loop_bounding: true,
                 ..Default::default()
             };
-            // Registers per class in binding order, space 0; then wgpu's special constants
-            // (num_workgroups, first vertex/instance) at the next constant-buffer register.
+            // The immediate data as root constants at the first constant-buffer register, where
+            // the entry point has any; then registers per class in binding order, space 0; then
+            // wgpu's special constants (num_workgroups, first vertex/instance) at the next
+            // constant-buffer register.
             let (mut cbv, mut srv, mut uav) = (0, 0, 0);
+            if uses_immediates(module, info, ep) {
+                options.immediates_target = Some(hlsl::BindTarget { register: 0, ..Default::default() });
+                cbv += 1;
+            }
             for &(binding, uniform, writable) in &resources {
                 let counter = if uniform {
                     &mut cbv
@@ -367,9 +387,13 @@ fn every_build_translates_to_msl_and_hlsl() {
     let mut errors = Vec::new();
     let (mut modules, mut pipelines, mut translations) = (0, 0, [0usize; 3]);
     for b in &builds {
-        // The capabilities wgpu validates the lane's modules with: the lane requests SHADER_F16
-        // and SUBGROUP where the adapter has them, and only builds that need one may use it.
-        let mut caps = if b.needs_f16 { Capabilities::SHADER_FLOAT16 } else { Capabilities::empty() };
+        // The capabilities wgpu validates the lane's modules with: the lane always requests
+        // IMMEDIATES (every dispatch's parameters), SHADER_F16 and SUBGROUP where the adapter has
+        // them, and only builds that need one may use it.
+        let mut caps = Capabilities::IMMEDIATES;
+        if b.needs_f16 {
+            caps |= Capabilities::SHADER_FLOAT16;
+        }
         if b.needs_subgroup {
             caps |= Capabilities::SUBGROUP;
         }

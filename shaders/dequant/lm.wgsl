@@ -11,7 +11,7 @@ struct P {
     u12: u32, u13: u32, u14: u32, u15: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: P;
+var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(4) var<storage, read> ia: array<i32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;

@@ -372,6 +372,9 @@ pub struct HostProfile {
     /// Waits for the device (a read-back, a sync), and nanoseconds inside them.
     pub waits: u64,
     pub wait_ns: u64,
+    /// Bind groups the wgpu lane made because its cache had none for a launch's bindings (0 on
+    /// the other lanes, which have no such objects).
+    pub bind_groups: u64,
 }
 
 impl HostProfile {
@@ -386,6 +389,7 @@ impl HostProfile {
             allocation_ns: self.allocation_ns - earlier.allocation_ns,
             waits: self.waits - earlier.waits,
             wait_ns: self.wait_ns - earlier.wait_ns,
+            bind_groups: self.bind_groups - earlier.bind_groups,
         }
     }
 }
@@ -479,6 +483,7 @@ impl HostClock {
             allocation_ns: get(&self.allocation_ns),
             waits: get(&self.waits),
             wait_ns: get(&self.wait_ns),
+            bind_groups: 0,
         })
     }
 }

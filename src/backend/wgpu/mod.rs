@@ -20,6 +20,9 @@
 //!   `FLUSH_EVERY` dispatches, so the device starts on a decode step's first kernels while the
 //!   host still encodes the rest (an H200 decode step 3.1–3.2 → 2.6 ms with 16 rather than 128).
 //! - Pipelines are created lazily, once per (shader, entry point, weight format), and cached.
+//!   A dispatch pushes its parameters as immediate data (`PARAM_BYTES`) and binds only storage
+//!   buffers, through a bind group kept for the next dispatch with the same pipeline and buffer
+//!   ranges (bind_groups.rs).
 //! - Weights keep their checkpoint format on the device (f32, f16, bf16, and every block format,
 //!   decoded inside the kernels: see formats.rs and `shaders/dequant/`) and are sub-allocated
 //!   from pool buffers at offsets aligned to `min_storage_buffer_offset_alignment`. Rows of 16-bit
@@ -48,14 +51,14 @@
 //!   devices run alone.
 
 use std::collections::HashMap;
-use std::num::NonZeroU64;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
 mod adapter;
 mod attention;
+mod bind_groups;
 mod copy;
 mod elementwise;
 pub mod formats;
@@ -87,10 +90,11 @@ const LANE: &str = "wgpu";
 pub const GUARD_SENTINEL: u32 = 0x7FC0_DEAD;
 /// Submit the pending encoder (without waiting) after this many dispatches.
 const FLUSH_EVERY: u32 = 16;
-/// The most commands one submission holds (its parameter slots, its timer's queries):
-/// `Options::flush_every` is at most this.
+/// The most commands one submission holds (its timer's queries): `Options::flush_every` is at
+/// most this.
 const MAX_SUBMIT: u32 = 128;
-/// Bytes of the uniform parameter block every dispatch gets.
+/// Bytes of the parameter block every dispatch pushes as immediate data (the shaders'
+/// `var<immediate> p: P`, 16 words each).
 const PARAM_BYTES: usize = 64;
 
 /// The prefill chunk of an adapter whose bindings hold at least [`WIDE_BINDING`] bytes
@@ -231,9 +235,7 @@ impl Default for Options {
 
 type PipelineKey = (Shader, &'static str, u32);
 
-/// The commands encoded since the last submit, and their dispatches' parameter blocks: each
-/// dispatch binds its own slot of one uniform buffer, filled by one write at the submit (a buffer
-/// created a submit, not a dispatch).
+/// The commands encoded since the last submit.
 #[derive(Default)]
 struct Pending {
     /// The compute pass consecutive dispatches share (`encoder`'s, which it locks until dropped:
@@ -241,9 +243,6 @@ struct Pending {
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: u32,
-    params: Option<wgpu::Buffer>,
-    /// The blocks, a slot (`param_stride` bytes) each.
-    blocks: Vec<u8>,
 }
 
 /// The wgpu lane.
@@ -263,6 +262,7 @@ pub struct WgpuBackend {
     tiles: Tiles,
     modules: Mutex<HashMap<Shader, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    bind_groups: Mutex<bind_groups::BindGroups>,
     pending: Mutex<Pending>,
     /// Held while a thread blocks on the device (download, sync).
     sync_lock: Mutex<()>,
@@ -351,11 +351,26 @@ impl WgpuBackend {
     }
 
     fn on_adapter(adapter: wgpu::Adapter, mut opts: Options) -> Result<Self> {
-        // a submission's parameter slots and timer queries hold at most MAX_SUBMIT commands
+        // a submission's timer queries hold at most MAX_SUBMIT commands
         opts.flush_every = opts.flush_every.clamp(1, MAX_SUBMIT);
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let mut features = wgpu::Features::empty();
+        // every dispatch pushes its parameters as immediate data (PARAM_BYTES; bind_groups.rs
+        // says why): Vulkan's push constants, Metal's and DX12's root constants
+        if !adapter.features().contains(wgpu::Features::IMMEDIATES) || limits.max_immediate_size < PARAM_BYTES as u32 {
+            return Err(Error::Unsupported {
+                lane: LANE,
+                op: "device",
+                what: format!(
+                    "{}: the lane pushes {PARAM_BYTES} bytes of immediate data a dispatch; this adapter offers {} \
+                     (wgpu feature IMMEDIATES: {})",
+                    describe(&info),
+                    limits.max_immediate_size,
+                    adapter.features().contains(wgpu::Features::IMMEDIATES)
+                ),
+            });
+        }
+        let mut features = wgpu::Features::IMMEDIATES;
         let has_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
         if has_f16 {
             features |= wgpu::Features::SHADER_F16;
@@ -436,6 +451,7 @@ impl WgpuBackend {
             counters: Counters { clock: HostClock::from_env(), ..Counters::default() },
             free: Mutex::default(),
             reuse: opts.reuse_buffers,
+            released: AtomicU64::default(),
         });
         let timer =
             if opts.kernel_times { timing::PassTimer::new(&device, &queue, opts.kernel_times_by_grid) } else { None };
@@ -451,6 +467,7 @@ impl WgpuBackend {
             opts,
             modules: Mutex::default(),
             pipelines: Mutex::default(),
+            bind_groups: Mutex::default(),
             pending: Mutex::default(),
             sync_lock: Mutex::default(),
             shared,
@@ -490,11 +507,17 @@ impl WgpuBackend {
     pub fn cached_bytes(&self) -> u64 {
         self.shared.counters.cached.load(Ordering::Relaxed)
     }
+    /// Bind groups made so far: launches whose bindings the cache had no group for
+    /// (bind_groups.rs). Diagnostic.
+    pub fn bind_groups_made(&self) -> u64 {
+        self.bind_groups.lock().unwrap().made
+    }
     /// Release the recycled activation buffers.
     pub fn trim(&self) {
         let mut free = self.shared.free.lock().unwrap();
         free.clear();
         self.shared.counters.cached.store(0, Ordering::Relaxed);
+        self.shared.release();
     }
 
     // ---- errors, submission ---------------------------------------------------------------
@@ -516,16 +539,11 @@ impl WgpuBackend {
     }
 
     /// [`Self::submit_pending`] with the pending lock already held: a command that fills the
-    /// encoder submits it before the lock is let go, so no other thread's command (and its
-    /// parameter slot) lands in an encoder already full (its parameter buffer holds
-    /// `flush_every` slots).
+    /// encoder submits it before the lock is let go, so no other thread's command lands in an
+    /// encoder already full (the timer's queries hold `flush_every` commands).
     fn submit_locked(&self, p: &mut Pending) {
         p.dispatches = 0;
         p.pass = None;
-        if let Some(buf) = p.params.take() {
-            self.queue.write_buffer(&buf, 0, &p.blocks);
-        }
-        p.blocks.clear();
         if let Some(mut enc) = p.encoder.take() {
             if let Some(timer) = &self.timer {
                 timer.close(&self.device, &mut enc);
@@ -601,8 +619,8 @@ impl WgpuBackend {
         }
     }
 
-    /// Encode one command into the pending encoder; whether it is full (`flush_every` commands,
-    /// each with at most one parameter slot), so the caller submits it under the same lock.
+    /// Encode one command into the pending encoder; whether it is full (`flush_every` commands),
+    /// so the caller submits it under the same lock.
     fn encode(&self, p: &mut Pending, f: impl FnOnce(&mut wgpu::CommandEncoder)) -> bool {
         p.pass = None;
         let enc = p.encoder.get_or_insert_with(|| self.new_encoder());
@@ -617,11 +635,13 @@ impl WgpuBackend {
         p: &mut Pending,
         label: &'static str,
         pipeline: &wgpu::ComputePipeline,
+        params: &[u8; PARAM_BYTES],
         bind_group: &wgpu::BindGroup,
         groups: (u32, u32, u32),
     ) -> bool {
         let record = |pass: &mut wgpu::ComputePass<'_>| {
             pass.set_pipeline(pipeline);
+            pass.set_immediates(0, params);
             pass.set_bind_group(0, bind_group, &[]);
             pass.dispatch_workgroups(groups.0, groups.1, groups.2);
         };
@@ -653,12 +673,6 @@ impl WgpuBackend {
         p.dispatches += 1;
         self.shared.counters.commands.fetch_add(1, Ordering::Relaxed);
         p.dispatches >= self.opts.flush_every
-    }
-
-    /// Bytes between two dispatches' parameter slots: the block, aligned as uniform bindings
-    /// must be.
-    fn param_stride(&self) -> u64 {
-        (PARAM_BYTES as u64).next_multiple_of(u64::from(self.limits.min_uniform_buffer_offset_alignment))
     }
 
     // ---- pipelines, dispatch -----------------------------------------------------------------
@@ -709,11 +723,12 @@ impl WgpuBackend {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Device(format!("{file}:{entry}: pipeline creation failed: {e}")));
         }
-        self.pipelines.lock().unwrap().insert(key, pipeline.clone());
-        Ok(pipeline)
+        // a thread that built the same pipeline meanwhile got there first: share its pipeline, so
+        // one key has one pipeline (and one derived layout its cached bind groups match)
+        Ok(self.pipelines.lock().unwrap().entry(key).or_insert(pipeline).clone())
     }
 
-    /// Encode one dispatch of `shader::entry` with a uniform parameter block at binding 0.
+    /// Encode one dispatch of `shader::entry` with its parameter block pushed as immediate data.
     fn dispatch(
         &self,
         shader: Shader,
@@ -743,46 +758,27 @@ impl WgpuBackend {
         // the host profile times the whole encoding as the launch
         self.shared.counters.clock.launch(|| {
             let pipeline = self.pipeline(shader, entry, fmt)?;
-            let layout = pipeline.get_bind_group_layout(0);
             let mut block = [0u32; PARAM_BYTES / 4];
             block[..params.len()].copy_from_slice(params);
-            let stride = self.param_stride();
-            // the slot, the bind group and the pass under one lock: the slot is this encoder's
-            // until the submit that writes it
+            let tables = [(formats::TABLES_BINDING, self.lut.as_entire_binding())];
+            let tables: &[_] = match shader {
+                Shader::Block(_, format, _) if formats::uses_tables(format) => &tables,
+                _ => &[],
+            };
+            let bindings: Vec<_> = bindings.iter().chain(tables).cloned().collect();
+            let released = self.shared.released.load(Ordering::Acquire);
+            let bg = self.bind_groups.lock().unwrap().get(&pipeline, &bindings, released, |entries| {
+                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(label),
+                    layout: &pipeline.get_bind_group_layout(0),
+                    entries,
+                })
+            });
             let full = {
                 let mut pending = self.pending.lock().unwrap();
-                let p = &mut *pending;
-                let slot = p.blocks.len() as u64;
-                p.blocks.extend_from_slice(bytemuck::cast_slice(&block));
-                p.blocks.resize(p.blocks.len() + stride as usize - PARAM_BYTES, 0);
-                let ubuf = p.params.get_or_insert_with(|| {
-                    self.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("params"),
-                        size: stride * u64::from(self.opts.flush_every),
-                        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    })
-                });
-                let params =
-                    wgpu::BufferBinding { buffer: ubuf, offset: slot, size: NonZeroU64::new(PARAM_BYTES as u64) };
-                let mut entries =
-                    vec![wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(params) }];
-                entries.extend(bindings.iter().map(|(b, r)| wgpu::BindGroupEntry { binding: *b, resource: r.clone() }));
-                if let Shader::Block(_, format, _) = shader
-                    && formats::uses_tables(format)
-                {
-                    entries.push(wgpu::BindGroupEntry {
-                        binding: formats::TABLES_BINDING,
-                        resource: self.lut.as_entire_binding(),
-                    });
-                }
-                let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(label),
-                    layout: &layout,
-                    entries: &entries,
-                });
-                let full = self.encode_dispatch(p, label, &pipeline, &bg, groups);
-                self.submit_if_full(p, full)
+                let full =
+                    self.encode_dispatch(&mut pending, label, &pipeline, bytemuck::cast_ref(&block), &bg, groups);
+                self.submit_if_full(&mut pending, full)
             };
             self.retire_if(full);
             Ok(())
@@ -1161,7 +1157,8 @@ impl Backend for WgpuBackend {
     }
 
     fn host_profile(&self) -> Option<HostProfile> {
-        self.shared.counters.clock.profile()
+        let made = self.bind_groups_made();
+        self.shared.counters.clock.profile().map(|p| HostProfile { bind_groups: made, ..p })
     }
 
     fn kernel_times(&self) -> Result<Option<Vec<KernelTime>>> {
@@ -1250,6 +1247,7 @@ impl Backend for WgpuBackend {
             stride_words,
             chunks,
             exact: false,
+            shared: self.shared.clone(),
         })
     }
 
@@ -1312,13 +1310,16 @@ impl Backend for WgpuBackend {
                 stride_words,
                 chunks: vec![WeightChunk { buf: buf.clone(), offset, bytes, row0: 0, rows }],
                 exact: false,
+                shared: self.shared.clone(),
             });
         }
         Ok(all)
     }
 
     fn upload_weight_exact(&self, w: &HostWeight<'_>) -> Result<WgpuWeight> {
-        Ok(WgpuWeight { exact: true, ..self.upload_weight(w)? })
+        let mut weight = self.upload_weight(w)?;
+        weight.exact = true;
+        Ok(weight)
     }
 
     fn precision(&self) -> Precision {

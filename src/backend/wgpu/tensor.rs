@@ -37,6 +37,16 @@ pub(super) struct Shared {
     pub(super) counters: Counters,
     pub(super) free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pub(super) reuse: bool,
+    /// Buffers let go of for good so far (a weight or table dropped, an activation dropped
+    /// without reuse, the free list trimmed): the bind-group cache, whose groups keep their
+    /// buffers alive, empties itself when this moves (bind_groups.rs).
+    pub(super) released: AtomicU64,
+}
+
+impl Shared {
+    pub(super) fn release(&self) {
+        self.released.fetch_add(1, Ordering::Release);
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +105,7 @@ impl Drop for WgpuTensor {
             Role::Pooled => return,
             Role::Table => {
                 c.weight.fetch_sub(self.counted, Ordering::Relaxed);
+                self.shared.release();
                 return;
             }
             Role::Activation => {}
@@ -104,6 +115,8 @@ impl Drop for WgpuTensor {
             c.cached.fetch_add(self.buf.size(), Ordering::Relaxed);
             let mut free = self.shared.free.lock().unwrap();
             free.entry(self.buf.size()).or_default().push(self.buf.clone());
+        } else {
+            self.shared.release();
         }
     }
 }
@@ -153,6 +166,13 @@ pub struct WgpuWeight {
     pub(super) chunks: Vec<WeightChunk>,
     /// Uploaded by `upload_weight_exact`: its products stay f32 in fast precision.
     pub(super) exact: bool,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Drop for WgpuWeight {
+    fn drop(&mut self) {
+        self.shared.release();
+    }
 }
 
 impl WgpuWeight {
