@@ -952,6 +952,47 @@ fn bind_groups_are_reused_until_a_buffer_is_let_go() {
     assert_eq!(b.bind_groups_made(), 2 * per_product, "a weight dropped empties the cache");
 }
 
+/// Activation buffers come in size classes an eighth of a power of two apart: powers of two and
+/// small sizes stay exact, nothing grows by more than 12.5 %, and a tensor growing a 2 KiB row at
+/// a time keeps its class for many rows.
+#[test]
+fn activation_sizes_round_up_to_eighths_of_a_power_of_two() {
+    use fovea::backend::wgpu::size_class;
+    for exact in [4, 8, 28, 32, 1024, 2048, 3072, 1 << 30] {
+        assert_eq!(size_class(exact), exact);
+    }
+    assert_eq!(size_class(2049), 2304);
+    assert_eq!(size_class(1025 * 2048), 1152 * 2048);
+    for bytes in (4..1 << 20).step_by(4092) {
+        let c = size_class(bytes);
+        assert!(c >= bytes && c * 8 <= bytes * 9, "{bytes} -> {c}");
+    }
+    let rows = |n: u64| size_class(n * 2048);
+    assert_eq!(rows(1025), rows(1152), "a class spans 128 rows of 2 KiB at a thousand rows");
+}
+
+/// A decode's cache tensors grow a row at a time, so the free list would keep a buffer of every
+/// size they passed through: `Options::free_list_bytes` bounds it (emptying it when a freed buffer
+/// would pass the bound), and the results stay right across the emptyings.
+#[test]
+fn free_list_stays_within_its_bound_while_a_tensor_grows() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = exclusive();
+    let cap = 64 << 10;
+    let b = make(Options { free_list_bytes: cap, ..Options::default() });
+    let row = up(&b, &[1, 64], (0..64).map(|i| i as f32).collect());
+    let mut acc = b.concat_rows(&row, &row).unwrap();
+    for _ in 0..300 {
+        acc = b.concat_rows(&acc, &row).unwrap(); // the old acc goes back to the free list
+        assert!(b.cached_bytes() <= cap, "{} bytes kept past the bound {cap}", b.cached_bytes());
+    }
+    let got = down(&b, &acc);
+    assert_eq!(got.len(), 302 * 64);
+    assert!(got.chunks(64).all(|r| r.iter().enumerate().all(|(i, v)| *v == i as f32)));
+}
+
 #[test]
 fn threads_sharing_one_backend() {
     if !adapter_available() {

@@ -31,8 +31,9 @@
 //!   counted in the memory report. A matrix larger than the
 //!   binding limit is split into row chunks, each bound on its own and written into its own
 //!   output columns by `linear`.
-//! - Activations are buffers of their own (recycled through a free list by exact size); an
-//!   activation larger than the binding limit is an `Error::Device` naming the op.
+//! - Activations are buffers of their own (recycled through a free list by size class, at most
+//!   `Options::free_list_bytes` of them); an activation larger than the binding limit is an
+//!   `Error::Device` naming the op.
 //! - Guard bands (`Options::guard_words`): every activation output gets extra words filled with
 //!   `GUARD_SENTINEL` before the op; `check_guards` / `download` report a write past the end.
 //! - Precision (`Options::precision`): every GEMM kernel (linear's tiles, which also take
@@ -96,6 +97,19 @@ const MAX_SUBMIT: u32 = 128;
 /// Bytes of the parameter block every dispatch pushes as immediate data (the shaders'
 /// `var<immediate> p: P`, 16 words each).
 const PARAM_BYTES: usize = 64;
+
+/// `Options::free_list_bytes` by default: above the activation peak of a 2048-token prefill
+/// chunk of the whole model (1.08 GiB on an H200), so prefill and decode reuse every buffer.
+const FREE_LIST_BYTES: u64 = 2 << 30;
+
+/// The byte size of the buffer an activation of `bytes` gets: rounded up to a multiple of an
+/// eighth of the power of two at or below it (at most 12.5 % more), so that a tensor growing a
+/// row at a time (the compressed entries and indexer keys a decode step appends to) reuses a
+/// buffer for many steps instead of leaving one of every size it passes through.
+pub fn size_class(bytes: u64) -> u64 {
+    let step = (1u64 << (63 - bytes.max(1).leading_zeros())).max(32) / 8;
+    bytes.next_multiple_of(step)
+}
 
 /// The prefill chunk of an adapter whose bindings hold at least [`WIDE_BINDING`] bytes
 /// (`Backend::prefill_chunk`).
@@ -189,8 +203,12 @@ pub struct Options {
     /// Size of one weight pool buffer; matrices (or chunks) over half of it get their own buffer.
     /// Small (4 MiB) so the unused tail of the last pool stays a negligible share of the weights.
     pub weight_pool_bytes: u64,
-    /// Recycle freed activation buffers of the same size.
+    /// Recycle freed activation buffers of the same size class ([`size_class`]).
     pub reuse_buffers: bool,
+    /// Bytes of freed activation buffers the free list holds at most: a buffer freed past it
+    /// empties the list first (a long decode leaves a buffer of every size its growing cache
+    /// tensors passed through; a prefill's chunk-sized ones stay unused during decode).
+    pub free_list_bytes: u64,
     /// How long `download`/`sync` wait for the device before reporting an error.
     pub wait_timeout: std::time::Duration,
     /// Time every dispatch on the device (`Backend::kernel_times`) where the adapter has
@@ -226,6 +244,7 @@ impl Default for Options {
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
+            free_list_bytes: FREE_LIST_BYTES,
             wait_timeout: std::time::Duration::from_secs(600),
             kernel_times: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "1" || v == "grid"),
             kernel_times_by_grid: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "grid"),
@@ -451,6 +470,7 @@ impl WgpuBackend {
             counters: Counters { clock: HostClock::from_env(), ..Counters::default() },
             free: Mutex::default(),
             reuse: opts.reuse_buffers,
+            free_cap: opts.free_list_bytes,
             released: AtomicU64::default(),
         });
         let timer =
@@ -866,7 +886,8 @@ impl WgpuBackend {
         let bytes = shape.iter().product::<usize>() as u64 * 4;
         self.check_binding(op, "output", bytes)?;
         let guard = self.opts.guard_words as u64 * 4;
-        let size = (bytes + guard).max(4);
+        let exact = (bytes + guard).max(4);
+        let size = size_class(exact).min(self.limits.max_buffer_size).max(exact);
         let reused = if self.shared.reuse {
             let mut free = self.shared.free.lock().unwrap();
             free.get_mut(&size).and_then(Vec::pop)

@@ -37,6 +37,8 @@ pub(super) struct Shared {
     pub(super) counters: Counters,
     pub(super) free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pub(super) reuse: bool,
+    /// `Options::free_list_bytes`.
+    pub(super) free_cap: u64,
     /// Buffers let go of for good so far (a weight or table dropped, an activation dropped
     /// without reuse, the free list trimmed): the bind-group cache, whose groups keep their
     /// buffers alive, empties itself when this moves (bind_groups.rs).
@@ -111,13 +113,23 @@ impl Drop for WgpuTensor {
             Role::Activation => {}
         }
         c.activation.fetch_sub(self.counted, Ordering::Relaxed);
-        if self.shared.reuse {
-            c.cached.fetch_add(self.buf.size(), Ordering::Relaxed);
-            let mut free = self.shared.free.lock().unwrap();
-            free.entry(self.buf.size()).or_default().push(self.buf.clone());
-        } else {
+        if !self.shared.reuse {
             self.shared.release();
+            return;
         }
+        let size = self.buf.size();
+        let mut free = self.shared.free.lock().unwrap();
+        if c.cached.load(Ordering::Relaxed) + size > self.shared.free_cap {
+            // full: empty it rather than refuse the newest (the stale sizes are the old ones)
+            free.clear();
+            c.cached.store(0, Ordering::Relaxed);
+            self.shared.release();
+            if size > self.shared.free_cap {
+                return;
+            }
+        }
+        c.cached.fetch_add(size, Ordering::Relaxed);
+        free.entry(size).or_default().push(self.buf.clone());
     }
 }
 
