@@ -40,8 +40,9 @@ pub(super) struct Shared {
     /// `Options::free_list_bytes`.
     pub(super) free_cap: u64,
     /// Buffers let go of for good so far (a weight or table dropped, an activation dropped
-    /// without reuse, the free list trimmed): the bind-group cache, whose groups keep their
-    /// buffers alive, empties itself when this moves (bind_groups.rs).
+    /// without reuse or past the free list's bound, the free list trimmed or emptied): the
+    /// bind-group cache, whose groups keep their buffers alive, empties itself when this moves
+    /// (bind_groups.rs).
     pub(super) released: AtomicU64,
 }
 
@@ -118,15 +119,16 @@ impl Drop for WgpuTensor {
             return;
         }
         let size = self.buf.size();
+        if size > self.shared.free_cap {
+            self.shared.release();
+            return;
+        }
         let mut free = self.shared.free.lock().unwrap();
         if c.cached.load(Ordering::Relaxed) + size > self.shared.free_cap {
             // full: empty it rather than refuse the newest (the stale sizes are the old ones)
             free.clear();
             c.cached.store(0, Ordering::Relaxed);
             self.shared.release();
-            if size > self.shared.free_cap {
-                return;
-            }
         }
         c.cached.fetch_add(size, Ordering::Relaxed);
         free.entry(size).or_default().push(self.buf.clone());
