@@ -534,10 +534,7 @@ impl WgpuBackend {
     }
     /// Release the recycled activation buffers.
     pub fn trim(&self) {
-        let mut free = self.shared.free.lock().unwrap();
-        free.clear();
-        self.shared.counters.cached.store(0, Ordering::Relaxed);
-        self.shared.release();
+        self.shared.empty_free_list(&mut self.shared.free.lock().unwrap());
     }
 
     // ---- errors, submission ---------------------------------------------------------------

@@ -50,6 +50,13 @@ impl Shared {
     pub(super) fn release(&self) {
         self.released.fetch_add(1, Ordering::Release);
     }
+
+    /// Let every buffer of the free list (`free`, its lock held) go.
+    pub(super) fn empty_free_list(&self, free: &mut HashMap<u64, Vec<wgpu::Buffer>>) {
+        free.clear();
+        self.counters.cached.store(0, Ordering::Relaxed);
+        self.release();
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,9 +133,7 @@ impl Drop for WgpuTensor {
         let mut free = self.shared.free.lock().unwrap();
         if c.cached.load(Ordering::Relaxed) + size > self.shared.free_cap {
             // full: empty it rather than refuse the newest (the stale sizes are the old ones)
-            free.clear();
-            c.cached.store(0, Ordering::Relaxed);
-            self.shared.release();
+            self.shared.empty_free_list(&mut free);
         }
         c.cached.fetch_add(size, Ordering::Relaxed);
         free.entry(size).or_default().push(self.buf.clone());
