@@ -1,4 +1,4 @@
-// The small-row products (decode: at most ROWS rows of x, or ROWS expert slots at a time):
+// The small-row products (decode: at most 8 rows of x, or 8 expert slots at a time):
 // linear_rows, grouped_rows, moe_gate_rows, moe_up_rows, moe_down_rows, each the counterpart of
 // a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and dequant/lm.wgsl's GEMM ops)
 // with the same epilogue. Those run a 64×64 output tile (or a thread per output re-reading its
@@ -15,6 +15,7 @@
 //     decoder;
 //   - an operands file (`to_operand`, operands_exact.wgsl or operands_fast.wgsl): both operands
 //     of every product go through it, as in the tiles;
+//   - a row bound, rows_one.wgsl or rows_eight.wgsl: `ROWS`;
 //   - a reduction file, rows_subgroup.wgsl or rows_workgroup.wgsl: `Lane` (the invocation
 //     builtins the entry points take) and `reduce_rows(lane, acc)`, which leaves row i's total in
 //     `sums[i]` (both columns) for every thread. It holds barriers (and subgroup operations), so
@@ -49,11 +50,6 @@ var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(5) var<storage, read> ids: array<i32>;
 
 const WG: u32 = 64u;
-const ROWS: u32 = 8u;
-// Rows a pipeline accumulates: 1 (a lone sequence's decode step: one accumulator pair and no
-// per-row tests) or ROWS. A pipeline-override constant, so loops bounded by it unroll to exactly
-// that many rows; the lane picks the pipeline from the row count.
-override ROW_BOUND: u32 = ROWS;
 // Output columns a workgroup owns: each x element a thread loads serves both.
 const COLS: u32 = 2u;
 
@@ -77,7 +73,7 @@ fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32, k0: u32, 
         if (e0 + SPAN <= k1) {
             // a whole span: its x loads carry no test, so they issue together rather than one
             // latency after another behind a per-element branch
-            for (var i = 0u; i < ROW_BOUND; i++) {
+            for (var i = 0u; i < ROWS; i++) {
                 if (i < rows) {
                     var xs: array<f32, SPAN>;
                     for (var j = 0u; j < SPAN; j++) { xs[j] = x[xo[i] + e0 + j]; }
@@ -92,7 +88,7 @@ fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32, k0: u32, 
                 let e = e0 + j;
                 if (e >= k1) { break; }
                 let wo = vec2<f32>(f32(to_operand(wa[j])), f32(to_operand(wb[j])));
-                for (var i = 0u; i < ROW_BOUND; i++) {
+                for (var i = 0u; i < ROWS; i++) {
                     if (i < rows) {
                         acc[i] += f32(to_operand(x[xo[i] + e])) * wo;
                     }
@@ -157,9 +153,9 @@ fn grouped_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-// Up to ROW_BOUND slots routed to `expert`, the first at or after slot `first`, and the slot to
+// Up to ROWS slots routed to `expert`, the first at or after slot `first`, and the slot to
 // continue from. Every thread scans `ids` alike, so the batch is workgroup-uniform. A token's
-// top-k experts are distinct, so one batch holds every slot of ≤ ROW_BOUND tokens; more (or
+// top-k experts are distinct, so one batch holds every slot of ≤ ROWS tokens; more (or
 // repeated ids) take more batches, each reading the weight row again.
 struct Batch {
     slots: array<u32, ROWS>,
@@ -170,7 +166,7 @@ struct Batch {
 fn next_batch(expert: i32, first: u32) -> Batch {
     var b: Batch;
     var t = first;
-    for (; t < p.n && b.rows < ROW_BOUND; t++) {
+    for (; t < p.n && b.rows < ROWS; t++) {
         if (ids[t] == expert) {
             b.slots[b.rows] = t;
             b.rows++;

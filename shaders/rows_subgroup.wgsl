@@ -12,14 +12,14 @@ var<workgroup> partials: array<vec2<f32>, ROWS * WG>; // [ROWS][WG]: row i's tot
 var<workgroup> sums: array<vec2<f32>, ROWS>;
 
 fn reduce_rows(lane: Lane, acc: array<vec2<f32>, ROWS>) {
-    for (var i = 0u; i < ROW_BOUND; i++) {
+    for (var i = 0u; i < ROWS; i++) {
         let s = subgroupAdd(acc[i]);
         if (lane.sli == 0u) {
             partials[i * WG + lane.sg] = s;
         }
     }
     workgroupBarrier();
-    if (lane.li < ROW_BOUND) {
+    if (lane.li < ROWS) {
         var t = vec2<f32>(0.0);
         for (var s = 0u; s < lane.nsg; s++) {
             t += partials[lane.li * WG + s];

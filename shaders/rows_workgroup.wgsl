@@ -8,19 +8,19 @@ var<workgroup> partials: array<vec2<f32>, ROWS * WG>; // [ROWS][WG]: row i's par
 var<workgroup> sums: array<vec2<f32>, ROWS>;
 
 fn reduce_rows(lane: Lane, acc: array<vec2<f32>, ROWS>) {
-    for (var i = 0u; i < ROW_BOUND; i++) {
+    for (var i = 0u; i < ROWS; i++) {
         partials[i * WG + lane.li] = acc[i];
     }
     workgroupBarrier();
     for (var width = WG / 2u; width > 0u; width >>= 1u) {
         if (lane.li < width) {
-            for (var i = 0u; i < ROW_BOUND; i++) {
+            for (var i = 0u; i < ROWS; i++) {
                 partials[i * WG + lane.li] += partials[i * WG + lane.li + width];
             }
         }
         workgroupBarrier();
     }
-    if (lane.li < ROW_BOUND) {
+    if (lane.li < ROWS) {
         sums[lane.li] = partials[lane.li * WG];
     }
     workgroupBarrier();

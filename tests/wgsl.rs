@@ -29,8 +29,22 @@ const COMPOSED: &[&[&str]] = &[
     &["linear_f16.wgsl", "operands_fast.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_coop.wgsl"],
     &["attention_io.wgsl", "attention.wgsl"],
     &["operands_fast.wgsl", "attention_io.wgsl", "attention_coop.wgsl"],
-    &["linear_packed.wgsl", "operands_exact.wgsl", "rows_subgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
-    &["linear_f16.wgsl", "operands_fast.wgsl", "rows_workgroup.wgsl", "rows_pairs.wgsl", "rows.wgsl"],
+    &[
+        "linear_packed.wgsl",
+        "operands_exact.wgsl",
+        "rows_one.wgsl",
+        "rows_subgroup.wgsl",
+        "rows_pairs.wgsl",
+        "rows.wgsl",
+    ],
+    &[
+        "linear_f16.wgsl",
+        "operands_fast.wgsl",
+        "rows_eight.wgsl",
+        "rows_workgroup.wgsl",
+        "rows_pairs.wgsl",
+        "rows.wgsl",
+    ],
 ];
 
 /// What leads every validated source: the directives the lane emits ahead of its f16 and its
@@ -133,9 +147,9 @@ fn every_block_format_build_validates() {
     }
     assert_eq!(
         built,
-        (2 * 2 + 2 + 1) * 15,
-        "15 block formats x (2 modules (linear on FMA tiles, lm) x 2 precisions, rows with each reduction (a \
-         row bound is a constant; f32 operands in both precisions), and linear on cooperative tiles in fast \
+        (2 * 2 + 2 * 2 + 1) * 15,
+        "15 block formats x (2 modules (linear on FMA tiles, lm) x 2 precisions, rows with each reduction \
+         and each row bound (f32 operands in both precisions), and linear on cooperative tiles in fast \
          precision)"
     );
     assert!(errors.is_empty(), "{} of {built} block builds failed:\n{}", errors.len(), errors.join("\n"));

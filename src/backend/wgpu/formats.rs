@@ -33,13 +33,13 @@ pub enum BlockKernel {
 }
 
 impl BlockKernel {
-    /// Every kernel body, one per shader module (the row bounds of a small-row build share one).
+    /// Every kernel body, one per shader module (each small-row build its own).
     pub fn all() -> impl Iterator<Item = BlockKernel> {
         Tiles::ALL
             .map(BlockKernel::Linear)
             .into_iter()
             .chain([BlockKernel::Lm])
-            .chain(RowsBuild::modules().map(BlockKernel::Rows))
+            .chain(RowsBuild::all().map(BlockKernel::Rows))
     }
 
     /// Whether the lane builds this kernel in `precision`: the cooperative tiles take f16
@@ -62,11 +62,11 @@ impl BlockKernel {
                 tiles.body(),
             ],
             BlockKernel::Lm => vec![("dequant/lm.wgsl", include_str!("../../../shaders/dequant/lm.wgsl"))],
-            BlockKernel::Rows(build) => vec![
-                ("dequant/rows.wgsl", include_str!("../../../shaders/dequant/rows.wgsl")),
-                build.reduction.part(),
-                super::rows::BODY,
-            ],
+            BlockKernel::Rows(build) => [("dequant/rows.wgsl", include_str!("../../../shaders/dequant/rows.wgsl"))]
+                .into_iter()
+                .chain(build.parts())
+                .chain([super::rows::BODY])
+                .collect(),
         }
     }
 

@@ -704,7 +704,7 @@ impl WgpuBackend {
         let module = {
             let mut modules = self.modules.lock().unwrap();
             modules
-                .entry(shader.module())
+                .entry(shader)
                 .or_insert_with(|| {
                     let desc =
                         wgpu::ShaderModuleDescriptor { label: Some(&file), source: wgpu::ShaderSource::Wgsl(src) };

@@ -40,9 +40,13 @@ impl Reduction {
     }
 }
 
-/// How many rows of x a small-row pipeline accumulates (rows.wgsl's `ROW_BOUND`, a
-/// pipeline-override constant): a lone sequence's decode step takes the one-row pipeline, without
-/// the accumulators and per-row tests of [`SMALL_ROWS`] (as the CUDA lane's one-row gemv_cols).
+/// How many rows of x a small-row build accumulates (rows.wgsl's `ROWS`, set by the file
+/// [`Self::part`] puts before it): a lone sequence's decode step takes the one-row build, without the
+/// accumulators, x offsets, slot lists and per-row tests of [`SMALL_ROWS`] (as the CUDA lane's
+/// one-row gemv_cols). A constant of the text, not a pipeline-override one: with the arrays
+/// sized 8 and their loops bounded by an override of 1, the H200's Vulkan compiler kept all
+/// eight entries, and the 8-layer q2 decode step took 8.1–8.3 ms against 6.9–7.0 with them one
+/// long (fourteenth sitting's build against the same build with `ROWS` 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RowBound {
     One,
@@ -57,10 +61,11 @@ impl RowBound {
         if rows == 1 { RowBound::One } else { RowBound::Small }
     }
 
-    pub(super) fn rows(self) -> usize {
+    /// The file that sets `ROWS` for rows.wgsl and the reductions: its name and WGSL.
+    pub(super) fn part(self) -> (&'static str, &'static str) {
         match self {
-            RowBound::One => 1,
-            RowBound::Small => SMALL_ROWS,
+            RowBound::One => ("rows_one.wgsl", include_str!("../../../shaders/rows_one.wgsl")),
+            RowBound::Small => ("rows_eight.wgsl", include_str!("../../../shaders/rows_eight.wgsl")),
         }
     }
 }
@@ -78,20 +83,9 @@ impl RowsBuild {
         Reduction::ALL.into_iter().flat_map(|reduction| RowBound::ALL.map(|bound| RowsBuild { reduction, bound }))
     }
 
-    /// One build per shader module: the row bound is an override constant, so builds that differ
-    /// in it alone have the same source.
-    pub(super) fn modules() -> impl Iterator<Item = RowsBuild> {
-        Reduction::ALL.into_iter().map(|reduction| RowsBuild { reduction, bound: RowBound::Small })
-    }
-
-    /// The build of [`Self::modules`] whose module this one's pipelines are created from.
-    pub(super) fn module(self) -> RowsBuild {
-        RowsBuild { bound: RowBound::Small, ..self }
-    }
-
-    /// rows.wgsl's override constants.
-    pub(super) fn constants(self) -> Vec<(&'static str, f64)> {
-        vec![("ROW_BOUND", self.bound.rows() as f64)]
+    /// The files between the weight part and the body: `ROWS`, then the reduction.
+    pub(super) fn parts(self) -> [(&'static str, &'static str); 2] {
+        [self.bound.part(), self.reduction.part()]
     }
 }
 
@@ -326,5 +320,18 @@ impl WgpuBackend {
         let params = [n * cols, 0, cols, slices, w.rows, col_off, has_bias as usize].map(|v| v as u32);
         let bindings = [(1, part.binding()), (2, bias_at.1), (3, y.binding())];
         self.dispatch_1d(Shader::Elementwise, "sum_slices", n * cols, &params, &bindings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_bounds_emit_the_rows_the_lane_dispatches() {
+        assert!(RowBound::One.part().1.contains("\nconst ROWS: u32 = 1u;\n"));
+        assert!(RowBound::Small.part().1.contains(&format!("\nconst ROWS: u32 = {SMALL_ROWS}u;\n")));
+        assert_eq!(RowBound::of(1), RowBound::One);
+        assert_eq!(RowBound::of(2), RowBound::Small);
     }
 }

@@ -97,7 +97,7 @@ impl Shader {
         // The small-row kernels have their reduction and rows_pairs.wgsl between the operands
         // and the body; the tiles have tile_rows.wgsl before it and their math after it.
         let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
-            let rows = |b: RowsBuild| vec![b.reduction.part(), rows::PAIRS];
+            let rows = |b: RowsBuild| b.parts().into_iter().chain([rows::PAIRS]).collect();
             let (middle, last) = match self {
                 Shader::Rows(b) | Shader::RowsF16(b) => (rows(b), None),
                 Shader::Linear(_, tiles) | Shader::LinearF16(_, tiles) => (vec![TILE_ROWS], Some(tiles.body())),
@@ -146,13 +146,11 @@ impl Shader {
 
 impl Shader {
     /// The pipeline-override constants of a pipeline of this shader created with `fmt`: `FMT`
-    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback; tiles and small rows), and the small
-    /// rows' `ROW_BOUND`; the others read `fmt`, if at all, from their parameter block.
+    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback; tiles and small rows); the others read
+    /// `fmt`, if at all, from their parameter block.
     pub(super) fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
         match self {
-            Shader::Linear(..) => vec![("FMT", f64::from(fmt))],
-            Shader::Rows(b) => [("FMT", f64::from(fmt))].into_iter().chain(b.constants()).collect(),
-            Shader::RowsF16(b) | Shader::Block(BlockKernel::Rows(b), ..) => b.constants(),
+            Shader::Linear(..) | Shader::Rows(_) => vec![("FMT", f64::from(fmt))],
             _ => Vec::new(),
         }
     }
@@ -173,18 +171,6 @@ impl Shader {
             Shader::AttentionCoop => {}
             Shader::Linear(..) | Shader::LinearF16(..) | Shader::Lm | Shader::Block(..) => {}
             Shader::Rows(..) | Shader::RowsF16(..) => {}
-        }
-    }
-
-    /// The shader whose module this one's pipelines are created from: itself, but for the
-    /// small-row builds, whose two row bounds (an override constant) share one module, parsed
-    /// and validated once.
-    pub(super) fn module(self) -> Shader {
-        match self {
-            Shader::Rows(b) => Shader::Rows(b.module()),
-            Shader::RowsF16(b) => Shader::RowsF16(b.module()),
-            Shader::Block(BlockKernel::Rows(b), f, p) => Shader::Block(BlockKernel::Rows(b.module()), f, p),
-            s => s,
         }
     }
 
@@ -295,27 +281,4 @@ pub fn shader_builds() -> Result<Vec<ShaderBuild>> {
             })
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Pipelines share a module by [`Shader::module`]: sound only if every build mapped to the
-    /// same module has the same source, and the constants still tell the builds apart.
-    #[test]
-    fn builds_sharing_a_module_have_one_source_and_their_own_constants() {
-        let builds = Shader::every_build();
-        let mut shared = 0;
-        for (i, &(a, fa, _)) in builds.iter().enumerate() {
-            for &(b, fb, _) in &builds[i + 1..] {
-                if a.module() == b.module() {
-                    assert_eq!(a.source().unwrap().1, b.source().unwrap().1, "{a:?} and {b:?} share a module");
-                    assert_ne!(a.constants(fa), b.constants(fb), "{a:?} and {b:?}: one pipeline twice");
-                    shared += (a != b) as usize;
-                }
-            }
-        }
-        assert!(shared > 0, "no two row bounds share a module");
-    }
 }
