@@ -41,13 +41,13 @@ fn u32_at(base: u32, off: u32) -> u32 {
 
 // The 8 bytes at any byte offset, little-endian, as (bytes 0-3, bytes 4-7): three word loads
 // instead of byte_at's eight. The first two hold field bytes, so lie in the row; the third is
-// clamped as `next_word` (unused when the field is aligned).
+// `next_word`'s (unused when the field is aligned).
 fn u64_at(base: u32, off: u32) -> vec2<u32> {
     let i = base + (off >> 2u);
     let sh = (off & 3u) * 8u;
     let a = w[i];
     let b = w[i + 1u];
-    let c = w[min(i + 2u, arrayLength(&w) - 1u)];
+    let c = next_word(i + 1u);
     let u = vec2<u32>((a >> sh) | (b << (32u - sh)), (b >> sh) | (c << (32u - sh)));
     return select(u, vec2<u32>(a, b), sh == 0u);
 }
@@ -62,8 +62,9 @@ fn nan_f32() -> f32 {
 }
 
 // IEEE half bits → f32 by integer construction, exact (subnormals included; the three cases
-// chosen by `select`, not branches, as the loads above), like the lane's f16 weights: unpack2x16float needs naga's SHADER_FLOAT16_IN_FLOAT32 capability, which not
-// every backend has, and may flush subnormal halves.
+// chosen by `select`, not branches, as the loads above), like the lane's f16 weights:
+// unpack2x16float needs naga's SHADER_FLOAT16_IN_FLOAT32 capability, which not every backend
+// has, and may flush subnormal halves.
 fn half_to_f32(h: u32) -> f32 {
     let sign = (h & 0x8000u) << 16u;
     let e = (h >> 10u) & 0x1fu;

@@ -94,8 +94,8 @@ impl Shader {
         let fixed = |label: &str, src: &'static str| Ok((label.to_owned(), Cow::Borrowed(src)));
         // A GEMM build: its directives, the weight-format part (if any), the operands file of
         // the precision, then the body; (file, WGSL) pairs.
-        // The small-row kernels have their reduction and rows_pairs.wgsl between the operands
-        // and the body; the tiles have tile_rows.wgsl before it and their math after it.
+        // The small-row kernels have their row bound, reduction and rows_pairs.wgsl between the
+        // operands and the body; the tiles have tile_rows.wgsl before it and their math after it.
         let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
             let rows = |b: RowsBuild| b.parts().into_iter().chain([rows::PAIRS]).collect();
             let (middle, last) = match self {
