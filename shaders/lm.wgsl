@@ -975,88 +975,190 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 
 // sink_attention_part + sink_attention_merge: the same op split over keys, for few (query, head)
 // pairs (a decode step: one query of every head is too few workgroups to fill a GPU, each
-// folding its several hundred keys alone). Part s of a pair takes its keys s·SA_THREADS ..
-// (s + 1)·SA_THREADS, a thread per key: their logits, their max m_s (thread 0, key order),
-// their exponentials e_j = exp(logit_j − m_s) and sum l_s (thread 0, key order), and each
-// thread's output dims summed over them, Σ_j e_j·v_j, into the part's record in `out`:
-// [m_s, l_s, bad, 0, the hd sums] (hd + 4 words; l_s = 0: the part has no key). The merge takes
-// M = max(sink, the m_s), den = exp(sink − M) + Σ_s exp(m_s − M)·l_s and each dim
-// Σ_s exp(m_s − M)·sum_s / den, in part order: the reference's softmax with its sums regrouped
-// by part. A window or compressed index out of range gives a NaN head, as above.
+// folding its several hundred keys alone). Every head of a query reads the same keys (one shared
+// latent), so a workgroup takes SP_HEADS heads of one query and part s of its keys,
+// s·SP_KEYS .. (s + 1)·SP_KEYS, and reads each key row once for all of them (a workgroup per
+// head read them once a head: 64 times the traffic at the model's 64 heads). For each of its
+// heads the part writes a record into `out`: its keys' max logit m_s (one thread a head, key
+// order), their exponentials e_j = exp(logit_j − m_s) and sum l_s (one thread a head, key order),
+// and each output dim summed over them, Σ_j e_j·v_j: [m_s, l_s, bad, 0, the hd sums] (hd + 4
+// words; l_s = 0: the part has no key). The merge takes M = max(sink, the m_s),
+// den = exp(sink − M) + Σ_s exp(m_s − M)·l_s and each dim Σ_s exp(m_s − M)·sum_s / den, in part
+// order: the reference's softmax with its sums regrouped by part. A window or compressed index
+// out of range gives a NaN head, as above.
+// A decode step has a few dozen of these workgroups, one or two a multiprocessor: nothing hides a
+// load's latency but the loads in flight within each thread, so every load loop has a fixed trip
+// count and fills registers before their values are used. The logits are dots over hd taken
+// SP_CHUNK dims at a time through workgroup memory, the next chunk's loads issued before this
+// chunk's products; the values go SP_BATCH keys at a time, their rows loaded together.
 // sink_attention_part: a = q, b = kv, c = comp, ia = window, ib = comp_idx → out = the records,
-//   [n·heads, parts, hd + 4]; grid (n·heads, parts) workgroups of SA_THREADS;
+//   [n·heads, parts, hd + 4]; grid (n·⌈heads / SP_HEADS⌉, parts) workgroups of SP_THREADS;
 //   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd, u7 = parts
-@compute @workgroup_size(SA_THREADS, 1, 1)
+const SP_HEADS: u32 = 8u;
+const SP_KEYS: u32 = 64u;
+const SP_THREADS: u32 = 256u;
+// dims of a chunk: a thread loads one query value of the chunk (SP_HEADS · SP_CHUNK = SP_THREADS)
+const SP_CHUNK: u32 = 32u;
+// key values of a chunk a thread loads: rows li / SP_CHUNK + SP_KSTEP·t, dim li % SP_CHUNK
+const SP_KLOADS: u32 = SP_KEYS * SP_CHUNK / SP_THREADS;
+const SP_KSTEP: u32 = SP_THREADS / SP_CHUNK;
+// logits a thread takes: key li % SP_KEYS, heads li / SP_KEYS + SP_HSTEP·t
+const SP_LOGITS: u32 = SP_HEADS * SP_KEYS / SP_THREADS;
+const SP_HSTEP: u32 = SP_THREADS / SP_KEYS;
+// keys a value batch loads
+const SP_BATCH: u32 = 8u;
+// the chunk of the part's key rows, [SP_KEYS][SP_CHUNK + 1] (a padded row: the threads of a
+// subgroup read consecutive keys' same dim)
+var<workgroup> sp_k: array<f32, SP_KEYS * (SP_CHUNK + 1u)>;
+// the chunk of the heads' queries, [SP_HEADS][SP_CHUNK]
+var<workgroup> sp_q: array<f32, SP_HEADS * SP_CHUNK>;
+// [SP_HEADS][SP_KEYS]: the logits, then their exponentials (0 for no key)
+var<workgroup> sp_w: array<f32, SP_HEADS * SP_KEYS>;
+// per key of the part: its row in kv (window keys) or comp (compressed keys), −1 for no key
+var<workgroup> sp_row: array<i32, SP_KEYS>;
+var<workgroup> sp_mx: array<f32, SP_HEADS>;
+
+// Element d of key `r` of the part (r < SP_KEYS): its row's, of kv or of comp; 0 for no key or
+// past hd.
+fn sp_key(s: u32, nwin: u32, r: u32, d: u32) -> f32 {
+    let row = sp_row[r];
+    if (row < 0 || d >= p.u2) { return 0.0; }
+    if (s * SP_KEYS + r >= nwin) {
+        return c[u32(row) * p.u2 + d];
+    }
+    return b[u32(row) * p.u2 + d];
+}
+
+@compute @workgroup_size(SP_THREADS, 1, 1)
 fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let heads = p.u1;
+    let groups = (heads + SP_HEADS - 1u) / SP_HEADS;
     let x = wg.x; // uniform across the workgroup
-    if (x >= p.u0) { return; }
-    let pair = sa_pair(x);
-    let i = pair.i;
+    let i = x / groups;
+    if (i * heads >= p.u0) { return; }
+    let h0 = (x % groups) * SP_HEADS;
+    let nh = min(SP_HEADS, heads - h0);
     let hd = p.u2;
     let kk = p.u4;
-    let lo = pair.lo;
-    let hi = pair.hi;
-    let rec = (x * p.u7 + wg.y) * (hd + 4u);
-    var bad = sa_window_bad(pair);
+    let s = wg.y;
+    let pair = sa_pair(i * heads + h0);
+    let window_bad = sa_window_bad(pair);
+    let nwin = select(u32(max(pair.hi - pair.lo + 1, 0)), 0u, window_bad);
     if (li == 0u) {
-        atomicStore(&sa_bad_any, 0u);
+        atomicStore(&sa_bad_any, select(0u, 1u, window_bad));
     }
     workgroupBarrier();
-    // this thread's key: window row lo + key, or compressed slot key − nwin
-    let nwin = select(0u, u32(max(hi - lo + 1, 0)), !bad);
-    let key = wg.y * SA_THREADS + li;
-    var row = -1;
-    if (!bad && key < nwin + kk) {
-        if (key < nwin) {
-            row = lo + i32(key);
-        } else {
-            let e = ib[i * kk + key - nwin];
-            bad = e < -1 || e >= i32(p.u5);
-            row = select(e, -1, bad);
+    // each key's row: window row lo + key, or compressed slot key − nwin
+    if (li < SP_KEYS) {
+        let key = s * SP_KEYS + li;
+        var row = -1;
+        if (!window_bad && key < nwin + kk) {
+            if (key < nwin) {
+                row = pair.lo + i32(key);
+            } else {
+                let e = ib[i * kk + key - nwin];
+                if (e < -1 || e >= i32(p.u5)) {
+                    atomicStore(&sa_bad_any, 1u);
+                } else {
+                    row = e;
+                }
+            }
         }
-    }
-    if (bad) {
-        atomicStore(&sa_bad_any, 1u);
-    }
-    sa_row[li] = row;
-    if (row >= 0) {
-        sa_w[li] = sa_logit(pair.qo, u32(row), key >= nwin);
+        sp_row[li] = row;
     }
     workgroupBarrier();
-    if (li == 0u) {
+    // the logits: this thread's key j against its SP_LOGITS heads, SP_CHUNK dims at a time
+    let j = li % SP_KEYS;
+    let hl = li / SP_KEYS;
+    let col = li % SP_CHUNK;
+    let qh = li / SP_CHUNK; // the head whose query value this thread loads
+    var dot: array<f32, SP_LOGITS>;
+    var kr: array<f32, SP_KLOADS>;
+    for (var t = 0u; t < SP_KLOADS; t++) {
+        kr[t] = sp_key(s, nwin, li / SP_CHUNK + SP_KSTEP * t, col);
+    }
+    var qr = 0.0;
+    if (qh < nh && col < hd) { qr = a[pair.qo + qh * hd + col]; }
+    for (var d0 = 0u; d0 < hd; d0 += SP_CHUNK) {
+        for (var t = 0u; t < SP_KLOADS; t++) {
+            sp_k[(li / SP_CHUNK + SP_KSTEP * t) * (SP_CHUNK + 1u) + col] = kr[t];
+        }
+        sp_q[li] = qr;
+        workgroupBarrier();
+        let next = d0 + SP_CHUNK + col;
+        for (var t = 0u; t < SP_KLOADS; t++) {
+            kr[t] = sp_key(s, nwin, li / SP_CHUNK + SP_KSTEP * t, next);
+        }
+        qr = 0.0;
+        if (qh < nh && next < hd) { qr = a[pair.qo + qh * hd + next]; }
+        for (var d = 0u; d < SP_CHUNK; d++) {
+            let kv = sp_k[j * (SP_CHUNK + 1u) + d];
+            for (var t = 0u; t < SP_LOGITS; t++) {
+                dot[t] = fma(sp_q[(hl + SP_HSTEP * t) * SP_CHUNK + d], kv, dot[t]);
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var t = 0u; t < SP_LOGITS; t++) {
+        sp_w[(hl + SP_HSTEP * t) * SP_KEYS + j] = dot[t] * bitcast<f32>(p.u6);
+    }
+    workgroupBarrier();
+    // each head's max over the part's keys, in key order
+    if (li < SP_HEADS) {
         var any = false;
         var mx = 0.0;
-        for (var j = 0u; j < SA_THREADS; j++) {
-            if (sa_row[j] >= 0) {
-                mx = select(sa_w[j], max(mx, sa_w[j]), any);
+        for (var k = 0u; k < SP_KEYS; k++) {
+            if (sp_row[k] >= 0) {
+                let v = sp_w[li * SP_KEYS + k];
+                mx = select(v, max(mx, v), any);
                 any = true;
             }
         }
-        sa_mx = mx;
-        sa_bad = atomicLoad(&sa_bad_any);
-    }
-    let mx = workgroupUniformLoad(&sa_mx);
-    if (row >= 0) {
-        sa_w[li] = exp(sa_w[li] - mx);
+        sp_mx[li] = mx;
     }
     workgroupBarrier();
-    if (li == 0u) {
+    for (var e = li; e < SP_HEADS * SP_KEYS; e += SP_THREADS) {
+        sp_w[e] = select(0.0, exp(sp_w[e] - sp_mx[e / SP_KEYS]), sp_row[e % SP_KEYS] >= 0);
+    }
+    workgroupBarrier();
+    let parts = p.u7;
+    // each head's sum of exponentials, in key order, and its record's head
+    if (li < nh) {
         var den = 0.0;
-        for (var j = 0u; j < SA_THREADS; j++) {
-            if (sa_row[j] >= 0) { den += sa_w[j]; }
+        for (var k = 0u; k < SP_KEYS; k++) {
+            if (sp_row[k] >= 0) { den += sp_w[li * SP_KEYS + k]; }
         }
-        out[rec] = mx;
+        let rec = ((i * heads + h0 + li) * parts + s) * (hd + 4u);
+        out[rec] = sp_mx[li];
         out[rec + 1u] = den;
-        out[rec + 2u] = f32(sa_bad);
+        out[rec + 2u] = f32(atomicLoad(&sa_bad_any));
         out[rec + 3u] = 0.0;
     }
-    var acc: array<f32, SA_DIMS>;
-    for (var j = 0u; j < SA_THREADS; j++) {
-        let r = sa_row[j];
-        if (r < 0) { continue; }
-        acc = sa_add_value(acc, li, u32(r), wg.y * SA_THREADS + j >= nwin, sa_w[j]);
+    // the values: each block of SP_THREADS dims of hd in turn (this thread's dim d of it), every
+    // head's sum in registers, SP_BATCH keys' loads in flight together (a key without a row
+    // weighs 0 and loads 0). Every loop over the register arrays has a fixed trip count: one
+    // bounded by nh indexed them dynamically, which put them in local memory (its stores took
+    // most of the kernel's 70 µs at a decode step on an H200).
+    for (var d0 = 0u; d0 < hd; d0 += SP_THREADS) {
+        let d = d0 + li;
+        var acc: array<f32, SP_HEADS>;
+        for (var k0 = 0u; k0 < SP_KEYS; k0 += SP_BATCH) {
+            var v: array<f32, SP_BATCH>;
+            for (var kb = 0u; kb < SP_BATCH; kb++) {
+                v[kb] = sp_key(s, nwin, k0 + kb, d);
+            }
+            for (var kb = 0u; kb < SP_BATCH; kb++) {
+                for (var h = 0u; h < SP_HEADS; h++) {
+                    acc[h] = fma(sp_w[h * SP_KEYS + k0 + kb], v[kb], acc[h]);
+                }
+            }
+        }
+        for (var h = 0u; h < SP_HEADS; h++) {
+            if (h < nh && d < hd) {
+                out[((i * heads + h0 + h) * parts + s) * (hd + 4u) + 4u + d] = acc[h];
+            }
+        }
     }
-    sa_store(rec + 4u, li, acc);
 }
 
 // sink_attention_merge: a = the parts' records, comb = sinks → out [n, heads·hd]; a workgroup of

@@ -905,6 +905,27 @@ fn lm_cases() -> Vec<Case> {
             |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: 2 },
             Args::default(),
         ));
+        // a decode-like step split over keys (lm.rs): heads past one group of the wgpu part
+        // kernel's 8 and not a multiple of it, hd past its 256 threads, windows ending in
+        // different parts, the second query's compressed slots in the last part
+        let (n, heads, hd, m, c, k) = (2, 11, 272, 150, 9, 20);
+        let window = vec![30, m as i32 - 1, 0, 70];
+        let idx: Vec<i32> = (0..n * k).map(|j| if j % 6 == 4 { -1 } else { r.random_range(0..c as i32) }).collect();
+        out.push(case(
+            format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k} head groups"),
+            Op::SinkAttention,
+            REDUCTION,
+            vec![
+                randn(&mut r, &[n, heads * hd], 1.5),
+                randn(&mut r, &[m, hd], 1.5),
+                ints(&[n, 2], window),
+                randn(&mut r, &[c, hd], 1.5),
+                ints(&[n, k], idx),
+                randn(&mut r, &[heads], 2.0),
+            ],
+            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: 11 },
+            Args::default(),
+        ));
     }
     // moe_experts: 5 experts (one unused), k = 3 slots, in every format, then gate, up and down
     // each in another; limit cuts some values.

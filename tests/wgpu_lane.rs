@@ -661,7 +661,11 @@ fn sink_attention_splits_few_heads_over_keys() {
         eprintln!("SKIPPED sink_attention_splits_few_heads_over_keys: no timestamp queries");
         return;
     };
-    assert_eq!(split, named(&[("sink_attention_merge ×2", 1), ("sink_attention_part ×6", 1)]), "2 heads × 3 parts");
+    assert_eq!(
+        split,
+        named(&[("sink_attention_merge ×2", 1), ("sink_attention_part ×3", 1)]),
+        "2 heads (one group) × 3 parts"
+    );
     assert_eq!(run(1, false).unwrap(), named(&[("sink_attention ×2", 1)]));
     assert_eq!(run(1024, true).unwrap(), named(&[("sink_attention ×2048", 1)]), "2048 pairs: unsplit");
 }

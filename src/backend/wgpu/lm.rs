@@ -25,8 +25,10 @@ const HC_MAX: usize = 8;
 /// The largest head dim `sink_attention` sums in registers (lm.wgsl: SA_THREADS · SA_DIMS; the
 /// model's is 512).
 const SINK_ATTENTION_MAX_HEAD_DIM: usize = 64 * 16;
-/// The keys of one part of a split `sink_attention` (lm.wgsl's SA_THREADS: a thread per key).
+/// The keys of one part of a split `sink_attention` (lm.wgsl's SP_KEYS).
 const SINK_ATTENTION_PART_KEYS: usize = 64;
+/// The heads of one query a workgroup of a split `sink_attention` takes (lm.wgsl's SP_HEADS).
+const SINK_ATTENTION_PART_HEADS: usize = 8;
 /// `sink_attention` splits its keys into parts below this many (query, head) pairs (a workgroup
 /// each unsplit): a decode step's 64 heads fill a quarter of an H200's 132 multiprocessors'
 /// first wave, a prefill chunk's thousands all of them.
@@ -277,8 +279,9 @@ impl WgpuBackend {
 
     /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
     /// workgroup per (query, head), in the reference's summation order; for fewer than
-    /// [`SINK_ATTENTION_SPLIT_BELOW`] pairs (decode) a workgroup per (query, head, part of
-    /// [`SINK_ATTENTION_PART_KEYS`] keys) and a merge (`Options::split_attention_keys`); or on a software adapter
+    /// [`SINK_ATTENTION_SPLIT_BELOW`] pairs (decode) a workgroup per (query,
+    /// [`SINK_ATTENTION_PART_HEADS`] heads, part of [`SINK_ATTENTION_PART_KEYS`] keys: each key row read
+    /// once for those heads, which share it) and a merge (`Options::split_attention_keys`); or on a software adapter
     /// one thread per (query, head) (`sink_attention_serial`, the same order: lavapipe runs the
     /// workgroups' barriers and serial folds far slower; the shipped model's prefill in
     /// describe_image took 72 tokens/s with them against 91) where that thread's loops stay
@@ -347,7 +350,8 @@ impl WgpuBackend {
                 let records = self.alloc(OP, vec![total * parts, hd + 4], DType::F32)?;
                 let mut bindings = inputs.to_vec();
                 bindings.push((6, records.binding()));
-                self.dispatch(LM, "sink_attention_part", 0, &params, &bindings, (total as u32, parts as u32, 1))?;
+                let head_groups = n * n_heads.div_ceil(SINK_ATTENTION_PART_HEADS);
+                self.dispatch(LM, "sink_attention_part", 0, &params, &bindings, (head_groups as u32, parts as u32, 1))?;
                 self.dispatch(
                     LM,
                     "sink_attention_merge",
