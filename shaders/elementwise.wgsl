@@ -89,8 +89,15 @@ fn sum_slices(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (i >= p.n) { return; }
     let r = i / p.cols;
     let c = i % p.cols;
+    // in slice order, four slices' loads issued before their sums (a decode step's few outputs
+    // are one workgroup: only the loads in flight in each thread hide their latency)
     var v = 0.0;
-    for (var z = 0u; z < p.slices; z++) {
+    var z = 0u;
+    for (; z + 4u <= p.slices; z += 4u) {
+        let t = vec4<f32>(a[z * p.n + i], a[(z + 1u) * p.n + i], a[(z + 2u) * p.n + i], a[(z + 3u) * p.n + i]);
+        v = (((v + t.x) + t.y) + t.z) + t.w;
+    }
+    for (; z < p.slices; z++) {
         v += a[z * p.n + i];
     }
     if (p.has_bias != 0u) {

@@ -268,14 +268,16 @@ fn rms_norm_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let seg = wg.y * nwg.x + wg.x; // uniform across the workgroup
     let hd = p.u1;
     let base = seg * hd;
-    var s = 0.0;
+    // four elements a thread loaded together before they are used (as norm.wgsl's rms_norm: the
+    // hyper-connections' 16 384-wide rows are one workgroup each at decode)
+    var s4 = vec4<f32>(0.0);
     if (seg < p.u0) {
-        for (var k = li; k < hd; k += 256u) {
-            let v = a[base + k];
-            s = fma(v, v, s);
+        for (var k = li; k < hd; k += 1024u) {
+            let v = rnh_load4(base, k, hd);
+            s4 = fma(v, v, s4);
         }
     }
-    red[li] = s;
+    red[li] = (s4.x + s4.y) + (s4.z + s4.w);
     workgroupBarrier();
     for (var m = 128u; m > 0u; m >>= 1u) {
         if (li < m) {
@@ -285,9 +287,23 @@ fn rms_norm_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
     if (seg >= p.u0) { return; }
     let inv = 1.0 / sqrt(red[0] / f32(hd) + bitcast<f32>(p.u2));
-    for (var k = li; k < hd; k += 256u) {
-        out[base + k] = a[base + k] * inv;
+    for (var k = li; k < hd; k += 1024u) {
+        let o = rnh_load4(base, k, hd) * inv;
+        out[base + k] = o.x;
+        if (k + 256u < hd) { out[base + k + 256u] = o.y; }
+        if (k + 512u < hd) { out[base + k + 512u] = o.z; }
+        if (k + 768u < hd) { out[base + k + 768u] = o.w; }
     }
+}
+
+// Segment elements k, k + 256, k + 512, k + 768 of a (from base; 0 past hd).
+fn rnh_load4(base: u32, k: u32, hd: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    v.x = a[base + k];
+    if (k + 256u < hd) { v.y = a[base + k + 256u]; }
+    if (k + 512u < hd) { v.z = a[base + k + 512u]; }
+    if (k + 768u < hd) { v.w = a[base + k + 768u]; }
+    return v;
 }
 
 // x − k·2π with 2π split Cody–Waite style into an 8-bit, two 12-bit and a rest part, so that

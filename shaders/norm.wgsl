@@ -23,14 +23,17 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             @builtin(local_invocation_index) li: u32) {
     let row = wg.y * nwg.x + wg.x; // uniform across the workgroup
     let base = row * p.d;
-    var s = 0.0;
+    // a thread's elements c, c + 256, c + 512, c + 768 loaded together before they are used: a
+    // decode step's norm is one workgroup, and nothing but the loads in flight in each thread
+    // hides their latency (one at a time, a 4096-wide row took 11 µs on an H200)
+    var s4 = vec4<f32>(0.0);
     if (row < p.n) {
-        for (var c = li; c < p.d; c += 256u) {
-            let v = x[base + c];
-            s = fma(v, v, s);
+        for (var c = li; c < p.d; c += 1024u) {
+            let v = load4(base, c);
+            s4 = fma(v, v, s4);
         }
     }
-    red[li] = s;
+    red[li] = (s4.x + s4.y) + (s4.z + s4.w);
     workgroupBarrier();
     for (var w = 128u; w > 0u; w >>= 1u) {
         if (li < w) {
@@ -40,7 +43,23 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     if (row >= p.n) { return; }
     let inv = inverseSqrt(red[0] / f32(p.d) + p.eps);
-    for (var c = li; c < p.d; c += 256u) {
-        out[base + c] = (x[base + c] * inv) * wt[c];
+    for (var c = li; c < p.d; c += 1024u) {
+        let v = load4(base, c);
+        let g = vec4<f32>(wt[c], wt[min(c + 256u, p.d - 1u)], wt[min(c + 512u, p.d - 1u)], wt[min(c + 768u, p.d - 1u)]);
+        let o = (v * inv) * g;
+        out[base + c] = o.x;
+        if (c + 256u < p.d) { out[base + c + 256u] = o.y; }
+        if (c + 512u < p.d) { out[base + c + 512u] = o.z; }
+        if (c + 768u < p.d) { out[base + c + 768u] = o.w; }
     }
+}
+
+// Row elements c, c + 256, c + 512, c + 768 of the row at `base` (0 past d).
+fn load4(base: u32, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    v.x = x[base + c];
+    if (c + 256u < p.d) { v.y = x[base + c + 256u]; }
+    if (c + 512u < p.d) { v.z = x[base + c + 512u]; }
+    if (c + 768u < p.d) { v.w = x[base + c + 768u]; }
+    return v;
 }

@@ -510,6 +510,16 @@ fn cases() -> Vec<Case> {
         c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
         out.push(c);
     }
+    // a row past a workgroup's 256 threads and past one round of its four loads a thread (the
+    // wgpu kernel's elements 256 apart: 1024 a round)
+    out.push(case(
+        "rms_norm [3,2100]",
+        Op::RmsNorm,
+        REDUCTION,
+        vec![randn(&mut r, &[3, 2100], 2.0), randn(&mut r, &[2100], 1.5)],
+        |_| Call::RmsNorm { x: 0, w: 1, eps: 1e-5 },
+        Args::default(),
+    ));
     out
 }
 
@@ -625,7 +635,7 @@ fn lm_cases() -> Vec<Case> {
         |_| Call::HcExpand(0, 4),
         Args::default(),
     ));
-    for (n, heads, hd) in [(5, 3, 29), (3, 1, 300)] {
+    for (n, heads, hd) in [(5, 3, 29), (3, 1, 300), (2, 2, 1100)] {
         out.push(case(
             format!("rms_norm_heads [{n},{heads}x{hd}]"),
             Op::RmsNormHeads,
