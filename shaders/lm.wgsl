@@ -783,6 +783,63 @@ fn topk_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
+// topk_rows_rank: the same op for a few rows of at most TK_SORT columns (a decode step's indexer:
+// one row, whose one workgroup sorting it alone left the GPU idle, 24 µs on an H200). The row's
+// columns are split over workgroups of TR_COLS each; every workgroup reads the whole row in tiles
+// of TK_THREADS keys and ranks its columns by counting the finite keys before each (keys are
+// unique: the column breaks ties), so column j goes to slot rank(j) where that is below k.
+// Workgroup 0 of a row also writes −1 into the slots past the row's finite count. Thread li ranks
+// column x·TR_COLS + li % TR_COLS against part li / TR_COLS of each tile (TR_SPLIT parts).
+// Grid (⌈m / TR_COLS⌉, n) workgroups of TK_THREADS; the uniforms are topk_rows'.
+const TR_COLS: u32 = 64u;
+const TR_SPLIT: u32 = TK_THREADS / TR_COLS;
+// per column of the workgroup: finite keys before it (the parts' counts summed)
+var<workgroup> tr_rank: array<atomic<u32>, TR_COLS>;
+// finite keys of the row (the parts' counts summed)
+var<workgroup> tr_finite: atomic<u32>;
+
+@compute @workgroup_size(TK_THREADS, 1, 1)
+fn topk_rows_rank(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row = wg.y; // uniform across the workgroup
+    let m = p.u1;
+    let k = p.u2;
+    if (row >= p.u0) { return; }
+    let e = li % TR_COLS;
+    let part = li / TR_COLS;
+    let j = wg.x * TR_COLS + e;
+    var h = TK_LAST;
+    if (j < m) { h = tk_key_hi(a[row * m + j]); }
+    if (li < TR_COLS) { atomicStore(&tr_rank[li], 0u); }
+    if (li == 0u) { atomicStore(&tr_finite, 0u); }
+    var before = 0u;
+    var finite = 0u;
+    for (var t0 = 0u; t0 < m; t0 += TK_THREADS) {
+        workgroupBarrier(); // the previous tile read
+        var th = TK_LAST;
+        if (t0 + li < m) { th = tk_key_hi(a[row * m + t0 + li]); }
+        tk_hi[li] = th;
+        workgroupBarrier();
+        for (var c = part * TR_COLS; c < (part + 1u) * TR_COLS; c++) {
+            let ch = tk_hi[c];
+            if (ch != TK_LAST) {
+                finite += 1u;
+                before += select(0u, 1u, tk_less(ch, t0 + c, h, j));
+            }
+        }
+    }
+    workgroupBarrier(); // the counters zeroed (with no tile at all)
+    atomicAdd(&tr_rank[e], before);
+    if (e == 0u) { atomicAdd(&tr_finite, finite); }
+    workgroupBarrier();
+    let rank = atomicLoad(&tr_rank[e]);
+    if (part == 0u && h != TK_LAST && rank < k) {
+        iout[row * k + rank] = i32(j);
+    }
+    if (wg.x == 0u) {
+        for (var s = atomicLoad(&tr_finite) + li; s < k; s += TK_THREADS) { iout[row * k + s] = -1; }
+    }
+}
+
 // sink_attention: a = q [n, heads·hd], b = kv [m, hd], c = comp [c, hd], ia = window [n, 2],
 // ib = comp_idx [n, kk], comb = sinks [heads] → out [n, heads·hd]; one workgroup of SA_THREADS
 // per (query, head). Key j of a query is window row lo + j for j < nwin, then compressed slot

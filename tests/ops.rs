@@ -828,6 +828,29 @@ fn lm_cases() -> Vec<Case> {
             Args::default(),
         ));
     }
+    // topk_rows over few rows (the wgpu lane ranks each column over several workgroups there):
+    // the indexer's k = 512 over 1500 entries with ties, −inf / NaN entries, and a second row
+    // with fewer finite values than k
+    {
+        let (n, m, k) = (2, 1500, 512);
+        let mut v: Vec<f32> = (0..n * m).map(|_| (r.random_range(-64i32..64) as f32) / 16.0).collect();
+        for (j, x) in v.iter_mut().enumerate() {
+            if j % 7 == 3 || (j >= m && j % 3 != 0) {
+                *x = f32::NEG_INFINITY;
+            }
+            if j % 53 == 11 {
+                *x = f32::NAN;
+            }
+        }
+        out.push(case(
+            format!("topk_rows [{n},{m}] k={k} few rows: ties, -inf, NaN, short row"),
+            Op::TopkRows,
+            EXACT,
+            vec![HostTensor::f32([n, m], v).unwrap()],
+            |a| Call::TopkRows(0, a.a),
+            Args { a: k, ..Default::default() },
+        ));
+    }
     // topk_rows past 2048 columns (the CUDA lane's radix select instead of its shared-memory sort):
     // the indexer's k = 512 over 5000 entries, and k past 2048 (the select's chunks of 2048 slots);
     // ties (values in steps of 1/64), −inf / NaN / ±0 entries.

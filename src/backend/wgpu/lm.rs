@@ -29,6 +29,15 @@ const SINK_ATTENTION_MAX_HEAD_DIM: usize = 64 * 16;
 const SINK_ATTENTION_PART_KEYS: usize = 64;
 /// The heads of one query a workgroup of a split `sink_attention` takes (lm.wgsl's SP_HEADS).
 const SINK_ATTENTION_PART_HEADS: usize = 8;
+/// `topk_rows` ranks each column by its own thread (`topk_rows_rank`, several workgroups a row)
+/// for at most this many rows: a decode step's (one a sequence); more rows fill the GPU with a
+/// workgroup each sorting its row.
+const TOPK_RANK_ROWS: usize = 4;
+/// The longest rows `topk_rows` sorts in workgroup memory (lm.wgsl's TK_SORT), and so the longest
+/// it ranks: past them each column's count over the row grows, where a radix select does not.
+const TOPK_SORT_COLUMNS: usize = 2048;
+/// The columns of one workgroup of `topk_rows_rank` (lm.wgsl's TR_COLS).
+const TOPK_RANK_COLUMNS: usize = 64;
 /// `sink_attention` splits its keys into parts below this many (query, head) pairs (a workgroup
 /// each unsplit): a decode step's 64 heads fill a quarter of an H200's 132 multiprocessors'
 /// first wave, a prefill chunk's thousands all of them.
@@ -265,14 +274,23 @@ impl WgpuBackend {
     }
 
     /// Top-k columns per row (descending, ties to the lower column, −1 fill); one workgroup per
-    /// row: a bitonic sort of the row's keys up to 2048 columns, a radix select past that.
+    /// row: a bitonic sort of the row's keys up to 2048 columns, a radix select past that; for at
+    /// most [`TOPK_RANK_ROWS`] rows of at most 2048 columns (decode) each column ranked by its own
+    /// thread over several workgroups a row (`topk_rows_rank`).
     pub(super) fn topk_rows(&self, x: &WgpuTensor, k: usize) -> Result<WgpuTensor> {
         const OP: &str = "topk_rows";
         let (n, m) = checks::topk_rows(x)?;
         self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, k], DType::I32)?;
         if n > 0 && k > 0 {
-            self.dispatch(LM, OP, 0, &[n as u32, m as u32, k as u32], &[(1, x.binding()), (7, y.binding())], grid(n))?;
+            let params = [n as u32, m as u32, k as u32];
+            let bindings = [(1, x.binding()), (7, y.binding())];
+            if n <= TOPK_RANK_ROWS && (1..=TOPK_SORT_COLUMNS).contains(&m) {
+                let parts = m.div_ceil(TOPK_RANK_COLUMNS) as u32;
+                self.dispatch(LM, "topk_rows_rank", 0, &params, &bindings, (parts, n as u32, 1))?;
+            } else {
+                self.dispatch(LM, OP, 0, &params, &bindings, grid(n))?;
+            }
         }
         Ok(y)
     }
