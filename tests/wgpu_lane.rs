@@ -956,6 +956,50 @@ fn bind_groups_are_reused_until_a_buffer_is_let_go() {
     assert_eq!(b.bind_groups_made(), 2 * per_product, "a weight dropped empties the cache");
 }
 
+/// Decode-like steps — the step's input uploaded, a product and sums, one of them with a tensor
+/// kept from the step before (as the caches are), the temporaries dropped in an order that
+/// changes from step to step, the result downloaded and kept — bind the same buffers step after
+/// step once the free list has settled, so they make no bind groups: an upload takes a free
+/// buffer (one made per upload missed every group binding it, every step), and a download orders
+/// the free list (the next step's buffers then follow from which are free, not from the order the
+/// last step dropped them in).
+#[test]
+fn decode_like_steps_reuse_their_bind_groups() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = exclusive();
+    let b = make(Options::default());
+    let w = b
+        .upload_weight(&HostWeight {
+            name: "w".into(),
+            format: WeightFormat::F32,
+            rows: 8,
+            cols: 8,
+            bytes: Cow::Owned(encode(WeightFormat::F32, &randv(&mut rng(9), 64))),
+        })
+        .unwrap();
+    let mut kept = up(&b, &[1, 8], vec![0.0; 8]);
+    let mut made = Vec::new();
+    for step in 0..6 {
+        let x = up(&b, &[1, 8], randv(&mut rng(10 + step), 8));
+        let y = b.linear(&x, &w, None).unwrap();
+        let z = b.add(&y, &x).unwrap();
+        kept = b.add(&z, &kept).unwrap();
+        // the temporaries dropped in an order that changes from step to step
+        let mut temps = vec![x, y, z];
+        temps.rotate_left(step as usize % 3);
+        for t in temps {
+            drop(t);
+        }
+        assert!(down(&b, &kept).iter().all(|v| v.is_finite()));
+        made.push(b.bind_groups_made());
+    }
+    assert!(made[0] > 0);
+    // the first steps meet the buffers the later ones cycle through
+    assert_eq!(made[3..], [made[3]; 3], "bind groups made after each step: {made:?}");
+}
+
 /// Activation buffers come in size classes an eighth of a power of two apart: powers of two and
 /// small sizes stay exact, nothing grows by more than 12.5 %, and a tensor growing a 2 KiB row at
 /// a time keeps its class for many rows.

@@ -1193,21 +1193,24 @@ impl Backend for WgpuBackend {
             return Err(Error::shape("upload", "a tensor needs at least one dimension"));
         }
         self.check_binding("upload", "tensor", raw.len() as u64)?;
-        let mut contents = raw.to_vec();
-        for _ in 0..self.opts.guard_words {
-            contents.extend_from_slice(&GUARD_SENTINEL.to_le_bytes());
+        // an activation buffer (the free list's, guard band written by alloc), filled by a copy
+        // encoded in order with the pending dispatches: a decode step's uploads (token ids,
+        // positions, windows) then reuse the buffers of the step before and the dispatches that
+        // bind them find their bind groups cached (a buffer made per upload missed them every
+        // step). Not `Queue::write_buffer`: it runs before the pending commands at their submit,
+        // which may still read the buffer's former tensor.
+        let t = self.alloc("upload", host.shape.clone(), dtype)?;
+        if !raw.is_empty() {
+            let staging = self.shared.counters.clock.copy(|| {
+                self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("upload"),
+                    contents: raw,
+                    usage: wgpu::BufferUsages::COPY_SRC,
+                })
+            });
+            self.with_encoder(|enc| enc.copy_buffer_to_buffer(&staging, 0, &t.buf, t.offset, raw.len() as u64));
         }
-        if contents.is_empty() {
-            contents.extend_from_slice(&[0; 4]);
-        }
-        let buf = self.shared.counters.clock.copy(|| {
-            self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("upload"),
-                contents: &contents,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            })
-        });
-        Ok(self.make_tensor(buf, host.shape.clone(), dtype, "upload"))
+        Ok(t)
     }
 
     /// A model parameter → a weight pool (counted as weight memory, no guard band).
@@ -1352,6 +1355,7 @@ impl Backend for WgpuBackend {
     fn download(&self, t: &WgpuTensor) -> Result<HostTensor> {
         let raw = self.read_back(t, 0, t.bytes)?;
         self.check_guards(t)?;
+        self.shared.order_free_list();
         match t.dtype {
             DType::F32 => HostTensor::f32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),
             DType::I32 => HostTensor::i32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),

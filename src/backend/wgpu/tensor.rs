@@ -51,6 +51,17 @@ impl Shared {
         self.released.fetch_add(1, Ordering::Release);
     }
 
+    /// Put each size's free buffers in one order, the buffers' own. A download ends a decode
+    /// step: the next step then takes its buffers in an order set by which buffers are free,
+    /// not by the order the last step dropped them in (which shifts from step to step with what
+    /// a step keeps: the caches, the logits), so it binds the buffers an earlier step with the
+    /// same free buffers bound and finds their bind groups cached (bind_groups.rs).
+    pub(super) fn order_free_list(&self) {
+        for buffers in self.free.lock().unwrap().values_mut() {
+            buffers.sort_unstable();
+        }
+    }
+
     /// Let every buffer of the free list (`free`, its lock held) go.
     pub(super) fn empty_free_list(&self, free: &mut HashMap<u64, Vec<wgpu::Buffer>>) {
         free.clear();
