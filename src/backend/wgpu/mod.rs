@@ -132,12 +132,13 @@ const WIDE_BINDING: u64 = 1 << 30;
 /// 3 429 patches at the 384-token image budget; D ≤ 42 is a block decoder's own loops):
 /// - no loops: the elementwise and copy ops, rope_2d, rope_tail, embed_rows (float), hc_expand,
 ///   hc_head_weights, sqrt_softplus, swiglu_clamp, hash_route;
-/// - rms_norm, rms_norm_heads: 2⌈d/256⌉ + 11 (43); hc_pre, hc_post, route_weights, moe_sum:
+/// - rms_norm, rms_norm_heads: 2⌈d/1024⌉ + 11 (19; four elements a thread a pass, 2026-12-04); hc_pre, hc_post, route_weights, moe_sum:
 ///   hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations); compress_pool:
 ///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450; its few-row kernel
 ///   indexer_scores_rows: ⌈heads/64⌉(hd + 66), 194); topk_rows: ≈ 450 up to
 ///   2 048 columns, then ≈ ⌈k/2048⌉(9⌈m/256⌉ + 550) (9 800 for the top 512 of a 1M-token
-///   context's 262 144 entries);
+///   context's 262 144 entries); its few-row kernel topk_rows_rank (2026-12-04): ⌈m/256⌉·65 + 10
+///   (≤ 530 at its 2 048 columns);
 /// - the small-row kernels (rows.wgsl): ≈ 2 200 at k 8 192; linear's tiles (also grouped_linear's
 ///   and the prefill's experts'):
 ///   26(⌈k/16⌉ + 1) (float), (k/32)(D + 77) + 30 (block): ≤ 30 500 at the widest k, 8 192;
@@ -147,7 +148,9 @@ const WIDE_BINDING: u64 = 1 << 30;
 ///   workgroup kernel (`workgroup_attention_iterations`): 15 100 for a CSA query, 23 200 for an
 ///   image token's (512-key window and 512 picks, one tile); ≈ 37 a key past one tile of 1 024
 ///   keys (an HCA layer past ≈ 115 000 tokens of context, a CSA layer's image window past the
-///   384-token image budget): refused.
+///   384-token image budget): refused. Its split kernel (few pairs, `split_attention_keys`, not
+///   run on a software adapter unless forced; 2026-12-04): (⌈hd/32⌉ + 1)·150 + (⌈hd/256⌉ + 1)·900
+///   + 150 (≈ 5 400 at hd 512, 9 600 at the lane's largest, 1 024).
 ///
 /// The bounds count fixed-count loops too, as naga emits them; Mesa 22.3 unrolls many of those
 /// before its limiter sees them (the ViT kernel still matched at a bound of 71 834), so they
@@ -1183,7 +1186,9 @@ impl Backend for WgpuBackend {
         self.pass_times()
     }
 
-    /// Any host tensor → a fresh buffer (elements, then the guard band when on).
+    /// Any host tensor → an activation buffer from the free list (elements, then the guard band
+    /// when on), filled by a copy encoded with the pending work. An empty tensor's buffer holds
+    /// whatever it held before (nothing reads it).
     fn upload(&self, host: &HostTensor) -> Result<WgpuTensor> {
         let (raw, dtype): (&[u8], DType) = match &host.data {
             HostData::F32(v) => (bytemuck::cast_slice(v), DType::F32),
