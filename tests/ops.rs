@@ -396,6 +396,34 @@ fn case(
     }
 }
 
+/// A sink_attention case with compressed entries, shaped (n queries, heads, hd, m kv rows, c
+/// compressed rows, k slots a query): the picks (−1 where `no_slot(j)`, else a random entry), then
+/// q, kv, `window`, comp and sinks, drawn from `r` in that order.
+fn sink_attention_case(
+    r: &mut StdRng,
+    (n, heads, hd, m, c, k): (usize, usize, usize, usize, usize, usize),
+    window: Vec<i32>,
+    no_slot: impl Fn(usize) -> bool,
+    tag: &str,
+) -> Case {
+    let idx: Vec<i32> = (0..n * k).map(|j| if no_slot(j) { -1 } else { r.random_range(0..c as i32) }).collect();
+    case(
+        format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k}{tag}"),
+        Op::SinkAttention,
+        REDUCTION,
+        vec![
+            randn(r, &[n, heads * hd], 1.5),
+            randn(r, &[m, hd], 1.5),
+            ints(&[n, 2], window),
+            randn(r, &[c, hd], 1.5),
+            ints(&[n, k], idx),
+            randn(r, &[heads], 2.0),
+        ],
+        |a| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: a.a },
+        Args { a: heads, ..Default::default() },
+    )
+}
+
 /// Every op, with shapes that are not multiples of any tile size.
 fn cases() -> Vec<Case> {
     let mut r = StdRng::seed_from_u64(0x0f0ea);
@@ -885,25 +913,10 @@ fn lm_cases() -> Vec<Case> {
     // sink_attention: windows of varying length (one empty), compressed entries with −1 slots
     // and repeats; and a case without compressed entries.
     {
-        let (n, heads, hd, m, c, k) = (7, 3, 20, 12, 5, 4);
+        let (n, hd, m) = (7, 20, 12);
         let window: Vec<i32> =
             (0..n as i32).flat_map(|i| if i == 2 { [5, 4] } else { [(i - 3).max(0), i + 4] }).collect();
-        let idx: Vec<i32> = (0..n * k).map(|j| if j % 5 == 1 { -1 } else { r.random_range(0..c as i32) }).collect();
-        out.push(case(
-            format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k}"),
-            Op::SinkAttention,
-            REDUCTION,
-            vec![
-                randn(&mut r, &[n, heads * hd], 1.5),
-                randn(&mut r, &[m, hd], 1.5),
-                ints(&[n, 2], window.clone()),
-                randn(&mut r, &[c, hd], 1.5),
-                ints(&[n, k], idx),
-                randn(&mut r, &[heads], 2.0),
-            ],
-            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: 3 },
-            Args::default(),
-        ));
+        out.push(sink_attention_case(&mut r, (n, 3, hd, m, 5, 4), window, |j| j % 5 == 1, ""));
         let window: Vec<i32> = (0..n as i32).flat_map(|i| [(i - 3).max(0), i + 4]).collect();
         out.push(case(
             format!("sink_attention n={n} 1x{hd} m={m} window only"),
@@ -920,45 +933,15 @@ fn lm_cases() -> Vec<Case> {
         ));
         // more keys than one tile of the wgpu kernel (1024: its logits are taken again in each
         // pass) and hd past its 64 threads, not a multiple of them
-        let (n, heads, hd, m, c, k) = (2, 2, 70, 1100, 9, 40);
+        let m = 1100;
         let window = vec![0, m as i32 - 1, 50, 1000];
-        let idx: Vec<i32> = (0..n * k).map(|j| if j % 7 == 2 { -1 } else { r.random_range(0..c as i32) }).collect();
-        out.push(case(
-            format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k} past one tile"),
-            Op::SinkAttention,
-            REDUCTION,
-            vec![
-                randn(&mut r, &[n, heads * hd], 1.5),
-                randn(&mut r, &[m, hd], 1.5),
-                ints(&[n, 2], window),
-                randn(&mut r, &[c, hd], 1.5),
-                ints(&[n, k], idx),
-                randn(&mut r, &[heads], 2.0),
-            ],
-            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: 2 },
-            Args::default(),
-        ));
+        out.push(sink_attention_case(&mut r, (2, 2, 70, m, 9, 40), window, |j| j % 7 == 2, " past one tile"));
         // a decode-like step split over keys (lm.rs): heads past one group of the wgpu part
         // kernel's 8 and not a multiple of it, hd past its 256 threads, windows ending in
         // different parts, the second query's compressed slots in the last part
-        let (n, heads, hd, m, c, k) = (2, 11, 272, 150, 9, 20);
+        let m = 150;
         let window = vec![30, m as i32 - 1, 0, 70];
-        let idx: Vec<i32> = (0..n * k).map(|j| if j % 6 == 4 { -1 } else { r.random_range(0..c as i32) }).collect();
-        out.push(case(
-            format!("sink_attention n={n} {heads}x{hd} m={m} comp {c} k={k} head groups"),
-            Op::SinkAttention,
-            REDUCTION,
-            vec![
-                randn(&mut r, &[n, heads * hd], 1.5),
-                randn(&mut r, &[m, hd], 1.5),
-                ints(&[n, 2], window),
-                randn(&mut r, &[c, hd], 1.5),
-                ints(&[n, k], idx),
-                randn(&mut r, &[heads], 2.0),
-            ],
-            |_| Call::SinkAttention { q: 0, kv: 1, window: 2, comp: Some((3, 4)), sinks: 5, heads: 11 },
-            Args::default(),
-        ));
+        out.push(sink_attention_case(&mut r, (2, 11, 272, m, 9, 20), window, |j| j % 6 == 4, " head groups"));
     }
     // moe_experts: 5 experts (one unused), k = 3 slots, in every format, then gate, up and down
     // each in another; limit cuts some values.

@@ -925,6 +925,18 @@ fn buffer_reuse_keeps_results_right() {
     assert_close(&down(b, &cur), &want, 0.0, 0.0);
 }
 
+/// An f32 weight `name` of `rows × cols` random values from `seed`.
+fn random_f32_weight(name: &str, rows: usize, cols: usize, seed: u64) -> HostWeight<'static> {
+    let values = randv(&mut rng(seed), rows * cols);
+    HostWeight {
+        name: name.into(),
+        format: WeightFormat::F32,
+        rows,
+        cols,
+        bytes: Cow::Owned(encode(WeightFormat::F32, &values)),
+    }
+}
+
 /// A launch with the same pipeline and buffer ranges as an earlier one reuses its bind group (the
 /// dropped output's buffer comes back from the free list for the next), and a buffer let go of for
 /// good (here a weight dropped) empties the cache, whose groups would keep it alive.
@@ -935,15 +947,8 @@ fn bind_groups_are_reused_until_a_buffer_is_let_go() {
     }
     let _devices = exclusive();
     let b = make(Options::default());
-    let weight = |name: &str| HostWeight {
-        name: name.into(),
-        format: WeightFormat::F32,
-        rows: 3,
-        cols: 8,
-        bytes: Cow::Owned(encode(WeightFormat::F32, &randv(&mut rng(7), 3 * 8))),
-    };
     let x = up(&b, &[2, 8], randv(&mut rng(8), 16));
-    let w = b.upload_weight(&weight("w")).unwrap();
+    let w = b.upload_weight(&random_f32_weight("w", 3, 8, 7)).unwrap();
     let want = down(&b, &b.linear(&x, &w, None).unwrap());
     let per_product = b.bind_groups_made();
     assert!(per_product > 0);
@@ -951,7 +956,7 @@ fn bind_groups_are_reused_until_a_buffer_is_let_go() {
         assert_eq!(down(&b, &b.linear(&x, &w, None).unwrap()), want);
     }
     assert_eq!(b.bind_groups_made(), per_product, "the same product again reuses its groups");
-    drop(b.upload_weight(&weight("other")).unwrap());
+    drop(b.upload_weight(&random_f32_weight("other", 3, 8, 7)).unwrap());
     assert_eq!(down(&b, &b.linear(&x, &w, None).unwrap()), want);
     assert_eq!(b.bind_groups_made(), 2 * per_product, "a weight dropped empties the cache");
 }
@@ -970,15 +975,7 @@ fn decode_like_steps_reuse_their_bind_groups() {
     }
     let _devices = exclusive();
     let b = make(Options::default());
-    let w = b
-        .upload_weight(&HostWeight {
-            name: "w".into(),
-            format: WeightFormat::F32,
-            rows: 8,
-            cols: 8,
-            bytes: Cow::Owned(encode(WeightFormat::F32, &randv(&mut rng(9), 64))),
-        })
-        .unwrap();
+    let w = b.upload_weight(&random_f32_weight("w", 8, 8, 9)).unwrap();
     let mut kept = up(&b, &[1, 8], vec![0.0; 8]);
     let mut made = Vec::new();
     for step in 0..6 {

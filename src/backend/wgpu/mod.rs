@@ -132,8 +132,8 @@ const WIDE_BINDING: u64 = 1 << 30;
 /// 3 429 patches at the 384-token image budget; D ≤ 42 is a block decoder's own loops):
 /// - no loops: the elementwise and copy ops, rope_2d, rope_tail, embed_rows (float), hc_expand,
 ///   hc_head_weights, sqrt_softplus, swiglu_clamp, hash_route;
-/// - rms_norm, rms_norm_heads: 2⌈d/1024⌉ + 11 (19; four elements a thread a pass, 2026-12-04); hc_pre, hc_post, route_weights, moe_sum:
-///   hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations); compress_pool:
+/// - rms_norm, rms_norm_heads: 2⌈d/1024⌉ + 11 (19; four elements a thread a pass, 2026-12-04);
+///   hc_pre, hc_post, route_weights, moe_sum: hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations); compress_pool:
 ///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450; its few-row kernel
 ///   indexer_scores_rows: ⌈heads/64⌉(hd + 66), 194); topk_rows: ≈ 450 up to
 ///   2 048 columns, then ≈ ⌈k/2048⌉(9⌈m/256⌉ + 550) (9 800 for the top 512 of a 1M-token
