@@ -678,7 +678,8 @@ fn launches_note(t: &DecodeTiming, steps: usize) -> String {
         let count = |n: u64| n as f64 / steps.max(1) as f64;
         note += &format!(
             " (host a step: {:.0} launches {:.2} ms ({:.0} bind groups made), {:.0} copies {:.2} ms, {:.0} \
-             allocations {:.2} ms, {:.0} waits {:.2} ms; the rest is the graph's own host work)",
+             allocations {:.2} ms, {:.0} waits {:.2} ms; the rest is the graph's own host work; {:.0} submits {:.2} ms, \
+             on the submit thread or within the launches and copies)",
             count(h.launches),
             per(h.launch_ns),
             count(h.bind_groups),
@@ -687,7 +688,9 @@ fn launches_note(t: &DecodeTiming, steps: usize) -> String {
             count(h.allocations),
             per(h.allocation_ns),
             count(h.waits),
-            per(h.wait_ns)
+            per(h.wait_ns),
+            count(h.submits),
+            per(h.submit_ns)
         );
     }
     note

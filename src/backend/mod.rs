@@ -372,6 +372,11 @@ pub struct HostProfile {
     /// Waits for the device (a read-back, a sync), and nanoseconds inside them.
     pub waits: u64,
     pub wait_ns: u64,
+    /// Submissions of queued work without waiting (the wgpu lane submits its encoder every few
+    /// commands), and nanoseconds inside them with the poll after: on a thread of their own, or,
+    /// when the lane submits inline, inside a launch or a copy (and part of its nanoseconds).
+    pub submits: u64,
+    pub submit_ns: u64,
     /// Bind groups the wgpu lane made because its cache had none for a launch's bindings (0 on
     /// the other lanes, which have no such objects).
     pub bind_groups: u64,
@@ -389,6 +394,8 @@ impl HostProfile {
             allocation_ns: self.allocation_ns - earlier.allocation_ns,
             waits: self.waits - earlier.waits,
             wait_ns: self.wait_ns - earlier.wait_ns,
+            submits: self.submits - earlier.submits,
+            submit_ns: self.submit_ns - earlier.submit_ns,
             bind_groups: self.bind_groups - earlier.bind_groups,
         }
     }
@@ -435,6 +442,8 @@ pub(crate) struct HostClock {
     allocation_ns: AtomicU64,
     waits: AtomicU64,
     wait_ns: AtomicU64,
+    submits: AtomicU64,
+    submit_ns: AtomicU64,
 }
 
 impl HostClock {
@@ -471,6 +480,12 @@ impl HostClock {
         self.time(&self.waits, &self.wait_ns, f)
     }
 
+    /// `f`, a submission that does not wait, with the poll after it (on the wgpu lane's submit
+    /// thread, or inside a launch or a copy when it submits inline).
+    pub(crate) fn submit<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.time(&self.submits, &self.submit_ns, f)
+    }
+
     /// The totals so far, when timing is on.
     pub(crate) fn profile(&self) -> Option<HostProfile> {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -483,6 +498,8 @@ impl HostClock {
             allocation_ns: get(&self.allocation_ns),
             waits: get(&self.waits),
             wait_ns: get(&self.wait_ns),
+            submits: get(&self.submits),
+            submit_ns: get(&self.submit_ns),
             bind_groups: 0,
         })
     }

@@ -16,9 +16,12 @@
 //!
 //! - Ops encode their dispatches into one compute pass of one pending command encoder (a copy
 //!   ends the pass, the next dispatch opens another; the kernel timer, whose timestamps are a
-//!   pass's, gives each dispatch its own); only `download` (and the diagnostics) submit and wait. The encoder is also submitted, without waiting, every
-//!   `FLUSH_EVERY` dispatches, so the device starts on a decode step's first kernels while the
-//!   host still encodes the rest (an H200 decode step 3.1–3.2 → 2.6 ms with 16 rather than 128).
+//!   pass's, gives each dispatch its own); only `download` (and the diagnostics) wait. The
+//!   encoder is handed, without waiting, to a thread that finishes and submits encoders in order
+//!   (submit.rs) every `FLUSH_EVERY` dispatches, so the device starts on a decode step's first
+//!   kernels while the host still encodes the rest (an H200 decode step 3.1–3.2 → 2.6 ms with 16
+//!   rather than 128), and wgpu's finish and submit (most of the host's time a step) run beside
+//!   the encoding.
 //! - Pipelines are created lazily, once per (shader, entry point, weight format), and cached.
 //!   A dispatch pushes its parameters as immediate data (`PARAM_BYTES`) and binds only storage
 //!   buffers, through a bind group kept for the next dispatch with the same pipeline and buffer
@@ -69,6 +72,7 @@ mod norm;
 mod rope;
 mod rows;
 mod shader;
+mod submit;
 mod tensor;
 mod timing;
 
@@ -200,6 +204,10 @@ pub struct Options {
     /// Submit the pending encoder after this many commands (1..=`MAX_SUBMIT`; `FLUSH_EVERY` by
     /// default, `FOVEA_WGPU_FLUSH_EVERY=n` to time another). Diagnostic.
     pub flush_every: u32,
+    /// Finish and submit encoders on a thread of their own (submit.rs) rather than on the thread
+    /// that encoded them. On by default; off when `FOVEA_WGPU_SUBMIT_THREAD=0`, to time both in
+    /// one build. Diagnostic.
+    pub submit_thread: bool,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -244,6 +252,7 @@ impl Default for Options {
                 .ok()
                 .and_then(|v| v.parse::<u32>().ok())
                 .unwrap_or(FLUSH_EVERY),
+            submit_thread: std::env::var("FOVEA_WGPU_SUBMIT_THREAD").map_or(true, |v| v != "0"),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
@@ -286,6 +295,8 @@ pub struct WgpuBackend {
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     bind_groups: Mutex<bind_groups::BindGroups>,
     pending: Mutex<Pending>,
+    /// Finishes and submits the encoders `pending` fills, in order.
+    submitter: submit::Submitter,
     /// Held while a thread blocks on the device (download, sync).
     sync_lock: Mutex<()>,
     shared: Arc<Shared>,
@@ -478,8 +489,10 @@ impl WgpuBackend {
         });
         let timer =
             if opts.kernel_times { timing::PassTimer::new(&device, &queue, opts.kernel_times_by_grid) } else { None };
+        let submitter = submit::Submitter::new(&device, &queue, &shared, opts.submit_thread);
         Ok(Self {
             timer,
+            submitter,
             queue,
             info,
             limits,
@@ -552,10 +565,12 @@ impl WgpuBackend {
         Err(Error::Device(format!("wgpu reported: {msg}")))
     }
 
-    /// Submit the pending encoder. The lock is held across `submit` so that submissions from
-    /// several threads reach the queue in the order their commands were encoded.
+    /// Submit the pending encoder, and return once it and every encoder before it reached the
+    /// queue. The lock is held while the encoder is handed to the submitter so that submissions
+    /// from several threads reach the queue in the order their commands were encoded.
     fn submit_pending(&self) {
         self.submit_locked(&mut self.pending.lock().unwrap());
+        self.submitter.drain();
     }
 
     /// [`Self::submit_pending`] with the pending lock already held: a command that fills the
@@ -568,7 +583,7 @@ impl WgpuBackend {
             if let Some(timer) = &self.timer {
                 timer.close(&self.device, &mut enc);
             }
-            self.queue.submit([enc.finish()]);
+            self.submitter.submit(enc);
         }
     }
 
@@ -615,27 +630,15 @@ impl WgpuBackend {
     }
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        let full = {
-            let mut p = self.pending.lock().unwrap();
-            let full = self.encode(&mut p, f);
-            self.submit_if_full(&mut p, full)
-        };
-        self.retire_if(full);
+        let mut p = self.pending.lock().unwrap();
+        let full = self.encode(&mut p, f);
+        self.submit_if_full(&mut p, full);
     }
 
-    /// Submit the pending encoder, whose lock the caller holds, once `encode` says it is full;
-    /// whether it did.
-    fn submit_if_full(&self, p: &mut Pending, full: bool) -> bool {
+    /// Submit the pending encoder, whose lock the caller holds, once `encode` says it is full.
+    fn submit_if_full(&self, p: &mut Pending, full: bool) {
         if full {
             self.submit_locked(p);
-        }
-        full
-    }
-
-    /// After a submit, with the pending lock let go: let finished work retire.
-    fn retire_if(&self, submitted: bool) {
-        if submitted {
-            let _ = self.device.poll(wgpu::PollType::Poll);
         }
     }
 
@@ -794,13 +797,9 @@ impl WgpuBackend {
                     entries,
                 })
             });
-            let full = {
-                let mut pending = self.pending.lock().unwrap();
-                let full =
-                    self.encode_dispatch(&mut pending, label, &pipeline, bytemuck::cast_ref(&block), &bg, groups);
-                self.submit_if_full(&mut pending, full)
-            };
-            self.retire_if(full);
+            let mut pending = self.pending.lock().unwrap();
+            let full = self.encode_dispatch(&mut pending, label, &pipeline, bytemuck::cast_ref(&block), &bg, groups);
+            self.submit_if_full(&mut pending, full);
             Ok(())
         })
     }
