@@ -137,6 +137,7 @@ const WIDE_BINDING: u64 = 1 << 30;
 /// - no loops: the elementwise and copy ops, rope_2d, rope_tail, embed_rows (float), hc_expand,
 ///   hc_head_weights, sqrt_softplus, swiglu_clamp, hash_route;
 /// - rms_norm, rms_norm_heads: 2⌈d/1024⌉ + 11 (19; four elements a thread a pass, 2026-12-04);
+///   hc_pre_norm: ⌈d/256⌉(hc + 2) + 11 (107);
 ///   hc_pre, hc_post, route_weights, moe_sum: hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations); compress_pool:
 ///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450; its few-row kernel
 ///   indexer_scores_rows: ⌈heads/64⌉(hd + 66), 194); topk_rows: ≈ 450 up to
@@ -1444,6 +1445,16 @@ impl Backend for WgpuBackend {
     }
     fn hc_pre(&self, x: &WgpuTensor, w: &WgpuTensor, hc: usize) -> Result<WgpuTensor> {
         self.hc_pre(x, w, hc)
+    }
+    fn hc_pre_norm(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuTensor,
+        hc: usize,
+        weight: &WgpuTensor,
+        eps: f32,
+    ) -> Result<WgpuTensor> {
+        self.hc_pre_norm(x, w, hc, weight, eps)
     }
     fn hc_post(&self, x: &WgpuTensor, f: &WgpuTensor, split: &WgpuTensor) -> Result<WgpuTensor> {
         self.hc_post(x, f, split)
