@@ -367,36 +367,47 @@ fn small_row_linear_splits_few_columns_over_k() {
 
 /// A chain of 300 dependent adds (past `MAX_SUBMIT`, 128 commands a submission) is right
 /// whatever `flush_every` asks, 0 and 1000 included: the lane holds it to 1..=128, the commands a
-/// submission's parameter slots hold.
+/// submission's parameter slots hold; with the encoders submitted by the lane's submit thread and
+/// on the encoding thread.
 #[test]
 fn any_flush_interval_runs_long_chains() {
     if !adapter_available() {
         return;
     }
     let _devices = shared();
-    for flush_every in [0, 1, 16, 1000] {
-        let b = make(Options { flush_every, ..Options::default() });
-        assert_eq!(add_ones(&b, 0.0, 300), vec![300.0; 4], "flush_every {flush_every}");
+    for submit_thread in [true, false] {
+        for flush_every in [0, 1, 16, 1000] {
+            let b = make(Options { flush_every, submit_thread, ..Options::default() });
+            let got = add_ones(&b, 0.0, 300);
+            assert_eq!(got, vec![300.0; 4], "flush_every {flush_every}, submit thread {submit_thread}");
+        }
     }
 }
 
 /// Four threads encoding into one lane at once, submitting every 2 commands: each thread's
-/// chain is right. A command that fills the encoder submits it under the pending lock; when the
+/// chain is right. A command that fills the encoder hands it over under the pending lock; when the
 /// submit came after the lock, another thread's dispatch could take a parameter slot past the
-/// buffer's `flush_every` (CI saw it with 16 as a validation error in `lm_wgpu`).
+/// buffer's `flush_every` (CI saw it with 16 as a validation error in `lm_wgpu`). With the submit
+/// thread (encoders submitted in the order handed over, each thread's read-back draining it) and
+/// without.
 #[test]
 fn threads_sharing_a_lane_keep_to_its_submit_size() {
     if !adapter_available() {
         return;
     }
     let _devices = shared();
-    let b = make(Options { flush_every: 2, ..Options::default() });
-    std::thread::scope(|scope| {
-        for t in 0..4 {
-            let b = &b;
-            scope.spawn(move || assert_eq!(add_ones(b, t as f32, 200), vec![t as f32 + 200.0; 4], "thread {t}"));
-        }
-    });
+    for submit_thread in [true, false] {
+        let b = make(Options { flush_every: 2, submit_thread, ..Options::default() });
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let b = &b;
+                scope.spawn(move || {
+                    let got = add_ones(b, t as f32, 200);
+                    assert_eq!(got, vec![t as f32 + 200.0; 4], "thread {t}, submit thread {submit_thread}");
+                });
+            }
+        });
+    }
 }
 
 /// `start` plus one, `times` times over, as a chain of dependent adds (one dispatch each) on 4
