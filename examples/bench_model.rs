@@ -679,7 +679,7 @@ fn launches_note(t: &DecodeTiming, steps: usize) -> String {
         note += &format!(
             " (host a step: {:.0} launches {:.2} ms ({:.0} bind groups made), {:.0} copies {:.2} ms, {:.0} \
              allocations {:.2} ms, {:.0} waits {:.2} ms; the rest is the graph's own host work; {:.0} submits {:.2} ms, \
-             on the submit thread or within the launches and copies)",
+             on the submit thread, or on this one within the above when inline)",
             count(h.launches),
             per(h.launch_ns),
             count(h.bind_groups),

@@ -369,12 +369,14 @@ pub struct HostProfile {
     /// Device allocations the buffer pool could not serve, and nanoseconds inside them.
     pub allocations: u64,
     pub allocation_ns: u64,
-    /// Waits for the device (a read-back, a sync), and nanoseconds inside them.
+    /// Waits for the device (a read-back, a sync) or for the wgpu lane's submit thread to submit
+    /// what it was handed, and nanoseconds inside them.
     pub waits: u64,
     pub wait_ns: u64,
     /// Submissions of queued work without waiting (the wgpu lane submits its encoder every few
-    /// commands), and nanoseconds inside them with the poll after: on a thread of their own, or,
-    /// when the lane submits inline, inside a launch or a copy (and part of its nanoseconds).
+    /// commands), and nanoseconds inside them with the poll after: on the lane's submit thread,
+    /// or, when it submits inline, on the encoding thread inside the call that filled the
+    /// encoder (a launch, mostly) or a wait.
     pub submits: u64,
     pub submit_ns: u64,
     /// Bind groups the wgpu lane made because its cache had none for a launch's bindings (0 on
@@ -481,7 +483,7 @@ impl HostClock {
     }
 
     /// `f`, a submission that does not wait, with the poll after it (on the wgpu lane's submit
-    /// thread, or inside a launch or a copy when it submits inline).
+    /// thread, or on the encoding thread when it submits inline).
     pub(crate) fn submit<T>(&self, f: impl FnOnce() -> T) -> T {
         self.time(&self.submits, &self.submit_ns, f)
     }

@@ -490,7 +490,7 @@ impl WgpuBackend {
         });
         let timer =
             if opts.kernel_times { timing::PassTimer::new(&device, &queue, opts.kernel_times_by_grid) } else { None };
-        let submitter = submit::Submitter::new(&device, &queue, &shared, opts.submit_thread);
+        let submitter = submit::Submitter::new(&device, &queue, &shared, &errors, opts.submit_thread);
         Ok(Self {
             timer,
             submitter,
@@ -571,7 +571,8 @@ impl WgpuBackend {
     /// from several threads reach the queue in the order their commands were encoded.
     fn submit_pending(&self) {
         self.submit_locked(&mut self.pending.lock().unwrap());
-        self.submitter.drain();
+        // the host waits here for the submit thread's backlog: timed as a wait
+        self.shared.counters.clock.wait(|| self.submitter.drain());
     }
 
     /// [`Self::submit_pending`] with the pending lock already held: a command that fills the
@@ -613,7 +614,8 @@ impl WgpuBackend {
         }
     }
 
-    /// Submit pending work without waiting.
+    /// Submit pending work without waiting for the device (it returns once the submit thread has
+    /// submitted everything handed to it).
     pub fn flush(&self) -> Result<()> {
         self.submit_pending();
         self.take_errors()
@@ -915,7 +917,10 @@ impl WgpuBackend {
     }
 
     /// Write `src`, rows of `row_bytes`, into `buf` at `offset` as rows of `padded_row` bytes
-    /// (the pad zero).
+    /// (the pad zero). By `Queue::write_buffer`, which runs before any encoder the submit thread
+    /// has not yet submitted: fine for a weight's own fresh region, which no earlier command
+    /// reads; a write into a buffer earlier work may still use would need `submitter.drain()`
+    /// first (activations are filled by encoded copies instead: `upload`).
     fn write_rows(&self, buf: &wgpu::Buffer, offset: u64, src: &[u8], row_bytes: usize, padded_row: usize) {
         if src.is_empty() {
             return;

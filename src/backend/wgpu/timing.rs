@@ -1,6 +1,7 @@
 //! Per-kernel GPU times, a diagnostic (`Options::kernel_times`, `FOVEA_GPU_TIMES=1`, on an
 //! adapter with `TIMESTAMP_QUERY`): every dispatch's compute pass writes a timestamp at its start and its end;
-//! each submission resolves its passes' timestamps into a buffer of its own, and
+//! each encoder resolves its passes' timestamps into a buffer of its own as it is handed to the
+//! submit thread, and
 //! [`Backend::kernel_times`](crate::backend::Backend::kernel_times) reads them back and sums them
 //! by entry point (or, `Options::kernel_times_by_grid`, by entry point and grid size). The device
 //! time of each kernel is then known without a profiler (Nsight cannot see a Vulkan queue on the
@@ -102,8 +103,16 @@ impl WgpuBackend {
     /// `None` without a timer.
     pub(super) fn pass_times(&self) -> Result<Option<Vec<KernelTime>>> {
         let Some(timer) = &self.timer else { return Ok(None) };
+        // the read-back buffers of every encoder handed over so far, taken under the pending
+        // lock with the open encoder handed over too, so none is of an encoder another thread
+        // hands over after the sync below has drained the submit thread (mapping a buffer that
+        // an unsubmitted encoder copies into fails that encoder's submit)
+        let done = {
+            let mut pending = self.pending.lock().unwrap();
+            self.submit_locked(&mut pending);
+            std::mem::take(&mut *timer.done.lock().unwrap())
+        };
         self.sync()?;
-        let done = std::mem::take(&mut *timer.done.lock().unwrap());
         let mut totals: HashMap<String, (u64, f64)> = HashMap::new();
         for (copy, passes) in done {
             let (tx, rx) = std::sync::mpsc::channel();
