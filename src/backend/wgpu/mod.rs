@@ -634,14 +634,8 @@ impl WgpuBackend {
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut p = self.pending.lock().unwrap();
-        let full = self.encode(&mut p, f);
-        self.submit_if_full(&mut p, full);
-    }
-
-    /// Submit the pending encoder, whose lock the caller holds, once `encode` says it is full.
-    fn submit_if_full(&self, p: &mut Pending, full: bool) {
-        if full {
-            self.submit_locked(p);
+        if self.encode(&mut p, f) {
+            self.submit_locked(&mut p);
         }
     }
 
@@ -801,8 +795,9 @@ impl WgpuBackend {
                 })
             });
             let mut pending = self.pending.lock().unwrap();
-            let full = self.encode_dispatch(&mut pending, label, &pipeline, bytemuck::cast_ref(&block), &bg, groups);
-            self.submit_if_full(&mut pending, full);
+            if self.encode_dispatch(&mut pending, label, &pipeline, bytemuck::cast_ref(&block), &bg, groups) {
+                self.submit_locked(&mut pending);
+            }
             Ok(())
         })
     }

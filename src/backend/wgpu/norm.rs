@@ -1,5 +1,5 @@
-//! `rms_norm` and `hc_pre_norm` on `shaders/norm.wgsl`: one workgroup per row. (The language model's per-head
-//! `rms_norm_heads` is an entry point of lm.wgsl: lm.rs.)
+//! `rms_norm` and `hc_pre_norm` on `shaders/norm.wgsl`: one workgroup per row. (The language
+//! model's per-head `rms_norm_heads` is an entry point of lm.wgsl: lm.rs.)
 
 use super::{Shader, WgpuBackend, WgpuTensor, grid};
 use crate::backend::{DType, checks};

@@ -91,19 +91,14 @@ impl Submitter {
 
     /// Submit `enc` after every encoder handed over before it, without waiting for it.
     pub(super) fn submit(&self, enc: wgpu::CommandEncoder) {
-        let enc = match &self.jobs {
-            Some(jobs) => match jobs.send(Job::Submit(enc)) {
-                Ok(()) => return,
-                // the thread is gone: submit here (and say that work handed to it was lost)
-                Err(mpsc::SendError(Job::Submit(enc))) => {
-                    self.lost();
-                    enc
-                }
-                Err(_) => unreachable!("the job sent was a submit"),
-            },
-            None => enc,
+        let Some(jobs) = &self.jobs else {
+            return submit_now(&self.device, &self.queue, &self.shared, enc);
         };
-        submit_now(&self.device, &self.queue, &self.shared, enc);
+        // the thread is gone: submit here (and say that work handed to it was lost)
+        if let Err(mpsc::SendError(Job::Submit(enc))) = jobs.send(Job::Submit(enc)) {
+            self.lost();
+            submit_now(&self.device, &self.queue, &self.shared, enc);
+        }
     }
 
     /// Return once every encoder handed over so far is submitted (before a wait on the device, a

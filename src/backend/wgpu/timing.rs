@@ -1,7 +1,7 @@
 //! Per-kernel GPU times, a diagnostic (`Options::kernel_times`, `FOVEA_GPU_TIMES=1`, on an
-//! adapter with `TIMESTAMP_QUERY`): every dispatch's compute pass writes a timestamp at its start and its end;
-//! each encoder resolves its passes' timestamps into a buffer of its own as it is handed to the
-//! submit thread, and
+//! adapter with `TIMESTAMP_QUERY`): every dispatch's compute pass writes a timestamp at its start
+//! and its end; each encoder resolves its passes' timestamps into a buffer of its own as it is
+//! handed to the submit thread, and
 //! [`Backend::kernel_times`](crate::backend::Backend::kernel_times) reads them back and sums them
 //! by entry point (or, `Options::kernel_times_by_grid`, by entry point and grid size). The device
 //! time of each kernel is then known without a profiler (Nsight cannot see a Vulkan queue on the
