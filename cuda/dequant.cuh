@@ -379,3 +379,88 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
         for (unsigned int i = 0; i < 8u; ++i) out[i] = dq_value<FMT>(b, (r << 3) | i);
     }
 }
+
+// ---- int8 activations: the decode step's expert GEMVs in fast precision (moe.cu, moe_*_q8x) ----
+// q8x_dot32<FMT>(row, g, xq) = Σ_{i<32} w[32 g + i] · q_i: W row `row` (its first byte; a row is
+// whole blocks, so it has the matrix base's alignment), its 32-value group g (QK is a multiple of
+// 32, so a group lies in one block), and the group's int8 activations q_i (byte i % 4 of word
+// xq[i / 4], signed). The caller scales the result by the group's activation scale. The formats
+// of the published Q2-class mix (IQ2_XXS, Q2_K, Q8_0) take integer dot products of their codes
+// with q (__dp4a, four products a lane-instruction) and apply their block scales in f32 once a
+// group or 16-group (ggml's CUDA vec_dot_*_q8_1 do the same); the values are ggml's dequantized
+// ones up to the rounding of each scale × code product, which the sum no longer takes. Every
+// other format decodes its values (dq_run8) and sums f32 products with q.
+
+// Bits 0..3 of s as byte masks: byte j is 0xff where bit j is set (bit j lands on bit 8j of the
+// product; no two products of the four bits overlap).
+__device__ __forceinline__ unsigned int q8x_byte_mask4(unsigned int s) {
+    return ((s & 15u) * 0x00204081u & 0x01010101u) * 0xffu;
+}
+
+template <int FMT>
+__device__ __forceinline__ float q8x_dot32(const u8* row, unsigned int g, const int* xq) {
+    if constexpr (FMT == WF_IQ2_XXS) {
+        // 66-byte blocks start on 2 bytes: d, then per group four grid indices (bytes) and the
+        // u32 of signs (7 bits a run of 8) and scale (bits 28..31)
+        const unsigned short* h = reinterpret_cast<const unsigned short*>(row + (g >> 3) * 66u);
+        const unsigned int gg = g & 7u;
+        const unsigned int idx = h[1u + 4u * gg] | ((unsigned int)h[2u + 4u * gg] << 16);
+        const unsigned int aux = h[3u + 4u * gg] | ((unsigned int)h[4u + 4u * gg] << 16);
+        // Σ g·s·q = Σ g·q − 2 Σ_{s<0} g·q: grid bytes are 8, 25 or 43, positive as signed bytes
+        int all = 0, neg = 0;
+#pragma unroll
+        for (unsigned int l = 0; l < 4u; ++l) {
+            const unsigned long long grid = IQ2XXS_GRID[(idx >> (8u * l)) & 0xffu];
+            const unsigned int signs = KSIGNS_IQ2XS[(aux >> (7u * l)) & 127u];
+            const int lo = (int)(unsigned int)grid, hi = (int)(unsigned int)(grid >> 32);
+            all = __dp4a(lo, xq[2u * l], all);
+            all = __dp4a(hi, xq[2u * l + 1u], all);
+            neg = __dp4a(lo & (int)q8x_byte_mask4(signs), xq[2u * l], neg);
+            neg = __dp4a(hi & (int)q8x_byte_mask4(signs >> 4), xq[2u * l + 1u], neg);
+        }
+        const float db = __fmul_rn(__fmul_rn(f16_to_f32(h[0]), __fadd_rn(0.5f, (float)(aux >> 28))), 0.25f);
+        return db * (float)(all - 2 * neg);
+    } else if constexpr (FMT == WF_Q2_K) {
+        // 84-byte blocks start on 4 bytes: scales[16], qs[64] (group G's codes: qs[32 (G / 4) ..]
+        // at bit 2 (G % 4)), d and dmin. A 16-group's values are (d·sc)·code − dmin·m.
+        const u8* b = row + (g >> 3) * 84u;
+        const unsigned int G = g & 7u, shift = 2u * (G & 3u);
+        const unsigned int* qw = reinterpret_cast<const unsigned int*>(b + 16u + 32u * (G >> 2));
+        const unsigned int dd = *reinterpret_cast<const unsigned int*>(b + 80);
+        const unsigned int sc = *reinterpret_cast<const unsigned short*>(b + 2u * G);
+        const float d = f16_to_f32(dd & 0xffffu), dmin = f16_to_f32(dd >> 16);
+        float sum = 0.0f;
+#pragma unroll
+        for (unsigned int s = 0; s < 2u; ++s) {
+            int dot = 0, qsum = 0;
+#pragma unroll
+            for (unsigned int j = 0; j < 4u; ++j) {
+                dot = __dp4a((int)((qw[4u * s + j] >> shift) & 0x03030303u), xq[4u * s + j], dot);
+                qsum = __dp4a(0x01010101, xq[4u * s + j], qsum);
+            }
+            const unsigned int scb = (sc >> (8u * s)) & 0xffu;
+            sum = fmaf(__fmul_rn(d, (float)(scb & 15u)), (float)dot, sum);
+            sum = fmaf(-__fmul_rn(dmin, (float)(scb >> 4)), (float)qsum, sum);
+        }
+        return sum;
+    } else if constexpr (FMT == WF_Q8_0) {
+        // 34-byte blocks start on 2 bytes: d, then the 32 signed codes
+        const unsigned short* h = reinterpret_cast<const unsigned short*>(row + g * 34u);
+        int dot = 0;
+#pragma unroll
+        for (unsigned int j = 0; j < 8u; ++j)
+            dot = __dp4a((int)(h[1u + 2u * j] | ((unsigned int)h[2u + 2u * j] << 16)), xq[j], dot);
+        return f16_to_f32(h[0]) * (float)dot;
+    } else {
+        float sum = 0.0f;
+#pragma unroll
+        for (unsigned int r = 0; r < 4u; ++r) {
+            float v[8];
+            dq_run8<FMT>(row, 32u * g + 8u * r, v);
+#pragma unroll
+            for (unsigned int i = 0; i < 8u; ++i)
+                sum = fmaf(v[i], (float)(signed char)((unsigned int)xq[2u * r + i / 4u] >> (8u * (i % 4u))), sum);
+        }
+        return sum;
+    }
+}

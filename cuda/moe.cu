@@ -309,6 +309,137 @@ GEMM_KERNEL void GEMM_LAUNCH moe_down_f16(const float* hid, const int* order, co
     }
 FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
 
+// ---- moe_{gate,up,down}_q8x_<block format>: one token's experts on int8 activations ----------
+// Fast precision, a decode step of one sequence (each tile one row, a repeated id a few): the
+// small-row path above spends 15 instructions a weight on these shapes (Nsight Compute, H200: the
+// IQ2_XXS gate 24.2 M instructions for 50 M weights, 34.8 us, issue-bound at 2.9 IPC), decoding
+// every value to f32. Here the tile's A row is quantized to int8 once a block (ggml's q8_1 rule:
+// per 32 values the scale amax / 127 and round(x / scale)), and each lane takes one 32-value group
+// of a W row at a time: integer dot products of its codes with the activations (dequant.cuh,
+// q8x_dot32), the block scales applied once a group. Block Q8X_THREADS (Q8X_WARPS warps), each
+// warp Q8X_COLS adjacent columns, the lanes striding over the groups; grid (columns /
+// (Q8X_WARPS · Q8X_COLS), max_tiles); dynamic shared memory k + k / 8 bytes (the int8 row, then
+// a float scale a group). k % 32 == 0 (every block format's QK is a multiple of 32).
+#define Q8X_WARPS 8
+#define Q8X_COLS 4
+#define Q8X_THREADS (32 * Q8X_WARPS)
+
+// Four int8 words (one 16-byte shared-memory load).
+struct alignas(16) q8x_i4 {
+    int x, y, z, w;
+};
+
+// a [k] -> xq [k / 4] words (four int8 values each, value i in byte i % 4 of word i / 4) and xs
+// [k / 32] scales, a thread a group. A group with an inf or NaN gets a NaN scale, so the sums it
+// reaches are NaN as the f32 path's (fmaxf alone would drop a NaN).
+__device__ __forceinline__ void q8x_quantize(const float* a, unsigned int k, int* xq, float* xs) {
+    const bool vec = ((u64)a & 15u) == 0u;
+    for (unsigned int g = threadIdx.x; g < k / 32u; g += blockDim.x) {
+        float v[32];
+        if (vec) {
+            const fa_f4* a4 = reinterpret_cast<const fa_f4*>(a + 32u * g);
+#pragma unroll
+            for (unsigned int j = 0; j < 8u; ++j) {
+                const fa_f4 f = a4[j];
+                v[4u * j] = f.x, v[4u * j + 1u] = f.y, v[4u * j + 2u] = f.z, v[4u * j + 3u] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (unsigned int i = 0; i < 32u; ++i) v[i] = a[32u * g + i];
+        }
+        float amax = 0.0f;
+        bool finite = true;
+#pragma unroll
+        for (unsigned int i = 0; i < 32u; ++i) {
+            amax = fmaxf(amax, fabsf(v[i]));
+            finite = finite && fabsf(v[i]) <= 3.402823466e38f;
+        }
+        const float dx = amax / 127.0f, inv = dx != 0.0f ? 1.0f / dx : 0.0f;
+#pragma unroll
+        for (unsigned int j = 0; j < 8u; ++j) {
+            unsigned int word = 0;
+#pragma unroll
+            for (unsigned int i = 0; i < 4u; ++i) {
+                const int q = finite ? (int)roundf(v[4u * j + i] * inv) : 0;
+                word |= ((unsigned int)q & 0xffu) << (8u * i);
+            }
+            xq[8u * g + j] = (int)word;
+        }
+        xs[g] = finite ? dx : QUIET_NAN;
+    }
+}
+
+// The tile's rows m < rows (one each, A row quantized into shared memory) times the warp's
+// columns, stored through the op as gemv_cols stores.
+template <int FMT, class Op>
+__device__ __forceinline__ void q8x_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                         unsigned int k) {
+    extern __shared__ float smem[];
+    int* xq = reinterpret_cast<int*>(smem);
+    const float* xs = smem + k / 4u;
+    const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
+    const unsigned int c0 = (blockIdx.x * Q8X_WARPS + warp) * Q8X_COLS;
+    const u8* wrow[Q8X_COLS];
+#pragma unroll
+    for (unsigned int j = 0; j < Q8X_COLS; ++j) {
+        // a column past the last reads the last's row (in bounds); nothing stores its sum
+        const unsigned int c = c0 + j < cols ? c0 + j : cols - 1u;
+        wrow[j] = static_cast<const u8*>(w) + op.w_row(c) / WBlock<FMT>::QK * WBlock<FMT>::BYTES;
+    }
+    for (unsigned int m = 0; m < rows; ++m) {
+        if (m) __syncthreads(); // every warp is done with the previous row
+        q8x_quantize(op.a_row(m), k, xq, smem + k / 4u);
+        __syncthreads();
+        float acc[Q8X_COLS];
+#pragma unroll
+        for (unsigned int j = 0; j < Q8X_COLS; ++j) acc[j] = 0.0f;
+        for (unsigned int g = lane; g < k / 32u; g += 32u) {
+            const q8x_i4* q4 = reinterpret_cast<const q8x_i4*>(xq + 8u * g);
+            const q8x_i4 qa = q4[0], qb = q4[1];
+            const int x8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+            const float dx = xs[g];
+#pragma unroll
+            for (unsigned int j = 0; j < Q8X_COLS; ++j) acc[j] = fmaf(dx, q8x_dot32<FMT>(wrow[j], g, x8), acc[j]);
+        }
+#pragma unroll
+        for (unsigned int j = 0; j < Q8X_COLS; ++j)
+            for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+        if (lane == 0u && c0 < cols) {
+            op.store2(m, c0, acc[0], acc[1]);
+            if (c0 + 2u < cols) op.store2(m, c0 + 2u, acc[2], acc[3]);
+        }
+    }
+}
+
+#if FOVEA_GEMM_PATH != GEMM_PATH_TILES
+#define MOE_Q8X_KERNEL(SFX, FMT)                                                                               \
+    extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
+        moe_gate_q8x_##SFX(const float* x, const int* order, const int* tiles, const u64* w1, float* hid,      \
+                           unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {          \
+        MoeTile t;                                                                                             \
+        if (!moe_tile(tiles, tile_rows, &t)) return;                                                          \
+        const MoeGateOperands op{{{}, x, order, hid, t.p0, d, h, k}};                                          \
+        q8x_cols<FMT>(op, (const void*)w1[t.expert], t.rows, h, d);                                            \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
+        moe_up_q8x_##SFX(const float* x, const int* order, const int* tiles, const u64* w3, float* hid,        \
+                         unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k, float limit) { \
+        MoeTile t;                                                                                             \
+        if (!moe_tile(tiles, tile_rows, &t)) return;                                                          \
+        const MoeUpOperands op{{{}, x, order, hid, t.p0, d, h, k}, limit};                                     \
+        q8x_cols<FMT>(op, (const void*)w3[t.expert], t.rows, h, d);                                            \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
+        moe_down_q8x_##SFX(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,     \
+                           unsigned int tile_rows, unsigned int d, unsigned int h) {                           \
+        MoeTile t;                                                                                             \
+        if (!moe_tile(tiles, tile_rows, &t)) return;                                                          \
+        const MoeDownOperands op{{}, hid, order, ys, t.p0, d, h};                                              \
+        q8x_cols<FMT>(op, (const void*)w2[t.expert], t.rows, d, h);                                            \
+    }
+FOR_EACH_BLOCK_FORMAT(MOE_Q8X_KERNEL)
+#endif
+
 // ---- moe_combine ---------------------------------------------------------------------------
 // ys [n*k, d], weights [n, k], ids [n, k] -> out [n, d] = sum_s weights[i, s] * ys[i*k + s] in slot
 // order (out starts at 0, the CPU lane's order); a slot id outside 0..experts makes the element

@@ -53,6 +53,15 @@ const FAST_MOE: f64 = 20.0 * common::FAST_GEMM_NMSE;
 /// same cases holds REDUCTION); gated at 4× FAST_MOE. The wgpu lane's small rows have since
 /// become f32 products in both precisions (its `rows_shader`), so this now bounds the CUDA lane's.
 const FAST_MOE_ONE_TOKEN: f64 = 4.0 * FAST_MOE;
+/// The CUDA lane's one-token experts in fast precision take int8 activations where the format has
+/// its q8x kernels (`fovea::backend::cuda::moe_q8x_kernels`: Q8_0, Q2_K, IQ2_XXS): each 32-value
+/// group of x, and of the hidden row, is rounded to a step of amax / 127, an error uniform in
+/// ±step / 2 (variance step² / 12), relative to the group's mean square (crest / 127)² / 12 with
+/// crest = amax / rms. x's Gaussian groups: crest ≤ 3 (32 draws pass 3σ in about 8 % of the
+/// groups, by little) → 4.7e-5 for the gate and the up each; the hidden row takes both (≤ 4 ×
+/// 4.7e-5 when they add coherently); its clamped SwiGLU products are heavier-tailed, crest ≤ 5 →
+/// 1.3e-4 more from the down's own rounding: ≈ 3.2e-4, gated at 4×.
+const FAST_MOE_Q8X: f64 = 4.0 * (4.0 * 4.7e-5 + 1.3e-4);
 /// The most rows of x the wgpu lane's small-row kernels take (`SMALL_ROWS` in its rows.rs).
 const SMALL_ROWS: usize = 8;
 
@@ -1222,8 +1231,31 @@ fn cuda_block_cases() -> Vec<Case> {
         let name = format!("moe_experts {format} n={n} d={d} h={h} {e} experts k={k} (small-row path)");
         out.push(moe_case(&mut r, name, (format, format, format), (n, d, h, e, k), ids));
     }
+    // one token over 8 experts (6 slots) at a width of several warps' columns and groups, in the
+    // formats with the CUDA lane's q8x kernels (fast precision), and with gate/up/down mixed as
+    // the Q2-class quants mix them
+    use WeightFormat::{IQ2_XXS, Q2_K, Q8_0};
+    // (and with a projection in a format without them between two with: each takes its own path)
+    use WeightFormat::{IQ2_XS, Q4_K};
+    let mixes = [
+        (Q8_0, Q8_0, Q8_0),
+        (Q2_K, Q2_K, Q2_K),
+        (IQ2_XXS, IQ2_XXS, IQ2_XXS),
+        (IQ2_XXS, IQ2_XXS, Q2_K),
+        (IQ2_XXS, IQ2_XS, Q2_K),
+        (Q4_K, Q8_0, Q4_K),
+    ];
+    for formats in mixes {
+        let (n, d, h, e, k) = (1, 1024, 768, 8, 6);
+        let ids = vec![5, 0, 7, 2, 6, 3];
+        let name = format!(
+            "moe_experts {}/{}/{} n={n} d={d} h={h} {e} experts k={k} (one token)",
+            formats.0, formats.1, formats.2
+        );
+        out.push(moe_case(&mut r, name, formats, (n, d, h, e, k), ids));
+    }
     // gate and up in different formats on the small-row path too
-    use WeightFormat::{IQ1_M, IQ1_S, Q8_0};
+    use WeightFormat::{IQ1_M, IQ1_S};
     let ids: Vec<i32> = (0..6).map(|j| [3, 0, 2, 0, 1, 3][j % 6]).collect();
     let name = "moe_experts IQ1_S/IQ1_M/Q8_0 n=2 d=256 h=512 4 experts k=3 (small-row path)".to_string();
     out.push(moe_case(&mut r, name, (IQ1_S, IQ1_M, Q8_0), (2, 256, 512, 4, 3), ids));
@@ -1736,7 +1768,13 @@ fn cuda_ops_match_cpu_in_fast_precision() {
         ..Default::default()
     };
     let Some(lane) = common::cuda_lane_with_or_skip(opts) else { return };
-    let all = with_fast_bounds(cuda_cases(&lane));
+    let mut all = with_fast_bounds(cuda_cases(&lane));
+    for c in &mut all {
+        let q8x = c.experts.iter().any(|e| fovea::backend::cuda::moe_q8x_kernels(e.0).is_some());
+        if c.op == Op::MoeExperts && c.tensors[0].shape[0] == 1 && q8x {
+            c.bound = c.bound.max(FAST_MOE_Q8X);
+        }
+    }
     check_cuda_coverage(&lane, compare_with_cpu(&lane, all));
 }
 

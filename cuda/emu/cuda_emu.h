@@ -105,6 +105,11 @@ inline unsigned __match_any_sync(unsigned, unsigned v) {
     return peers;
 }
 inline int __popc(unsigned v) { return std::popcount(v); }
+// Four signed byte products of a and b added to c.
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+}
 inline int __ffs(int v) { return v ? std::countr_zero(unsigned(v)) + 1 : 0; }
 // Shared-memory counters (the threads of a block are real threads).
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }

@@ -369,6 +369,27 @@ pub const GROUPED_LINEAR_KERNELS: WeightKernels = weight_kernels!("grouped_linea
 pub const MOE_GATE_KERNELS: WeightKernels = weight_kernels!("moe_gate");
 pub const MOE_UP_KERNELS: WeightKernels = weight_kernels!("moe_up");
 pub const MOE_DOWN_KERNELS: WeightKernels = weight_kernels!("moe_down");
+/// The experts' one-token kernels on int8 activations (cuda/moe.cu, `moe_*_q8x_*`: fast precision,
+/// a decode step of one sequence) as (gate, up, down), for the formats whose codes they multiply
+/// as integers (cuda/dequant.cuh `q8x_dot32`: the published Q2-class mix's experts and Q8_0);
+/// the other formats keep the small-row path.
+pub fn moe_q8x_kernels(format: WeightFormat) -> Option<[&'static str; 3]> {
+    match format {
+        WeightFormat::Q8_0 => Some(["moe_gate_q8x_q8_0", "moe_up_q8x_q8_0", "moe_down_q8x_q8_0"]),
+        WeightFormat::Q2_K => Some(["moe_gate_q8x_q2_k", "moe_up_q8x_q2_k", "moe_down_q8x_q2_k"]),
+        WeightFormat::IQ2_XXS => Some(["moe_gate_q8x_iq2_xxs", "moe_up_q8x_iq2_xxs", "moe_down_q8x_iq2_xxs"]),
+        _ => None,
+    }
+}
+/// Threads of a `moe_*_q8x_*` block (`Q8X_THREADS` in cuda/moe.cu) and the columns it takes
+/// (`Q8X_WARPS · Q8X_COLS`).
+const Q8X_THREADS: u32 = 256;
+const Q8X_BLOCK_COLS: usize = 32;
+/// A `moe_*_q8x_*` block's dynamic shared memory over rows of k: the int8 row (k bytes), then its
+/// scales (k / 32 floats).
+fn q8x_shared_bytes(k: usize) -> usize {
+    k + k / 8
+}
 /// `embed_rows_f32` takes the float formats by a run-time code (its argument `fmt`).
 pub const EMBED_ROWS_KERNELS: WeightKernels =
     weight_kernels!("embed_rows", "embed_rows_f32", "embed_rows_f32", "embed_rows_f32");
@@ -1768,6 +1789,21 @@ mod tests {
                 );
             }
         }
+        // the one-token q8x experts: defined by MOE_Q8X_KERNEL, which cuda/moe.cu instantiates for
+        // every block format (in its rows build), each name in its format's unit
+        let moe = Source::Moe.text();
+        assert!(
+            moe.contains("FOR_EACH_BLOCK_FORMAT(MOE_Q8X_KERNEL)"),
+            "cuda/moe.cu does not instantiate MOE_Q8X_KERNEL"
+        );
+        for format in WeightFormat::ALL {
+            for name in moe_q8x_kernels(format).into_iter().flatten() {
+                assert_eq!(Unit::of(name), Unit::Block(format), "{name}");
+                let family =
+                    name.strip_suffix(&format!("_{}", format.name().to_lowercase())).expect("ends in the format");
+                assert!(moe.contains(&format!("{family}_##SFX(")), "{name} is not defined in cuda/moe.cu");
+            }
+        }
         for src in Source::ALL {
             assert!(
                 KERNELS.iter().any(|(s, _)| *s == src) || WEIGHT_KERNELS.iter().any(|(s, _)| *s == src),
@@ -1792,6 +1828,11 @@ mod tests {
         };
         for (src, name) in KERNELS {
             b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        for names in WeightFormat::ALL.into_iter().filter_map(moe_q8x_kernels) {
+            for name in names {
+                b.func_in(Source::Moe, name, Build::Rows).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
         }
         for (src, kernels) in WEIGHT_KERNELS {
             // the GEMMs through gemm_block also in their rows build (not the aligner's tile, nor
@@ -1880,6 +1921,12 @@ mod tests {
         // gemv_cols: a block per column pair, as gemm_grid's small-row arm sizes the grid
         assert!(common.contains("    const unsigned int c = 2u * block;\n"));
         assert_eq!(gemm_grid(GEMV_ROWS, 1025), (513, 1));
+        // the one-token q8x experts: Q8X_WARPS warps of Q8X_COLS columns a block
+        let moe = include_str!("../../../cuda/moe.cu");
+        let (warps, cols) = (Q8X_THREADS / 32, Q8X_BLOCK_COLS as u32 / (Q8X_THREADS / 32));
+        for define in [format!("#define Q8X_WARPS {warps}\n"), format!("#define Q8X_COLS {cols}\n")] {
+            assert!(moe.contains(&define), "cuda/moe.cu lacks `{}`", define.trim_end());
+        }
     }
 
     /// The tile path's k splits: a grid of fewer blocks than the device has SMs gets about

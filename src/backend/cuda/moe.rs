@@ -8,6 +8,10 @@
 //!    Gate and up are separate launches so that each is built for its own weight's format (GGUF
 //!    mixes store w1 and w3 in different block formats); together they do the work of one
 //!    `[2h, d]` GEMM;
+//!    In fast precision a decode step of one sequence takes `moe_{gate,up,down}_q8x_*` instead
+//!    where the projection's format has them (Q8_0, Q2_K, IQ2_XXS: `moe_q8x_kernels`): the same
+//!    arguments and tiles, the activations rounded to int8 a 32-value group and multiplied with
+//!    the codes as integers (cuda/moe.cu says why);
 //! 3. `moe_combine` sums each token's k slots in slot order (no float atomics: reproducible).
 //!
 //! Nothing is read back: the GEMM grids are sized for the most tiles any routing of these slots
@@ -24,11 +28,12 @@ use std::sync::Arc;
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::{
-    CudaBackend, CudaTensor, CudaWeight, GEMM_BM, GEMM_THREADS, GEMV_ROWS, GRID_Y, LANE, MOE_DOWN_KERNELS,
-    MOE_GATE_KERNELS, MOE_UP_KERNELS, Role, Source, check_u32, gemm_grid,
+    Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_THREADS, GEMV_ROWS, GRID_Y, LANE,
+    MOE_DOWN_KERNELS, MOE_GATE_KERNELS, MOE_UP_KERNELS, Q8X_BLOCK_COLS, Q8X_THREADS, Role, Source, WeightKernels,
+    check_u32, gemm_grid, moe_q8x_kernels, q8x_shared_bytes,
 };
-use crate::backend::DType;
 use crate::backend::checks;
+use crate::backend::{DType, Precision, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads of the single `moe_route` block (`MR_THREADS` in cuda/moe.cu).
@@ -128,41 +133,56 @@ impl CudaBackend {
             let w2_table = table.buf.slice(2 * experts * 8..);
             let mut hid = self.alloc(OP, vec![slots, h.max(1)], DType::F32)?;
             let gy = max_tiles as u32;
-            let block = (GEMM_THREADS, 1, 1);
-            if h > 0 {
+            // The kernel, function and launch shape of one projection (`which`: 0 gate, 1 up, 2
+            // down) of `cols` outputs over rows of `k`: for one token in fast precision the q8x
+            // kernel where the format has one (a block per Q8X_BLOCK_COLS columns, the int8 row
+            // and its scales in shared memory), else the GEMM's small-row or tile path. Routed
+            // experts are never exact weights: the lane's precision.
+            let pick = |family: &WeightKernels, which: usize, format: WeightFormat, k: usize, cols: usize| {
+                let shared = q8x_shared_bytes(k);
+                if let Some(names) = moe_q8x_kernels(format)
+                    && self.opts.precision == Precision::Fast
+                    && n == 1
+                    && shared <= DEFAULT_SHARED_BYTES
+                {
+                    let cfg = LaunchConfig {
+                        grid_dim: (cols.div_ceil(Q8X_BLOCK_COLS) as u32, gy, 1),
+                        block_dim: (Q8X_THREADS, 1, 1),
+                        shared_mem_bytes: shared as u32,
+                    };
+                    return Ok((names[which], self.func_in(Source::Moe, names[which], Build::Rows)?, cfg));
+                }
+                let kernel = family.of(format);
                 let cfg = LaunchConfig {
-                    grid_dim: (gemm_grid(tile_rows, h).0 as u32, gy, 1),
-                    block_dim: block,
+                    grid_dim: (gemm_grid(tile_rows, cols).0 as u32, gy, 1),
+                    block_dim: (GEMM_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // routed experts are never exact weights: the lane's precision
-                let kernel = MOE_GATE_KERNELS.of(gate_format);
-                let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
+                Ok::<_, Error>((kernel, self.gemm_func(Source::Moe, kernel, false, tile_rows)?, cfg))
+            };
+            if h > 0 {
+                let (kernel, f, cfg) = pick(&MOE_GATE_KERNELS, 0, gate_format, d, h)?;
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&*table.buf).arg(&mut *hid.buf);
                 l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32);
-                // SAFETY: arguments match `moe_gate_*` in cuda/moe.cu; the tiles' rows lie in
+                // SAFETY: arguments match `moe_gate_*` (and `moe_gate_q8x_*`) in cuda/moe.cu; the tiles' rows lie in
                 // 0..slots, the table's first `experts` addresses are the w1[e] [h, d], all in
                 // this kernel's format.
                 self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
-                let kernel = MOE_UP_KERNELS.of(up_format);
-                let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
+                let (kernel, f, cfg) = pick(&MOE_UP_KERNELS, 1, up_format, d, h)?;
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&w3_table).arg(&mut *hid.buf);
                 l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
-                // SAFETY: arguments match `moe_up_*` in cuda/moe.cu; w3_table holds the addresses
+                // SAFETY: arguments match `moe_up_*` (and `moe_up_q8x_*`) in cuda/moe.cu; w3_table holds the addresses
                 // of the w3[e] [h, d], all in this kernel's format; hid holds the gates the
                 // previous launch (same stream) wrote.
                 self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
             }
-            let kernel = MOE_DOWN_KERNELS.of(down_format);
-            let f = self.gemm_func(Source::Moe, kernel, false, tile_rows)?;
-            let gx = gemm_grid(tile_rows, d).0 as u32;
-            let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: block, shared_mem_bytes: 0 };
+            let (kernel, f, cfg) = pick(&MOE_DOWN_KERNELS, 2, down_format, h, d)?;
             let mut l = self.stream.launch_builder(&f);
             l.arg(&*hid.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&w2_table).arg(&mut *ys.buf);
             l.arg(&tile_rows32).arg(&d32).arg(&h32);
-            // SAFETY: arguments match `moe_down_*` in cuda/moe.cu; w2_table holds the addresses
+            // SAFETY: arguments match `moe_down_*` (and `moe_down_q8x_*`) in cuda/moe.cu; w2_table holds the addresses
             // of the w2[e] [d, h], all in this kernel's format.
             self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
         }
