@@ -321,6 +321,7 @@ FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
 // (Q8X_WARPS · Q8X_COLS), max_tiles); dynamic shared memory k + k / 8 bytes (the int8 row, then
 // a float scale a group). k % 32 == 0 (every block format's QK is a multiple of 32).
 #define Q8X_WARPS 8
+// even: a lane stores its columns in pairs (store2)
 #define Q8X_COLS 4
 #define Q8X_THREADS (32 * Q8X_WARPS)
 
@@ -404,10 +405,10 @@ __device__ __forceinline__ void q8x_cols(const Op& op, const void* w, unsigned i
 #pragma unroll
         for (unsigned int j = 0; j < Q8X_COLS; ++j)
             for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
-        if (lane == 0u && c0 < cols) {
-            op.store2(m, c0, acc[0], acc[1]);
-            if (c0 + 2u < cols) op.store2(m, c0 + 2u, acc[2], acc[3]);
-        }
+        if (lane == 0u)
+#pragma unroll
+            for (unsigned int j = 0; j < Q8X_COLS; j += 2u)
+                if (c0 + j < cols) op.store2(m, c0 + j, acc[j], acc[j + 1u]);
     }
 }
 
