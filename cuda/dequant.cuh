@@ -388,8 +388,7 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
 // of the published Q2-class mix (IQ2_XXS, Q2_K, Q8_0) take integer dot products of their codes
 // with q (__dp4a, four products a lane-instruction) and apply their block scales in f32 once a
 // group or 16-group (ggml's CUDA vec_dot_*_q8_1 do the same); the values are ggml's dequantized
-// ones up to the rounding of each scale × code product, which the sum no longer takes. Every
-// other format decodes its values (dq_run8) and sums f32 products with q.
+// ones up to the rounding of each scale × code product, which the sum no longer takes.
 
 // Bits 0..3 of s as byte masks: byte j is 0xff where bit j is set (bit j lands on bit 8j of the
 // product; no two products of the four bits overlap).
@@ -452,15 +451,7 @@ __device__ __forceinline__ float q8x_dot32(const u8* row, unsigned int g, const 
             dot = __dp4a((int)(h[1u + 2u * j] | ((unsigned int)h[2u + 2u * j] << 16)), xq[j], dot);
         return f16_to_f32(h[0]) * (float)dot;
     } else {
-        float sum = 0.0f;
-#pragma unroll
-        for (unsigned int r = 0; r < 4u; ++r) {
-            float v[8];
-            dq_run8<FMT>(row, 32u * g + 8u * r, v);
-#pragma unroll
-            for (unsigned int i = 0; i < 8u; ++i)
-                sum = fmaf(v[i], (float)(signed char)((unsigned int)xq[2u * r + i / 4u] >> (8u * (i % 4u))), sum);
-        }
-        return sum;
+        static_assert(FMT < 0, "q8x_dot32: no int8 path for this format (MOE_Q8X_KERNEL instantiates three)");
+        return 0.0f;
     }
 }

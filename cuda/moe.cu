@@ -412,8 +412,27 @@ __device__ __forceinline__ void q8x_cols(const Op& op, const void* w, unsigned i
     }
 }
 
+// Instantiated through FOR_EACH_BLOCK_FORMAT for the formats q8x_dot32 takes (the host's
+// moe_q8x_kernels): MOE_Q8X_KERNEL(SFX, FMT) expands MOE_Q8X_FOR_##SFX, which names
+// MOE_Q8X_DEFINE for those three and nothing for the others.
+#define MOE_Q8X_KERNEL(SFX, FMT) MOE_Q8X_FOR_##SFX(SFX, FMT)
+#define MOE_Q8X_FOR_q8_0 MOE_Q8X_DEFINE
+#define MOE_Q8X_FOR_q2_k MOE_Q8X_DEFINE
+#define MOE_Q8X_FOR_iq2_xxs MOE_Q8X_DEFINE
+#define MOE_Q8X_FOR_q3_k(SFX, FMT)
+#define MOE_Q8X_FOR_q4_k(SFX, FMT)
+#define MOE_Q8X_FOR_q5_k(SFX, FMT)
+#define MOE_Q8X_FOR_q6_k(SFX, FMT)
+#define MOE_Q8X_FOR_iq1_s(SFX, FMT)
+#define MOE_Q8X_FOR_iq1_m(SFX, FMT)
+#define MOE_Q8X_FOR_iq2_xs(SFX, FMT)
+#define MOE_Q8X_FOR_iq3_xxs(SFX, FMT)
+#define MOE_Q8X_FOR_iq4_xs(SFX, FMT)
+#define MOE_Q8X_FOR_mxfp4(SFX, FMT)
+#define MOE_Q8X_FOR_fp8_e4m3_b128_e8m0(SFX, FMT)
+#define MOE_Q8X_FOR_fp8_e4m3_b128_f32(SFX, FMT)
 #if FOVEA_GEMM_PATH != GEMM_PATH_TILES
-#define MOE_Q8X_KERNEL(SFX, FMT)                                                                               \
+#define MOE_Q8X_DEFINE(SFX, FMT)                                                                               \
     extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
         moe_gate_q8x_##SFX(const float* x, const int* order, const int* tiles, const u64* w1, float* hid,      \
                            unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {          \

@@ -1803,6 +1803,118 @@ static void test_block_formats() {
     }
 }
 
+// x quantized as the q8x kernels quantize it (cuda/moe.cu q8x_quantize, ggml's q8_1 rule): per 32
+// values the scale dx = amax / 127 and q = round(x / dx) (x times the f32 inverse, as the kernel
+// rounds it); returns q · dx, the activations those kernels multiply.
+static std::vector<double> q8x_rounded(const float* x, unsigned k) {
+    std::vector<double> out(k);
+    for (unsigned g = 0; g < k / 32; ++g) {
+        float amax = 0.0f;
+        for (unsigned i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[32 * g + i]));
+        const float dx = amax / 127.0f, inv = dx != 0.0f ? 1.0f / dx : 0.0f;
+        for (unsigned i = 0; i < 32; ++i) out[32 * g + i] = double(std::round(x[32 * g + i] * inv)) * dx;
+    }
+    return out;
+}
+
+typedef void (*Q8xGate)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned, unsigned,
+                        unsigned, unsigned);
+typedef void (*Q8xUp)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned, unsigned,
+                      unsigned, unsigned, float);
+typedef void (*Q8xDown)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned, unsigned,
+                        unsigned);
+
+// The one-token experts on int8 activations (moe_{gate,up,down}_q8x_*, fast precision's decode
+// step: the host launches them for one token) on golden matrices, gate in g1's format, up in g3's,
+// down in g2's, d = h = k: each launch against double-precision dot products of the decoded values
+// with its own input quantized as the kernel quantizes it (the up's SwiGLU from the kernel's
+// gate, the down from the kernel's hidden row), so only f32 summation and the scales' rounding
+// separate them: the exact GEMM bound. One token's 3 slots over 3 experts, expert 2 twice (one
+// tile of two rows, quantized and summed one after the other).
+static void q8x_moe(unsigned k, const GoldenBlocks& g1, Q8xGate gate, const GoldenBlocks& g3, Q8xUp up,
+                    const GoldenBlocks& g2, Q8xDown down) {
+    const unsigned n = 1, d = k, h = k, E = 3, kk = 3, slots = n * kk;
+    auto x = randv(d, 1);
+    const std::vector<int> ids = {2, 0, 2};
+    std::vector<std::vector<unsigned char>> w1(E), w3(E), w2(E);
+    std::vector<std::vector<float>> w1d(E), w3d(E), w2d(E);
+    std::vector<unsigned long long> table(3 * E);
+    for (unsigned e = 0; e < E; ++e) {
+        golden_matrix(g1, h, d, w1[e], w1d[e]);
+        golden_matrix(g3, h, d, w3[e], w3d[e]);
+        golden_matrix(g2, d, h, w2[e], w2d[e]);
+        table[e] = (unsigned long long)(uintptr_t)w1[e].data();
+        table[E + e] = (unsigned long long)(uintptr_t)w3[e].data();
+        table[2 * E + e] = (unsigned long long)(uintptr_t)w2[e].data();
+    }
+    const unsigned tile = moe_tile_rows(n), max_tiles = moe_max_tiles(n, slots, E);
+    std::vector<int> order(slots), tiles(1 + 3 * max_tiles), cursor(E);
+    emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E,
+               tile);
+    const float limit = 1e30f; // no clamping: the check is of the products
+    std::vector<float> hid(slots * h), gates, ys(slots * d);
+    const size_t smem = k + k / 8; // the int8 row and its scales (q8x_shared_bytes)
+    const unsigned cols_a_block = 32; // Q8X_WARPS * Q8X_COLS
+    emu_launch(gate, dim3{h / cols_a_block, max_tiles}, {256}, smem, (const float*)x.data(), (const int*)order.data(),
+               (const int*)tiles.data(), (const unsigned long long*)table.data(), hid.data(), tile, d, h, kk);
+    gates = hid;
+    emu_launch(up, dim3{h / cols_a_block, max_tiles}, {256}, smem, (const float*)x.data(), (const int*)order.data(),
+               (const int*)tiles.data(), (const unsigned long long*)table.data() + E, hid.data(), tile, d, h, kk, limit);
+    emu_launch(down, dim3{d / cols_a_block, max_tiles}, {256}, smem, (const float*)hid.data(), (const int*)order.data(),
+               (const int*)tiles.data(), (const unsigned long long*)table.data() + 2 * E, ys.data(), tile, d, h);
+    const auto xq = q8x_rounded(x.data(), d);
+    std::vector<float> want_g(slots * h), want_h(slots * h), want_y(slots * d);
+    // hid row p is slot order[p]'s (the slots in expert order); ys row s is slot s's
+    for (unsigned p = 0; p < slots; ++p) {
+        const unsigned s = order[p], e = ids[s];
+        for (unsigned j = 0; j < h; ++j) {
+            double gg = 0, u = 0;
+            for (unsigned c = 0; c < d; ++c) {
+                gg += xq[c] * w1d[e][(size_t)j * d + c];
+                u += xq[c] * w3d[e][(size_t)j * d + c];
+            }
+            const double gk = gates[p * h + j]; // the up's epilogue takes the kernel's gate
+            want_g[p * h + j] = float(gg);
+            want_h[p * h + j] = float(gk / (1.0 + std::exp(-gk)) * u);
+        }
+        const auto hq = q8x_rounded(hid.data() + p * h, h);
+        for (unsigned c = 0; c < d; ++c) {
+            double yv = 0;
+            for (unsigned j = 0; j < h; ++j) yv += hq[j] * w2d[e][(size_t)c * h + j];
+            want_y[s * d + c] = float(yv);
+        }
+    }
+    const char* names[3] = {"gate", "up", "down"};
+    const std::vector<float>* got[3] = {&gates, &hid, &ys};
+    const std::vector<float>* want[3] = {&want_g, &want_h, &want_y};
+    for (unsigned p = 0; p < 3; ++p) {
+        char name[96];
+        std::snprintf(name, sizeof name, "moe_%s_q8x %s/%s/%s k=%u one token", names[p], g1.name.c_str(),
+                      g3.name.c_str(), g2.name.c_str(), k);
+        check(name, *got[p], *want[p], 1e-10);
+    }
+}
+
+static void test_q8x() {
+    const auto goldens = load_golden_blocks();
+    auto find = [&](const char* name) -> const GoldenBlocks* {
+        for (auto& g : goldens)
+            if (g.name == name) return &g;
+        return nullptr;
+    };
+    const GoldenBlocks *q8 = find("Q8_0"), *q2 = find("Q2_K"), *iq2 = find("IQ2_XXS");
+    if (!q8 || !q2 || !iq2) {
+        std::printf("%-44s Q8_0, Q2_K or IQ2_XXS goldens missing FAIL\n", "q8x experts");
+        ++failures;
+        return;
+    }
+    q8x_moe(512, *q8, moe_gate_q8x_q8_0, *q8, moe_up_q8x_q8_0, *q8, moe_down_q8x_q8_0);
+    q8x_moe(512, *q2, moe_gate_q8x_q2_k, *q2, moe_up_q8x_q2_k, *q2, moe_down_q8x_q2_k);
+    q8x_moe(512, *iq2, moe_gate_q8x_iq2_xxs, *iq2, moe_up_q8x_iq2_xxs, *iq2, moe_down_q8x_iq2_xxs);
+    // the published Q2-class mix: IQ2_XXS gate and up, Q2_K down
+    q8x_moe(1024, *iq2, moe_gate_q8x_iq2_xxs, *iq2, moe_up_q8x_iq2_xxs, *q2, moe_down_q8x_q2_k);
+}
+
 // The small-row path over long rows (k = 4096 and 2048: several runs a thread) in the q2 mix's
 // formats and Q4_K, one row and three, five columns (the last pair has one), whole and split over
 // k as the host splits narrow outputs (linear.cu), and an f16 mix split five ways; the same for the
@@ -1899,7 +2011,8 @@ int main(int argc, char** argv) {
         {"fused_norms", test_fused_norms},   {"hc_mix_split", test_hc_mix_split},
         {"topk", test_topk},                 {"route_experts", test_route_experts},
         {"gemm_specials", test_gemm_specials}, {"unfold_linear_gelu", test_unfold_linear_gelu},
-        {"dequant", test_dequant},           {"block_formats", test_block_formats}};
+        {"dequant", test_dequant},           {"block_formats", test_block_formats},
+        {"q8x", test_q8x}};
     const char* gemm_tests[] = {"linear", "grouped_linear", "moe", "gemm_specials", "unfold_linear_gelu"};
     std::printf("__CUDA_ARCH__ %d\n", __CUDA_ARCH__);
     int ran = 0;

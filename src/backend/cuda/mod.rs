@@ -1796,7 +1796,17 @@ mod tests {
             moe.contains("FOR_EACH_BLOCK_FORMAT(MOE_Q8X_KERNEL)"),
             "cuda/moe.cu does not instantiate MOE_Q8X_KERNEL"
         );
-        for format in WeightFormat::ALL {
+        for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+            // MOE_Q8X_KERNEL defines the kernels of exactly the formats the host launches them for
+            let sfx = format.name().to_lowercase();
+            let defined = moe.contains(&format!("#define MOE_Q8X_FOR_{sfx} MOE_Q8X_DEFINE\n"));
+            let empty = moe.contains(&format!("#define MOE_Q8X_FOR_{sfx}(SFX, FMT)\n"));
+            assert!(defined != empty, "cuda/moe.cu: MOE_Q8X_FOR_{sfx} must be MOE_Q8X_DEFINE or empty, once");
+            assert_eq!(
+                defined,
+                moe_q8x_kernels(format).is_some(),
+                "{format}: moe_q8x_kernels and cuda/moe.cu disagree"
+            );
             for name in moe_q8x_kernels(format).into_iter().flatten() {
                 assert_eq!(Unit::of(name), Unit::Block(format), "{name}");
                 let family =
