@@ -6,6 +6,7 @@
 #include <cstring>
 #include <cstdio>
 #include <random>
+#include <tuple>
 #include <string>
 
 // The GEMM kernels' NMSE bound: f32 products (1e-10, the op harness's REDUCTION bound), or, in
@@ -1582,6 +1583,42 @@ struct BlockKernels {
     BlockMoeDown down;
 };
 
+// E experts from golden blocks: the gate w1[e] [h, d] in g1's format, the up w3[e] [h, d] in
+// g3's, the down w2[e] [d, h] in g2's, their decoded values, and the kernels' table of their
+// addresses (every w1, then every w3, then every w2).
+struct GoldenExperts {
+    std::vector<std::vector<unsigned char>> w1, w3, w2;
+    std::vector<std::vector<float>> w1d, w3d, w2d;
+    std::vector<unsigned long long> table;
+    GoldenExperts(const GoldenBlocks& g1, const GoldenBlocks& g3, const GoldenBlocks& g2, unsigned E, unsigned d,
+                  unsigned h)
+        : w1(E), w3(E), w2(E), w1d(E), w3d(E), w2d(E), table(3 * E) {
+        for (unsigned e = 0; e < E; ++e) {
+            golden_matrix(g1, h, d, w1[e], w1d[e]);
+            golden_matrix(g3, h, d, w3[e], w3d[e]);
+            golden_matrix(g2, d, h, w2[e], w2d[e]);
+            table[e] = (unsigned long long)(uintptr_t)w1[e].data();
+            table[E + e] = (unsigned long long)(uintptr_t)w3[e].data();
+            table[2 * E + e] = (unsigned long long)(uintptr_t)w2[e].data();
+        }
+    }
+};
+
+// moe_route's slot order and tile list for ids [n, k] over E experts, with the host's tile rows
+// and tile bound.
+struct ExpertTiles {
+    std::vector<int> order, tiles;
+    unsigned tile, max_tiles;
+    ExpertTiles(const std::vector<int>& ids, unsigned n, unsigned E)
+        : order(ids.size()), tile(moe_tile_rows(n)), max_tiles(moe_max_tiles(n, (unsigned)ids.size(), E)) {
+        const unsigned slots = (unsigned)ids.size();
+        tiles.resize(1 + 3 * max_tiles);
+        std::vector<int> cursor(E);
+        emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots,
+                   E, tile);
+    }
+};
+
 // The routed experts' kernels on golden matrices, the gate in g1's format, the up in g3's, the
 // down in g2's (d = h = k, a whole number of blocks of each): the tile path (40 slots) and the
 // small-row path (6 slots), against double-precision dot products of the decoded values.
@@ -1592,21 +1629,10 @@ static void block_moe(unsigned k, const GoldenBlocks& g1, BlockMoeGate gate, con
         auto x = randv(n * d, 1), wt = randv(slots, 1);
         std::vector<int> ids(slots);
         for (unsigned s = 0; s < slots; ++s) ids[s] = (int)(rng() % E);
-        std::vector<std::vector<unsigned char>> w1(E), w3(E), w2(E);
-        std::vector<std::vector<float>> w1d(E), w3d(E), w2d(E);
-        std::vector<unsigned long long> table(3 * E);
-        for (unsigned e = 0; e < E; ++e) {
-            golden_matrix(g1, h, d, w1[e], w1d[e]);
-            golden_matrix(g3, h, d, w3[e], w3d[e]);
-            golden_matrix(g2, d, h, w2[e], w2d[e]);
-            table[e] = (unsigned long long)(uintptr_t)w1[e].data();
-            table[E + e] = (unsigned long long)(uintptr_t)w3[e].data();
-            table[2 * E + e] = (unsigned long long)(uintptr_t)w2[e].data();
-        }
-        const unsigned tile = moe_tile_rows(n), max_tiles = moe_max_tiles(n, slots, E);
-        std::vector<int> order(slots), tiles(1 + 3 * max_tiles), cursor(E);
-        emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E,
-                   tile);
+        const GoldenExperts ex(g1, g3, g2, E, d, h);
+        const auto& [w1d, w3d, w2d, table] = std::tie(ex.w1d, ex.w3d, ex.w2d, ex.table);
+        const ExpertTiles rt(ids, n, E);
+        const auto& [order, tiles, tile, max_tiles] = std::tie(rt.order, rt.tiles, rt.tile, rt.max_tiles);
         const float limit = 1e30f; // no clamping: the check is of the GEMMs
         std::vector<float> hid(slots * h), ys(slots * d), out(n * d);
         const dim3 gu{gemm_grid(tile, h).x, max_tiles};
@@ -1836,21 +1862,10 @@ static void q8x_moe(unsigned k, const GoldenBlocks& g1, Q8xGate gate, const Gold
     const unsigned n = 1, d = k, h = k, E = 3, kk = 3, slots = n * kk;
     auto x = randv(d, 1);
     const std::vector<int> ids = {2, 0, 2};
-    std::vector<std::vector<unsigned char>> w1(E), w3(E), w2(E);
-    std::vector<std::vector<float>> w1d(E), w3d(E), w2d(E);
-    std::vector<unsigned long long> table(3 * E);
-    for (unsigned e = 0; e < E; ++e) {
-        golden_matrix(g1, h, d, w1[e], w1d[e]);
-        golden_matrix(g3, h, d, w3[e], w3d[e]);
-        golden_matrix(g2, d, h, w2[e], w2d[e]);
-        table[e] = (unsigned long long)(uintptr_t)w1[e].data();
-        table[E + e] = (unsigned long long)(uintptr_t)w3[e].data();
-        table[2 * E + e] = (unsigned long long)(uintptr_t)w2[e].data();
-    }
-    const unsigned tile = moe_tile_rows(n), max_tiles = moe_max_tiles(n, slots, E);
-    std::vector<int> order(slots), tiles(1 + 3 * max_tiles), cursor(E);
-    emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots, E,
-               tile);
+    const GoldenExperts ex(g1, g3, g2, E, d, h);
+    const auto& [w1d, w3d, w2d, table] = std::tie(ex.w1d, ex.w3d, ex.w2d, ex.table);
+    const ExpertTiles rt(ids, n, E);
+    const auto& [order, tiles, tile, max_tiles] = std::tie(rt.order, rt.tiles, rt.tile, rt.max_tiles);
     const float limit = 1e30f; // no clamping: the check is of the products
     std::vector<float> hid(slots * h), gates, ys(slots * d);
     const size_t smem = k + k / 8; // the int8 row and its scales (q8x_shared_bytes)
