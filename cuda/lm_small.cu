@@ -387,7 +387,7 @@ BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float*
 
 // hc_mix_split: hc_split of the mix (x . mix^T) * rsqrt(mean(x^2) + norm_eps) of every row of the
 // residual X [n, k] (the RMS norm's factor taken out of the product), in two kernels: the
-// partial sums over column ranges, then one warp per token adds them and splits. The mix is
+// partial sums over column ranges, then a warp or a block per token adds them and splits. The mix is
 // (2 + hc) * hc <= LMS_MIX_MAX rows (24 for hc = 4) of f32, bf16 or f16.
 #define LMS_MIX_MAX 24
 #define LMS_MIX_THREADS 256
@@ -437,28 +437,43 @@ BASE_KERNEL void hc_mix_partials_f32(const float* x, const void* mix, float* par
     else lms_mix_partials<2>(x, mix, part, n, k, w, splits);
 }
 
-// a warp per token (32 threads per token, as hc_split_f32 with hc * hc <= 32): the ranges' sums,
-// the mix scaled by the norm's factor, then hc_split_warp on it
+// token_warps (1 or a divisor of the block's warps, the host's choice) warps per token, tokens
+// grid-strided: warp j of a token's group sums the ranges j, j + token_warps, ... (lane o value o),
+// the group's first warp adds the group's sums, scales the mix by the norm's factor and splits it
+// (hc_split_warp). A decode step takes a block a token (8 warps: a warp alone read the 32 ranges
+// one after another, 13.1 us of 2 launches a layer on an H200, 10.4 so); a prefill chunk a warp a
+// token (a block a token idles 7 warps of 8 through the Sinkhorn: 47.8 us for 2 048 tokens, 19.7
+// so). Every warp runs hc_split_warp, the groups' first warps active: the emulator's shuffles
+// are block-wide barriers.
 BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const float* base, float* out,
                                   unsigned int n, unsigned int k, unsigned int hc, unsigned int splits,
-                                  unsigned int iters, unsigned int eps_bits, float norm_eps) {
+                                  unsigned int iters, unsigned int eps_bits, float norm_eps,
+                                  unsigned int token_warps) {
+    __shared__ float red[LMS_MIX_THREADS / 32][32];
+    __shared__ float sum[LMS_MIX_THREADS / 32][32];
     __shared__ float mix[LMS_MIX_THREADS / 32][32];
     const float eps = __uint_as_float(eps_bits);
     const unsigned int w = (2u + hc) * hc, warps = blockDim.x / 32u, warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
-    // every warp of a block runs the same number of rounds (the emulator's shuffles are
-    // block-wide barriers); warps past n run with active = false
-    for (u64 t0 = (u64)blockIdx.x * warps; t0 < n; t0 += (u64)gridDim.x * warps) {
-        const u64 t = t0 + warp;
+    const unsigned int groups = warps / token_warps, group = warp / token_warps, sub = warp % token_warps;
+    for (u64 t0 = (u64)blockIdx.x * groups; t0 < n; t0 += (u64)gridDim.x * groups) {
+        const u64 t = t0 + group;
         const bool active = t < n;
         const u64 tt = active ? t : 0;
         float v = 0.0f;
         if (lane <= w)
-            for (unsigned int i = 0; i < splits; ++i) v += part[(tt * splits + i) * (w + 1) + lane];
-        const float inv = 1.0f / sqrtf(__shfl_sync(0xffffffffu, v, (int)w) / (float)k + norm_eps);
-        if (lane < w) mix[warp][lane] = v * inv;
-        __syncwarp();
-        hc_split_warp(mix[warp], scale, base, out + tt * w, hc, iters, eps, active);
-        __syncwarp(); // mix[warp] is read before the next round writes it
+            for (unsigned int i = sub; i < splits; i += token_warps) v += part[(tt * splits + i) * (w + 1) + lane];
+        red[warp][lane] = v;
+        __syncthreads();
+        if (sub == 0 && lane <= w) {
+            float s = 0.0f;
+            for (unsigned int j = 0; j < token_warps; ++j) s += red[warp + j][lane];
+            sum[group][lane] = s;
+        }
+        __syncthreads();
+        if (sub == 0 && lane < w) mix[group][lane] = sum[group][lane] * (1.0f / sqrtf(sum[group][w] / (float)k + norm_eps));
+        __syncthreads();
+        hc_split_warp(mix[group], scale, base, out + tt * w, hc, iters, eps, active && sub == 0);
+        __syncthreads(); // red, sum and mix are read before the next round writes them
     }
 }
 

@@ -1178,7 +1178,8 @@ static void test_hc_split() {
 // hc_mix_partials_f32 + hc_mix_split_f32 against the composition in plain C++ (the row's RMS norm,
 // the mix's dot products in double, hc_split_ref): f32, bf16 and f16 mixes; k not a multiple of
 // the column range (the last range short) and a range longer than the block; 2 blocks of the
-// split kernel for 20 tokens (warps past n idle, the token loop grid-strides)
+// split kernel for 20 tokens (warps past n idle, the token loop grid-strides), a block a token and
+// a warp a token
 static void test_hc_mix_split() {
     unsigned configs[][4] = {{1, 4, 1100, 0}, {20, 4, 700, 1}, {3, 4, 16384, 2}, {5, 3, 333, 0}};
     for (auto& cf : configs) {
@@ -1195,8 +1196,12 @@ static void test_hc_mix_split() {
         std::vector<float> part(n * splits * (w + 1)), y(n * w), want(n * w), m(w);
         emu_launch(hc_mix_partials_f32, {splits, n}, {256}, 0, (const float*)x.data(), mix, part.data(), n, k, w,
                    splits, fmt);
+        // a block a token (8 warps) and a warp a token, each over 2 blocks (tokens grid-stride)
+        std::vector<float> y1(n * w);
         emu_launch(hc_mix_split_f32, {2}, {256}, 0, (const float*)part.data(), (const float*)scale.data(),
-                   (const float*)base.data(), y.data(), n, k, hc, splits, iters, eb, norm_eps);
+                   (const float*)base.data(), y.data(), n, k, hc, splits, iters, eb, norm_eps, 8u);
+        emu_launch(hc_mix_split_f32, {2}, {256}, 0, (const float*)part.data(), (const float*)scale.data(),
+                   (const float*)base.data(), y1.data(), n, k, hc, splits, iters, eb, norm_eps, 1u);
         for (unsigned t = 0; t < n; ++t) {
             double ss = 0;
             for (unsigned c = 0; c < k; ++c) ss += double(x[t * k + c]) * x[t * k + c];
@@ -1209,8 +1214,10 @@ static void test_hc_mix_split() {
             hc_split_ref(m.data(), scale.data(), base.data(), &want[t * w], hc, iters, eps);
         }
         char name[80];
-        std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u", n, k, fmt_name(fmt), hc);
+        std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u, a block a token", n, k, fmt_name(fmt), hc);
         check(name, y, want, 1e-10);
+        std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u, a warp a token", n, k, fmt_name(fmt), hc);
+        check(name, y1, want, 1e-10);
     }
 }
 

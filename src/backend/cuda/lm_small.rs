@@ -24,6 +24,9 @@ const MIX_MAX: usize = 24;
 /// Columns of the residual each `hc_mix_partials_f32` block sums (the released model's 16 384
 /// in 32 ranges: a block each, every SM busy at one token).
 const MIX_SPAN: usize = 512;
+/// The most tokens `hc_mix_split_f32` gives a block each (its 8 warps sum a token's ranges); more
+/// take a warp each (cuda/lm_small.cu says why).
+const MIX_BLOCK_A_TOKEN_MAX: usize = 64;
 
 /// The code by which the kernels shared by the float formats tell them apart (0 f32, 1 bf16,
 /// 2 f16, as `load_w`'s FMT in cuda/common.cuh); `None` for a block format.
@@ -162,15 +165,17 @@ impl CudaBackend {
         let mut y = self.alloc(OP, vec![n, w], DType::F32)?;
         let (hc32, iters32, eps_bits) = (check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits());
         let f = self.func(Source::LmSmall, "hc_mix_split_f32")?;
-        let warps = (MIX_THREADS / 32) as usize;
+        // a block a token for a decode step's few, a warp a token for a prefill chunk's many
+        let token_warps = if n <= MIX_BLOCK_A_TOKEN_MAX { MIX_THREADS / 32 } else { 1 };
+        let tokens_a_block = (MIX_THREADS / 32 / token_warps) as usize;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(warps).min(MAX_BLOCKS) as u32, 1, 1),
+            grid_dim: (n.div_ceil(tokens_a_block).min(MAX_BLOCKS) as u32, 1, 1),
             block_dim: (MIX_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*part.buf).arg(&*scale.buf).arg(&*base.buf).arg(&mut *y.buf);
-        l.arg(&n32).arg(&k32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps);
+        l.arg(&n32).arg(&k32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps).arg(&token_warps);
         // SAFETY: arguments match `hc_mix_split_f32` in cuda/lm_small.cu; shapes checked above.
         self.launched(OP, "hc_mix_split_f32", || unsafe { l.launch(cfg) })?;
         Ok(y)
@@ -333,8 +338,11 @@ impl CudaBackend {
         }
         let (n32, m32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", m)?, check_u32(OP, "k", k)?);
         let f = self.func(Source::LmSmall, "topk_rows_i32")?;
+        // a block a token for a decode step's few, a warp a token for a prefill chunk's many
+        let token_warps = if n <= MIX_BLOCK_A_TOKEN_MAX { MIX_THREADS / 32 } else { 1 };
+        let tokens_a_block = (MIX_THREADS / 32 / token_warps) as usize;
         let cfg = LaunchConfig {
-            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
+            grid_dim: (n.div_ceil(tokens_a_block).min(MAX_BLOCKS) as u32, 1, 1),
             block_dim: (TOPK_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -415,8 +423,11 @@ impl CudaBackend {
         };
         let scale_bits = scale.to_bits();
         let f = self.func(Source::LmSmall, "route_experts_f32")?;
+        // a block a token for a decode step's few, a warp a token for a prefill chunk's many
+        let token_warps = if n <= MIX_BLOCK_A_TOKEN_MAX { MIX_THREADS / 32 } else { 1 };
+        let tokens_a_block = (MIX_THREADS / 32 / token_warps) as usize;
         let cfg = LaunchConfig {
-            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
+            grid_dim: (n.div_ceil(tokens_a_block).min(MAX_BLOCKS) as u32, 1, 1),
             block_dim: (ROUTE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
