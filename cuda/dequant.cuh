@@ -380,7 +380,7 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
     }
 }
 
-// ---- int8 activations: the decode step's expert GEMVs in fast precision (moe.cu, moe_*_q8x) ----
+// ---- int8 activations: one token's GEMVs in fast precision (moe.cu, linear.cu: *_q8x_*) ----
 // q8x_dot32<FMT>(row, g, xq) = Σ_{i<32} w[32 g + i] · q_i: W row `row` (its first byte; a row is
 // whole blocks, so it has the matrix base's alignment), its 32-value group g (QK is a multiple of
 // 32, so a group lies in one block), and the group's int8 activations q_i (byte i % 4 of word
@@ -451,7 +451,125 @@ __device__ __forceinline__ float q8x_dot32(const u8* row, unsigned int g, const 
             dot = __dp4a((int)(h[1u + 2u * j] | ((unsigned int)h[2u + 2u * j] << 16)), xq[j], dot);
         return f16_to_f32(h[0]) * (float)dot;
     } else {
-        static_assert(FMT < 0, "q8x_dot32: no int8 path for this format (MOE_Q8X_KERNEL instantiates three)");
+        static_assert(FMT < 0, "q8x_dot32: no int8 path for this format (Q8X_IF_<format> names three)");
         return 0.0f;
+    }
+}
+
+// ---- q8x_cols: one token's GEMV on int8 activations (moe.cu's experts, linear.cu's wide linears) ----
+// The A row is quantized to int8 once a block (ggml's q8_1 rule: per 32 values the scale
+// amax / 127 and round(x / scale)) into shared memory, and each lane takes one 32-value group of a
+// W row at a time: integer dot products of its codes with the activations (q8x_dot32), the block
+// scales applied once a group. Block Q8X_THREADS (Q8X_WARPS warps), each warp Q8X_COLS adjacent
+// columns, the lanes striding over the groups: a block takes Q8X_WARPS · Q8X_COLS columns. Dynamic
+// shared memory k + k / 8 bytes (the int8 row, then a float scale a group). k % 32 == 0 (every
+// block format's QK is a multiple of 32).
+//
+// Q8X_IF_<format>(M) is M for the formats q8x_dot32 takes and nothing for the others: the one list
+// the q8x kernels of moe.cu and linear.cu are instantiated from (the host's q8x_format).
+#define Q8X_IF_q8_0(M) M
+#define Q8X_IF_q2_k(M) M
+#define Q8X_IF_iq2_xxs(M) M
+#define Q8X_IF_q3_k(M)
+#define Q8X_IF_q4_k(M)
+#define Q8X_IF_q5_k(M)
+#define Q8X_IF_q6_k(M)
+#define Q8X_IF_iq1_s(M)
+#define Q8X_IF_iq1_m(M)
+#define Q8X_IF_iq2_xs(M)
+#define Q8X_IF_iq3_xxs(M)
+#define Q8X_IF_iq4_xs(M)
+#define Q8X_IF_mxfp4(M)
+#define Q8X_IF_fp8_e4m3_b128_e8m0(M)
+#define Q8X_IF_fp8_e4m3_b128_f32(M)
+#define Q8X_WARPS 8
+// even: a lane stores its columns in pairs (store2)
+#define Q8X_COLS 4
+#define Q8X_THREADS (32 * Q8X_WARPS)
+
+// Four int8 words (one 16-byte shared-memory load).
+struct alignas(16) q8x_i4 {
+    int x, y, z, w;
+};
+
+// a [k] -> xq [k / 4] words (four int8 values each, value i in byte i % 4 of word i / 4) and xs
+// [k / 32] scales, a thread a group. A group with an inf or NaN gets a NaN scale, so the sums it
+// reaches are NaN as the f32 path's (fmaxf alone would drop a NaN).
+__device__ __forceinline__ void q8x_quantize(const float* a, unsigned int k, int* xq, float* xs) {
+    const bool vec = ((u64)a & 15u) == 0u;
+    for (unsigned int g = threadIdx.x; g < k / 32u; g += blockDim.x) {
+        float v[32];
+        if (vec) {
+            const fa_f4* a4 = reinterpret_cast<const fa_f4*>(a + 32u * g);
+#pragma unroll
+            for (unsigned int j = 0; j < 8u; ++j) {
+                const fa_f4 f = a4[j];
+                v[4u * j] = f.x, v[4u * j + 1u] = f.y, v[4u * j + 2u] = f.z, v[4u * j + 3u] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (unsigned int i = 0; i < 32u; ++i) v[i] = a[32u * g + i];
+        }
+        float amax = 0.0f;
+        bool finite = true;
+#pragma unroll
+        for (unsigned int i = 0; i < 32u; ++i) {
+            amax = fmaxf(amax, fabsf(v[i]));
+            finite = finite && fabsf(v[i]) <= 3.402823466e38f;
+        }
+        const float dx = amax / 127.0f, inv = dx != 0.0f ? 1.0f / dx : 0.0f;
+#pragma unroll
+        for (unsigned int j = 0; j < 8u; ++j) {
+            unsigned int word = 0;
+#pragma unroll
+            for (unsigned int i = 0; i < 4u; ++i) {
+                const int q = finite ? (int)roundf(v[4u * j + i] * inv) : 0;
+                word |= ((unsigned int)q & 0xffu) << (8u * i);
+            }
+            xq[8u * g + j] = (int)word;
+        }
+        xs[g] = finite ? dx : QUIET_NAN;
+    }
+}
+
+// The tile's rows m < rows (one each, A row quantized into shared memory) times the warp's
+// columns, stored through the op as gemv_cols stores.
+template <int FMT, class Op>
+__device__ __forceinline__ void q8x_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                         unsigned int k) {
+    extern __shared__ float smem[];
+    int* xq = reinterpret_cast<int*>(smem);
+    const float* xs = smem + k / 4u;
+    const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
+    const unsigned int c0 = (blockIdx.x * Q8X_WARPS + warp) * Q8X_COLS;
+    const u8* wrow[Q8X_COLS];
+#pragma unroll
+    for (unsigned int j = 0; j < Q8X_COLS; ++j) {
+        // a column past the last reads the last's row (in bounds); nothing stores its sum
+        const unsigned int c = c0 + j < cols ? c0 + j : cols - 1u;
+        wrow[j] = static_cast<const u8*>(w) + op.w_row(c) / WBlock<FMT>::QK * WBlock<FMT>::BYTES;
+    }
+    for (unsigned int m = 0; m < rows; ++m) {
+        if (m) __syncthreads(); // every warp is done with the previous row
+        q8x_quantize(op.a_row(m), k, xq, smem + k / 4u);
+        __syncthreads();
+        float acc[Q8X_COLS];
+#pragma unroll
+        for (unsigned int j = 0; j < Q8X_COLS; ++j) acc[j] = 0.0f;
+        for (unsigned int g = lane; g < k / 32u; g += 32u) {
+            const q8x_i4* q4 = reinterpret_cast<const q8x_i4*>(xq + 8u * g);
+            const q8x_i4 qa = q4[0], qb = q4[1];
+            const int x8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+            const float dx = xs[g];
+#pragma unroll
+            for (unsigned int j = 0; j < Q8X_COLS; ++j) acc[j] = fmaf(dx, q8x_dot32<FMT>(wrow[j], g, x8), acc[j]);
+        }
+#pragma unroll
+        for (unsigned int j = 0; j < Q8X_COLS; ++j)
+            for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+        if (lane == 0u)
+#pragma unroll
+            for (unsigned int j = 0; j < Q8X_COLS; j += 2u)
+                if (c0 + j < cols) op.store2(m, c0 + j, acc[j], acc[j + 1u]);
     }
 }

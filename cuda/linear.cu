@@ -77,6 +77,24 @@ GEMM_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w,
     }
 FOR_EACH_BLOCK_FORMAT(LINEAR_BLOCK_KERNEL)
 
+// linear_q8x_<block format>: one row of x in fast precision against a wide weight (the host takes
+// it from LINEAR_Q8X_MIN_COLS columns: wq_b, the indexer's wq_b, the head), on int8
+// activations (dequant.cuh, q8x_cols) in the formats q8x_dot32 takes (Q8X_IF_<format>): the
+// small-row path decodes every weight to f32, ≈ 13 instructions a weight on the Q8_0 projections
+// (Nsight Compute, H200). Block Q8X_THREADS, grid (ceil(out / (Q8X_WARPS · Q8X_COLS))); dynamic shared
+// memory k + k / 8 bytes; bias [out] added where has_bias.
+#if FOVEA_GEMM_PATH != GEMM_PATH_TILES
+#define LINEAR_Q8X_DEFINE(SFX, FMT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
+        linear_q8x_##SFX(const float* x, const void* w, const float* bias, float* y, unsigned int k,           \
+                         unsigned int out, unsigned int has_bias) {                                            \
+        const LinearOperands op{{}, x, has_bias ? bias : 0, y, k, out};                                        \
+        q8x_cols<FMT>(op, w, 1u, out, k);                                                                      \
+    }
+#define LINEAR_Q8X_KERNEL(SFX, FMT) Q8X_IF_##SFX(LINEAR_Q8X_DEFINE(SFX, FMT))
+FOR_EACH_BLOCK_FORMAT(LINEAR_Q8X_KERNEL)
+#endif
+
 // ---- the aligner's first layer --------------------------------------------------------------
 // x [h*w, c] is the ViT grid (row-major); A row m is unfold cell m = (cy, cx) = (m / cells_w,
 // m % cells_w), its feature kk = ch*r*r + dy*r + dx reads x[(cy*r + dy)*w + cx*r + dx][ch], zero

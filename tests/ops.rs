@@ -62,6 +62,10 @@ const FAST_MOE_ONE_TOKEN: f64 = 4.0 * FAST_MOE;
 /// 4.7e-5 when they add coherently); its clamped SwiGLU products are heavier-tailed, crest ≤ 5 →
 /// 1.3e-4 more from the down's own rounding: ≈ 3.2e-4, gated at 4×.
 const FAST_MOE_Q8X: f64 = 4.0 * (4.0 * 4.7e-5 + 1.3e-4);
+/// The CUDA lane's one-token linears against wide weights (≥ `LINEAR_Q8X_MIN_COLS` outputs) in
+/// fast precision take int8 activations in the same formats (`linear_q8x_kernel`): x's rounding
+/// alone, as the experts' gate (4.7e-5, crest ≤ 3), gated at 4×.
+const FAST_LINEAR_Q8X: f64 = 4.0 * 4.7e-5;
 /// The most rows of x the wgpu lane's small-row kernels take (`SMALL_ROWS` in its rows.rs).
 const SMALL_ROWS: usize = 8;
 
@@ -1269,6 +1273,11 @@ fn cuda_block_cases() -> Vec<Case> {
         out.push(linear_case(&mut r, format, 2, 4096, 1056, " (long rows)"));
         out.push(linear_case(&mut r, format, 3, 2048, 1056, " (long rows)"));
     }
+    // one token against a wide weight (with its bias), in every block format: the CUDA lane's
+    // q8x linears in fast precision where the format has them, the small-row path elsewhere
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+        out.push(linear_case(&mut r, format, 1, 512, 8192, " (one token, wide)"));
+    }
     out
 }
 
@@ -1773,6 +1782,13 @@ fn cuda_ops_match_cpu_in_fast_precision() {
         let q8x = c.experts.iter().any(|e| fovea::backend::cuda::moe_q8x_kernels(e.0).is_some());
         if c.op == Op::MoeExperts && c.tensors[0].shape[0] == 1 && q8x {
             c.bound = c.bound.max(FAST_MOE_Q8X);
+        }
+        if let (Op::Linear, Some((format, o, _, _))) = (c.op, &c.weight)
+            && c.tensors[0].shape[0] == 1
+            && *o >= fovea::backend::cuda::LINEAR_Q8X_MIN_COLS
+            && fovea::backend::cuda::linear_q8x_kernel(*format).is_some()
+        {
+            c.bound = c.bound.max(FAST_LINEAR_Q8X);
         }
     }
     check_cuda_coverage(&lane, compare_with_cpu(&lane, all));

@@ -1917,6 +1917,42 @@ static void q8x_moe(unsigned k, const GoldenBlocks& g1, Q8xGate gate, const Gold
     }
 }
 
+typedef void (*Q8xLinear)(const float*, const void*, const float*, float*, unsigned, unsigned, unsigned);
+
+// The one-token linear on int8 activations (linear_q8x_*: fast precision, wide outputs) on a golden
+// matrix, with and without a bias: against double dot products of the decoded values with x
+// quantized as the kernel quantizes it (plus the bias), the exact GEMM bound. out = 40 columns: a
+// block's 32 and a partial one (its last warp's columns past the end store nothing).
+static void q8x_linear(unsigned k, const GoldenBlocks& g, Q8xLinear linear) {
+    const unsigned out = 40;
+    std::vector<unsigned char> w;
+    std::vector<float> wdec;
+    golden_matrix(g, out, k, w, wdec);
+    const auto x = randv(k, 1), b = randv(out, 0.5);
+    const auto xq = q8x_rounded(x.data(), k);
+    const size_t smem = k + k / 8;
+    for (unsigned has_bias : {1u, 0u}) {
+        std::vector<float> y(out + 8, NAN), want(out);
+        emu_launch(linear, dim3{(out + 31) / 32}, {256}, smem, (const float*)x.data(), (const void*)w.data(),
+                   (const float*)b.data(), y.data(), k, out, has_bias);
+        for (unsigned c = 0; c < out; ++c) {
+            double dot = has_bias ? b[c] : 0.0;
+            for (unsigned j = 0; j < k; ++j) dot += xq[j] * wdec[(size_t)c * k + j];
+            want[c] = float(dot);
+        }
+        const bool untouched = std::isnan(y[out]) && std::isnan(y[out + 7]);
+        y.resize(out);
+        char name[96];
+        std::snprintf(name, sizeof name, "linear_q8x %s x[1,%u] W[%u,%u]%s", g.name.c_str(), k, out, k,
+                      has_bias ? " + b" : "");
+        check(name, y, want, 1e-10);
+        if (!untouched) {
+            std::printf("%-44s wrote past its %u outputs FAIL\n", name, out);
+            ++failures;
+        }
+    }
+}
+
 static void test_q8x() {
     const auto goldens = load_golden_blocks();
     auto find = [&](const char* name) -> const GoldenBlocks* {
@@ -1935,6 +1971,9 @@ static void test_q8x() {
     q8x_moe(512, *iq2, moe_gate_q8x_iq2_xxs, *iq2, moe_up_q8x_iq2_xxs, *iq2, moe_down_q8x_iq2_xxs);
     // the published Q2-class mix: IQ2_XXS gate and up, Q2_K down
     q8x_moe(1024, *iq2, moe_gate_q8x_iq2_xxs, *iq2, moe_up_q8x_iq2_xxs, *q2, moe_down_q8x_q2_k);
+    q8x_linear(1024, *q8, linear_q8x_q8_0);
+    q8x_linear(1024, *q2, linear_q8x_q2_k);
+    q8x_linear(1024, *iq2, linear_q8x_iq2_xxs);
 }
 
 // The small-row path over long rows (k = 4096 and 2048: several runs a thread) in the q2 mix's

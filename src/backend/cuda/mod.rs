@@ -369,10 +369,15 @@ pub const GROUPED_LINEAR_KERNELS: WeightKernels = weight_kernels!("grouped_linea
 pub const MOE_GATE_KERNELS: WeightKernels = weight_kernels!("moe_gate");
 pub const MOE_UP_KERNELS: WeightKernels = weight_kernels!("moe_up");
 pub const MOE_DOWN_KERNELS: WeightKernels = weight_kernels!("moe_down");
+/// Whether one token's GEMVs in `format` can take int8 activations: the formats whose codes
+/// cuda/dequant.cuh's `q8x_dot32` multiplies as integers (the published Q2-class mix's experts and
+/// Q8_0), the list `Q8X_IF_<format>` there instantiates the `*_q8x_*` kernels from.
+pub fn q8x_format(format: WeightFormat) -> bool {
+    matches!(format, WeightFormat::Q8_0 | WeightFormat::Q2_K | WeightFormat::IQ2_XXS)
+}
 /// The experts' one-token kernels on int8 activations (cuda/moe.cu, `moe_*_q8x_*`: fast precision,
-/// a decode step of one sequence) as (gate, up, down), for the formats whose codes they multiply
-/// as integers (cuda/dequant.cuh `q8x_dot32`: the published Q2-class mix's experts and Q8_0);
-/// the other formats keep the small-row path.
+/// a decode step of one sequence) as (gate, up, down), for the [`q8x_format`]s; the other formats
+/// keep the small-row path.
 pub fn moe_q8x_kernels(format: WeightFormat) -> Option<[&'static str; 3]> {
     match format {
         WeightFormat::Q8_0 => Some(["moe_gate_q8x_q8_0", "moe_up_q8x_q8_0", "moe_down_q8x_q8_0"]),
@@ -381,11 +386,27 @@ pub fn moe_q8x_kernels(format: WeightFormat) -> Option<[&'static str; 3]> {
         _ => None,
     }
 }
-/// Threads of a `moe_*_q8x_*` block (`Q8X_THREADS` in cuda/moe.cu) and the columns it takes
+/// The linear kernel on int8 activations for one row of x (cuda/linear.cu, `linear_q8x_*`: fast
+/// precision, a decode step of one sequence, at least [`LINEAR_Q8X_MIN_COLS`] outputs), for the
+/// [`q8x_format`]s.
+pub fn linear_q8x_kernel(format: WeightFormat) -> Option<&'static str> {
+    match format {
+        WeightFormat::Q8_0 => Some("linear_q8x_q8_0"),
+        WeightFormat::Q2_K => Some("linear_q8x_q2_k"),
+        WeightFormat::IQ2_XXS => Some("linear_q8x_iq2_xxs"),
+        _ => None,
+    }
+}
+/// The narrowest output `linear_q8x_*` takes. A block per `Q8X_BLOCK_COLS` columns: at 4 096
+/// outputs (wo_b, the shared expert's down) 128 blocks, one wave, 14.6 µs where the small-row
+/// path's 2 048 blocks took 12.6; at 32 768 (wq_b) 15.6 µs for its 19.1, at the head's 129 280
+/// 162 µs for its 192 (H200, Nsight Compute, Q8_0). Narrower outputs keep the small-row path.
+pub const LINEAR_Q8X_MIN_COLS: usize = 8192;
+/// Threads of a `*_q8x_*` block (`Q8X_THREADS` in cuda/dequant.cuh) and the columns it takes
 /// (`Q8X_WARPS · Q8X_COLS`).
 const Q8X_THREADS: u32 = 256;
 const Q8X_BLOCK_COLS: usize = 32;
-/// A `moe_*_q8x_*` block's dynamic shared memory over rows of k: the int8 row (k bytes), then its
+/// A `*_q8x_*` block's dynamic shared memory over rows of k: the int8 row (k bytes), then its
 /// scales (k / 32 floats).
 fn q8x_shared_bytes(k: usize) -> usize {
     k + k / 8
@@ -1281,6 +1302,31 @@ impl Backend for CudaBackend {
         if n == 0 || w.rows == 0 {
             return Ok(y);
         }
+        let has_bias = bias.is_some() as u32;
+        let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
+        // one row in fast precision against a wide weight: int8 activations (linear_q8x_*)
+        let shared = q8x_shared_bytes(k);
+        if let Some(kernel) = linear_q8x_kernel(w.format)
+            && n == 1
+            && w.rows >= LINEAR_Q8X_MIN_COLS
+            && self.weight_precision(w.exact) == Precision::Fast
+            && shared <= DEFAULT_SHARED_BYTES
+        {
+            let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
+            let (k32, o32) = (check_u32(OP, "in_features", k)?, check_u32(OP, "out_features", w.rows)?);
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows.div_ceil(Q8X_BLOCK_COLS) as u32, 1, 1),
+                block_dim: (Q8X_THREADS, 1, 1),
+                shared_mem_bytes: shared as u32,
+            };
+            let mut l = self.stream.launch_builder(&f);
+            l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf).arg(&k32).arg(&o32).arg(&has_bias);
+            // SAFETY: arguments match `linear_q8x_*` in cuda/linear.cu; x is one row of k (a
+            // multiple of the format's block, so of 32), y one row of out, the bias out floats
+            // where has_bias; the shared memory is q8x_shared_bytes(k).
+            self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+            return Ok(y);
+        }
         let (gx, gy) = gemm_grid(n, w.rows);
         if gy > GRID_Y {
             return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
@@ -1293,8 +1339,6 @@ impl Backend for CudaBackend {
         let f = self.gemm_func(Source::Linear, kernel, w.exact, n)?;
         let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
         let chunk32 = check_u32(OP, "k per split", chunk)?;
-        let has_bias = bias.is_some() as u32;
-        let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
         // k-range s's sums, [splits, n, out]; the kernel writes y directly when there is one range
         let mut part = if splits > 1 { Some(self.alloc(OP, vec![splits, n, w.rows], DType::F32)?) } else { None };
         let grid = match (splits > 1, n <= GEMV_ROWS) {
@@ -1789,29 +1833,35 @@ mod tests {
                 );
             }
         }
-        // the one-token q8x experts: defined by MOE_Q8X_KERNEL, which cuda/moe.cu instantiates for
-        // every block format (in its rows build), each name in its format's unit
-        let moe = Source::Moe.text();
-        assert!(
-            moe.contains("FOR_EACH_BLOCK_FORMAT(MOE_Q8X_KERNEL)"),
-            "cuda/moe.cu does not instantiate MOE_Q8X_KERNEL"
-        );
-        for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
-            // MOE_Q8X_KERNEL defines the kernels of exactly the formats the host launches them for
-            let sfx = format.name().to_lowercase();
-            let defined = moe.contains(&format!("#define MOE_Q8X_FOR_{sfx} MOE_Q8X_DEFINE\n"));
-            let empty = moe.contains(&format!("#define MOE_Q8X_FOR_{sfx}(SFX, FMT)\n"));
-            assert!(defined != empty, "cuda/moe.cu: MOE_Q8X_FOR_{sfx} must be MOE_Q8X_DEFINE or empty, once");
-            assert_eq!(
-                defined,
-                moe_q8x_kernels(format).is_some(),
-                "{format}: moe_q8x_kernels and cuda/moe.cu disagree"
+        // the one-token q8x kernels: one list of formats (Q8X_IF_<format> in cuda/dequant.cuh)
+        // instantiates them in cuda/moe.cu and cuda/linear.cu (in their rows builds), each name in
+        // its format's unit, for exactly the formats the host launches them for
+        let dequant = include_str!("../../../cuda/dequant.cuh");
+        let (moe, linear) = (Source::Moe.text(), Source::Linear.text());
+        for (file, text, instance) in [
+            ("moe.cu", moe, "MOE_Q8X_KERNEL(SFX, FMT) Q8X_IF_##SFX(MOE_Q8X_DEFINE(SFX, FMT))"),
+            ("linear.cu", linear, "LINEAR_Q8X_KERNEL(SFX, FMT) Q8X_IF_##SFX(LINEAR_Q8X_DEFINE(SFX, FMT))"),
+        ] {
+            assert!(text.contains(&format!("#define {instance}\n")), "cuda/{file} lacks `#define {instance}`");
+            let macro_name = instance.split('(').next().expect("a name");
+            assert!(
+                text.contains(&format!("FOR_EACH_BLOCK_FORMAT({macro_name})")),
+                "cuda/{file} does not instantiate {macro_name}"
             );
-            for name in moe_q8x_kernels(format).into_iter().flatten() {
+        }
+        for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
+            let sfx = format.name().to_lowercase();
+            let defined = dequant.contains(&format!("#define Q8X_IF_{sfx}(M) M\n"));
+            let empty = dequant.contains(&format!("#define Q8X_IF_{sfx}(M)\n"));
+            assert!(defined != empty, "cuda/dequant.cuh: Q8X_IF_{sfx} must be M or empty, once");
+            assert_eq!(defined, q8x_format(format), "{format}: q8x_format and cuda/dequant.cuh disagree");
+            assert_eq!(defined, moe_q8x_kernels(format).is_some(), "{format}: moe_q8x_kernels");
+            assert_eq!(defined, linear_q8x_kernel(format).is_some(), "{format}: linear_q8x_kernel");
+            let names = moe_q8x_kernels(format).into_iter().flatten().map(|n| (moe, n));
+            for (text, name) in names.chain(linear_q8x_kernel(format).map(|n| (linear, n))) {
                 assert_eq!(Unit::of(name), Unit::Block(format), "{name}");
-                let family =
-                    name.strip_suffix(&format!("_{}", format.name().to_lowercase())).expect("ends in the format");
-                assert!(moe.contains(&format!("{family}_##SFX(")), "{name} is not defined in cuda/moe.cu");
+                let family = name.strip_suffix(&format!("_{sfx}")).expect("ends in the format");
+                assert!(text.contains(&format!("{family}_##SFX(")), "{name} is not defined");
             }
         }
         for src in Source::ALL {
@@ -1843,6 +1893,9 @@ mod tests {
             for name in names {
                 b.func_in(Source::Moe, name, Build::Rows).unwrap_or_else(|e| panic!("{name}: {e}"));
             }
+        }
+        for name in WeightFormat::ALL.into_iter().filter_map(linear_q8x_kernel) {
+            b.func_in(Source::Linear, name, Build::Rows).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         for (src, kernels) in WEIGHT_KERNELS {
             // the GEMMs through gemm_block also in their rows build (not the aligner's tile, nor
@@ -1931,11 +1984,11 @@ mod tests {
         // gemv_cols: a block per column pair, as gemm_grid's small-row arm sizes the grid
         assert!(common.contains("    const unsigned int c = 2u * block;\n"));
         assert_eq!(gemm_grid(GEMV_ROWS, 1025), (513, 1));
-        // the one-token q8x experts: Q8X_WARPS warps of Q8X_COLS columns a block
-        let moe = include_str!("../../../cuda/moe.cu");
+        // the one-token q8x kernels: Q8X_WARPS warps of Q8X_COLS columns a block
+        let dequant = include_str!("../../../cuda/dequant.cuh");
         let (warps, cols) = (Q8X_THREADS / 32, Q8X_BLOCK_COLS as u32 / (Q8X_THREADS / 32));
         for define in [format!("#define Q8X_WARPS {warps}\n"), format!("#define Q8X_COLS {cols}\n")] {
-            assert!(moe.contains(&define), "cuda/moe.cu lacks `{}`", define.trim_end());
+            assert!(dequant.contains(&define), "cuda/dequant.cuh lacks `{}`", define.trim_end());
         }
     }
 
