@@ -338,11 +338,8 @@ impl CudaBackend {
         }
         let (n32, m32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", m)?, check_u32(OP, "k", k)?);
         let f = self.func(Source::LmSmall, "topk_rows_i32")?;
-        // a block a token for a decode step's few, a warp a token for a prefill chunk's many
-        let token_warps = if n <= MIX_BLOCK_A_TOKEN_MAX { MIX_THREADS / 32 } else { 1 };
-        let tokens_a_block = (MIX_THREADS / 32 / token_warps) as usize;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(tokens_a_block).min(MAX_BLOCKS) as u32, 1, 1),
+            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
             block_dim: (TOPK_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -423,11 +420,8 @@ impl CudaBackend {
         };
         let scale_bits = scale.to_bits();
         let f = self.func(Source::LmSmall, "route_experts_f32")?;
-        // a block a token for a decode step's few, a warp a token for a prefill chunk's many
-        let token_warps = if n <= MIX_BLOCK_A_TOKEN_MAX { MIX_THREADS / 32 } else { 1 };
-        let tokens_a_block = (MIX_THREADS / 32 / token_warps) as usize;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(tokens_a_block).min(MAX_BLOCKS) as u32, 1, 1),
+            grid_dim: (n.min(MAX_BLOCKS) as u32, 1, 1),
             block_dim: (ROUTE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
