@@ -1836,7 +1836,7 @@ static void test_block_formats() {
     }
 }
 
-// x quantized as the q8x kernels quantize it (cuda/moe.cu q8x_quantize, ggml's q8_1 rule): per 32
+// x quantized as the q8x kernels quantize it (cuda/dequant.cuh q8x_quantize, ggml's q8_1 rule): per 32
 // values the scale dx = amax / 127 and q = round(x / dx) (x times the f32 inverse, as the kernel
 // rounds it); returns q · dx, the activations those kernels multiply.
 static std::vector<double> q8x_rounded(const float* x, unsigned k) {
