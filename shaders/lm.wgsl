@@ -3,7 +3,7 @@
 // One fixed binding layout for every entry point (each binds only what it uses):
 //   immediate P (16 words; f32 parameters are bit patterns), 1-3 f32 inputs a, b, c,
 //   4-5 i32 inputs ia, ib, 6 f32 output out, 7 i32 output iout, 8 weight words w, 9 f32 input
-//   comb, 10 i32 input fallback.
+//   comb, 10 i32 input ic.
 // Weights: u0-style fields name the format (0 f32, 1 bf16, 2 f16 by integer decode), the row
 // stride in words and the chunk's first row (a weight may be split into row chunks).
 // No entry point is a weight product (those are linear's tiles and rows.wgsl's small rows): the
@@ -103,12 +103,16 @@ fn sqrt_softplus(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
                  @builtin(local_invocation_index) li: u32) {
     let i = flat(wg, nwg, li);
     if (i >= p.u0) { return; }
-    let v = a[i];
+    out[i] = sqrt_softplus_of(a[i]);
+}
+
+// The router's score, shared by sqrt_softplus and route_experts (so both give the same bits).
+fn sqrt_softplus_of(v: f32) -> f32 {
     var s = v;
     if (!(v > 20.0)) {
         s = log1p_pos(exp(v));
     }
-    out[i] = sqrt(s);
+    return sqrt(s);
 }
 
 // swiglu_clamp: a = gate [n], b = up [n] → out [n] (elementwise).   u0 = n, u1 = limit
@@ -186,9 +190,11 @@ fn hc_post(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     out[i] = s;
 }
 
-// hash_route: ia = table [vocab, k], ib = ids [n], iout [n, k]; fallback via binding 10.
+// a third i32 input (hash_route: the fallback, route_experts: the hash table)
+@group(0) @binding(10) var<storage, read> ic: array<i32>;
+
+// hash_route: ia = table [vocab, k], ib = ids [n], ic = fallback [n, k] → iout [n, k].
 //   u0 = n·k, u1 = k, u2 = vocab
-@group(0) @binding(10) var<storage, read> fallback: array<i32>;
 
 @compute @workgroup_size(256, 1, 1)
 fn hash_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -200,7 +206,7 @@ fn hash_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (t >= 0 && u32(t) < p.u2) {
         iout[i] = ia[u32(t) * k + i % k];
     } else {
-        iout[i] = fallback[i];
+        iout[i] = ic[i];
     }
 }
 
@@ -231,6 +237,122 @@ fn route_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     sum += 1e-20;
     out[i] = select(mine / sum * bitcast<f32>(p.u3), nan(), bad);
+}
+
+// route_experts: the router after the gate projection in one dispatch, the composition
+// sqrt_softplus, add(bias[kind]), topk_rows, hash_route, route_weights bit for bit: a = logits
+// [n, e], b = bias [kinds, e], ia = kind i32 [n], ib = token ids i32 [n] and ic = table i32
+// [vocab, k] (hash layers) → iout = ids i32 [n, k], out = weights [n, k]. One workgroup a row:
+// the scores once into workgroup memory (sqrt_softplus_of, as sqrt_softplus), k rounds of a
+// workgroup argmax over s + bias[kind] (topk_rows' ranking, a strict order, so the reduction's
+// order cannot change a pick; −1 once no finite score is left), the table row for a hashed text
+// token, then route_weights' sum over the slots in order. A kind outside 0..kinds gives a NaN
+// bias row (gather_rows'), an id outside 0..e a NaN weight row (route_weights'). A decode step's
+// router took five dispatches. e ≤ RE_CACHE, k ≤ RE_K_MAX (lm.rs composes the ops past them).
+//   u0 = n, u1 = e, u2 = k, u3 = kinds, u4 = hashed, u5 = vocab, u6 = scale
+const RE_THREADS: u32 = 256u;
+const RE_CACHE: u32 = 1024u;
+const RE_K_MAX: u32 = RE_THREADS; // a thread a slot
+const RE_NONE: u32 = 0xffffffffu;
+var<workgroup> re_raw: array<f32, RE_CACHE>;
+var<workgroup> re_biased: array<f32, RE_CACHE>;
+// the threads' candidates of a round, reduced in place to [0]
+var<workgroup> re_v: array<f32, RE_THREADS>;
+var<workgroup> re_c: array<u32, RE_THREADS>;
+var<workgroup> re_ids: array<i32, RE_K_MAX>;
+
+// Whether (v1, c1) ranks before (v2, c2): value descending, then column ascending (topk_rows').
+fn ranks_before(v1: f32, c1: u32, v2: f32, c2: u32) -> bool {
+    return v1 > v2 || (v1 == v2 && c1 < c2);
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) li: u32) {
+    let row = wg.y * nwg.x + wg.x; // uniform across the workgroup
+    let live = row < p.u0;
+    let r = min(row, p.u0 - 1u); // a workgroup past the rows (the 2-D grid's) reads the last
+    let e = p.u1;
+    let k = p.u2;
+    let kd = ia[r];
+    for (var j = li; j < e; j += RE_THREADS) {
+        let s = sqrt_softplus_of(a[r * e + j]);
+        re_raw[j] = s;
+        if (kd >= 0 && u32(kd) < p.u3) {
+            re_biased[j] = s + b[u32(kd) * e + j];
+        } else {
+            re_biased[j] = nan();
+        }
+    }
+    workgroupBarrier();
+    var pv = 0.0; // the previous round's pick (value, column)
+    var pc = RE_NONE;
+    for (var s = 0u; s < k; s++) {
+        // this thread's best among its columns that rank after the previous pick
+        var bv = 0.0;
+        var bc = RE_NONE;
+        if (s == 0u || pc != RE_NONE) {
+            for (var j = li; j < e; j += RE_THREADS) {
+                let v = re_biased[j];
+                if (!is_finite(v) || (s > 0u && !ranks_before(pv, pc, v, j))) { continue; }
+                if (bc == RE_NONE || ranks_before(v, j, bv, bc)) {
+                    bv = v;
+                    bc = j;
+                }
+            }
+        }
+        re_v[li] = bv;
+        re_c[li] = bc;
+        workgroupBarrier();
+        for (var m = RE_THREADS / 2u; m > 0u; m >>= 1u) {
+            if (li < m) {
+                let ov = re_v[li + m];
+                let oc = re_c[li + m];
+                if (oc != RE_NONE && (re_c[li] == RE_NONE || ranks_before(ov, oc, re_v[li], re_c[li]))) {
+                    re_v[li] = ov;
+                    re_c[li] = oc;
+                }
+            }
+            workgroupBarrier();
+        }
+        pv = re_v[0];
+        pc = re_c[0]; // once none, every later round is none (nothing ranks after none)
+        if (li == 0u) {
+            re_ids[s] = select(i32(pc), -1, pc == RE_NONE);
+        }
+        workgroupBarrier(); // every thread read this round's pick before the next writes re_v
+    }
+    // hash layers: a text token takes its table row, an image token keeps the top-k
+    var t = -1;
+    if (p.u4 == 1u) {
+        t = ib[r];
+    }
+    let hashed = t >= 0 && u32(t) < p.u5;
+    var sum = 0.0;
+    var bad = false;
+    for (var s = 0u; s < k; s++) {
+        var id = re_ids[s];
+        if (hashed) {
+            id = ic[u32(t) * k + s];
+        }
+        if (id < 0 || u32(id) >= e) {
+            bad = true;
+            continue;
+        }
+        sum += re_raw[u32(id)];
+    }
+    sum += 1e-20;
+    if (!live || li >= k) { return; }
+    var id = re_ids[li];
+    if (hashed) {
+        id = ic[u32(t) * k + li];
+    }
+    iout[r * k + li] = id;
+    if (bad) {
+        out[r * k + li] = nan();
+    } else {
+        out[r * k + li] = re_raw[u32(id)] / sum * bitcast<f32>(p.u6);
+    }
 }
 
 // embed_rows (one weight chunk per dispatch): ia = ids [n], w = rows row0..row0+rows of the
@@ -268,10 +390,25 @@ fn rms_norm_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let seg = wg.y * nwg.x + wg.x; // uniform across the workgroup
     let hd = p.u1;
     let base = seg * hd;
-    // four elements a thread loaded together before they are used (as norm.wgsl's rms_norm: the
-    // hyper-connections' 16 384-wide rows are one workgroup each at decode)
+    let squares = segment_sum_squares(seg < p.u0, base, hd, li);
+    if (seg >= p.u0) { return; }
+    let inv = 1.0 / sqrt(squares / f32(hd) + bitcast<f32>(p.u2));
+    for (var k = li; k < hd; k += 1024u) {
+        let o = rnh_load4(base, k, hd) * inv;
+        out[base + k] = o.x;
+        if (k + 256u < hd) { out[base + k + 256u] = o.y; }
+        if (k + 512u < hd) { out[base + k + 512u] = o.z; }
+        if (k + 768u < hd) { out[base + k + 768u] = o.w; }
+    }
+}
+
+// Σ x² over the hd elements of a from base (0 unless `live`), summed as norm.wgsl's rms_norm sums
+// a row (so the same bits): four elements a thread loaded together before they are used (the
+// hyper-connections' 16 384-wide rows are one workgroup each at decode), then a tree in `red`.
+// Every thread of the workgroup calls it.
+fn segment_sum_squares(live: bool, base: u32, hd: u32, li: u32) -> f32 {
     var s4 = vec4<f32>(0.0);
-    if (seg < p.u0) {
+    if (live) {
         for (var k = li; k < hd; k += 1024u) {
             let v = rnh_load4(base, k, hd);
             s4 = fma(v, v, s4);
@@ -285,15 +422,49 @@ fn rms_norm_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         }
         workgroupBarrier();
     }
+    return red[0];
+}
+
+// rms_norm_rope: a = x [n, heads·hd], b = inv_freq [rd/2], c = weight [hd] (u4 = 1, one head),
+// ia = positions i32 [n] → out [n, heads·hd]: each (row, head) segment RMS-normalised (with a
+// weight as norm.wgsl's rms_norm, without as rms_norm_heads: each with the op's own inverse root,
+// so the composition's bits), then its tail rotated forward as rope_tail_at rotates it. A decode
+// step's queries and keys took two dispatches each. One workgroup per segment.
+//   u0 = segments, u1 = hd, u2 = eps, u3 = heads, u4 = has weight, u5 = rd
+@compute @workgroup_size(256, 1, 1)
+fn rms_norm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) li: u32) {
+    let seg = wg.y * nwg.x + wg.x; // uniform across the workgroup
+    let hd = p.u1;
+    let base = seg * hd;
+    let squares = segment_sum_squares(seg < p.u0, base, hd, li);
     if (seg >= p.u0) { return; }
-    let inv = 1.0 / sqrt(red[0] / f32(hd) + bitcast<f32>(p.u2));
-    for (var k = li; k < hd; k += 1024u) {
-        let o = rnh_load4(base, k, hd) * inv;
-        out[base + k] = o.x;
-        if (k + 256u < hd) { out[base + k + 256u] = o.y; }
-        if (k + 512u < hd) { out[base + k + 512u] = o.z; }
-        if (k + 768u < hd) { out[base + k + 768u] = o.w; }
+    let mean = squares / f32(hd) + bitcast<f32>(p.u2);
+    let weighted = p.u4 == 1u;
+    let inv = select(1.0 / sqrt(mean), inverseSqrt(mean), weighted);
+    let pos = f32(u32(ia[seg / p.u3]));
+    let plain = hd - p.u5; // the head's unrotated part
+    for (var k = li; k < hd; k += 256u) {
+        let v = normed(base, k, inv, weighted);
+        if (k < plain) {
+            out[base + k] = v;
+            continue;
+        }
+        let t = k - plain;
+        var pair = k - 1u;
+        if ((t & 1u) == 0u) {
+            pair = k + 1u;
+        }
+        out[base + k] = rotated(v, normed(base, pair, inv, weighted), t, pos, false);
     }
+}
+
+// Element k of the segment at base, normalised by inv (and weighted: norm.wgsl's (x·inv)·w).
+fn normed(base: u32, k: u32, inv: f32, weighted: bool) -> f32 {
+    if (weighted) {
+        return (a[base + k] * inv) * c[k];
+    }
+    return a[base + k] * inv;
 }
 
 // Segment elements k, k + 256, k + 512, k + 768 of a (from base; 0 past hd).
@@ -327,15 +498,28 @@ fn rotated_tail_element(i: u32, pos: f32, cols: u32, hd: u32, rd: u32, inverse: 
         return a[i];
     }
     let t = hc - (hd - rd);
-    let ang = pos * b[t / 2u];
-    let r = reduce_2pi(ang);
+    // the pair's element: an `if`, not `select`, which would load both neighbours (one past the
+    // buffer's ends at its first or last element)
+    var pair: f32;
+    if ((t & 1u) == 0u) {
+        pair = a[i + 1u];
+    } else {
+        pair = a[i - 1u];
+    }
+    return rotated(a[i], pair, t, pos, inverse);
+}
+
+// Tail element t (value v, its pair's value vp) rotated by ±pos·inv_freq[t/2] (inv_freq in b):
+// shared by rope_tail, rope_tail_at and rms_norm_rope.
+fn rotated(v: f32, vp: f32, t: u32, pos: f32, inverse: bool) -> f32 {
+    let r = reduce_2pi(pos * b[t / 2u]);
     let cs = cos(r);
     var sn = sin(r);
     if (inverse) { sn = -sn; }
     if ((t & 1u) == 0u) {
-        return a[i] * cs - a[i + 1u] * sn;
+        return v * cs - vp * sn;
     }
-    return a[i] * cs + a[i - 1u] * sn;
+    return v * cs + vp * sn;
 }
 
 // rope_tail: a = x [n, cols], b = inv_freq [rd/2] → out [n, cols]; one thread per element.

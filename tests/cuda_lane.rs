@@ -360,44 +360,9 @@ fn cuda_lm_edge_cases() {
     assert!(z[..d] == a[..d] && z[2 * d..] == a[2 * d..]);
 }
 
-/// The fused router against the same ops composed on this lane: the same selections and the same
-/// weight bits (one score function, one ranking), NaN rows included (a kind outside the bias rows
-/// without a table, a table entry outside the experts); and its shape errors name it.
+/// The fused router against the same ops composed on this lane (`common::route_experts_matches_its_composition`).
 #[test]
 fn cuda_route_experts_matches_its_composition_bit_for_bit() {
     let Some(b) = common::cuda_lane_or_skip() else { return };
-    let f = |shape: &[usize], v: Vec<f32>| b.upload(&HostTensor::f32(shape.to_vec(), v).unwrap()).unwrap();
-    let i = |shape: &[usize], v: Vec<i32>| b.upload(&HostTensor::i32(shape.to_vec(), v).unwrap()).unwrap();
-    let (n, e, k, vocab) = (50, 256, 6, 12);
-    // quantised logits (ties); every 7th token an image token; token 3 has a kind outside 0..2
-    let logits = f(&[n, e], (0..n * e).map(|j| ((j * 7919 % 61) as f32 - 30.0) * 0.25).collect());
-    let bias = f(&[2, e], (0..2 * e).map(|j| ((j * 13 % 5) as f32 - 2.0) * 0.125).collect());
-    let kind = i(&[n], (0..n).map(|t| if t == 3 { 2 } else { i32::from(t % 7 == 1) }).collect());
-    let tok = i(&[n], (0..n).map(|t| if t % 7 == 1 { (vocab + t) as i32 } else { (t % vocab) as i32 }).collect());
-    // token 5's table row names expert e (outside 0..e)
-    let table =
-        i(&[vocab, k], (0..vocab * k).map(|j| if j == 5 * k { e as i32 } else { (j * 31 % e) as i32 }).collect());
-    for hash in [None, Some((&table, &tok))] {
-        let (ids, w) = b.route_experts(&logits, &bias, &kind, hash, k, 1.5).unwrap();
-        let scores = b.sqrt_softplus(&logits).unwrap();
-        let biased = b.add(&scores, &b.gather_rows(&bias, &kind).unwrap()).unwrap();
-        let mut want_ids = b.topk_rows(&biased, k).unwrap();
-        if let Some((t, ti)) = hash {
-            want_ids = b.hash_route(t, ti, &want_ids).unwrap();
-        }
-        let want_w = b.route_weights(&scores, &want_ids, 1.5).unwrap();
-        assert_eq!(b.download(&ids).unwrap(), b.download(&want_ids).unwrap(), "hash {}", hash.is_some());
-        let (got, want) = (b.download(&w).unwrap(), b.download(&want_w).unwrap());
-        let bits = |t: HostTensor| t.into_f32("w").unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(got.clone()), bits(want), "hash {}", hash.is_some());
-        let got = got.into_f32("w").unwrap();
-        // token 3 (a bad kind) selects nothing by top-k; on the hash layer its table row decides
-        assert_eq!(got[3 * k].is_nan(), hash.is_none(), "a bad kind gives a NaN row");
-        assert_eq!(got[5 * k].is_nan(), hash.is_some(), "a table entry outside the experts gives a NaN row");
-    }
-    shape_err(b.route_experts(&logits, &up(&b, &[2, e - 1]), &kind, None, k, 1.0), "route_experts");
-    shape_err(b.route_experts(&logits, &bias, &i(&[n - 1], vec![0; n - 1]), None, k, 1.0), "route_experts");
-    shape_err(b.route_experts(&logits, &bias, &kind, Some((&table, &tok)), k - 1, 1.0), "route_experts");
-    shape_err(b.route_experts(&logits, &bias, &kind, Some((&table, &i(&[2], vec![0, 1]))), k, 1.0), "route_experts");
-    shape_err(b.route_experts(&kind, &bias, &kind, None, k, 1.0), "route_experts");
+    common::route_experts_matches_its_composition(&b);
 }

@@ -162,10 +162,51 @@ fn adapter_and_capabilities() {
             assert!(b.supports(op, f), "{op:?} {f:?}");
         }
     }
-    // Every LM op has a WGSL kernel (route_experts composes them); tests/ops.rs compares each one
+    // Every LM op has a WGSL kernel; tests/ops.rs compares each one
     // the lane claims with the CPU lane.
     for op in Op::LM {
         assert!(b.supports(op, WeightFormat::F32), "{op:?}");
+    }
+}
+
+/// The fused router (lm.wgsl's `route_experts`, one dispatch) against the five ops it replaces on
+/// this lane, bit for bit.
+#[test]
+fn route_experts_matches_its_composition_bit_for_bit() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    common::route_experts_matches_its_composition(be());
+}
+
+/// The fused norm and RoPE (lm.wgsl's `rms_norm_rope`, one dispatch) against `rms_norm_heads` /
+/// `rms_norm` then `rope_tail_at` on this lane, bit for bit: the queries' shape (heads without a
+/// weight, an odd unrotated part), the keys' (one weighted head wider than a workgroup, 520 > 256
+/// threads) and a head that is all tail, at positions up to ~9000 rad.
+#[test]
+fn rms_norm_rope_matches_its_composition_bit_for_bit() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let b = be();
+    let mut r = rng(41);
+    let positions = [8191, 0, 17, 4, 8000, 5, 63, 1, 640];
+    let pos = b.upload(&HostTensor::i32([9], positions.to_vec()).unwrap()).unwrap();
+    for (heads, hd, rd, weighted) in [(3, 23, 12, false), (1, 520, 12, true), (2, 16, 16, false)] {
+        let inv_freq = up(b, &[rd / 2], (0..rd / 2).map(|j| 10000f32.powf(-(j as f32) / (rd / 2) as f32)).collect());
+        let x = up(b, &[9, heads * hd], randv(&mut r, 9 * heads * hd).iter().map(|v| v * 3.0).collect());
+        let weight = weighted.then(|| up(b, &[hd], randv(&mut r, hd)));
+        let got = down(b, &b.rms_norm_rope(&x, weight.as_ref(), heads, 1e-6, &inv_freq, &pos).unwrap());
+        let normed = match &weight {
+            Some(w) => b.rms_norm(&x, w, 1e-6).unwrap(),
+            None => b.rms_norm_heads(&x, heads, 1e-6).unwrap(),
+        };
+        let want = down(b, &b.rope_tail_at(&normed, heads, &inv_freq, &pos, false).unwrap());
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{heads} heads of {hd}, rd {rd}, weighted {weighted}");
+        assert!(got.iter().all(|v| v.is_finite()) && got != down(b, &normed));
     }
 }
 

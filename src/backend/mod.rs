@@ -421,6 +421,28 @@ pub(crate) fn hc_mix_split_parts<B: Backend + ?Sized>(
     b.hc_split(&mix, scale, base, hc, iters, eps)
 }
 
+/// [`Backend::route_experts`] as its five ops: the trait's default, and where a lane's fused
+/// kernel does not apply (more experts than it keeps in workgroup memory, say), that lane's
+/// fallback.
+pub(crate) fn route_experts_parts<B: Backend + ?Sized>(
+    b: &B,
+    logits: &B::Tensor,
+    bias: &B::Tensor,
+    kind: &B::Tensor,
+    hash: Option<(&B::Tensor, &B::Tensor)>,
+    k: usize,
+    scale: f32,
+) -> Result<(B::Tensor, B::Tensor)> {
+    let scores = b.sqrt_softplus(logits)?;
+    let biased = b.add(&scores, &b.gather_rows(bias, kind)?)?;
+    let mut selected = b.topk_rows(&biased, k)?;
+    if let Some((table, ids)) = hash {
+        selected = b.hash_route(table, ids, &selected)?;
+    }
+    let weights = b.route_weights(&scores, &selected, scale)?;
+    Ok((selected, weights))
+}
+
 /// One kernel's device time over some work ([`Backend::kernel_times`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTime {
@@ -930,14 +952,7 @@ pub trait Backend {
         k: usize,
         scale: f32,
     ) -> Result<(Self::Tensor, Self::Tensor)> {
-        let scores = self.sqrt_softplus(logits)?;
-        let biased = self.add(&scores, &self.gather_rows(bias, kind)?)?;
-        let mut selected = self.topk_rows(&biased, k)?;
-        if let Some((table, ids)) = hash {
-            selected = self.hash_route(table, ids, &selected)?;
-        }
-        let weights = self.route_weights(&scores, &selected, scale)?;
-        Ok((selected, weights))
+        route_experts_parts(self, logits, bias, kind, hash, k, scale)
     }
     /// Clamped SwiGLU: gate g and up u, both `[n, h]` → `silu(min(g, limit)) · clamp(u, ±limit)`
     /// `[n, h]`.

@@ -366,3 +366,59 @@ pub fn ensure_runtime_dir() {
         }
     });
 }
+
+/// A lane's fused `route_experts` against the five ops it replaces, composed on the same lane:
+/// the same selections and the same weight bits (one score function, one ranking), NaN rows
+/// included (a kind outside the bias rows without a table, a table entry outside the experts), at
+/// the released router's 256 experts and at 1 024 (the most the wgpu kernel keeps in workgroup
+/// memory); and its shape errors name it.
+pub fn route_experts_matches_its_composition<B: Backend>(b: &B) {
+    use fovea::backend::{DeviceTensor, HostTensor};
+    let f = |shape: &[usize], v: Vec<f32>| b.upload(&HostTensor::f32(shape.to_vec(), v).unwrap()).unwrap();
+    let i = |shape: &[usize], v: Vec<i32>| b.upload(&HostTensor::i32(shape.to_vec(), v).unwrap()).unwrap();
+    let shape_err = |r: fovea::Result<(B::Tensor, B::Tensor)>| match r {
+        Err(fovea::Error::Shape { op, msg }) => assert_eq!(op, "route_experts", "{msg}"),
+        Err(other) => panic!("route_experts: expected a shape error, got {other:?}"),
+        Ok((ids, _)) => panic!("route_experts: expected a shape error, got ids {:?}", ids.shape()),
+    };
+    for (n, e, k) in [(50, 256, 6), (9, 1024, 8)] {
+        let vocab = 12;
+        // quantised logits (ties); every 7th token an image token; token 3 has a kind outside 0..2
+        let logits = f(&[n, e], (0..n * e).map(|j| ((j * 7919 % 61) as f32 - 30.0) * 0.25).collect());
+        let bias = f(&[2, e], (0..2 * e).map(|j| ((j * 13 % 5) as f32 - 2.0) * 0.125).collect());
+        let kind = i(&[n], (0..n).map(|t| if t == 3 { 2 } else { i32::from(t % 7 == 1) }).collect());
+        let tok = i(&[n], (0..n).map(|t| if t % 7 == 1 { (vocab + t) as i32 } else { (t % vocab) as i32 }).collect());
+        // token 5's table row names expert e (outside 0..e)
+        let table =
+            i(&[vocab, k], (0..vocab * k).map(|j| if j == 5 * k { e as i32 } else { (j * 31 % e) as i32 }).collect());
+        for hash in [None, Some((&table, &tok))] {
+            let what = format!("e {e}, k {k}, hash {}", hash.is_some());
+            let (ids, w) = b.route_experts(&logits, &bias, &kind, hash, k, 1.5).unwrap();
+            let scores = b.sqrt_softplus(&logits).unwrap();
+            let biased = b.add(&scores, &b.gather_rows(&bias, &kind).unwrap()).unwrap();
+            let mut want_ids = b.topk_rows(&biased, k).unwrap();
+            if let Some((t, ti)) = hash {
+                want_ids = b.hash_route(t, ti, &want_ids).unwrap();
+            }
+            let want_w = b.route_weights(&scores, &want_ids, 1.5).unwrap();
+            assert_eq!(b.download(&ids).unwrap(), b.download(&want_ids).unwrap(), "{what}");
+            let (got, want) = (b.download(&w).unwrap(), b.download(&want_w).unwrap());
+            let bits = |t: HostTensor| t.into_f32("w").unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got.clone()), bits(want), "{what}");
+            let got = got.into_f32("w").unwrap();
+            // token 3 (a bad kind) selects nothing by top-k; on the hash layer its table row decides
+            assert_eq!(got[3 * k].is_nan(), hash.is_none(), "{what}: a bad kind gives a NaN row");
+            assert_eq!(
+                got[5 * k].is_nan(),
+                hash.is_some(),
+                "{what}: a table entry outside the experts gives a NaN row"
+            );
+            assert!(got[..3 * k].iter().all(|v| v.is_finite()), "{what}: {:?}", &got[..3 * k]);
+        }
+        shape_err(b.route_experts(&logits, &f(&[2, e - 1], vec![0.0; 2 * (e - 1)]), &kind, None, k, 1.0));
+        shape_err(b.route_experts(&logits, &bias, &i(&[n - 1], vec![0; n - 1]), None, k, 1.0));
+        shape_err(b.route_experts(&logits, &bias, &kind, Some((&table, &tok)), k - 1, 1.0));
+        shape_err(b.route_experts(&logits, &bias, &kind, Some((&table, &i(&[2], vec![0, 1]))), k, 1.0));
+        shape_err(b.route_experts(&kind, &bias, &kind, None, k, 1.0));
+    }
+}

@@ -14,7 +14,7 @@
 use super::linear::lm_weight_shader;
 use super::rows::SMALL_ROWS;
 use super::{Output, SOFTWARE_LOOP_BUDGET, Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
-use crate::backend::{DType, Op, checks};
+use crate::backend::{DType, DeviceTensor, Op, checks, route_experts_parts};
 use crate::error::{Error, Result};
 
 /// lm.wgsl (one build: its ops have no precision to choose).
@@ -38,6 +38,11 @@ const TOPK_RANK_ROWS: usize = 4;
 const TOPK_SORT_COLUMNS: usize = 2048;
 /// The columns of one workgroup of `topk_rows_rank` (lm.wgsl's TR_COLS).
 const TOPK_RANK_COLUMNS: usize = 64;
+/// The most experts `route_experts` keeps in workgroup memory (lm.wgsl's RE_CACHE; the model has
+/// 256); past them, and past [`ROUTE_MAX_K`] slots, the lane composes the router's five ops.
+const ROUTE_MAX_EXPERTS: usize = 1024;
+/// The most slots `route_experts` picks (lm.wgsl's RE_K_MAX: a thread a slot; the model picks 6).
+const ROUTE_MAX_K: usize = 256;
 /// `sink_attention` splits its keys into parts below this many (query, head) pairs (a workgroup
 /// each unsplit): a decode step's 64 heads fill a quarter of an H200's 132 multiprocessors'
 /// first wave, a prefill chunk's thousands all of them.
@@ -154,6 +159,77 @@ impl WgpuBackend {
         let (n, h) = checks::swiglu_clamp(g, u)?;
         let out = Output { binding: 6, shape: vec![n, h], dtype: DType::F32 };
         self.per_element(LM, "swiglu_clamp", &[("g", 1, g), ("u", 2, u)], out, &[limit.to_bits()])
+    }
+
+    /// The router after the gate projection (`Backend::route_experts`) in one dispatch, one
+    /// workgroup a row, bit for bit the five ops it replaces (composed here past
+    /// [`ROUTE_MAX_EXPERTS`] experts or [`ROUTE_MAX_K`] slots).
+    pub(super) fn route_experts(
+        &self,
+        logits: &WgpuTensor,
+        bias: &WgpuTensor,
+        kind: &WgpuTensor,
+        hash: Option<(&WgpuTensor, &WgpuTensor)>,
+        k: usize,
+        scale: f32,
+    ) -> Result<(WgpuTensor, WgpuTensor)> {
+        const OP: &str = "route_experts";
+        let (n, e) = checks::route_experts(logits, bias, kind, hash, k)?;
+        if e > ROUTE_MAX_EXPERTS || k > ROUTE_MAX_K {
+            return route_experts_parts(self, logits, bias, kind, hash, k, scale);
+        }
+        // without a table the kernel never reads `table` / `tok`; `kind` stands in for both
+        let (table, tok, hashed, vocab) = match hash {
+            Some((table, tok)) => (table, tok, 1, table.rows()),
+            None => (kind, kind, 0, 0),
+        };
+        self.check_inputs(OP, [("logits", logits), ("bias", bias), ("kind", kind), ("table", table), ("tok", tok)])?;
+        let ids = self.alloc(OP, vec![n, k], DType::I32)?;
+        let weights = self.alloc(OP, vec![n, k], DType::F32)?;
+        if n == 0 || k == 0 {
+            return Ok((ids, weights));
+        }
+        let params = [n as u32, e as u32, k as u32, bias.rows() as u32, hashed, vocab as u32, scale.to_bits()];
+        let bindings = [
+            (1, logits.binding()),
+            (2, bias.binding()),
+            (4, kind.binding()),
+            (5, tok.binding()),
+            (10, table.binding()),
+            (6, weights.binding()),
+            (7, ids.binding()),
+        ];
+        self.dispatch(LM, OP, 0, &params, &bindings, grid(n))?;
+        Ok((ids, weights))
+    }
+
+    /// Per-head RMS norm (times `weight` `[hd]` with one head), then RoPE at `positions[i]`, in
+    /// one dispatch (one workgroup per (row, head) segment): x `[n, heads·hd]` → `[n, heads·hd]`,
+    /// bit for bit `rms_norm` / `rms_norm_heads` then `rope_tail_at`.
+    pub(super) fn rms_norm_rope(
+        &self,
+        x: &WgpuTensor,
+        weight: Option<&WgpuTensor>,
+        n_heads: usize,
+        eps: f32,
+        inv_freq: &WgpuTensor,
+        positions: &WgpuTensor,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "rms_norm_rope";
+        let (n, _, hd, rd) = checks::rms_norm_rope(x, weight, n_heads, inv_freq, positions)?;
+        // without a weight the kernel never reads `c`; x stands in
+        let w = weight.unwrap_or(x);
+        self.check_inputs(OP, [("x", x), ("weight", w), ("inv_freq", inv_freq), ("positions", positions)])?;
+        let y = self.alloc(OP, x.shape.clone(), DType::F32)?;
+        let segs = n * n_heads;
+        if segs == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let params = [segs as u32, hd as u32, eps.to_bits(), n_heads as u32, weight.is_some() as u32, rd as u32];
+        let bindings =
+            [(1, x.binding()), (2, inv_freq.binding()), (3, w.binding()), (4, positions.binding()), (6, y.binding())];
+        self.dispatch(LM, OP, 0, &params, &bindings, grid(segs))?;
+        Ok(y)
     }
 
     /// Interleaved RoPE on the last `2·inv_freq.len()` dims of every head.

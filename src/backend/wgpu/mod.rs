@@ -1139,8 +1139,7 @@ impl Backend for WgpuBackend {
     fn supports(&self, op: Op, _format: WeightFormat) -> bool {
         match op {
             Op::Attention => self.limits.max_compute_workgroup_storage_size >= attention::SHARED_BYTES,
-            // every other op, the language-model ones included (shaders/lm.wgsl; `route_experts`
-            // is the trait's composition of them)
+            // every other op, the language-model ones included (shaders/lm.wgsl)
             _ => true,
         }
     }
@@ -1471,6 +1470,17 @@ impl Backend for WgpuBackend {
     fn route_weights(&self, scores: &WgpuTensor, ids: &WgpuTensor, scale: f32) -> Result<WgpuTensor> {
         self.route_weights(scores, ids, scale)
     }
+    fn route_experts(
+        &self,
+        logits: &WgpuTensor,
+        bias: &WgpuTensor,
+        kind: &WgpuTensor,
+        hash: Option<(&WgpuTensor, &WgpuTensor)>,
+        k: usize,
+        scale: f32,
+    ) -> Result<(WgpuTensor, WgpuTensor)> {
+        self.route_experts(logits, bias, kind, hash, k, scale)
+    }
     fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
         self.swiglu_clamp(g, u, limit)
     }
@@ -1494,6 +1504,17 @@ impl Backend for WgpuBackend {
         inverse: bool,
     ) -> Result<WgpuTensor> {
         self.rope_tail_at(x, n_heads, inv_freq, positions, inverse)
+    }
+    fn rms_norm_rope(
+        &self,
+        x: &WgpuTensor,
+        weight: Option<&WgpuTensor>,
+        n_heads: usize,
+        eps: f32,
+        inv_freq: &WgpuTensor,
+        positions: &WgpuTensor,
+    ) -> Result<WgpuTensor> {
+        self.rms_norm_rope(x, weight, n_heads, eps, inv_freq, positions)
     }
     fn hc_split(
         &self,
