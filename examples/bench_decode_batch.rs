@@ -13,7 +13,13 @@
 //! each, the aggregate tokens/s and its ratio, and the lane's launches (CUDA) or encoded
 //! dispatches and copies (wgpu) per step, averaged over the steps (a step where a compressor
 //! block completes issues more); with `FOVEA_HOST_PROFILE=1` also the host's waits for the
-//! device a step (the logits' download is one) and its time in launches.
+//! device a step (the logits' download is one) and its time in launches; with
+//! `FOVEA_GPU_TIMES=1` on the wgpu lane, after the timed steps, each kernel's device time and
+//! dispatches over `--steps` more one-sequence steps (a pass a dispatch: the list of what a
+//! step dispatches, its times inflated for small kernels).
+
+#[path = "bench_common/mod.rs"]
+mod bench_common;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -130,6 +136,11 @@ fn run<B: Backend>(b: &B, args: &Args) -> fovea::Result<()> {
         args.batch as f64 * s1 / sn,
         counts(&tn)
     );
+    b.kernel_times()?; // from here on
+    for i in 0..args.steps {
+        step(b, &model, &mut one, (i * 17 % cfg.vocab_size) as i32)?;
+    }
+    bench_common::print_kernel_times(b.kernel_times()?.as_deref(), "a one-sequence step", args.steps, 64);
     Ok(())
 }
 
