@@ -1,14 +1,17 @@
 //! The lane's device memory: activation tensors (recycled by size when dropped), weights (in
-//! pool sub-allocations, split into chunks that each fit one binding), and the counters the memory
-//! report and `Backend::host_profile` read.
+//! pool sub-allocations, split into chunks that each fit one binding), the counters the memory
+//! report and `Backend::host_profile` read, and the lane's allocation (binding-limit checks,
+//! guard bands, weight rows written padded into their pool).
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::size_class;
 use crate::backend::checks::NamedWeight;
 use crate::backend::{DType, DeviceTensor, DeviceWeight, HostClock, WeightFormat};
+use crate::error::{Error, Result};
 
 #[derive(Default)]
 pub(super) struct Counters {
@@ -240,4 +243,168 @@ impl NamedWeight for WgpuWeight {
 pub(super) struct Pool {
     pub(super) buf: wgpu::Buffer,
     pub(super) used: u64,
+}
+
+impl super::WgpuBackend {
+    // ---- allocation ----------------------------------------------------------------------------
+
+    pub(super) fn check_binding(&self, op: &'static str, what: &str, bytes: u64) -> Result<()> {
+        if bytes > self.max_binding {
+            return Err(Error::Device(format!(
+                "op `{op}`: {what} of {bytes} bytes exceeds the storage binding limit of {} bytes on {}",
+                self.max_binding, self.info.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Each input fits one storage binding of this device (its shapes are `checks`' to judge).
+    pub(super) fn check_inputs<'a>(
+        &self,
+        op: &'static str,
+        inputs: impl IntoIterator<Item = (&'a str, &'a WgpuTensor)>,
+    ) -> Result<()> {
+        inputs.into_iter().try_for_each(|(what, t)| self.check_binding(op, what, t.bytes))
+    }
+
+    pub(super) fn make_tensor(
+        &self,
+        buf: wgpu::Buffer,
+        shape: Vec<usize>,
+        dtype: DType,
+        producer: &'static str,
+    ) -> WgpuTensor {
+        let counted = buf.size();
+        self.shared.counters.add_activation(counted);
+        let bytes = shape.iter().product::<usize>() as u64 * 4;
+        WgpuTensor {
+            buf,
+            offset: 0,
+            bytes,
+            guard_words: self.opts.guard_words,
+            counted,
+            role: Role::Activation,
+            shape,
+            dtype,
+            producer,
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// A new activation output of `shape` (contents undefined; guard band filled when on).
+    pub(super) fn alloc(&self, op: &'static str, shape: Vec<usize>, dtype: DType) -> Result<WgpuTensor> {
+        let bytes = shape.iter().product::<usize>() as u64 * 4;
+        self.check_binding(op, "output", bytes)?;
+        let guard = self.opts.guard_words as u64 * 4;
+        let exact = (bytes + guard).max(4);
+        let size = size_class(exact).min(self.limits.max_buffer_size).max(exact);
+        let reused = if self.shared.reuse {
+            let mut free = self.shared.free.lock().unwrap();
+            free.get_mut(&size).and_then(Vec::pop)
+        } else {
+            None
+        };
+        let buf = match reused {
+            Some(b) => {
+                self.shared.counters.cached.fetch_sub(size, Ordering::Relaxed);
+                b
+            }
+            None => self.shared.counters.clock.allocation(|| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(op),
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            }),
+        };
+        if let Some(s) = &self.sentinel {
+            self.with_encoder(|enc| enc.copy_buffer_to_buffer(s, 0, &buf, bytes, guard));
+        }
+        Ok(self.make_tensor(buf, shape, dtype, op))
+    }
+
+    /// Write `src`, rows of `row_bytes`, into `buf` at `offset` as rows of `padded_row` bytes
+    /// (the pad zero). By `Queue::write_buffer`, which runs before any encoder the submit thread
+    /// has not yet submitted: fine for a weight's own fresh region, which no earlier command
+    /// reads; a write into a buffer earlier work may still use would need `submitter.drain()`
+    /// first (activations are filled by encoded copies instead: `upload`).
+    pub(super) fn write_rows(&self, buf: &wgpu::Buffer, offset: u64, src: &[u8], row_bytes: usize, padded_row: usize) {
+        if src.is_empty() {
+            return;
+        }
+        if padded_row == row_bytes {
+            self.queue.write_buffer(buf, offset, src);
+        } else {
+            let mut data = vec![0u8; src.len() / row_bytes.max(1) * padded_row];
+            for (dst, s) in data.chunks_exact_mut(padded_row).zip(src.chunks_exact(row_bytes)) {
+                dst[..row_bytes].copy_from_slice(s);
+            }
+            self.queue.write_buffer(buf, offset, &data);
+        }
+    }
+
+    /// Sub-allocate `bytes` of weight memory: from a pool (first fit), or a buffer of its own when
+    /// larger than half a pool. Returns the buffer and the aligned offset.
+    pub(super) fn alloc_weight(&self, bytes: u64) -> (wgpu::Buffer, u64) {
+        let size = bytes.max(4).next_multiple_of(4);
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let pool_bytes = self.opts.weight_pool_bytes.min(self.limits.max_buffer_size).max(4);
+        let counters = &self.shared.counters;
+        if size > pool_bytes / 2 {
+            let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("weight"),
+                size,
+                usage,
+                mapped_at_creation: false,
+            });
+            counters.weight.fetch_add(size, Ordering::Relaxed);
+            return (buf, 0);
+        }
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        let mut pools = self.pools.lock().unwrap();
+        for pool in pools.iter_mut() {
+            let off = pool.used.next_multiple_of(align);
+            if off + size <= pool.buf.size() {
+                pool.used = off + size;
+                return (pool.buf.clone(), off);
+            }
+        }
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("weight pool"),
+            size: pool_bytes.next_multiple_of(4),
+            usage,
+            mapped_at_creation: false,
+        });
+        counters.weight.fetch_add(buf.size(), Ordering::Relaxed);
+        pools.push(Pool { buf: buf.clone(), used: size });
+        (buf, 0)
+    }
+
+    pub(super) fn pooled_tensor(
+        &self,
+        host_bytes: &[u8],
+        shape: Vec<usize>,
+        dtype: DType,
+        producer: &'static str,
+    ) -> Result<WgpuTensor> {
+        let bytes = host_bytes.len() as u64;
+        self.check_binding(producer, "parameter", bytes)?;
+        let (buf, offset) = self.alloc_weight(bytes);
+        if !host_bytes.is_empty() {
+            self.queue.write_buffer(&buf, offset, host_bytes);
+        }
+        Ok(WgpuTensor {
+            buf,
+            offset,
+            bytes,
+            guard_words: 0,
+            counted: 0,
+            role: Role::Pooled,
+            shape,
+            dtype,
+            producer,
+            shared: self.shared.clone(),
+        })
+    }
 }
