@@ -5,6 +5,8 @@
 #   bash cuda/gpu_tests.sh pack OUT.tar.xz   # here: build the test executables and pack them (stripped)
 #   bash cuda/gpu_tests.sh run OUT.tar.xz    # there, in a copy of this repository (fixtures are read
 #                                            # from it): run each executable in its own process
+#   bash cuda/gpu_tests.sh bench OUT.tar.xz  # there: the whole q2 model's decode step at 4K on each
+#                                            # lane (examples/bench_model, packed beside the tests)
 #
 # `run` sets FOVEA_REQUIRE_CUDA=1, so a missing driver fails instead of skipping, and finds NVRTC
 # under the CUDA toolkit or a pip-installed nvidia-cuda-nvrtc (never the toolkit's stubs, which
@@ -33,19 +35,33 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["target"]["name"], m["executable"])' |
         while read -r name exe; do strip -o "$dir/$name" "$exe"; done || exit 1
-    cargo build --release --bin fovea --example describe_image || exit 1
+    cargo build --release --bin fovea --example describe_image --example bench_model || exit 1
     strip -o "$dir/fovea-cli" "${CARGO_TARGET_DIR:-target}/release/fovea"
     strip -o "$dir/describe_image-example" "${CARGO_TARGET_DIR:-target}/release/examples/describe_image"
+    strip -o "$dir/bench_model" "${CARGO_TARGET_DIR:-target}/release/examples/bench_model"
     # xz -9: its 64 MiB window finds what the executables share (about half the size of -6)
     tar cf - -C "$dir" . | xz -9 -T2 >"$archive" && rm -rf "$dir" && ls -l "$archive"
     ;;
-run)
-    [ -f "$archive" ] || { echo "usage: $0 run OUT.tar.xz (from \`$0 pack\`)" >&2; exit 2; }
+run | bench)
+    [ -f "$archive" ] || { echo "usage: $0 $cmd OUT.tar.xz (from \`$0 pack\`)" >&2; exit 2; }
     bin=$(mktemp -d)
     tar xJf "$archive" -C "$bin" || exit 1
     for f in $(find / -name 'libnvrtc.so*' -not -path '/proc/*' -not -path '*/stubs/*' 2>/dev/null); do
         export LD_LIBRARY_PATH=$(dirname "$f"):${LD_LIBRARY_PATH:-}
     done
+    if [ "$cmd" = bench ]; then
+        # the figures README's Benchmarks sections report: fast precision, q2, decode at 4K, 43
+        # layers, twice (run-to-run spread); FOVEA_HOST_PROFILE=1 adds the host's breakdown
+        status=0
+        for lane in ${FOVEA_LANES:-cuda wgpu}; do
+            for run in 1 2; do
+                echo "=== bench_model --backend $lane, run $run"
+                "$bin/bench_model" --backend "$lane" --mix q2 --image off --prefill off --decode-at 4096 \
+                    --decode-steps 32 --layers 43 || status=1
+            done
+        done
+        exit $status
+    fi
     export FOVEA_REQUIRE_CUDA=1 FOVEA_REPO_ROOT=$PWD FOVEA_BIN=$bin/fovea-cli
     export FOVEA_DESCRIBE_IMAGE=$bin/describe_image-example
     if command -v nvidia-smi >/dev/null; then export FOVEA_REQUIRE_COOP_TILES=1; fi
@@ -82,7 +98,7 @@ run)
     exit $status
     ;;
 *)
-    echo "usage: $0 pack OUT.tar.xz | run OUT.tar.xz" >&2
+    echo "usage: $0 pack OUT.tar.xz | run OUT.tar.xz | bench OUT.tar.xz" >&2
     exit 2
     ;;
 esac
