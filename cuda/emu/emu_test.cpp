@@ -47,6 +47,8 @@ static void check(const char* name, const std::vector<float>& got, const std::ve
     failures += !ok;
 }
 
+static void checki(const char* name, const std::vector<int>& got, const std::vector<int>& want);
+
 static unsigned blocks1d(size_t total) {
     size_t b = (total + 255) / 256;
     return (unsigned)(b < 1 ? 1 : b > (1u << 20) ? (1u << 20) : b);
@@ -131,6 +133,22 @@ static void test_copy() {
         for (unsigned c = 0; c < d; ++c)
             gw[r * d + c] = (idx[r] < 0 || idx[r] >= (int)m) ? NAN : src[idx[r] * d + c];
     check("gather_rows_f32 with repeats and 2 bad ids", gy, gw, 0);
+
+    // concat_rows_u32: both parts, either one empty, and one block striding over 1 000 words
+    unsigned parts[][2] = {{45, 27}, {0, 27}, {45, 0}, {600, 400}};
+    for (auto& pw : parts) {
+        std::vector<int> ca(pw[0]), cb(pw[1]);
+        for (auto& v : ca) v = (int)rng();
+        for (auto& v : cb) v = (int)rng();
+        unsigned total = pw[0] + pw[1];
+        std::vector<int> cy(total, -1), cw(ca);
+        cw.insert(cw.end(), cb.begin(), cb.end());
+        emu_launch(concat_rows_u32, {pw[0] == 600 ? 1u : blocks1d(total)}, {256}, 0, (const unsigned*)ca.data(),
+                   (const unsigned*)cb.data(), (unsigned*)cy.data(), pw[0], total);
+        char name[64];
+        std::snprintf(name, sizeof name, "concat_rows_u32 %u + %u words", pw[0], pw[1]);
+        checki(name, cy, cw);
+    }
 
     unsigned shapes[][4] = {{5, 7, 6, 3}, {6, 6, 4, 3}, {1, 4, 3, 2}, {23, 17, 5, 2}};
     for (auto& sh : shapes) {

@@ -434,6 +434,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Elementwise, "gelu_erf_f32"),
     (Source::Elementwise, "sum_splits_f32"),
     (Source::Copy, "slice_cols_f32"),
+    (Source::Copy, "concat_rows_u32"),
     (Source::Copy, "gather_rows_f32"),
     (Source::Copy, "unfold_f32"),
     (Source::Norm, "rms_norm_f32"),
@@ -1420,6 +1421,13 @@ impl Backend for CudaBackend {
         const OP: &str = "concat_rows";
         checks::concat_rows(a, b)?;
         let mut y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
+        // one launch for both parts (every dtype is 4 bytes); copies past 2^32 words
+        let (a_words, total) = (a.bytes / 4, (a.bytes + b.bytes) / 4);
+        if let (Ok(a32), Ok(total32)) = (u32::try_from(a_words), u32::try_from(total)) {
+            let inputs = [&*a.buf, &*b.buf];
+            self.launch_1d(OP, Source::Copy, "concat_rows_u32", &inputs, &mut y, &[a32, total32], total)?;
+            return Ok(y);
+        }
         let copy_err = |e| dev_err("op `concat_rows`: device-to-device copy", e);
         if a.bytes > 0 {
             let dst = &mut y.buf.slice_mut(0..a.bytes);
@@ -1803,6 +1811,30 @@ mod tests {
             assert_eq!(Unit::of(name), Unit::Base, "{name}");
             assert!(declared(src, name), "{name} is not defined in cuda/{}", src.file());
         }
+        // and the list holds every kernel the host names by its file and a literal (launch_1d,
+        // func), so the device test compiles and loads each one
+        let host = [
+            include_str!("mod.rs"),
+            include_str!("lm_small.rs"),
+            include_str!("lm_attention.rs"),
+            include_str!("moe.rs"),
+        ];
+        let mut named = 0;
+        for part in host.iter().flat_map(|text| text.split("Source::").skip(1)) {
+            let Some((src, rest)) = part.split_once(',').filter(|(s, _)| s.chars().all(|c| c.is_ascii_alphanumeric()))
+            else {
+                continue;
+            };
+            let Some(name) = rest.trim_start().strip_prefix('"').and_then(|r| r.split_once('"')).map(|(n, _)| n) else {
+                continue;
+            };
+            named += 1;
+            assert!(
+                KERNELS.iter().any(|(s, n)| format!("{s:?}") == src && *n == name),
+                "{src}'s {name} is launched but not in KERNELS"
+            );
+        }
+        assert!(named > 20, "found {named} kernel names in the host's launches");
         // weight kernels: the float formats' written out, the block formats' instantiated by
         // FOR_EACH_BLOCK_FORMAT(X) in cuda/dequant.cuh with X defining `{family}_##SFX(`
         let dequant = include_str!("../../../cuda/dequant.cuh");
