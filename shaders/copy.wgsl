@@ -5,10 +5,12 @@
 //                an index outside 0..m writes a row of NaN (bounds-checked, loud, never reads OOB)
 //   unfold:      src [h·w, c] → out [ceil(h/r)·ceil(w/r), c·r²], feature ch·r² + dy·r + dx,
 //                cells row-major, zero padding bottom/right
+//   concat_rows: wa [a words], wb [n_out − a words] → wout [n_out]: the rows of a then b, as
+//                4-byte words of either dtype (u32 bindings: the bits copied as they are)
 
 struct P {
     n_out: u32,
-    a: u32, // slice: len       gather: d   unfold: c
+    a: u32, // slice: len       gather: d   unfold: c   concat: a's words
     b: u32, // slice: src_cols  gather: m   unfold: h
     c: u32, // slice: start                 unfold: w
     d: u32, //                              unfold: r
@@ -24,6 +26,9 @@ var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read> idx: array<i32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> wa: array<u32>;
+@group(0) @binding(5) var<storage, read> wb: array<u32>;
+@group(0) @binding(6) var<storage, read_write> wout: array<u32>;
 
 fn flat(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
     return (wg.y * nwg.x + wg.x) * 256u + li;
@@ -75,4 +80,16 @@ fn unfold(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         v = src[(yy * p.c + xx) * ch_n + ch];
     }
     out[i] = v;
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn concat_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) li: u32) {
+    let i = flat(wg, nwg, li);
+    if (i >= p.n_out) { return; }
+    if (i < p.a) {
+        wout[i] = wa[i];
+    } else {
+        wout[i] = wb[i - p.a];
+    }
 }

@@ -1,5 +1,5 @@
-//! Data movement: `slice_cols`, `gather_rows` and `unfold` on `shaders/copy.wgsl` (one thread per
-//! output element), `concat_rows` by two buffer copies.
+//! Data movement on `shaders/copy.wgsl`, one thread per output element: `slice_cols`,
+//! `gather_rows`, `unfold` and `concat_rows`.
 //!
 //! `gather_rows` bounds-checks every index in the shader: an index outside `0..m` yields a row of
 //! NaN (loud downstream) and never reads out of bounds.
@@ -16,21 +16,13 @@ impl WgpuBackend {
         self.per_element(Shader::Copy, "slice_cols", &[("x", 1, x)], out, &[len as u32, d as u32, start as u32])
     }
 
-    /// `[n, d]`, `[m, d]` → `[n+m, d]` by two buffer copies.
+    /// `[n, d]`, `[m, d]` → `[n+m, d]` in one dispatch, either dtype's 4-byte words copied as
+    /// bits: two buffer copies ended the compute pass the dispatches share (a decode step
+    /// concatenates each layer's kept keys and compressor rows with the step's new ones).
     pub(super) fn concat_rows(&self, a: &WgpuTensor, b: &WgpuTensor) -> Result<WgpuTensor> {
-        const OP: &str = "concat_rows";
         checks::concat_rows(a, b)?;
-        self.check_inputs(OP, [("a", a), ("b", b)])?;
-        let y = self.alloc(OP, vec![a.rows() + b.rows(), a.cols()], a.dtype)?;
-        self.with_encoder(|enc| {
-            if a.bytes > 0 {
-                enc.copy_buffer_to_buffer(&a.buf, a.offset, &y.buf, 0, a.bytes);
-            }
-            if b.bytes > 0 {
-                enc.copy_buffer_to_buffer(&b.buf, b.offset, &y.buf, a.bytes, b.bytes);
-            }
-        });
-        Ok(y)
+        let out = Output { binding: 6, shape: vec![a.rows() + b.rows(), a.cols()], dtype: a.dtype };
+        self.per_element(Shader::Copy, "concat_rows", &[("a", 4, a), ("b", 5, b)], out, &[a.numel() as u32])
     }
 
     /// src `[m, d]`, idx i32 `[n]` → `[n, d]`; an index outside `0..m` yields a row of NaN.

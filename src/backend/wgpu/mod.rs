@@ -8,7 +8,7 @@
 //!   (`linear_tile.wgsl`'s tile loads with `linear_packed.wgsl` or `linear_f16.wgsl` and a tile
 //!   body, the small rows of `rows.wgsl`, the `dequant/` builds of formats.rs);
 //! - elementwise.rs, copy.rs, norm.rs, rope.rs, attention.rs: the ops of `elementwise.wgsl`,
-//!   `copy.wgsl` (and `concat_rows`, a buffer copy), `norm.wgsl`, `rope.wgsl`, `attention.wgsl`;
+//!   `copy.wgsl`, `norm.wgsl`, `rope.wgsl`, `attention.wgsl`;
 //! - lm.rs: the other language-model ops, on `lm.wgsl`;
 //! - here: `debug_poke`, the guard bands' test hook, on `debug.wgsl`.
 //!
