@@ -593,7 +593,7 @@ pub(crate) fn route_experts<T: DeviceTensor>(
     input(OP, "bias", bias, DType::F32)?;
     input(OP, "kind", kind, DType::I32)?;
     let (n, e) = (logits.rows(), logits.cols());
-    if bias.cols() != e || numel(kind) != n {
+    if logits.shape().len() != 2 || bias.shape().len() != 2 || bias.cols() != e || numel(kind) != n {
         return Err(Error::shape(
             OP,
             format!("logits {:?}, bias {:?}, kind {:?} do not fit", logits.shape(), bias.shape(), kind.shape()),
@@ -943,6 +943,11 @@ mod tests {
             "logits [3, 8], bias [2, 7], kind [3] do not fit",
         );
         refused(route_experts(&logits, &bias, &f(&[3]), None, 2), "route_experts", "kind must be i32, found f32");
+        refused(
+            route_experts(&f(&[3, 1, 8]), &bias, &kind, None, 2),
+            "route_experts",
+            "logits [3, 1, 8], bias [2, 8], kind [3] do not fit",
+        );
         refused(
             route_experts(&logits, &bias, &kind, Some((&i(&[10, 3]), &i(&[3]))), 2),
             "route_experts",

@@ -433,6 +433,7 @@ pub(crate) fn route_experts_parts<B: Backend + ?Sized>(
     k: usize,
     scale: f32,
 ) -> Result<(B::Tensor, B::Tensor)> {
+    checks::route_experts(logits, bias, kind, hash, k)?;
     let scores = b.sqrt_softplus(logits)?;
     let biased = b.add(&scores, &b.gather_rows(bias, kind)?)?;
     let mut selected = b.topk_rows(&biased, k)?;
