@@ -1416,7 +1416,8 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    /// `[n, d]`, `[m, d]` → `[n+m, d]` by two device-to-device copies (f32 or i32).
+    /// `[n, d]`, `[m, d]` → `[n+m, d]` (f32 or i32): one `concat_rows_u32` launch, or two
+    /// device-to-device copies past 2^32 words.
     fn concat_rows(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "concat_rows";
         checks::concat_rows(a, b)?;
