@@ -331,10 +331,7 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     var sum = 0.0;
     var bad = false;
     for (var s = 0u; s < k; s++) {
-        var id = re_ids[s];
-        if (hashed) {
-            id = ic[u32(t) * k + s];
-        }
+        let id = slot_id(s, hashed, t, k);
         if (id < 0 || u32(id) >= e) {
             bad = true;
             continue;
@@ -343,16 +340,21 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     sum += 1e-20;
     if (!live || li >= k) { return; }
-    var id = re_ids[li];
-    if (hashed) {
-        id = ic[u32(t) * k + li];
-    }
+    let id = slot_id(li, hashed, t, k);
     iout[r * k + li] = id;
     if (bad) {
         out[r * k + li] = nan();
     } else {
         out[r * k + li] = re_raw[u32(id)] / sum * bitcast<f32>(p.u6);
     }
+}
+
+// Slot s's expert: the hash table's row t for a hashed token, else the top-k pick.
+fn slot_id(s: u32, hashed: bool, t: i32, k: u32) -> i32 {
+    if (hashed) {
+        return ic[u32(t) * k + s];
+    }
+    return re_ids[s];
 }
 
 // embed_rows (one weight chunk per dispatch): ia = ids [n], w = rows row0..row0+rows of the

@@ -512,3 +512,19 @@ fn workgroup_attention_iterations(keys: usize, kk: usize, hd: usize) -> usize {
     let fixed = kk.div_ceil(THREADS) + 1 + 2 * dims + 3 * (tiles + 1);
     fixed + (logits + serial) + (again + strided + serial) + (again + strided + serial * (dims + 2))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The router's limits are the kernel's: its workgroup memory holds ROUTE_MAX_EXPERTS scores
+    /// and a thread a slot.
+    #[test]
+    fn route_limits_match_lm_wgsl() {
+        let wgsl = include_str!("../../../shaders/lm.wgsl");
+        assert!(wgsl.contains(&format!("const RE_CACHE: u32 = {ROUTE_MAX_EXPERTS}u;")));
+        assert!(wgsl.contains(&format!("const RE_THREADS: u32 = {ROUTE_MAX_K}u;")));
+        assert!(wgsl.contains("const RE_K_MAX: u32 = RE_THREADS;"));
+        assert!(wgsl.contains("@compute @workgroup_size(256, 1, 1)\nfn route_experts("));
+    }
+}
