@@ -786,7 +786,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             sig3((read + cache_read) / step / 1e9),
             launches_note(&timing, args.decode_steps)
         );
-        bench_common::print_kernel_times(timing.kernels.as_deref(), "a step", args.decode_steps, 16);
+        bench_common::print_kernel_times(timing.kernels.as_deref(), "a step", args.decode_steps, 48);
         figures.decode.push((n, step));
     }
     figures.memory = b.memory();

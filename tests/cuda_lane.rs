@@ -90,6 +90,39 @@ fn cuda_launches_count_kernels() {
     assert_eq!(b.launches(), Some(before + 1));
 }
 
+/// `Options::kernel_times`: every launch since the last read is timed once, under its kernel's
+/// name, with a positive device time; a read empties the list.
+#[test]
+fn cuda_kernel_times_cover_every_launch() {
+    let opts = fovea::backend::cuda::Options { kernel_times: true, ..Default::default() };
+    let Some(b) = common::cuda_lane_with_or_skip(opts) else { return };
+    let a = up(&b, &[64, 256]);
+    b.kernel_times().unwrap();
+    let before = b.launches().unwrap();
+    let y = b.add(&a, &a).unwrap();
+    let z = b.rms_norm(&y, &up(&b, &[256]), 1e-6).unwrap();
+    b.add(&z, &y).unwrap();
+    let launched = b.launches().unwrap() - before;
+    let times = b.kernel_times().unwrap().expect("kernel_times was asked for");
+    assert_eq!(times.iter().map(|k| k.count).sum::<u64>(), launched, "{times:?}");
+    assert!(times.iter().all(|k| k.seconds > 0.0 && k.seconds < 1.0), "{times:?}");
+    let add = times.iter().find(|k| k.name == "add_f32").unwrap_or_else(|| panic!("no add_f32 in {times:?}"));
+    assert_eq!(add.count, 2, "{times:?}");
+    assert!(times.windows(2).all(|w| w[0].seconds >= w[1].seconds), "longest first: {times:?}");
+    assert_eq!(b.kernel_times().unwrap(), Some(Vec::new()), "a read empties the list");
+    // by grid: the kernel's name, then its grid
+    let opts = fovea::backend::cuda::Options { kernel_times_by_grid: true, ..Default::default() };
+    let by_grid = common::cuda_lane_with_or_skip(opts).expect("a second lane on the same device");
+    let a = up(&by_grid, &[64, 256]);
+    by_grid.add(&a, &a).unwrap();
+    let times = by_grid.kernel_times().unwrap().expect("kernel_times_by_grid was asked for");
+    assert!(times.len() == 1 && times[0].name.starts_with("add_f32 ") && times[0].name.ends_with("x1x1"), "{times:?}");
+    if std::env::var_os("FOVEA_GPU_TIMES").is_none() {
+        let Some(untimed) = common::cuda_lane_or_skip() else { return };
+        assert_eq!(untimed.kernel_times().unwrap(), None);
+    }
+}
+
 #[test]
 fn cuda_lane_claims_every_op_of_the_contract() {
     let Some(b) = common::cuda_lane_or_skip() else { return };

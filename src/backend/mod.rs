@@ -589,9 +589,9 @@ pub trait Backend {
     fn host_profile(&self) -> Option<HostProfile> {
         None
     }
-    /// Each kernel's device time since the last call, longest first: a diagnostic the wgpu lane
-    /// collects with `FOVEA_GPU_TIMES=1` on an adapter with timestamp queries (every dispatch
-    /// then writes two timestamps); `Ok(None)` otherwise.
+    /// Each kernel's device time since the last call, longest first: a diagnostic the GPU lanes
+    /// collect with `FOVEA_GPU_TIMES=1` (wgpu: on an adapter with timestamp queries, two
+    /// timestamps a dispatch; CUDA: two timing events a launch); `Ok(None)` otherwise.
     fn kernel_times(&self) -> Result<Option<Vec<KernelTime>>> {
         Ok(None)
     }

@@ -94,7 +94,7 @@ impl CudaBackend {
         // SAFETY: arguments match `sink_attention_f32` in cuda/lm_attention.cu; shapes checked
         // above (with no compressed entries kk = 0, so the dummy buffers are never read; with one
         // split the kernel writes out, never part).
-        self.launched(OP, "sink_attention_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "sink_attention_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         if let Some(part) = part {
             let total = n * cols;
             let merge = self.func(Source::LmAttention, "sink_attention_merge_f32")?;
@@ -103,7 +103,7 @@ impl CudaBackend {
             l.arg(&*part.buf).arg(&*sinks.buf).arg(&mut *y.buf).arg(&total32).arg(&h32).arg(&hd32).arg(&s32);
             // SAFETY: arguments match `sink_attention_merge_f32`; part holds splits states per
             // (query, head), written by the launch above on the same stream.
-            self.launched(OP, "sink_attention_merge_f32", || unsafe { l.launch(cfg_1d(total)) })?;
+            self.launched(OP, "sink_attention_merge_f32", cfg_1d(total), |cfg| unsafe { l.launch(cfg) })?;
         }
         Ok(y)
     }
@@ -145,7 +145,7 @@ impl CudaBackend {
         l.arg(&*q.buf).arg(&*k.buf).arg(&*w.buf).arg(&mut *y.buf);
         l.arg(&sizes[0]).arg(&sizes[1]).arg(&sizes[2]).arg(&sizes[3]).arg(&scale).arg(&pos32).arg(&r32);
         // SAFETY: arguments match `indexer_scores_f32` in cuda/lm_attention.cu; shapes checked above.
-        self.launched(OP, "indexer_scores_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "indexer_scores_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -213,7 +213,7 @@ impl CudaBackend {
             l.arg(s);
         }
         // SAFETY: arguments match `grouped_linear_*` in cuda/lm_attention.cu; shapes checked above.
-        self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 }

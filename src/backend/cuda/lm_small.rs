@@ -91,7 +91,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&mut *y.buf).arg(&segs32).arg(&hd32).arg(&eps);
         // SAFETY: arguments match `rms_norm_heads_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "rms_norm_heads_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "rms_norm_heads_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -160,7 +160,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&mix.buf).arg(&mut *part.buf).arg(&n32).arg(&k32).arg(&w32).arg(&splits32).arg(&code);
         // SAFETY: arguments match `hc_mix_partials_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "hc_mix_partials_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "hc_mix_partials_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
 
         let mut y = self.alloc(OP, vec![n, w], DType::F32)?;
         let (hc32, iters32, eps_bits) = (check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits());
@@ -177,7 +177,7 @@ impl CudaBackend {
         l.arg(&*part.buf).arg(&*scale.buf).arg(&*base.buf).arg(&mut *y.buf);
         l.arg(&n32).arg(&k32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps).arg(&token_warps);
         // SAFETY: arguments match `hc_mix_split_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "hc_mix_split_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "hc_mix_split_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -220,7 +220,7 @@ impl CudaBackend {
         l.arg(&*x.buf).arg(&*w.buf).arg(&*weight.buf).arg(&mut *y.buf);
         l.arg(&n32).arg(&d32).arg(&hc32).arg(&wc32).arg(&eps);
         // SAFETY: arguments match `hc_pre_norm_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "hc_pre_norm_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "hc_pre_norm_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -323,7 +323,7 @@ impl CudaBackend {
         l.arg(&mut *y.buf).arg(&segs32).arg(&heads32).arg(&hd32).arg(&rd32).arg(&has_weight).arg(&eps);
         // SAFETY: arguments match `rms_norm_rope_f32` in cuda/lm_small.cu; shapes checked above
         // (the dummy stands in for an absent weight, which the kernel never reads).
-        self.launched(OP, "rms_norm_rope_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "rms_norm_rope_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -346,7 +346,7 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&mut *y.buf).arg(&n32).arg(&m32).arg(&k32);
         // SAFETY: arguments match `topk_rows_i32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "topk_rows_i32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "topk_rows_i32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -430,7 +430,7 @@ impl CudaBackend {
         l.arg(&mut *ids.buf).arg(&mut *weights.buf);
         l.arg(&n32).arg(&e32).arg(&k32).arg(&kinds).arg(&hashed).arg(&vocab).arg(&scale_bits);
         // SAFETY: arguments match `route_experts_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "route_experts_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "route_experts_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok((ids, weights))
     }
 

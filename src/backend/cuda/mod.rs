@@ -47,12 +47,13 @@ use crate::backend::checks::{self, NamedWeight};
 use crate::backend::cpu::rope_2d_tables;
 use crate::backend::{
     Backend, Capacity, DType, DeviceTensor, DeviceWeight, HostClock, HostData, HostProfile, HostTensor, HostWeight,
-    MemoryReport, Op, Precision, WeightFormat,
+    KernelTime, MemoryReport, Op, Precision, WeightFormat,
 };
 use crate::error::{Error, Result};
 
 mod lm_attention;
 mod moe;
+mod timing;
 
 const LANE: &str = "cuda";
 /// Bit pattern written into guard bands (a quiet NaN with a recognisable payload).
@@ -612,6 +613,12 @@ pub struct Options {
     /// How the GEMM tiles round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks `Fast` for this lane unless asked otherwise).
     pub precision: Precision,
+    /// Time every launch on the device (`Backend::kernel_times`). Diagnostic; also on with
+    /// `FOVEA_GPU_TIMES=1`.
+    pub kernel_times: bool,
+    /// With `kernel_times`, sum the times by kernel and grid (`"linear_q8_0 2048x1x1"`). Also on
+    /// with `FOVEA_GPU_TIMES=grid`.
+    pub kernel_times_by_grid: bool,
 }
 
 /// Device buffers of dropped tensors, kept by byte length for the next tensor of that length.
@@ -807,6 +814,8 @@ pub struct CudaBackend {
     rope_tables: Mutex<HashMap<(usize, usize, usize, u32), Arc<CudaTensor>>>,
     /// Device tables of expert weight addresses for `moe_experts`, keyed by those addresses.
     expert_tables: Mutex<HashMap<Vec<u64>, Arc<CudaTensor>>>,
+    /// `Backend::kernel_times` (`FOVEA_GPU_TIMES=1`).
+    timer: timing::KernelTimer,
 }
 
 fn check_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
@@ -849,6 +858,7 @@ impl CudaBackend {
                 stream,
                 description,
                 arch,
+                timer: timing::KernelTimer::new(opts.kernel_times, opts.kernel_times_by_grid),
                 opts,
                 counters: Arc::new(Counters { clock: HostClock::from_env(), ..Counters::default() }),
                 pool: Arc::default(),
@@ -1077,10 +1087,11 @@ impl CudaBackend {
         &self,
         op: &'static str,
         kernel: &str,
-        launch: impl FnOnce() -> std::result::Result<T, cudarc::driver::DriverError>,
+        cfg: LaunchConfig,
+        launch: impl FnOnce(LaunchConfig) -> std::result::Result<T, cudarc::driver::DriverError>,
     ) -> Result<()> {
         self.counters.launches.fetch_add(1, Ordering::Relaxed);
-        let r = self.counters.clock.launch(launch);
+        let r = self.counters.clock.launch(|| self.timer.time(&self.ctx, &self.stream, kernel, cfg, launch));
         r.map(|_| ()).map_err(|e| Self::launch_err(op, kernel, e))
     }
 
@@ -1137,7 +1148,7 @@ impl CudaBackend {
         l.arg(&*t.buf).arg(&index).arg(&value);
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: arguments match `debug_poke_u32` in cuda/debug.cu; the index is inside the buffer.
-        self.launched("debug_poke", "debug_poke_u32", || unsafe { l.launch(cfg) })?;
+        self.launched("debug_poke", "debug_poke_u32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(())
     }
 
@@ -1193,7 +1204,7 @@ impl CudaBackend {
         }
         // SAFETY: the argument list matches the kernel's signature in `src` (buffers, then
         // `unsigned int` sizes), and the host checked every size against the buffers.
-        self.launched(op, kernel, || unsafe { l.launch(cfg_1d(total)) })?;
+        self.launched(op, kernel, cfg_1d(total), |cfg| unsafe { l.launch(cfg) })?;
         Ok(())
     }
 }
@@ -1232,6 +1243,10 @@ impl Backend for CudaBackend {
 
     fn host_profile(&self) -> Option<HostProfile> {
         self.counters.clock.profile()
+    }
+
+    fn kernel_times(&self) -> Result<Option<Vec<KernelTime>>> {
+        self.timer.read(&self.stream).map_err(|e| dev_err("reading the kernels' timing events", e))
     }
 
     /// `CUDA_PREFILL_CHUNK`: more rows a forward keep the experts' row tiles fuller.
@@ -1325,7 +1340,7 @@ impl Backend for CudaBackend {
             // SAFETY: arguments match `linear_q8x_*` in cuda/linear.cu; x is one row of k (a
             // multiple of the format's block, so of 32), y one row of out, the bias out floats
             // where has_bias; the shared memory is q8x_shared_bytes(k).
-            self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
             return Ok(y);
         }
         let (gx, gy) = gemm_grid(n, w.rows);
@@ -1362,7 +1377,7 @@ impl Backend for CudaBackend {
         // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above; with
         // splits > 1 (grid y on the small-row path, z on the tile path), part holds splits·n·out
         // and the ranges of `chunk` cover k.
-        self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
         if let Some(p) = part {
             let sizes = [check_u32(OP, "outputs", n * w.rows)?, o32, splits as u32, has_bias];
             self.launch_1d(
@@ -1392,7 +1407,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*x.buf).arg(&*weight.buf).arg(&mut *y.buf).arg(&n32).arg(&d32).arg(&eps);
         // SAFETY: arguments match `rms_norm_f32` in cuda/norm.cu; shapes checked above.
-        self.launched(OP, "rms_norm_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "rms_norm_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -1529,7 +1544,7 @@ impl Backend for CudaBackend {
             l.arg(&*q.buf).arg(&*kv16.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&keys32).arg(&scale);
             // SAFETY: arguments match `attention_fast_d*` in cuda/attention.cu; kv16 holds the
             // 2 · heads · keys · width / 2 words it reads, shapes checked above.
-            self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
             return Ok(y);
         }
         // q, k, v, acc tiles, then S, P^T, alpha and factor (the layout in cuda/attention.cu)
@@ -1548,7 +1563,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&f);
         l.arg(&*q.buf).arg(&*k.buf).arg(&*v.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&scale);
         // SAFETY: arguments match `attention_f32` in cuda/attention.cu; shapes checked above.
-        self.launched(OP, "attention_f32", || unsafe { l.launch(cfg) })?;
+        self.launched(OP, "attention_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 
@@ -1605,7 +1620,7 @@ impl Backend for CudaBackend {
         l.arg(&*x.buf).arg(&weight.buf).arg(bias_buf).arg(&mut *y.buf);
         l.arg(&c32).arg(&h32).arg(&w32).arg(&r32).arg(&cw32).arg(&cells32).arg(&o32).arg(&has_bias);
         // SAFETY: arguments match `unfold_linear_gelu_*` in cuda/linear.cu; shapes checked above.
-        self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
         Ok(y)
     }
 

@@ -126,7 +126,7 @@ impl CudaBackend {
             l.arg(&tile_rows32);
             // SAFETY: arguments match `moe_route` in cuda/moe.cu; order holds slots, tiles
             // 1 + 3·max_tiles (the most any routing gives), cursor experts i32.
-            self.launched(OP, "moe_route", || unsafe { l.launch(cfg) })?;
+            self.launched(OP, "moe_route", cfg, |cfg| unsafe { l.launch(cfg) })?;
             // 2. every tile at once: gathered gate GEMM, up GEMM + clamped SwiGLU, then down GEMM
             let table = self.expert_table(w1, w3, w2)?;
             let w3_table = table.buf.slice(experts * 8..);
@@ -168,7 +168,7 @@ impl CudaBackend {
                 // SAFETY: arguments match `moe_gate_*` (and `moe_gate_q8x_*`) in cuda/moe.cu; the tiles' rows lie in
                 // 0..slots, the table's first `experts` addresses are the w1[e] [h, d], all in
                 // this kernel's format.
-                self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+                self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
                 let (kernel, f, cfg) = pick(&MOE_UP_KERNELS, 1, up_format, d, h)?;
                 let mut l = self.stream.launch_builder(&f);
                 l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&w3_table).arg(&mut *hid.buf);
@@ -176,7 +176,7 @@ impl CudaBackend {
                 // SAFETY: arguments match `moe_up_*` (and `moe_up_q8x_*`) in cuda/moe.cu; w3_table holds the addresses
                 // of the w3[e] [h, d], all in this kernel's format; hid holds the gates the
                 // previous launch (same stream) wrote.
-                self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+                self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
             }
             let (kernel, f, cfg) = pick(&MOE_DOWN_KERNELS, 2, down_format, h, d)?;
             let mut l = self.stream.launch_builder(&f);
@@ -184,7 +184,7 @@ impl CudaBackend {
             l.arg(&tile_rows32).arg(&d32).arg(&h32);
             // SAFETY: arguments match `moe_down_*` (and `moe_down_q8x_*`) in cuda/moe.cu; w2_table holds the addresses
             // of the w2[e] [d, h], all in this kernel's format.
-            self.launched(OP, kernel, || unsafe { l.launch(cfg) })?;
+            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
         }
         // 3. weighted combine per token in slot order
         self.launch_1d(
