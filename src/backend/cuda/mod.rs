@@ -13,8 +13,9 @@
 //!   compute capability of the device found (`--gpu-architecture=compute_XY`, PTX that the driver
 //!   turns into sm_XY code at module load), not for a guessed list.
 //!   Each file is compiled at its first use and the PTX is cached per architecture for the life
-//!   of the process (every backend on a device of that architecture reuses it); each backend
-//!   loads the module into its own context once.
+//!   of the process (every backend on a device of that architecture reuses it) and on disk for
+//!   later processes (`ptx_cache.rs`: keyed by program text, options and NVRTC version); each
+//!   backend loads the module into its own context once.
 //! - Memory: every tensor and weight is one plain device allocation (`CudaSlice<u8>`); weights
 //!   keep their checkpoint format (f32, f16, bf16, or a block format: `crate::formats`) and the
 //!   kernels decode them as they load them (cuda/dequant.cuh for the block formats): device bytes
@@ -53,6 +54,7 @@ use crate::error::{Error, Result};
 
 mod lm_attention;
 mod moe;
+mod ptx_cache;
 mod timing;
 
 const LANE: &str = "cuda";
@@ -563,7 +565,8 @@ pub fn probe() -> Result<String> {
 }
 
 /// PTX of `src` for architecture `arch` and a precision, compiled by NVRTC at the first request
-/// in this process. `Fast` defines `FOVEA_FAST` (one bf16 product per GEMM tile, cuda/common.cuh);
+/// in this process, or read from the disk cache where an earlier process compiled it
+/// (`ptx_cache`). `Fast` defines `FOVEA_FAST` (one bf16 product per GEMM tile, cuda/common.cuh);
 /// only the GEMM kernels are ever loaded from a fast module.
 fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
     let mut cache = PTX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
@@ -588,9 +591,19 @@ fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
     // The device's own compute capability as the virtual architecture: NVRTC emits PTX for it
     // (a real `sm_XY` target makes NVRTC emit a cubin, and `nvrtcGetPTX`, all cudarc reads, may
     // then have nothing), and the driver JIT-compiles that PTX for sm_XY when the module loads.
+    let program = src.program(unit);
+    // the disk cache's key: everything the PTX depends on (ptx_cache.rs)
+    let nvrtc = nvrtc_version().map_or("?".into(), |(a, b)| format!("{a}.{b}"));
+    let key = ptx_cache::fnv1a(&[program.as_bytes(), options.join("\0").as_bytes(), nvrtc.as_bytes()]);
+    let stored = ptx_cache::dir_from_env().map(|dir| ptx_cache::path(&dir, src.file(), key));
+    if let Some(ptx) = stored.as_deref().and_then(ptx_cache::load) {
+        let ptx = Ptx::from_src(ptx);
+        cache.insert((arch, src, build, unit), ptx.clone());
+        return Ok(ptx);
+    }
     let opts = CompileOptions { options, name: Some(src.file().into()), ..Default::default() };
     let ptx = no_panic("NVRTC", || {
-        cudarc::nvrtc::compile_ptx_with_opts(src.program(unit), opts).map_err(|e| match e {
+        cudarc::nvrtc::compile_ptx_with_opts(&program, opts).map_err(|e| match e {
             CompileError::CompileError { nvrtc, options, log } => Error::Device(format!(
                 "NVRTC could not compile cuda/{} for compute_{arch} ({nvrtc:?}, options {options:?}):\n{}",
                 src.file(),
@@ -599,6 +612,9 @@ fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
             e => Error::Device(format!("NVRTC failed on cuda/{} for compute_{arch}: {e:?}", src.file())),
         })
     })?;
+    if let Some(path) = &stored {
+        ptx_cache::store(path, &ptx.to_src());
+    }
     cache.insert((arch, src, build, unit), ptx.clone());
     Ok(ptx)
 }
