@@ -612,8 +612,9 @@ fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
             e => Error::Device(format!("NVRTC failed on cuda/{} for compute_{arch}: {e:?}", src.file())),
         })
     })?;
-    if let Some(path) = &stored {
-        ptx_cache::store(path, &ptx.to_src());
+    // (`to_src` panics on text that is not UTF-8, which NVRTC's PTX never is: then not kept)
+    if let (Some(path), Ok(text)) = (&stored, no_panic("NVRTC output", || Ok(ptx.to_src()))) {
+        ptx_cache::store(path, &text);
     }
     cache.insert((arch, src, build, unit), ptx.clone());
     Ok(ptx)

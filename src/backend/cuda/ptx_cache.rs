@@ -57,7 +57,8 @@ pub(super) fn load(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
     let (first, ptx) = text.split_once('\n')?;
     let sum = u64::from_str_radix(first.strip_prefix(HEADER)?, 16).ok()?;
-    (sum == fnv1a(&[ptx.as_bytes()])).then(|| ptx.to_owned())
+    // a NUL would make the driver's loader (a C string) panic inside cudarc
+    (sum == fnv1a(&[ptx.as_bytes()]) && !ptx.contains('\0')).then(|| ptx.to_owned())
 }
 
 /// Keep `ptx` at `path`; a failure is reported once a process and otherwise ignored.
@@ -120,6 +121,9 @@ mod tests {
         assert_eq!(load(&p), None);
         // no header
         std::fs::write(&p, ptx).unwrap();
+        assert_eq!(load(&p), None);
+        // a NUL inside, checksum and all (the driver's loader takes a C string)
+        store(&p, "ptx\0more");
         assert_eq!(load(&p), None);
         // overwritten whole by the next store
         store(&p, ptx);
