@@ -181,11 +181,17 @@ fn route_experts_matches_its_composition_bit_for_bit() {
 }
 
 /// The fused norm and RoPE (lm.wgsl's `rms_norm_rope`, one dispatch) against `rms_norm_heads` /
-/// `rms_norm` then `rope_tail_at` on this lane, bit for bit: the queries' shape (heads without a
-/// weight, an odd unrotated part), the keys' (one weighted head wider than a workgroup, 520 > 256
-/// threads) and a head that is all tail, at positions up to ~9000 rad.
+/// `rms_norm` then `rope_tail_at` on this lane: the queries' shape (heads without a weight, an odd
+/// unrotated part), the keys' (one weighted head wider than a workgroup, 520 > 256 threads) and a
+/// head that is all tail, at positions up to ~9000 rad. The norm is bit for bit (every element
+/// outside the rotary tail). The rotation `a·c − b·s` shares its WGSL function with rope_tail_at,
+/// but a driver may contract a product into an FMA differently in the two kernels (NVIDIA's Vulkan
+/// compiler did, H200, 2026-12-05: 85 of 621 tail elements 1–18 ulp apart, all at pairs that
+/// cancel); lavapipe gives the same bits. Either order of rounding the two products and the
+/// difference is within 2 u (|a c| + |b s|) + 2 u |y| ≤ 4 u (|a| + |b|), u = 2⁻²⁴, for the
+/// pair (a, b) of normalised values: the bound on each tail element.
 #[test]
-fn rms_norm_rope_matches_its_composition_bit_for_bit() {
+fn rms_norm_rope_matches_its_composition() {
     if !adapter_available() {
         return;
     }
@@ -204,9 +210,20 @@ fn rms_norm_rope_matches_its_composition_bit_for_bit() {
             None => b.rms_norm_heads(&x, heads, 1e-6).unwrap(),
         };
         let want = down(b, &b.rope_tail_at(&normed, heads, &inv_freq, &pos, false).unwrap());
-        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got), bits(&want), "{heads} heads of {hd}, rd {rd}, weighted {weighted}");
-        assert!(got.iter().all(|v| v.is_finite()) && got != down(b, &normed));
+        let normed = down(b, &normed);
+        let case = format!("{heads} heads of {hd}, rd {rd}, weighted {weighted}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let t = (i % hd) as isize - (hd - rd) as isize; // index inside the rotary tail
+            if t < 0 {
+                assert_eq!(g.to_bits(), w.to_bits(), "{case}: element {i} (not rotated) {g} against {w}");
+                continue;
+            }
+            let partner = (i as isize + if t % 2 == 0 { 1 } else { -1 }) as usize;
+            let u = f32::EPSILON / 2.0;
+            let bound = 4.0 * u * (normed[i].abs() + normed[partner].abs());
+            assert!((g - w).abs() <= bound, "{case}: element {i} (rotated) {g} against {w}, bound {bound:e}");
+        }
+        assert!(got.iter().all(|v| v.is_finite()) && got != normed);
     }
 }
 
