@@ -90,11 +90,12 @@ fn cuda_launches_count_kernels() {
     assert_eq!(b.launches(), Some(before + 1));
 }
 
-/// `Options::kernel_times`: every launch since the last read is timed once, under its kernel's
-/// name, with a positive device time; a read empties the list.
+/// `Options::kernel_times`: each launch since the last read counted once under its kernel's name
+/// (the launch counter and the timer both sit in the lane's one launch path), with a positive
+/// device time; a read empties the sums; by grid, the names carry the grid.
 #[test]
-fn cuda_kernel_times_cover_every_launch() {
-    let opts = fovea::backend::cuda::Options { kernel_times: true, ..Default::default() };
+fn cuda_kernel_times_sum_each_kernel() {
+    let opts = fovea::backend::cuda::Options { kernel_times: true, kernel_times_by_grid: false, ..Default::default() };
     let Some(b) = common::cuda_lane_with_or_skip(opts) else { return };
     let a = up(&b, &[64, 256]);
     b.kernel_times().unwrap();
@@ -111,7 +112,7 @@ fn cuda_kernel_times_cover_every_launch() {
     assert!(times.windows(2).all(|w| w[0].seconds >= w[1].seconds), "longest first: {times:?}");
     assert_eq!(b.kernel_times().unwrap(), Some(Vec::new()), "a read empties the list");
     // by grid: the kernel's name, then its grid
-    let opts = fovea::backend::cuda::Options { kernel_times_by_grid: true, ..Default::default() };
+    let opts = fovea::backend::cuda::Options { kernel_times: true, kernel_times_by_grid: true, ..Default::default() };
     let by_grid = common::cuda_lane_with_or_skip(opts).expect("a second lane on the same device");
     let a = up(&by_grid, &[64, 256]);
     by_grid.add(&a, &a).unwrap();

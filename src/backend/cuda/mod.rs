@@ -38,6 +38,7 @@ mod lm_small;
 use std::collections::HashMap;
 use std::fmt;
 use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -477,7 +478,8 @@ pub const KERNELS: &[(Source, &str)] = &[
 
 /// PTX compiled in this process, per (compute capability as `major·10 + minor`, file, build,
 /// unit).
-static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source, Build, Unit), Ptx>>> = LazyLock::new(Mutex::default);
+static PTX_CACHE: LazyLock<Mutex<HashMap<(u32, Source, Build, Unit), (Ptx, Option<PathBuf>)>>> =
+    LazyLock::new(Mutex::default);
 
 /// Run `f`, turning a panic inside cudarc (a missing library symbol, say) into `Error::Device`.
 fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -568,7 +570,9 @@ pub fn probe() -> Result<String> {
 /// in this process, or read from the disk cache where an earlier process compiled it
 /// (`ptx_cache`). `Fast` defines `FOVEA_FAST` (one bf16 product per GEMM tile, cuda/common.cuh);
 /// only the GEMM kernels are ever loaded from a fast module.
-fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
+/// Returns the PTX and, when it was read from the disk cache, that file (which `forget_ptx`
+/// removes if the driver then refuses the PTX).
+fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<(Ptx, Option<PathBuf>)> {
     let mut cache = PTX_CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = cache.get(&(arch, src, build, unit)) {
         return Ok(p.clone());
@@ -584,8 +588,10 @@ fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
         Build::Rows => options.push("-DFOVEA_GEMM_PATH=GEMM_PATH_ROWS".into()),
     }
     // Diagnostic: extra NVRTC options for tuning a kernel's compile-time constants without a
-    // rebuild (e.g. `-DGEMV_MIN_BLOCKS=12`), split at white space.
-    if let Ok(extra) = std::env::var("FOVEA_NVRTC_OPTIONS") {
+    // rebuild (e.g. `-DGEMV_MIN_BLOCKS=12`), split at white space. Such builds bypass the disk
+    // cache: an option may bring in files (`--pre-include`) whose contents the key cannot see.
+    let extra = std::env::var("FOVEA_NVRTC_OPTIONS").ok();
+    if let Some(extra) = &extra {
         options.extend(extra.split_whitespace().map(String::from));
     }
     // The device's own compute capability as the virtual architecture: NVRTC emits PTX for it
@@ -595,11 +601,12 @@ fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
     // the disk cache's key: everything the PTX depends on (ptx_cache.rs)
     let nvrtc = nvrtc_version().map_or("?".into(), |(a, b)| format!("{a}.{b}"));
     let key = ptx_cache::fnv1a(&[program.as_bytes(), options.join("\0").as_bytes(), nvrtc.as_bytes()]);
-    let stored = ptx_cache::dir_from_env().map(|dir| ptx_cache::path(&dir, src.file(), key));
+    let stored =
+        ptx_cache::dir_from_env().filter(|_| extra.is_none()).map(|dir| ptx_cache::path(&dir, src.file(), key));
     if let Some(ptx) = stored.as_deref().and_then(ptx_cache::load) {
-        let ptx = Ptx::from_src(ptx);
-        cache.insert((arch, src, build, unit), ptx.clone());
-        return Ok(ptx);
+        let read = (Ptx::from_src(ptx), stored);
+        cache.insert((arch, src, build, unit), read.clone());
+        return Ok(read);
     }
     let opts = CompileOptions { options, name: Some(src.file().into()), ..Default::default() };
     let ptx = no_panic("NVRTC", || {
@@ -616,12 +623,19 @@ fn ptx_for(arch: u32, src: Source, build: Build, unit: Unit) -> Result<Ptx> {
     if let (Some(path), Ok(text)) = (&stored, no_panic("NVRTC output", || Ok(ptx.to_src()))) {
         ptx_cache::store(path, &text);
     }
-    cache.insert((arch, src, build, unit), ptx.clone());
-    Ok(ptx)
+    cache.insert((arch, src, build, unit), (ptx.clone(), None));
+    Ok((ptx, None))
+}
+
+/// Drop a unit's PTX read from `file` (the driver refused it): from this process and from the
+/// disk, so the next `ptx_for` compiles it again.
+fn forget_ptx(arch: u32, src: Source, build: Build, unit: Unit, file: &Path) {
+    PTX_CACHE.lock().unwrap_or_else(|e| e.into_inner()).remove(&(arch, src, build, unit));
+    let _ = std::fs::remove_file(file);
 }
 
 /// Construction options. `Default` is what the CLI uses.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Options {
     /// CUDA device ordinal.
     pub ordinal: usize,
@@ -630,12 +644,25 @@ pub struct Options {
     /// How the GEMM tiles round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks `Fast` for this lane unless asked otherwise).
     pub precision: Precision,
-    /// Time every launch on the device (`Backend::kernel_times`). Diagnostic; also on with
-    /// `FOVEA_GPU_TIMES=1`.
+    /// Time every launch on the device (`Backend::kernel_times`). Diagnostic; by default on with
+    /// `FOVEA_GPU_TIMES=1` or `=grid`.
     pub kernel_times: bool,
-    /// With `kernel_times`, sum the times by kernel and grid (`"linear_q8_0 2048x1x1"`). Also on
-    /// with `FOVEA_GPU_TIMES=grid`.
+    /// With `kernel_times`, sum the times by kernel and grid (`"linear_q8_0 2048x1x1"`). By
+    /// default on with `FOVEA_GPU_TIMES=grid`.
     pub kernel_times_by_grid: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let times = std::env::var("FOVEA_GPU_TIMES").unwrap_or_default();
+        Options {
+            ordinal: 0,
+            guard_words: 0,
+            precision: Precision::default(),
+            kernel_times: times == "1" || times == "grid",
+            kernel_times_by_grid: times == "grid",
+        }
+    }
 }
 
 /// Device buffers of dropped tensors, kept by byte length for the next tensor of that length.
@@ -948,8 +975,16 @@ impl CudaBackend {
             match modules.get(&(src, build, unit)) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = ptx_for(self.arch, src, build, unit)?;
-                    let m = self.ctx.load_module(ptx).map_err(|e| {
+                    let (ptx, file) = ptx_for(self.arch, src, build, unit)?;
+                    // PTX from the disk cache that the driver refuses: compiled again, once
+                    let loaded = match (self.ctx.load_module(ptx), file) {
+                        (Err(_), Some(file)) => {
+                            forget_ptx(self.arch, src, build, unit, &file);
+                            self.ctx.load_module(ptx_for(self.arch, src, build, unit)?.0)
+                        }
+                        (loaded, _) => loaded,
+                    };
+                    let m = loaded.map_err(|e| {
                         let what = match unit {
                             Unit::Base => String::new(),
                             Unit::Block(f) => format!(", {f} kernels"),

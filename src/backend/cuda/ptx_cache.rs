@@ -11,7 +11,11 @@
 //!   renamed, so a reader sees a whole file or none; a file whose checksum does not match (cut
 //!   short, edited) is ignored and overwritten by the next compile.
 //! - The cache never fails a run: a directory that cannot be made or written is reported once on
-//!   stderr and the process goes on compiling in memory.
+//!   stderr and the process goes on compiling in memory; PTX read from it that the driver refuses
+//!   is deleted and compiled again (`CudaBackend::func_in`). Builds with `FOVEA_NVRTC_OPTIONS`
+//!   bypass it (an option can bring in files the key cannot see).
+//! - Nothing prunes it: a changed kernel leaves its old files behind (a few hundred KiB a unit);
+//!   deleting the directory is always safe.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

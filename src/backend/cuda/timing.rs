@@ -1,9 +1,12 @@
-//! Per-kernel device times, a diagnostic (`FOVEA_GPU_TIMES=1`): two timing events around every
-//! launch on the lane's one stream, read and summed by kernel when
-//! [`Backend::kernel_times`](crate::backend::Backend::kernel_times) asks, so a step's kernels can
-//! be compared with its wall time (the gaps between 1 800 launches are the difference) without a
-//! profiler run. The events are commands in the stream, so a timed step is a little slower than an
-//! untimed one; each kernel's own time is what they measure.
+//! Per-kernel device times, a diagnostic (`Options::kernel_times`, `FOVEA_GPU_TIMES=1`): two
+//! timing events around every launch on the lane's stream, read and summed by kernel (or kernel
+//! and grid) when [`Backend::kernel_times`](crate::backend::Backend::kernel_times) asks. The events
+//! are commands in the stream: a timed step is slower than an untimed one, and an event's
+//! timestamp is taken when the device reaches it, so where the device waited for the host's next
+//! launch that wait is inside the kernel's time. The times are exact where the host keeps ahead
+//! of the device and upper bounds where it does not (a decode step with the timer on). Every
+//! backend of a process shares the context's default stream, so two lanes timing at once see each
+//! other's kernels in their intervals.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,19 +25,22 @@ pub(super) struct KernelTimer {
 
 #[derive(Default)]
 struct TimerState {
-    /// Launches since the last read, in issue order: kernel, its start and end events.
+    /// Launches since the last read or fold, in issue order: kernel, its start and end events.
     pending: Vec<(String, CudaEvent, CudaEvent)>,
+    /// Sums of the launches already folded since the last read: count, seconds.
+    totals: HashMap<String, (u64, f64)>,
     /// Events already read, for the next launches (making one is a driver call).
     spare: Vec<CudaEvent>,
 }
 
+/// Pending launches past which the finished ones are folded into the sums, so a long run that
+/// never reads (`fovea generate` with the variable set) holds a bounded number of events.
+const FOLD_AT: usize = 1 << 14;
+
 impl KernelTimer {
-    /// On when asked (`Options::kernel_times`, `Options::kernel_times_by_grid`) or when the
-    /// environment asks for it (`FOVEA_GPU_TIMES=1` or `=grid`, as on the wgpu lane).
-    pub(super) fn new(asked: bool, by_grid: bool) -> Self {
-        let env = std::env::var("FOVEA_GPU_TIMES").unwrap_or_default();
-        let by_grid = by_grid || env == "grid";
-        KernelTimer { on: asked || by_grid || env == "1", by_grid, state: Mutex::default() }
+    /// On with `on` (`Options::kernel_times`), summing by kernel and grid with `by_grid`.
+    pub(super) fn new(on: bool, by_grid: bool) -> Self {
+        KernelTimer { on, by_grid, state: Mutex::default() }
     }
 
     /// `launch`, between a start and an end event when timing is on.
@@ -49,16 +55,20 @@ impl KernelTimer {
         if !self.on {
             return launch(cfg);
         }
-        let start = self.event(ctx)?;
+        // both events at hand before the first is recorded: nothing but the launch between them
+        let (start, end) = (self.event(ctx)?, self.event(ctx)?);
         start.record(stream)?;
         let r = launch(cfg)?;
-        let end = self.event(ctx)?;
         end.record(stream)?;
         let name = match self.by_grid {
             true => format!("{kernel} {}x{}x{}", cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2),
             false => kernel.to_owned(),
         };
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).pending.push((name, start, end));
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.pending.push((name, start, end));
+        if state.pending.len() >= FOLD_AT {
+            state.fold(false)?;
+        }
         Ok(r)
     }
 
@@ -77,18 +87,31 @@ impl KernelTimer {
         }
         stream.synchronize()?;
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let pending = std::mem::take(&mut state.pending);
-        let mut totals: HashMap<String, (u64, f64)> = HashMap::new();
-        for (kernel, start, end) in pending {
-            let ms = start.elapsed_ms(&end)?;
-            let t = totals.entry(kernel).or_default();
-            t.0 += 1;
-            t.1 += ms as f64 * 1e-3;
-            state.spare.extend([start, end]);
-        }
+        state.fold(true)?;
+        let totals = std::mem::take(&mut state.totals);
         let mut times: Vec<KernelTime> =
             totals.into_iter().map(|(name, (count, seconds))| KernelTime { name, count, seconds }).collect();
         times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
         Ok(Some(times))
+    }
+}
+
+impl TimerState {
+    /// Add the pending launches to the sums and keep their events for reuse: all of them (`all`,
+    /// after the stream was synchronised), or those whose end event the device has passed (a
+    /// prefix: one stream runs them in order).
+    fn fold(&mut self, all: bool) -> Result<(), DriverError> {
+        let done = match all {
+            true => self.pending.len(),
+            false => self.pending.iter().take_while(|(_, _, end)| end.is_complete()).count(),
+        };
+        for (kernel, start, end) in self.pending.drain(..done) {
+            let ms = start.elapsed_ms(&end)?;
+            let t = self.totals.entry(kernel).or_default();
+            t.0 += 1;
+            t.1 += ms as f64 * 1e-3;
+            self.spare.extend([start, end]);
+        }
+        Ok(())
     }
 }
