@@ -454,6 +454,28 @@ pub struct KernelTime {
     pub seconds: f64,
 }
 
+/// Device times summed by kernel name as a GPU lane's timer collects them, until
+/// [`Backend::kernel_times`] takes them.
+#[derive(Default)]
+pub(crate) struct KernelTotals(std::collections::HashMap<String, (u64, f64)>);
+
+impl KernelTotals {
+    /// One dispatch or launch of `name` that took `seconds`.
+    pub(crate) fn add(&mut self, name: String, seconds: f64) {
+        let t = self.0.entry(name).or_default();
+        t.0 += 1;
+        t.1 += seconds;
+    }
+
+    /// The sums, longest first (then by name).
+    pub(crate) fn into_sorted(self) -> Vec<KernelTime> {
+        let mut times: Vec<KernelTime> =
+            self.0.into_iter().map(|(name, (count, seconds))| KernelTime { name, count, seconds }).collect();
+        times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
+        times
+    }
+}
+
 /// The counters behind [`Backend::host_profile`], kept by a GPU lane: every call counted, and
 /// timed when `FOVEA_HOST_PROFILE=1`.
 #[derive(Default)]

@@ -8,13 +8,12 @@
 //! backend of a process shares the context's default stream, so two lanes timing at once see each
 //! other's kernels in their intervals.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, LaunchConfig};
 
-use crate::backend::KernelTime;
+use crate::backend::{KernelTime, KernelTotals};
 
 pub(super) struct KernelTimer {
     on: bool,
@@ -27,8 +26,8 @@ pub(super) struct KernelTimer {
 struct TimerState {
     /// Launches since the last read or fold, in issue order: kernel, its start and end events.
     pending: Vec<(String, CudaEvent, CudaEvent)>,
-    /// Sums of the launches already folded since the last read: count, seconds.
-    totals: HashMap<String, (u64, f64)>,
+    /// Sums of the launches already folded since the last read.
+    totals: KernelTotals,
     /// Events already read, for the next launches (making one is a driver call).
     spare: Vec<CudaEvent>,
 }
@@ -88,11 +87,7 @@ impl KernelTimer {
         stream.synchronize()?;
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.fold(true)?;
-        let totals = std::mem::take(&mut state.totals);
-        let mut times: Vec<KernelTime> =
-            totals.into_iter().map(|(name, (count, seconds))| KernelTime { name, count, seconds }).collect();
-        times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
-        Ok(Some(times))
+        Ok(Some(std::mem::take(&mut state.totals).into_sorted()))
     }
 }
 
@@ -106,10 +101,7 @@ impl TimerState {
             false => self.pending.iter().take_while(|(_, _, end)| end.is_complete()).count(),
         };
         for (kernel, start, end) in self.pending.drain(..done) {
-            let ms = start.elapsed_ms(&end)?;
-            let t = self.totals.entry(kernel).or_default();
-            t.0 += 1;
-            t.1 += ms as f64 * 1e-3;
+            self.totals.add(kernel, start.elapsed_ms(&end)? as f64 * 1e-3);
             self.spare.extend([start, end]);
         }
         Ok(())

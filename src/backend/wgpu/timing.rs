@@ -7,11 +7,10 @@
 //! time of each kernel is then known without a profiler (Nsight cannot see a Vulkan queue on the
 //! machines this was written for).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::{MAX_SUBMIT, WgpuBackend};
-use crate::backend::KernelTime;
+use crate::backend::{KernelTime, KernelTotals};
 use crate::error::{Error, Result};
 
 /// Two timestamps a pass; a submission holds at most `MAX_SUBMIT` commands.
@@ -113,7 +112,7 @@ impl WgpuBackend {
             std::mem::take(&mut *timer.done.lock().unwrap())
         };
         self.sync()?;
-        let mut totals: HashMap<String, (u64, f64)> = HashMap::new();
+        let mut totals = KernelTotals::default();
         for (copy, passes) in done {
             let (tx, rx) = std::sync::mpsc::channel();
             copy.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -130,14 +129,9 @@ impl WgpuBackend {
             for (pass, &(entry, groups)) in passes.iter().enumerate() {
                 let (start, end) = (ticks[2 * pass], ticks[2 * pass + 1]);
                 let name = if timer.by_grid { format!("{entry} ×{groups}") } else { entry.to_string() };
-                let t = totals.entry(name).or_default();
-                t.0 += 1;
-                t.1 += end.saturating_sub(start) as f64 * timer.period * 1e-9;
+                totals.add(name, end.saturating_sub(start) as f64 * timer.period * 1e-9);
             }
         }
-        let mut times: Vec<KernelTime> =
-            totals.into_iter().map(|(name, (count, seconds))| KernelTime { name, count, seconds }).collect();
-        times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-        Ok(Some(times))
+        Ok(Some(totals.into_sorted()))
     }
 }
