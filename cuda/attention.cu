@@ -17,6 +17,7 @@
 
 extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, float* out,
                                          unsigned int n, unsigned int heads, unsigned int hd, float scale) {
+    grid_wait();
     extern __shared__ float smem[];
     const unsigned int ld = fa_stride(hd), nvec = (hd + 3u) / 4u;
     float* qs = smem;                             // [ATT_ROWS][ld]
@@ -97,6 +98,7 @@ __device__ __forceinline__ unsigned int fa_pair16(const float* row, unsigned int
 // k, v [n, heads·hd] -> kv16 = kh then vt (above), a thread per word (grid-stride).
 extern "C" __global__ void attention_kv_f16(const float* k, const float* v, unsigned int* kv16, unsigned int n,
                                             unsigned int heads, unsigned int hd, unsigned int hdp, unsigned int np) {
+    grid_wait();
     const u64 words = (u64)heads * np * (hdp / 2u), cols = (u64)heads * hd;
     for (u64 e = flat_index(); e < 2u * words; e += flat_stride()) {
         if (e < words) {
@@ -295,17 +297,21 @@ __device__ __forceinline__ void attention_fast(const float* q, const unsigned in
 // by its definition in this file).
 extern "C" __global__ void attention_fast_d16(const float* q, const unsigned int* kv16, float* out, unsigned int n,
                                               unsigned int heads, unsigned int hd, unsigned int np, float scale) {
+    grid_wait();
     attention_fast<16>(q, kv16, out, n, heads, hd, np, scale);
 }
 extern "C" __global__ void attention_fast_d32(const float* q, const unsigned int* kv16, float* out, unsigned int n,
                                               unsigned int heads, unsigned int hd, unsigned int np, float scale) {
+    grid_wait();
     attention_fast<32>(q, kv16, out, n, heads, hd, np, scale);
 }
 extern "C" __global__ void attention_fast_d64(const float* q, const unsigned int* kv16, float* out, unsigned int n,
                                               unsigned int heads, unsigned int hd, unsigned int np, float scale) {
+    grid_wait();
     attention_fast<64>(q, kv16, out, n, heads, hd, np, scale);
 }
 extern "C" __global__ void attention_fast_d128(const float* q, const unsigned int* kv16, float* out, unsigned int n,
                                                unsigned int heads, unsigned int hd, unsigned int np, float scale) {
+    grid_wait();
     attention_fast<128>(q, kv16, out, n, heads, hd, np, scale);
 }

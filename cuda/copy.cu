@@ -11,6 +11,7 @@
 
 extern "C" __global__ void slice_cols_f32(const float* src, float* out, unsigned int rows, unsigned int len,
                                           unsigned int src_cols, unsigned int start) {
+    grid_wait();
     const u64 total = (u64)rows * len;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 r = i / len, c = i % len;
@@ -20,11 +21,13 @@ extern "C" __global__ void slice_cols_f32(const float* src, float* out, unsigned
 
 extern "C" __global__ void concat_rows_u32(const unsigned int* a, const unsigned int* b, unsigned int* out,
                                            unsigned int a_words, unsigned int total) {
+    grid_wait();
     for (u64 i = flat_index(); i < total; i += flat_stride()) out[i] = i < a_words ? a[i] : b[i - a_words];
 }
 
 extern "C" __global__ void gather_rows_f32(const float* src, const int* idx, float* out, unsigned int rows,
                                            unsigned int d, unsigned int m) {
+    grid_wait();
     const u64 total = (u64)rows * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 r = i / d, c = i % d;
@@ -35,6 +38,7 @@ extern "C" __global__ void gather_rows_f32(const float* src, const int* idx, flo
 
 extern "C" __global__ void unfold_f32(const float* src, float* out, unsigned int c, unsigned int h, unsigned int w,
                                       unsigned int r, unsigned int cells_w, unsigned int cells) {
+    grid_wait();
     const u64 feat = (u64)c * r * r;
     const u64 total = (u64)cells * feat;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {

@@ -7,10 +7,12 @@
 //                 s in order + bias[i % cols]: the small-row linear's split over k (linear.cu)
 
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, unsigned int n) {
+    grid_wait();
     for (u64 i = flat_index(); i < n; i += flat_stride()) out[i] = a[i] + b[i];
 }
 
 extern "C" __global__ void swiglu_f32(const float* x, float* out, unsigned int rows, unsigned int h) {
+    grid_wait();
     const u64 total = (u64)rows * h;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 r = i / h, c = i % h;
@@ -21,6 +23,7 @@ extern "C" __global__ void swiglu_f32(const float* x, float* out, unsigned int r
 }
 
 extern "C" __global__ void gelu_erf_f32(const float* x, float* out, unsigned int n) {
+    grid_wait();
     for (u64 i = flat_index(); i < n; i += flat_stride()) {
         const float v = x[i];
         out[i] = 0.5f * v * erfcf(-v * 0.70710678118654752f);
@@ -29,6 +32,7 @@ extern "C" __global__ void gelu_erf_f32(const float* x, float* out, unsigned int
 
 extern "C" __global__ void sum_splits_f32(const float* part, const float* bias, float* out, unsigned int total,
                                           unsigned int cols, unsigned int splits, unsigned int has_bias) {
+    grid_wait();
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         float v = 0.0f;
         for (unsigned int s = 0; s < splits; ++s) v += part[(u64)s * total + i];

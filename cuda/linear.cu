@@ -55,16 +55,19 @@ __device__ __forceinline__ void linear_tiled(const float* x, const void* w, cons
 
 GEMM_KERNEL void GEMM_LAUNCH linear_f32(const float* x, const float* w, const float* bias, float* y, float* part, unsigned int n,
                             unsigned int k, unsigned int out, unsigned int has_bias, unsigned int k_chunk) {
+    grid_wait();
     linear_tiled<0>(x, w, bias, y, part, n, k, out, has_bias, k_chunk);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH linear_bf16(const float* x, const unsigned short* w, const float* bias, float* y, float* part,
                              unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias, unsigned int k_chunk) {
+    grid_wait();
     linear_tiled<1>(x, w, bias, y, part, n, k, out, has_bias, k_chunk);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w, const float* bias, float* y, float* part,
                             unsigned int n, unsigned int k, unsigned int out, unsigned int has_bias, unsigned int k_chunk) {
+    grid_wait();
     linear_tiled<2>(x, w, bias, y, part, n, k, out, has_bias, k_chunk);
 }
 
@@ -72,7 +75,7 @@ GEMM_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w,
     extern "C" __global__ void GEMM_LAUNCH linear_##SFX(const float* x, const void* w, const float* bias, float* y, \
                                                         float* part, unsigned int n, unsigned int k,                \
                                                         unsigned int out, unsigned int has_bias,                    \
-                                                        unsigned int k_chunk) {                                     \
+                                                        unsigned int k_chunk) { grid_wait();                        \
         linear_tiled<FMT>(x, w, bias, y, part, n, k, out, has_bias, k_chunk);                                       \
     }
 FOR_EACH_BLOCK_FORMAT(LINEAR_BLOCK_KERNEL)
@@ -87,7 +90,7 @@ FOR_EACH_BLOCK_FORMAT(LINEAR_BLOCK_KERNEL)
 #define LINEAR_Q8X_DEFINE(SFX, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
         linear_q8x_##SFX(const float* x, const void* w, const float* bias, float* y, unsigned int k,           \
-                         unsigned int out, unsigned int has_bias) {                                            \
+                         unsigned int out, unsigned int has_bias) { grid_wait();                               \
         const LinearOperands op{{}, x, has_bias ? bias : 0, y, k, out};                                        \
         q8x_cols<FMT>(op, w, 1u, out, k);                                                                      \
     }
@@ -143,6 +146,7 @@ BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_f32(const float* x, const float*
                                        unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
                                        unsigned int cells_w, unsigned int cells, unsigned int out,
                                        unsigned int has_bias) {
+    grid_wait();
     unfold_linear_gelu_tiled<0>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
 }
 
@@ -150,6 +154,7 @@ BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_bf16(const float* x, const unsig
                                        unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
                                        unsigned int cells_w, unsigned int cells, unsigned int out,
                                        unsigned int has_bias) {
+    grid_wait();
     unfold_linear_gelu_tiled<1>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
 }
 
@@ -157,6 +162,7 @@ BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_f16(const float* x, const unsign
                                        unsigned int c, unsigned int h, unsigned int gw, unsigned int r,
                                        unsigned int cells_w, unsigned int cells, unsigned int out,
                                        unsigned int has_bias) {
+    grid_wait();
     unfold_linear_gelu_tiled<2>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);
 }
 
@@ -164,7 +170,7 @@ BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_f16(const float* x, const unsign
     extern "C" __global__ void GEMM_LAUNCH unfold_linear_gelu_##SFX(                                        \
         const float* x, const void* w, const float* bias, float* y, unsigned int c, unsigned int h,         \
         unsigned int gw, unsigned int r, unsigned int cells_w, unsigned int cells, unsigned int out,        \
-        unsigned int has_bias) {                                                                            \
+        unsigned int has_bias) { grid_wait();                                                               \
         unfold_linear_gelu_tiled<FMT>(x, w, bias, y, c, h, gw, r, cells_w, cells, out, has_bias);           \
     }
 // always the tile: no rows build (BASE_KERNEL keeps the f32/bf16/f16 ones out of it too)

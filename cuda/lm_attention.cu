@@ -35,6 +35,7 @@ BASE_KERNEL void sink_attention_f32(const float* q, const float* kv, const int* 
                                     float* out, float* part, unsigned int n, unsigned int heads,
                                     unsigned int hd, unsigned int m, unsigned int kk,
                                     unsigned int c_rows, float scale) {
+    grid_wait();
     extern __shared__ float smem[];
     const unsigned int ld = fa_stride(hd), nvec = (hd + 3u) / 4u;
     float* qs = smem;                         // [SA_HEADS][ld]
@@ -147,6 +148,7 @@ BASE_KERNEL void sink_attention_f32(const float* q, const float* kv, const int* 
 BASE_KERNEL void sink_attention_merge_f32(const float* part, const float* sinks, float* out,
                                           unsigned int total, unsigned int heads, unsigned int hd,
                                           unsigned int splits) {
+    grid_wait();
     for (u64 x = flat_index(); x < total; x += flat_stride()) {
         const u64 ih = x / hd;
         const unsigned int d = (unsigned int)(x % hd), h = (unsigned int)(ih % heads);
@@ -202,6 +204,7 @@ BASE_KERNEL void indexer_scores_f32(const float* q, const float* k, const float*
                                     unsigned int n, unsigned int m, unsigned int heads,
                                     unsigned int hd, float scale, unsigned int pos0,
                                     unsigned int ratio) {
+    grid_wait();
     __shared__ float qs[IX_D][IX_HEADS + 1];
     __shared__ float ks[IX_D][IX_KEYS + 1];
     __shared__ float dots[IX_HEADS][IX_KEYS + 1];
@@ -276,6 +279,7 @@ __device__ __forceinline__ void cp_row(const float* kv, const float* gate, const
 BASE_KERNEL void compress_pool_f32(const float* kv, const float* gate, const float* ape, float* out,
                                    unsigned int total, unsigned int d, unsigned int w,
                                    unsigned int ratio, unsigned int overlap) {
+    grid_wait();
     for (u64 x = flat_index(); x < total; x += flat_stride()) {
         const u64 i = x / d;
         const unsigned int c = (unsigned int)(x % d);
@@ -348,18 +352,21 @@ __device__ __forceinline__ void grouped_tiled(const float* x, const void* w, flo
 GEMM_KERNEL void GEMM_LAUNCH grouped_linear_f32(const float* x, const float* w, float* y, unsigned int n,
                                     unsigned int k, unsigned int r, unsigned int groups,
                                     unsigned int tiles_r) {
+    grid_wait();
     grouped_tiled<0>(x, w, y, n, k, r, groups, tiles_r);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH grouped_linear_bf16(const float* x, const unsigned short* w, float* y, unsigned int n,
                                      unsigned int k, unsigned int r, unsigned int groups,
                                      unsigned int tiles_r) {
+    grid_wait();
     grouped_tiled<1>(x, w, y, n, k, r, groups, tiles_r);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH grouped_linear_f16(const float* x, const unsigned short* w, float* y, unsigned int n,
                                     unsigned int k, unsigned int r, unsigned int groups,
                                     unsigned int tiles_r) {
+    grid_wait();
     grouped_tiled<2>(x, w, y, n, k, r, groups, tiles_r);
 }
 
@@ -367,7 +374,7 @@ GEMM_KERNEL void GEMM_LAUNCH grouped_linear_f16(const float* x, const unsigned s
     extern "C" __global__ void GEMM_LAUNCH grouped_linear_##SFX(const float* x, const void* w, float* y,    \
                                                                 unsigned int n, unsigned int k,             \
                                                                 unsigned int r, unsigned int groups,        \
-                                                                unsigned int tiles_r) {                     \
+                                                                unsigned int tiles_r) { grid_wait();        \
         grouped_tiled<FMT>(x, w, y, n, k, r, groups, tiles_r);                                              \
     }
 FOR_EACH_BLOCK_FORMAT(GROUPED_LINEAR_BLOCK_KERNEL)

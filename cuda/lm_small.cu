@@ -80,6 +80,7 @@ __device__ __forceinline__ void lms_embed_rows(const void* table, const int* ids
 
 BASE_KERNEL void embed_rows_f32(const void* table, const int* ids, float* out, unsigned int n,
                                 unsigned int d, unsigned int vocab, unsigned int fmt) {
+    grid_wait();
     if (fmt == 0) lms_embed_rows<0>(table, ids, out, n, d, vocab);
     else if (fmt == 1) lms_embed_rows<1>(table, ids, out, n, d, vocab);
     else lms_embed_rows<2>(table, ids, out, n, d, vocab);
@@ -88,13 +89,14 @@ BASE_KERNEL void embed_rows_f32(const void* table, const int* ids, float* out, u
 // embed_rows_<block format>: the same for a block-format table (one value decoded per element).
 #define EMBED_ROWS_BLOCK_KERNEL(SFX, FMT)                                                                   \
     extern "C" __global__ void embed_rows_##SFX(const void* table, const int* ids, float* out,              \
-                                                unsigned int n, unsigned int d, unsigned int vocab) {       \
+                                                unsigned int n, unsigned int d, unsigned int vocab) { grid_wait(); \
         lms_embed_rows<FMT>(table, ids, out, n, d, vocab);                                                  \
     }
 FOR_EACH_BLOCK_FORMAT(EMBED_ROWS_BLOCK_KERNEL)
 
 BASE_KERNEL void hc_expand_f32(const float* x, float* out, unsigned int n, unsigned int d,
                                unsigned int hc) {
+    grid_wait();
     const u64 total = (u64)n * hc * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 row = i / ((u64)hc * d);
@@ -104,6 +106,7 @@ BASE_KERNEL void hc_expand_f32(const float* x, float* out, unsigned int n, unsig
 
 BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned int n, unsigned int d,
                             unsigned int hc, unsigned int wc) {
+    grid_wait();
     const u64 total = (u64)n * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 t = i / d, j = i % d;
@@ -120,6 +123,7 @@ BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned
 // the elements it wrote.
 BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* weight, float* out, unsigned int n,
                                  unsigned int d, unsigned int hc, unsigned int wc, float eps) {
+    grid_wait();
     __shared__ float red[32];
     for (unsigned int t = blockIdx.x; t < n; t += gridDim.x) {
         const float* xt = x + (u64)t * hc * d;
@@ -139,6 +143,7 @@ BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* we
 
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
                              unsigned int d, unsigned int hc) {
+    grid_wait();
     const u64 total = (u64)n * hc * d;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 t = i / ((u64)hc * d);
@@ -155,6 +160,7 @@ BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split,
 
 BASE_KERNEL void hc_head_weights_f32(const float* mix, const float* scale, const float* base, float* out,
                                      unsigned int total, unsigned int hc, unsigned int eps_bits) {
+    grid_wait();
     const float eps = __uint_as_float(eps_bits);
     for (u64 i = flat_index(); i < total; i += flat_stride())
         out[i] = lms_sigmoid(mix[i] * scale[0] + base[i % hc]) + eps;
@@ -178,6 +184,7 @@ __device__ __forceinline__ float lms_rotated_tail(const float* x, const float* i
 BASE_KERNEL void rope_tail_f32(const float* x, const float* inv_freq, float* out, unsigned int n,
                                unsigned int cols, unsigned int hd, unsigned int rd, unsigned int pos0,
                                unsigned int stride, unsigned int inverse) {
+    grid_wait();
     const u64 total = (u64)n * cols;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 row = i / cols;
@@ -188,6 +195,7 @@ BASE_KERNEL void rope_tail_f32(const float* x, const float* inv_freq, float* out
 BASE_KERNEL void rope_tail_at_f32(const float* x, const float* inv_freq, const int* positions, float* out,
                                   unsigned int n, unsigned int cols, unsigned int hd, unsigned int rd,
                                   unsigned int inverse) {
+    grid_wait();
     const u64 total = (u64)n * cols;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 row = i / cols;
@@ -203,6 +211,7 @@ BASE_KERNEL void rope_tail_at_f32(const float* x, const float* inv_freq, const i
 BASE_KERNEL void rms_norm_rope_f32(const float* x, const float* weight, const float* inv_freq, const int* positions,
                                    float* out, unsigned int segs, unsigned int heads, unsigned int hd,
                                    unsigned int rd, unsigned int has_weight, float eps) {
+    grid_wait();
     __shared__ float red[32];
     for (unsigned int seg = blockIdx.x; seg < segs; seg += gridDim.x) {
         const float* xs = x + (u64)seg * hd;
@@ -231,11 +240,13 @@ __device__ __forceinline__ float lms_sqrt_softplus(float v) {
 }
 
 BASE_KERNEL void sqrt_softplus_f32(const float* x, float* out, unsigned int total) {
+    grid_wait();
     for (u64 i = flat_index(); i < total; i += flat_stride()) out[i] = lms_sqrt_softplus(x[i]);
 }
 
 BASE_KERNEL void hash_route_i32(const int* table, const int* ids, const int* fallback, int* out,
                                 unsigned int n, unsigned int k, unsigned int vocab) {
+    grid_wait();
     const u64 total = (u64)n * k;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const int t = ids[i / k];
@@ -245,6 +256,7 @@ BASE_KERNEL void hash_route_i32(const int* table, const int* ids, const int* fal
 
 BASE_KERNEL void route_weights_f32(const float* scores, const int* ids, float* out, unsigned int n,
                                    unsigned int k, unsigned int e, unsigned int scale_bits) {
+    grid_wait();
     const float scale = __uint_as_float(scale_bits);
     const u64 total = (u64)n * k;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
@@ -269,6 +281,7 @@ BASE_KERNEL void route_weights_f32(const float* scores, const int* ids, float* o
 
 BASE_KERNEL void swiglu_clamp_f32(const float* gate, const float* up, float* out, unsigned int n,
                                   unsigned int h, unsigned int limit_bits) {
+    grid_wait();
     const float lim = __uint_as_float(limit_bits);
     const u64 total = (u64)n * h;
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
@@ -368,6 +381,7 @@ __device__ __forceinline__ void hc_split_thread(const float* m, const float* sca
 // fits a warp (the released model's hc = 4), else one thread per token.
 BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float* base, float* out,
                               unsigned int n, unsigned int hc, unsigned int iters, unsigned int eps_bits) {
+    grid_wait();
     const float eps = __uint_as_float(eps_bits);
     const u64 w = (u64)(2 + hc) * hc;
     if (hc * hc <= 32u) {
@@ -432,6 +446,7 @@ __device__ __forceinline__ void lms_mix_partials(const float* x, const void* mix
 // the sum of squares, of each column range); code 0 f32, 1 bf16, 2 f16
 BASE_KERNEL void hc_mix_partials_f32(const float* x, const void* mix, float* part, unsigned int n, unsigned int k,
                                      unsigned int w, unsigned int splits, unsigned int code) {
+    grid_wait();
     if (code == 0) lms_mix_partials<0>(x, mix, part, n, k, w, splits);
     else if (code == 1) lms_mix_partials<1>(x, mix, part, n, k, w, splits);
     else lms_mix_partials<2>(x, mix, part, n, k, w, splits);
@@ -449,6 +464,7 @@ BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const f
                                   unsigned int n, unsigned int k, unsigned int hc, unsigned int splits,
                                   unsigned int iters, unsigned int eps_bits, float norm_eps,
                                   unsigned int token_warps) {
+    grid_wait();
     __shared__ float red[LMS_MIX_THREADS / 32][32];
     __shared__ float sum[LMS_MIX_THREADS / 32][32];
     __shared__ float mix[LMS_MIX_THREADS / 32][32];
@@ -479,6 +495,7 @@ BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const f
 
 BASE_KERNEL void rms_norm_heads_f32(const float* x, float* out, unsigned int segs, unsigned int hd,
                                     float eps) {
+    grid_wait();
     __shared__ float red[32];
     for (unsigned int seg = blockIdx.x; seg < segs; seg += gridDim.x) {
         const float* xs = x + (u64)seg * hd;
@@ -680,6 +697,7 @@ __device__ __forceinline__ void topk_row_by_select(const float* xr, int* yr, uns
 }
 
 BASE_KERNEL void topk_rows_i32(const float* x, int* out, unsigned int n, unsigned int m, unsigned int k) {
+    grid_wait();
     __shared__ unsigned long long keys[LMS_TOPK_SORT_MAX];
     __shared__ unsigned int hist[LMS_RADIX_BINS];
     __shared__ unsigned int warp_total[LMS_TOPK_THREADS / 32];
@@ -716,6 +734,7 @@ BASE_KERNEL void route_experts_f32(const float* logits, const float* bias, const
                                    const int* table, const int* tok, int* ids, float* weights,
                                    unsigned int n, unsigned int e, unsigned int k, unsigned int kinds,
                                    unsigned int hashed, unsigned int vocab, unsigned int scale_bits) {
+    grid_wait();
     __shared__ float raw[LMS_ROUTE_CACHE], biased[LMS_ROUTE_CACHE];
     __shared__ float cand_v[2][LMS_ROUTE_WARPS];
     __shared__ unsigned int cand_c[2][LMS_ROUTE_WARPS];

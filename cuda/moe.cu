@@ -55,6 +55,7 @@ __device__ __forceinline__ unsigned int mr_rank(const int* chunk, unsigned int l
 
 BASE_KERNEL void moe_route(const int* ids, int* order, int* tiles, int* cursor, unsigned int slots,
                            unsigned int experts, unsigned int tile_rows) {
+    grid_wait();
     __shared__ int chunk[MR_THREADS];
     const unsigned int tid = threadIdx.x;
     for (unsigned int e = tid; e < experts; e += MR_THREADS) cursor[e] = 0;
@@ -207,23 +208,26 @@ __device__ __forceinline__ void moe_up_tiled(const float* x, const int* order, c
 
 GEMM_KERNEL void GEMM_LAUNCH moe_gate_f32(const float* x, const int* order, const int* tiles, const u64* w1,
                               float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+    grid_wait();
     moe_gate_tiled<0>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH moe_gate_bf16(const float* x, const int* order, const int* tiles, const u64* w1,
                               float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+    grid_wait();
     moe_gate_tiled<1>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH moe_gate_f16(const float* x, const int* order, const int* tiles, const u64* w1,
                               float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {
+    grid_wait();
     moe_gate_tiled<2>(x, order, tiles, w1, hid, tile_rows, d, h, k);
 }
 
 #define MOE_GATE_BLOCK_KERNEL(SFX, FMT)                                                                       \
     extern "C" __global__ void GEMM_LAUNCH moe_gate_##SFX(const float* x, const int* order, const int* tiles, \
                                                           const u64* w1, float* hid, unsigned int tile_rows,      \
-                                                          unsigned int d, unsigned int h, unsigned int k) {   \
+                                                          unsigned int d, unsigned int h, unsigned int k) { grid_wait(); \
         moe_gate_tiled<FMT>(x, order, tiles, w1, hid, tile_rows, d, h, k);                                       \
     }
 FOR_EACH_BLOCK_FORMAT(MOE_GATE_BLOCK_KERNEL)
@@ -231,18 +235,21 @@ FOR_EACH_BLOCK_FORMAT(MOE_GATE_BLOCK_KERNEL)
 GEMM_KERNEL void GEMM_LAUNCH moe_up_f32(const float* x, const int* order, const int* tiles, const u64* w3,
                             float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                             float limit) {
+    grid_wait();
     moe_up_tiled<0>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH moe_up_bf16(const float* x, const int* order, const int* tiles, const u64* w3,
                             float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                             float limit) {
+    grid_wait();
     moe_up_tiled<1>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const int* tiles, const u64* w3,
                             float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k,
                             float limit) {
+    grid_wait();
     moe_up_tiled<2>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);
 }
 
@@ -250,7 +257,7 @@ GEMM_KERNEL void GEMM_LAUNCH moe_up_f16(const float* x, const int* order, const 
     extern "C" __global__ void GEMM_LAUNCH moe_up_##SFX(const float* x, const int* order, const int* tiles, \
                                                         const u64* w3, float* hid, unsigned int tile_rows,     \
                                                         unsigned int d, unsigned int h, unsigned int k,     \
-                                                        float limit) {                                     \
+                                                        float limit) { grid_wait();                        \
         moe_up_tiled<FMT>(x, order, tiles, w3, hid, tile_rows, d, h, k, limit);                                 \
     }
 FOR_EACH_BLOCK_FORMAT(MOE_UP_BLOCK_KERNEL)
@@ -287,16 +294,19 @@ __device__ __forceinline__ void moe_down_tiled(const float* hid, const int* orde
 
 GEMM_KERNEL void GEMM_LAUNCH moe_down_f32(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
                               unsigned int tile_rows, unsigned int d, unsigned int h) {
+    grid_wait();
     moe_down_tiled<0>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH moe_down_bf16(const float* hid, const int* order, const int* tiles, const u64* w2,
                                float* ys, unsigned int tile_rows, unsigned int d, unsigned int h) {
+    grid_wait();
     moe_down_tiled<1>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
 GEMM_KERNEL void GEMM_LAUNCH moe_down_f16(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,
                               unsigned int tile_rows, unsigned int d, unsigned int h) {
+    grid_wait();
     moe_down_tiled<2>(hid, order, tiles, w2, ys, tile_rows, d, h);
 }
 
@@ -304,7 +314,7 @@ GEMM_KERNEL void GEMM_LAUNCH moe_down_f16(const float* hid, const int* order, co
     extern "C" __global__ void GEMM_LAUNCH moe_down_##SFX(const float* hid, const int* order,               \
                                                           const int* tiles, const u64* w2, float* ys,       \
                                                           unsigned int tile_rows, unsigned int d,               \
-                                                          unsigned int h) {                                 \
+                                                          unsigned int h) { grid_wait();                    \
         moe_down_tiled<FMT>(hid, order, tiles, w2, ys, tile_rows, d, h);                                        \
     }
 FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
@@ -321,7 +331,7 @@ FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
 #define MOE_Q8X_DEFINE(SFX, FMT)                                                                               \
     extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
         moe_gate_q8x_##SFX(const float* x, const int* order, const int* tiles, const u64* w1, float* hid,      \
-                           unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) {          \
+                           unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k) { grid_wait(); \
         MoeTile t;                                                                                             \
         if (!moe_tile(tiles, tile_rows, &t)) return;                                                          \
         const MoeGateOperands op{{{}, x, order, hid, t.p0, d, h, k}};                                          \
@@ -329,7 +339,7 @@ FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
         moe_up_q8x_##SFX(const float* x, const int* order, const int* tiles, const u64* w3, float* hid,        \
-                         unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k, float limit) { \
+                         unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k, float limit) { grid_wait(); \
         MoeTile t;                                                                                             \
         if (!moe_tile(tiles, tile_rows, &t)) return;                                                          \
         const MoeUpOperands op{{{}, x, order, hid, t.p0, d, h, k}, limit};                                     \
@@ -337,7 +347,7 @@ FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
         moe_down_q8x_##SFX(const float* hid, const int* order, const int* tiles, const u64* w2, float* ys,     \
-                           unsigned int tile_rows, unsigned int d, unsigned int h) {                           \
+                           unsigned int tile_rows, unsigned int d, unsigned int h) { grid_wait();              \
         MoeTile t;                                                                                             \
         if (!moe_tile(tiles, tile_rows, &t)) return;                                                          \
         const MoeDownOperands op{{}, hid, order, ys, t.p0, d, h};                                              \
@@ -353,6 +363,7 @@ FOR_EACH_BLOCK_FORMAT(MOE_Q8X_KERNEL)
 
 BASE_KERNEL void moe_combine(const float* ys, const float* weights, const int* ids, float* out,
                              unsigned int total, unsigned int d, unsigned int k, unsigned int experts) {
+    grid_wait();
     for (u64 x = flat_index(); x < total; x += flat_stride()) {
         const u64 i = x / d, c = x % d;
         float s = 0.0f;

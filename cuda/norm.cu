@@ -4,6 +4,7 @@
 
 extern "C" __global__ void rms_norm_f32(const float* x, const float* weight, float* out, unsigned int n,
                                         unsigned int d, float eps) {
+    grid_wait();
     __shared__ float red[32];
     for (unsigned int row = blockIdx.x; row < n; row += gridDim.x) {
         const float* xr = x + (u64)row * d;

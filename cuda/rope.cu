@@ -4,6 +4,7 @@
 
 extern "C" __global__ void rope_2d_f32(const float* x, const float* tab, float* out, unsigned int n,
                                        unsigned int heads, unsigned int hd) {
+    grid_wait();
     const unsigned int half = hd / 2;
     const u64 total = (u64)n * heads * half;
     const u64 cols = (u64)heads * hd;

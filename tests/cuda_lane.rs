@@ -124,6 +124,39 @@ fn cuda_kernel_times_sum_each_kernel() {
     }
 }
 
+/// Programmatic dependent launch (`FOVEA_PDL=1`, sm_90+) lets a kernel start before the one
+/// before it ends; each kernel's `grid_wait()` must still hold its reads until then. A chain in
+/// which every kernel reads what the previous one wrote gives the same bits with and without it.
+/// (Below sm_90 both lanes launch alike, and the test only checks the launcher's arguments.)
+#[test]
+fn cuda_dependent_launch_keeps_the_stream_order() {
+    use fovea::backend::cuda::Options;
+    let Some(plain) = common::cuda_lane_with_or_skip(Options { dependent_launch: false, ..Default::default() }) else {
+        return;
+    };
+    let pdl = CudaBackend::with_options(Options { dependent_launch: true, ..Default::default() }).unwrap();
+    assert!(!plain.dependent_launch());
+    assert_eq!(pdl.dependent_launch(), pdl.arch() >= 90, "sm_{}", pdl.arch());
+    if !pdl.dependent_launch() {
+        eprintln!("NOTE: sm_{} has no programmatic dependent launch; both lanes launch alike", pdl.arch());
+    }
+    let chain = |b: &CudaBackend| {
+        // [512, 4096]: each kernel long enough that a reader let in early would see stale rows
+        let (rows, cols) = (512, 4096);
+        let n = rows * cols;
+        let x0 = HostTensor::f32(vec![rows, cols], (0..n).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect());
+        let mut x = b.upload(&x0.unwrap()).unwrap();
+        let w = up(b, &[cols]);
+        for _ in 0..64 {
+            let y = b.add(&x, &x).unwrap();
+            x = b.rms_norm(&y, &w, 1e-6).unwrap();
+        }
+        b.download(&x).unwrap()
+    };
+    let (a, c) = (chain(&plain), chain(&pdl));
+    assert_eq!(a.as_f32().unwrap(), c.as_f32().unwrap(), "the chain's bits differ with dependent launch");
+}
+
 #[test]
 fn cuda_lane_claims_every_op_of_the_contract() {
     let Some(b) = common::cuda_lane_or_skip() else { return };

@@ -4,7 +4,9 @@
 //! keys, a compressed index outside `-1..c`) give NaN heads here, as on wgpu (a GPU lane cannot
 //! return an error without a host round trip).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
+
+use super::launch::KernelArgs;
 
 use super::{
     CudaBackend, CudaTensor, CudaWeight, GEMM_THREADS, GRID_Y, GROUPED_LINEAR_KERNELS, Source, cfg_1d, check_u32,
@@ -87,23 +89,23 @@ impl CudaBackend {
             block_dim: (SINK_THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*q.buf).arg(&*kv.buf).arg(&*window.buf).arg(cbuf).arg(ibuf).arg(&*sinks.buf).arg(&mut *y.buf);
         l.arg(part.as_ref().map_or(&self.dummy, |p| &*p.buf));
         l.arg(&n32).arg(&h32).arg(&hd32).arg(&m32).arg(&k32).arg(&c32).arg(&scale);
         // SAFETY: arguments match `sink_attention_f32` in cuda/lm_attention.cu; shapes checked
         // above (with no compressed entries kk = 0, so the dummy buffers are never read; with one
         // split the kernel writes out, never part).
-        self.launched(OP, "sink_attention_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "sink_attention_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         if let Some(part) = part {
             let total = n * cols;
             let merge = self.func(Source::LmAttention, "sink_attention_merge_f32")?;
             let (total32, s32) = (check_u32(OP, "outputs", total)?, splits as u32);
-            let mut l = self.stream.launch_builder(&merge);
+            let mut l = KernelArgs::new(&self.stream, &merge);
             l.arg(&*part.buf).arg(&*sinks.buf).arg(&mut *y.buf).arg(&total32).arg(&h32).arg(&hd32).arg(&s32);
             // SAFETY: arguments match `sink_attention_merge_f32`; part holds splits states per
             // (query, head), written by the launch above on the same stream.
-            self.launched(OP, "sink_attention_merge_f32", cfg_1d(total), |cfg| unsafe { l.launch(cfg) })?;
+            self.launched(OP, "sink_attention_merge_f32", cfg_1d(total), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         }
         Ok(y)
     }
@@ -141,11 +143,11 @@ impl CudaBackend {
             block_dim: (INDEXER_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*q.buf).arg(&*k.buf).arg(&*w.buf).arg(&mut *y.buf);
         l.arg(&sizes[0]).arg(&sizes[1]).arg(&sizes[2]).arg(&sizes[3]).arg(&scale).arg(&pos32).arg(&r32);
         // SAFETY: arguments match `indexer_scores_f32` in cuda/lm_attention.cu; shapes checked above.
-        self.launched(OP, "indexer_scores_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "indexer_scores_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -207,13 +209,13 @@ impl CudaBackend {
         ];
         let cfg =
             LaunchConfig { grid_dim: (gx as u32, gy as u32, 1), block_dim: (GEMM_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&w.buf).arg(&mut *y.buf);
         for s in &sizes {
             l.arg(s);
         }
         // SAFETY: arguments match `grouped_linear_*` in cuda/lm_attention.cu; shapes checked above.
-        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 }

@@ -6,7 +6,9 @@
 //! expert id outside `0..e` in `route_weights` and `route_experts`), these kernels write NaN
 //! instead: a GPU lane cannot see the indices without a host round trip.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
+
+use super::launch::KernelArgs;
 
 use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GRID_Y, MAX_BLOCKS, Source, cfg_rows, check_u32};
 use crate::backend::{DType, DeviceTensor, WeightFormat};
@@ -88,10 +90,10 @@ impl CudaBackend {
         let (segs32, hd32) = (check_u32(OP, "segments", segs)?, check_u32(OP, "head dim", hd)?);
         let f = self.func(Source::LmSmall, "rms_norm_heads_f32")?;
         let cfg = cfg_rows(segs, hd);
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&mut *y.buf).arg(&segs32).arg(&hd32).arg(&eps);
         // SAFETY: arguments match `rms_norm_heads_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "rms_norm_heads_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "rms_norm_heads_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -157,10 +159,10 @@ impl CudaBackend {
             block_dim: (MIX_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&mix.buf).arg(&mut *part.buf).arg(&n32).arg(&k32).arg(&w32).arg(&splits32).arg(&code);
         // SAFETY: arguments match `hc_mix_partials_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "hc_mix_partials_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "hc_mix_partials_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
 
         let mut y = self.alloc(OP, vec![n, w], DType::F32)?;
         let (hc32, iters32, eps_bits) = (check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits());
@@ -173,11 +175,11 @@ impl CudaBackend {
             block_dim: (MIX_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*part.buf).arg(&*scale.buf).arg(&*base.buf).arg(&mut *y.buf);
         l.arg(&n32).arg(&k32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps).arg(&token_warps);
         // SAFETY: arguments match `hc_mix_split_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "hc_mix_split_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "hc_mix_split_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -216,11 +218,11 @@ impl CudaBackend {
         let (hc32, wc32) = (check_u32(OP, "hc", hc)?, check_u32(OP, "w cols", wc)?);
         let f = self.func(Source::LmSmall, "hc_pre_norm_f32")?;
         let cfg = cfg_rows(n, d);
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&*w.buf).arg(&*weight.buf).arg(&mut *y.buf);
         l.arg(&n32).arg(&d32).arg(&hc32).arg(&wc32).arg(&eps);
         // SAFETY: arguments match `hc_pre_norm_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "hc_pre_norm_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "hc_pre_norm_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -318,12 +320,12 @@ impl CudaBackend {
         let has_weight = u32::from(weight.is_some());
         let f = self.func(Source::LmSmall, "rms_norm_rope_f32")?;
         let cfg = cfg_rows(segs, hd);
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(weight.map_or(&self.dummy, |w| &*w.buf)).arg(&*inv_freq.buf).arg(&*positions.buf);
         l.arg(&mut *y.buf).arg(&segs32).arg(&heads32).arg(&hd32).arg(&rd32).arg(&has_weight).arg(&eps);
         // SAFETY: arguments match `rms_norm_rope_f32` in cuda/lm_small.cu; shapes checked above
         // (the dummy stands in for an absent weight, which the kernel never reads).
-        self.launched(OP, "rms_norm_rope_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "rms_norm_rope_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -343,10 +345,10 @@ impl CudaBackend {
             block_dim: (TOPK_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&mut *y.buf).arg(&n32).arg(&m32).arg(&k32);
         // SAFETY: arguments match `topk_rows_i32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "topk_rows_i32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "topk_rows_i32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -425,12 +427,12 @@ impl CudaBackend {
             block_dim: (ROUTE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*logits.buf).arg(&*bias.buf).arg(&*kind.buf).arg(table).arg(tok);
         l.arg(&mut *ids.buf).arg(&mut *weights.buf);
         l.arg(&n32).arg(&e32).arg(&k32).arg(&kinds).arg(&hashed).arg(&vocab).arg(&scale_bits);
         // SAFETY: arguments match `route_experts_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "route_experts_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "route_experts_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok((ids, weights))
     }
 

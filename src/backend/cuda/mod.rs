@@ -42,8 +42,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+
+use launch::KernelArgs;
 
 use crate::backend::checks::{self, NamedWeight};
 use crate::backend::cpu::rope_2d_tables;
@@ -53,6 +55,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 
+mod launch;
 mod lm_attention;
 mod moe;
 mod ptx_cache;
@@ -650,6 +653,10 @@ pub struct Options {
     /// With `kernel_times`, sum the times by kernel and grid (`"linear_q8_0 2048x1x1"`). By
     /// default on with `FOVEA_GPU_TIMES=grid`.
     pub kernel_times_by_grid: bool,
+    /// Launch each kernel with programmatic dependent launch where the device has it (sm_90+;
+    /// see src/backend/cuda/launch.rs). Off by default until it has been measured on a device;
+    /// `FOVEA_PDL=1` turns it on.
+    pub dependent_launch: bool,
 }
 
 impl Default for Options {
@@ -661,6 +668,7 @@ impl Default for Options {
             precision: Precision::default(),
             kernel_times: times == "1" || times == "grid",
             kernel_times_by_grid: times == "grid",
+            dependent_launch: std::env::var("FOVEA_PDL").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -860,6 +868,9 @@ pub struct CudaBackend {
     expert_tables: Mutex<HashMap<Vec<u64>, Arc<CudaTensor>>>,
     /// `Backend::kernel_times` (`FOVEA_GPU_TIMES=1`).
     timer: timing::KernelTimer,
+    /// Launches carry the programmatic-stream-serialization attribute ([`Options::dependent_launch`]
+    /// on an sm_90+ device).
+    pdl: bool,
 }
 
 fn check_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
@@ -895,7 +906,13 @@ impl CudaBackend {
             // SAFETY: this lane issues all work on one stream, so no cross-stream synchronisation
             // (what the per-allocation events are for) is ever needed.
             unsafe { ctx.disable_event_tracking() };
-            let stream = ctx.default_stream();
+            // programmatic dependent launch wants a stream of its own (not the legacy default
+            // stream, which synchronises with every other)
+            let pdl = opts.dependent_launch && arch >= 90;
+            let stream = match pdl {
+                true => ctx.new_stream().map_err(|e| dev_err("CUDA stream creation", e))?,
+                false => ctx.default_stream(),
+            };
             let dummy = stream.alloc_zeros::<u8>(16).map_err(|e| dev_err("CUDA allocation", e))?;
             Ok(CudaBackend {
                 ctx: ctx.clone(),
@@ -912,6 +929,7 @@ impl CudaBackend {
                 dummy,
                 rope_tables: Mutex::default(),
                 expert_tables: Mutex::default(),
+                pdl,
             })
         })
     }
@@ -923,6 +941,12 @@ impl CudaBackend {
     /// Compute capability as `major·10 + minor` (90 on an H100/H200).
     pub fn arch(&self) -> u32 {
         self.arch
+    }
+
+    /// Whether launches carry programmatic dependent launch ([`Options::dependent_launch`] on an
+    /// sm_90+ device).
+    pub fn dependent_launch(&self) -> bool {
+        self.pdl
     }
 
     /// Wait for all issued work; reports asynchronous faults (illegal address, ...).
@@ -1196,11 +1220,11 @@ impl CudaBackend {
             return Err(Error::Invalid(format!("debug_poke: index {index} is outside the allocation of {t:?}")));
         }
         let f = self.func(Source::Debug, "debug_poke_u32")?;
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*t.buf).arg(&index).arg(&value);
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: arguments match `debug_poke_u32` in cuda/debug.cu; the index is inside the buffer.
-        self.launched("debug_poke", "debug_poke_u32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched("debug_poke", "debug_poke_u32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(())
     }
 
@@ -1246,7 +1270,7 @@ impl CudaBackend {
             return Ok(());
         }
         let f = self.func(src, kernel)?;
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         for &i in inputs {
             l.arg(i);
         }
@@ -1256,7 +1280,7 @@ impl CudaBackend {
         }
         // SAFETY: the argument list matches the kernel's signature in `src` (buffers, then
         // `unsigned int` sizes), and the host checked every size against the buffers.
-        self.launched(op, kernel, cfg_1d(total), |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(op, kernel, cfg_1d(total), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(())
     }
 }
@@ -1387,12 +1411,12 @@ impl Backend for CudaBackend {
                 block_dim: (Q8X_THREADS, 1, 1),
                 shared_mem_bytes: shared as u32,
             };
-            let mut l = self.stream.launch_builder(&f);
+            let mut l = KernelArgs::new(&self.stream, &f);
             l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf).arg(&k32).arg(&o32).arg(&has_bias);
             // SAFETY: arguments match `linear_q8x_*` in cuda/linear.cu; x is one row of k (a
             // multiple of the format's block, so of 32), y one row of out, the bias out floats
             // where has_bias; the shared memory is q8x_shared_bytes(k).
-            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
+            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
             return Ok(y);
         }
         let (gx, gy) = gemm_grid(n, w.rows);
@@ -1419,7 +1443,7 @@ impl Backend for CudaBackend {
             block_dim: (GEMM_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf);
         match part.as_mut() {
             Some(p) => l.arg(&mut *p.buf),
@@ -1429,7 +1453,7 @@ impl Backend for CudaBackend {
         // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above; with
         // splits > 1 (grid y on the small-row path, z on the tile path), part holds splits·n·out
         // and the ranges of `chunk` cover k.
-        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         if let Some(p) = part {
             let sizes = [check_u32(OP, "outputs", n * w.rows)?, o32, splits as u32, has_bias];
             self.launch_1d(
@@ -1456,10 +1480,10 @@ impl Backend for CudaBackend {
         let f = self.func(Source::Norm, "rms_norm_f32")?;
         let (n32, d32) = (n as u32, d as u32);
         let cfg = cfg_rows(n, d);
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&*weight.buf).arg(&mut *y.buf).arg(&n32).arg(&d32).arg(&eps);
         // SAFETY: arguments match `rms_norm_f32` in cuda/norm.cu; shapes checked above.
-        self.launched(OP, "rms_norm_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "rms_norm_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -1592,11 +1616,11 @@ impl Backend for CudaBackend {
                 shared_mem_bytes: shared as u32,
             };
             let keys32 = keys as u32;
-            let mut l = self.stream.launch_builder(&f);
+            let mut l = KernelArgs::new(&self.stream, &f);
             l.arg(&*q.buf).arg(&*kv16.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&keys32).arg(&scale);
             // SAFETY: arguments match `attention_fast_d*` in cuda/attention.cu; kv16 holds the
             // 2 · heads · keys · width / 2 words it reads, shapes checked above.
-            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
+            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
             return Ok(y);
         }
         // q, k, v, acc tiles, then S, P^T, alpha and factor (the layout in cuda/attention.cu)
@@ -1612,10 +1636,10 @@ impl Backend for CudaBackend {
             block_dim: (ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*q.buf).arg(&*k.buf).arg(&*v.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&scale);
         // SAFETY: arguments match `attention_f32` in cuda/attention.cu; shapes checked above.
-        self.launched(OP, "attention_f32", cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, "attention_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -1668,11 +1692,11 @@ impl Backend for CudaBackend {
             block_dim: (GEMM_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = self.stream.launch_builder(&f);
+        let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&weight.buf).arg(bias_buf).arg(&mut *y.buf);
         l.arg(&c32).arg(&h32).arg(&w32).arg(&r32).arg(&cw32).arg(&cells32).arg(&o32).arg(&has_bias);
         // SAFETY: arguments match `unfold_linear_gelu_*` in cuda/linear.cu; shapes checked above.
-        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
     }
 
@@ -1859,6 +1883,46 @@ mod tests {
                 assert!(matches!(e, Error::Device(_)), "{e:?}");
             }
         }
+    }
+
+    /// The kernels of every file of cuda/, by the text after each kernel qualifier's opening brace
+    /// (macro continuations skipped): (file, the qualifier's line, the body's start).
+    fn kernel_bodies() -> Vec<(&'static str, String, String)> {
+        let mut out = Vec::new();
+        for src in Source::ALL {
+            let text = src.text();
+            for (at, _) in text
+                .match_indices("__global__")
+                .chain(text.match_indices("BASE_KERNEL "))
+                .chain(text.match_indices("GEMM_KERNEL "))
+            {
+                let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+                let line = text[line_start..].lines().next().unwrap_or_default();
+                // comments, the qualifiers' own #defines, and `extern "C" __global__` found twice
+                let before = &text[line_start..at];
+                if before.trim_start().starts_with("//")
+                    || line.starts_with("#define")
+                    || (text[at..].starts_with("__global__") && before.contains("BASE_KERNEL"))
+                {
+                    continue;
+                }
+                let open = at + text[at..].find('{').expect("a kernel has a body");
+                let body = text[open + 1..].trim_start_matches([' ', '\\', '\n']);
+                out.push((src.file(), line.trim().to_owned(), body.chars().take(40).collect()));
+            }
+        }
+        out
+    }
+
+    /// Programmatic dependent launch (src/backend/cuda/launch.rs) is safe only if every kernel
+    /// waits for the one before it before it touches memory: `grid_wait();` opens every kernel.
+    #[test]
+    fn every_kernel_starts_by_waiting_for_the_previous_one() {
+        let kernels = kernel_bodies();
+        // the files hold 71 kernel definitions (the block-format ones as macros): the scan found them
+        assert!(kernels.len() >= 71, "found only {} kernels", kernels.len());
+        let missing: Vec<_> = kernels.iter().filter(|(_, _, body)| !body.starts_with("grid_wait();")).collect();
+        assert!(missing.is_empty(), "kernels that do not start with grid_wait(): {missing:#?}");
     }
 
     /// Every kernel the lane launches is a `BASE_KERNEL` (`extern "C" __global__` in the base unit's

@@ -25,7 +25,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig};
+
+use super::launch::KernelArgs;
 
 use super::{
     Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_THREADS, GEMV_ROWS, GRID_Y, LANE,
@@ -121,12 +123,12 @@ impl CudaBackend {
             let mut cursor = self.alloc(OP, vec![experts], DType::I32)?;
             let f = self.func(Source::Moe, "moe_route")?;
             let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_THREADS, 1, 1), shared_mem_bytes: 0 };
-            let mut l = self.stream.launch_builder(&f);
+            let mut l = KernelArgs::new(&self.stream, &f);
             l.arg(&*ids.buf).arg(&mut *order.buf).arg(&mut *tiles.buf).arg(&mut *cursor.buf).arg(&slots32).arg(&e32);
             l.arg(&tile_rows32);
             // SAFETY: arguments match `moe_route` in cuda/moe.cu; order holds slots, tiles
             // 1 + 3·max_tiles (the most any routing gives), cursor experts i32.
-            self.launched(OP, "moe_route", cfg, |cfg| unsafe { l.launch(cfg) })?;
+            self.launched(OP, "moe_route", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
             // 2. every tile at once: gathered gate GEMM, up GEMM + clamped SwiGLU, then down GEMM
             let table = self.expert_table(w1, w3, w2)?;
             let w3_table = table.buf.slice(experts * 8..);
@@ -162,29 +164,29 @@ impl CudaBackend {
             };
             if h > 0 {
                 let (kernel, f, cfg) = pick(&MOE_GATE_KERNELS, 0, gate_format, d, h)?;
-                let mut l = self.stream.launch_builder(&f);
+                let mut l = KernelArgs::new(&self.stream, &f);
                 l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&*table.buf).arg(&mut *hid.buf);
                 l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32);
                 // SAFETY: arguments match `moe_gate_*` (and `moe_gate_q8x_*`) in cuda/moe.cu; the tiles' rows lie in
                 // 0..slots, the table's first `experts` addresses are the w1[e] [h, d], all in
                 // this kernel's format.
-                self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
+                self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
                 let (kernel, f, cfg) = pick(&MOE_UP_KERNELS, 1, up_format, d, h)?;
-                let mut l = self.stream.launch_builder(&f);
+                let mut l = KernelArgs::new(&self.stream, &f);
                 l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&w3_table).arg(&mut *hid.buf);
                 l.arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
                 // SAFETY: arguments match `moe_up_*` (and `moe_up_q8x_*`) in cuda/moe.cu; w3_table holds the addresses
                 // of the w3[e] [h, d], all in this kernel's format; hid holds the gates the
                 // previous launch (same stream) wrote.
-                self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
+                self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
             }
             let (kernel, f, cfg) = pick(&MOE_DOWN_KERNELS, 2, down_format, h, d)?;
-            let mut l = self.stream.launch_builder(&f);
+            let mut l = KernelArgs::new(&self.stream, &f);
             l.arg(&*hid.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&w2_table).arg(&mut *ys.buf);
             l.arg(&tile_rows32).arg(&d32).arg(&h32);
             // SAFETY: arguments match `moe_down_*` (and `moe_down_q8x_*`) in cuda/moe.cu; w2_table holds the addresses
             // of the w2[e] [d, h], all in this kernel's format.
-            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg) })?;
+            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         }
         // 3. weighted combine per token in slot order
         self.launch_1d(
