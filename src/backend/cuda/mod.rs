@@ -393,6 +393,17 @@ pub fn moe_q8x_kernels(format: WeightFormat) -> Option<[&'static str; 3]> {
         _ => None,
     }
 }
+/// The experts' gate and up in one launch on int8 activations (cuda/moe.cu,
+/// `moe_gate_up_q8x_*`), when both are in one of the [`q8x_format`]s: the bits of the gate then
+/// the up kernel of [`moe_q8x_kernels`].
+pub fn moe_gate_up_q8x_kernel(format: WeightFormat) -> Option<&'static str> {
+    match format {
+        WeightFormat::Q8_0 => Some("moe_gate_up_q8x_q8_0"),
+        WeightFormat::Q2_K => Some("moe_gate_up_q8x_q2_k"),
+        WeightFormat::IQ2_XXS => Some("moe_gate_up_q8x_iq2_xxs"),
+        _ => None,
+    }
+}
 /// The linear kernel on int8 activations for one row of x (cuda/linear.cu, `linear_q8x_*`: fast
 /// precision, a decode step of one sequence, at least [`LINEAR_Q8X_MIN_COLS`] outputs), for the
 /// [`q8x_format`]s.
@@ -657,6 +668,10 @@ pub struct Options {
     /// see src/backend/cuda/launch.rs). Off by default until it has been measured on a device;
     /// `FOVEA_PDL=1` turns it on.
     pub dependent_launch: bool,
+    /// One token's experts in fast precision: the gate and the up in separate launches even where
+    /// one launch takes both (`moe_gate_up_q8x_*`; the same bits). Diagnostic, for measuring
+    /// what the fused launch gives: `FOVEA_GATE_UP=separate`.
+    pub separate_gate_up: bool,
 }
 
 impl Default for Options {
@@ -669,6 +684,7 @@ impl Default for Options {
             kernel_times: times == "1" || times == "grid",
             kernel_times_by_grid: times == "grid",
             dependent_launch: std::env::var("FOVEA_PDL").is_ok_and(|v| v == "1"),
+            separate_gate_up: std::env::var("FOVEA_GATE_UP").is_ok_and(|v| v == "separate"),
         }
     }
 }
@@ -2020,8 +2036,10 @@ mod tests {
             assert!(defined != empty, "cuda/dequant.cuh: Q8X_IF_{sfx} must be M or empty, once");
             assert_eq!(defined, q8x_format(format), "{format}: q8x_format and cuda/dequant.cuh disagree");
             assert_eq!(defined, moe_q8x_kernels(format).is_some(), "{format}: moe_q8x_kernels");
+            assert_eq!(defined, moe_gate_up_q8x_kernel(format).is_some(), "{format}: moe_gate_up_q8x_kernel");
             assert_eq!(defined, linear_q8x_kernel(format).is_some(), "{format}: linear_q8x_kernel");
-            let names = moe_q8x_kernels(format).into_iter().flatten().map(|n| (moe, n));
+            let moe_names = moe_q8x_kernels(format).into_iter().flatten().chain(moe_gate_up_q8x_kernel(format));
+            let names = moe_names.map(|n| (moe, n));
             for (text, name) in names.chain(linear_q8x_kernel(format).map(|n| (linear, n))) {
                 assert_eq!(Unit::of(name), Unit::Block(format), "{name}");
                 let family = name.strip_suffix(&format!("_{sfx}")).expect("ends in the format");
@@ -2053,8 +2071,8 @@ mod tests {
         for (src, name) in KERNELS {
             b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        for names in WeightFormat::ALL.into_iter().filter_map(moe_q8x_kernels) {
-            for name in names {
+        for format in WeightFormat::ALL {
+            for name in moe_q8x_kernels(format).into_iter().flatten().chain(moe_gate_up_q8x_kernel(format)) {
                 b.func_in(Source::Moe, name, Build::Rows).unwrap_or_else(|e| panic!("{name}: {e}"));
             }
         }

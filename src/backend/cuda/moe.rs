@@ -11,7 +11,9 @@
 //!    In fast precision a decode step of one sequence takes `moe_{gate,up,down}_q8x_*` instead
 //!    where the projection's format has them (Q8_0, Q2_K, IQ2_XXS: `moe_q8x_kernels`): the same
 //!    arguments and tiles, the activations rounded to int8 a 32-value group and multiplied with
-//!    the codes as integers (cuda/moe.cu says why);
+//!    the codes as integers (cuda/moe.cu says why), and where gate and up share such a format
+//!    both in one launch (`moe_gate_up_q8x_*`: the row quantized once, the same bits;
+//!    `FOVEA_GATE_UP=separate` keeps two, a diagnostic);
 //! 3. `moe_combine` sums each token's k slots in slot order (no float atomics: reproducible).
 //!
 //! Nothing is read back: the GEMM grids are sized for the most tiles any routing of these slots
@@ -32,7 +34,7 @@ use super::launch::KernelArgs;
 use super::{
     Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_THREADS, GEMV_ROWS, GRID_Y, LANE,
     MOE_DOWN_KERNELS, MOE_GATE_KERNELS, MOE_UP_KERNELS, Q8X_BLOCK_COLS, Q8X_THREADS, Role, Source, WeightKernels,
-    check_u32, gemm_grid, moe_q8x_kernels, q8x_shared_bytes,
+    check_u32, gemm_grid, moe_gate_up_q8x_kernel, moe_q8x_kernels, q8x_shared_bytes,
 };
 use crate::backend::checks;
 use crate::backend::{DType, Precision, WeightFormat};
@@ -140,19 +142,20 @@ impl CudaBackend {
             // kernel where the format has one (a block per Q8X_BLOCK_COLS columns, the int8 row
             // and its scales in shared memory), else the GEMM's small-row or tile path. Routed
             // experts are never exact weights: the lane's precision.
+            let q8x = |k: usize| {
+                self.opts.precision == Precision::Fast && n == 1 && q8x_shared_bytes(k) <= DEFAULT_SHARED_BYTES
+            };
+            let q8x_cfg = |k: usize, cols: usize| LaunchConfig {
+                grid_dim: (cols.div_ceil(Q8X_BLOCK_COLS) as u32, gy, 1),
+                block_dim: (Q8X_THREADS, 1, 1),
+                shared_mem_bytes: q8x_shared_bytes(k) as u32,
+            };
             let pick = |family: &WeightKernels, which: usize, format: WeightFormat, k: usize, cols: usize| {
-                let shared = q8x_shared_bytes(k);
                 if let Some(names) = moe_q8x_kernels(format)
-                    && self.opts.precision == Precision::Fast
-                    && n == 1
-                    && shared <= DEFAULT_SHARED_BYTES
+                    && q8x(k)
                 {
-                    let cfg = LaunchConfig {
-                        grid_dim: (cols.div_ceil(Q8X_BLOCK_COLS) as u32, gy, 1),
-                        block_dim: (Q8X_THREADS, 1, 1),
-                        shared_mem_bytes: shared as u32,
-                    };
-                    return Ok((names[which], self.func_in(Source::Moe, names[which], Build::Rows)?, cfg));
+                    let f = self.func_in(Source::Moe, names[which], Build::Rows)?;
+                    return Ok((names[which], f, q8x_cfg(k, cols)));
                 }
                 let kernel = family.of(format);
                 let cfg = LaunchConfig {
@@ -162,7 +165,24 @@ impl CudaBackend {
                 };
                 Ok::<_, Error>((kernel, self.gemm_func(Source::Moe, kernel, false, tile_rows)?, cfg))
             };
-            if h > 0 {
+            // gate and up of one q8x format: one launch, the bits of the two below
+            let gate_up = match moe_gate_up_q8x_kernel(gate_format) {
+                Some(kernel) if gate_format == up_format && q8x(d) && !self.opts.separate_gate_up => Some(kernel),
+                _ => None,
+            };
+            if let Some(kernel) = gate_up
+                && h > 0
+            {
+                let f = self.func_in(Source::Moe, kernel, Build::Rows)?;
+                let mut l = KernelArgs::new(&self.stream, &f);
+                l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&*table.buf).arg(&w3_table);
+                l.arg(&mut *hid.buf).arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
+                // SAFETY: arguments match `moe_gate_up_q8x_*` in cuda/moe.cu; the tiles' rows lie
+                // in 0..slots, the table's first `experts` addresses are the w1[e] [h, d] and
+                // w3_table's the w3[e] [h, d], all in this kernel's format; the shared memory is
+                // q8x_shared_bytes(d).
+                self.launched(OP, kernel, q8x_cfg(d, h), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+            } else if h > 0 {
                 let (kernel, f, cfg) = pick(&MOE_GATE_KERNELS, 0, gate_format, d, h)?;
                 let mut l = KernelArgs::new(&self.stream, &f);
                 l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&*table.buf).arg(&mut *hid.buf);
