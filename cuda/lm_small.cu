@@ -300,15 +300,22 @@ BASE_KERNEL void swiglu_clamp_f32(const float* gate, const float* up, float* out
 // of the one-thread version for its entry and the result is the same, bit for bit; the 20-round
 // chain then costs a few shuffles and one division per step rather than hc * hc divisions in a
 // row (one thread per token took 25-57 us of a decode step on an H200). Every lane of the warp
-// calls every shuffle; only `active` lanes (a token that exists) store.
-__device__ __forceinline__ void hc_split_warp(const float* m, const float* scale, const float* base, float* o,
-                                              unsigned int hc, unsigned int iters, float eps, bool active) {
-    const unsigned int lane = threadIdx.x % 32u, cells = hc * hc;
-    const unsigned int cell = lane < cells ? lane : 0u, src = cell / hc, dst = cell % hc;
+// calls every shuffle; only `active` lanes (a token that exists) store. In two parts, so that a
+// caller can publish pre and post before the Sinkhorn: the sigmoids (lanes < hc) ...
+__device__ __forceinline__ void hc_split_warp_pre_post(const float* m, const float* scale, const float* base, float* o,
+                                                       unsigned int hc, float eps, bool active) {
+    const unsigned int lane = threadIdx.x % 32u;
     if (active && lane < hc) {
         o[lane] = lms_sigmoid(m[lane] * scale[0] + base[lane]) + eps;
         o[hc + lane] = 2.0f * lms_sigmoid(m[hc + lane] * scale[1] + base[hc + lane]);
     }
+}
+
+// ... then the mixing matrix (the whole warp: its shuffles take every lane).
+__device__ __forceinline__ void hc_split_warp_comb(const float* m, const float* scale, const float* base, float* o,
+                                                   unsigned int hc, unsigned int iters, float eps, bool active) {
+    const unsigned int lane = threadIdx.x % 32u, cells = hc * hc;
+    const unsigned int cell = lane < cells ? lane : 0u, src = cell / hc, dst = cell % hc;
     // softmax over dst for each src, + eps
     const float v0 = active ? m[2 * hc + cell] * scale[2] + base[2 * hc + cell] : 0.0f;
     float mx = NEG_INF;
@@ -329,6 +336,12 @@ __device__ __forceinline__ void hc_split_warp(const float* m, const float* scale
         v /= cs + eps;
     }
     if (active && lane < cells) o[2 * hc + lane] = v;
+}
+
+__device__ __forceinline__ void hc_split_warp(const float* m, const float* scale, const float* base, float* o,
+                                              unsigned int hc, unsigned int iters, float eps, bool active) {
+    hc_split_warp_pre_post(m, scale, base, o, hc, eps, active);
+    hc_split_warp_comb(m, scale, base, o, hc, iters, eps, active);
 }
 
 // One token of hc_split_f32 on one thread, in place in `o` (any hc).
@@ -385,8 +398,8 @@ BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float*
     const float eps = __uint_as_float(eps_bits);
     const u64 w = (u64)(2 + hc) * hc;
     if (hc * hc <= 32u) {
-        // every warp of a block runs the same number of rounds (the emulator's shuffles are
-        // block-wide barriers); warps past n run with active = false
+        // every warp of a block runs the same number of rounds; warps past n run with
+        // active = false
         const unsigned int warps = blockDim.x / 32u;
         for (u64 t0 = (u64)blockIdx.x * warps; t0 < n; t0 += (u64)gridDim.x * warps) {
             const u64 t = t0 + threadIdx.x / 32u;
@@ -458,8 +471,7 @@ BASE_KERNEL void hc_mix_partials_f32(const float* x, const void* mix, float* par
 // (hc_split_warp). A decode step takes a block a token (8 warps: a warp alone read the 32 ranges
 // one after another, 13.1 us of 2 launches a layer on an H200, 10.4 so); a prefill chunk a warp a
 // token (a block a token idles 7 warps of 8 through the Sinkhorn: 47.8 us for 2 048 tokens, 19.7
-// so). Every warp runs hc_split_warp, the groups' first warps active: the emulator's shuffles
-// are block-wide barriers.
+// so). Every warp runs hc_split_warp, the groups' first warps active.
 BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const float* base, float* out,
                                   unsigned int n, unsigned int k, unsigned int hc, unsigned int splits,
                                   unsigned int iters, unsigned int eps_bits, float norm_eps,
@@ -490,6 +502,62 @@ BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const f
         __syncthreads();
         hc_split_warp(mix[group], scale, base, out + tt * w, hc, iters, eps, active && sub == 0);
         __syncthreads(); // red, sum and mix are read before the next round writes them
+    }
+}
+
+// hc_split_pre_norm_f32: hc_mix_split_f32 (a block a token, its first LMS_MIX_THREADS / 32 warps
+// summing the token's ranges as that kernel's 8-warp groups do) and then hc_pre_norm_f32 of the
+// residual with the split's pre, in one launch: part [n, splits, w + 1] (hc_mix_partials_f32's),
+// x [n, k = hc*d], weight [d] -> split [n, w], out [n, d]. One block a token (tokens
+// grid-strided) of the blockDim hc_pre_norm_f32 takes for rows of d (the host's row_threads, at
+// least 256), so both parts do those kernels' arithmetic in their order: the bits of the two
+// launches. Warp 0 publishes pre and post, then runs the Sinkhorn while the other warps collapse
+// and square the streams (it joins them after; the norm's block sum waits for it).
+BASE_KERNEL void hc_split_pre_norm_f32(const float* part, const float* scale, const float* base, float* split,
+                                       const float* x, const float* weight, float* out, unsigned int n,
+                                       unsigned int d, unsigned int hc, unsigned int splits, unsigned int iters,
+                                       unsigned int eps_bits, float norm_eps) {
+    grid_wait();
+    __shared__ float red[LMS_MIX_THREADS / 32][32];
+    __shared__ float sum[32];
+    __shared__ float mix[32];
+    __shared__ float nred[32];
+    const float eps = __uint_as_float(eps_bits);
+    const unsigned int k = hc * d, w = (2u + hc) * hc, warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
+    const unsigned int sum_warps = LMS_MIX_THREADS / 32u;
+    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x) {
+        if (warp < sum_warps) {
+            float v = 0.0f;
+            if (lane <= w)
+                for (unsigned int i = warp; i < splits; i += sum_warps) v += part[((u64)t * splits + i) * (w + 1) + lane];
+            red[warp][lane] = v;
+        }
+        __syncthreads();
+        if (warp == 0 && lane <= w) {
+            float s = 0.0f;
+            for (unsigned int j = 0; j < sum_warps; ++j) s += red[j][lane];
+            sum[lane] = s;
+        }
+        __syncthreads();
+        if (warp == 0 && lane < w) mix[lane] = sum[lane] * (1.0f / sqrtf(sum[w] / (float)k + norm_eps));
+        __syncthreads();
+        float* st = split + (u64)t * w;
+        if (warp == 0) hc_split_warp_pre_post(mix, scale, base, st, hc, eps, true);
+        __syncthreads(); // pre is in split, seen by the whole block
+        if (warp == 0) hc_split_warp_comb(mix, scale, base, st, hc, iters, eps, true);
+        // hc_pre_norm_f32's row t, its weights the split's pre
+        const float* xt = x + (u64)t * k;
+        float* yt = out + (u64)t * d;
+        float s = 0.0f;
+        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
+            float v = 0.0f;
+            for (unsigned int q = 0; q < hc; ++q) v += st[q] * xt[(u64)q * d + j];
+            yt[j] = v;
+            s += v * v;       
+        }
+        const float inv = 1.0f / sqrtf(block_sum(s, nred) / (float)d + norm_eps);
+        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
+        __syncthreads(); // red, sum, mix and nred are read before the next token writes them
     }
 }
 

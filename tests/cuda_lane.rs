@@ -472,6 +472,48 @@ fn cuda_fused_gate_up_matches_the_separate_launches_bit_for_bit() {
     }
 }
 
+/// A decode step's hyper-connection split and the sublayer's norm in one launch
+/// (`hc_split_pre_norm_f32`) write the bits of `hc_mix_split` then `hc_pre_norm`
+/// (`separate_hc_split_norm`): one token and a few, a row of 4096 (the released width, 1024-thread
+/// blocks) and a narrow one.
+#[test]
+fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
+    use fovea::backend::cuda::Options;
+    let Some(fused) = common::cuda_lane_with_or_skip(Options::default()) else { return };
+    let separate = CudaBackend::with_options(Options { separate_hc_split_norm: true, ..Default::default() }).unwrap();
+    let (hc, w) = (4, 24);
+    for (n, d) in [(1, 4096), (3, 4096), (2, 300)] {
+        let k = hc * d;
+        let v = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len).map(|j| (((j * seed + 11) % 97) as f32 - 48.0) * 0.02).collect()
+        };
+        let run = |b: &CudaBackend| {
+            let t = |shape: Vec<usize>, seed: usize| {
+                let len = shape.iter().product();
+                b.upload(&HostTensor::f32(shape, v(len, seed)).unwrap()).unwrap()
+            };
+            let mix_bytes: Vec<u8> = v(w * k, 13).iter().flat_map(|x| (x * 0.05).to_le_bytes()).collect();
+            let hw = HostWeight {
+                name: "hc_mix".into(),
+                format: WeightFormat::F32,
+                rows: w,
+                cols: k,
+                bytes: Cow::Owned(mix_bytes),
+            };
+            let mix = b.upload_weight_exact(&hw).unwrap();
+            let (x, scale, base, norm) = (t(vec![n, k], 7), t(vec![3], 5), t(vec![w], 3), t(vec![d], 17));
+            let (split, y) = b.hc_split_pre_norm(&x, &mix, &scale, &base, hc, 20, 1e-6, 1e-6, &norm).unwrap();
+            let get = |t| b.download(t).unwrap().into_f32("t").unwrap();
+            (get(&split), get(&y))
+        };
+        let ((s1, y1), (s2, y2)) = (run(&fused), run(&separate));
+        assert!(y1.iter().all(|v| v.is_finite()) && s1.iter().all(|v| v.is_finite()), "n {n} d {d}");
+        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+        assert_eq!(bits(&s1, &s2), 0, "n {n} d {d}: the split differs between one launch and two");
+        assert_eq!(bits(&y1, &y2), 0, "n {n} d {d}: the normed input differs between one launch and two");
+    }
+}
+
 /// The fused router against the same ops composed on this lane (`common::route_experts_matches_its_composition`).
 #[test]
 fn cuda_route_experts_matches_its_composition_bit_for_bit() {

@@ -2,7 +2,8 @@
 // reductions, barriers, online softmax, weight decoding) can be checked with g++ on a machine
 // without a GPU. It is not a CUDA compiler check: NVRTC is stricter about some things and looser
 // about others. Blocks run one after another; the threads of a block are real std::threads
-// meeting at a std::barrier, so __syncthreads and __shfl_xor_sync behave like a block-wide sync.
+// meeting at a std::barrier for __syncthreads, and the threads of a warp at the warp's own for
+// its shuffles.
 #pragma once
 // Kernels see CUDA_EMU (common.cuh then calls emu_mma_m16n8k16_bf16 / _f16 and emu_f16x2_rn
 // instead of the PTX) and an
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -29,6 +31,10 @@ struct dim3 {
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 inline std::barrier<>* g_bar = nullptr;
+// one barrier per warp of the block (32 threads, fewer in a last partial warp): the shuffles and
+// __syncwarp meet there, so a warp may shuffle while the block's other warps do something else,
+// as on the device
+inline std::vector<std::barrier<>*> g_warp_bar;
 inline std::vector<float> g_shfl;
 inline std::vector<float> g_dyn_smem;
 inline std::vector<unsigned> g_mma; // per thread: the 4 A and 2 B registers of its mma fragments
@@ -58,21 +64,22 @@ inline int __syncthreads_and(int p) {
     g_bar->arrive_and_wait(); // everyone has read before the next call writes
     return all;
 }
+inline void emu_warp_sync() { g_warp_bar[emu_tid() / 32]->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     unsigned t = emu_tid();
     g_shfl[t] = v;
-    g_bar->arrive_and_wait();
+    emu_warp_sync();
     float r = g_shfl[t ^ (unsigned)o];
-    g_bar->arrive_and_wait();
+    emu_warp_sync();
     return r;
 }
 // v of lane src_lane of the calling thread's warp (src_lane < 32)
 inline float __shfl_sync(unsigned, float v, int src_lane) {
     unsigned t = emu_tid();
     g_shfl[t] = v;
-    g_bar->arrive_and_wait();
+    emu_warp_sync();
     float r = g_shfl[(t & ~31u) + (unsigned)src_lane];
-    g_bar->arrive_and_wait();
+    emu_warp_sync();
     return r;
 }
 inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int o) {
@@ -97,11 +104,11 @@ inline unsigned __shfl_up_sync(unsigned mask, unsigned v, unsigned delta) {
 inline unsigned __match_any_sync(unsigned, unsigned v) {
     const unsigned t = emu_tid(), warp0 = t & ~31u;
     std::memcpy(&g_shfl[t], &v, 4);
-    g_bar->arrive_and_wait();
+    emu_warp_sync();
     unsigned peers = 0;
     for (unsigned l = 0; l < 32 && warp0 + l < g_shfl.size(); ++l)
         if (std::memcmp(&g_shfl[warp0 + l], &v, 4) == 0) peers |= 1u << l;
-    g_bar->arrive_and_wait();
+    emu_warp_sync();
     return peers;
 }
 inline int __popc(unsigned v) { return std::popcount(v); }
@@ -113,8 +120,7 @@ inline int __dp4a(int a, int b, int c) {
 inline int __ffs(int v) { return v ? std::countr_zero(unsigned(v)) + 1 : 0; }
 // Shared-memory counters (the threads of a block are real threads).
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
-// Only for kernels whose block is one warp (the emulated barrier is block-wide).
-inline void __syncwarp(unsigned = 0xffffffffu) { g_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_sync(); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -189,6 +195,12 @@ void emu_launch(void (*k)(A...), dim3 grid, dim3 block, size_t dyn_smem_bytes, A
         for (unsigned bx = 0; bx < grid.x; ++bx) {
             std::barrier<> bar(nt);
             g_bar = &bar;
+            std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+            g_warp_bar.clear();
+            for (unsigned w0 = 0; w0 < nt; w0 += 32) {
+                warp_bars.push_back(std::make_unique<std::barrier<>>(std::ptrdiff_t(nt - w0 < 32 ? nt - w0 : 32)));
+                g_warp_bar.push_back(warp_bars.back().get());
+            }
             std::vector<std::thread> ts;
             for (unsigned ty = 0; ty < block.y; ++ty)
                 for (unsigned tx = 0; tx < block.x; ++tx)

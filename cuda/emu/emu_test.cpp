@@ -1236,6 +1236,24 @@ static void test_hc_mix_split() {
         check(name, y, want, 1e-10);
         std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u, a warp a token", n, k, fmt_name(fmt), hc);
         check(name, y1, want, 1e-10);
+        // hc_split_pre_norm_f32: the split (a block a token) then hc_pre_norm_f32 of its pre, in
+        // one launch of the host's row blocks (1024 threads for rows of >= 4096), a block a
+        // token and 2 blocks grid-striding: the two kernels' bits
+        const unsigned d = k / hc, threads = d >= 4096 ? 1024 : 256;
+        auto weight = randv(d, 1.5);
+        std::vector<float> normed(n * d);
+        emu_launch(hc_pre_norm_f32, {n}, {threads}, 0, (const float*)x.data(), (const float*)y.data(),
+                   (const float*)weight.data(), normed.data(), n, d, hc, w, norm_eps);
+        for (unsigned blocks : {n, 2u}) {
+            std::vector<float> fsplit(n * w, -1.0f), fout(n * d, -1.0f);
+            emu_launch(hc_split_pre_norm_f32, {blocks}, {threads}, 0, (const float*)part.data(),
+                       (const float*)scale.data(), (const float*)base.data(), fsplit.data(), (const float*)x.data(),
+                       (const float*)weight.data(), fout.data(), n, d, hc, splits, iters, eb, norm_eps);
+            std::snprintf(name, sizeof name, "hc_split_pre_norm [%u,%ux%u] hc=%u %u blocks: split", n, hc, d, hc, blocks);
+            check(name, fsplit, y, 0);
+            std::snprintf(name, sizeof name, "hc_split_pre_norm [%u,%ux%u] hc=%u %u blocks: norm", n, hc, d, hc, blocks);
+            check(name, fout, normed, 0);
+        }
     }
 }
 

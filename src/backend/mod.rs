@@ -802,6 +802,27 @@ pub trait Backend {
     ) -> Result<Self::Tensor> {
         self.rms_norm(&self.hc_pre(x, w, hc)?, weight, eps)
     }
+    /// A sublayer's split and its input at once: `split = hc_mix_split(x, mix, scale, base, hc,
+    /// iters, eps, norm_eps)` and `hc_pre_norm(x, split, hc, weight, norm_eps)` → (split
+    /// `[n, (2+hc)·hc]`, `[n, d]`). The default composes the two; a lane may fuse them (a decode
+    /// step runs this twice a layer).
+    #[allow(clippy::too_many_arguments)]
+    fn hc_split_pre_norm(
+        &self,
+        x: &Self::Tensor,
+        mix: &Self::Weight,
+        scale: &Self::Tensor,
+        base: &Self::Tensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let split = self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
+        let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
+        Ok((split, y))
+    }
     /// Final-head stream weights (no Sinkhorn, §4.2): mix `[n, hc]`, scale `[1]`, base `[hc]` →
     /// `σ(mix · scale + base) + eps` `[n, hc]`.
     fn hc_head_weights(

@@ -126,6 +126,84 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// `hc_mix_partials_f32` over X `[n, k]` and the mix `[w, k]`: each column range's w dot
+    /// products and sum of squares, `[n, splits·(w + 1)]`, and the number of ranges; `None` where
+    /// the lane's fused split does not apply (a block-format mix, a mix in fast precision, more
+    /// rows than `LMS_MIX_MAX`, nothing to sum), which then takes the trait's composition.
+    fn hc_mix_partials(
+        &self,
+        op: &'static str,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        n: usize,
+        k: usize,
+        w: usize,
+    ) -> Result<Option<(CudaTensor, usize)>> {
+        let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
+        let code = match float_code(mix.format) {
+            Some(code) if w <= MIX_MAX && f32_products && n > 0 && k > 0 => code,
+            _ => return Ok(None),
+        };
+        let splits = k.div_ceil(MIX_SPAN);
+        let mut part = self.alloc(op, vec![n, splits * (w + 1)], DType::F32)?;
+        let (n32, k32, w32) = (check_u32(op, "rows", n)?, check_u32(op, "cols", k)?, w as u32);
+        let splits32 = check_u32(op, "column ranges", splits)?;
+        let f = self.func(Source::LmSmall, "hc_mix_partials_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (splits32, n.min(GRID_Y) as u32, 1),
+            block_dim: (MIX_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*x.buf).arg(&mix.buf).arg(&mut *part.buf).arg(&n32).arg(&k32).arg(&w32).arg(&splits32).arg(&code);
+        // SAFETY: arguments match `hc_mix_partials_f32` in cuda/lm_small.cu; shapes checked by the caller.
+        self.launched(op, "hc_mix_partials_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        Ok(Some((part, splits)))
+    }
+
+    /// `hc_mix_split` then `hc_pre_norm` of its pre: for a decode step's few tokens the partial
+    /// sums, then one launch for the split and the norm (`hc_split_pre_norm_f32`, the bits of
+    /// `hc_mix_split_f32` then `hc_pre_norm_f32`); else the trait's composition.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hc_split_pre_norm(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        const OP: &str = "hc_split_pre_norm";
+        let (n, d, w) = checks::hc_split_pre_norm(x, mix, scale, base, hc, weight)?;
+        let composed = |b: &Self| {
+            let split = b.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
+            let y = b.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
+            Ok((split, y))
+        };
+        if n > MIX_BLOCK_A_TOKEN_MAX || d == 0 || self.opts.separate_hc_split_norm {
+            return composed(self);
+        }
+        let Some((part, splits)) = self.hc_mix_partials(OP, x, mix, n, hc * d, w)? else { return composed(self) };
+        let mut split = self.alloc(OP, vec![n, w], DType::F32)?;
+        let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let (n32, d32, hc32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?);
+        let (splits32, iters32, eps_bits) = (splits as u32, check_u32(OP, "iters", iters)?, eps.to_bits());
+        let f = self.func(Source::LmSmall, "hc_split_pre_norm_f32")?;
+        // hc_pre_norm_f32's block for rows of d, so the norm sums in its order
+        let cfg = cfg_rows(n, d);
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*part.buf).arg(&*scale.buf).arg(&*base.buf).arg(&mut *split.buf).arg(&*x.buf).arg(&*weight.buf);
+        l.arg(&mut *y.buf).arg(&n32).arg(&d32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps);
+        // SAFETY: arguments match `hc_split_pre_norm_f32` in cuda/lm_small.cu; shapes checked
+        // above, part is hc_mix_partials' [n, splits, w + 1], the block at least 256 threads.
+        self.launched(OP, "hc_split_pre_norm_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        Ok((split, y))
+    }
+
     /// `hc_split` of the residual's mix, norm factor taken out of the product: X `[n, k]`, mix
     /// `[(2+hc)·hc, k]` → `[n, (2+hc)·hc]`. Two kernels (the column ranges' partial sums, then a
     /// warp per token) where the mix is f32/bf16/f16, at most `MIX_MAX` rows and f32 products;
@@ -144,26 +222,10 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "hc_mix_split";
         let (n, k, w) = checks::hc_mix_split(x, mix, scale, base, hc)?;
-        let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
-        let code = match float_code(mix.format) {
-            Some(code) if w <= MIX_MAX && f32_products && n > 0 && k > 0 => code,
-            _ => return hc_mix_split_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps),
+        let Some((part, splits)) = self.hc_mix_partials(OP, x, mix, n, k, w)? else {
+            return hc_mix_split_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps);
         };
-        let splits = k.div_ceil(MIX_SPAN);
-        let mut part = self.alloc(OP, vec![n, splits * (w + 1)], DType::F32)?;
-        let (n32, k32, w32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", k)?, w as u32);
-        let splits32 = check_u32(OP, "column ranges", splits)?;
-        let f = self.func(Source::LmSmall, "hc_mix_partials_f32")?;
-        let cfg = LaunchConfig {
-            grid_dim: (splits32, n.min(GRID_Y) as u32, 1),
-            block_dim: (MIX_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*x.buf).arg(&mix.buf).arg(&mut *part.buf).arg(&n32).arg(&k32).arg(&w32).arg(&splits32).arg(&code);
-        // SAFETY: arguments match `hc_mix_partials_f32` in cuda/lm_small.cu; shapes checked above.
-        self.launched(OP, "hc_mix_partials_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-
+        let (n32, k32, splits32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", k)?, splits as u32);
         let mut y = self.alloc(OP, vec![n, w], DType::F32)?;
         let (hc32, iters32, eps_bits) = (check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits());
         let f = self.func(Source::LmSmall, "hc_mix_split_f32")?;

@@ -469,6 +469,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::LmSmall, "hc_split_f32"),
     (Source::LmSmall, "hc_mix_partials_f32"),
     (Source::LmSmall, "hc_mix_split_f32"),
+    (Source::LmSmall, "hc_split_pre_norm_f32"),
     (Source::LmSmall, "hc_pre_f32"),
     (Source::LmSmall, "hc_pre_norm_f32"),
     (Source::LmSmall, "hc_post_f32"),
@@ -672,6 +673,10 @@ pub struct Options {
     /// one launch takes both (`moe_gate_up_q8x_*`; the same bits). Diagnostic, for measuring
     /// what the fused launch gives: `FOVEA_GATE_UP=separate`.
     pub separate_gate_up: bool,
+    /// A decode step's hyper-connection split and the sublayer's norm in separate launches even
+    /// where one takes both (`hc_split_pre_norm_f32`; the same bits). Diagnostic:
+    /// `FOVEA_HC_SPLIT_NORM=separate`.
+    pub separate_hc_split_norm: bool,
 }
 
 impl Default for Options {
@@ -685,6 +690,7 @@ impl Default for Options {
             kernel_times_by_grid: times == "grid",
             dependent_launch: std::env::var("FOVEA_PDL").is_ok_and(|v| v == "1"),
             separate_gate_up: std::env::var("FOVEA_GATE_UP").is_ok_and(|v| v == "separate"),
+            separate_hc_split_norm: std::env::var("FOVEA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
         }
     }
 }
@@ -1749,6 +1755,20 @@ impl Backend for CudaBackend {
         norm_eps: f32,
     ) -> Result<CudaTensor> {
         self.hc_mix_split(x, mix, s, b, hc, it, eps, norm_eps)
+    }
+    fn hc_split_pre_norm(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        s: &CudaTensor,
+        b: &CudaTensor,
+        hc: usize,
+        it: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.hc_split_pre_norm(x, mix, s, b, hc, it, eps, norm_eps, weight)
     }
     fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         self.hc_pre(x, w, hc)

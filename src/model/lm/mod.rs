@@ -926,13 +926,11 @@ impl<B: Backend> LmModel<B> {
                 (None, None) => unreachable!("the residual is either carried or traced"),
             };
             // attention sublayer; `split` is [T, pre hc | post hc | comb hc·hc]
-            let split = self.hc_split(b, x, &layer.hc_attn)?;
-            let xa = b.hc_pre_norm(x, &split, hc, &layer.attn_norm, eps)?;
+            let (split, xa) = self.hc_split_pre_norm(b, x, &layer.hc_attn, &layer.attn_norm)?;
             let (att, picks) = self.attention(&uploads, layer, l, seqs, &positions, &xa)?;
             let x = b.hc_post(x, &att, &split)?;
             // MoE sublayer
-            let split = self.hc_split(b, &x, &layer.hc_ffn)?;
-            let xf = b.hc_pre_norm(&x, &split, hc, &layer.ffn_norm, eps)?;
+            let (split, xf) = self.hc_split_pre_norm(b, &x, &layer.hc_ffn, &layer.ffn_norm)?;
             let (m, sel, w) = self.moe(b, &layer.moe, &xf, &ids_t, &kind)?;
             let next = b.hc_post(&x, &m, &split)?;
             match trace.as_deref_mut() {
@@ -962,10 +960,11 @@ impl<B: Backend> LmModel<B> {
     }
 
     /// `[T, pre hc | post hc | comb hc·hc]` of one HC sublayer from the residual X `[T, hc·d]`
-    /// (`hc_pre` and `hc_post` read their parts in place).
-    fn hc_split(&self, b: &B, x: &B::Tensor, p: &Hc<B>) -> Result<B::Tensor> {
-        let (hc, eps) = (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32);
-        b.hc_mix_split(x, &p.mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, self.cfg.hc_eps as f32, eps)
+    /// (`hc_post` reads its parts in place), and the sublayer's input `[T, d]`: the streams
+    /// collapsed by pre and normalised by `norm`.
+    fn hc_split_pre_norm(&self, b: &B, x: &B::Tensor, p: &Hc<B>, norm: &B::Tensor) -> Result<(B::Tensor, B::Tensor)> {
+        let (hc, eps, hc_eps) = (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32, self.cfg.hc_eps as f32);
+        b.hc_split_pre_norm(x, &p.mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, hc_eps, eps, norm)
     }
 
     /// Feed the compressor projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` of every row to
