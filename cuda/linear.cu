@@ -80,6 +80,53 @@ GEMM_KERNEL void GEMM_LAUNCH linear_f16(const float* x, const unsigned short* w,
     }
 FOR_EACH_BLOCK_FORMAT(LINEAR_BLOCK_KERNEL)
 
+// linear_pair_{f32,bf16,f16,<block format>}: two weights of one format read against the same
+// rows of x (at most GEMV_ROWS of them, no bias), ya [n, out_a] = x . Wa^T and yb [n, out_b] =
+// x . Wb^T, in one launch of the small-row path: blocks 0 .. pairs_a take Wa's column pairs, the
+// rest Wb's, each as linear's unsplit small-row launch takes it (the same bits). Rows build only;
+// block GEMM_THREADS, grid (ceil(out_a / 2) + ceil(out_b / 2)).
+#if FOVEA_GEMM_PATH != GEMM_PATH_TILES
+template <int FMT>
+__device__ __forceinline__ void linear_pair_rows(const float* x, const void* wa, const void* wb, float* ya, float* yb,
+                                                 unsigned int n, unsigned int k, unsigned int out_a,
+                                                 unsigned int out_b) {
+    const unsigned int pairs_a = (out_a + 1u) / 2u;
+    const bool b = blockIdx.x >= pairs_a;
+    const unsigned int out = b ? out_b : out_a;
+    const LinearOperands op{{}, x, 0, b ? yb : ya, k, out};
+    gemv_block<FMT>(op, b ? wb : wa, n, out, k, 0u, k, b ? blockIdx.x - pairs_a : blockIdx.x);
+}
+
+GEMM_KERNEL void GEMM_LAUNCH linear_pair_f32(const float* x, const float* wa, const float* wb, float* ya, float* yb,
+                                             unsigned int n, unsigned int k, unsigned int out_a, unsigned int out_b) {
+    grid_wait();
+    linear_pair_rows<0>(x, wa, wb, ya, yb, n, k, out_a, out_b);
+}
+
+GEMM_KERNEL void GEMM_LAUNCH linear_pair_bf16(const float* x, const unsigned short* wa, const unsigned short* wb,
+                                              float* ya, float* yb, unsigned int n, unsigned int k,
+                                              unsigned int out_a, unsigned int out_b) {
+    grid_wait();
+    linear_pair_rows<1>(x, wa, wb, ya, yb, n, k, out_a, out_b);
+}
+
+GEMM_KERNEL void GEMM_LAUNCH linear_pair_f16(const float* x, const unsigned short* wa, const unsigned short* wb,
+                                             float* ya, float* yb, unsigned int n, unsigned int k,
+                                             unsigned int out_a, unsigned int out_b) {
+    grid_wait();
+    linear_pair_rows<2>(x, wa, wb, ya, yb, n, k, out_a, out_b);
+}
+
+#define LINEAR_PAIR_BLOCK_KERNEL(SFX, FMT)                                                                      \
+    extern "C" __global__ void GEMM_LAUNCH linear_pair_##SFX(const float* x, const void* wa, const void* wb,     \
+                                                             float* ya, float* yb, unsigned int n,                 \
+                                                             unsigned int k, unsigned int out_a,                   \
+                                                             unsigned int out_b) { grid_wait();                   \
+        linear_pair_rows<FMT>(x, wa, wb, ya, yb, n, k, out_a, out_b);                                           \
+    }
+FOR_EACH_BLOCK_FORMAT(LINEAR_PAIR_BLOCK_KERNEL)
+#endif
+
 // linear_q8x_<block format>: one row of x in fast precision against a wide weight (the host takes
 // it from LINEAR_Q8X_MIN_COLS columns: wq_b, the indexer's wq_b, the head), on int8
 // activations (dequant.cuh, q8x_cols) in the formats q8x_dot32 takes (Q8X_IF_<format>): the

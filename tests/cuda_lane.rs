@@ -514,6 +514,41 @@ fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
     }
 }
 
+/// Two linears of one input in one launch (`linear_pair_*`) write the bits of two `linear`
+/// launches (`separate_linear_pair`): the shapes of a decode step's wq_a and wkv (Q8_0) and of a
+/// compressor's wkv and wgate (F16), one row and three.
+#[test]
+fn cuda_linear_pair_matches_two_linears_bit_for_bit() {
+    use fovea::backend::cuda::Options;
+    use rand::SeedableRng;
+    let Some(one) = common::cuda_lane_with_or_skip(Options::default()) else { return };
+    let two = CudaBackend::with_options(Options { separate_linear_pair: true, ..Default::default() }).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x9a1e);
+    let k = 4096;
+    for (format, a, b) in [(WeightFormat::Q8_0, 1024, 512), (WeightFormat::F16, 1024, 1024)] {
+        let (ba, bb) =
+            (common::blocks::weight_bytes(&mut r, format, a, k), common::blocks::weight_bytes(&mut r, format, b, k));
+        for n in [1, 3] {
+            let x: Vec<f32> = (0..n * k).map(|j| ((j * 37 % 101) as f32 - 50.0) * 0.02).collect();
+            let run = |lane: &CudaBackend| {
+                let w = |rows: usize, bytes: &[u8]| {
+                    let hw = HostWeight { name: "w".into(), format, rows, cols: k, bytes: Cow::Borrowed(bytes) };
+                    lane.upload_weight(&hw).unwrap()
+                };
+                let (wa, wb) = (w(a, &ba), w(b, &bb));
+                let xt = lane.upload(&HostTensor::f32(vec![n, k], x.clone()).unwrap()).unwrap();
+                let (ya, yb) = lane.linear_pair(&xt, &wa, &wb).unwrap();
+                let get = |t| lane.download(t).unwrap().into_f32("y").unwrap();
+                (get(&ya), get(&yb))
+            };
+            let ((a1, b1), (a2, b2)) = (run(&one), run(&two));
+            assert!(a1.iter().chain(&b1).all(|v| v.is_finite()), "{format} n {n}");
+            let bits = |p: &[f32], q: &[f32]| p.iter().zip(q).filter(|(u, v)| u.to_bits() != v.to_bits()).count();
+            assert_eq!(bits(&a1, &a2) + bits(&b1, &b2), 0, "{format} n {n}: one launch and two differ");
+        }
+    }
+}
+
 /// The fused router against the same ops composed on this lane (`common::route_experts_matches_its_composition`).
 #[test]
 fn cuda_route_experts_matches_its_composition_bit_for_bit() {

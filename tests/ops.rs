@@ -181,6 +181,8 @@ enum Call {
         base: usize,
         hc: usize,
     },
+    /// `linear_pair` of x with the case's two weights (`experts`, in order).
+    LinearPair(usize),
     HcSplitPreNorm {
         x: usize,
         scale: usize,
@@ -350,6 +352,10 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::HcPreNorm { x, w, weight, hc } => b.hc_pre_norm(&ts[x], &ts[w], hc, &ts[weight], 1e-6),
         Call::HcMixSplit { x, scale, base, hc } => {
             b.hc_mix_split(&ts[x], weight.as_ref().unwrap(), &ts[scale], &ts[base], hc, 20, 1e-6, 1e-6)
+        }
+        Call::LinearPair(x) => {
+            let (ya, yb) = b.linear_pair(&ts[x], &experts[0], &experts[1])?;
+            return Ok(vec![ya, yb]);
         }
         Call::HcSplitPreNorm { x, scale, base, weight: norm, hc } => {
             let mix = weight.as_ref().unwrap();
@@ -1320,6 +1326,32 @@ fn cuda_block_cases() -> Vec<Case> {
     out
 }
 
+/// linear_pair: two weights of one input in every format, one row and three (the CUDA lane's one
+/// launch: 40 and 23 columns, the last pair's second missing), nine rows (past the small-row path:
+/// two linears), and Wa and Wb in different formats (two linears).
+fn linear_pair_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0x9a12);
+    let mut out = Vec::new();
+    let pair_formats = WeightFormat::ALL.map(|f| (f, f)).into_iter().chain([(WeightFormat::Q8_0, WeightFormat::F16)]);
+    for (fa, fb) in pair_formats {
+        let k = if fa.is_block() || fb.is_block() { fa.block_elems().max(fb.block_elems()) * 2 } else { 77 };
+        for n in [1, 3, 9] {
+            let mut c = case(
+                format!("linear_pair {fa}|{fb} x[{n},{k}] W[40|23]"),
+                Op::Linear,
+                REDUCTION,
+                vec![randn(&mut r, &[n, k], 1.0)],
+                |_| Call::LinearPair(0),
+                Args::default(),
+            );
+            c.experts.push((fa, 40, k, weight_bytes(&mut r, fa, 40, k)));
+            c.experts.push((fb, 23, k, weight_bytes(&mut r, fb, 23, k)));
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The tile path's k split (CUDA: a grid of one block, 21 rows x 24 columns of 4096 with a bias,
 /// split in 4 ranges over grid z and summed, as a prefill chunk's hyper-connection mix is), in
 /// every format.
@@ -1594,6 +1626,7 @@ fn wgpu_ops_match_cpu() {
     all.extend(block_cases());
     all.extend(small_row_cases());
     all.extend(tile_split_cases());
+    all.extend(linear_pair_cases());
     eprintln!("small-row reduction on {}: {:?}", lane.adapter_info().name, lane.reduction());
     let covered = compare_with_cpu(&lane, all);
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
@@ -1625,6 +1658,7 @@ fn weight_op_cases() -> Vec<Case> {
         .chain(block_cases())
         .chain(small_row_cases())
         .chain(tile_split_cases())
+        .chain(linear_pair_cases())
         .filter(|c| c.weight.is_some() || !c.experts.is_empty())
         .collect()
 }
@@ -1701,7 +1735,8 @@ fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
         .filter(|c| match c.op {
             // the unfolded rows: a.a × a.b patches in cells of a.c × a.c
             Op::UnfoldLinearGelu => c.args.a.div_ceil(c.args.c) * c.args.b.div_ceil(c.args.c) > SMALL_ROWS,
-            Op::Linear | Op::GroupedLinear => c.tensors[0].shape[0] > SMALL_ROWS,
+            // (linear_pair's cases carry two weights: not this single-operand rounding)
+            Op::Linear | Op::GroupedLinear => c.weight.is_some() && c.tensors[0].shape[0] > SMALL_ROWS,
             _ => false,
         })
         .collect();
@@ -1839,6 +1874,7 @@ fn cuda_cases(lane: &CudaBackend) -> Vec<Case> {
     let mut all = cases();
     all.extend(extra_cases());
     all.extend(tile_split_cases());
+    all.extend(linear_pair_cases());
     all.extend(
         block_cases()
             .into_iter()

@@ -2015,6 +2015,39 @@ static void q8x_linear(unsigned k, const GoldenBlocks& g, Q8xLinear linear) {
     }
 }
 
+typedef void (*LinearRows)(const float*, const void*, const float*, float*, float*, unsigned, unsigned, unsigned,
+                           unsigned, unsigned);
+typedef void (*LinearPair)(const float*, const void*, const void*, float*, float*, unsigned, unsigned, unsigned,
+                           unsigned);
+
+// linear_pair_* (two weights of one format against the same few rows, one launch of the small-row
+// path) against two unsplit launches of linear_* on the same operands, bit for bit: n rows of k,
+// Wa [40, k] and Wb [23, k] (an odd count: the last pair's second column missing).
+static void linear_pair_bits(const GoldenBlocks& g, unsigned n, unsigned k, LinearRows linear, LinearPair pair) {
+    const unsigned out_a = 40, out_b = 23, pa = (out_a + 1) / 2, pb = (out_b + 1) / 2;
+    std::vector<unsigned char> wa, wb;
+    std::vector<float> da, db;
+    golden_matrix(g, out_a, k, wa, da);
+    golden_matrix(g, out_b, k, wb, db);
+    const auto x = randv(n * k, 1);
+    std::vector<float> ya(n * out_a, -1.0f), yb(n * out_b, -1.0f), pa_y(n * out_a, -2.0f), pb_y(n * out_b, -2.0f);
+    const float* none = nullptr;
+    emu_launch(linear, dim3{pa, 1}, {GEMM_THREADS}, 0, (const float*)x.data(), (const void*)wa.data(), none, ya.data(),
+               (float*)nullptr, n, k, out_a, 0u, k);
+    emu_launch(linear, dim3{pb, 1}, {GEMM_THREADS}, 0, (const float*)x.data(), (const void*)wb.data(), none, yb.data(),
+               (float*)nullptr, n, k, out_b, 0u, k);
+    emu_launch(pair, dim3{pa + pb}, {GEMM_THREADS}, 0, (const float*)x.data(), (const void*)wa.data(),
+               (const void*)wb.data(), pa_y.data(), pb_y.data(), n, k, out_a, out_b);
+    size_t differ = 0;
+    for (size_t i = 0; i < ya.size(); ++i) differ += std::memcmp(&ya[i], &pa_y[i], 4) != 0;
+    for (size_t i = 0; i < yb.size(); ++i) differ += std::memcmp(&yb[i], &pb_y[i], 4) != 0;
+    char name[96];
+    std::snprintf(name, sizeof name, "linear_pair %s x[%u,%u] W[%u|%u]", g.name.c_str(), n, k, out_a, out_b);
+    std::printf("%-44s %zu of %zu values differ from two linears %s\n", name, differ, ya.size() + yb.size(),
+                differ ? "FAIL" : "ok");
+    failures += differ != 0;
+}
+
 static void test_q8x() {
     const auto goldens = load_golden_blocks();
     auto find = [&](const char* name) -> const GoldenBlocks* {
@@ -2037,6 +2070,10 @@ static void test_q8x() {
     q8x_linear(1024, *q8, linear_q8x_q8_0);
     q8x_linear(1024, *q2, linear_q8x_q2_k);
     q8x_linear(1024, *iq2, linear_q8x_iq2_xxs);
+    for (unsigned n : {1u, 3u}) {
+        linear_pair_bits(*q8, n, 1024, linear_q8_0, linear_pair_q8_0);
+        linear_pair_bits(*iq2, n, 512, linear_iq2_xxs, linear_pair_iq2_xxs);
+    }
 }
 
 // The small-row path over long rows (k = 4096 and 2048: several runs a thread) in the q2 mix's

@@ -65,6 +65,17 @@ fn gated(op: &'static str, x: &impl DeviceTensor) -> Result<(usize, usize)> {
 
 // ---- linear & elementwise ------------------------------------------------------------------
 
+/// [`linear`]'s operands for two weights of one input, no bias → `(n, in)`.
+pub(crate) fn linear_pair<T: DeviceTensor>(
+    x: &T,
+    wa: &impl NamedWeight,
+    wb: &impl NamedWeight,
+) -> Result<(usize, usize)> {
+    const OP: &str = "linear_pair";
+    linear::<T>(x, wa, None).map_err(|e| renamed(OP, e))?;
+    linear::<T>(x, wb, None).map_err(|e| renamed(OP, e))
+}
+
 /// x `[n, k]`, W `[out, k]`, bias `[out]` → `(n, k)`.
 pub(crate) fn linear<T: DeviceTensor>(x: &T, w: &impl NamedWeight, bias: Option<&T>) -> Result<(usize, usize)> {
     const OP: &str = "linear";

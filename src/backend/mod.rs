@@ -667,6 +667,18 @@ pub trait Backend {
     // ---- linear & elementwise (shared by vision and language model) -----------------------
     /// `y = x·Wᵀ + b`: x `[n, in]`, W `[out, in]`, b `[out]` → `[n, out]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight, bias: Option<&Self::Tensor>) -> Result<Self::Tensor>;
+    /// Two linears of one input, no bias: `(x·Waᵀ, x·Wbᵀ)`, x `[n, in]`, Wa `[a, in]`, Wb
+    /// `[b, in]` → (`[n, a]`, `[n, b]`). The default runs the two; a lane may take both in one
+    /// launch (a decode step's wq_a and wkv, a compressor's wkv and wgate, the shared expert's w1
+    /// and w3).
+    fn linear_pair(
+        &self,
+        x: &Self::Tensor,
+        wa: &Self::Weight,
+        wb: &Self::Weight,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        Ok((self.linear(x, wa, None)?, self.linear(x, wb, None)?))
+    }
     /// `x * rsqrt(mean(x²) + eps) * weight` per row: x `[n, d]`, weight `[d]` → `[n, d]`.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
     /// `a + b`: both `[n, d]` → `[n, d]`.

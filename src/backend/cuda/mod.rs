@@ -371,6 +371,9 @@ macro_rules! weight_kernels {
 }
 
 pub const LINEAR_KERNELS: WeightKernels = weight_kernels!("linear");
+/// Two weights of one format against the same few rows, in one launch of the small-row path (rows
+/// build only).
+pub const LINEAR_PAIR_KERNELS: WeightKernels = weight_kernels!("linear_pair");
 pub const UNFOLD_LINEAR_GELU_KERNELS: WeightKernels = weight_kernels!("unfold_linear_gelu");
 pub const GROUPED_LINEAR_KERNELS: WeightKernels = weight_kernels!("grouped_linear");
 pub const MOE_GATE_KERNELS: WeightKernels = weight_kernels!("moe_gate");
@@ -436,6 +439,7 @@ pub const EMBED_ROWS_KERNELS: WeightKernels =
 /// Every weight-kernel family with its file (a unit test checks each name is defined there).
 pub const WEIGHT_KERNELS: &[(Source, &WeightKernels)] = &[
     (Source::Linear, &LINEAR_KERNELS),
+    (Source::Linear, &LINEAR_PAIR_KERNELS),
     (Source::Linear, &UNFOLD_LINEAR_GELU_KERNELS),
     (Source::LmAttention, &GROUPED_LINEAR_KERNELS),
     (Source::Moe, &MOE_GATE_KERNELS),
@@ -677,6 +681,9 @@ pub struct Options {
     /// where one takes both (`hc_split_pre_norm_f32`; the same bits). Diagnostic:
     /// `FOVEA_HC_SPLIT_NORM=separate`.
     pub separate_hc_split_norm: bool,
+    /// Two linears of one input (`Backend::linear_pair`) in two launches even where one takes both
+    /// (`linear_pair_*`; the same bits). Diagnostic: `FOVEA_LINEAR_PAIR=separate`.
+    pub separate_linear_pair: bool,
 }
 
 impl Default for Options {
@@ -691,6 +698,7 @@ impl Default for Options {
             dependent_launch: std::env::var("FOVEA_PDL").is_ok_and(|v| v == "1"),
             separate_gate_up: std::env::var("FOVEA_GATE_UP").is_ok_and(|v| v == "separate"),
             separate_hc_split_norm: std::env::var("FOVEA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
+            separate_linear_pair: std::env::var("FOVEA_LINEAR_PAIR").is_ok_and(|v| v == "separate"),
         }
     }
 }
@@ -1277,6 +1285,54 @@ impl CudaBackend {
         Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
     }
 
+    /// The int8-activation kernel `linear` takes for `n` rows of `k` against `w`, if any: one row
+    /// in fast precision against a weight of at least `LINEAR_Q8X_MIN_COLS` outputs in a q8x format.
+    fn linear_q8x(&self, n: usize, k: usize, w: &CudaWeight) -> Option<&'static str> {
+        linear_q8x_kernel(w.format).filter(|_| {
+            n == 1
+                && w.rows >= LINEAR_Q8X_MIN_COLS
+                && self.weight_precision(w.exact) == Precision::Fast
+                && q8x_shared_bytes(k) <= DEFAULT_SHARED_BYTES
+        })
+    }
+
+    /// `linear_pair`: both weights in one launch of the small-row path (`linear_pair_*`, the bits
+    /// of two `linear` launches) where both would take it unsplit in one format, else two linears.
+    fn linear_pair(&self, x: &CudaTensor, wa: &CudaWeight, wb: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
+        const OP: &str = "linear_pair";
+        let (n, k) = checks::linear_pair(x, wa, wb)?;
+        let (pairs_a, pairs_b) = (wa.rows.div_ceil(2), wb.rows.div_ceil(2));
+        let unsplit = |pairs: usize| pairs > 0 && gemv_splits(pairs, k).0 == 1;
+        let one_launch = (1..=GEMV_ROWS).contains(&n)
+            && wa.format == wb.format
+            && unsplit(pairs_a)
+            && unsplit(pairs_b)
+            && self.linear_q8x(n, k, wa).is_none()
+            && self.linear_q8x(n, k, wb).is_none()
+            && !self.opts.separate_linear_pair;
+        if !one_launch {
+            return Ok((Backend::linear(self, x, wa, None)?, Backend::linear(self, x, wb, None)?));
+        }
+        let mut ya = self.alloc(OP, vec![n, wa.rows], DType::F32)?;
+        let mut yb = self.alloc(OP, vec![n, wb.rows], DType::F32)?;
+        let kernel = LINEAR_PAIR_KERNELS.of(wa.format);
+        let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
+        let (n32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?);
+        let (a32, b32) = (check_u32(OP, "out_features", wa.rows)?, check_u32(OP, "out_features", wb.rows)?);
+        let cfg = LaunchConfig {
+            grid_dim: (check_u32(OP, "column pairs", pairs_a + pairs_b)?, 1, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*x.buf).arg(&wa.buf).arg(&wb.buf).arg(&mut *ya.buf).arg(&mut *yb.buf);
+        l.arg(&n32).arg(&k32).arg(&a32).arg(&b32);
+        // SAFETY: arguments match `linear_pair_*` in cuda/linear.cu; x is [n, k] with n <= GEMV_ROWS,
+        // Wa [a, k] and Wb [b, k] in this kernel's format, ya [n, a], yb [n, b].
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        Ok((ya, yb))
+    }
+
     /// One 1-D elementwise launch of `kernel(x, [y,] out, sizes...)`, skipped when `total` is 0.
     fn launch_1d(
         &self,
@@ -1420,12 +1476,7 @@ impl Backend for CudaBackend {
         let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
         // one row in fast precision against a wide weight: int8 activations (linear_q8x_*)
         let shared = q8x_shared_bytes(k);
-        if let Some(kernel) = linear_q8x_kernel(w.format)
-            && n == 1
-            && w.rows >= LINEAR_Q8X_MIN_COLS
-            && self.weight_precision(w.exact) == Precision::Fast
-            && shared <= DEFAULT_SHARED_BYTES
-        {
+        if let Some(kernel) = self.linear_q8x(n, k, w) {
             let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
             let (k32, o32) = (check_u32(OP, "in_features", k)?, check_u32(OP, "out_features", w.rows)?);
             let cfg = LaunchConfig {
@@ -1755,6 +1806,9 @@ impl Backend for CudaBackend {
         norm_eps: f32,
     ) -> Result<CudaTensor> {
         self.hc_mix_split(x, mix, s, b, hc, it, eps, norm_eps)
+    }
+    fn linear_pair(&self, x: &CudaTensor, wa: &CudaWeight, wb: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
+        CudaBackend::linear_pair(self, x, wa, wb)
     }
     fn hc_split_pre_norm(
         &self,
@@ -2106,10 +2160,14 @@ mod tests {
                 [&LINEAR_KERNELS, &GROUPED_LINEAR_KERNELS, &MOE_GATE_KERNELS, &MOE_UP_KERNELS, &MOE_DOWN_KERNELS]
                     .iter()
                     .any(|k| k.0 == kernels.0);
+            let builds: &[Build] = match (kernels.0 == LINEAR_PAIR_KERNELS.0, rows) {
+                (true, _) => &[Build::Rows],
+                (false, true) => &[Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast), Build::Rows],
+                (false, false) => &[Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast)],
+            };
             for format in WeightFormat::ALL {
                 let name = kernels.of(format);
-                let builds = [Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast), Build::Rows];
-                for build in &builds[..if rows { 3 } else { 2 }] {
+                for build in builds {
                     b.func_in(*src, name, *build).unwrap_or_else(|e| panic!("{name} ({build}): {e}"));
                 }
             }

@@ -1085,9 +1085,10 @@ impl<B: Backend> LmModel<B> {
         let f = if layer.ratio == 0 { &self.inv_freq_main } else { &self.inv_freq_comp };
         let rows: Vec<Range<usize>> = seqs.iter().map(|s| s.rows.clone()).collect();
         // projections of every row, roped at its position
-        let qr = b.rms_norm(&b.linear(x, &a.wq_a, None)?, &a.q_norm, eps)?;
+        let (qa, kva) = b.linear_pair(x, &a.wq_a, &a.wkv)?;
+        let qr = b.rms_norm(&qa, &a.q_norm, eps)?;
         let q = b.rms_norm_rope(&b.linear(&qr, &a.wq_b, None)?, None, nh, eps, f, positions)?;
-        let kv = b.rms_norm_rope(&b.linear(x, &a.wkv, None)?, Some(&a.kv_norm), 1, eps, f, positions)?;
+        let kv = b.rms_norm_rope(&kva, Some(&a.kv_norm), 1, eps, f, positions)?;
 
         // every sequence's kept keys then its new ones, back to back
         let kept: Vec<&SharedRows<B>> = seqs.iter().map(|s| &s.cache.layers[l].kv).collect();
@@ -1112,9 +1113,7 @@ impl<B: Backend> LmModel<B> {
         }
         let window = u.i32(&[n, 2], window)?;
 
-        let project = |c: &Compressor<B>| -> Result<(B::Tensor, B::Tensor)> {
-            Ok((b.linear(x, &c.wkv, None)?, b.linear(x, &c.wgate, None)?))
-        };
+        let project = |c: &Compressor<B>| -> Result<(B::Tensor, B::Tensor)> { b.linear_pair(x, &c.wkv, &c.wgate) };
         let entries = match &a.compressor {
             Some(c) => {
                 let (ckv, cgate) = project(c)?;
@@ -1259,8 +1258,8 @@ impl<B: Backend> LmModel<B> {
         let (sel, w) =
             b.route_experts(&logits, &m.bias, kind, hash, cfg.num_experts_per_tok, cfg.routed_scaling_factor as f32)?;
         let routed = b.moe_experts(x, &sel, &w, &m.w1, &m.w3, &m.w2, limit)?;
-        let gate = b.linear(x, &m.shared_w1, None)?;
-        let shared = b.linear(&b.swiglu_clamp(&gate, &b.linear(x, &m.shared_w3, None)?, limit)?, &m.shared_w2, None)?;
+        let (gate, up) = b.linear_pair(x, &m.shared_w1, &m.shared_w3)?;
+        let shared = b.linear(&b.swiglu_clamp(&gate, &up, limit)?, &m.shared_w2, None)?;
         Ok((b.add(&routed, &shared)?, sel, w))
     }
 }
