@@ -51,16 +51,18 @@ typedef unsigned long long u64;
 #define QUIET_NAN __uint_as_float(0x7fc00000u)
 
 // Programmatic dependent launch (sm_90+): with FOVEA_PDL=1 the host launches every kernel with
-// the programmatic-stream-serialization attribute, so the device may start a kernel's blocks while
-// the kernel before it in the stream finishes; grid_wait, every kernel's first statement, then
-// holds them until that kernel has completed and its writes are visible. No kernel triggers its
-// dependents early, so the order of every memory access is the stream's, as without the attribute;
-// what overlaps is the next launch's setup with the previous kernel's tail. A no-op where the
-// attribute is not set, below sm_90, and in the host emulator. (A unit test in
-// src/backend/cuda/mod.rs checks that every kernel of cuda/ starts with it.)
+// the programmatic-stream-serialization attribute, so the device may launch a kernel while the one
+// before it in the stream still runs. grid_wait, every kernel's first statement, holds the
+// kernel's threads until the previous kernel has completed and its writes are visible (so every
+// memory access, reads and writes alike, keeps the stream's order), then lets the next kernel
+// launch: its blocks take free SM slots and wait in their own grid_wait while this kernel works,
+// so when it completes the next starts without a launch's latency. A no-op where the attribute
+// is not set, below sm_90, and in the host emulator. (A unit test in src/backend/cuda/mod.rs
+// checks that every kernel of cuda/ starts with it.)
 __device__ __forceinline__ void grid_wait() {
 #if !defined(CUDA_EMU) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

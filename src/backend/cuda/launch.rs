@@ -4,10 +4,11 @@
 //! A decode step is some 1 800 small kernels in one stream; each waits for the one before it,
 //! and between them the device spends a launch's setup (the grid's scheduling, its blocks
 //! starting) on nothing. With the programmatic-stream-serialization attribute the device may
-//! start the next kernel while the previous one finishes; every kernel of `cuda/` begins with
-//! `grid_wait()` (`griddepcontrol.wait`, cuda/common.cuh), which holds it until the previous
-//! kernel has completed and its writes are visible, and none triggers early, so every memory
-//! access stays in stream order. cudarc's launcher takes no attributes, hence this one: the same
+//! launch the next kernel while the previous one runs; every kernel of `cuda/` begins with
+//! `grid_wait()` (cuda/common.cuh): `griddepcontrol.wait`, which holds its threads until the
+//! previous kernel has completed and its writes are visible, so every memory access stays in
+//! stream order, then `griddepcontrol.launch_dependents`, which lets the next kernel launch and
+//! wait in its own `grid_wait` while this one works. cudarc's launcher takes no attributes, hence this one: the same
 //! argument list (device addresses and plain values, in the kernel's order), `cuLaunchKernelEx`
 //! with the attribute, or `cuLaunchKernel` as cudarc calls it without. The lane turns cudarc's
 //! events off (`disable_event_tracking`), so cudarc would record nothing around a launch either.
