@@ -553,7 +553,7 @@ BASE_KERNEL void hc_split_pre_norm_f32(const float* part, const float* scale, co
             float v = 0.0f;
             for (unsigned int q = 0; q < hc; ++q) v += st[q] * xt[(u64)q * d + j];
             yt[j] = v;
-            s += v * v;       
+            s = fmaf(v, v, s);
         }
         const float inv = 1.0f / sqrtf(block_sum(s, nred) / (float)d + norm_eps);
         for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];

@@ -434,7 +434,7 @@ fn cuda_lm_edge_cases() {
 fn cuda_fused_gate_up_matches_the_separate_launches_bit_for_bit() {
     use fovea::backend::cuda::Options;
     use rand::SeedableRng;
-    let fast = Options { precision: fovea::backend::Precision::Fast, ..Default::default() };
+    let fast = Options { precision: fovea::backend::Precision::Fast, kernel_times: true, ..Default::default() };
     let Some(fused) = common::cuda_lane_with_or_skip(Options { separate_gate_up: false, ..fast.clone() }) else {
         return;
     };
@@ -466,6 +466,11 @@ fn cuda_fused_gate_up_matches_the_separate_launches_bit_for_bit() {
             b.download(&y).unwrap().into_f32("y").unwrap()
         };
         let (a, c) = (run(&fused), run(&separate));
+        // each lane ran the kernels it was meant to (else both could run the same and agree)
+        let ran = |b: &CudaBackend| b.kernel_times().unwrap().unwrap().into_iter().map(|k| k.name).collect::<Vec<_>>();
+        let sfx = format.name().to_lowercase();
+        assert!(ran(&fused).contains(&format!("moe_gate_up_q8x_{sfx}")), "{format}: the fused launch did not run");
+        assert!(ran(&separate).contains(&format!("moe_up_q8x_{sfx}")), "{format}: the separate launches did not run");
         assert!(a.iter().all(|v| v.is_finite()) && a.iter().any(|v| *v != 0.0), "{format}");
         let differ = a.iter().zip(&c).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
         assert_eq!(differ, 0, "{format}: {differ} of {d} outputs differ between one launch and two");
@@ -479,8 +484,9 @@ fn cuda_fused_gate_up_matches_the_separate_launches_bit_for_bit() {
 #[test]
 fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
     use fovea::backend::cuda::Options;
-    let Some(fused) = common::cuda_lane_with_or_skip(Options::default()) else { return };
-    let separate = CudaBackend::with_options(Options { separate_hc_split_norm: true, ..Default::default() }).unwrap();
+    let timed = Options { kernel_times: true, ..Default::default() };
+    let Some(fused) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
+    let separate = CudaBackend::with_options(Options { separate_hc_split_norm: true, ..timed }).unwrap();
     let (hc, w) = (4, 24);
     for (n, d) in [(1, 4096), (3, 4096), (2, 300)] {
         let k = hc * d;
@@ -507,6 +513,12 @@ fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
             (get(&split), get(&y))
         };
         let ((s1, y1), (s2, y2)) = (run(&fused), run(&separate));
+        let ran = |b: &CudaBackend| b.kernel_times().unwrap().unwrap().into_iter().map(|k| k.name).collect::<Vec<_>>();
+        assert!(ran(&fused).iter().any(|k| k == "hc_split_pre_norm_f32"), "n {n} d {d}: the fused launch did not run");
+        assert!(
+            ran(&separate).iter().any(|k| k == "hc_pre_norm_f32"),
+            "n {n} d {d}: the separate launches did not run"
+        );
         assert!(y1.iter().all(|v| v.is_finite()) && s1.iter().all(|v| v.is_finite()), "n {n} d {d}");
         let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
         assert_eq!(bits(&s1, &s2), 0, "n {n} d {d}: the split differs between one launch and two");
@@ -521,8 +533,9 @@ fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
 fn cuda_linear_pair_matches_two_linears_bit_for_bit() {
     use fovea::backend::cuda::Options;
     use rand::SeedableRng;
-    let Some(one) = common::cuda_lane_with_or_skip(Options::default()) else { return };
-    let two = CudaBackend::with_options(Options { separate_linear_pair: true, ..Default::default() }).unwrap();
+    let timed = Options { kernel_times: true, ..Default::default() };
+    let Some(one) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
+    let two = CudaBackend::with_options(Options { separate_linear_pair: true, ..timed }).unwrap();
     let mut r = rand::rngs::StdRng::seed_from_u64(0x9a1e);
     let k = 4096;
     for (format, a, b) in [(WeightFormat::Q8_0, 1024, 512), (WeightFormat::F16, 1024, 1024)] {
@@ -542,6 +555,11 @@ fn cuda_linear_pair_matches_two_linears_bit_for_bit() {
                 (get(&ya), get(&yb))
             };
             let ((a1, b1), (a2, b2)) = (run(&one), run(&two));
+            let ran =
+                |b: &CudaBackend| b.kernel_times().unwrap().unwrap().into_iter().map(|k| k.name).collect::<Vec<_>>();
+            let pair = format!("linear_pair_{}", format.name().to_lowercase());
+            assert!(ran(&one).contains(&pair), "{format} n {n}: {pair} did not run");
+            assert!(!ran(&two).contains(&pair), "{format} n {n}: {pair} ran where two linears were asked for");
             assert!(a1.iter().chain(&b1).all(|v| v.is_finite()), "{format} n {n}");
             let bits = |p: &[f32], q: &[f32]| p.iter().zip(q).filter(|(u, v)| u.to_bits() != v.to_bits()).count();
             assert_eq!(bits(&a1, &a2) + bits(&b1, &b2), 0, "{format} n {n}: one launch and two differ");

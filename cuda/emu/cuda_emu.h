@@ -133,7 +133,7 @@ inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); retu
 //   C/D [16x8] element e of lane (g, t): row g + 8 (e >> 1), column 2t + (e & 1)
 // Every lane of the warp publishes its fragments, then computes its own four outputs (products
 // summed in double, rounded once: the hardware's f32 accumulation differs in the last bits).
-// Needs every thread of the block to take part, as the kernels do (all warps run the same loop).
+// The lanes of the calling warp meet (as on the device, a warp-wide instruction).
 inline float emu_bf16(unsigned bits) { return __uint_as_float((bits & 0xffffu) << 16); }
 inline float emu_f16(unsigned bits) {
     const uint16_t h = uint16_t(bits & 0xffffu);
@@ -158,7 +158,7 @@ inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, flo
     const unsigned tid = emu_tid(), lane = tid % 32, warp0 = tid - lane;
     for (int r = 0; r < 4; ++r) g_mma[tid * 6 + r] = a[r];
     for (int r = 0; r < 2; ++r) g_mma[tid * 6 + 4 + r] = b[r];
-    g_bar->arrive_and_wait();
+    emu_warp_sync();
     auto elem = [&](unsigned owner, unsigned reg, unsigned hi) {
         const unsigned w = g_mma[(warp0 + owner) * 6 + reg];
         return elem_of(hi ? w >> 16 : w);
@@ -175,7 +175,7 @@ inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, flo
         for (unsigned kk = 0; kk < 16; ++kk) s += double(A(row, kk)) * double(B(kk, col));
         out[e] = float(s);
     }
-    g_bar->arrive_and_wait(); // every lane has read the fragments before they are overwritten
+    emu_warp_sync(); // every lane has read the fragments before they are overwritten
     for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 #include <math.h> // erfcf, expf, fmaf, fmaxf, sqrtf in the global namespace, as in CUDA

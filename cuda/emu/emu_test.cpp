@@ -1197,9 +1197,10 @@ static void test_hc_split() {
 // the mix's dot products in double, hc_split_ref): f32, bf16 and f16 mixes; k not a multiple of
 // the column range (the last range short) and a range longer than the block; 2 blocks of the
 // split kernel for 20 tokens (warps past n idle, the token loop grid-strides), a block a token and
-// a warp a token
+// a warp a token; 64 tokens of 4 x 4096, so that a norm summing its squares otherwise than
+// hc_pre_norm_f32 (`s += v * v` for its fmaf) differs in some row
 static void test_hc_mix_split() {
-    unsigned configs[][4] = {{1, 4, 1100, 0}, {20, 4, 700, 1}, {3, 4, 16384, 2}, {5, 3, 333, 0}};
+    unsigned configs[][4] = {{1, 4, 1100, 0}, {20, 4, 700, 1}, {3, 4, 16384, 2}, {5, 3, 333, 0}, {64, 4, 16384, 0}};
     for (auto& cf : configs) {
         unsigned n = cf[0], hc = cf[1], k = cf[2], fmt = cf[3], w = (2 + hc) * hc, iters = 20, span = 512;
         unsigned splits = (k + span - 1) / span;

@@ -21,9 +21,11 @@
 //!   kernels decode them as they load them (cuda/dequant.cuh for the block formats): device bytes
 //!   are the weight's bytes.
 //!   Allocations are never zero-sized (at least 4 bytes).
-//! - Ordering: one stream (the context's default stream) carries every copy and kernel, so ops
-//!   run in issue order; cudarc's per-allocation event tracking is switched off (it only matters
-//!   with several streams). `download` synchronises and reports asynchronous kernel faults.
+//! - Ordering: one stream carries every copy and kernel of a backend, so ops run in issue order
+//!   (the context's default stream; with programmatic dependent launch a non-blocking stream of
+//!   the backend's own, so nothing orders two such backends: a tensor never passes from one to
+//!   another); cudarc's per-allocation event tracking is switched off (it only matters with
+//!   several streams). `download` synchronises and reports asynchronous kernel faults.
 //! - Guard bands (`Options::guard_words`, diagnostic): every activation gets extra words filled
 //!   with `GUARD_SENTINEL`; `check_guards` / `download` report a write past the end.
 //! - `gather_rows` bounds-checks every index on the device: one outside `0..m` yields a row of NaN

@@ -4,8 +4,9 @@
 //! are commands in the stream: a timed step is slower than an untimed one, and an event's
 //! timestamp is taken when the device reaches it, so where the device waited for the host's next
 //! launch that wait is inside the kernel's time. The times are exact where the host keeps ahead
-//! of the device and upper bounds where it does not (a decode step with the timer on). Every
-//! backend of a process shares the context's default stream, so two lanes timing at once see each
+//! of the device and upper bounds where it does not (a decode step with the timer on). The
+//! backends of a process share the context's default stream (unless they launch with
+//! programmatic dependent launch, on streams of their own), so two lanes timing at once see each
 //! other's kernels in their intervals.
 
 use std::sync::{Arc, Mutex};
