@@ -131,10 +131,11 @@ fn cuda_kernel_times_sum_each_kernel() {
 #[test]
 fn cuda_dependent_launch_keeps_the_stream_order() {
     use fovea::backend::cuda::Options;
-    let Some(plain) = common::cuda_lane_with_or_skip(Options { dependent_launch: false, ..Default::default() }) else {
+    let base = Options { kernel_times: false, ..explicit_timed_options() };
+    let Some(plain) = common::cuda_lane_with_or_skip(Options { dependent_launch: false, ..base.clone() }) else {
         return;
     };
-    let pdl = CudaBackend::with_options(Options { dependent_launch: true, ..Default::default() }).unwrap();
+    let pdl = CudaBackend::with_options(Options { dependent_launch: true, ..base }).unwrap();
     assert!(!plain.dependent_launch());
     assert_eq!(pdl.dependent_launch(), pdl.arch() >= 90, "sm_{}", pdl.arch());
     if !pdl.dependent_launch() {
@@ -427,6 +428,20 @@ fn cuda_lm_edge_cases() {
     assert!(z[..d] == a[..d] && z[2 * d..] == a[2 * d..]);
 }
 
+/// Options with kernel times by name and every fused launch on, whatever the environment says
+/// (`Default` reads FOVEA_GPU_TIMES, FOVEA_PDL and the fused launches' diagnostic switches).
+fn explicit_timed_options() -> fovea::backend::cuda::Options {
+    fovea::backend::cuda::Options {
+        kernel_times: true,
+        kernel_times_by_grid: false,
+        dependent_launch: false,
+        separate_gate_up: false,
+        separate_hc_split_norm: false,
+        separate_linear_pair: false,
+        ..Default::default()
+    }
+}
+
 /// One token's experts in fast precision with gate and up in one launch (`moe_gate_up_q8x_*`)
 /// write the bits of the two launches (`separate_gate_up`), in each format that has the fused
 /// kernel, with the clamp reached.
@@ -434,7 +449,7 @@ fn cuda_lm_edge_cases() {
 fn cuda_fused_gate_up_matches_the_separate_launches_bit_for_bit() {
     use fovea::backend::cuda::Options;
     use rand::SeedableRng;
-    let fast = Options { precision: fovea::backend::Precision::Fast, kernel_times: true, ..Default::default() };
+    let fast = Options { precision: fovea::backend::Precision::Fast, ..explicit_timed_options() };
     let Some(fused) = common::cuda_lane_with_or_skip(Options { separate_gate_up: false, ..fast.clone() }) else {
         return;
     };
@@ -484,7 +499,7 @@ fn cuda_fused_gate_up_matches_the_separate_launches_bit_for_bit() {
 #[test]
 fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
     use fovea::backend::cuda::Options;
-    let timed = Options { kernel_times: true, ..Default::default() };
+    let timed = explicit_timed_options();
     let Some(fused) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
     let separate = CudaBackend::with_options(Options { separate_hc_split_norm: true, ..timed }).unwrap();
     let (hc, w) = (4, 24);
@@ -533,7 +548,7 @@ fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
 fn cuda_linear_pair_matches_two_linears_bit_for_bit() {
     use fovea::backend::cuda::Options;
     use rand::SeedableRng;
-    let timed = Options { kernel_times: true, ..Default::default() };
+    let timed = explicit_timed_options();
     let Some(one) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
     let two = CudaBackend::with_options(Options { separate_linear_pair: true, ..timed }).unwrap();
     let mut r = rand::rngs::StdRng::seed_from_u64(0x9a1e);
