@@ -116,6 +116,22 @@ BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned
     }
 }
 
+// One row of hc_pre_norm_f32 by the whole block: xt [hc*d] collapsed by the weights wt [hc] into
+// yt [d], then scaled by rsqrt(mean(yt^2) + eps) and weight (red: block_sum's 32 floats). Shared
+// with hc_split_pre_norm_f32, so both sum in one order.
+__device__ __forceinline__ void lms_pre_norm_row(const float* xt, const float* wt, const float* weight, float* yt,
+                                                 unsigned int d, unsigned int hc, float eps, float* red) {
+    float s = 0.0f;
+    for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = 0.0f;
+        for (unsigned int k = 0; k < hc; ++k) v += wt[k] * xt[(u64)k * d + j];
+        yt[j] = v;
+        s = fmaf(v, v, s);
+    }
+    const float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
+    for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
+}
+
 // hc_pre_norm_f32: rms_norm(hc_pre(X, w, hc), weight, eps) of every row, X [n, hc*d], w [n, wc]
 // (its first hc columns), weight [d] -> out [n, d]. One block per row (the host's row_threads),
 // rows grid-strided: the first pass writes the collapsed row (summed over the streams as
@@ -125,20 +141,8 @@ BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* we
                                  unsigned int d, unsigned int hc, unsigned int wc, float eps) {
     grid_wait();
     __shared__ float red[32];
-    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x) {
-        const float* xt = x + (u64)t * hc * d;
-        const float* wt = w + (u64)t * wc;
-        float* yt = out + (u64)t * d;
-        float s = 0.0f;
-        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
-            float v = 0.0f;
-            for (unsigned int k = 0; k < hc; ++k) v += wt[k] * xt[(u64)k * d + j];
-            yt[j] = v;
-            s = fmaf(v, v, s);
-        }
-        const float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
-        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
-    }
+    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x)
+        lms_pre_norm_row(x + (u64)t * hc * d, w + (u64)t * wc, weight, out + (u64)t * d, d, hc, eps, red);
 }
 
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
@@ -546,17 +550,7 @@ BASE_KERNEL void hc_split_pre_norm_f32(const float* part, const float* scale, co
         __syncthreads(); // pre is in split, seen by the whole block
         if (warp == 0) hc_split_warp_comb(mix, scale, base, st, hc, iters, eps, true);
         // hc_pre_norm_f32's row t, its weights the split's pre
-        const float* xt = x + (u64)t * k;
-        float* yt = out + (u64)t * d;
-        float s = 0.0f;
-        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
-            float v = 0.0f;
-            for (unsigned int q = 0; q < hc; ++q) v += st[q] * xt[(u64)q * d + j];
-            yt[j] = v;
-            s = fmaf(v, v, s);
-        }
-        const float inv = 1.0f / sqrtf(block_sum(s, nred) / (float)d + norm_eps);
-        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
+        lms_pre_norm_row(x + (u64)t * k, st, weight, out + (u64)t * d, d, hc, norm_eps, nred);
         __syncthreads(); // red, sum, mix and nred are read before the next token writes them
     }
 }

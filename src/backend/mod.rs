@@ -403,6 +403,26 @@ impl HostProfile {
     }
 }
 
+/// [`Backend::hc_split_pre_norm`] as its two ops: the trait's default, and a lane's fallback where
+/// its fused kernel does not apply.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn hc_split_pre_norm_parts<B: Backend + ?Sized>(
+    b: &B,
+    x: &B::Tensor,
+    mix: &B::Weight,
+    scale: &B::Tensor,
+    base: &B::Tensor,
+    hc: usize,
+    iters: usize,
+    eps: f32,
+    norm_eps: f32,
+    weight: &B::Tensor,
+) -> Result<(B::Tensor, B::Tensor)> {
+    let split = b.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
+    let y = b.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
+    Ok((split, y))
+}
+
 /// [`Backend::hc_mix_split`] as its three ops: the trait's default, and where a lane's fused
 /// kernel does not apply (a block-format mix, say), that lane's fallback.
 #[allow(clippy::too_many_arguments)]
@@ -831,9 +851,7 @@ pub trait Backend {
         norm_eps: f32,
         weight: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)> {
-        let split = self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
-        let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
-        Ok((split, y))
+        hc_split_pre_norm_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps, weight)
     }
     /// Final-head stream weights (no Sinkhorn, §4.2): mix `[n, hc]`, scale `[1]`, base `[hc]` →
     /// `σ(mix · scale + base) + eps` `[n, hc]`.

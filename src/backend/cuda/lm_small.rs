@@ -12,7 +12,7 @@ use super::launch::KernelArgs;
 
 use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GRID_Y, MAX_BLOCKS, Source, cfg_rows, check_u32};
 use crate::backend::{DType, DeviceTensor, WeightFormat};
-use crate::backend::{checks, hc_mix_split_parts};
+use crate::backend::{checks, hc_mix_split_parts, hc_split_pre_norm_parts};
 use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
@@ -179,11 +179,7 @@ impl CudaBackend {
     ) -> Result<(CudaTensor, CudaTensor)> {
         const OP: &str = "hc_split_pre_norm";
         let (n, d, w) = checks::hc_split_pre_norm(x, mix, scale, base, hc, weight)?;
-        let composed = |b: &Self| {
-            let split = b.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
-            let y = b.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
-            Ok((split, y))
-        };
+        let composed = |b: &Self| hc_split_pre_norm_parts(b, x, mix, scale, base, hc, iters, eps, norm_eps, weight);
         if n > MIX_BLOCK_A_TOKEN_MAX || d == 0 || self.opts.separate_hc_split_norm {
             return composed(self);
         }
