@@ -1675,7 +1675,7 @@ fn wgpu_small_rows_match_cpu_with_workgroup_reduction() {
     compare_with_cpu(&lane, small_row_cases());
     drop(lane);
     let Some(lane) = common::wgpu_lane(Options { precision: Precision::Fast, ..forced }) else { return };
-    compare_with_cpu(&lane, with_fast_bounds(small_row_cases()));
+    compare_with_cpu(&lane, with_wgpu_fast_bounds(small_row_cases()));
 }
 
 /// sink_attention as a workgroup per (query, head), which a software adapter (lavapipe) does not
@@ -1703,7 +1703,7 @@ fn wgpu_ops_match_cpu_in_fast_precision() {
     let _alone = wgpu_alone();
     let opts = Options { guard_words: 8, precision: Precision::Fast, ..Options::default() };
     let Some(lane) = common::wgpu_lane(opts) else { return };
-    let mut all = with_fast_bounds(weight_op_cases());
+    let mut all = with_wgpu_fast_bounds(weight_op_cases());
     all.extend(cases().into_iter().filter(|c| c.op == Op::Linear).map(|c| Case {
         name: format!("{} exact weight", c.name),
         exact_weight: true,
@@ -1724,7 +1724,8 @@ fn wgpu_ops_match_cpu_in_fast_precision() {
 /// The small-row products (at most 8 rows of x: decode) are f32 products in both precisions by
 /// design (`rows_shader`: bound by memory, not arithmetic): the second half holds every small-row
 /// case in fast precision to its exact bound against the unrounded reference, which rounding the
-/// operands there (≈ FAST_GEMM_NMSE) would fail.
+/// operands there (≈ FAST_GEMM_NMSE) would fail — but one token's experts on int8 activations
+/// (`wgpu_q8x_case`), which `wgpu_int8_experts_are_f32_experts_of_int8_rounded_activations` holds.
 #[test]
 fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
     let _alone = wgpu_alone();
@@ -1742,8 +1743,90 @@ fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
         .collect();
     assert!(gemms.len() >= 3 * 15, "every block format's linear, grouped and aligner case: {}", gemms.len());
     compare_with_cpu_on(&lane, gemms, |c| Cow::Owned(with_f16_operands(c)));
-    let small: Vec<Case> = small_row_cases().into_iter().filter(|c| c.tensors[0].shape[0] <= SMALL_ROWS).collect();
+    let small: Vec<Case> =
+        small_row_cases().into_iter().filter(|c| c.tensors[0].shape[0] <= SMALL_ROWS && !wgpu_q8x_case(c)).collect();
     compare_with_cpu(&lane, small);
+}
+
+/// One token's experts on int8 activations (wgpu, fast precision, dequant/experts_q8x.wgsl) are
+/// the f32 experts of the token's row rounded as ggml's q8_1 rounds it (`int8_rounded`). Gate and
+/// up in a q8x format, the down in Q4_K (f32 small rows: its input, hid, is the device's own,
+/// which the host cannot round alike): against the CPU lane given the rounded row, the two differ
+/// by summation order and by where the block scales multiply (once a group on the device, each
+/// value on the CPU), so the exact bound REDUCTION holds; against it, the unrounded row (the int8
+/// path silently skipped) is off by ≈ 4e-6 and a rounding toward zero by more, decades past it.
+/// The rows are drawn so that the rounding is not a near thing (`int8_clear_row`): a driver's
+/// division may be a few ulp off (Vulkan allows 2.5), which would move a value lying near half a
+/// step to the other side. Rows of 3 groups and of 65–72 (the invocations of a team loop over them
+/// unevenly). Then the down in the same format too, at FAST_MOE_Q8X, on Gaussian rows. The kernels
+/// that ran are checked by name, so a fallback to the f32 rows cannot pass by not running.
+#[test]
+fn wgpu_int8_experts_are_f32_experts_of_int8_rounded_activations() {
+    use WeightFormat::{IQ2_XXS, Q2_K, Q4_K, Q8_0};
+    let _alone = wgpu_alone();
+    let opts = Options { guard_words: 8, precision: Precision::Fast, kernel_times: true, ..Options::default() };
+    let Some(lane) = common::wgpu_lane(opts) else { return };
+    let mut r = StdRng::seed_from_u64(0x1878);
+    let (h, e, topk, ids) = (256, 8, 3, vec![5, 0, 7]);
+    let mut gate_up = Vec::new();
+    let mut all_three = Vec::new();
+    for (format, long) in [(Q8_0, 2080), (Q2_K, 2304), (IQ2_XXS, 2304)] {
+        for d in [block_cols(format), long] {
+            let name = format!("moe_experts {format} gate/up, Q4_K down, d={d} one token (int8 row)");
+            let mut c = moe_case(&mut r, name, (format, format, Q4_K), (1, d, h, e, topk), ids.clone());
+            c.tensors[0] = int8_clear_row(&mut r, d);
+            gate_up.push(c);
+            let name = format!("moe_experts {format} d={d} one token (int8 row and hid)");
+            all_three.push(moe_case(&mut r, name, (format, format, format), (1, d, h, e, topk), ids.clone()));
+        }
+    }
+    assert!(gate_up.iter().chain(&all_three).all(wgpu_q8x_case));
+    compare_with_cpu_on(&lane, gate_up, |c| Cow::Owned(int8_rounded(c)));
+    let ran = |lane: &WgpuBackend| -> Vec<String> {
+        lane.kernel_times().unwrap().expect("kernel times (TIMESTAMP_QUERY)").into_iter().map(|k| k.name).collect()
+    };
+    let names = ran(&lane);
+    for kernel in ["moe_gate_q8x", "moe_up_q8x", "moe_down_rows"] {
+        assert!(names.iter().any(|n| n == kernel), "{kernel} did not run: {names:?}");
+    }
+    assert!(!names.iter().any(|n| n == "moe_gate_rows" || n == "moe_down_q8x"), "{names:?}");
+    compare_with_cpu(&lane, with_wgpu_fast_bounds(all_three));
+    let names = ran(&lane);
+    for kernel in ["moe_gate_q8x", "moe_up_q8x", "moe_down_q8x"] {
+        assert!(names.iter().any(|n| n == kernel), "{kernel} did not run: {names:?}");
+    }
+    assert!(!names.iter().any(|n| n.ends_with("_rows")), "{names:?}");
+}
+
+/// A row `[1, d]` whose int8 rounding is clear-cut: per 32 values the step 2⁻⁵ (so amax / 127 is
+/// exact), one value ±127 steps (the amax), the others a random code in ±126 plus at most a
+/// quarter step, so x / dx lies at least a quarter step from a rounding boundary.
+fn int8_clear_row(r: &mut StdRng, d: usize) -> HostTensor {
+    const STEP: f32 = 1.0 / 32.0;
+    let v = (0..d)
+        .map(|i| {
+            if i % 32 == (i / 32) % 32 {
+                return if r.random::<bool>() { 127.0 * STEP } else { -127.0 * STEP };
+            }
+            (r.random_range(-126i32..=126) as f32 + r.random_range(-0.25f32..=0.25)) * STEP
+        })
+        .collect();
+    HostTensor::f32([1, d], v).unwrap()
+}
+
+/// `c` (a one-token experts case) with the token's row rounded as the int8 experts round it: per
+/// 32 values the step dx = amax / 127 and each value round(x / dx)·dx.
+fn int8_rounded(c: &Case) -> Case {
+    let mut rounded = c.clone();
+    let x = c.tensors[0].as_f32().unwrap();
+    let mut v = x.to_vec();
+    for group in v.chunks_mut(32) {
+        let dx = group.iter().fold(0f32, |m, a| m.max(a.abs())) / 127.0;
+        let inv = if dx != 0.0 { 1.0 / dx } else { 0.0 };
+        group.iter_mut().for_each(|a| *a = (*a * inv).round_ties_even() * dx);
+    }
+    rounded.tensors[0] = HostTensor::f32(c.tensors[0].shape.clone(), v).unwrap();
+    rounded
 }
 
 /// Fast precision's tiles on both their maths where the adapter has cooperative matrices: the
@@ -1785,7 +1868,7 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
     eprintln!("{name}: the fast weight cases on the FMA tiles");
     let Some(lane) = common::wgpu_lane(Options { force_fma_tiles: true, ..fast }) else { return };
     assert!(!lane.coop_tiles());
-    compare_with_cpu(&lane, with_fast_bounds(weight_op_cases()));
+    compare_with_cpu(&lane, with_wgpu_fast_bounds(weight_op_cases()));
 }
 
 /// `c` with its GEMM operands rounded to the nearest f16 (ties to even): the operand tensor x
@@ -1824,6 +1907,28 @@ fn with_fast_bounds(mut cases: Vec<Case>) -> Vec<Case> {
         };
     }
     cases
+}
+
+/// The wgpu lane's fast bounds: [`with_fast_bounds`], and one token's experts on int8
+/// activations where the lane takes them (`wgpu_q8x_case`) at FAST_MOE_Q8X (the same rounding of
+/// x and of the hidden row as the CUDA lane's, dequant/experts_q8x.wgsl).
+fn with_wgpu_fast_bounds(cases: Vec<Case>) -> Vec<Case> {
+    let mut cases = with_fast_bounds(cases);
+    for c in cases.iter_mut().filter(|c| wgpu_q8x_case(c)) {
+        c.bound = c.bound.max(FAST_MOE_Q8X);
+    }
+    cases
+}
+
+/// Whether the wgpu lane in fast precision runs some projection of `c` on int8 activations: one
+/// token's experts uploaded together (one binding a projection) with a projection in a
+/// `q8x_format` (k is whole 32-value groups in every block format, and the cases' rows are far
+/// below the kernel's longest).
+fn wgpu_q8x_case(c: &Case) -> bool {
+    c.op == Op::MoeExperts
+        && c.tensors[0].shape[0] == 1
+        && !c.experts_one_by_one
+        && c.experts.iter().any(|e| fovea::backend::wgpu::formats::q8x_format(e.0))
 }
 
 /// The CUDA lane against the CPU lane on every shared/vision op and every language-model op it

@@ -30,6 +30,9 @@ pub enum BlockKernel {
     Lm,
     /// The small-row kernels (rows.wgsl) in one build, after `dequant/rows.wgsl`.
     Rows(RowsBuild),
+    /// One token's experts on int8 activations (`dequant/experts_q8x.wgsl`, fast precision), after
+    /// the format's `dequant/q8x/<format>.wgsl`: the [`q8x_format`]s only.
+    ExpertsQ8x,
 }
 
 impl BlockKernel {
@@ -40,15 +43,18 @@ impl BlockKernel {
             .into_iter()
             .chain([BlockKernel::Lm])
             .chain(RowsBuild::all().map(BlockKernel::Rows))
+            .chain([BlockKernel::ExpertsQ8x])
     }
 
-    /// Whether the lane builds this kernel in `precision`: the cooperative tiles take f16
-    /// operands, so only fast precision's; the small rows take f32 operands in both
-    /// (`rows::rows_shader`), so only exact precision's.
-    pub fn builds_in(self, precision: Precision) -> bool {
+    /// Whether the lane builds this kernel for `format` in `precision`: the cooperative tiles
+    /// take f16 operands, so only fast precision's; the small rows take f32 operands in both
+    /// (`rows::rows_shader`), so only exact precision's; the int8 experts are fast precision's,
+    /// in the formats with a `q8x_dot32`.
+    pub fn builds(self, format: WeightFormat, precision: Precision) -> bool {
         match self {
             BlockKernel::Linear(Tiles::Coop) => precision == Precision::Fast,
             BlockKernel::Rows(_) => precision == Precision::Exact,
+            BlockKernel::ExpertsQ8x => precision == Precision::Fast && q8x_format(format),
             _ => true,
         }
     }
@@ -67,6 +73,9 @@ impl BlockKernel {
                 .chain(build.parts())
                 .chain([super::rows::BODY])
                 .collect(),
+            BlockKernel::ExpertsQ8x => {
+                vec![("dequant/experts_q8x.wgsl", include_str!("../../../shaders/dequant/experts_q8x.wgsl"))]
+            }
         }
     }
 
@@ -100,6 +109,29 @@ fn decoder(format: WeightFormat) -> Option<(&'static str, &'static str)> {
         IQ4_XS => file!("iq4_xs.wgsl"),
         MXFP4 => file!("mxfp4.wgsl"),
         FP8_E4M3_B128_E8M0 | FP8_E4M3_B128_F32 => file!("fp8.wgsl"),
+    })
+}
+
+/// Whether one token's experts take int8 activations in `format` on this lane (fast precision:
+/// `BlockKernel::ExpertsQ8x`): the formats of the published Q2-class mix, whose codes multiply
+/// int8 values as integers (as the CUDA lane's `q8x_format`).
+pub fn q8x_format(format: WeightFormat) -> bool {
+    q8x_dot(format).is_some()
+}
+
+/// The `q8x_dot32` of a [`q8x_format`] (`shaders/dequant/q8x/<format>.wgsl`).
+fn q8x_dot(format: WeightFormat) -> Option<(&'static str, &'static str)> {
+    use WeightFormat::*;
+    macro_rules! file {
+        ($name:literal) => {
+            ($name, include_str!(concat!("../../../shaders/dequant/q8x/", $name)))
+        };
+    }
+    Some(match format {
+        Q8_0 => file!("q8_0.wgsl"),
+        Q2_K => file!("q2_k.wgsl"),
+        IQ2_XXS => file!("iq2_xxs.wgsl"),
+        _ => return None,
     })
 }
 
@@ -235,24 +267,32 @@ fn tables_for(format: WeightFormat) -> String {
 
 /// The WGSL of `kernel` specialised to the block format `format` (`None` for a float format) and
 /// to `precision` (its operands file, see `shaders/operands_exact.wgsl`), with a label naming its
-/// parts; `None` also for a kernel the lane does not build in `precision` ([`BlockKernel::builds_in`]).
+/// parts; `None` also for a kernel the lane does not build for the format in `precision`
+/// ([`BlockKernel::builds`]).
 pub fn block_shader_source(
     format: WeightFormat,
     kernel: BlockKernel,
     precision: Precision,
 ) -> Option<(String, String)> {
     let (file, decode) = decoder(format)?;
-    if !kernel.builds_in(precision) {
+    if !kernel.builds(format, precision) {
         return None;
     }
     let (operands_file, operands) = super::shader::operands_part(precision);
-    let label = format!("{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file} + {}", kernel.file());
+    // the int8 experts' format part: its q8x_dot32
+    let dot = if kernel == BlockKernel::ExpertsQ8x { q8x_dot(format) } else { None };
+    let dot_label = dot.map_or(String::new(), |(name, _)| format!(" + dequant/q8x/{name}"));
+    let label = format!(
+        "{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file}{dot_label} + {}",
+        kernel.file()
+    );
     let mut src = format!("// {label}\n");
     src += super::shader::directives(precision == Precision::Fast, kernel == BlockKernel::Linear(Tiles::Coop));
     src += &tables_for(format);
     src += include_str!("../../../shaders/dequant/common.wgsl");
     src += decode;
     src += operands;
+    src += dot.map_or("", |(_, text)| text);
     kernel.body().iter().for_each(|(_, text)| src += text);
     Some((label, src))
 }

@@ -245,20 +245,27 @@ impl WgpuBackend {
             let ys = self.alloc(OP, vec![slots, d], DType::F32)?;
             let ids_at = [(5, ids.binding())];
             // gate, up (with the clamped SwiGLU over hid) and down, over `expert`'s slots, or every
-            // slot when the weights span every expert
+            // slot when the weights span every expert. One token's projections in a q8x format
+            // take int8 activations where `experts_take_q8x` says so (fast precision, every expert
+            // bound), each its own choice: both kinds write hid and ys alike, so either kind of
+            // gate feeds either kind of up.
             let triple = |[g, u, o]: [RowsWeight<'_>; 3], expert: usize| -> Result<()> {
-                let params = |k_len, out_cols| RowsParams {
-                    n: slots,
-                    k: k_len,
-                    out_cols,
-                    topk: k,
-                    expert,
-                    limit,
-                    ..RowsParams::default()
-                };
-                self.dispatch_rows_over("moe_gate_rows", g, n, params(d, h), x, &hid, &ids_at)?;
-                self.dispatch_rows_over("moe_up_rows", u, n, params(d, h), x, &hid, &ids_at)?;
-                self.dispatch_rows_over("moe_down_rows", o, n, params(h, d), &hid, &ys, &ids_at)
+                let projections = [
+                    ("moe_gate_rows", "moe_gate_q8x", g, d, x, &hid),
+                    ("moe_up_rows", "moe_up_q8x", u, d, x, &hid),
+                    ("moe_down_rows", "moe_down_q8x", o, h, &hid, &ys),
+                ];
+                for (rows_entry, q8x_entry, w, k_len, x_in, y_out) in projections {
+                    if self.experts_take_q8x(&w, n, k_len) {
+                        self.dispatch_experts_q8x(q8x_entry, w, slots, k_len, limit, x_in, y_out, ids)?;
+                        continue;
+                    }
+                    let out_cols = y_out.cols();
+                    let params =
+                        RowsParams { n: slots, k: k_len, out_cols, topk: k, expert, limit, ..RowsParams::default() };
+                    self.dispatch_rows_over(rows_entry, w, n, params, x_in, y_out, &ids_at)?;
+                }
+                Ok(())
             };
             if let [Some(g), Some(u), Some(o)] = [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding)) {
                 // no readback, so no wait for the work queued so far: a decode step's layers are

@@ -211,6 +211,10 @@ pub struct Options {
     /// that encoded them. On by default; off when `FOVEA_WGPU_SUBMIT_THREAD=0`, to time both in
     /// one build. Diagnostic.
     pub submit_thread: bool,
+    /// In fast precision, one token's experts in a [`formats::q8x_format`] take int8 activations
+    /// (`dequant/experts_q8x.wgsl`). On by default; off when `FOVEA_WGPU_Q8X=0`, to time both in
+    /// one build. Diagnostic.
+    pub q8x_experts: bool,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -256,6 +260,7 @@ impl Default for Options {
                 .and_then(|v| v.parse::<u32>().ok())
                 .unwrap_or(FLUSH_EVERY),
             submit_thread: std::env::var("FOVEA_WGPU_SUBMIT_THREAD").map_or(true, |v| v != "0"),
+            q8x_experts: std::env::var("FOVEA_WGPU_Q8X").map_or(true, |v| v != "0"),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,
@@ -919,7 +924,11 @@ impl Backend for WgpuBackend {
 
     fn download(&self, t: &WgpuTensor) -> Result<HostTensor> {
         let raw = self.read_back(t, 0, t.bytes)?;
-        self.check_guards(t)?;
+        if let Err(overrun) = self.check_guards(t) {
+            // a command wgpu refused never wrote the guard band either: its error is the cause
+            self.take_errors()?;
+            return Err(overrun);
+        }
         self.shared.order_free_list();
         match t.dtype {
             DType::F32 => HostTensor::f32(t.shape.clone(), bytemuck::pod_collect_to_vec(&raw)),

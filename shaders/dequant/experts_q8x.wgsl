@@ -1,0 +1,159 @@
+// One token's routed experts on int8 activations (fast precision, a decode step of one sequence):
+// moe_gate_q8x, moe_up_q8x, moe_down_q8x, the counterparts of rows.wgsl's moe_*_rows with the same
+// bindings, outputs and epilogues, after cuda/dequant.cuh's q8x_cols. Each workgroup rounds its
+// activation row to int8 once (ggml's q8_1 rule: per 32 values the scale amax / 127 and
+// round(x / scale)) into workgroup memory, then each of its 8 teams of 32 invocations takes 4
+// adjacent columns, the invocations striding over the row's 32-value groups: the format's
+// `q8x_dot32` (dequant/q8x/<format>.wgsl) multiplies the group's codes with the int8 values by
+// dot4I8Packed (four products an instruction where the device has integer dot products: SPIR-V
+// DotProductInput4x8BitPacked, HLSL SM 6.4; naga spells it out elsewhere) and applies the block
+// scales once a group, and the group's activation scale multiplies that. A workgroup takes 32
+// columns of one slot's expert. The host takes this path only with every expert of the projection
+// in one binding, one token (slots = topk), k a multiple of 32 and at most Q8X_MAX_K.
+// Not a complete shader: the lane builds it per format as emitted tables + dequant/common.wgsl +
+// the format's decoder + the fast operands file + dequant/q8x/<format>.wgsl + this.
+
+struct P {
+    k: u32,             // length of a weight row: d (gate, up) or h (down)
+    w_stride: u32,      // words per weight row
+    cols: u32,          // outputs of one expert: h (gate, up) or d (down)
+    slots: u32,         // the token's slots (top-k)
+    experts: u32,       // experts in the binding
+    expert_stride: u32, // weight rows from one expert's first row to the next's
+    limit: u32,         // moe_up_q8x: the SwiGLU clamp (f32 bits)
+    // unused: the block is the lane's PARAM_BYTES (64) long, which a pipeline's immediate range
+    // derived from a shorter struct would refuse
+    u7: u32, u8: u32, u9: u32, u10: u32, u11: u32, u12: u32, u13: u32, u14: u32, u15: u32,
+}
+
+var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read> ids: array<i32>;
+
+const WG: u32 = 256u;
+const TEAM: u32 = 32u;
+const TEAM_COLS: u32 = 4u;
+const WG_COLS: u32 = 32u; // (WG / TEAM) · TEAM_COLS
+// The longest activation row (Q8X_MAX_K in rows.rs): a group a thread when rounding it.
+const MAX_K: u32 = 8192u;
+
+var<workgroup> xq: array<u32, 2048>;         // MAX_K / 4: the int8 row, value i in byte i % 4 of word i / 4
+var<workgroup> xs: array<f32, 256>;          // MAX_K / 32: each group's scale
+var<workgroup> red: array<f32, 1024>;        // WG · TEAM_COLS: the invocations' partial sums
+
+// Bits 0..3 of s as byte masks: byte j is 0xff where bit j is set (bit j lands on bit 8j of the
+// product; no two products of the four bits overlap).
+fn q8x_byte_mask4(s: u32) -> u32 {
+    return (((s & 15u) * 0x00204081u) & 0x01010101u) * 0xffu;
+}
+
+// Row `row` of x (p.k values) rounded to int8 into xq and xs, a group an invocation. A group with
+// an inf or NaN gets a NaN scale, so the sums it reaches are NaN as the f32 path's. WGSL's round
+// takes a tie to even where ggml's roundf takes it away from zero: either is within the step's
+// half, which is what fast precision's bound counts.
+fn quantize_row(li: u32, row: u32) {
+    let o = row * p.k;
+    for (var g = li; g < p.k / 32u; g += WG) {
+        var v: array<f32, 32>;
+        var amax = 0.0;
+        var finite = true;
+        for (var i = 0u; i < 32u; i++) {
+            v[i] = x[o + 32u * g + i];
+            amax = max(amax, abs(v[i]));
+            finite = finite && abs(v[i]) <= 3.40282347e38;
+        }
+        let dx = amax / 127.0;
+        let inv = select(0.0, 1.0 / dx, dx != 0.0);
+        for (var j = 0u; j < 8u; j++) {
+            let q = vec4<i32>(round(vec4<f32>(v[4u * j], v[4u * j + 1u], v[4u * j + 2u], v[4u * j + 3u]) * inv));
+            xq[8u * g + j] = select(0u, pack4xI8(q), finite);
+        }
+        xs[g] = select(nan_f32(), dx, finite);
+    }
+}
+
+// One output of a workgroup: a column's total and the column (p.cols or past: none).
+struct ColumnSum {
+    total: f32,
+    col: u32,
+}
+
+// The workgroup's 32 columns from `wgx · 32` of `expert` against the int8 row: each invocation's
+// sums of its team's 4 columns into red, then invocation li < 32 totals column li % 4 of team
+// li / 4 over the team's invocations in order; the others get no column.
+fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
+    let team = li / TEAM;
+    let lt = li % TEAM;
+    let col0 = wgx * WG_COLS + team * TEAM_COLS;
+    var base: array<u32, 4>;
+    for (var j = 0u; j < TEAM_COLS; j++) {
+        // a column past the last reads the last's row (in bounds); nothing stores its sum
+        base[j] = (expert * p.expert_stride + min(col0 + j, p.cols - 1u)) * p.w_stride;
+    }
+    var acc = vec4<f32>(0.0);
+    for (var g = lt; g < p.k / 32u; g += TEAM) {
+        var q: array<u32, 8>;
+        for (var j = 0u; j < 8u; j++) { q[j] = xq[8u * g + j]; }
+        let dx = xs[g];
+        for (var j = 0u; j < TEAM_COLS; j++) {
+            acc[j] = fma(dx, q8x_dot32(base[j], g, q), acc[j]);
+        }
+    }
+    for (var j = 0u; j < TEAM_COLS; j++) { red[li * TEAM_COLS + j] = acc[j]; }
+    workgroupBarrier();
+    var out = ColumnSum(0.0, p.cols);
+    if (li < WG_COLS) {
+        let t = li / TEAM_COLS;
+        let j = li % TEAM_COLS;
+        for (var i = 0u; i < TEAM; i++) { out.total += red[(t * TEAM + i) * TEAM_COLS + j]; }
+        out.col = wgx * WG_COLS + li;
+    }
+    return out;
+}
+
+// The expert of slot z, or -1 when its id is outside 0..experts (moe_sum makes its token NaN).
+fn slot_expert(z: u32) -> i32 {
+    let e = ids[z];
+    return select(-1, e, e >= 0 && u32(e) < p.experts);
+}
+
+const STORE: u32 = 0u;
+const SWIGLU: u32 = 1u;
+
+// Slot z's 32 columns from workgroup x (gate, up: of hid [slots, h] from the token's row of x;
+// down: of ys [slots, d] from hid's row z), stored or, for the up, through the clamped SwiGLU with
+// the gate's value already in y (moe_gate_q8x), as rows.wgsl's expert_rows.
+fn expert_q8x(li: u32, wg: vec3<u32>, x_row: u32, epilogue: u32) {
+    let e = slot_expert(wg.z);
+    if (e < 0) { return; }
+    quantize_row(li, x_row);
+    workgroupBarrier();
+    let r = columns(li, wg.x, u32(e));
+    if (r.col < p.cols) {
+        let at = wg.z * p.cols + r.col;
+        if (epilogue == SWIGLU) {
+            let lim = bitcast<f32>(p.limit);
+            let g = min(y[at], lim);
+            y[at] = g / (1.0 + exp(-g)) * clamp(r.total, -lim, lim);
+        } else {
+            y[at] = r.total;
+        }
+    }
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn moe_gate_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    expert_q8x(li, wg, 0u, STORE);
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn moe_up_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    expert_q8x(li, wg, 0u, SWIGLU);
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn moe_down_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    expert_q8x(li, wg, wg.z, STORE);
+}
