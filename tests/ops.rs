@@ -1725,7 +1725,7 @@ fn wgpu_ops_match_cpu_in_fast_precision() {
 /// design (`rows_shader`: bound by memory, not arithmetic): the second half holds every small-row
 /// case in fast precision to its exact bound against the unrounded reference, which rounding the
 /// operands there (≈ FAST_GEMM_NMSE) would fail — but one token's experts on int8 activations
-/// (`wgpu_q8x_case`), which `wgpu_int8_experts_are_f32_experts_of_int8_rounded_activations` holds.
+/// (`wgpu_q8x_case`), which `wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations` holds.
 #[test]
 fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
     let _alone = wgpu_alone();
@@ -1748,43 +1748,70 @@ fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
     compare_with_cpu(&lane, small);
 }
 
-/// One token's experts on int8 activations (wgpu, fast precision, dequant/experts_q8x.wgsl) are
-/// the f32 experts of the token's row rounded as ggml's q8_1 rounds it (`int8_rounded`). Gate and
-/// up in a q8x format, the down in Q4_K (f32 small rows: its input, hid, is the device's own,
-/// which the host cannot round alike): against the CPU lane given the rounded row, the two differ
-/// by summation order and by where the block scales multiply (once a group on the device, each
-/// value on the CPU), so the exact bound REDUCTION holds; against it, the unrounded row (the int8
-/// path silently skipped) is off by ≈ 4e-6 and a rounding toward zero by more, decades past it.
-/// The rows are drawn so that the rounding is not a near thing (`int8_clear_row`): a driver's
-/// division may be a few ulp off (Vulkan allows 2.5), which would move a value lying near half a
-/// step to the other side. Rows of 3 groups and of 65–72 (the invocations of a team loop over them
-/// unevenly). Then the down in the same format too, at FAST_MOE_Q8X, on Gaussian rows. The kernels
-/// that ran are checked by name, so a fallback to the f32 rows cannot pass by not running.
+/// One token's GEMVs on int8 activations (wgpu, fast precision, dequant/q8x.wgsl) are the f32
+/// GEMVs of the token's row rounded as ggml's q8_1 rounds it (`int8_rounded`): against the CPU
+/// lane given the rounded row, the two differ by summation order and by where the block scales
+/// multiply (once a group on the device, each value on the CPU), so the exact bound REDUCTION
+/// holds; against it, the unrounded row (the int8 path silently skipped) is off by ≈ 2e-6 to
+/// 9e-5 and a rounding toward zero by ≈ 1e-4, decades past it. The rows are drawn so that the
+/// rounding is not a near thing (`int8_clear_row`): a driver's division may be a few ulp off
+/// (Vulkan allows 2.5), which would move a value lying near half a step to the other side.
+/// - The linear (the lane set to take it from 1 column: `q8x_linear_min_cols`), with a bias, over
+///   67 columns (a workgroup's 32 columns cut short) and, with a 4 KiB binding cap, over 200
+///   columns in row chunks (each dispatch's columns from its chunk's first).
+/// - The experts: gate and up in a q8x format, the down in Q4_K (f32 small rows: its input, hid,
+///   is the device's own, which the host cannot round alike); then the down in the same format
+///   too, at FAST_MOE_Q8X, on Gaussian rows.
+/// Rows of 3 groups and of 65–72 (a team's invocations loop over them unevenly). The kernels that
+/// ran are checked by name, so a fallback to the f32 rows cannot pass by not running.
 #[test]
-fn wgpu_int8_experts_are_f32_experts_of_int8_rounded_activations() {
+fn wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations() {
     use WeightFormat::{IQ2_XXS, Q2_K, Q4_K, Q8_0};
     let _alone = wgpu_alone();
-    let opts = Options { guard_words: 8, precision: Precision::Fast, kernel_times: true, ..Options::default() };
-    let Some(lane) = common::wgpu_lane(opts) else { return };
+    let opts = Options {
+        guard_words: 8,
+        precision: Precision::Fast,
+        kernel_times: true,
+        q8x_linear_min_cols: 1,
+        ..Options::default()
+    };
+    let Some(lane) = common::wgpu_lane(opts.clone()) else { return };
+    let ran = |lane: &WgpuBackend| -> Vec<String> {
+        lane.kernel_times().unwrap().expect("kernel times (TIMESTAMP_QUERY)").into_iter().map(|k| k.name).collect()
+    };
     let mut r = StdRng::seed_from_u64(0x1878);
+    let formats = [(Q8_0, 2080), (Q2_K, 2304), (IQ2_XXS, 2304)];
+    let clear = |r: &mut StdRng, mut c: Case, k: usize| {
+        c.tensors[0] = int8_clear_row(r, k);
+        c
+    };
+
+    let mut linears = Vec::new();
+    for (format, long) in formats {
+        for k in [block_cols(format), long] {
+            let c = linear_case(&mut r, format, 1, k, 67, " (int8 row)");
+            linears.push(clear(&mut r, c, k));
+        }
+    }
+    compare_with_cpu_on(&lane, linears, |c| Cow::Owned(int8_rounded(c)));
+    let names = ran(&lane);
+    assert!(names.iter().any(|n| n == "linear_q8x"), "linear_q8x did not run: {names:?}");
+    assert!(!names.iter().any(|n| n == "linear_rows"), "{names:?}");
+
     let (h, e, topk, ids) = (256, 8, 3, vec![5, 0, 7]);
     let mut gate_up = Vec::new();
     let mut all_three = Vec::new();
-    for (format, long) in [(Q8_0, 2080), (Q2_K, 2304), (IQ2_XXS, 2304)] {
+    for (format, long) in formats {
         for d in [block_cols(format), long] {
             let name = format!("moe_experts {format} gate/up, Q4_K down, d={d} one token (int8 row)");
-            let mut c = moe_case(&mut r, name, (format, format, Q4_K), (1, d, h, e, topk), ids.clone());
-            c.tensors[0] = int8_clear_row(&mut r, d);
-            gate_up.push(c);
+            let c = moe_case(&mut r, name, (format, format, Q4_K), (1, d, h, e, topk), ids.clone());
+            gate_up.push(clear(&mut r, c, d));
             let name = format!("moe_experts {format} d={d} one token (int8 row and hid)");
             all_three.push(moe_case(&mut r, name, (format, format, format), (1, d, h, e, topk), ids.clone()));
         }
     }
     assert!(gate_up.iter().chain(&all_three).all(wgpu_q8x_case));
     compare_with_cpu_on(&lane, gate_up, |c| Cow::Owned(int8_rounded(c)));
-    let ran = |lane: &WgpuBackend| -> Vec<String> {
-        lane.kernel_times().unwrap().expect("kernel times (TIMESTAMP_QUERY)").into_iter().map(|k| k.name).collect()
-    };
     let names = ran(&lane);
     for kernel in ["moe_gate_q8x", "moe_up_q8x", "moe_down_rows"] {
         assert!(names.iter().any(|n| n == kernel), "{kernel} did not run: {names:?}");
@@ -1796,6 +1823,22 @@ fn wgpu_int8_experts_are_f32_experts_of_int8_rounded_activations() {
         assert!(names.iter().any(|n| n == kernel), "{kernel} did not run: {names:?}");
     }
     assert!(!names.iter().any(|n| n.ends_with("_rows")), "{names:?}");
+    drop(lane);
+
+    let Some(lane) = common::wgpu_lane(Options { max_binding_bytes: Some(4096), ..opts }) else { return };
+    let chunked: Vec<Case> = formats
+        .into_iter()
+        .map(|(format, _)| {
+            let k = block_cols(format);
+            let c = linear_case(&mut r, format, 1, k, 200, " (int8 row, row chunks of 4 KiB)");
+            clear(&mut r, c, k)
+        })
+        .collect();
+    let cases = chunked.len() as u64;
+    compare_with_cpu_on(&lane, chunked, |c| Cow::Owned(int8_rounded(c)));
+    let times = lane.kernel_times().unwrap().expect("kernel times (TIMESTAMP_QUERY)");
+    let dispatches: u64 = times.iter().filter(|k| k.name == "linear_q8x").map(|k| k.count).sum();
+    assert!(dispatches > cases, "a dispatch a row chunk: {times:?}");
 }
 
 /// A row `[1, d]` whose int8 rounding is clear-cut: per 32 values the step 2⁻⁵ (so amax / 127 is
@@ -1814,7 +1857,7 @@ fn int8_clear_row(r: &mut StdRng, d: usize) -> HostTensor {
     HostTensor::f32([1, d], v).unwrap()
 }
 
-/// `c` (a one-token experts case) with the token's row rounded as the int8 experts round it: per
+/// `c` (a one-row linear or one-token experts case) with the token's row rounded as the int8 experts round it: per
 /// 32 values the step dx = amax / 127 and each value round(x / dx)·dx.
 fn int8_rounded(c: &Case) -> Case {
     let mut rounded = c.clone();
@@ -1911,7 +1954,7 @@ fn with_fast_bounds(mut cases: Vec<Case>) -> Vec<Case> {
 
 /// The wgpu lane's fast bounds: [`with_fast_bounds`], and one token's experts on int8
 /// activations where the lane takes them (`wgpu_q8x_case`) at FAST_MOE_Q8X (the same rounding of
-/// x and of the hidden row as the CUDA lane's, dequant/experts_q8x.wgsl).
+/// x and of the hidden row as the CUDA lane's, dequant/q8x.wgsl).
 fn with_wgpu_fast_bounds(cases: Vec<Case>) -> Vec<Case> {
     let mut cases = with_fast_bounds(cases);
     for c in cases.iter_mut().filter(|c| wgpu_q8x_case(c)) {

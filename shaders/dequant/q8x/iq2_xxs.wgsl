@@ -1,4 +1,4 @@
-// IQ2_XXS against int8 activations (experts_q8x.wgsl): Σ_{i<32} w[32g + i] · q_i for the 32-value
+// IQ2_XXS against int8 activations (dequant/q8x.wgsl): Σ_{i<32} w[32g + i] · q_i for the 32-value
 // group g of a row (the group's run of dequant/iq2_xxs.wgsl: four grid entries of 8 values, their
 // sign patterns, one scale). Grid bytes are 8, 25 or 43, so positive as signed bytes:
 // Σ s·grid·q = Σ grid·q − 2 Σ_{s<0} grid·q, each sum of four products one dot4I8Packed. The

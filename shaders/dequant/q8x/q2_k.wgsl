@@ -1,4 +1,4 @@
-// Q2_K against int8 activations (experts_q8x.wgsl): Σ_{i<32} w[32g + i] · q_i for the 32-value
+// Q2_K against int8 activations (dequant/q8x.wgsl): Σ_{i<32} w[32g + i] · q_i for the 32-value
 // group g of a row, ggml's run (n, j) = (G / 4, G % 4) of the block (G = g % 8; dequant/q2_k.wgsl):
 // per 16 values h, d·sc · Σ code·q − dmin·mn · Σ q, both sums integer (codes 0..3 as bytes of a
 // word masked out of qs; Σ q as a dot with 0x01010101), the scales applied once per 16, as

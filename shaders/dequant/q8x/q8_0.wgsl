@@ -1,4 +1,4 @@
-// Q8_0 against int8 activations (experts_q8x.wgsl): Σ_{i<32} w[32g + i] · q_i for block g (34
+// Q8_0 against int8 activations (dequant/q8x.wgsl): Σ_{i<32} w[32g + i] · q_i for block g (34
 // bytes: d f16, then 32 signed codes) as d · Σ code·q, eight dot4I8Packed. A block starts on an
 // even byte, so its codes are the 9 words from its first, shifted by 16 bits when it starts
 // mid-word (the shift chosen by `select`, as common.wgsl's loads).

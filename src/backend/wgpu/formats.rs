@@ -30,9 +30,9 @@ pub enum BlockKernel {
     Lm,
     /// The small-row kernels (rows.wgsl) in one build, after `dequant/rows.wgsl`.
     Rows(RowsBuild),
-    /// One token's experts on int8 activations (`dequant/experts_q8x.wgsl`, fast precision), after
-    /// the format's `dequant/q8x/<format>.wgsl`: the [`q8x_format`]s only.
-    ExpertsQ8x,
+    /// One token's experts and widest linears on int8 activations (`dequant/q8x.wgsl`, fast
+    /// precision), after the format's `dequant/q8x/<format>.wgsl`: the [`q8x_format`]s only.
+    Q8x,
 }
 
 impl BlockKernel {
@@ -43,18 +43,18 @@ impl BlockKernel {
             .into_iter()
             .chain([BlockKernel::Lm])
             .chain(RowsBuild::all().map(BlockKernel::Rows))
-            .chain([BlockKernel::ExpertsQ8x])
+            .chain([BlockKernel::Q8x])
     }
 
     /// Whether the lane builds this kernel for `format` in `precision`: the cooperative tiles
     /// take f16 operands, so only fast precision's; the small rows take f32 operands in both
-    /// (`rows::rows_shader`), so only exact precision's; the int8 experts are fast precision's,
+    /// (`rows::rows_shader`), so only exact precision's; the int8 kernels are fast precision's,
     /// in the formats with a `q8x_dot32`.
     pub fn builds(self, format: WeightFormat, precision: Precision) -> bool {
         match self {
             BlockKernel::Linear(Tiles::Coop) => precision == Precision::Fast,
             BlockKernel::Rows(_) => precision == Precision::Exact,
-            BlockKernel::ExpertsQ8x => precision == Precision::Fast && q8x_format(format),
+            BlockKernel::Q8x => precision == Precision::Fast && q8x_format(format),
             _ => true,
         }
     }
@@ -73,9 +73,7 @@ impl BlockKernel {
                 .chain(build.parts())
                 .chain([super::rows::BODY])
                 .collect(),
-            BlockKernel::ExpertsQ8x => {
-                vec![("dequant/experts_q8x.wgsl", include_str!("../../../shaders/dequant/experts_q8x.wgsl"))]
-            }
+            BlockKernel::Q8x => vec![("dequant/q8x.wgsl", include_str!("../../../shaders/dequant/q8x.wgsl"))],
         }
     }
 
@@ -112,8 +110,8 @@ fn decoder(format: WeightFormat) -> Option<(&'static str, &'static str)> {
     })
 }
 
-/// Whether one token's experts take int8 activations in `format` on this lane (fast precision:
-/// `BlockKernel::ExpertsQ8x`): the formats of the published Q2-class mix, whose codes multiply
+/// Whether one token's experts and widest linears take int8 activations in `format` on this lane
+/// (fast precision: `BlockKernel::Q8x`): the formats of the published Q2-class mix, whose codes multiply
 /// int8 values as integers (as the CUDA lane's `q8x_format`).
 pub fn q8x_format(format: WeightFormat) -> bool {
     q8x_dot(format).is_some()
@@ -280,7 +278,7 @@ pub fn block_shader_source(
     }
     let (operands_file, operands) = super::shader::operands_part(precision);
     // the int8 experts' format part: its q8x_dot32
-    let dot = if kernel == BlockKernel::ExpertsQ8x { q8x_dot(format) } else { None };
+    let dot = if kernel == BlockKernel::Q8x { q8x_dot(format) } else { None };
     let dot_label = dot.map_or(String::new(), |(name, _)| format!(" + dequant/q8x/{name}"));
     let label = format!(
         "{format} tables + dequant/common.wgsl + dequant/{file} + {operands_file}{dot_label} + {}",

@@ -18,7 +18,9 @@
 //!   matrix must fit one binding.
 //! - With at most `SMALL_ROWS` (8) rows of x — decode, the experts counting tokens — each of the
 //!   three takes its small-row kernel instead (`rows.rs`, `shaders/rows.wgsl`: a workgroup per
-//!   output column reading its weight row once), for every format and both precisions.
+//!   output column reading its weight row once), for every format and both precisions; in fast
+//!   precision one token's experts, and one row against a wide weight, in Q8_0, Q2_K or IQ2_XXS
+//!   take int8 activations instead (`q8x.rs`).
 //! - Each product runs in the precision of its weight (`gemm_precision`): the lane's, or exact for
 //!   a weight from `upload_weight_exact`.
 
@@ -99,8 +101,14 @@ impl WgpuBackend {
             return Ok(y);
         }
         if n <= SMALL_ROWS {
+            // one row against a wide weight in a q8x format: int8 activations (fast precision)
+            let q8x = self.linear_takes_q8x(w, n, k);
             for chunk in 0..w.chunks.len() {
-                self.linear_rows(w, chunk, x, (n, k), bias, &y)?;
+                if q8x {
+                    self.linear_q8x(w, chunk, x, k, bias, &y)?;
+                } else {
+                    self.linear_rows(w, chunk, x, (n, k), bias, &y)?;
+                }
             }
             return Ok(y);
         }

@@ -71,6 +71,7 @@ pub mod formats;
 mod linear;
 mod lm;
 mod norm;
+mod q8x;
 mod rope;
 mod rows;
 mod shader;
@@ -211,10 +212,14 @@ pub struct Options {
     /// that encoded them. On by default; off when `FOVEA_WGPU_SUBMIT_THREAD=0`, to time both in
     /// one build. Diagnostic.
     pub submit_thread: bool,
-    /// In fast precision, one token's experts in a [`formats::q8x_format`] take int8 activations
-    /// (`dequant/experts_q8x.wgsl`). On by default; off when `FOVEA_WGPU_Q8X=0`, to time both in
-    /// one build. Diagnostic.
-    pub q8x_experts: bool,
+    /// In fast precision, one token's experts and widest linears in a [`formats::q8x_format`]
+    /// take int8 activations (q8x.rs). On by default; off when `FOVEA_WGPU_Q8X=0`, to time both
+    /// in one build. Diagnostic.
+    pub q8x: bool,
+    /// The narrowest weight a one-row linear takes the int8 kernel for (with `q8x`):
+    /// `q8x::LINEAR_MIN_COLS` by default, `FOVEA_WGPU_Q8X_MIN_COLS=n` to time another; tests set
+    /// it low to run the kernel on small cases. Diagnostic.
+    pub q8x_linear_min_cols: usize,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
     pub precision: Precision,
@@ -260,7 +265,11 @@ impl Default for Options {
                 .and_then(|v| v.parse::<u32>().ok())
                 .unwrap_or(FLUSH_EVERY),
             submit_thread: std::env::var("FOVEA_WGPU_SUBMIT_THREAD").map_or(true, |v| v != "0"),
-            q8x_experts: std::env::var("FOVEA_WGPU_Q8X").map_or(true, |v| v != "0"),
+            q8x: std::env::var("FOVEA_WGPU_Q8X").map_or(true, |v| v != "0"),
+            q8x_linear_min_cols: std::env::var("FOVEA_WGPU_Q8X_MIN_COLS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(q8x::LINEAR_MIN_COLS),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             reuse_buffers: true,

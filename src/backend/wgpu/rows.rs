@@ -8,7 +8,7 @@
 
 use std::num::NonZeroU64;
 
-use super::formats::{self, BlockKernel};
+use super::formats::BlockKernel;
 use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
 use crate::backend::DType;
 use crate::backend::{Precision, WeightFormat};
@@ -107,18 +107,6 @@ pub(super) fn rows_shader(format: WeightFormat, native_f16: bool, build: RowsBui
         WeightFormat::F16 => (Shader::Rows(build), 2),
         f => (Shader::Block(BlockKernel::Rows(build), f, Precision::Exact), 0),
     }
-}
-
-/// The longest row of activations the int8 experts take (`MAX_K` in dequant/experts_q8x.wgsl,
-/// whose workgroup memory holds the row: k bytes, a scale per 32 values).
-pub(super) const Q8X_MAX_K: usize = 8192;
-/// Columns of one int8-experts workgroup (`WG_COLS` in dequant/experts_q8x.wgsl).
-const Q8X_WG_COLS: usize = 32;
-
-/// The int8 experts' kernel for `format` (`dequant/experts_q8x.wgsl`, fast precision), for the
-/// [`formats::q8x_format`]s.
-pub(super) fn experts_q8x_shader(format: WeightFormat) -> Option<Shader> {
-    formats::q8x_format(format).then_some(Shader::Block(BlockKernel::ExpertsQ8x, format, Precision::Fast))
 }
 
 /// rows.wgsl's parameter block `P`, less what the weight chunk gives (`w_stride`, `cols`,
@@ -303,57 +291,6 @@ impl WgpuBackend {
         self.dispatch(shader, entry, fmt, &block, &bindings, (gx, gy, layers as u32))
     }
 
-    /// Whether one token's projection of `k` inputs over the experts of `w` takes the int8
-    /// kernel ([`Self::dispatch_experts_q8x`]): every expert bound, fast precision, a
-    /// [`formats::q8x_format`], k whole 32-value groups within [`Q8X_MAX_K`], and the lane's
-    /// `q8x_experts` option on.
-    pub(super) fn experts_take_q8x(&self, w: &RowsWeight<'_>, tokens: usize, k: usize) -> bool {
-        self.opts.q8x_experts
-            && tokens == 1
-            && w.experts.is_some()
-            && self.gemm_precision(w.matrix) == Precision::Fast
-            && formats::q8x_format(w.matrix.format)
-            && k.is_multiple_of(32)
-            && (32..=Q8X_MAX_K).contains(&k)
-    }
-
-    /// One token's projection `entry` (`moe_gate_q8x`, `moe_up_q8x`, `moe_down_q8x`) over every
-    /// expert of `w` on int8 activations: a workgroup per 32 columns of each of the `slots`
-    /// slots' experts, x at binding 1 (the token's row, or hid's rows for the down), y at 4, the
-    /// ids at 5 (see dequant/experts_q8x.wgsl). Only where [`Self::experts_take_q8x`].
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn dispatch_experts_q8x(
-        &self,
-        entry: &'static str,
-        w: RowsWeight<'_>,
-        slots: usize,
-        k: usize,
-        limit: f32,
-        x: &WgpuTensor,
-        y: &WgpuTensor,
-        ids: &WgpuTensor,
-    ) -> Result<()> {
-        let (Some((experts, expert_stride)), Some(shader)) = (w.experts, experts_q8x_shader(w.matrix.format)) else {
-            return Err(Error::Device(format!("{entry}: `{}` has no int8 expert kernel", w.matrix.name)));
-        };
-        if w.cols == 0 || slots == 0 {
-            return Ok(());
-        }
-        let gx = w.cols.div_ceil(Q8X_WG_COLS);
-        let max = self.limits.max_compute_workgroups_per_dimension as usize;
-        if gx > max || slots > max {
-            return Err(Error::Device(format!(
-                "{entry}: {} columns × {slots} slots exceed the dispatch limit",
-                w.cols
-            )));
-        }
-        let params = [k, w.matrix.stride_words, w.cols, slots, experts, expert_stride].map(|v| v as u32);
-        let mut block = params.to_vec();
-        block.push(limit.to_bits());
-        let bindings = [(1, x.binding()), (2, w.binding), (4, y.binding()), (5, ids.binding())];
-        self.dispatch(shader, entry, 0, &block, &bindings, (gx as u32, 1, slots as u32))
-    }
-
     /// linear's small-row path over chunk `chunk` of `w`: x `[n, k]` → columns `row0 ..` of y
     /// `[n, w.rows]` (+ bias). Few columns over long rows ([`k_slice`]) are split over k: each
     /// slice's partial sums into a scratch `[slices, n, cols]`, then elementwise.wgsl's
@@ -396,15 +333,5 @@ mod tests {
         assert!(RowBound::Small.part().1.contains(&format!("\nconst ROWS: u32 = {SMALL_ROWS}u;\n")));
         assert_eq!(RowBound::of(1), RowBound::One);
         assert_eq!(RowBound::of(2), RowBound::Small);
-    }
-
-    #[test]
-    fn int8_experts_constants_are_the_kernels() {
-        let src = include_str!("../../../shaders/dequant/experts_q8x.wgsl");
-        assert!(src.contains(&format!("\nconst MAX_K: u32 = {Q8X_MAX_K}u;")));
-        assert!(src.contains(&format!("\nconst WG_COLS: u32 = {Q8X_WG_COLS}u;")));
-        // the workgroup arrays hold MAX_K / 4 words of int8 values and MAX_K / 32 scales
-        assert!(src.contains(&format!("var<workgroup> xq: array<u32, {}>;", Q8X_MAX_K / 4)));
-        assert!(src.contains(&format!("var<workgroup> xs: array<f32, {}>;", Q8X_MAX_K / 32)));
     }
 }

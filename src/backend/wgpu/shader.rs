@@ -9,7 +9,8 @@ use std::borrow::Cow;
 use super::Reduction;
 use super::formats::{self, BlockKernel};
 use super::linear::{linear_shader, lm_weight_shader};
-use super::rows::{self, RowsBuild, experts_q8x_shader, rows_shader};
+use super::q8x::q8x_shader;
+use super::rows::{self, RowsBuild, rows_shader};
 use crate::backend::{Precision, WeightFormat};
 use crate::error::{Error, Result};
 
@@ -163,7 +164,7 @@ impl Shader {
 
     /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
     /// (or, built only with SHADER_F16, [`Self::FIXED_F16`]) or chosen by [`linear_shader`] /
-    /// [`lm_weight_shader`] / [`rows_shader`] / [`experts_q8x_shader`], so [`shader_builds`] lists it.
+    /// [`lm_weight_shader`] / [`rows_shader`] / [`q8x_shader`], so [`shader_builds`] lists it.
     #[allow(dead_code)]
     fn listed(self) {
         match self {
@@ -200,7 +201,7 @@ impl Shader {
     /// Every (shader, `fmt`) the lane creates pipelines from, and whether it is built only with
     /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
     /// ([`linear_shader`], [`lm_weight_shader`], [`rows_shader`] in every build,
-    /// [`experts_q8x_shader`] in fast precision) for every
+    /// [`q8x_shader`] in fast precision) for every
     /// weight format, in both precisions with SHADER_F16 (and each tiles' math) and in exact
     /// precision without it (fast needs it); the fixed shaders in both, fast precision's
     /// ([`Self::FIXED_F16`]) with SHADER_F16. Pairs that build the same module and constants are
@@ -217,7 +218,7 @@ impl Shader {
                     list.push(lm_weight_shader(f));
                     list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, b)));
                     if precision == Precision::Fast {
-                        list.extend(experts_q8x_shader(f).map(|s| (s, 0)));
+                        list.extend(q8x_shader(f).map(|s| (s, 0)));
                     }
                 }
             }

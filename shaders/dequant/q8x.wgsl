@@ -1,6 +1,7 @@
-// One token's routed experts on int8 activations (fast precision, a decode step of one sequence):
-// moe_gate_q8x, moe_up_q8x, moe_down_q8x, the counterparts of rows.wgsl's moe_*_rows with the same
-// bindings, outputs and epilogues, after cuda/dequant.cuh's q8x_cols. Each workgroup rounds its
+// One token's GEMVs on int8 activations (fast precision, a decode step of one sequence), after
+// cuda/dequant.cuh's q8x_cols: the routed experts (moe_gate_q8x, moe_up_q8x, moe_down_q8x, the
+// counterparts of rows.wgsl's moe_*_rows with the same bindings, outputs and epilogues) and the
+// widest linears (linear_q8x, rows.wgsl's linear_rows for one row). Each workgroup rounds its
 // activation row to int8 once (ggml's q8_1 rule: per 32 values the scale amax / 127 and
 // round(x / scale)) into workgroup memory, then each of its 8 teams of 32 invocations takes 4
 // adjacent columns, the invocations striding over the row's 32-value groups: the format's
@@ -8,27 +9,30 @@
 // dot4I8Packed (four products an instruction where the device has integer dot products: SPIR-V
 // DotProductInput4x8BitPacked, HLSL SM 6.4; naga spells it out elsewhere) and applies the block
 // scales once a group, and the group's activation scale multiplies that. A workgroup takes 32
-// columns of one slot's expert. The host takes this path only with every expert of the projection
-// in one binding, one token (slots = topk), k a multiple of 32 and at most Q8X_MAX_K.
+// columns (of one slot's expert). The host (q8x.rs) takes these paths only for one row of x, k a
+// multiple of 32 and at most MAX_K, the experts with every expert of a projection in one binding.
 // Not a complete shader: the lane builds it per format as emitted tables + dequant/common.wgsl +
 // the format's decoder + the fast operands file + dequant/q8x/<format>.wgsl + this.
 
 struct P {
-    k: u32,             // length of a weight row: d (gate, up) or h (down)
+    k: u32,             // length of a weight row: d (gate, up) or h (down), the linear's k
     w_stride: u32,      // words per weight row
-    cols: u32,          // outputs of one expert: h (gate, up) or d (down)
+    cols: u32,          // outputs of one expert: h (gate, up) or d (down); the linear's chunk rows
     slots: u32,         // the token's slots (top-k)
     experts: u32,       // experts in the binding
     expert_stride: u32, // weight rows from one expert's first row to the next's
     limit: u32,         // moe_up_q8x: the SwiGLU clamp (f32 bits)
+    col_off: u32,       // linear_q8x: the first output column of the bound weight chunk
+    has_bias: u32,      // linear_q8x
     // unused: the block is the lane's PARAM_BYTES (64) long, which a pipeline's immediate range
     // derived from a shorter struct would refuse
-    u7: u32, u8: u32, u9: u32, u10: u32, u11: u32, u12: u32, u13: u32, u14: u32, u15: u32,
+    u9: u32, u10: u32, u11: u32, u12: u32, u13: u32, u14: u32, u15: u32,
 }
 
 var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read> ids: array<i32>;
 
@@ -36,7 +40,7 @@ const WG: u32 = 256u;
 const TEAM: u32 = 32u;
 const TEAM_COLS: u32 = 4u;
 const WG_COLS: u32 = 32u; // (WG / TEAM) · TEAM_COLS
-// The longest activation row (Q8X_MAX_K in rows.rs): a group a thread when rounding it.
+// The longest activation row (MAX_K in q8x.rs): a group a thread when rounding it.
 const MAX_K: u32 = 8192u;
 
 var<workgroup> xq: array<u32, 2048>;         // MAX_K / 4: the int8 row, value i in byte i % 4 of word i / 4
@@ -80,7 +84,7 @@ struct ColumnSum {
     col: u32,
 }
 
-// The workgroup's 32 columns from `wgx · 32` of `expert` against the int8 row: each invocation's
+// Workgroup wgx's 32 columns from `wgx · 32` of `expert` against the int8 row: each invocation's
 // sums of its team's 4 columns into red, then invocation li < 32 totals column li % 4 of team
 // li / 4 over the team's invocations in order; the others get no column.
 fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
@@ -113,6 +117,11 @@ fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
     return out;
 }
 
+// The workgroup's number within its grid layer (a 2-D grid past the dispatch limit's columns).
+fn flat(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wg.y * nwg.x + wg.x;
+}
+
 // The expert of slot z, or -1 when its id is outside 0..experts (moe_sum makes its token NaN).
 fn slot_expert(z: u32) -> i32 {
     let e = ids[z];
@@ -125,12 +134,12 @@ const SWIGLU: u32 = 1u;
 // Slot z's 32 columns from workgroup x (gate, up: of hid [slots, h] from the token's row of x;
 // down: of ys [slots, d] from hid's row z), stored or, for the up, through the clamped SwiGLU with
 // the gate's value already in y (moe_gate_q8x), as rows.wgsl's expert_rows.
-fn expert_q8x(li: u32, wg: vec3<u32>, x_row: u32, epilogue: u32) {
+fn expert_q8x(li: u32, wg: vec3<u32>, nwg: vec3<u32>, x_row: u32, epilogue: u32) {
     let e = slot_expert(wg.z);
     if (e < 0) { return; }
     quantize_row(li, x_row);
     workgroupBarrier();
-    let r = columns(li, wg.x, u32(e));
+    let r = columns(li, flat(wg, nwg), u32(e));
     if (r.col < p.cols) {
         let at = wg.z * p.cols + r.col;
         if (epilogue == SWIGLU) {
@@ -144,16 +153,36 @@ fn expert_q8x(li: u32, wg: vec3<u32>, x_row: u32, epilogue: u32) {
 }
 
 @compute @workgroup_size(256, 1, 1)
-fn moe_gate_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    expert_q8x(li, wg, 0u, STORE);
+fn moe_gate_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) li: u32) {
+    expert_q8x(li, wg, nwg, 0u, STORE);
 }
 
 @compute @workgroup_size(256, 1, 1)
-fn moe_up_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    expert_q8x(li, wg, 0u, SWIGLU);
+fn moe_up_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    expert_q8x(li, wg, nwg, 0u, SWIGLU);
 }
 
 @compute @workgroup_size(256, 1, 1)
-fn moe_down_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    expert_q8x(li, wg, wg.z, STORE);
+fn moe_down_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) li: u32) {
+    expert_q8x(li, wg, nwg, wg.z, STORE);
+}
+
+// linear: y[0, col_off + c] = x[0] · W[c] (+ bias) for the bound chunk's columns c.
+@compute @workgroup_size(256, 1, 1)
+fn linear_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    quantize_row(li, 0u);
+    workgroupBarrier();
+    let r = columns(li, flat(wg, nwg), 0u);
+    if (r.col < p.cols) {
+        let oc = p.col_off + r.col;
+        var v = r.total;
+        if (p.has_bias != 0u) {
+            v += bias[oc];
+        }
+        y[oc] = v;
+    }
 }

@@ -1,0 +1,167 @@
+//! One token's GEMVs on int8 activations in fast precision (`shaders/dequant/q8x.wgsl`, built per
+//! format after its `shaders/dequant/q8x/<format>.wgsl`): the routed experts of a decode step of
+//! one sequence and its widest linears, in the formats whose codes multiply int8 values as
+//! integers ([`formats::q8x_format`]: Q8_0, Q2_K, IQ2_XXS, the published Q2-class mix). The CUDA
+//! lane's `*_q8x_*` kernels do the same: the small-row kernels (rows.rs) spend most of their time
+//! decoding each weight to f32 and multiplying it, where an integer dot product takes four codes
+//! an instruction and the block scales once per 32 values.
+//!
+//! The activation row is rounded to int8 per 32 values (ggml's q8_1 rule), an error of at most
+//! half a step, which fast precision's bounds count (tests/ops.rs, `FAST_MOE_Q8X`,
+//! `FAST_LINEAR_Q8X`); exact precision and weights from `upload_weight_exact` never take it.
+
+use super::formats::{self, BlockKernel};
+use super::rows::RowsWeight;
+use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
+use crate::backend::{Precision, WeightFormat};
+use crate::error::{Error, Result};
+
+/// The longest row of activations the kernels take (`MAX_K` in q8x.wgsl, whose workgroup memory
+/// holds the row: k bytes and a scale per 32 values).
+const MAX_K: usize = 8192;
+/// Columns of one workgroup (`WG_COLS` in q8x.wgsl).
+const WG_COLS: usize = 32;
+/// The narrowest weight whose one-row linear takes the int8 kernel by default
+/// (`Options::q8x_linear_min_cols`): 32 columns a workgroup leave a narrower weight too few
+/// workgroups to keep a GPU's loads in flight (the CUDA lane measured its 4 096-output Q8_0
+/// projections slower on its int8 kernel and keeps them on the small rows from 8 192: its
+/// `LINEAR_Q8X_MIN_COLS`). Not measured on this lane.
+pub(super) const LINEAR_MIN_COLS: usize = 8192;
+
+/// The int8 kernels' build for `format` (fast precision), for the [`formats::q8x_format`]s.
+pub(super) fn q8x_shader(format: WeightFormat) -> Option<Shader> {
+    formats::q8x_format(format).then_some(Shader::Block(BlockKernel::Q8x, format, Precision::Fast))
+}
+
+/// Whether the kernels take a product of `k` inputs: whole 32-value groups within [`MAX_K`].
+fn takes_k(k: usize) -> bool {
+    k.is_multiple_of(32) && (32..=MAX_K).contains(&k)
+}
+
+impl WgpuBackend {
+    /// Whether `w`'s products take int8 activations at all: the lane's `q8x` option, fast
+    /// precision for this weight, a q8x format.
+    fn q8x_weight(&self, w: &WgpuWeight) -> bool {
+        self.opts.q8x && self.gemm_precision(w) == Precision::Fast && formats::q8x_format(w.format)
+    }
+
+    /// Whether one token's projection of `k` inputs over the experts of `w` takes the int8
+    /// kernel ([`Self::dispatch_experts_q8x`]): one token, every expert bound, an int8 weight
+    /// ([`Self::q8x_weight`]) and k it takes.
+    pub(super) fn experts_take_q8x(&self, w: &RowsWeight<'_>, tokens: usize, k: usize) -> bool {
+        tokens == 1 && w.experts.is_some() && self.q8x_weight(w.matrix) && takes_k(k)
+    }
+
+    /// One token's projection `entry` (`moe_gate_q8x`, `moe_up_q8x`, `moe_down_q8x`) over every
+    /// expert of `w` on int8 activations: a workgroup per 32 columns of each of the `slots`
+    /// slots' experts, x at binding 1 (the token's row, or hid's rows for the down), y at 4, the
+    /// ids at 5. Only where [`Self::experts_take_q8x`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dispatch_experts_q8x(
+        &self,
+        entry: &'static str,
+        w: RowsWeight<'_>,
+        slots: usize,
+        k: usize,
+        limit: f32,
+        x: &WgpuTensor,
+        y: &WgpuTensor,
+        ids: &WgpuTensor,
+    ) -> Result<()> {
+        let Some((experts, expert_stride)) = w.experts else {
+            return Err(Error::Device(format!("{entry}: `{}` is not every expert in one binding", w.matrix.name)));
+        };
+        let params = Q8xParams { k, cols: w.cols, slots, experts, expert_stride, limit, ..Q8xParams::default() };
+        let bindings = [(1, x.binding()), (2, w.binding), (4, y.binding()), (5, ids.binding())];
+        self.dispatch_q8x(entry, w.matrix, params, &bindings)
+    }
+
+    /// Whether a linear of one row against `w` (`k` inputs) takes the int8 kernel
+    /// ([`Self::linear_q8x`]): an int8 weight ([`Self::q8x_weight`]) of at least
+    /// `Options::q8x_linear_min_cols` outputs, and k it takes.
+    pub(super) fn linear_takes_q8x(&self, w: &WgpuWeight, rows: usize, k: usize) -> bool {
+        rows == 1 && w.rows >= self.opts.q8x_linear_min_cols && self.q8x_weight(w) && takes_k(k)
+    }
+
+    /// x `[1, k]` · chunk `chunk` of W → its columns of y `[1, w.rows]` (+ bias) on int8
+    /// activations (`linear_q8x`). Only where [`Self::linear_takes_q8x`].
+    pub(super) fn linear_q8x(
+        &self,
+        w: &WgpuWeight,
+        chunk: usize,
+        x: &WgpuTensor,
+        k: usize,
+        bias: Option<&WgpuTensor>,
+        y: &WgpuTensor,
+    ) -> Result<()> {
+        let c = &w.chunks[chunk];
+        let params =
+            Q8xParams { k, cols: c.rows, slots: 1, col_off: c.row0, has_bias: bias.is_some(), ..Q8xParams::default() };
+        let bias = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
+        let bindings = [(1, x.binding()), (2, c.binding()), (3, bias), (4, y.binding())];
+        self.dispatch_q8x("linear_q8x", w, params, &bindings)
+    }
+
+    /// One dispatch of q8x.wgsl's `entry` for `w`'s format: a workgroup per 32 columns, a grid
+    /// layer per slot.
+    fn dispatch_q8x(
+        &self,
+        entry: &'static str,
+        w: &WgpuWeight,
+        params: Q8xParams,
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+    ) -> Result<()> {
+        let Some(shader) = q8x_shader(w.format) else {
+            return Err(Error::Device(format!("{entry}: `{}` ({}) has no int8 kernel", w.name, w.format)));
+        };
+        if params.cols == 0 || params.slots == 0 {
+            return Ok(());
+        }
+        let (gx, gy, _) = grid(params.cols.div_ceil(WG_COLS));
+        let max = self.limits.max_compute_workgroups_per_dimension;
+        if gy > max || params.slots > max as usize {
+            let (cols, slots) = (params.cols, params.slots);
+            return Err(Error::Device(format!("{entry}: {cols} columns × {slots} slots exceed the dispatch limit")));
+        }
+        self.dispatch(shader, entry, 0, &params.block(w), bindings, (gx, gy, params.slots as u32))
+    }
+}
+
+/// q8x.wgsl's parameter block `P`, less the weight's row stride.
+#[derive(Default)]
+struct Q8xParams {
+    k: usize,
+    cols: usize,
+    slots: usize,
+    experts: usize,
+    expert_stride: usize,
+    limit: f32,
+    col_off: usize,
+    has_bias: bool,
+}
+
+impl Q8xParams {
+    fn block(&self, w: &WgpuWeight) -> Vec<u32> {
+        let mut block = [self.k, w.stride_words, self.cols, self.slots, self.experts, self.expert_stride]
+            .map(|v| v as u32)
+            .to_vec();
+        block.extend([self.limit.to_bits(), self.col_off as u32, self.has_bias as u32]);
+        block
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_are_the_kernels() {
+        let src = include_str!("../../../shaders/dequant/q8x.wgsl");
+        assert!(src.contains(&format!("\nconst MAX_K: u32 = {MAX_K}u;")));
+        assert!(src.contains(&format!("\nconst WG_COLS: u32 = {WG_COLS}u;")));
+        // the workgroup arrays hold MAX_K / 4 words of int8 values and MAX_K / 32 scales
+        assert!(src.contains(&format!("var<workgroup> xq: array<u32, {}>;", MAX_K / 4)));
+        assert!(src.contains(&format!("var<workgroup> xs: array<f32, {}>;", MAX_K / 32)));
+        assert!(takes_k(32) && takes_k(MAX_K) && !takes_k(MAX_K + 32) && !takes_k(48) && !takes_k(0));
+    }
+}
