@@ -1756,13 +1756,14 @@ fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
 /// 9e-5 and a rounding toward zero by ≈ 1e-4, decades past it. The rows are drawn so that the
 /// rounding is not a near thing (`int8_clear_row`): a driver's division may be a few ulp off
 /// (Vulkan allows 2.5), which would move a value lying near half a step to the other side.
-/// - The linear (the lane set to take it from 1 column: `q8x_linear_min_cols`), with a bias, over
-///   67 columns (a workgroup's 32 columns cut short) and, with a 4 KiB binding cap, over 200
-///   columns in row chunks (each dispatch's columns from its chunk's first).
+/// - The linear (the lane set to take it from 1 column: `q8x_linear_min_cols`), with a bias and
+///   without, over 67 columns (a workgroup's 32 columns cut short) and, with a 4 KiB binding cap,
+///   over 200 columns in row chunks (each dispatch's columns from its chunk's first).
 /// - The experts: gate and up in a q8x format, the down in Q4_K (f32 small rows: its input, hid,
 ///   is the device's own, which the host cannot round alike); then the down in the same format
 ///   too, at FAST_MOE_Q8X, on Gaussian rows.
-/// Rows of 3 groups and of 65–72 (a team's invocations loop over them unevenly). The kernels that
+/// Rows of 3 or 24 groups (fewer than a team's 32 invocations) and of 65–72 (which they loop over
+/// unevenly). The kernels that
 /// ran are checked by name, so a fallback to the f32 rows cannot pass by not running.
 #[test]
 fn wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations() {
@@ -1792,6 +1793,11 @@ fn wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations() {
             let c = linear_case(&mut r, format, 1, k, 67, " (int8 row)");
             linears.push(clear(&mut r, c, k));
         }
+        // without a bias, as the lane's wide linears (wq_b, the head) are
+        let k = block_cols(format);
+        let mut c = linear_case(&mut r, format, 1, k, 67, " (int8 row, no bias)");
+        c.args.a = 0;
+        linears.push(clear(&mut r, c, k));
     }
     compare_with_cpu_on(&lane, linears, |c| Cow::Owned(int8_rounded(c)));
     let names = ran(&lane);

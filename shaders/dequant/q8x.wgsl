@@ -54,9 +54,12 @@ fn q8x_byte_mask4(s: u32) -> u32 {
 }
 
 // Row `row` of x (p.k values) rounded to int8 into xq and xs, a group an invocation. A group with
-// an inf or NaN gets a NaN scale, so the sums it reaches are NaN as the f32 path's. WGSL's round
-// takes a tie to even where ggml's roundf takes it away from zero: either is within the step's
-// half, which is what fast precision's bound counts.
+// an inf or NaN gets a NaN scale, so the sums it reaches are NaN (where the f32 path's would be
+// NaN or ±inf: either is non-finite, which is what the op harness compares). WGSL's round takes a
+// tie to even where ggml's roundf takes it away from zero: either is within the step's half,
+// which is what fast precision's bound counts. The codes are packed clamped: a group of
+// subnormal values (amax / 127 subnormal, so 1 / dx inf) would otherwise carry an out-of-range
+// conversion into its neighbours' bytes (its sums are then ≈ 1e-37, as the values).
 fn quantize_row(li: u32, row: u32) {
     let o = row * p.k;
     for (var g = li; g < p.k / 32u; g += WG) {
@@ -72,7 +75,7 @@ fn quantize_row(li: u32, row: u32) {
         let inv = select(0.0, 1.0 / dx, dx != 0.0);
         for (var j = 0u; j < 8u; j++) {
             let q = vec4<i32>(round(vec4<f32>(v[4u * j], v[4u * j + 1u], v[4u * j + 2u], v[4u * j + 3u]) * inv));
-            xq[8u * g + j] = select(0u, pack4xI8(q), finite);
+            xq[8u * g + j] = select(0u, pack4xI8Clamp(q), finite);
         }
         xs[g] = select(nan_f32(), dx, finite);
     }

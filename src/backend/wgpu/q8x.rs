@@ -7,8 +7,10 @@
 //! an instruction and the block scales once per 32 values.
 //!
 //! The activation row is rounded to int8 per 32 values (ggml's q8_1 rule), an error of at most
-//! half a step, which fast precision's bounds count (tests/ops.rs, `FAST_MOE_Q8X`,
-//! `FAST_LINEAR_Q8X`); exact precision and weights from `upload_weight_exact` never take it.
+//! half a step: tests/ops.rs holds each kernel to the f32 product of the rounded row at the exact
+//! bound, and the experts' three projections together to `FAST_MOE_Q8X` (derived there); the
+//! real checkpoints' fast-precision goldens run through them. Exact precision and weights from
+//! `upload_weight_exact` never take them.
 
 use super::formats::{self, BlockKernel};
 use super::rows::RowsWeight;
