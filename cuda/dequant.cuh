@@ -385,15 +385,41 @@ __device__ __forceinline__ void dq_run8(const void* w, u64 idx, float* out) {
 // whole blocks, so it has the matrix base's alignment), its 32-value group g (QK is a multiple of
 // 32, so a group lies in one block), and the group's int8 activations q_i (byte i % 4 of word
 // xq[i / 4], signed). The caller scales the result by the group's activation scale. The formats
-// of the published Q2-class mix (IQ2_XXS, Q2_K, Q8_0) take integer dot products of their codes
-// with q (__dp4a, four products a lane-instruction) and apply their block scales in f32 once a
-// group or 16-group (ggml's CUDA vec_dot_*_q8_1 do the same); the values are ggml's dequantized
-// ones up to the rounding of each scale × code product, which the sum no longer takes.
+// of the published Q2-class mix (IQ2_XXS, Q2_K, Q8_0) and MXFP4 (the official checkpoint's
+// experts, llama.cpp's MXFP4_MOE) take integer dot products of their codes with q (__dp4a, four
+// products a lane-instruction) and apply their block scales in f32 once a group or 16-group
+// (ggml's CUDA vec_dot_*_q8_1 do the same); the values are ggml's dequantized ones up to the
+// rounding of each scale × code product, which the sum no longer takes.
 
 // Bits 0..3 of s as byte masks: byte j is 0xff where bit j is set (bit j lands on bit 8j of the
 // product; no two products of the four bits overlap).
 __device__ __forceinline__ unsigned int q8x_byte_mask4(unsigned int s) {
     return ((s & 15u) * 0x00204081u & 0x01010101u) * 0xffu;
+}
+
+// KVALUES_MXFP4 (the e2m1 values doubled: 0, 1, 2, 3, 4, 6, 8, 12, then their negatives) as four
+// words of int8, entry 4i + j in byte j of word i (the emulator checks them against the table).
+#define Q8X_MXFP4_T0 0x03020100u
+#define Q8X_MXFP4_T1 0x0C080604u
+#define Q8X_MXFP4_T2 0xFDFEFF00u
+#define Q8X_MXFP4_T3 0xF4F8FAFCu
+
+// The eight 4-bit codes of q4 (nibble n = code of byte n / 2, low nibble first) looked up in
+// KVALUES_MXFP4 as two words of int8: .x the low nibbles' values (byte j: byte j of q4's low
+// nibble), .y the high nibbles'. ggml's get_int_from_table_16: byte permutes pick each code's
+// value among the table's low eight and high eight entries, its bit 3 chooses between the two,
+// then two more put the low and the high nibbles' values apart.
+__device__ __forceinline__ int2 q8x_mxfp4_values(unsigned int q4) {
+    const unsigned int pick = 0x32103210u | ((q4 & 0x88888888u) >> 1);
+    unsigned int t[2];
+#pragma unroll
+    for (unsigned int i = 0; i < 2u; ++i) {
+        const unsigned int sh = 16u * i;
+        const unsigned int lo = __byte_perm(Q8X_MXFP4_T0, Q8X_MXFP4_T1, q4 >> sh);
+        const unsigned int hi = __byte_perm(Q8X_MXFP4_T2, Q8X_MXFP4_T3, q4 >> sh);
+        t[i] = __byte_perm(lo, hi, pick >> sh);
+    }
+    return make_int2((int)__byte_perm(t[0], t[1], 0x6420u), (int)__byte_perm(t[0], t[1], 0x7531u));
 }
 
 template <int FMT>
@@ -442,6 +468,20 @@ __device__ __forceinline__ float q8x_dot32(const u8* row, unsigned int g, const 
             sum = fmaf(-__fmul_rn(dmin, (float)(scb >> 4)), (float)qsum, sum);
         }
         return sum;
+    } else if constexpr (FMT == WF_MXFP4) {
+        // 17-byte blocks start on any byte: E8M0 e, then qs[16], byte j holding value j (low
+        // nibble) and value j + 16 (high nibble); each word of qs gives values 4l.. and 16 + 4l..
+        const u8* b = row + g * 17u;
+        int dot = 0;
+#pragma unroll
+        for (unsigned int l = 0; l < 4u; ++l) {
+            const u8* q = b + 1u + 4u * l;
+            const unsigned int q4 = q[0] | ((unsigned int)q[1] << 8) | ((unsigned int)q[2] << 16) | ((unsigned int)q[3] << 24);
+            const int2 v = q8x_mxfp4_values(q4);
+            dot = __dp4a(v.x, xq[l], dot);
+            dot = __dp4a(v.y, xq[4u + l], dot);
+        }
+        return dq_e8m0_half(b[0]) * (float)dot;
     } else if constexpr (FMT == WF_Q8_0) {
         // 34-byte blocks start on 2 bytes: d, then the 32 signed codes
         const unsigned short* h = reinterpret_cast<const unsigned short*>(row + g * 34u);
@@ -451,7 +491,7 @@ __device__ __forceinline__ float q8x_dot32(const u8* row, unsigned int g, const 
             dot = __dp4a((int)(h[1u + 2u * j] | ((unsigned int)h[2u + 2u * j] << 16)), xq[j], dot);
         return f16_to_f32(h[0]) * (float)dot;
     } else {
-        static_assert(FMT < 0, "q8x_dot32: no int8 path for this format (Q8X_IF_<format> names three)");
+        static_assert(FMT < 0, "q8x_dot32: no int8 path for this format (Q8X_IF_<format> names four)");
         return 0.0f;
     }
 }
@@ -479,7 +519,7 @@ __device__ __forceinline__ float q8x_dot32(const u8* row, unsigned int g, const 
 #define Q8X_IF_iq2_xs(M)
 #define Q8X_IF_iq3_xxs(M)
 #define Q8X_IF_iq4_xs(M)
-#define Q8X_IF_mxfp4(M)
+#define Q8X_IF_mxfp4(M) M
 #define Q8X_IF_fp8_e4m3_b128_e8m0(M)
 #define Q8X_IF_fp8_e4m3_b128_f32(M)
 #define Q8X_WARPS 8

@@ -117,6 +117,18 @@ inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
     return c;
 }
+// Byte n of the result is byte (s >> 4n) & 7 of the eight bytes y:x (x bytes 0-3), as CUDA's
+// documentation gives __byte_perm (the selector's fourth bit is not used).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; ++n) r |= unsigned((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+    return r;
+}
+struct int2 {
+    int x, y;
+};
+inline int2 make_int2(int x, int y) { return {x, y}; }
 inline int __ffs(int v) { return v ? std::countr_zero(unsigned(v)) + 1 : 0; }
 // Shared-memory counters (the threads of a block are real threads).
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }

@@ -2056,12 +2056,29 @@ static void test_q8x() {
             if (g.name == name) return &g;
         return nullptr;
     };
-    const GoldenBlocks *q8 = find("Q8_0"), *q2 = find("Q2_K"), *iq2 = find("IQ2_XXS");
-    if (!q8 || !q2 || !iq2) {
-        std::printf("%-44s Q8_0, Q2_K or IQ2_XXS goldens missing FAIL\n", "q8x experts");
+    const GoldenBlocks *q8 = find("Q8_0"), *q2 = find("Q2_K"), *iq2 = find("IQ2_XXS"), *mx = find("MXFP4");
+    if (!q8 || !q2 || !iq2 || !mx) {
+        std::printf("%-44s Q8_0, Q2_K, IQ2_XXS or MXFP4 goldens missing FAIL\n", "q8x experts");
         ++failures;
         return;
     }
+    // MXFP4's int8 table, as q8x_mxfp4_values reads it, is KVALUES_MXFP4; and every code of a word
+    // comes out where the lookup puts it (all 16 codes in every nibble position)
+    const unsigned words[4] = {Q8X_MXFP4_T0, Q8X_MXFP4_T1, Q8X_MXFP4_T2, Q8X_MXFP4_T3};
+    unsigned table_wrong = 0;
+    for (unsigned i = 0; i < 16; ++i) table_wrong += (signed char)(words[i / 4] >> (8 * (i % 4))) != KVALUES_MXFP4[i];
+    for (unsigned c = 0; c < 16; ++c)
+        for (unsigned pos = 0; pos < 8; ++pos) {
+            const unsigned q4 = (c << (4 * pos)) | ((15u - c) << (4 * ((pos + 3) % 8)));
+            const int2 v = q8x_mxfp4_values(q4);
+            for (unsigned b = 0; b < 4; ++b) {
+                const unsigned lo = (q4 >> (8 * b)) & 15u, hi = (q4 >> (8 * b + 4)) & 15u;
+                table_wrong += (signed char)(v.x >> (8 * b)) != KVALUES_MXFP4[lo];
+                table_wrong += (signed char)(v.y >> (8 * b)) != KVALUES_MXFP4[hi];
+            }
+        }
+    std::printf("%-44s %u wrong %s\n", "q8x_mxfp4_values = KVALUES_MXFP4[code]", table_wrong, table_wrong ? "FAIL" : "ok");
+    failures += table_wrong != 0;
     q8x_moe(512, *q8, moe_gate_q8x_q8_0, *q8, moe_up_q8x_q8_0, *q8, moe_down_q8x_q8_0, moe_gate_up_q8x_q8_0);
     q8x_moe(512, *q2, moe_gate_q8x_q2_k, *q2, moe_up_q8x_q2_k, *q2, moe_down_q8x_q2_k, moe_gate_up_q8x_q2_k);
     q8x_moe(512, *iq2, moe_gate_q8x_iq2_xxs, *iq2, moe_up_q8x_iq2_xxs, *iq2, moe_down_q8x_iq2_xxs,
@@ -2071,6 +2088,9 @@ static void test_q8x() {
     q8x_linear(1024, *q8, linear_q8x_q8_0);
     q8x_linear(1024, *q2, linear_q8x_q2_k);
     q8x_linear(1024, *iq2, linear_q8x_iq2_xxs);
+    // MXFP4 (17-byte blocks: qs on every byte alignment along a row)
+    q8x_moe(512, *mx, moe_gate_q8x_mxfp4, *mx, moe_up_q8x_mxfp4, *mx, moe_down_q8x_mxfp4, moe_gate_up_q8x_mxfp4);
+    q8x_linear(1024, *mx, linear_q8x_mxfp4);
     for (unsigned n : {1u, 3u}) {
         linear_pair_bits(*q8, n, 1024, linear_q8_0, linear_pair_q8_0);
         linear_pair_bits(*iq2, n, 512, linear_iq2_xxs, linear_pair_iq2_xxs);

@@ -234,9 +234,10 @@ pub const MOE_UP_KERNELS: WeightKernels = weight_kernels!("moe_up");
 pub const MOE_DOWN_KERNELS: WeightKernels = weight_kernels!("moe_down");
 /// Whether one token's GEMVs in `format` can take int8 activations: the formats whose codes
 /// cuda/dequant.cuh's `q8x_dot32` multiplies as integers (the published Q2-class mix's experts and
-/// Q8_0), the list `Q8X_IF_<format>` there instantiates the `*_q8x_*` kernels from.
+/// Q8_0, and MXFP4: the official checkpoint's experts), the list `Q8X_IF_<format>` there
+/// instantiates the `*_q8x_*` kernels from.
 pub fn q8x_format(format: WeightFormat) -> bool {
-    matches!(format, WeightFormat::Q8_0 | WeightFormat::Q2_K | WeightFormat::IQ2_XXS)
+    matches!(format, WeightFormat::Q8_0 | WeightFormat::Q2_K | WeightFormat::IQ2_XXS | WeightFormat::MXFP4)
 }
 /// The experts' one-token kernels on int8 activations (cuda/moe.cu, `moe_*_q8x_*`: fast precision,
 /// a decode step of one sequence) as (gate, up, down), for the [`q8x_format`]s; the other formats
@@ -246,6 +247,7 @@ pub fn moe_q8x_kernels(format: WeightFormat) -> Option<[&'static str; 3]> {
         WeightFormat::Q8_0 => Some(["moe_gate_q8x_q8_0", "moe_up_q8x_q8_0", "moe_down_q8x_q8_0"]),
         WeightFormat::Q2_K => Some(["moe_gate_q8x_q2_k", "moe_up_q8x_q2_k", "moe_down_q8x_q2_k"]),
         WeightFormat::IQ2_XXS => Some(["moe_gate_q8x_iq2_xxs", "moe_up_q8x_iq2_xxs", "moe_down_q8x_iq2_xxs"]),
+        WeightFormat::MXFP4 => Some(["moe_gate_q8x_mxfp4", "moe_up_q8x_mxfp4", "moe_down_q8x_mxfp4"]),
         _ => None,
     }
 }
@@ -257,6 +259,7 @@ pub fn moe_gate_up_q8x_kernel(format: WeightFormat) -> Option<&'static str> {
         WeightFormat::Q8_0 => Some("moe_gate_up_q8x_q8_0"),
         WeightFormat::Q2_K => Some("moe_gate_up_q8x_q2_k"),
         WeightFormat::IQ2_XXS => Some("moe_gate_up_q8x_iq2_xxs"),
+        WeightFormat::MXFP4 => Some("moe_gate_up_q8x_mxfp4"),
         _ => None,
     }
 }
@@ -268,6 +271,7 @@ pub fn linear_q8x_kernel(format: WeightFormat) -> Option<&'static str> {
         WeightFormat::Q8_0 => Some("linear_q8x_q8_0"),
         WeightFormat::Q2_K => Some("linear_q8x_q2_k"),
         WeightFormat::IQ2_XXS => Some("linear_q8x_iq2_xxs"),
+        WeightFormat::MXFP4 => Some("linear_q8x_mxfp4"),
         _ => None,
     }
 }
