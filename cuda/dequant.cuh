@@ -404,12 +404,17 @@ __device__ __forceinline__ unsigned int q8x_byte_mask4(unsigned int s) {
 #define Q8X_MXFP4_T2 0xFDFEFF00u
 #define Q8X_MXFP4_T3 0xF4F8FAFCu
 
+// Two words of int8 (no vector-type header under NVRTC).
+struct q8x_w2 {
+    int x, y;
+};
+
 // The eight 4-bit codes of q4 (nibble n = code of byte n / 2, low nibble first) looked up in
 // KVALUES_MXFP4 as two words of int8: .x the low nibbles' values (byte j: byte j of q4's low
 // nibble), .y the high nibbles'. ggml's get_int_from_table_16: byte permutes pick each code's
 // value among the table's low eight and high eight entries, its bit 3 chooses between the two,
 // then two more put the low and the high nibbles' values apart.
-__device__ __forceinline__ int2 q8x_mxfp4_values(unsigned int q4) {
+__device__ __forceinline__ q8x_w2 q8x_mxfp4_values(unsigned int q4) {
     const unsigned int pick = 0x32103210u | ((q4 & 0x88888888u) >> 1);
     unsigned int t[2];
 #pragma unroll
@@ -419,7 +424,7 @@ __device__ __forceinline__ int2 q8x_mxfp4_values(unsigned int q4) {
         const unsigned int hi = __byte_perm(Q8X_MXFP4_T2, Q8X_MXFP4_T3, q4 >> sh);
         t[i] = __byte_perm(lo, hi, pick >> sh);
     }
-    return make_int2((int)__byte_perm(t[0], t[1], 0x6420u), (int)__byte_perm(t[0], t[1], 0x7531u));
+    return {(int)__byte_perm(t[0], t[1], 0x6420u), (int)__byte_perm(t[0], t[1], 0x7531u)};
 }
 
 template <int FMT>
@@ -477,7 +482,7 @@ __device__ __forceinline__ float q8x_dot32(const u8* row, unsigned int g, const 
         for (unsigned int l = 0; l < 4u; ++l) {
             const u8* q = b + 1u + 4u * l;
             const unsigned int q4 = q[0] | ((unsigned int)q[1] << 8) | ((unsigned int)q[2] << 16) | ((unsigned int)q[3] << 24);
-            const int2 v = q8x_mxfp4_values(q4);
+            const q8x_w2 v = q8x_mxfp4_values(q4);
             dot = __dp4a(v.x, xq[l], dot);
             dot = __dp4a(v.y, xq[4u + l], dot);
         }

@@ -125,10 +125,6 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     for (int n = 0; n < 4; ++n) r |= unsigned((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
     return r;
 }
-struct int2 {
-    int x, y;
-};
-inline int2 make_int2(int x, int y) { return {x, y}; }
 inline int __ffs(int v) { return v ? std::countr_zero(unsigned(v)) + 1 : 0; }
 // Shared-memory counters (the threads of a block are real threads).
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }

@@ -2070,7 +2070,7 @@ static void test_q8x() {
     for (unsigned c = 0; c < 16; ++c)
         for (unsigned pos = 0; pos < 8; ++pos) {
             const unsigned q4 = (c << (4 * pos)) | ((15u - c) << (4 * ((pos + 3) % 8)));
-            const int2 v = q8x_mxfp4_values(q4);
+            const q8x_w2 v = q8x_mxfp4_values(q4);
             for (unsigned b = 0; b < 4; ++b) {
                 const unsigned lo = (q4 >> (8 * b)) & 15u, hi = (q4 >> (8 * b + 4)) & 15u;
                 table_wrong += (signed char)(v.x >> (8 * b)) != KVALUES_MXFP4[lo];
