@@ -438,6 +438,7 @@ fn explicit_timed_options() -> fovea::backend::cuda::Options {
         separate_gate_up: false,
         separate_hc_split_norm: false,
         separate_linear_pair: false,
+        q8x: true,
         ..Default::default()
     }
 }

@@ -291,6 +291,10 @@ pub struct Options {
     /// Two linears of one input (`Backend::linear_pair`) in two launches even where one takes both
     /// (`linear_pair_*`; the same bits). Diagnostic: `FOVEA_LINEAR_PAIR=separate`.
     pub separate_linear_pair: bool,
+    /// In fast precision, one token's experts and widest linears in a [`q8x_format`] take int8
+    /// activations (`*_q8x_*`). On by default; off when `FOVEA_CUDA_Q8X=0`, to time both in one
+    /// build (the twenty-third sitting added MXFP4, not yet measured). Diagnostic.
+    pub q8x: bool,
 }
 
 impl Default for Options {
@@ -306,6 +310,7 @@ impl Default for Options {
             separate_gate_up: std::env::var("FOVEA_GATE_UP").is_ok_and(|v| v == "separate"),
             separate_hc_split_norm: std::env::var("FOVEA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
             separate_linear_pair: std::env::var("FOVEA_LINEAR_PAIR").is_ok_and(|v| v == "separate"),
+            q8x: std::env::var("FOVEA_CUDA_Q8X").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -724,7 +729,8 @@ impl CudaBackend {
     /// in fast precision against a weight of at least `LINEAR_Q8X_MIN_COLS` outputs in a q8x format.
     fn linear_q8x(&self, n: usize, k: usize, w: &CudaWeight) -> Option<&'static str> {
         linear_q8x_kernel(w.format).filter(|_| {
-            n == 1
+            self.opts.q8x
+                && n == 1
                 && w.rows >= LINEAR_Q8X_MIN_COLS
                 && self.weight_precision(w.exact) == Precision::Fast
                 && q8x_shared_bytes(k) <= DEFAULT_SHARED_BYTES

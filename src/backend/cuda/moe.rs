@@ -9,7 +9,7 @@
 //!    mixes store w1 and w3 in different block formats); together they do the work of one
 //!    `[2h, d]` GEMM;
 //!    In fast precision a decode step of one sequence takes `moe_{gate,up,down}_q8x_*` instead
-//!    where the projection's format has them (Q8_0, Q2_K, IQ2_XXS: `moe_q8x_kernels`): the same
+//!    where the projection's format has them (Q8_0, Q2_K, IQ2_XXS, MXFP4: `moe_q8x_kernels`): the same
 //!    arguments and tiles, the activations rounded to int8 a 32-value group and multiplied with
 //!    the codes as integers (cuda/moe.cu says why), and where gate and up share such a format
 //!    both in one launch (`moe_gate_up_q8x_*`: the row quantized once, the same bits;
@@ -143,7 +143,10 @@ impl CudaBackend {
             // and its scales in shared memory), else the GEMM's small-row or tile path. Routed
             // experts are never exact weights: the lane's precision.
             let q8x = |k: usize| {
-                self.opts.precision == Precision::Fast && n == 1 && q8x_shared_bytes(k) <= DEFAULT_SHARED_BYTES
+                self.opts.q8x
+                    && self.opts.precision == Precision::Fast
+                    && n == 1
+                    && q8x_shared_bytes(k) <= DEFAULT_SHARED_BYTES
             };
             let q8x_cfg = |k: usize, cols: usize| LaunchConfig {
                 grid_dim: (cols.div_ceil(Q8X_BLOCK_COLS) as u32, gy, 1),
