@@ -413,7 +413,10 @@ struct q8x_w2 {
 // KVALUES_MXFP4 as two words of int8: .x the low nibbles' values (byte j: byte j of q4's low
 // nibble), .y the high nibbles'. ggml's get_int_from_table_16: byte permutes pick each code's
 // value among the table's low eight and high eight entries, its bit 3 chooses between the two,
-// then two more put the low and the high nibbles' values apart.
+// then two more put the low and the high nibbles' values apart. The first two permutes take the
+// raw codes as selectors: __byte_perm reads 3 bits of each selector nibble (CUDA's documentation;
+// ggml's IQ4_NL and MXFP4 kernels rely on it), where an inline `prmt` would take bit 3 as its
+// sign-replicate flag and get codes 10..15 wrong.
 __device__ __forceinline__ q8x_w2 q8x_mxfp4_values(unsigned int q4) {
     const unsigned int pick = 0x32103210u | ((q4 & 0x88888888u) >> 1);
     unsigned int t[2];

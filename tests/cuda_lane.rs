@@ -460,7 +460,9 @@ fn cuda_fused_gate_up_matches_the_separate_launches_bit_for_bit() {
     let x: Vec<f32> = (0..d).map(|j| ((j * 37 % 101) as f32 - 50.0) * 0.06).collect();
     let ids = vec![5, 0, 7, 2, 6, 5];
     let wts: Vec<f32> = (0..6).map(|j| 0.1 + j as f32 * 0.15).collect();
-    for format in [WeightFormat::Q8_0, WeightFormat::Q2_K, WeightFormat::IQ2_XXS] {
+    let fused_formats =
+        WeightFormat::ALL.into_iter().filter(|&f| fovea::backend::cuda::moe_gate_up_q8x_kernel(f).is_some());
+    for format in fused_formats {
         let bytes: Vec<Vec<u8>> = (0..3 * e)
             .map(|j| {
                 let (rows, cols) = if j < 2 * e { (h, d) } else { (d, h) };

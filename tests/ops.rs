@@ -54,7 +54,7 @@ const FAST_MOE: f64 = 20.0 * common::FAST_GEMM_NMSE;
 /// become f32 products in both precisions (its `rows_shader`), so this now bounds the CUDA lane's.
 const FAST_MOE_ONE_TOKEN: f64 = 4.0 * FAST_MOE;
 /// The CUDA lane's one-token experts in fast precision take int8 activations where the format has
-/// its q8x kernels (`fovea::backend::cuda::moe_q8x_kernels`: Q8_0, Q2_K, IQ2_XXS): each 32-value
+/// its q8x kernels (`fovea::backend::cuda::moe_q8x_kernels`: Q8_0, Q2_K, IQ2_XXS, MXFP4): each 32-value
 /// group of x, and of the hidden row, is rounded to a step of amax / 127, an error uniform in
 /// ±step / 2 (variance step² / 12), relative to the group's mean square (crest / 127)² / 12 with
 /// crest = amax / rms. x's Gaussian groups: crest ≤ 3 (32 draws pass 3σ in about 8 % of the
@@ -1283,11 +1283,12 @@ fn cuda_block_cases() -> Vec<Case> {
     // one token over 8 experts (6 slots) at a width of several warps' columns and groups, in the
     // formats with the CUDA lane's q8x kernels (fast precision), and with gate/up/down mixed as
     // the Q2-class quants mix them
-    use WeightFormat::{IQ2_XXS, Q2_K, Q8_0};
+    use WeightFormat::{IQ2_XXS, MXFP4, Q2_K, Q8_0};
     // (and with a projection in a format without them between two with: each takes its own path)
     use WeightFormat::{IQ2_XS, Q4_K};
     let mixes = [
         (Q8_0, Q8_0, Q8_0),
+        (MXFP4, MXFP4, MXFP4),
         (Q2_K, Q2_K, Q2_K),
         (IQ2_XXS, IQ2_XXS, IQ2_XXS),
         (IQ2_XXS, IQ2_XXS, Q2_K),

@@ -1571,30 +1571,20 @@ mod tests {
         }
     }
 
-    /// NVRTC compiles every file for this device (the weight files with the emitted tables and
-    /// cuda/dequant.cuh) and every kernel the lane launches, each weight kernel in every format,
-    /// is in its module. On a GPU machine only: skips without a driver, fails instead under
-    /// `FOVEA_REQUIRE_CUDA=1`.
-    #[test]
-    fn every_kernel_compiles_and_loads() {
-        let b = match CudaBackend::new(0) {
-            Ok(b) => b,
-            Err(e) if std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1") => {
-                panic!("FOVEA_REQUIRE_CUDA=1 but no CUDA lane: {e}")
-            }
-            Err(_) => return,
-        };
-        for (src, name) in KERNELS {
-            b.func(*src, name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        }
+    /// Every kernel the lane launches, with its file and build: the base kernels (`KERNELS`), the
+    /// one-token int8 kernels (rows build), and each weight kernel in every format and every build
+    /// the lane loads it in.
+    fn every_launch() -> Vec<(Source, &'static str, Build)> {
+        let mut all: Vec<(Source, &'static str, Build)> =
+            KERNELS.iter().map(|&(src, name)| (src, name, Build::Tiles(Precision::Exact))).collect();
         for format in WeightFormat::ALL {
             for name in moe_q8x_kernels(format).into_iter().flatten().chain(moe_gate_up_q8x_kernel(format)) {
-                b.func_in(Source::Moe, name, Build::Rows).unwrap_or_else(|e| panic!("{name}: {e}"));
+                all.push((Source::Moe, name, Build::Rows));
             }
         }
-        for name in WeightFormat::ALL.into_iter().filter_map(linear_q8x_kernel) {
-            b.func_in(Source::Linear, name, Build::Rows).unwrap_or_else(|e| panic!("{name}: {e}"));
-        }
+        all.extend(
+            WeightFormat::ALL.into_iter().filter_map(linear_q8x_kernel).map(|n| (Source::Linear, n, Build::Rows)),
+        );
         for (src, kernels) in WEIGHT_KERNELS {
             // the GEMMs through gemm_block also in their rows build (not the aligner's tile, nor
             // the embedding gather)
@@ -1608,11 +1598,66 @@ mod tests {
                 (false, false) => &[Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast)],
             };
             for format in WeightFormat::ALL {
-                let name = kernels.of(format);
-                for build in builds {
-                    b.func_in(*src, name, *build).unwrap_or_else(|e| panic!("{name} ({build}): {e}"));
+                all.extend(builds.iter().map(|&build| (*src, kernels.of(format), build)));
+            }
+        }
+        all
+    }
+
+    /// NVRTC compiles every file for this device (the weight files with the emitted tables and
+    /// cuda/dequant.cuh) and every kernel the lane launches, each weight kernel in every format,
+    /// is in its module. On a GPU machine only: skips without a driver, fails instead under
+    /// `FOVEA_REQUIRE_CUDA=1`.
+    #[test]
+    fn every_kernel_compiles_and_loads() {
+        let b = match CudaBackend::new(0) {
+            Ok(b) => b,
+            Err(e) if std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1") => {
+                panic!("FOVEA_REQUIRE_CUDA=1 but no CUDA lane: {e}")
+            }
+            Err(_) => return,
+        };
+        for (src, name, build) in every_launch() {
+            b.func_in(src, name, build).unwrap_or_else(|e| panic!("{name} ({build}): {e}"));
+        }
+    }
+
+    /// NVRTC alone — no driver, no device — compiles every unit the lane loads (each file's base
+    /// unit and each block format's weight kernels, in every build it is loaded in) for sm_90
+    /// (the H200: tensor-core tiles, `griddepcontrol`), sm_80 and sm_75 (the FMA tiles), and each
+    /// launched kernel is an entry of its unit's PTX. So a kernel that does not compile under
+    /// NVRTC fails here, where CI runs, not first on a GPU machine. Skips where NVRTC is not
+    /// found; fails instead under `FOVEA_REQUIRE_NVRTC=1` (`.ci/run` installs NVRTC from PyPI's
+    /// `nvidia-cuda-nvrtc` and sets it).
+    #[test]
+    fn every_unit_compiles_under_nvrtc() {
+        // SAFETY: only tries to dlopen the library under its usual names.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            assert!(
+                !std::env::var("FOVEA_REQUIRE_NVRTC").is_ok_and(|v| v.trim() == "1"),
+                "FOVEA_REQUIRE_NVRTC=1 but NVRTC (libnvrtc.so.13) was not found"
+            );
+            eprintln!("SKIPPED: NVRTC (libnvrtc.so.13) not found; the CUDA kernels were not compiled");
+            return;
+        }
+        let launches = every_launch();
+        for arch in [90, 80, 75] {
+            let mut units: Vec<(Source, Build, Unit)> = Vec::new();
+            for &(src, name, build) in &launches {
+                let unit = Unit::of(name);
+                let (ptx, _) = ptx_for(arch, src, build, unit)
+                    .unwrap_or_else(|e| panic!("sm_{arch}: cuda/{} ({build}): {e}", src.file()));
+                let text = ptx.to_src();
+                assert!(
+                    text.contains(&format!(".entry {name}(")),
+                    "sm_{arch}: `{name}` is not an entry of cuda/{} ({build}, {unit:?})",
+                    src.file()
+                );
+                if !units.contains(&(src, build, unit)) {
+                    units.push((src, build, unit));
                 }
             }
+            eprintln!("sm_{arch}: {} units compiled, {} kernels found in them", units.len(), launches.len());
         }
     }
 

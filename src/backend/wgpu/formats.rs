@@ -112,7 +112,8 @@ fn decoder(format: WeightFormat) -> Option<(&'static str, &'static str)> {
 
 /// Whether one token's experts and widest linears take int8 activations in `format` on this lane
 /// (fast precision: `BlockKernel::Q8x`): the formats of the published Q2-class mix, whose codes multiply
-/// int8 values as integers (as the CUDA lane's `q8x_format`).
+/// int8 values as integers (the CUDA lane's `q8x_format` also takes MXFP4, by byte permutes WGSL
+/// does not have).
 pub fn q8x_format(format: WeightFormat) -> bool {
     q8x_dot(format).is_some()
 }
