@@ -84,29 +84,34 @@ impl BlockKernel {
 }
 
 /// The decoder file of a block format (`None` for F32/F16/BF16, which the float kernels read).
+/// A file of `shaders/dequant/` (under `dir`, if given): its name there and its WGSL.
+macro_rules! dequant_file {
+    ($name:literal) => {
+        ($name, include_str!(concat!("../../../shaders/dequant/", $name)))
+    };
+    ($dir:literal, $name:literal) => {
+        ($name, include_str!(concat!("../../../shaders/dequant/", $dir, "/", $name)))
+    };
+}
+
 fn decoder(format: WeightFormat) -> Option<(&'static str, &'static str)> {
     use WeightFormat::*;
-    macro_rules! file {
-        ($name:literal) => {
-            ($name, include_str!(concat!("../../../shaders/dequant/", $name)))
-        };
-    }
     Some(match format {
         F32 | F16 | BF16 => return None,
-        Q8_0 => file!("q8_0.wgsl"),
-        Q2_K => file!("q2_k.wgsl"),
-        Q3_K => file!("q3_k.wgsl"),
-        Q4_K => file!("q4_k.wgsl"),
-        Q5_K => file!("q5_k.wgsl"),
-        Q6_K => file!("q6_k.wgsl"),
-        IQ1_S => file!("iq1_s.wgsl"),
-        IQ1_M => file!("iq1_m.wgsl"),
-        IQ2_XXS => file!("iq2_xxs.wgsl"),
-        IQ2_XS => file!("iq2_xs.wgsl"),
-        IQ3_XXS => file!("iq3_xxs.wgsl"),
-        IQ4_XS => file!("iq4_xs.wgsl"),
-        MXFP4 => file!("mxfp4.wgsl"),
-        FP8_E4M3_B128_E8M0 | FP8_E4M3_B128_F32 => file!("fp8.wgsl"),
+        Q8_0 => dequant_file!("q8_0.wgsl"),
+        Q2_K => dequant_file!("q2_k.wgsl"),
+        Q3_K => dequant_file!("q3_k.wgsl"),
+        Q4_K => dequant_file!("q4_k.wgsl"),
+        Q5_K => dequant_file!("q5_k.wgsl"),
+        Q6_K => dequant_file!("q6_k.wgsl"),
+        IQ1_S => dequant_file!("iq1_s.wgsl"),
+        IQ1_M => dequant_file!("iq1_m.wgsl"),
+        IQ2_XXS => dequant_file!("iq2_xxs.wgsl"),
+        IQ2_XS => dequant_file!("iq2_xs.wgsl"),
+        IQ3_XXS => dequant_file!("iq3_xxs.wgsl"),
+        IQ4_XS => dequant_file!("iq4_xs.wgsl"),
+        MXFP4 => dequant_file!("mxfp4.wgsl"),
+        FP8_E4M3_B128_E8M0 | FP8_E4M3_B128_F32 => dequant_file!("fp8.wgsl"),
     })
 }
 
@@ -121,15 +126,10 @@ pub fn q8x_format(format: WeightFormat) -> bool {
 /// The `q8x_dot32` of a [`q8x_format`] (`shaders/dequant/q8x/<format>.wgsl`).
 fn q8x_dot(format: WeightFormat) -> Option<(&'static str, &'static str)> {
     use WeightFormat::*;
-    macro_rules! file {
-        ($name:literal) => {
-            ($name, include_str!(concat!("../../../shaders/dequant/q8x/", $name)))
-        };
-    }
     Some(match format {
-        Q8_0 => file!("q8_0.wgsl"),
-        Q2_K => file!("q2_k.wgsl"),
-        IQ2_XXS => file!("iq2_xxs.wgsl"),
+        Q8_0 => dequant_file!("q8x", "q8_0.wgsl"),
+        Q2_K => dequant_file!("q8x", "q2_k.wgsl"),
+        IQ2_XXS => dequant_file!("q8x", "iq2_xxs.wgsl"),
         _ => return None,
     })
 }
