@@ -145,6 +145,18 @@ BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* we
         lms_pre_norm_row(x + (u64)t * hc * d, w + (u64)t * wc, weight, out + (u64)t * d, d, hc, eps, red);
 }
 
+// Element c = dst * d + j of hc_post's row: xt [hc*d], ft [d], st [(2+hc)*hc] (the token's split)
+// -> post_dst f_j + sum_src comb[src*hc + dst] X_src,j (src ascending). Shared by hc_post_f32 and
+// hc_post_mix_partials_f32, so both give the same bits.
+__device__ __forceinline__ float lms_hc_post_elem(const float* xt, const float* ft, const float* st, unsigned int d,
+                                                  unsigned int hc, unsigned int dst, u64 j) {
+    const float* post = st + hc;
+    const float* comb = post + hc;
+    float s = post[dst] * ft[j];
+    for (unsigned int src = 0; src < hc; ++src) s += comb[(u64)src * hc + dst] * xt[(u64)src * d + j];
+    return s;
+}
+
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
                              unsigned int d, unsigned int hc) {
     grid_wait();
@@ -152,13 +164,7 @@ BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split,
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 t = i / ((u64)hc * d);
         const unsigned int dst = (unsigned int)((i / d) % hc);
-        const u64 j = i % d;
-        const float* post = split + t * (2u + hc) * hc + hc;
-        const float* comb = post + hc;
-        float s = post[dst] * f[t * d + j];
-        for (unsigned int src = 0; src < hc; ++src)
-            s += comb[(u64)src * hc + dst] * x[t * hc * d + (u64)src * d + j];
-        out[i] = s;
+        out[i] = lms_hc_post_elem(x + t * hc * d, f + t * d, split + t * (2u + hc) * hc, d, hc, dst, i % d);
     }
 }
 
@@ -423,19 +429,39 @@ BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float*
 #define LMS_MIX_MAX 24
 #define LMS_MIX_THREADS 256
 
-template <int FMT>
-__device__ __forceinline__ void lms_mix_partials(const float* x, const void* mix, float* part, unsigned int n,
+// The rows lms_mix_partials sums: the residual X [n, k] as it is ...
+struct lms_rows_of {
+    const float* x;
+    unsigned int k;
+    __device__ __forceinline__ float operator()(u64 t, unsigned int c) const { return x[t * k + c]; }
+};
+
+// ... or hc_post's output, each element computed (as hc_post_f32 computes it) and stored in out
+// [n, k = hc*d] by the one thread that sums it
+struct lms_rows_of_post {
+    const float *x, *f, *split;
+    float* out;
+    unsigned int d, hc;
+    __device__ __forceinline__ float operator()(u64 t, unsigned int c) const {
+        const u64 k = (u64)hc * d;
+        const float v = lms_hc_post_elem(x + t * k, f + t * d, split + t * (2u + hc) * hc, d, hc, c / d, c % d);
+        out[t * k + c] = v;
+        return v;
+    }
+};
+
+template <int FMT, class Rows>
+__device__ __forceinline__ void lms_mix_partials(Rows rows, const void* mix, float* part, unsigned int n,
                                                  unsigned int k, unsigned int w, unsigned int splits) {
     __shared__ float red[LMS_MIX_THREADS / 32][LMS_MIX_MAX + 1];
     const unsigned int span = (k + splits - 1) / splits, lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
     const unsigned int c0 = blockIdx.x * span, c1 = c0 + span < k ? c0 + span : k;
     for (unsigned int t = blockIdx.y; t < n; t += gridDim.y) {
-        const float* xt = x + (u64)t * k;
         float acc[LMS_MIX_MAX + 1];
 #pragma unroll
         for (unsigned int o = 0; o <= LMS_MIX_MAX; ++o) acc[o] = 0.0f;
         for (unsigned int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-            const float v = xt[c];
+            const float v = rows(t, c);
             acc[LMS_MIX_MAX] = fmaf(v, v, acc[LMS_MIX_MAX]);
 #pragma unroll
             for (unsigned int o = 0; o < LMS_MIX_MAX; ++o)
@@ -464,9 +490,25 @@ __device__ __forceinline__ void lms_mix_partials(const float* x, const void* mix
 BASE_KERNEL void hc_mix_partials_f32(const float* x, const void* mix, float* part, unsigned int n, unsigned int k,
                                      unsigned int w, unsigned int splits, unsigned int code) {
     grid_wait();
-    if (code == 0) lms_mix_partials<0>(x, mix, part, n, k, w, splits);
-    else if (code == 1) lms_mix_partials<1>(x, mix, part, n, k, w, splits);
-    else lms_mix_partials<2>(x, mix, part, n, k, w, splits);
+    const lms_rows_of rows{x, k};
+    if (code == 0) lms_mix_partials<0>(rows, mix, part, n, k, w, splits);
+    else if (code == 1) lms_mix_partials<1>(rows, mix, part, n, k, w, splits);
+    else lms_mix_partials<2>(rows, mix, part, n, k, w, splits);
+}
+
+// hc_post_mix_partials_f32: hc_post_f32 of x [n, hc*d], f [n, d] and split [n, (2+hc)*hc] into
+// out [n, hc*d], and hc_mix_partials_f32 of out against the next sublayer's mix, in one launch
+// (that kernel's grid, block and order: the bits of the two launches). A decode step ends every
+// sublayer with these two.
+BASE_KERNEL void hc_post_mix_partials_f32(const float* x, const float* f, const float* split, float* out,
+                                          const void* mix, float* part, unsigned int n, unsigned int d,
+                                          unsigned int hc, unsigned int w, unsigned int splits, unsigned int code) {
+    grid_wait();
+    const lms_rows_of_post rows{x, f, split, out, d, hc};
+    const unsigned int k = hc * d;
+    if (code == 0) lms_mix_partials<0>(rows, mix, part, n, k, w, splits);
+    else if (code == 1) lms_mix_partials<1>(rows, mix, part, n, k, w, splits);
+    else lms_mix_partials<2>(rows, mix, part, n, k, w, splits);
 }
 
 // token_warps (1 or a divisor of the block's warps, the host's choice) warps per token, tokens

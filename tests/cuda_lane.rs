@@ -497,8 +497,9 @@ fn cuda_fused_gate_up_matches_the_separate_launches_bit_for_bit() {
 
 /// A decode step's hyper-connection split and the sublayer's norm in one launch
 /// (`hc_split_pre_norm_f32`) write the bits of `hc_mix_split` then `hc_pre_norm`
-/// (`separate_hc_split_norm`): one token and a few, a row of 4096 (the released width, 1024-thread
-/// blocks) and a narrow one.
+/// (`separate_hc_split_norm`), and a sublayer's write-back summing the next split's products as it
+/// goes (`hc_post_mix_partials_f32`) the bits of `hc_post` then those: one token and a few, a row
+/// of 4096 (the released width, 1024-thread blocks) and a narrow one.
 #[test]
 fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
     use fovea::backend::cuda::Options;
@@ -527,20 +528,28 @@ fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
             let mix = b.upload_weight_exact(&hw).unwrap();
             let (x, scale, base, norm) = (t(vec![n, k], 7), t(vec![3], 5), t(vec![w], 3), t(vec![d], 17));
             let (split, y) = b.hc_split_pre_norm(&x, &mix, &scale, &base, hc, 20, 1e-6, 1e-6, &norm).unwrap();
+            // the previous sublayer's output and split, written back into x first
+            let (f, prev) = (t(vec![n, d], 19), t(vec![n, w], 23));
+            let (post, split2, y2) =
+                b.hc_post_split_pre_norm(&x, &f, &prev, &mix, &scale, &base, hc, 20, 1e-6, 1e-6, &norm).unwrap();
             let get = |t| b.download(t).unwrap().into_f32("t").unwrap();
-            (get(&split), get(&y))
+            [get(&split), get(&y), get(&post), get(&split2), get(&y2)]
         };
-        let ((s1, y1), (s2, y2)) = (run(&fused), run(&separate));
+        let (one, two) = (run(&fused), run(&separate));
         let ran = |b: &CudaBackend| b.kernel_times().unwrap().unwrap().into_iter().map(|k| k.name).collect::<Vec<_>>();
-        assert!(ran(&fused).iter().any(|k| k == "hc_split_pre_norm_f32"), "n {n} d {d}: the fused launch did not run");
-        assert!(
-            ran(&separate).iter().any(|k| k == "hc_pre_norm_f32"),
-            "n {n} d {d}: the separate launches did not run"
-        );
-        assert!(y1.iter().all(|v| v.is_finite()) && s1.iter().all(|v| v.is_finite()), "n {n} d {d}");
+        let (ran1, ran2) = (ran(&fused), ran(&separate));
+        for kernel in ["hc_split_pre_norm_f32", "hc_post_mix_partials_f32"] {
+            assert!(ran1.iter().any(|k| k == kernel), "n {n} d {d}: {kernel} did not run");
+        }
+        for kernel in ["hc_pre_norm_f32", "hc_post_f32"] {
+            assert!(ran2.iter().any(|k| k == kernel), "n {n} d {d}: the separate launches ({kernel}) did not run");
+        }
         let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-        assert_eq!(bits(&s1, &s2), 0, "n {n} d {d}: the split differs between one launch and two");
-        assert_eq!(bits(&y1, &y2), 0, "n {n} d {d}: the normed input differs between one launch and two");
+        let what = ["the split", "the normed input", "the written-back residual", "its split", "its normed input"];
+        for ((a, b), what) in one.iter().zip(&two).zip(what) {
+            assert!(a.iter().all(|v| v.is_finite()) && a.len() == b.len(), "n {n} d {d}: {what}");
+            assert_eq!(bits(a, b), 0, "n {n} d {d}: {what} differs between the fused launches and the separate");
+        }
     }
 }
 

@@ -1255,6 +1255,27 @@ static void test_hc_mix_split() {
             std::snprintf(name, sizeof name, "hc_split_pre_norm [%u,%ux%u] hc=%u %u blocks: norm", n, hc, d, hc, blocks);
             check(name, fout, normed, 0);
         }
+        // hc_post_mix_partials_f32: hc_post_f32 of a sublayer's output into the residual, then
+        // hc_mix_partials_f32 of it against the next mix, in one launch, a block row a token and
+        // 2 block rows grid-striding: the bits of the two launches
+        auto rx = randv(n * k, 2), rf = randv(n * d, 2), rsplit = randv(n * w, 1);
+        std::vector<float> post(n * k), ppart(n * splits * (w + 1));
+        emu_launch(hc_post_f32, {blocks1d(n * k)}, {256}, 0, (const float*)rx.data(), (const float*)rf.data(),
+                   (const float*)rsplit.data(), post.data(), n, d, hc);
+        emu_launch(hc_mix_partials_f32, {splits, n}, {256}, 0, (const float*)post.data(), mix, ppart.data(), n, k, w,
+                   splits, fmt);
+        for (unsigned rows : {n, 2u}) {
+            std::vector<float> fpost(n * k, -1.0f), fpart(n * splits * (w + 1), -1.0f);
+            emu_launch(hc_post_mix_partials_f32, {splits, rows}, {256}, 0, (const float*)rx.data(),
+                       (const float*)rf.data(), (const float*)rsplit.data(), fpost.data(), mix, fpart.data(), n, d,
+                       hc, w, splits, fmt);
+            std::snprintf(name, sizeof name, "hc_post_mix_partials [%u,%ux%u] %s %u rows: post", n, hc, d,
+                          fmt_name(fmt), rows);
+            check(name, fpost, post, 0);
+            std::snprintf(name, sizeof name, "hc_post_mix_partials [%u,%ux%u] %s %u rows: part", n, hc, d,
+                          fmt_name(fmt), rows);
+            check(name, fpart, ppart, 0);
+        }
     }
 }
 

@@ -375,6 +375,27 @@ pub(crate) fn hc_post<T: DeviceTensor>(x: &T, f: &T, split: &T) -> Result<(usize
     Ok((n, cols, d, hc))
 }
 
+/// `hc_post` of X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]`, then `hc_split_pre_norm` of
+/// its output (X's shape) with the next sublayer's mix, scale, base and norm weight → `(n, d, w)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn hc_post_split_pre_norm<T: DeviceTensor>(
+    x: &T,
+    f: &T,
+    split: &T,
+    mix: &impl NamedWeight,
+    scale: &T,
+    base: &T,
+    hc: usize,
+    weight: &T,
+) -> Result<(usize, usize, usize)> {
+    const OP: &str = "hc_post_split_pre_norm";
+    let (_, _, _, post_hc) = hc_post(x, f, split).map_err(|e| renamed(OP, e))?;
+    if post_hc != hc {
+        return Err(Error::shape(OP, format!("x {:?} holds {post_hc} streams, not hc = {hc}", x.shape())));
+    }
+    hc_split_pre_norm(x, mix, scale, base, hc, weight).map_err(|e| renamed(OP, e))
+}
+
 /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `(n, hc)`.
 pub(crate) fn hc_head_weights<T: DeviceTensor>(mix: &T, scale: &T, base: &T) -> Result<(usize, usize)> {
     const OP: &str = "hc_head_weights";

@@ -1265,6 +1265,22 @@ impl Backend for CudaBackend {
     ) -> Result<(CudaTensor, CudaTensor)> {
         self.hc_split_pre_norm(x, mix, s, b, hc, it, eps, norm_eps, weight)
     }
+    fn hc_post_split_pre_norm(
+        &self,
+        x: &CudaTensor,
+        f: &CudaTensor,
+        split: &CudaTensor,
+        mix: &CudaWeight,
+        s: &CudaTensor,
+        b: &CudaTensor,
+        hc: usize,
+        it: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+        self.hc_post_split_pre_norm(x, f, split, mix, s, b, hc, it, eps, norm_eps, weight)
+    }
     fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         self.hc_pre(x, w, hc)
     }
