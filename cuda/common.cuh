@@ -50,7 +50,7 @@ typedef unsigned long long u64;
 #define NEG_INF __uint_as_float(0xff800000u)
 #define QUIET_NAN __uint_as_float(0x7fc00000u)
 
-// Programmatic dependent launch (sm_90+): with FOVEA_PDL=1 the host launches every kernel with
+// Programmatic dependent launch (sm_90+): unless FOVEA_PDL=0 the host launches every kernel with
 // the programmatic-stream-serialization attribute, so the device may launch a kernel while the one
 // before it in the stream still runs. grid_wait, every kernel's first statement, holds the
 // kernel's threads until the previous kernel has completed and its writes are visible (so every

@@ -124,7 +124,7 @@ fn cuda_kernel_times_sum_each_kernel() {
     }
 }
 
-/// Programmatic dependent launch (`FOVEA_PDL=1`, sm_90+) lets a kernel start before the one
+/// Programmatic dependent launch (on unless `FOVEA_PDL=0`, sm_90+) lets a kernel start before the one
 /// before it ends; each kernel's `grid_wait()` must still hold its reads until then. A chain in
 /// which every kernel reads what the previous one wrote gives the same bits with and without it.
 /// (Below sm_90 both lanes launch alike, and the test only checks the launcher's arguments.)
