@@ -581,65 +581,44 @@ __device__ __forceinline__ void q8x_quantize(const float* a, unsigned int k, int
 }
 
 // The tile's rows m < rows (one each, A row quantized into shared memory) times the warp's
-// columns of NW weights of the same shape read against that row (NW = 2: an expert's gate and up
-// in one launch, the row quantized once), stored through the op: store2 with one weight (as
-// gemv_cols stores), store2x with two (both weights' column pairs). Each weight's sums are formed
-// as with one weight alone, so a fused launch writes the bits the separate ones do.
-template <int FMT, int NW, class Op>
-__device__ __forceinline__ void q8x_cols_n(const Op& op, const void* const* w, unsigned int rows, unsigned int cols,
-                                           unsigned int k) {
+// columns of the weight, stored through the op's store2 (as gemv_cols stores).
+template <int FMT, class Op>
+__device__ __forceinline__ void q8x_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
+                                         unsigned int k) {
     extern __shared__ float smem[];
     int* xq = reinterpret_cast<int*>(smem);
     const float* xs = smem + k / 4u;
     const unsigned int lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
     const unsigned int c0 = (blockIdx.x * Q8X_WARPS + warp) * Q8X_COLS;
-    const u8* wrow[NW][Q8X_COLS];
+    const u8* wrow[Q8X_COLS];
 #pragma unroll
-    for (unsigned int i = 0; i < NW; ++i)
-#pragma unroll
-        for (unsigned int j = 0; j < Q8X_COLS; ++j) {
-            // a column past the last reads the last's row (in bounds); nothing stores its sum
-            const unsigned int c = c0 + j < cols ? c0 + j : cols - 1u;
-            wrow[i][j] = static_cast<const u8*>(w[i]) + op.w_row(c) / WBlock<FMT>::QK * WBlock<FMT>::BYTES;
-        }
+    for (unsigned int j = 0; j < Q8X_COLS; ++j) {
+        // a column past the last reads the last's row (in bounds); nothing stores its sum
+        const unsigned int c = c0 + j < cols ? c0 + j : cols - 1u;
+        wrow[j] = static_cast<const u8*>(w) + op.w_row(c) / WBlock<FMT>::QK * WBlock<FMT>::BYTES;
+    }
     for (unsigned int m = 0; m < rows; ++m) {
         if (m) __syncthreads(); // every warp is done with the previous row
         q8x_quantize(op.a_row(m), k, xq, smem + k / 4u);
         __syncthreads();
-        float acc[NW][Q8X_COLS];
+        float acc[Q8X_COLS];
 #pragma unroll
-        for (unsigned int i = 0; i < NW; ++i)
-#pragma unroll
-            for (unsigned int j = 0; j < Q8X_COLS; ++j) acc[i][j] = 0.0f;
+        for (unsigned int j = 0; j < Q8X_COLS; ++j) acc[j] = 0.0f;
         for (unsigned int g = lane; g < k / 32u; g += 32u) {
             const q8x_i4* q4 = reinterpret_cast<const q8x_i4*>(xq + 8u * g);
             const q8x_i4 qa = q4[0], qb = q4[1];
             const int x8[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
             const float dx = xs[g];
 #pragma unroll
-            for (unsigned int i = 0; i < NW; ++i)
-#pragma unroll
-                for (unsigned int j = 0; j < Q8X_COLS; ++j)
-                    acc[i][j] = fmaf(dx, q8x_dot32<FMT>(wrow[i][j], g, x8), acc[i][j]);
+            for (unsigned int j = 0; j < Q8X_COLS; ++j) acc[j] = fmaf(dx, q8x_dot32<FMT>(wrow[j], g, x8), acc[j]);
         }
 #pragma unroll
-        for (unsigned int i = 0; i < NW; ++i)
-#pragma unroll
-            for (unsigned int j = 0; j < Q8X_COLS; ++j)
-                for (int o = 16; o > 0; o >>= 1) acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], o);
+        for (unsigned int j = 0; j < Q8X_COLS; ++j)
+            for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
         if (lane == 0u)
 #pragma unroll
             for (unsigned int j = 0; j < Q8X_COLS; j += 2u)
-                if (c0 + j < cols) {
-                    if constexpr (NW == 1) op.store2(m, c0 + j, acc[0][j], acc[0][j + 1u]);
-                    else op.store2x(m, c0 + j, acc[0][j], acc[0][j + 1u], acc[1][j], acc[1][j + 1u]);
-                }
+                if (c0 + j < cols) op.store2(m, c0 + j, acc[j], acc[j + 1u]);
     }
 }
 
-template <int FMT, class Op>
-__device__ __forceinline__ void q8x_cols(const Op& op, const void* w, unsigned int rows, unsigned int cols,
-                                         unsigned int k) {
-    const void* ws[1] = {w};
-    q8x_cols_n<FMT, 1>(op, ws, rows, cols, k);
-}

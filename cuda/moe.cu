@@ -184,13 +184,6 @@ struct MoeUpOperands : MoeRows {
         hr[c] = swiglu(hr[c], u0);
         if (c + 1u < h) hr[c + 1u] = swiglu(hr[c + 1u], u1);
     }
-    // gate and up in one launch (moe_gate_up_q8x_*): the gates from registers, not hid
-    __device__ __forceinline__ void store2x(unsigned int m, unsigned int c, float g0, float g1, float u0,
-                                           float u1) const {
-        float* hr = hid + ((u64)p0 + m) * h;
-        hr[c] = swiglu(g0, u0);
-        if (c + 1u < h) hr[c + 1u] = swiglu(g1, u1);
-    }
 };
 
 template <int FMT>
@@ -333,9 +326,6 @@ FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
 // every value to f32. Here each tile's rows go through q8x_cols (dequant.cuh): int8 activations,
 // integer dot products with the codes. Instantiated for the formats q8x_dot32 takes (Q8X_IF_<fmt>
 // in dequant.cuh; the host's moe_q8x_kernels). Grid (columns / (Q8X_WARPS · Q8X_COLS), max_tiles).
-// moe_gate_up_q8x_*: the gate and the up of one format in one launch (w1 and w3 tables), each
-// row quantized once and read against both weights, the SwiGLU from the gates in registers: the
-// bits of the gate launch then the up launch, one launch and one quantization fewer.
 #define MOE_Q8X_KERNEL(SFX, FMT) Q8X_IF_##SFX(MOE_Q8X_DEFINE(SFX, FMT))
 #if FOVEA_GEMM_PATH != GEMM_PATH_TILES
 #define MOE_Q8X_DEFINE(SFX, FMT)                                                                               \
@@ -362,16 +352,6 @@ FOR_EACH_BLOCK_FORMAT(MOE_DOWN_BLOCK_KERNEL)
         if (!moe_tile(tiles, tile_rows, &t)) return;                                                          \
         const MoeDownOperands op{{}, hid, order, ys, t.p0, d, h};                                              \
         q8x_cols<FMT>(op, (const void*)w2[t.expert], t.rows, d, h);                                            \
-    }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
-        moe_gate_up_q8x_##SFX(const float* x, const int* order, const int* tiles, const u64* w1, const u64* w3, \
-                              float* hid, unsigned int tile_rows, unsigned int d, unsigned int h, unsigned int k, \
-                              float limit) { grid_wait();                                                     \
-        MoeTile t;                                                                                             \
-        if (!moe_tile(tiles, tile_rows, &t)) return;                                                          \
-        const MoeUpOperands op{{{}, x, order, hid, t.p0, d, h, k}, limit};                                     \
-        const void* ws[2] = {(const void*)w1[t.expert], (const void*)w3[t.expert]};                            \
-        q8x_cols_n<FMT, 2>(op, ws, t.rows, h, d);                                                              \
     }
 FOR_EACH_BLOCK_FORMAT(MOE_Q8X_KERNEL)
 #endif

@@ -1914,8 +1914,6 @@ typedef void (*Q8xUp)(const float*, const int*, const int*, const unsigned long 
                       unsigned, unsigned, float);
 typedef void (*Q8xDown)(const float*, const int*, const int*, const unsigned long long*, float*, unsigned, unsigned,
                         unsigned);
-typedef void (*Q8xGateUp)(const float*, const int*, const int*, const unsigned long long*, const unsigned long long*,
-                          float*, unsigned, unsigned, unsigned, unsigned, float);
 
 // The one-token experts on int8 activations (moe_{gate,up,down}_q8x_*, fast precision's decode
 // step: the host launches them for one token) on golden matrices, gate in g1's format, up in g3's,
@@ -1923,10 +1921,9 @@ typedef void (*Q8xGateUp)(const float*, const int*, const int*, const unsigned l
 // with its own input quantized as the kernel quantizes it (the up's SwiGLU from the kernel's
 // gate, the down from the kernel's hidden row), so only f32 summation and the scales' rounding
 // separate them: the exact GEMM bound. One token's 3 slots over 3 experts, expert 2 twice (one
-// tile of two rows, quantized and summed one after the other). With gate_up (gate and up in one
-// format): the fused launch must write the hidden rows the two launches wrote, bit for bit.
+// tile of two rows, quantized and summed one after the other).
 static void q8x_moe(unsigned k, const GoldenBlocks& g1, Q8xGate gate, const GoldenBlocks& g3, Q8xUp up,
-                    const GoldenBlocks& g2, Q8xDown down, Q8xGateUp gate_up = nullptr) {
+                    const GoldenBlocks& g2, Q8xDown down) {
     const unsigned n = 1, d = k, h = k, E = 3, kk = 3, slots = n * kk;
     auto x = randv(d, 1);
     const std::vector<int> ids = {2, 0, 2};
@@ -1945,29 +1942,6 @@ static void q8x_moe(unsigned k, const GoldenBlocks& g1, Q8xGate gate, const Gold
                (const int*)tiles.data(), (const unsigned long long*)table.data() + E, hid.data(), tile, d, h, kk, limit);
     emu_launch(down, dim3{d / cols_a_block, max_tiles}, {256}, smem, (const float*)hid.data(), (const int*)order.data(),
                (const int*)tiles.data(), (const unsigned long long*)table.data() + 2 * E, ys.data(), tile, d, h);
-    if (gate_up) {
-        // clamping on here, so the fused epilogue's clamp is compared too (the products stay
-        // unclamped above): a limit inside the gates' range
-        std::vector<float> sep(slots * h), fused(slots * h, -1.0f);
-        float glimit = 0.0f;
-        for (float v : gates) glimit = std::fmax(glimit, std::fabs(v));
-        glimit *= 0.5f;
-        emu_launch(gate, dim3{h / cols_a_block, max_tiles}, {256}, smem, (const float*)x.data(),
-                   (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data(),
-                   sep.data(), tile, d, h, kk);
-        emu_launch(up, dim3{h / cols_a_block, max_tiles}, {256}, smem, (const float*)x.data(),
-                   (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data() + E,
-                   sep.data(), tile, d, h, kk, glimit);
-        emu_launch(gate_up, dim3{h / cols_a_block, max_tiles}, {256}, smem, (const float*)x.data(),
-                   (const int*)order.data(), (const int*)tiles.data(), (const unsigned long long*)table.data(),
-                   (const unsigned long long*)table.data() + E, fused.data(), tile, d, h, kk, glimit);
-        size_t differ = 0;
-        for (size_t i = 0; i < sep.size(); ++i) differ += std::memcmp(&sep[i], &fused[i], sizeof(float)) != 0;
-        char name[96];
-        std::snprintf(name, sizeof name, "moe_gate_up_q8x %s k=%u = gate, up", g1.name.c_str(), k);
-        std::printf("%-44s %zu of %zu values differ in their bits %s\n", name, differ, sep.size(), differ ? "FAIL" : "ok");
-        failures += differ != 0;
-    }
     const auto xq = q8x_rounded(x.data(), d);
     std::vector<float> want_g(slots * h), want_h(slots * h), want_y(slots * d);
     // hid row p is slot order[p]'s (the slots in expert order); ys row s is slot s's
@@ -2100,17 +2074,16 @@ static void test_q8x() {
         }
     std::printf("%-44s %u wrong %s\n", "q8x_mxfp4_values = KVALUES_MXFP4[code]", table_wrong, table_wrong ? "FAIL" : "ok");
     failures += table_wrong != 0;
-    q8x_moe(512, *q8, moe_gate_q8x_q8_0, *q8, moe_up_q8x_q8_0, *q8, moe_down_q8x_q8_0, moe_gate_up_q8x_q8_0);
-    q8x_moe(512, *q2, moe_gate_q8x_q2_k, *q2, moe_up_q8x_q2_k, *q2, moe_down_q8x_q2_k, moe_gate_up_q8x_q2_k);
-    q8x_moe(512, *iq2, moe_gate_q8x_iq2_xxs, *iq2, moe_up_q8x_iq2_xxs, *iq2, moe_down_q8x_iq2_xxs,
-            moe_gate_up_q8x_iq2_xxs);
+    q8x_moe(512, *q8, moe_gate_q8x_q8_0, *q8, moe_up_q8x_q8_0, *q8, moe_down_q8x_q8_0);
+    q8x_moe(512, *q2, moe_gate_q8x_q2_k, *q2, moe_up_q8x_q2_k, *q2, moe_down_q8x_q2_k);
+    q8x_moe(512, *iq2, moe_gate_q8x_iq2_xxs, *iq2, moe_up_q8x_iq2_xxs, *iq2, moe_down_q8x_iq2_xxs);
     // the published Q2-class mix: IQ2_XXS gate and up, Q2_K down
     q8x_moe(1024, *iq2, moe_gate_q8x_iq2_xxs, *iq2, moe_up_q8x_iq2_xxs, *q2, moe_down_q8x_q2_k);
     q8x_linear(1024, *q8, linear_q8x_q8_0);
     q8x_linear(1024, *q2, linear_q8x_q2_k);
     q8x_linear(1024, *iq2, linear_q8x_iq2_xxs);
     // MXFP4 (17-byte blocks: qs on every byte alignment along a row)
-    q8x_moe(512, *mx, moe_gate_q8x_mxfp4, *mx, moe_up_q8x_mxfp4, *mx, moe_down_q8x_mxfp4, moe_gate_up_q8x_mxfp4);
+    q8x_moe(512, *mx, moe_gate_q8x_mxfp4, *mx, moe_up_q8x_mxfp4, *mx, moe_down_q8x_mxfp4);
     q8x_linear(1024, *mx, linear_q8x_mxfp4);
     for (unsigned n : {1u, 3u}) {
         linear_pair_bits(*q8, n, 1024, linear_q8_0, linear_pair_q8_0);

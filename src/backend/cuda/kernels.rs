@@ -251,18 +251,6 @@ pub fn moe_q8x_kernels(format: WeightFormat) -> Option<[&'static str; 3]> {
         _ => None,
     }
 }
-/// The experts' gate and up in one launch on int8 activations (cuda/moe.cu,
-/// `moe_gate_up_q8x_*`), when both are in one of the [`q8x_format`]s: the bits of the gate then
-/// the up kernel of [`moe_q8x_kernels`].
-pub fn moe_gate_up_q8x_kernel(format: WeightFormat) -> Option<&'static str> {
-    match format {
-        WeightFormat::Q8_0 => Some("moe_gate_up_q8x_q8_0"),
-        WeightFormat::Q2_K => Some("moe_gate_up_q8x_q2_k"),
-        WeightFormat::IQ2_XXS => Some("moe_gate_up_q8x_iq2_xxs"),
-        WeightFormat::MXFP4 => Some("moe_gate_up_q8x_mxfp4"),
-        _ => None,
-    }
-}
 /// The linear kernel on int8 activations for one row of x (cuda/linear.cu, `linear_q8x_*`: fast
 /// precision, a decode step of one sequence, at least [`LINEAR_Q8X_MIN_COLS`] outputs), for the
 /// [`q8x_format`]s.

@@ -67,7 +67,7 @@ mod timing;
 pub use kernels::{
     EMBED_ROWS_KERNELS, GROUPED_LINEAR_KERNELS, KERNELS, LINEAR_KERNELS, LINEAR_PAIR_KERNELS, LINEAR_Q8X_MIN_COLS,
     MOE_DOWN_KERNELS, MOE_GATE_KERNELS, MOE_UP_KERNELS, Source, UNFOLD_LINEAR_GELU_KERNELS, Unit, WEIGHT_KERNELS,
-    WeightKernels, linear_q8x_kernel, moe_gate_up_q8x_kernel, moe_q8x_kernels, q8x_format,
+    WeightKernels, linear_q8x_kernel, moe_q8x_kernels, q8x_format,
 };
 pub use memory::{CudaTensor, CudaWeight};
 
@@ -280,10 +280,6 @@ pub struct Options {
     /// see src/backend/cuda/launch.rs). On by default (a decode step 12 % faster on an H100,
     /// twenty-fourth sitting); `FOVEA_PDL=0` turns it off (a diagnostic).
     pub dependent_launch: bool,
-    /// One token's experts in fast precision: the gate and the up in separate launches even where
-    /// one launch takes both (`moe_gate_up_q8x_*`; the same bits). Diagnostic, for measuring
-    /// what the fused launch gives: `FOVEA_GATE_UP=separate`.
-    pub separate_gate_up: bool,
     /// A decode step's hyper-connection split and the sublayer's norm in separate launches even
     /// where one takes both (`hc_split_pre_norm_f32`; the same bits). Diagnostic:
     /// `FOVEA_HC_SPLIT_NORM=separate`.
@@ -307,7 +303,6 @@ impl Default for Options {
             kernel_times: times == "1" || times == "grid",
             kernel_times_by_grid: times == "grid",
             dependent_launch: std::env::var("FOVEA_PDL").map_or(true, |v| v != "0"),
-            separate_gate_up: std::env::var("FOVEA_GATE_UP").is_ok_and(|v| v == "separate"),
             separate_hc_split_norm: std::env::var("FOVEA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
             separate_linear_pair: std::env::var("FOVEA_LINEAR_PAIR").is_ok_and(|v| v == "separate"),
             q8x: std::env::var("FOVEA_CUDA_Q8X").map_or(true, |v| v != "0"),
@@ -1568,9 +1563,8 @@ mod tests {
             assert!(defined != empty, "cuda/dequant.cuh: Q8X_IF_{sfx} must be M or empty, once");
             assert_eq!(defined, q8x_format(format), "{format}: q8x_format and cuda/dequant.cuh disagree");
             assert_eq!(defined, moe_q8x_kernels(format).is_some(), "{format}: moe_q8x_kernels");
-            assert_eq!(defined, moe_gate_up_q8x_kernel(format).is_some(), "{format}: moe_gate_up_q8x_kernel");
             assert_eq!(defined, linear_q8x_kernel(format).is_some(), "{format}: linear_q8x_kernel");
-            let moe_names = moe_q8x_kernels(format).into_iter().flatten().chain(moe_gate_up_q8x_kernel(format));
+            let moe_names = moe_q8x_kernels(format).into_iter().flatten();
             let names = moe_names.map(|n| (moe, n));
             for (text, name) in names.chain(linear_q8x_kernel(format).map(|n| (linear, n))) {
                 assert_eq!(Unit::of(name), Unit::Block(format), "{name}");
@@ -1594,7 +1588,7 @@ mod tests {
         let mut all: Vec<(Source, &'static str, Build)> =
             KERNELS.iter().map(|&(src, name)| (src, name, Build::Tiles(Precision::Exact))).collect();
         for format in WeightFormat::ALL {
-            for name in moe_q8x_kernels(format).into_iter().flatten().chain(moe_gate_up_q8x_kernel(format)) {
+            for name in moe_q8x_kernels(format).into_iter().flatten() {
                 all.push((Source::Moe, name, Build::Rows));
             }
         }

@@ -11,9 +11,9 @@
 //!    In fast precision a decode step of one sequence takes `moe_{gate,up,down}_q8x_*` instead
 //!    where the projection's format has them (Q8_0, Q2_K, IQ2_XXS, MXFP4: `moe_q8x_kernels`): the same
 //!    arguments and tiles, the activations rounded to int8 a 32-value group and multiplied with
-//!    the codes as integers (cuda/moe.cu says why), and where gate and up share such a format
-//!    both in one launch (`moe_gate_up_q8x_*`: the row quantized once, the same bits;
-//!    `FOVEA_GATE_UP=separate` keeps two, a diagnostic);
+//!    the codes as integers (cuda/moe.cu says why). (Gate and up in one launch, the row
+//!    quantized once, measured slower than the two with programmatic dependent launch on an H100
+//!    in the twenty-fourth sitting and was dropped.)
 //! 3. `moe_combine` sums each token's k slots in slot order (no float atomics: reproducible).
 //!
 //! Nothing is read back: the GEMM grids are sized for the most tiles any routing of these slots
@@ -34,7 +34,7 @@ use super::launch::KernelArgs;
 use super::{
     Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_THREADS, GEMV_ROWS, GRID_Y, LANE,
     MOE_DOWN_KERNELS, MOE_GATE_KERNELS, MOE_UP_KERNELS, Q8X_BLOCK_COLS, Q8X_THREADS, Role, Source, WeightKernels,
-    check_u32, gemm_grid, moe_gate_up_q8x_kernel, moe_q8x_kernels, q8x_shared_bytes,
+    check_u32, gemm_grid, moe_q8x_kernels, q8x_shared_bytes,
 };
 use crate::backend::checks;
 use crate::backend::{DType, Precision, WeightFormat};
@@ -168,24 +168,7 @@ impl CudaBackend {
                 };
                 Ok::<_, Error>((kernel, self.gemm_func(Source::Moe, kernel, false, tile_rows)?, cfg))
             };
-            // gate and up of one q8x format: one launch, the bits of the two below
-            let gate_up = match moe_gate_up_q8x_kernel(gate_format) {
-                Some(kernel) if gate_format == up_format && q8x(d) && !self.opts.separate_gate_up => Some(kernel),
-                _ => None,
-            };
-            if let Some(kernel) = gate_up
-                && h > 0
-            {
-                let f = self.func_in(Source::Moe, kernel, Build::Rows)?;
-                let mut l = KernelArgs::new(&self.stream, &f);
-                l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&*table.buf).arg(&w3_table);
-                l.arg(&mut *hid.buf).arg(&tile_rows32).arg(&d32).arg(&h32).arg(&k32).arg(&limit);
-                // SAFETY: arguments match `moe_gate_up_q8x_*` in cuda/moe.cu; the tiles' rows lie
-                // in 0..slots, the table's first `experts` addresses are the w1[e] [h, d] and
-                // w3_table's the w3[e] [h, d], all in this kernel's format; the shared memory is
-                // q8x_shared_bytes(d).
-                self.launched(OP, kernel, q8x_cfg(d, h), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-            } else if h > 0 {
+            if h > 0 {
                 let (kernel, f, cfg) = pick(&MOE_GATE_KERNELS, 0, gate_format, d, h)?;
                 let mut l = KernelArgs::new(&self.stream, &f);
                 l.arg(&*x.buf).arg(&*order.buf).arg(&*tiles.buf).arg(&*table.buf).arg(&mut *hid.buf);
