@@ -117,8 +117,7 @@ BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned
 }
 
 // One row of hc_pre_norm_f32 by the whole block: xt [hc*d] collapsed by the weights wt [hc] into
-// yt [d], then scaled by rsqrt(mean(yt^2) + eps) and weight (red: block_sum's 32 floats). Shared
-// with hc_split_pre_norm_f32, so both sum in one order.
+// yt [d], then scaled by rsqrt(mean(yt^2) + eps) and weight (red: block_sum's 32 floats).
 __device__ __forceinline__ void lms_pre_norm_row(const float* xt, const float* wt, const float* weight, float* yt,
                                                  unsigned int d, unsigned int hc, float eps, float* red) {
     float s = 0.0f;
@@ -145,18 +144,6 @@ BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* we
         lms_pre_norm_row(x + (u64)t * hc * d, w + (u64)t * wc, weight, out + (u64)t * d, d, hc, eps, red);
 }
 
-// Element c = dst * d + j of hc_post's row: xt [hc*d], ft [d], st [(2+hc)*hc] (the token's split)
-// -> post_dst f_j + sum_src comb[src*hc + dst] X_src,j (src ascending). Shared by hc_post_f32 and
-// hc_post_mix_partials_f32, so both give the same bits.
-__device__ __forceinline__ float lms_hc_post_elem(const float* xt, const float* ft, const float* st, unsigned int d,
-                                                  unsigned int hc, unsigned int dst, u64 j) {
-    const float* post = st + hc;
-    const float* comb = post + hc;
-    float s = post[dst] * ft[j];
-    for (unsigned int src = 0; src < hc; ++src) s += comb[(u64)src * hc + dst] * xt[(u64)src * d + j];
-    return s;
-}
-
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
                              unsigned int d, unsigned int hc) {
     grid_wait();
@@ -164,7 +151,13 @@ BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split,
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 t = i / ((u64)hc * d);
         const unsigned int dst = (unsigned int)((i / d) % hc);
-        out[i] = lms_hc_post_elem(x + t * hc * d, f + t * d, split + t * (2u + hc) * hc, d, hc, dst, i % d);
+        const u64 j = i % d;
+        const float* post = split + t * (2u + hc) * hc + hc;
+        const float* comb = post + hc;
+        float s = post[dst] * f[t * d + j];
+        for (unsigned int src = 0; src < hc; ++src)
+            s += comb[(u64)src * hc + dst] * x[t * hc * d + (u64)src * d + j];
+        out[i] = s;
     }
 }
 
@@ -310,8 +303,8 @@ BASE_KERNEL void swiglu_clamp_f32(const float* gate, const float* up, float* out
 // of the one-thread version for its entry and the result is the same, bit for bit; the 20-round
 // chain then costs a few shuffles and one division per step rather than hc * hc divisions in a
 // row (one thread per token took 25-57 us of a decode step on an H200). Every lane of the warp
-// calls every shuffle; only `active` lanes (a token that exists) store. In two parts, so that a
-// caller can publish pre and post before the Sinkhorn: the sigmoids (lanes < hc) ...
+// calls every shuffle; only `active` lanes (a token that exists) store. In two parts: the
+// sigmoids (lanes < hc) ...
 __device__ __forceinline__ void hc_split_warp_pre_post(const float* m, const float* scale, const float* base, float* o,
                                                        unsigned int hc, float eps, bool active) {
     const unsigned int lane = threadIdx.x % 32u;
@@ -429,39 +422,19 @@ BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float*
 #define LMS_MIX_MAX 24
 #define LMS_MIX_THREADS 256
 
-// The rows lms_mix_partials sums: the residual X [n, k] as it is ...
-struct lms_rows_of {
-    const float* x;
-    unsigned int k;
-    __device__ __forceinline__ float operator()(u64 t, unsigned int c) const { return x[t * k + c]; }
-};
-
-// ... or hc_post's output, each element computed (as hc_post_f32 computes it) and stored in out
-// [n, k = hc*d] by the one thread that sums it
-struct lms_rows_of_post {
-    const float *x, *f, *split;
-    float* out;
-    unsigned int d, hc;
-    __device__ __forceinline__ float operator()(u64 t, unsigned int c) const {
-        const u64 k = (u64)hc * d;
-        const float v = lms_hc_post_elem(x + t * k, f + t * d, split + t * (2u + hc) * hc, d, hc, c / d, c % d);
-        out[t * k + c] = v;
-        return v;
-    }
-};
-
-template <int FMT, class Rows>
-__device__ __forceinline__ void lms_mix_partials(Rows rows, const void* mix, float* part, unsigned int n,
+template <int FMT>
+__device__ __forceinline__ void lms_mix_partials(const float* x, const void* mix, float* part, unsigned int n,
                                                  unsigned int k, unsigned int w, unsigned int splits) {
     __shared__ float red[LMS_MIX_THREADS / 32][LMS_MIX_MAX + 1];
     const unsigned int span = (k + splits - 1) / splits, lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
     const unsigned int c0 = blockIdx.x * span, c1 = c0 + span < k ? c0 + span : k;
     for (unsigned int t = blockIdx.y; t < n; t += gridDim.y) {
+        const float* xt = x + (u64)t * k;
         float acc[LMS_MIX_MAX + 1];
 #pragma unroll
         for (unsigned int o = 0; o <= LMS_MIX_MAX; ++o) acc[o] = 0.0f;
         for (unsigned int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-            const float v = rows(t, c);
+            const float v = xt[c];
             acc[LMS_MIX_MAX] = fmaf(v, v, acc[LMS_MIX_MAX]);
 #pragma unroll
             for (unsigned int o = 0; o < LMS_MIX_MAX; ++o)
@@ -490,25 +463,9 @@ __device__ __forceinline__ void lms_mix_partials(Rows rows, const void* mix, flo
 BASE_KERNEL void hc_mix_partials_f32(const float* x, const void* mix, float* part, unsigned int n, unsigned int k,
                                      unsigned int w, unsigned int splits, unsigned int code) {
     grid_wait();
-    const lms_rows_of rows{x, k};
-    if (code == 0) lms_mix_partials<0>(rows, mix, part, n, k, w, splits);
-    else if (code == 1) lms_mix_partials<1>(rows, mix, part, n, k, w, splits);
-    else lms_mix_partials<2>(rows, mix, part, n, k, w, splits);
-}
-
-// hc_post_mix_partials_f32: hc_post_f32 of x [n, hc*d], f [n, d] and split [n, (2+hc)*hc] into
-// out [n, hc*d], and hc_mix_partials_f32 of out against the next sublayer's mix, in one launch
-// (that kernel's grid, block and order: the bits of the two launches). A decode step ends every
-// sublayer with these two.
-BASE_KERNEL void hc_post_mix_partials_f32(const float* x, const float* f, const float* split, float* out,
-                                          const void* mix, float* part, unsigned int n, unsigned int d,
-                                          unsigned int hc, unsigned int w, unsigned int splits, unsigned int code) {
-    grid_wait();
-    const lms_rows_of_post rows{x, f, split, out, d, hc};
-    const unsigned int k = hc * d;
-    if (code == 0) lms_mix_partials<0>(rows, mix, part, n, k, w, splits);
-    else if (code == 1) lms_mix_partials<1>(rows, mix, part, n, k, w, splits);
-    else lms_mix_partials<2>(rows, mix, part, n, k, w, splits);
+    if (code == 0) lms_mix_partials<0>(x, mix, part, n, k, w, splits);
+    else if (code == 1) lms_mix_partials<1>(x, mix, part, n, k, w, splits);
+    else lms_mix_partials<2>(x, mix, part, n, k, w, splits);
 }
 
 // token_warps (1 or a divisor of the block's warps, the host's choice) warps per token, tokens
@@ -548,52 +505,6 @@ BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const f
         __syncthreads();
         hc_split_warp(mix[group], scale, base, out + tt * w, hc, iters, eps, active && sub == 0);
         __syncthreads(); // red, sum and mix are read before the next round writes them
-    }
-}
-
-// hc_split_pre_norm_f32: hc_mix_split_f32 (a block a token, its first LMS_MIX_THREADS / 32 warps
-// summing the token's ranges as that kernel's 8-warp groups do) and then hc_pre_norm_f32 of the
-// residual with the split's pre, in one launch: part [n, splits, w + 1] (hc_mix_partials_f32's),
-// x [n, k = hc*d], weight [d] -> split [n, w], out [n, d]. One block a token (tokens
-// grid-strided) of the blockDim hc_pre_norm_f32 takes for rows of d (the host's row_threads, at
-// least 256), so both parts do those kernels' arithmetic in their order: the bits of the two
-// launches. Warp 0 publishes pre and post, then runs the Sinkhorn while the other warps collapse
-// and square the streams (it joins them after; the norm's block sum waits for it).
-BASE_KERNEL void hc_split_pre_norm_f32(const float* part, const float* scale, const float* base, float* split,
-                                       const float* x, const float* weight, float* out, unsigned int n,
-                                       unsigned int d, unsigned int hc, unsigned int splits, unsigned int iters,
-                                       unsigned int eps_bits, float norm_eps) {
-    grid_wait();
-    __shared__ float red[LMS_MIX_THREADS / 32][32];
-    __shared__ float sum[32];
-    __shared__ float mix[32];
-    __shared__ float nred[32];
-    const float eps = __uint_as_float(eps_bits);
-    const unsigned int k = hc * d, w = (2u + hc) * hc, warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
-    const unsigned int sum_warps = LMS_MIX_THREADS / 32u;
-    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x) {
-        if (warp < sum_warps) {
-            float v = 0.0f;
-            if (lane <= w)
-                for (unsigned int i = warp; i < splits; i += sum_warps) v += part[((u64)t * splits + i) * (w + 1) + lane];
-            red[warp][lane] = v;
-        }
-        __syncthreads();
-        if (warp == 0 && lane <= w) {
-            float s = 0.0f;
-            for (unsigned int j = 0; j < sum_warps; ++j) s += red[j][lane];
-            sum[lane] = s;
-        }
-        __syncthreads();
-        if (warp == 0 && lane < w) mix[lane] = sum[lane] * (1.0f / sqrtf(sum[w] / (float)k + norm_eps));
-        __syncthreads();
-        float* st = split + (u64)t * w;
-        if (warp == 0) hc_split_warp_pre_post(mix, scale, base, st, hc, eps, true);
-        __syncthreads(); // pre is in split, seen by the whole block
-        if (warp == 0) hc_split_warp_comb(mix, scale, base, st, hc, iters, eps, true);
-        // hc_pre_norm_f32's row t, its weights the split's pre
-        lms_pre_norm_row(x + (u64)t * k, st, weight, out + (u64)t * d, d, hc, norm_eps, nred);
-        __syncthreads(); // red, sum, mix and nred are read before the next token writes them
     }
 }
 

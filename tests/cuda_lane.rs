@@ -435,68 +435,9 @@ fn explicit_timed_options() -> fovea::backend::cuda::Options {
         kernel_times: true,
         kernel_times_by_grid: false,
         dependent_launch: false,
-        separate_hc_split_norm: false,
         separate_linear_pair: false,
         q8x: true,
         ..Default::default()
-    }
-}
-
-/// A decode step's hyper-connection split and the sublayer's norm in one launch
-/// (`hc_split_pre_norm_f32`) write the bits of `hc_mix_split` then `hc_pre_norm`
-/// (`separate_hc_split_norm`), and a sublayer's write-back summing the next split's products as it
-/// goes (`hc_post_mix_partials_f32`) the bits of `hc_post` then those: one token and a few, a row
-/// of 4096 (the released width, 1024-thread blocks) and a narrow one.
-#[test]
-fn cuda_fused_hc_split_norm_matches_the_separate_launches_bit_for_bit() {
-    use fovea::backend::cuda::Options;
-    let timed = explicit_timed_options();
-    let Some(fused) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
-    let separate = CudaBackend::with_options(Options { separate_hc_split_norm: true, ..timed }).unwrap();
-    let (hc, w) = (4, 24);
-    for (n, d) in [(1, 4096), (3, 4096), (2, 300)] {
-        let k = hc * d;
-        let v = |len: usize, seed: usize| -> Vec<f32> {
-            (0..len).map(|j| (((j * seed + 11) % 97) as f32 - 48.0) * 0.02).collect()
-        };
-        let run = |b: &CudaBackend| {
-            let t = |shape: Vec<usize>, seed: usize| {
-                let len = shape.iter().product();
-                b.upload(&HostTensor::f32(shape, v(len, seed)).unwrap()).unwrap()
-            };
-            let mix_bytes: Vec<u8> = v(w * k, 13).iter().flat_map(|x| (x * 0.05).to_le_bytes()).collect();
-            let hw = HostWeight {
-                name: "hc_mix".into(),
-                format: WeightFormat::F32,
-                rows: w,
-                cols: k,
-                bytes: Cow::Owned(mix_bytes),
-            };
-            let mix = b.upload_weight_exact(&hw).unwrap();
-            let (x, scale, base, norm) = (t(vec![n, k], 7), t(vec![3], 5), t(vec![w], 3), t(vec![d], 17));
-            let (split, y) = b.hc_split_pre_norm(&x, &mix, &scale, &base, hc, 20, 1e-6, 1e-6, &norm).unwrap();
-            // the previous sublayer's output and split, written back into x first
-            let (f, prev) = (t(vec![n, d], 19), t(vec![n, w], 23));
-            let (post, split2, y2) =
-                b.hc_post_split_pre_norm(&x, &f, &prev, &mix, &scale, &base, hc, 20, 1e-6, 1e-6, &norm).unwrap();
-            let get = |t| b.download(t).unwrap().into_f32("t").unwrap();
-            [get(&split), get(&y), get(&post), get(&split2), get(&y2)]
-        };
-        let (one, two) = (run(&fused), run(&separate));
-        let ran = |b: &CudaBackend| b.kernel_times().unwrap().unwrap().into_iter().map(|k| k.name).collect::<Vec<_>>();
-        let (ran1, ran2) = (ran(&fused), ran(&separate));
-        for kernel in ["hc_split_pre_norm_f32", "hc_post_mix_partials_f32"] {
-            assert!(ran1.iter().any(|k| k == kernel), "n {n} d {d}: {kernel} did not run");
-        }
-        for kernel in ["hc_pre_norm_f32", "hc_post_f32"] {
-            assert!(ran2.iter().any(|k| k == kernel), "n {n} d {d}: the separate launches ({kernel}) did not run");
-        }
-        let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-        let what = ["the split", "the normed input", "the written-back residual", "its split", "its normed input"];
-        for ((a, b), what) in one.iter().zip(&two).zip(what) {
-            assert!(a.iter().all(|v| v.is_finite()) && a.len() == b.len(), "n {n} d {d}: {what}");
-            assert_eq!(bits(a, b), 0, "n {n} d {d}: {what} differs between the fused launches and the separate");
-        }
     }
 }
 

@@ -183,23 +183,6 @@ enum Call {
     },
     /// `linear_pair` of x with the case's two weights (`experts`, in order).
     LinearPair(usize),
-    HcSplitPreNorm {
-        x: usize,
-        scale: usize,
-        base: usize,
-        weight: usize,
-        hc: usize,
-    },
-    /// Three outputs (X', its split, the next sublayer's input), all compared.
-    HcPostSplitPreNorm {
-        x: usize,
-        f: usize,
-        split: usize,
-        scale: usize,
-        base: usize,
-        weight: usize,
-        hc: usize,
-    },
     HcPost {
         x: usize,
         f: usize,
@@ -366,18 +349,6 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::LinearPair(x) => {
             let (ya, yb) = b.linear_pair(&ts[x], &experts[0], &experts[1])?;
             return Ok(vec![ya, yb]);
-        }
-        Call::HcSplitPreNorm { x, scale, base, weight: norm, hc } => {
-            let mix = weight.as_ref().unwrap();
-            let (split, y) = b.hc_split_pre_norm(&ts[x], mix, &ts[scale], &ts[base], hc, 20, 1e-6, 1e-6, &ts[norm])?;
-            return Ok(vec![split, y]);
-        }
-        Call::HcPostSplitPreNorm { x, f, split, scale, base, weight: norm, hc } => {
-            let mix = weight.as_ref().unwrap();
-            let (s, b_) = (&ts[scale], &ts[base]);
-            let (post, split, y) =
-                b.hc_post_split_pre_norm(&ts[x], &ts[f], &ts[split], mix, s, b_, hc, 20, 1e-6, 1e-6, &ts[norm])?;
-            return Ok(vec![post, split, y]);
         }
         Call::HcPost { x, f, split } => b.hc_post(&ts[x], &ts[f], &ts[split]),
         Call::HcHeadWeights { mix, scale, base, eps } => b.hc_head_weights(&ts[mix], &ts[scale], &ts[base], eps),
@@ -1066,62 +1037,6 @@ fn fused_cases(out: &mut Vec<Case>) {
         |_| Call::RmsNormRope { x: 0, weight: Some(1), heads: 1, inv_freq: 2, positions: 3 },
         Args::default(),
     ));
-    // hc_split_pre_norm (drawn last, so the cases above keep their inputs): the split and the
-    // sublayer's norm of its pre (one CUDA launch after the partial sums for a few tokens; the
-    // composition elsewhere), one token and a few, a row of ≥ 4096 (1024-thread blocks) whose
-    // width is no multiple of 4, and a Q8_0 mix (composed)
-    for (format, n, d) in [(WeightFormat::F32, 1, 275), (WeightFormat::F16, 3, 1024), (WeightFormat::F32, 2, 4101)]
-        .into_iter()
-        .chain([(WeightFormat::Q8_0, 2, 256)])
-    {
-        let (hc, w) = (4, 24);
-        let k = hc * d;
-        let mut c = case(
-            format!("hc_split_pre_norm {format} [{n},{hc}x{d}]"),
-            Op::HcMixSplit,
-            REDUCTION,
-            vec![
-                randn(&mut r, &[n, k], 2.0),
-                randn(&mut r, &[3], 1.5),
-                randn(&mut r, &[w], 1.0),
-                randn(&mut r, &[d], 1.5),
-            ],
-            |a| Call::HcSplitPreNorm { x: 0, scale: 1, base: 2, weight: 3, hc: a.a },
-            Args { a: hc, ..Default::default() },
-        );
-        c.weight = Some((format, w, k, weight_bytes(&mut r, format, w, k)));
-        c.exact_weight = true;
-        out.push(c);
-    }
-    // hc_post_split_pre_norm (drawn after the above): a sublayer's write-back and the next one's
-    // split and input (on CUDA for a few tokens the write-back sums the next split's products as
-    // it goes; the composition elsewhere), one token and a few, a row of ≥ 4096, and a Q8_0 mix
-    // (composed)
-    for (format, n, d) in [(WeightFormat::F32, 1, 275), (WeightFormat::BF16, 3, 1024), (WeightFormat::F32, 2, 4101)]
-        .into_iter()
-        .chain([(WeightFormat::Q8_0, 2, 256)])
-    {
-        let (hc, w) = (4, 24);
-        let k = hc * d;
-        let mut c = case(
-            format!("hc_post_split_pre_norm {format} [{n},{hc}x{d}]"),
-            Op::HcMixSplit,
-            REDUCTION,
-            vec![
-                randn(&mut r, &[n, k], 2.0),
-                randn(&mut r, &[n, d], 2.0),
-                randn(&mut r, &[n, w], 1.0),
-                randn(&mut r, &[3], 1.5),
-                randn(&mut r, &[w], 1.0),
-                randn(&mut r, &[d], 1.5),
-            ],
-            |a| Call::HcPostSplitPreNorm { x: 0, f: 1, split: 2, scale: 3, base: 4, weight: 5, hc: a.a },
-            Args { a: hc, ..Default::default() },
-        );
-        c.weight = Some((format, w, k, weight_bytes(&mut r, format, w, k)));
-        c.exact_weight = true;
-        out.push(c);
-    }
 }
 
 /// Weight shapes for a block format: `cols` a whole, odd number of blocks (3) where that stays

@@ -1197,8 +1197,7 @@ static void test_hc_split() {
 // the mix's dot products in double, hc_split_ref): f32, bf16 and f16 mixes; k not a multiple of
 // the column range (the last range short) and a range longer than the block; 2 blocks of the
 // split kernel for 20 tokens (warps past n idle, the token loop grid-strides), a block a token and
-// a warp a token; 64 tokens of 4 x 4096, so that a norm summing its squares otherwise than
-// hc_pre_norm_f32 (`s += v * v` for its fmaf) differs in some row
+// a warp a token; 64 tokens of 4 x 4096 (the most a decode batch gives a block a token)
 static void test_hc_mix_split() {
     unsigned configs[][4] = {{1, 4, 1100, 0}, {20, 4, 700, 1}, {3, 4, 16384, 2}, {5, 3, 333, 0}, {64, 4, 16384, 0}};
     for (auto& cf : configs) {
@@ -1237,45 +1236,6 @@ static void test_hc_mix_split() {
         check(name, y, want, 1e-10);
         std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u, a warp a token", n, k, fmt_name(fmt), hc);
         check(name, y1, want, 1e-10);
-        // hc_split_pre_norm_f32: the split (a block a token) then hc_pre_norm_f32 of its pre, in
-        // one launch of the host's row blocks (1024 threads for rows of >= 4096), a block a
-        // token and 2 blocks grid-striding: the two kernels' bits
-        const unsigned d = k / hc, threads = d >= 4096 ? 1024 : 256;
-        auto weight = randv(d, 1.5);
-        std::vector<float> normed(n * d);
-        emu_launch(hc_pre_norm_f32, {n}, {threads}, 0, (const float*)x.data(), (const float*)y.data(),
-                   (const float*)weight.data(), normed.data(), n, d, hc, w, norm_eps);
-        for (unsigned blocks : {n, 2u}) {
-            std::vector<float> fsplit(n * w, -1.0f), fout(n * d, -1.0f);
-            emu_launch(hc_split_pre_norm_f32, {blocks}, {threads}, 0, (const float*)part.data(),
-                       (const float*)scale.data(), (const float*)base.data(), fsplit.data(), (const float*)x.data(),
-                       (const float*)weight.data(), fout.data(), n, d, hc, splits, iters, eb, norm_eps);
-            std::snprintf(name, sizeof name, "hc_split_pre_norm [%u,%ux%u] hc=%u %u blocks: split", n, hc, d, hc, blocks);
-            check(name, fsplit, y, 0);
-            std::snprintf(name, sizeof name, "hc_split_pre_norm [%u,%ux%u] hc=%u %u blocks: norm", n, hc, d, hc, blocks);
-            check(name, fout, normed, 0);
-        }
-        // hc_post_mix_partials_f32: hc_post_f32 of a sublayer's output into the residual, then
-        // hc_mix_partials_f32 of it against the next mix, in one launch, a block row a token and
-        // 2 block rows grid-striding: the bits of the two launches
-        auto rx = randv(n * k, 2), rf = randv(n * d, 2), rsplit = randv(n * w, 1);
-        std::vector<float> post(n * k), ppart(n * splits * (w + 1));
-        emu_launch(hc_post_f32, {blocks1d(n * k)}, {256}, 0, (const float*)rx.data(), (const float*)rf.data(),
-                   (const float*)rsplit.data(), post.data(), n, d, hc);
-        emu_launch(hc_mix_partials_f32, {splits, n}, {256}, 0, (const float*)post.data(), mix, ppart.data(), n, k, w,
-                   splits, fmt);
-        for (unsigned rows : {n, 2u}) {
-            std::vector<float> fpost(n * k, -1.0f), fpart(n * splits * (w + 1), -1.0f);
-            emu_launch(hc_post_mix_partials_f32, {splits, rows}, {256}, 0, (const float*)rx.data(),
-                       (const float*)rf.data(), (const float*)rsplit.data(), fpost.data(), mix, fpart.data(), n, d,
-                       hc, w, splits, fmt);
-            std::snprintf(name, sizeof name, "hc_post_mix_partials [%u,%ux%u] %s %u rows: post", n, hc, d,
-                          fmt_name(fmt), rows);
-            check(name, fpost, post, 0);
-            std::snprintf(name, sizeof name, "hc_post_mix_partials [%u,%ux%u] %s %u rows: part", n, hc, d,
-                          fmt_name(fmt), rows);
-            check(name, fpart, ppart, 0);
-        }
     }
 }
 

@@ -336,28 +336,6 @@ pub(crate) fn hc_pre_norm<T: DeviceTensor>(x: &T, w: &T, hc: usize, weight: &T) 
     Ok((n, d, wc))
 }
 
-/// [`hc_mix_split`]'s operands plus the norm weight `[d]` of [`hc_pre_norm`] (d = k / hc) →
-/// `(n, d, (2+hc)·hc)`.
-pub(crate) fn hc_split_pre_norm<T: DeviceTensor>(
-    x: &T,
-    mix: &impl NamedWeight,
-    scale: &T,
-    base: &T,
-    hc: usize,
-    weight: &T,
-) -> Result<(usize, usize, usize)> {
-    const OP: &str = "hc_split_pre_norm";
-    let (n, k, w) = hc_mix_split(x, mix, scale, base, hc).map_err(|e| renamed(OP, e))?;
-    input(OP, "weight", weight, DType::F32)?;
-    if hc == 0 || k % hc != 0 || numel(weight) != k / hc {
-        return Err(Error::shape(
-            OP,
-            format!("weight {:?} for x {:?} of hc = {hc} streams", weight.shape(), x.shape()),
-        ));
-    }
-    Ok((n, k / hc, w))
-}
-
 /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` → `(n, hc·d, d, hc)`.
 pub(crate) fn hc_post<T: DeviceTensor>(x: &T, f: &T, split: &T) -> Result<(usize, usize, usize, usize)> {
     const OP: &str = "hc_post";
@@ -373,27 +351,6 @@ pub(crate) fn hc_post<T: DeviceTensor>(x: &T, f: &T, split: &T) -> Result<(usize
         ));
     }
     Ok((n, cols, d, hc))
-}
-
-/// `hc_post` of X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]`, then `hc_split_pre_norm` of
-/// its output (X's shape) with the next sublayer's mix, scale, base and norm weight → `(n, d, w)`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn hc_post_split_pre_norm<T: DeviceTensor>(
-    x: &T,
-    f: &T,
-    split: &T,
-    mix: &impl NamedWeight,
-    scale: &T,
-    base: &T,
-    hc: usize,
-    weight: &T,
-) -> Result<(usize, usize, usize)> {
-    const OP: &str = "hc_post_split_pre_norm";
-    let (_, _, _, post_hc) = hc_post(x, f, split).map_err(|e| renamed(OP, e))?;
-    if post_hc != hc {
-        return Err(Error::shape(OP, format!("x {:?} holds {post_hc} streams, not hc = {hc}", x.shape())));
-    }
-    hc_split_pre_norm(x, mix, scale, base, hc, weight).map_err(|e| renamed(OP, e))
 }
 
 /// mix `[n, hc]`, scale `[1]`, base `[hc]` → `(n, hc)`.

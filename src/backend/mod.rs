@@ -403,48 +403,6 @@ impl HostProfile {
     }
 }
 
-/// [`Backend::hc_split_pre_norm`] as its two ops: the trait's default, and a lane's fallback where
-/// its fused kernel does not apply.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn hc_split_pre_norm_parts<B: Backend + ?Sized>(
-    b: &B,
-    x: &B::Tensor,
-    mix: &B::Weight,
-    scale: &B::Tensor,
-    base: &B::Tensor,
-    hc: usize,
-    iters: usize,
-    eps: f32,
-    norm_eps: f32,
-    weight: &B::Tensor,
-) -> Result<(B::Tensor, B::Tensor)> {
-    let split = b.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
-    let y = b.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
-    Ok((split, y))
-}
-
-/// [`Backend::hc_post_split_pre_norm`] as its two ops: the trait's default, and a lane's fallback
-/// where its fused kernel does not apply.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn hc_post_split_pre_norm_parts<B: Backend + ?Sized>(
-    b: &B,
-    x: &B::Tensor,
-    f: &B::Tensor,
-    split: &B::Tensor,
-    mix: &B::Weight,
-    scale: &B::Tensor,
-    base: &B::Tensor,
-    hc: usize,
-    iters: usize,
-    eps: f32,
-    norm_eps: f32,
-    weight: &B::Tensor,
-) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
-    let x = b.hc_post(x, f, split)?;
-    let (split, y) = b.hc_split_pre_norm(&x, mix, scale, base, hc, iters, eps, norm_eps, weight)?;
-    Ok((x, split, y))
-}
-
 /// [`Backend::hc_mix_split`] as its three ops: the trait's default, and where a lane's fused
 /// kernel does not apply (a block-format mix, say), that lane's fallback.
 #[allow(clippy::too_many_arguments)]
@@ -855,47 +813,6 @@ pub trait Backend {
         eps: f32,
     ) -> Result<Self::Tensor> {
         self.rms_norm(&self.hc_pre(x, w, hc)?, weight, eps)
-    }
-    /// A sublayer's split and its input at once: `split = hc_mix_split(x, mix, scale, base, hc,
-    /// iters, eps, norm_eps)` and `hc_pre_norm(x, split, hc, weight, norm_eps)` → (split
-    /// `[n, (2+hc)·hc]`, `[n, d]`). The default composes the two; a lane may fuse them (a decode
-    /// step runs this twice a layer).
-    #[allow(clippy::too_many_arguments)]
-    fn hc_split_pre_norm(
-        &self,
-        x: &Self::Tensor,
-        mix: &Self::Weight,
-        scale: &Self::Tensor,
-        base: &Self::Tensor,
-        hc: usize,
-        iters: usize,
-        eps: f32,
-        norm_eps: f32,
-        weight: &Self::Tensor,
-    ) -> Result<(Self::Tensor, Self::Tensor)> {
-        hc_split_pre_norm_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps, weight)
-    }
-    /// One sublayer's write-back and the next sublayer's start: `X' = hc_post(x, f, split)`, then
-    /// `hc_split_pre_norm(X', mix, scale, base, hc, iters, eps, norm_eps, weight)` with the next
-    /// sublayer's parameters → (X' `[n, hc·d]`, its split `[n, (2+hc)·hc]`, the next sublayer's
-    /// input `[n, d]`). The default composes the two; a lane may sum the next split's products as
-    /// it writes X' (a decode step runs this twice a layer, less the last).
-    #[allow(clippy::too_many_arguments)]
-    fn hc_post_split_pre_norm(
-        &self,
-        x: &Self::Tensor,
-        f: &Self::Tensor,
-        split: &Self::Tensor,
-        mix: &Self::Weight,
-        scale: &Self::Tensor,
-        base: &Self::Tensor,
-        hc: usize,
-        iters: usize,
-        eps: f32,
-        norm_eps: f32,
-        weight: &Self::Tensor,
-    ) -> Result<(Self::Tensor, Self::Tensor, Self::Tensor)> {
-        hc_post_split_pre_norm_parts(self, x, f, split, mix, scale, base, hc, iters, eps, norm_eps, weight)
     }
     /// Final-head stream weights (no Sinkhorn, §4.2): mix `[n, hc]`, scale `[1]`, base `[hc]` →
     /// `σ(mix · scale + base) + eps` `[n, hc]`.

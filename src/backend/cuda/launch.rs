@@ -21,8 +21,7 @@ use std::marker::PhantomData;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DriverError, LaunchConfig};
 use cudarc::driver::{result, sys};
 
-/// The most arguments a kernel of `cuda/` may take (the longest, `hc_split_pre_norm_f32` and
-/// `route_experts_f32`, have 14).
+/// The most arguments a kernel of `cuda/` may take (the longest, `route_experts_f32`, has 14).
 const MAX_ARGS: usize = 24;
 
 /// One kernel parameter: a device address, or a plain value (by pointer to the caller's value).

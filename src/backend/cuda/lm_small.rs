@@ -12,7 +12,7 @@ use super::launch::KernelArgs;
 
 use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GRID_Y, MAX_BLOCKS, Source, cfg_rows, check_u32};
 use crate::backend::{DType, DeviceTensor, WeightFormat};
-use crate::backend::{checks, hc_mix_split_parts, hc_post_split_pre_norm_parts, hc_split_pre_norm_parts};
+use crate::backend::{checks, hc_mix_split_parts};
 use crate::error::{Error, Result};
 
 /// Threads per block of `topk_rows_i32` (`LMS_TOPK_THREADS` in cuda/lm_small.cu).
@@ -39,12 +39,6 @@ fn float_code(format: WeightFormat) -> Option<u32> {
         WeightFormat::F16 => Some(2),
         _ => None,
     }
-}
-
-/// `hc_mix_partials_f32`'s grid and block (and `hc_post_mix_partials_f32`'s): a block a column
-/// range and row, rows grid-strided past `GRID_Y`.
-fn mix_partials_cfg(n: usize, splits: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: (splits, n.min(GRID_Y) as u32, 1), block_dim: (MIX_THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// `rope_tail`'s and `rope_tail_at`'s first four sizes: rows, cols, head dim, rotary dims.
@@ -132,17 +126,10 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// The code `hc_mix_partials_f32` takes for the mix `[w, k]` over n rows, or `None` where the
-    /// lane's fused split does not apply (a block-format mix, a mix in fast precision, more rows
-    /// than `LMS_MIX_MAX`, nothing to sum), which then takes the trait's composition.
-    fn mix_partials_code(&self, mix: &CudaWeight, n: usize, k: usize, w: usize) -> Option<u32> {
-        let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
-        float_code(mix.format).filter(|_| w <= MIX_MAX && f32_products && n > 0 && k > 0)
-    }
-
     /// `hc_mix_partials_f32` over X `[n, k]` and the mix `[w, k]`: each column range's w dot
     /// products and sum of squares, `[n, splits·(w + 1)]`, and the number of ranges; `None` where
-    /// `mix_partials_code` says the fused split does not apply.
+    /// the lane's two-kernel split does not apply (a block-format mix, a mix in fast precision, more
+    /// rows than `LMS_MIX_MAX`, nothing to sum), which then takes the trait's composition.
     fn hc_mix_partials(
         &self,
         op: &'static str,
@@ -152,123 +139,26 @@ impl CudaBackend {
         k: usize,
         w: usize,
     ) -> Result<Option<(CudaTensor, usize)>> {
-        let Some(code) = self.mix_partials_code(mix, n, k, w) else { return Ok(None) };
+        let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
+        let code = match float_code(mix.format) {
+            Some(code) if w <= MIX_MAX && f32_products && n > 0 && k > 0 => code,
+            _ => return Ok(None),
+        };
         let splits = k.div_ceil(MIX_SPAN);
         let mut part = self.alloc(op, vec![n, splits * (w + 1)], DType::F32)?;
         let (n32, k32, w32) = (check_u32(op, "rows", n)?, check_u32(op, "cols", k)?, w as u32);
         let splits32 = check_u32(op, "column ranges", splits)?;
         let f = self.func(Source::LmSmall, "hc_mix_partials_f32")?;
+        let cfg = LaunchConfig {
+            grid_dim: (splits32, n.min(GRID_Y) as u32, 1),
+            block_dim: (MIX_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&mix.buf).arg(&mut *part.buf).arg(&n32).arg(&k32).arg(&w32).arg(&splits32).arg(&code);
         // SAFETY: arguments match `hc_mix_partials_f32` in cuda/lm_small.cu; shapes checked by the caller.
-        self.launched(op, "hc_mix_partials_f32", mix_partials_cfg(n, splits32), |cfg| unsafe {
-            l.launch(cfg, self.pdl)
-        })?;
+        self.launched(op, "hc_mix_partials_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(Some((part, splits)))
-    }
-
-    /// `hc_split_pre_norm_f32` from the partial sums `part` `[n, splits·(w + 1)]` of the residual
-    /// X `[n, hc·d]`: the split `[n, w]` and the sublayer's input `[n, d]` (shapes checked by the
-    /// caller, n ≤ `MIX_BLOCK_A_TOKEN_MAX`).
-    #[allow(clippy::too_many_arguments)]
-    fn split_pre_norm_of_partials(
-        &self,
-        op: &'static str,
-        part: &CudaTensor,
-        splits: usize,
-        x: &CudaTensor,
-        (scale, base, weight): (&CudaTensor, &CudaTensor, &CudaTensor),
-        (n, d, hc, w): (usize, usize, usize, usize),
-        iters: usize,
-        eps: f32,
-        norm_eps: f32,
-    ) -> Result<(CudaTensor, CudaTensor)> {
-        let mut split = self.alloc(op, vec![n, w], DType::F32)?;
-        let mut y = self.alloc(op, vec![n, d], DType::F32)?;
-        let (n32, d32, hc32) = (check_u32(op, "rows", n)?, check_u32(op, "cols", d)?, check_u32(op, "hc", hc)?);
-        let (splits32, iters32, eps_bits) = (splits as u32, check_u32(op, "iters", iters)?, eps.to_bits());
-        let f = self.func(Source::LmSmall, "hc_split_pre_norm_f32")?;
-        // hc_pre_norm_f32's block for rows of d, so the norm sums in its order
-        let cfg = cfg_rows(n, d);
-        let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*part.buf).arg(&*scale.buf).arg(&*base.buf).arg(&mut *split.buf).arg(&*x.buf).arg(&*weight.buf);
-        l.arg(&mut *y.buf).arg(&n32).arg(&d32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps);
-        // SAFETY: arguments match `hc_split_pre_norm_f32` in cuda/lm_small.cu; part is
-        // hc_mix_partials' [n, splits, w + 1] of x, the block at least 256 threads.
-        self.launched(op, "hc_split_pre_norm_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-        Ok((split, y))
-    }
-
-    /// `hc_mix_split` then `hc_pre_norm` of its pre: for a decode step's few tokens the partial
-    /// sums, then one launch for the split and the norm (`hc_split_pre_norm_f32`, the bits of
-    /// `hc_mix_split_f32` then `hc_pre_norm_f32`); else the trait's composition.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn hc_split_pre_norm(
-        &self,
-        x: &CudaTensor,
-        mix: &CudaWeight,
-        scale: &CudaTensor,
-        base: &CudaTensor,
-        hc: usize,
-        iters: usize,
-        eps: f32,
-        norm_eps: f32,
-        weight: &CudaTensor,
-    ) -> Result<(CudaTensor, CudaTensor)> {
-        const OP: &str = "hc_split_pre_norm";
-        let (n, d, w) = checks::hc_split_pre_norm(x, mix, scale, base, hc, weight)?;
-        let composed = |b: &Self| hc_split_pre_norm_parts(b, x, mix, scale, base, hc, iters, eps, norm_eps, weight);
-        if n > MIX_BLOCK_A_TOKEN_MAX || d == 0 || self.opts.separate_hc_split_norm {
-            return composed(self);
-        }
-        let Some((part, splits)) = self.hc_mix_partials(OP, x, mix, n, hc * d, w)? else { return composed(self) };
-        let params = (scale, base, weight);
-        self.split_pre_norm_of_partials(OP, &part, splits, x, params, (n, d, hc, w), iters, eps, norm_eps)
-    }
-
-    /// `hc_post` then `hc_split_pre_norm` of its output: for a decode step's few tokens
-    /// `hc_post_mix_partials_f32` writes X' and sums the next split's products as it goes, then
-    /// `hc_split_pre_norm_f32` (the bits of `hc_post_f32`, `hc_mix_partials_f32` and that kernel);
-    /// else the trait's composition.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn hc_post_split_pre_norm(
-        &self,
-        x: &CudaTensor,
-        f: &CudaTensor,
-        split: &CudaTensor,
-        mix: &CudaWeight,
-        scale: &CudaTensor,
-        base: &CudaTensor,
-        hc: usize,
-        iters: usize,
-        eps: f32,
-        norm_eps: f32,
-        weight: &CudaTensor,
-    ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-        const OP: &str = "hc_post_split_pre_norm";
-        let (n, d, w) = checks::hc_post_split_pre_norm(x, f, split, mix, scale, base, hc, weight)?;
-        let k = hc * d;
-        let code = self.mix_partials_code(mix, n, k, w);
-        let Some(code) = code.filter(|_| n <= MIX_BLOCK_A_TOKEN_MAX && !self.opts.separate_hc_split_norm) else {
-            return hc_post_split_pre_norm_parts(self, x, f, split, mix, scale, base, hc, iters, eps, norm_eps, weight);
-        };
-        let splits = k.div_ceil(MIX_SPAN);
-        let mut post = self.alloc(OP, vec![n, k], DType::F32)?;
-        let mut part = self.alloc(OP, vec![n, splits * (w + 1)], DType::F32)?;
-        let (n32, d32, hc32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", d)?, check_u32(OP, "hc", hc)?);
-        let (w32, splits32) = (w as u32, check_u32(OP, "column ranges", splits)?);
-        check_u32(OP, "hc·d", k)?;
-        let func = self.func(Source::LmSmall, "hc_post_mix_partials_f32")?;
-        let mut l = KernelArgs::new(&self.stream, &func);
-        l.arg(&*x.buf).arg(&*f.buf).arg(&*split.buf).arg(&mut *post.buf).arg(&mix.buf).arg(&mut *part.buf);
-        l.arg(&n32).arg(&d32).arg(&hc32).arg(&w32).arg(&splits32).arg(&code);
-        // SAFETY: arguments match `hc_post_mix_partials_f32` in cuda/lm_small.cu; shapes checked above.
-        let cfg = mix_partials_cfg(n, splits32);
-        self.launched(OP, "hc_post_mix_partials_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-        let params = (scale, base, weight);
-        let (split, y) =
-            self.split_pre_norm_of_partials(OP, &part, splits, &post, params, (n, d, hc, w), iters, eps, norm_eps)?;
-        Ok((post, split, y))
     }
 
     /// `hc_split` of the residual's mix, norm factor taken out of the product: X `[n, k]`, mix

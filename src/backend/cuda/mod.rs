@@ -280,16 +280,13 @@ pub struct Options {
     /// see src/backend/cuda/launch.rs). On by default (a decode step 12 % faster on an H100,
     /// twenty-fourth sitting); `FOVEA_PDL=0` turns it off (a diagnostic).
     pub dependent_launch: bool,
-    /// A decode step's hyper-connection split and the sublayer's norm in separate launches even
-    /// where one takes both (`hc_split_pre_norm_f32`; the same bits). Diagnostic:
-    /// `FOVEA_HC_SPLIT_NORM=separate`.
-    pub separate_hc_split_norm: bool,
     /// Two linears of one input (`Backend::linear_pair`) in two launches even where one takes both
     /// (`linear_pair_*`; the same bits). Diagnostic: `FOVEA_LINEAR_PAIR=separate`.
     pub separate_linear_pair: bool,
     /// In fast precision, one token's experts and widest linears in a [`q8x_format`] take int8
     /// activations (`*_q8x_*`). On by default; off when `FOVEA_CUDA_Q8X=0`, to time both in one
-    /// build (the twenty-third sitting added MXFP4, not yet measured). Diagnostic.
+    /// build (MXFP4's experts: 0.40 → 0.34 ms a layer on an H100, twenty-fourth sitting).
+    /// Diagnostic.
     pub q8x: bool,
 }
 
@@ -303,7 +300,6 @@ impl Default for Options {
             kernel_times: times == "1" || times == "grid",
             kernel_times_by_grid: times == "grid",
             dependent_launch: std::env::var("FOVEA_PDL").map_or(true, |v| v != "0"),
-            separate_hc_split_norm: std::env::var("FOVEA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
             separate_linear_pair: std::env::var("FOVEA_LINEAR_PAIR").is_ok_and(|v| v == "separate"),
             q8x: std::env::var("FOVEA_CUDA_Q8X").map_or(true, |v| v != "0"),
         }
@@ -1245,36 +1241,6 @@ impl Backend for CudaBackend {
     }
     fn linear_pair(&self, x: &CudaTensor, wa: &CudaWeight, wb: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
         CudaBackend::linear_pair(self, x, wa, wb)
-    }
-    fn hc_split_pre_norm(
-        &self,
-        x: &CudaTensor,
-        mix: &CudaWeight,
-        s: &CudaTensor,
-        b: &CudaTensor,
-        hc: usize,
-        it: usize,
-        eps: f32,
-        norm_eps: f32,
-        weight: &CudaTensor,
-    ) -> Result<(CudaTensor, CudaTensor)> {
-        self.hc_split_pre_norm(x, mix, s, b, hc, it, eps, norm_eps, weight)
-    }
-    fn hc_post_split_pre_norm(
-        &self,
-        x: &CudaTensor,
-        f: &CudaTensor,
-        split: &CudaTensor,
-        mix: &CudaWeight,
-        s: &CudaTensor,
-        b: &CudaTensor,
-        hc: usize,
-        it: usize,
-        eps: f32,
-        norm_eps: f32,
-        weight: &CudaTensor,
-    ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-        self.hc_post_split_pre_norm(x, f, split, mix, s, b, hc, it, eps, norm_eps, weight)
     }
     fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         self.hc_pre(x, w, hc)

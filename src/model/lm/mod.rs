@@ -918,14 +918,6 @@ impl<B: Backend> LmModel<B> {
         let positions = b.upload(&HostTensor::i32([n], positions)?)?;
         let uploads = IndexUploads::new(b);
         let mut carry = Some(b.hc_expand(&h, hc)?);
-        // the first attention sublayer's split and input; every later sublayer's come with the
-        // write-back of the one before (`hc_post_split_pre_norm`)
-        let mut attn_in = match self.layers.first() {
-            Some(first) => {
-                Some(self.hc_split_pre_norm(b, carry.as_ref().expect("carried"), &first.hc_attn, &first.attn_norm)?)
-            }
-            None => None,
-        };
         for (l, layer) in self.layers.iter().enumerate() {
             // the residual entering this layer: carried, or the previous layer's traced output
             let x = match (&carry, &trace) {
@@ -934,21 +926,13 @@ impl<B: Backend> LmModel<B> {
                 (None, None) => unreachable!("the residual is either carried or traced"),
             };
             // attention sublayer; `split` is [T, pre hc | post hc | comb hc·hc]
-            let (split, xa) = attn_in.take().expect("each layer's attention input is made before it");
+            let (split, xa) = self.hc_split_pre_norm(b, x, &layer.hc_attn, &layer.attn_norm)?;
             let (att, picks) = self.attention(&uploads, layer, l, seqs, &positions, &xa)?;
-            // written back, and the MoE sublayer's split and input
-            let (x, split, xf) = self.hc_post_split_pre_norm(b, x, &att, &split, &layer.hc_ffn, &layer.ffn_norm)?;
+            let x = b.hc_post(x, &att, &split)?;
+            // MoE sublayer
+            let (split, xf) = self.hc_split_pre_norm(b, &x, &layer.hc_ffn, &layer.ffn_norm)?;
             let (m, sel, w) = self.moe(b, &layer.moe, &xf, &ids_t, &kind)?;
-            // written back, and the next layer's attention split and input
-            let next = match self.layers.get(l + 1) {
-                Some(nl) => {
-                    let (next, split_a, xa) =
-                        self.hc_post_split_pre_norm(b, &x, &m, &split, &nl.hc_attn, &nl.attn_norm)?;
-                    attn_in = Some((split_a, xa));
-                    next
-                }
-                None => b.hc_post(&x, &m, &split)?,
-            };
+            let next = b.hc_post(&x, &m, &split)?;
             match trace.as_deref_mut() {
                 Some(t) => {
                     t.hidden[l].push(next);
@@ -980,23 +964,9 @@ impl<B: Backend> LmModel<B> {
     /// collapsed by pre and normalised by `norm`.
     fn hc_split_pre_norm(&self, b: &B, x: &B::Tensor, p: &Hc<B>, norm: &B::Tensor) -> Result<(B::Tensor, B::Tensor)> {
         let (hc, eps, hc_eps) = (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32, self.cfg.hc_eps as f32);
-        b.hc_split_pre_norm(x, &p.mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, hc_eps, eps, norm)
-    }
-
-    /// `hc_post(x, f, split)`, then [`Self::hc_split_pre_norm`] of it for the sublayer `p`, `norm`:
-    /// (X', its split, the sublayer's input).
-    fn hc_post_split_pre_norm(
-        &self,
-        b: &B,
-        x: &B::Tensor,
-        f: &B::Tensor,
-        split: &B::Tensor,
-        p: &Hc<B>,
-        norm: &B::Tensor,
-    ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
-        let (hc, eps, hc_eps) = (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32, self.cfg.hc_eps as f32);
-        let iters = self.cfg.hc_sinkhorn_iters;
-        b.hc_post_split_pre_norm(x, f, split, &p.mix, &p.scale, &p.base, hc, iters, hc_eps, eps, norm)
+        let split = b.hc_mix_split(x, &p.mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, hc_eps, eps)?;
+        let y = b.hc_pre_norm(x, &split, hc, norm, eps)?;
+        Ok((split, y))
     }
 
     /// Feed the compressor projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` of every row to
