@@ -621,4 +621,3 @@ __device__ __forceinline__ void q8x_cols(const Op& op, const void* w, unsigned i
                 if (c0 + j < cols) op.store2(m, c0 + j, acc[j], acc[j + 1u]);
     }
 }
-

@@ -4,10 +4,10 @@
 //! are commands in the stream: a timed step is slower than an untimed one, and an event's
 //! timestamp is taken when the device reaches it, so where the device waited for the host's next
 //! launch that wait is inside the kernel's time. The times are exact where the host keeps ahead
-//! of the device and upper bounds where it does not (a decode step with the timer on). The
-//! backends of a process share the context's default stream (unless they launch with
-//! programmatic dependent launch, on streams of their own), so two lanes timing at once see each
-//! other's kernels in their intervals.
+//! of the device and upper bounds where it does not (a decode step with the timer on). Backends
+//! that launch with programmatic dependent launch (the default on sm_90+) have streams of their
+//! own; those without it (older devices, `FOVEA_PDL=0`) share the context's default stream, so
+//! two of them timing at once see each other's kernels in their intervals.
 
 use std::sync::{Arc, Mutex};
 
