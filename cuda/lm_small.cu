@@ -116,21 +116,6 @@ BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned
     }
 }
 
-// One row of hc_pre_norm_f32 by the whole block: xt [hc*d] collapsed by the weights wt [hc] into
-// yt [d], then scaled by rsqrt(mean(yt^2) + eps) and weight (red: block_sum's 32 floats).
-__device__ __forceinline__ void lms_pre_norm_row(const float* xt, const float* wt, const float* weight, float* yt,
-                                                 unsigned int d, unsigned int hc, float eps, float* red) {
-    float s = 0.0f;
-    for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
-        float v = 0.0f;
-        for (unsigned int k = 0; k < hc; ++k) v += wt[k] * xt[(u64)k * d + j];
-        yt[j] = v;
-        s = fmaf(v, v, s);
-    }
-    const float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
-    for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
-}
-
 // hc_pre_norm_f32: rms_norm(hc_pre(X, w, hc), weight, eps) of every row, X [n, hc*d], w [n, wc]
 // (its first hc columns), weight [d] -> out [n, d]. One block per row (the host's row_threads),
 // rows grid-strided: the first pass writes the collapsed row (summed over the streams as
@@ -140,8 +125,20 @@ BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* we
                                  unsigned int d, unsigned int hc, unsigned int wc, float eps) {
     grid_wait();
     __shared__ float red[32];
-    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x)
-        lms_pre_norm_row(x + (u64)t * hc * d, w + (u64)t * wc, weight, out + (u64)t * d, d, hc, eps, red);
+    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x) {
+        const float* xt = x + (u64)t * hc * d;
+        const float* wt = w + (u64)t * wc;
+        float* yt = out + (u64)t * d;
+        float s = 0.0f;
+        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
+            float v = 0.0f;
+            for (unsigned int k = 0; k < hc; ++k) v += wt[k] * xt[(u64)k * d + j];
+            yt[j] = v;
+            s = fmaf(v, v, s);
+        }
+        const float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
+        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
+    }
 }
 
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
@@ -303,22 +300,15 @@ BASE_KERNEL void swiglu_clamp_f32(const float* gate, const float* up, float* out
 // of the one-thread version for its entry and the result is the same, bit for bit; the 20-round
 // chain then costs a few shuffles and one division per step rather than hc * hc divisions in a
 // row (one thread per token took 25-57 us of a decode step on an H200). Every lane of the warp
-// calls every shuffle; only `active` lanes (a token that exists) store. In two parts: the
-// sigmoids (lanes < hc) ...
-__device__ __forceinline__ void hc_split_warp_pre_post(const float* m, const float* scale, const float* base, float* o,
-                                                       unsigned int hc, float eps, bool active) {
-    const unsigned int lane = threadIdx.x % 32u;
+// calls every shuffle; only `active` lanes (a token that exists) store.
+__device__ __forceinline__ void hc_split_warp(const float* m, const float* scale, const float* base, float* o,
+                                              unsigned int hc, unsigned int iters, float eps, bool active) {
+    const unsigned int lane = threadIdx.x % 32u, cells = hc * hc;
+    const unsigned int cell = lane < cells ? lane : 0u, src = cell / hc, dst = cell % hc;
     if (active && lane < hc) {
         o[lane] = lms_sigmoid(m[lane] * scale[0] + base[lane]) + eps;
         o[hc + lane] = 2.0f * lms_sigmoid(m[hc + lane] * scale[1] + base[hc + lane]);
     }
-}
-
-// ... then the mixing matrix (the whole warp: its shuffles take every lane).
-__device__ __forceinline__ void hc_split_warp_comb(const float* m, const float* scale, const float* base, float* o,
-                                                   unsigned int hc, unsigned int iters, float eps, bool active) {
-    const unsigned int lane = threadIdx.x % 32u, cells = hc * hc;
-    const unsigned int cell = lane < cells ? lane : 0u, src = cell / hc, dst = cell % hc;
     // softmax over dst for each src, + eps
     const float v0 = active ? m[2 * hc + cell] * scale[2] + base[2 * hc + cell] : 0.0f;
     float mx = NEG_INF;
@@ -339,12 +329,6 @@ __device__ __forceinline__ void hc_split_warp_comb(const float* m, const float* 
         v /= cs + eps;
     }
     if (active && lane < cells) o[2 * hc + lane] = v;
-}
-
-__device__ __forceinline__ void hc_split_warp(const float* m, const float* scale, const float* base, float* o,
-                                              unsigned int hc, unsigned int iters, float eps, bool active) {
-    hc_split_warp_pre_post(m, scale, base, o, hc, eps, active);
-    hc_split_warp_comb(m, scale, base, o, hc, iters, eps, active);
 }
 
 // One token of hc_split_f32 on one thread, in place in `o` (any hc).

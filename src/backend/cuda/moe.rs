@@ -142,23 +142,20 @@ impl CudaBackend {
             // kernel where the format has one (a block per Q8X_BLOCK_COLS columns, the int8 row
             // and its scales in shared memory), else the GEMM's small-row or tile path. Routed
             // experts are never exact weights: the lane's precision.
-            let q8x = |k: usize| {
-                self.opts.q8x
+            let pick = |family: &WeightKernels, which: usize, format: WeightFormat, k: usize, cols: usize| {
+                let shared = q8x_shared_bytes(k);
+                if let Some(names) = moe_q8x_kernels(format)
+                    && self.opts.q8x
                     && self.opts.precision == Precision::Fast
                     && n == 1
-                    && q8x_shared_bytes(k) <= DEFAULT_SHARED_BYTES
-            };
-            let q8x_cfg = |k: usize, cols: usize| LaunchConfig {
-                grid_dim: (cols.div_ceil(Q8X_BLOCK_COLS) as u32, gy, 1),
-                block_dim: (Q8X_THREADS, 1, 1),
-                shared_mem_bytes: q8x_shared_bytes(k) as u32,
-            };
-            let pick = |family: &WeightKernels, which: usize, format: WeightFormat, k: usize, cols: usize| {
-                if let Some(names) = moe_q8x_kernels(format)
-                    && q8x(k)
+                    && shared <= DEFAULT_SHARED_BYTES
                 {
-                    let f = self.func_in(Source::Moe, names[which], Build::Rows)?;
-                    return Ok((names[which], f, q8x_cfg(k, cols)));
+                    let cfg = LaunchConfig {
+                        grid_dim: (cols.div_ceil(Q8X_BLOCK_COLS) as u32, gy, 1),
+                        block_dim: (Q8X_THREADS, 1, 1),
+                        shared_mem_bytes: shared as u32,
+                    };
+                    return Ok((names[which], self.func_in(Source::Moe, names[which], Build::Rows)?, cfg));
                 }
                 let kernel = family.of(format);
                 let cfg = LaunchConfig {

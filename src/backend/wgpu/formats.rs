@@ -83,7 +83,6 @@ impl BlockKernel {
     }
 }
 
-/// The decoder file of a block format (`None` for F32/F16/BF16, which the float kernels read).
 /// A file of `shaders/dequant/` (under `dir`, if given): its name there and its WGSL.
 macro_rules! dequant_file {
     ($name:literal) => {
@@ -94,6 +93,7 @@ macro_rules! dequant_file {
     };
 }
 
+/// The decoder file of a block format (`None` for F32/F16/BF16, which the float kernels read).
 fn decoder(format: WeightFormat) -> Option<(&'static str, &'static str)> {
     use WeightFormat::*;
     Some(match format {
