@@ -80,11 +80,17 @@ impl WgpuBackend {
     pub fn sync(&self) -> Result<()> {
         let _one = self.sync_lock.lock().unwrap();
         self.submit_pending();
+        self.wait_for_submitted("sync")
+    }
+
+    /// Wait until the device has finished everything submitted so far (the caller holds
+    /// `sync_lock`).
+    pub(super) fn wait_for_submitted(&self, what: &str) -> Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
         self.queue.on_submitted_work_done(move || {
             let _ = tx.send(());
         });
-        self.shared.counters.clock.wait(|| self.wait_until("sync", || rx.try_recv().is_ok()))
+        self.shared.counters.clock.wait(|| self.wait_until(what, || rx.try_recv().is_ok()))
     }
 
     pub(super) fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {

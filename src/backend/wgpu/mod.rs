@@ -109,6 +109,14 @@ const PARAM_BYTES: usize = 64;
 /// chunk of the whole model (1.08 GiB on an H200), so prefill and decode reuse every buffer.
 const FREE_LIST_BYTES: u64 = 2 << 30;
 
+/// Bytes of weight uploads staged by `Queue::write_buffer` before the lane submits them and waits
+/// for the copies ([`Options::staging_flush_bytes`]). wgpu keeps each write's staging buffer until
+/// the submission that carries it has finished, and gpu-allocator puts staging in device-local
+/// memory wherever the host can map it (resizable BAR: every NVIDIA datacenter card; all of a
+/// unified-memory APU's), so a model loaded with no submit in between held its weights twice
+/// until the first forward: 36 q2 layers (67.8 GiB) ran out of memory on an 80 GB H100.
+const STAGING_FLUSH_BYTES: u64 = 256 << 20;
+
 /// The byte size of the buffer an activation of `bytes` gets: rounded up to a multiple of an
 /// eighth of the power of two at or below it (at most 12.5 % more), so that a tensor growing a
 /// row at a time (the compressed entries and indexer keys a decode step appends to) reuses a
@@ -226,6 +234,9 @@ pub struct Options {
     /// Size of one weight pool buffer; matrices (or chunks) over half of it get their own buffer.
     /// Small (4 MiB) so the unused tail of the last pool stays a negligible share of the weights.
     pub weight_pool_bytes: u64,
+    /// Weight bytes written through `Queue::write_buffer` (whose staging wgpu holds until the
+    /// write is submitted and done) after which the lane submits and waits: [`STAGING_FLUSH_BYTES`].
+    pub staging_flush_bytes: u64,
     /// Recycle freed activation buffers of the same size class ([`size_class`]).
     pub reuse_buffers: bool,
     /// Bytes of freed activation buffers the free list holds at most: a buffer freed past it
@@ -272,6 +283,7 @@ impl Default for Options {
                 .unwrap_or(q8x::LINEAR_MIN_COLS),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
+            staging_flush_bytes: STAGING_FLUSH_BYTES,
             reuse_buffers: true,
             free_list_bytes: FREE_LIST_BYTES,
             wait_timeout: std::time::Duration::from_secs(600),
@@ -565,6 +577,12 @@ impl WgpuBackend {
     pub fn bind_groups_made(&self) -> u64 {
         self.bind_groups.lock().unwrap().made
     }
+    /// Bytes in the live allocations of wgpu's memory allocator (gpu-allocator's report: weights,
+    /// activations and the staging of queue writes alike), where the backend keeps one (Vulkan,
+    /// DX12). Diagnostic.
+    pub fn allocated_bytes(&self) -> Option<u64> {
+        self.device.generate_allocator_report().map(|r| r.total_allocated_bytes)
+    }
     /// Release the recycled activation buffers.
     pub fn trim(&self) {
         self.shared.empty_free_list(&mut self.shared.free.lock().unwrap());
@@ -832,7 +850,7 @@ impl Backend for WgpuBackend {
             let bytes = Self::weight_alloc_bytes(w.format, rows, w.cols);
             let (buf, offset) = self.alloc_weight(bytes);
             self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
-            self.write_rows(&buf, offset, src, row_bytes, padded_row as usize);
+            self.write_rows(&buf, offset, src, row_bytes, padded_row as usize)?;
             chunks.push(WeightChunk { buf, offset, bytes, row0, rows });
             row0 += rows;
             if w.rows == 0 {
@@ -901,7 +919,7 @@ impl Backend for WgpuBackend {
             w.validate()?;
             let (offset, bytes) = (step * j as u64, Self::weight_alloc_bytes(format, rows, cols));
             self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
-            self.write_rows(&buf, offset, &w.bytes, format.row_bytes(cols), padded_row as usize);
+            self.write_rows(&buf, offset, &w.bytes, format.row_bytes(cols), padded_row as usize)?;
             all.push(WgpuWeight {
                 name: w.name.clone(),
                 format,

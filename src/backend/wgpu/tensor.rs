@@ -19,6 +19,8 @@ pub(super) struct Counters {
     /// Bytes of the weight matrices inside the pools (the part of `weight` they fill).
     pub(super) matrix: AtomicU64,
     pub(super) activation: AtomicU64,
+    /// Bytes written by `Queue::write_buffer` since the lane last submitted and waited for them.
+    pub(super) staged: AtomicU64,
     pub(super) peak: AtomicU64,
     pub(super) cached: AtomicU64,
     /// Commands encoded: compute dispatches and buffer copies (`Backend::launches`).
@@ -329,19 +331,43 @@ impl super::WgpuBackend {
     /// has not yet submitted: fine for a weight's own fresh region, which no earlier command
     /// reads; a write into a buffer earlier work may still use would need `submitter.drain()`
     /// first (activations are filled by encoded copies instead: `upload`).
-    pub(super) fn write_rows(&self, buf: &wgpu::Buffer, offset: u64, src: &[u8], row_bytes: usize, padded_row: usize) {
+    pub(super) fn write_rows(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        src: &[u8],
+        row_bytes: usize,
+        padded_row: usize,
+    ) -> Result<()> {
         if src.is_empty() {
-            return;
+            return Ok(());
         }
         if padded_row == row_bytes {
-            self.queue.write_buffer(buf, offset, src);
-        } else {
-            let mut data = vec![0u8; src.len() / row_bytes.max(1) * padded_row];
-            for (dst, s) in data.chunks_exact_mut(padded_row).zip(src.chunks_exact(row_bytes)) {
-                dst[..row_bytes].copy_from_slice(s);
-            }
-            self.queue.write_buffer(buf, offset, &data);
+            return self.write_staged(buf, offset, src);
         }
+        let mut data = vec![0u8; src.len() / row_bytes.max(1) * padded_row];
+        for (dst, s) in data.chunks_exact_mut(padded_row).zip(src.chunks_exact(row_bytes)) {
+            dst[..row_bytes].copy_from_slice(s);
+        }
+        self.write_staged(buf, offset, &data)
+    }
+
+    /// `Queue::write_buffer`, and once `Options::staging_flush_bytes` have been written so, a
+    /// submit and a wait for it, so that wgpu frees the writes' staging buffers (device memory on
+    /// most GPUs: `STAGING_FLUSH_BYTES`) while a model loads rather than after its first forward.
+    pub(super) fn write_staged(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<()> {
+        self.queue.write_buffer(buf, offset, data);
+        let len = data.len() as u64;
+        let staged = self.shared.counters.staged.fetch_add(len, Ordering::Relaxed) + len;
+        if staged < self.opts.staging_flush_bytes {
+            return Ok(());
+        }
+        let _one = self.sync_lock.lock().unwrap();
+        self.submit_pending();
+        // an empty submit carries the queue's pending writes
+        self.queue.submit([]);
+        self.shared.counters.staged.store(0, Ordering::Relaxed);
+        self.wait_for_submitted("uploading weights")
     }
 
     /// Sub-allocate `bytes` of weight memory: from a pool (first fit), or a buffer of its own when
@@ -392,7 +418,7 @@ impl super::WgpuBackend {
         self.check_binding(producer, "parameter", bytes)?;
         let (buf, offset) = self.alloc_weight(bytes);
         if !host_bytes.is_empty() {
-            self.queue.write_buffer(&buf, offset, host_bytes);
+            self.write_staged(&buf, offset, host_bytes)?;
         }
         Ok(WgpuTensor {
             buf,
