@@ -1288,25 +1288,15 @@ fn sp_key(s: u32, nwin: u32, r: u32, d: u32) -> f32 {
     return b[u32(row) * p.u2 + d];
 }
 
-@compute @workgroup_size(SP_THREADS, 1, 1)
-fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let heads = p.u1;
-    let groups = (heads + SP_HEADS - 1u) / SP_HEADS;
-    let x = wg.x; // uniform across the workgroup
-    let i = x / groups;
-    if (i * heads >= p.u0) { return; }
-    let h0 = (x % groups) * SP_HEADS;
-    let nh = min(SP_HEADS, heads - h0);
+// Part s of the keys of the pair's query (its window rows, then its compressed slots): each
+// key's row into sp_row (−1: no key; a compressed index out of range raises sa_bad_any), then
+// the keys' logits against the heads of the pair's query from its head on (nh of them; its qo)
+// into sp_w [SP_HEADS][SP_KEYS] (0 for a key without a row and a head past nh). Ends with a
+// barrier; reads sp_row and sp_w of a part before must be behind one.
+fn sp_part_logits(li: u32, pair: SaPair, window_bad: bool, nwin: u32, s: u32, nh: u32) {
     let hd = p.u2;
     let kk = p.u4;
-    let s = wg.y;
-    let pair = sa_pair(i * heads + h0);
-    let window_bad = sa_window_bad(pair);
-    let nwin = select(u32(max(pair.hi - pair.lo + 1, 0)), 0u, window_bad);
-    if (li == 0u) {
-        atomicStore(&sa_bad_any, select(0u, 1u, window_bad));
-    }
-    workgroupBarrier();
+    let i = pair.i;
     // each key's row: window row lo + key, or compressed slot key − nwin
     if (li < SP_KEYS) {
         let key = s * SP_KEYS + li;
@@ -1362,6 +1352,27 @@ fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
         sp_w[(hl + SP_HSTEP * t) * SP_KEYS + j] = dot[t] * bitcast<f32>(p.u6);
     }
     workgroupBarrier();
+}
+
+@compute @workgroup_size(SP_THREADS, 1, 1)
+fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let heads = p.u1;
+    let groups = (heads + SP_HEADS - 1u) / SP_HEADS;
+    let x = wg.x; // uniform across the workgroup
+    let i = x / groups;
+    if (i * heads >= p.u0) { return; }
+    let h0 = (x % groups) * SP_HEADS;
+    let nh = min(SP_HEADS, heads - h0);
+    let hd = p.u2;
+    let s = wg.y;
+    let pair = sa_pair(i * heads + h0);
+    let window_bad = sa_window_bad(pair);
+    let nwin = select(u32(max(pair.hi - pair.lo + 1, 0)), 0u, window_bad);
+    if (li == 0u) {
+        atomicStore(&sa_bad_any, select(0u, 1u, window_bad));
+    }
+    workgroupBarrier();
+    sp_part_logits(li, pair, window_bad, nwin, s, nh);
     // each head's max over the part's keys, in key order
     if (li < SP_HEADS) {
         var any = false;
@@ -1461,6 +1472,114 @@ fn sink_attention_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
             if (a[r + 1u] > 0.0) { o += exp(a[r] - mx) * a[r + 4u + e]; }
         }
         out[oo + e] = o / den;
+    }
+}
+
+// sink_attention_heads: the same op for many (query, head) pairs (a prefill chunk), a workgroup
+// per (query, SP_HEADS heads) where sink_attention takes one per pair: every head of a query
+// reads the same keys (one shared latent), and a workgroup a head read each key row once a head
+// (64 times at the model's 64 heads: on an H100 under Vulkan the op took 48 % of a 4 096-token
+// prefill). The workgroup goes through its query's keys in parts of SP_KEYS, taking each part's
+// rows and logits as sink_attention_part does (sp_part_logits), and folds each part into every
+// head's running max M, denominator and output sums (online softmax): M starts at the sink and
+// the denominator at exp(sink − M) = 1 (0 for a −inf sink); a part raises M to M' = max(M, its
+// logits), scales what is summed so far by exp(M − M'), and adds its exp(logit − M') (one thread
+// a head, key order) and their value rows (each thread its dims of hd, as in
+// sink_attention_part). The output is the sums over the denominator, zeros for a query without
+// keys (a denominator of 0: the reference's empty sum), a NaN head for an index out of range.
+// Grid of ceil(n·⌈heads / SP_HEADS⌉) workgroups of SP_THREADS (2-D); the uniforms are
+// sink_attention's.
+// the blocks of SP_THREADS dims a thread sums (hd ≤ SH_BLOCKS · SP_THREADS = 1 024: lm.rs checks)
+const SH_BLOCKS: u32 = 4u;
+// per head of the workgroup: the running max, denominator, and the part's rescale exp(M − M')
+var<workgroup> sh_m: array<f32, SP_HEADS>;
+var<workgroup> sh_den: array<f32, SP_HEADS>;
+var<workgroup> sh_scale: array<f32, SP_HEADS>;
+
+@compute @workgroup_size(SP_THREADS, 1, 1)
+fn sink_attention_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) li: u32) {
+    let heads = p.u1;
+    let groups = (heads + SP_HEADS - 1u) / SP_HEADS;
+    let x = wg.y * nwg.x + wg.x; // uniform across the workgroup
+    let i = x / groups;
+    if (i * heads >= p.u0) { return; }
+    let h0 = (x % groups) * SP_HEADS;
+    let nh = min(SP_HEADS, heads - h0);
+    let hd = p.u2;
+    let pair = sa_pair(i * heads + h0);
+    let window_bad = sa_window_bad(pair);
+    let nwin = select(u32(max(pair.hi - pair.lo + 1, 0)), 0u, window_bad);
+    let parts = (nwin + p.u4 + SP_KEYS - 1u) / SP_KEYS;
+    if (li == 0u) {
+        atomicStore(&sa_bad_any, select(0u, 1u, window_bad));
+    }
+    if (li < nh) {
+        let sink = comb[h0 + li];
+        sh_m[li] = sink;
+        sh_den[li] = select(1.0, 0.0, !is_finite(sink) && sink < 0.0); // −inf: no term
+    }
+    var acc: array<f32, SP_HEADS * SH_BLOCKS>;
+    for (var s = 0u; s < parts; s++) {
+        workgroupBarrier();
+        sp_part_logits(li, pair, window_bad, nwin, s, nh);
+        // each head's new max over the part's keys (key order) and the rescale of its sums
+        if (li < nh) {
+            let m0 = sh_m[li];
+            var mx = m0;
+            for (var k = 0u; k < SP_KEYS; k++) {
+                if (sp_row[k] >= 0) { mx = max(mx, sp_w[li * SP_KEYS + k]); }
+            }
+            sh_scale[li] = select(exp(m0 - mx), 1.0, m0 == mx);
+            sh_m[li] = mx;
+        }
+        workgroupBarrier();
+        for (var e = li; e < SP_HEADS * SP_KEYS; e += SP_THREADS) {
+            let h = e / SP_KEYS;
+            sp_w[e] = select(0.0, exp(sp_w[e] - sh_m[min(h, nh - 1u)]), h < nh && sp_row[e % SP_KEYS] >= 0);
+        }
+        workgroupBarrier();
+        if (li < nh) {
+            var den = sh_den[li] * sh_scale[li];
+            for (var k = 0u; k < SP_KEYS; k++) {
+                if (sp_row[k] >= 0) { den += sp_w[li * SP_KEYS + k]; }
+            }
+            sh_den[li] = den;
+        }
+        // every head's sums of this thread's dims, rescaled, plus the part's weighted values,
+        // SP_BATCH keys' loads in flight together (fixed trip counts: the sums stay in registers)
+        var scale: array<f32, SP_HEADS>;
+        for (var h = 0u; h < SP_HEADS; h++) { scale[h] = sh_scale[min(h, nh - 1u)]; }
+        for (var blk = 0u; blk < SH_BLOCKS; blk++) {
+            let d = blk * SP_THREADS + li;
+            if (blk * SP_THREADS < hd) {
+                for (var h = 0u; h < SP_HEADS; h++) { acc[blk * SP_HEADS + h] *= scale[h]; }
+                for (var k0 = 0u; k0 < SP_KEYS; k0 += SP_BATCH) {
+                    var v: array<f32, SP_BATCH>;
+                    for (var kb = 0u; kb < SP_BATCH; kb++) {
+                        v[kb] = sp_key(s, nwin, k0 + kb, d);
+                    }
+                    for (var kb = 0u; kb < SP_BATCH; kb++) {
+                        for (var h = 0u; h < SP_HEADS; h++) {
+                            acc[blk * SP_HEADS + h] = fma(sp_w[h * SP_KEYS + k0 + kb], v[kb], acc[blk * SP_HEADS + h]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+    let bad = atomicLoad(&sa_bad_any) != 0u;
+    for (var h = 0u; h < SP_HEADS; h++) {
+        if (h >= nh) { break; }
+        let den = sh_den[h];
+        for (var blk = 0u; blk < SH_BLOCKS; blk++) {
+            let d = blk * SP_THREADS + li;
+            if (d < hd) {
+                let o = select(acc[blk * SP_HEADS + h] / den, 0.0, den == 0.0);
+                out[pair.qo + h * hd + d] = select(o, nan(), bad);
+            }
+        }
     }
 }
 

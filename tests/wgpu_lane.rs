@@ -753,8 +753,8 @@ fn sink_attention_edges(b: &WgpuBackend, kv_rows: usize) {
 
 /// sink_attention splits its keys into parts of 64 and merges them where it has few (query,
 /// head) pairs (a decode step), and not for many pairs (a prefill chunk) or with
-/// `split_attention_keys` off. The values are the op harness's and the goldens' to check; this
-/// checks which path ran.
+/// `split_attention_keys` off: a workgroup per query's head group then goes through the parts
+/// itself. The values are the op harness's and the goldens' to check; this checks which path ran.
 #[test]
 fn sink_attention_splits_few_heads_over_keys() {
     if !adapter_available() {
@@ -790,8 +790,8 @@ fn sink_attention_splits_few_heads_over_keys() {
         named(&[("sink_attention_merge ×2", 1), ("sink_attention_part ×3", 1)]),
         "2 heads (one group) × 3 parts"
     );
-    assert_eq!(run(1, false).unwrap(), named(&[("sink_attention ×2", 1)]));
-    assert_eq!(run(1024, true).unwrap(), named(&[("sink_attention ×2048", 1)]), "2048 pairs: unsplit");
+    assert_eq!(run(1, false).unwrap(), named(&[("sink_attention_heads ×1", 1)]), "one head group");
+    assert_eq!(run(1024, true).unwrap(), named(&[("sink_attention_heads ×1024", 1)]), "2048 pairs: unsplit");
 }
 
 #[test]

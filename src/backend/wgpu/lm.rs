@@ -371,16 +371,19 @@ impl WgpuBackend {
         Ok(y)
     }
 
-    /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink; one
-    /// workgroup per (query, head), in the reference's summation order; for fewer than
-    /// [`SINK_ATTENTION_SPLIT_BELOW`] pairs (decode) a workgroup per (query,
-    /// [`SINK_ATTENTION_PART_HEADS`] heads, part of [`SINK_ATTENTION_PART_KEYS`] keys: each key row read
-    /// once for those heads, which share it) and a merge (`Options::split_attention_keys`); or on a software adapter
-    /// one thread per (query, head) (`sink_attention_serial`, the same order: lavapipe runs the
+    /// Joint softmax over window keys ∪ selected compressed entries with a per-head sink. On a
+    /// GPU a workgroup per (query, [`SINK_ATTENTION_PART_HEADS`] heads), each key row read once
+    /// for those heads, which share it: for fewer than [`SINK_ATTENTION_SPLIT_BELOW`] pairs
+    /// (decode) one per part of [`SINK_ATTENTION_PART_KEYS`] keys and a merge
+    /// (`Options::split_attention_keys`), else one going through the parts itself
+    /// (`sink_attention_heads`, an online softmax). On a software adapter one thread per (query,
+    /// head) (`sink_attention_serial`, in the reference's summation order: lavapipe runs the
     /// workgroups' barriers and serial folds far slower; the shipped model's prefill in
     /// describe_image took 72 tokens/s with them against 91) where that thread's loops stay
-    /// within [`SOFTWARE_LOOP_BUDGET`]. Where the workgroup kernel's do not either, a software
-    /// adapter returns `Error::Unsupported`. A window or index out of range gives a NaN head.
+    /// within [`SOFTWARE_LOOP_BUDGET`], else a workgroup per (query, head) (`sink_attention`,
+    /// the same order); where its loops do not fit either, `Error::Unsupported`
+    /// (`Options::force_workgroup_attention` runs the GPUs' kernels there). A window or index
+    /// out of range gives a NaN head.
     pub(super) fn sink_attention(
         &self,
         q: &WgpuTensor,
@@ -455,8 +458,13 @@ impl WgpuBackend {
                     (total as u32, 1, 1),
                 )?;
             } else {
-                let (entry, groups) =
-                    if serial { ("sink_attention_serial", grid(total.div_ceil(64))) } else { (OP, grid(total)) };
+                let (entry, groups) = if serial {
+                    ("sink_attention_serial", grid(total.div_ceil(64)))
+                } else if software && !self.opts.force_workgroup_attention {
+                    (OP, grid(total))
+                } else {
+                    ("sink_attention_heads", grid(n * n_heads.div_ceil(SINK_ATTENTION_PART_HEADS)))
+                };
                 let mut bindings = inputs.to_vec();
                 bindings.extend([(9, sinks.binding()), (6, y.binding())]);
                 self.dispatch(LM, entry, 0, &params, &bindings, groups)?;

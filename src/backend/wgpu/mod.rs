@@ -166,7 +166,9 @@ const WIDE_BINDING: u64 = 1 << 30;
 ///   keys (an HCA layer past ≈ 115 000 tokens of context, a CSA layer's image window past the
 ///   384-token image budget): refused. Its split kernel (few pairs, `split_attention_keys`, not
 ///   run on a software adapter unless forced; 2026-12-04): (⌈hd/32⌉ + 1)·150 + (⌈hd/256⌉ + 1)·900
-///   + 150 (≈ 5 400 at hd 512, 9 600 at the lane's largest, 1 024).
+///   + 150 (≈ 5 400 at hd 512, 9 600 at the lane's largest, 1 024); its head-group kernel for
+///   many pairs (`sink_attention_heads`, only forced there; 2026-12-05) about as much a part of 64
+///   keys: forced only on the tests' small cases.
 ///
 /// The bounds count fixed-count loops too, as naga emits them; Mesa 22.3 unrolls many of those
 /// before its limiter sees them (the ViT kernel still matched at a bound of 71 834), so they
@@ -189,10 +191,11 @@ pub struct Options {
     /// Sum the small-row kernels' partials through workgroup memory even where the adapter has
     /// SUBGROUP (which is then not requested), so that reduction is tested there too. Diagnostic.
     pub force_workgroup_reduction: bool,
-    /// Run `sink_attention` as a workgroup per (query, head) even on a software adapter, which
+    /// Run `sink_attention` in the GPUs' workgroup kernels even on a software adapter, which
     /// otherwise gets one thread per (query, head) where that thread's loops fit lavapipe's loop
-    /// limit (lm.wgsl's `sink_attention_serial`: faster there), so that lavapipe tests the GPUs'
-    /// kernel on every case. Diagnostic.
+    /// limit (lm.wgsl's `sink_attention_serial`: faster there) and a workgroup per (query, head)
+    /// where they do not, so that lavapipe tests the GPUs' kernels (split over keys for few
+    /// pairs, `sink_attention_heads` for many) on every case. Diagnostic.
     pub force_workgroup_attention: bool,
     /// Run fast precision's tiled GEMMs on f32 FMAs even where the adapter has cooperative
     /// matrices (`Tiles::Fma`), so such a device tests that path too. Diagnostic; on by default
