@@ -165,10 +165,10 @@ const WIDE_BINDING: u64 = 1 << 30;
 ///   image token's (512-key window and 512 picks, one tile); ≈ 37 a key past one tile of 1 024
 ///   keys (an HCA layer past ≈ 115 000 tokens of context, a CSA layer's image window past the
 ///   384-token image budget): refused. Its split kernel (few pairs, `split_attention_keys`, not
-///   run on a software adapter unless forced; 2026-12-04): (⌈hd/32⌉ + 1)·150 + (⌈hd/256⌉ + 1)·900
-///   + 150 (≈ 5 400 at hd 512, 9 600 at the lane's largest, 1 024); its head-group kernel for
-///   many pairs (`sink_attention_heads`, only forced there; 2026-12-05) about as much a part of 64
-///   keys: forced only on the tests' small cases.
+///   run on a software adapter unless forced; 2026-12-04): (⌈hd/32⌉ + 1)·150 +
+///   (⌈hd/256⌉ + 1)·900 + 150 (≈ 5 400 at hd 512, 9 600 at the lane's largest, 1 024). Its
+///   head-group kernel for many pairs (`sink_attention_heads`, 2026-12-05) is not bounded here:
+///   a software adapter runs it only when forced, on the tests' small cases.
 ///
 /// The bounds count fixed-count loops too, as naga emits them; Mesa 22.3 unrolls many of those
 /// before its limiter sees them (the ViT kernel still matched at a bound of 71 834), so they
