@@ -1485,8 +1485,10 @@ fn sink_attention_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
 // the denominator at exp(sink − M) = 1 (0 for a −inf sink); a part raises M to M' = max(M, its
 // logits), scales what is summed so far by exp(M − M'), and adds its exp(logit − M') (one thread
 // a head, key order) and their value rows (each thread its dims of hd, as in
-// sink_attention_part). The output is the sums over the denominator, zeros for a query without
-// keys (a denominator of 0: the reference's empty sum), a NaN head for an index out of range.
+// sink_attention_part). The output is the sums over the denominator; zeros for a query without
+// keys whatever the sink (the reference's empty sum); a NaN head for an index out of range. A
+// −inf sink adds no term (told by its bits); other non-finite values get whatever the device's
+// arithmetic gives (WGSL lets it assume there are none).
 // Grid of ceil(n·⌈heads / SP_HEADS⌉) workgroups of SP_THREADS (2-D); the uniforms are
 // sink_attention's.
 // the blocks of SP_THREADS dims a thread sums (hd ≤ SH_BLOCKS · SP_THREADS = 1 024: lm.rs checks)
@@ -1495,6 +1497,8 @@ const SH_BLOCKS: u32 = 4u;
 var<workgroup> sh_m: array<f32, SP_HEADS>;
 var<workgroup> sh_den: array<f32, SP_HEADS>;
 var<workgroup> sh_scale: array<f32, SP_HEADS>;
+// whether any part had a key (thread 0's)
+var<workgroup> sh_keys: u32;
 
 @compute @workgroup_size(SP_THREADS, 1, 1)
 fn sink_attention_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -1513,11 +1517,13 @@ fn sink_attention_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     let parts = (nwin + p.u4 + SP_KEYS - 1u) / SP_KEYS;
     if (li == 0u) {
         atomicStore(&sa_bad_any, select(0u, 1u, window_bad));
+        sh_keys = 0u;
     }
     if (li < nh) {
         let sink = comb[h0 + li];
         sh_m[li] = sink;
-        sh_den[li] = select(1.0, 0.0, !is_finite(sink) && sink < 0.0); // −inf: no term
+        // the sink's term exp(sink − M) at M = sink: 1, none for −inf
+        sh_den[li] = select(1.0, 0.0, !is_finite(sink) && sink < 0.0);
     }
     var acc: array<f32, SP_HEADS * SH_BLOCKS>;
     for (var s = 0u; s < parts; s++) {
@@ -1532,6 +1538,11 @@ fn sink_attention_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
             }
             sh_scale[li] = select(exp(m0 - mx), 1.0, m0 == mx);
             sh_m[li] = mx;
+        }
+        if (li == 0u) {
+            for (var k = 0u; k < SP_KEYS; k++) {
+                if (sp_row[k] >= 0) { sh_keys = 1u; }
+            }
         }
         workgroupBarrier();
         for (var e = li; e < SP_HEADS * SP_KEYS; e += SP_THREADS) {
@@ -1570,13 +1581,14 @@ fn sink_attention_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     }
     workgroupBarrier();
     let bad = atomicLoad(&sa_bad_any) != 0u;
+    let keys = sh_keys != 0u;
     for (var h = 0u; h < SP_HEADS; h++) {
         if (h >= nh) { break; }
         let den = sh_den[h];
         for (var blk = 0u; blk < SH_BLOCKS; blk++) {
             let d = blk * SP_THREADS + li;
             if (d < hd) {
-                let o = select(acc[blk * SP_HEADS + h] / den, 0.0, den == 0.0);
+                let o = select(0.0, acc[blk * SP_HEADS + h] / den, keys);
                 out[pair.qo + h * hd + d] = select(o, nan(), bad);
             }
         }

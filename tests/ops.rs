@@ -1640,16 +1640,23 @@ fn wgpu_small_rows_match_cpu_with_workgroup_reduction() {
     compare_with_cpu(&lane, with_wgpu_fast_bounds(small_row_cases()));
 }
 
-/// sink_attention as a workgroup per (query, head), which a software adapter (lavapipe) does not
-/// run otherwise (`Options::force_workgroup_attention`; it takes one thread per head there): every
-/// sink_attention case, with the keys of few (query, head) pairs split into parts (the cases past
-/// 64 keys: lm.rs) and with `split_attention_keys` off.
+/// sink_attention in the GPUs' workgroup kernels, which a software adapter (lavapipe) does not run
+/// otherwise (`Options::force_workgroup_attention`; it takes one thread per head there where that
+/// fits): every sink_attention case, with the keys of few (query, head) pairs split into parts
+/// (the cases past 64 keys: lm.rs), with `split_attention_keys` off (a workgroup per query's head
+/// group, `sink_attention_heads`), and off with `per_pair_attention` (a workgroup per (query,
+/// head): what lavapipe runs past the serial kernel's budget).
 #[test]
 fn wgpu_sink_attention_in_workgroups_matches_cpu() {
     let _alone = wgpu_alone();
-    for split_attention_keys in [true, false] {
-        let opts =
-            Options { guard_words: 8, force_workgroup_attention: true, split_attention_keys, ..Options::default() };
+    for (split_attention_keys, per_pair_attention) in [(true, false), (false, false), (false, true)] {
+        let opts = Options {
+            guard_words: 8,
+            force_workgroup_attention: true,
+            split_attention_keys,
+            per_pair_attention,
+            ..Options::default()
+        };
         let Some(lane) = common::wgpu_lane(opts) else { return };
         let cases: Vec<Case> = lm_cases().into_iter().filter(|c| c.op == Op::SinkAttention).collect();
         assert!(cases.len() >= 3, "the sink_attention cases: {}", cases.len());

@@ -711,23 +711,32 @@ fn gather_rows_repeated_and_out_of_range() {
 }
 
 /// sink_attention's edges the op harness cannot compare (the CPU lane errs on a bad index): a
-/// query without keys, a −inf sink, and NaN heads for a window or compressed index out of range;
-/// on the default lane and with the workgroup kernel forced (a software adapter, lavapipe, runs
-/// one thread per head otherwise; on a GPU both are the workgroup kernel), over 2 kv rows (one
-/// part of keys) and over 100 (two parts: the kernel split over keys, lm.rs), split and unsplit.
+/// query without keys (zeros, whatever the sink: −inf, +inf, NaN), a −inf sink, and NaN heads
+/// for a window or compressed index out of range; on the default
+/// lane and with the GPUs' workgroup kernels forced (a software adapter, lavapipe, runs one
+/// thread per head otherwise), over 2 kv rows (one part of keys) and over 100 (two parts: the
+/// kernel split over keys, lm.rs), split, unsplit (a workgroup per query's head group) and
+/// unsplit per (query, head).
 #[test]
 fn sink_attention_empty_queries_and_bad_indices() {
     if !adapter_available() {
         return;
     }
     let _devices = shared();
-    let forced = |split_attention_keys| {
-        make(Options { guard_words: 4, force_workgroup_attention: true, split_attention_keys, ..Options::default() })
+    let forced = |split_attention_keys, per_pair_attention| {
+        make(Options {
+            guard_words: 4,
+            force_workgroup_attention: true,
+            split_attention_keys,
+            per_pair_attention,
+            ..Options::default()
+        })
     };
     for kv_rows in [2, 100] {
         sink_attention_edges(be(), kv_rows);
-        sink_attention_edges(&forced(true), kv_rows);
-        sink_attention_edges(&forced(false), kv_rows);
+        sink_attention_edges(&forced(true, false), kv_rows);
+        sink_attention_edges(&forced(false, false), kv_rows);
+        sink_attention_edges(&forced(false, true), kv_rows);
     }
 }
 
@@ -749,6 +758,10 @@ fn sink_attention_edges(b: &WgpuBackend, kv_rows: usize) {
         assert!(out[4..8].iter().all(|v| v.is_finite() && *v > 0.0), "{out:?}");
         assert!(out[8..].iter().all(|v| v.is_nan()), "an index past the keys gives NaN heads: {out:?}");
     }
+    // WGSL may assume no infinities in arithmetic: only the query without keys is checked here
+    let s = up(b, &[2], vec![f32::INFINITY, f32::NAN]);
+    let out = down(b, &b.sink_attention(&q, &kv, &win, Some((&comp, &idx)), &s, 2).unwrap());
+    assert_eq!(&out[..4], &[0.0; 4], "a query without keys gives zeros, whatever the sink: {out:?}");
 }
 
 /// sink_attention splits its keys into parts of 64 and merges them where it has few (query,

@@ -22,8 +22,8 @@ const LM: Shader = Shader::Lm;
 /// The most hyper-connection streams `hc_split` takes (lm.wgsl's `HC_MAX`: a row's hc² threads
 /// fit its workgroup; the model has 4).
 const HC_MAX: usize = 8;
-/// The largest head dim `sink_attention` sums in registers (lm.wgsl: SA_THREADS · SA_DIMS; the
-/// model's is 512).
+/// The largest head dim `sink_attention` sums in registers (lm.wgsl: SA_THREADS · SA_DIMS, and
+/// SH_BLOCKS · SP_THREADS in `sink_attention_heads`; the model's is 512).
 const SINK_ATTENTION_MAX_HEAD_DIM: usize = 64 * 16;
 /// The keys of one part of a split `sink_attention` (lm.wgsl's SP_KEYS).
 const SINK_ATTENTION_PART_KEYS: usize = 64;
@@ -44,8 +44,8 @@ const ROUTE_MAX_EXPERTS: usize = 1024;
 /// The most slots `route_experts` picks (lm.wgsl's RE_K_MAX: a thread a slot; the model picks 6).
 const ROUTE_MAX_K: usize = 256;
 /// `sink_attention` splits its keys into parts below this many (query, head) pairs (a workgroup
-/// each unsplit): a decode step's 64 heads fill a quarter of an H200's 132 multiprocessors'
-/// first wave, a prefill chunk's thousands all of them.
+/// a query's head group unsplit): a decode step's 64 heads fill a quarter of an H200's 132
+/// multiprocessors' first wave, a prefill chunk's thousands all of them.
 const SINK_ATTENTION_SPLIT_BELOW: usize = 2048;
 
 impl WgpuBackend {
@@ -380,10 +380,11 @@ impl WgpuBackend {
     /// head) (`sink_attention_serial`, in the reference's summation order: lavapipe runs the
     /// workgroups' barriers and serial folds far slower; the shipped model's prefill in
     /// describe_image took 72 tokens/s with them against 91) where that thread's loops stay
-    /// within [`SOFTWARE_LOOP_BUDGET`], else a workgroup per (query, head) (`sink_attention`,
-    /// the same order); where its loops do not fit either, `Error::Unsupported`
-    /// (`Options::force_workgroup_attention` runs the GPUs' kernels there). A window or index
-    /// out of range gives a NaN head.
+    /// within [`SOFTWARE_LOOP_BUDGET`]; past it the split as on a GPU for few pairs, else a
+    /// workgroup per (query, head) (`sink_attention`, the reference's order;
+    /// `Options::per_pair_attention` runs it on a GPU too); where the per-pair kernel's loops do
+    /// not fit either, `Error::Unsupported` (`Options::force_workgroup_attention` runs the GPUs'
+    /// kernels there). A window or index out of range gives a NaN head.
     pub(super) fn sink_attention(
         &self,
         q: &WgpuTensor,
@@ -460,7 +461,7 @@ impl WgpuBackend {
             } else {
                 let (entry, groups) = if serial {
                     ("sink_attention_serial", grid(total.div_ceil(64)))
-                } else if software && !self.opts.force_workgroup_attention {
+                } else if (software && !self.opts.force_workgroup_attention) || self.opts.per_pair_attention {
                     (OP, grid(total))
                 } else {
                     ("sink_attention_heads", grid(n * n_heads.div_ceil(SINK_ATTENTION_PART_HEADS)))
@@ -524,6 +525,19 @@ fn workgroup_attention_iterations(keys: usize, kk: usize, hd: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sink_attention`'s head-dim limit is each of its kernels' (the per-pair kernel's register
+    /// dims, the head-group kernel's blocks of its threads), and its part sizes the split's.
+    #[test]
+    fn sink_attention_head_dim_limit_matches_lm_wgsl() {
+        let wgsl = include_str!("../../../shaders/lm.wgsl");
+        assert!(wgsl.contains("const SA_THREADS: u32 = 64u;") && wgsl.contains("const SA_DIMS: u32 = 16u;"));
+        assert!(wgsl.contains("const SP_THREADS: u32 = 256u;") && wgsl.contains("const SH_BLOCKS: u32 = 4u;"));
+        assert_eq!(SINK_ATTENTION_MAX_HEAD_DIM, 64 * 16);
+        assert_eq!(SINK_ATTENTION_MAX_HEAD_DIM, 4 * 256);
+        assert!(wgsl.contains(&format!("const SP_HEADS: u32 = {SINK_ATTENTION_PART_HEADS}u;")));
+        assert!(wgsl.contains(&format!("const SP_KEYS: u32 = {SINK_ATTENTION_PART_KEYS}u;")));
+    }
 
     /// The router's limits are the kernel's: its workgroup memory holds ROUTE_MAX_EXPERTS scores
     /// and a thread a slot.

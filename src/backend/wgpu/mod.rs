@@ -164,8 +164,8 @@ const WIDE_BINDING: u64 = 1 << 30;
 ///   workgroup kernel (`workgroup_attention_iterations`): 15 100 for a CSA query, 23 200 for an
 ///   image token's (512-key window and 512 picks, one tile); ≈ 37 a key past one tile of 1 024
 ///   keys (an HCA layer past ≈ 115 000 tokens of context, a CSA layer's image window past the
-///   384-token image budget): refused. Its split kernel (few pairs, `split_attention_keys`, not
-///   run on a software adapter unless forced; 2026-12-04): (⌈hd/32⌉ + 1)·150 +
+///   384-token image budget): refused. Its split kernel (few pairs, `split_attention_keys`, run
+///   on a software adapter past the serial kernel's budget; 2026-12-04): (⌈hd/32⌉ + 1)·150 +
 ///   (⌈hd/256⌉ + 1)·900 + 150 (≈ 5 400 at hd 512, 9 600 at the lane's largest, 1 024). Its
 ///   head-group kernel for many pairs (`sink_attention_heads`, 2026-12-05) is not bounded here:
 ///   a software adapter runs it only when forced, on the tests' small cases.
@@ -197,6 +197,11 @@ pub struct Options {
     /// where they do not, so that lavapipe tests the GPUs' kernels (split over keys for few
     /// pairs, `sink_attention_heads` for many) on every case. Diagnostic.
     pub force_workgroup_attention: bool,
+    /// Run `sink_attention` where it is not split as a workgroup per (query, head)
+    /// (`sink_attention`: what a software adapter runs past the serial kernel's budget) rather
+    /// than a workgroup per query's head group (`sink_attention_heads`), so that kernel is tested
+    /// on every case. Diagnostic.
+    pub per_pair_attention: bool,
     /// Run fast precision's tiled GEMMs on f32 FMAs even where the adapter has cooperative
     /// matrices (`Tiles::Fma`), so such a device tests that path too. Diagnostic; on by default
     /// when `FOVEA_WGPU_FMA_TILES=1` (to time both in one build).
@@ -269,6 +274,7 @@ impl Default for Options {
             force_f16_fallback: false,
             force_workgroup_reduction: false,
             force_workgroup_attention: false,
+            per_pair_attention: false,
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
             checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),
             split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),

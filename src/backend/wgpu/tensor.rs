@@ -363,10 +363,14 @@ impl super::WgpuBackend {
             return Ok(());
         }
         let _one = self.sync_lock.lock().unwrap();
+        // taken before the submit, which carries every write counted so far (0: another thread's
+        // flush took them while this one waited for the lock)
+        if self.shared.counters.staged.swap(0, Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
         self.submit_pending();
         // an empty submit carries the queue's pending writes
         self.queue.submit([]);
-        self.shared.counters.staged.store(0, Ordering::Relaxed);
         self.wait_for_submitted("uploading weights")
     }
 
