@@ -835,6 +835,17 @@ fn lm_cases() -> Vec<Case> {
         |_| Call::IndexerScores { q: 0, k: 1, w: 2, heads: 3, scale: 0.37, pos0: 5, ratio: 4 },
         Args::default(),
     ));
+    // many query rows (the wgpu lane's tiles of 16 queries × 64 entries): 37 rows (a partial
+    // tile), 150 entries (one tile partly visible, one all in the future), hd 40 (a chunk of 32
+    // dims and part of another), 5 heads; queries at 300.., ratio 4 → 75..=84 visible.
+    out.push(case(
+        "indexer_scores n=37 m=150 5x40 pos0 300 r=4",
+        Op::IndexerScores,
+        REDUCTION,
+        vec![randn(&mut r, &[37, 200], 1.0), randn(&mut r, &[150, 40], 1.0), randn(&mut r, &[37, 5], 1.0)],
+        |_| Call::IndexerScores { q: 0, k: 1, w: 2, heads: 5, scale: 0.37, pos0: 300, ratio: 4 },
+        Args::default(),
+    ));
     // few query rows (decode; the wgpu lane's workgroup-an-output kernel): one row, every entry
     // visible; three rows of 70 heads (past one round of 64 threads), the last entries future.
     for (n, m, heads, pos0) in [(1, 9, 3, 40), (3, 9, 70, 30)] {

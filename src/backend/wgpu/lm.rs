@@ -29,6 +29,10 @@ const SINK_ATTENTION_MAX_HEAD_DIM: usize = 64 * 16;
 const SINK_ATTENTION_PART_KEYS: usize = 64;
 /// The heads of one query a workgroup of a split `sink_attention` takes (lm.wgsl's SP_HEADS).
 const SINK_ATTENTION_PART_HEADS: usize = 8;
+/// The queries and entries of one workgroup of `indexer_scores_tiles` (lm.wgsl's IT_ROWS,
+/// IT_COLS).
+const INDEXER_TILE_ROWS: usize = 16;
+const INDEXER_TILE_COLS: usize = 64;
 /// `topk_rows` ranks each column by its own thread (`topk_rows_rank`, several workgroups a row)
 /// for at most this many rows: a decode step's (one a sequence); more rows fill the GPU with a
 /// workgroup each sorting its row.
@@ -333,11 +337,11 @@ impl WgpuBackend {
     ) -> Result<WgpuTensor> {
         let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
         let params = [m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32];
-        if n > SMALL_ROWS {
+        let tiles = !self.is_software() || indexer_tile_iterations(n_heads, hd) <= SOFTWARE_LOOP_BUDGET;
+        if n > SMALL_ROWS && !tiles {
             let out = Output { binding: 6, shape: vec![n, m], dtype: DType::F32 };
             return self.per_element(LM, "indexer_scores", &[("q", 1, q), ("k", 2, k), ("w", 3, w)], out, &params);
         }
-        // few query rows (decode): a workgroup an output, its threads over the heads
         self.check_inputs("indexer_scores", [("q", q), ("k", k), ("w", w)])?;
         let y = self.alloc("indexer_scores", vec![n, m], DType::F32)?;
         if n * m == 0 {
@@ -345,7 +349,14 @@ impl WgpuBackend {
         }
         let params: Vec<u32> = std::iter::once((n * m) as u32).chain(params).collect();
         let bindings = [(1, q.binding()), (2, k.binding()), (3, w.binding()), (6, y.binding())];
-        self.dispatch(LM, "indexer_scores_rows", 0, &params, &bindings, grid(n * m))?;
+        if n > SMALL_ROWS {
+            // many query rows (prefill): tiles of 16 queries × 64 entries
+            let groups = (m.div_ceil(INDEXER_TILE_COLS) as u32, n.div_ceil(INDEXER_TILE_ROWS) as u32, 1);
+            self.dispatch(LM, "indexer_scores_tiles", 0, &params, &bindings, groups)?;
+        } else {
+            // few query rows (decode): a workgroup an output, its threads over the heads
+            self.dispatch(LM, "indexer_scores_rows", 0, &params, &bindings, grid(n * m))?;
+        }
         Ok(y)
     }
 
@@ -487,6 +498,15 @@ impl WgpuBackend {
     }
 }
 
+/// An upper bound on the loop iterations of one `indexer_scores_tiles` invocation: for each head
+/// and each chunk of 32 dims, the two load loops (2 and 8 passes, each + 1 to leave), the dims
+/// (33) each with its 4 outputs (5), then the head's 4 outputs (5) and its chunk loop's exit;
+/// with the last store loop. 52 900 at the model's 64 heads of 128 (over the budget: a software
+/// adapter takes the thread-per-output kernel there).
+fn indexer_tile_iterations(heads: usize, hd: usize) -> usize {
+    heads * (hd.div_ceil(32) * (3 + 9 + 33 + 32 * 5) + 7) + 6
+}
+
 /// An upper bound on the loop iterations of one `sink_attention_serial` invocation: the index
 /// check (kk), zeroing its output (hd), and for each of at most m window keys and kk compressed
 /// slots one iteration in each of three passes plus a dot product of hd in each pass and hd adds
@@ -537,6 +557,18 @@ mod tests {
         assert_eq!(SINK_ATTENTION_MAX_HEAD_DIM, 4 * 256);
         assert!(wgsl.contains(&format!("const SP_HEADS: u32 = {SINK_ATTENTION_PART_HEADS}u;")));
         assert!(wgsl.contains(&format!("const SP_KEYS: u32 = {SINK_ATTENTION_PART_KEYS}u;")));
+    }
+
+    /// The indexer's tiles are the kernel's, and the model's indexer (64 heads of 128) is past the
+    /// loop budget in them (a software adapter takes the thread-per-output kernel).
+    #[test]
+    fn indexer_tiles_match_lm_wgsl() {
+        let wgsl = include_str!("../../../shaders/lm.wgsl");
+        assert!(wgsl.contains(&format!("const IT_ROWS: u32 = {INDEXER_TILE_ROWS}u;")));
+        assert!(wgsl.contains(&format!("const IT_COLS: u32 = {INDEXER_TILE_COLS}u;")));
+        assert!(wgsl.contains("const IT_DIMS: u32 = 32u;"));
+        assert_eq!(indexer_tile_iterations(64, 128), 52_934);
+        assert!(indexer_tile_iterations(64, 128) > SOFTWARE_LOOP_BUDGET);
     }
 
     /// The router's limits are the kernel's: its workgroup memory holds ROUTE_MAX_EXPERTS scores
