@@ -1675,6 +1675,20 @@ fn wgpu_sink_attention_in_workgroups_matches_cpu() {
     }
 }
 
+/// The indexer's scores a thread per score (`Options::indexer_tiles` off), the kernel a software
+/// adapter keeps where the tiles' loops pass its budget (the model's sizes): every
+/// indexer_scores case.
+#[test]
+fn wgpu_indexer_scores_per_score_matches_cpu() {
+    let _alone = wgpu_alone();
+    let Some(lane) = common::wgpu_lane(Options { guard_words: 8, indexer_tiles: false, ..Options::default() }) else {
+        return;
+    };
+    let cases: Vec<Case> = lm_cases().into_iter().filter(|c| c.op == Op::IndexerScores).collect();
+    assert!(cases.len() >= 4, "the indexer_scores cases: {}", cases.len());
+    compare_with_cpu(&lane, cases);
+}
+
 /// The wgpu lane in fast precision: the GEMM ops at fast precision's bounds (`with_fast_bounds`),
 /// embed_rows (a lookup, not a product) still exact, and every linear case again with its weight
 /// uploaded by `upload_weight_exact` (the router, the hyper-connection mixes) at the exact bound.

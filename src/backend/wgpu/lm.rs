@@ -337,7 +337,8 @@ impl WgpuBackend {
     ) -> Result<WgpuTensor> {
         let (n, m, hd) = checks::indexer_scores(q, k, w, n_heads, ratio)?;
         let params = [m as u32, n_heads as u32, hd as u32, scale.to_bits(), pos0 as u32, ratio as u32];
-        let tiles = !self.is_software() || indexer_tile_iterations(n_heads, hd) <= SOFTWARE_LOOP_BUDGET;
+        let tiles = self.opts.indexer_tiles
+            && (!self.is_software() || indexer_tile_iterations(n_heads, hd) <= SOFTWARE_LOOP_BUDGET);
         if n > SMALL_ROWS && !tiles {
             let out = Output { binding: 6, shape: vec![n, m], dtype: DType::F32 };
             return self.per_element(LM, "indexer_scores", &[("q", 1, q), ("k", 2, k), ("w", 3, w)], out, &params);

@@ -202,8 +202,13 @@ pub struct Options {
     /// Run `sink_attention` where it is not split as a workgroup per (query, head)
     /// (`sink_attention`: what a software adapter runs past the serial kernel's budget) rather
     /// than a workgroup per query's head group (`sink_attention_heads`), so that kernel is tested
-    /// on every case. Diagnostic.
+    /// on every case. Off by default; on when `FOVEA_WGPU_ATTENTION_PER_PAIR=1`, to time both in
+    /// one build. Diagnostic.
     pub per_pair_attention: bool,
+    /// The indexer's scores for more than 8 query rows (`rows::SMALL_ROWS`) as tiles
+    /// (`indexer_scores_tiles`) where their loops fit (every GPU) rather than a thread per score.
+    /// On by default; off when `FOVEA_WGPU_INDEXER_TILES=0`, to time both in one build. Diagnostic.
+    pub indexer_tiles: bool,
     /// Run fast precision's tiled GEMMs on f32 FMAs even where the adapter has cooperative
     /// matrices (`Tiles::Fma`), so such a device tests that path too. Diagnostic; on by default
     /// when `FOVEA_WGPU_FMA_TILES=1` (to time both in one build).
@@ -276,7 +281,8 @@ impl Default for Options {
             force_f16_fallback: false,
             force_workgroup_reduction: false,
             force_workgroup_attention: false,
-            per_pair_attention: false,
+            per_pair_attention: std::env::var("FOVEA_WGPU_ATTENTION_PER_PAIR").is_ok_and(|v| v == "1"),
+            indexer_tiles: std::env::var("FOVEA_WGPU_INDEXER_TILES").map_or(true, |v| v != "0"),
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
             checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),
             split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),
