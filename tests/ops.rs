@@ -836,14 +836,16 @@ fn lm_cases() -> Vec<Case> {
         Args::default(),
     ));
     // many query rows (the wgpu lane's tiles of 16 queries × 64 entries): 37 rows (a partial
-    // tile), 150 entries (one tile partly visible, one all in the future), hd 40 (a chunk of 32
-    // dims and part of another), 5 heads; queries at 300.., ratio 4 → 75..=84 visible.
+    // tile), 150 entries, hd 40 (a chunk of 32 dims and part of another), 5 heads; queries at
+    // 228.., ratio 4 → 57..=66 visible: the second row tile's last query sees only the first
+    // entry of the second column tile (a tile skipped by its first query's count, or by the
+    // last's without its own entry, would miss it), the third column tile all in the future.
     out.push(case(
-        "indexer_scores n=37 m=150 5x40 pos0 300 r=4",
+        "indexer_scores n=37 m=150 5x40 pos0 228 r=4",
         Op::IndexerScores,
         REDUCTION,
         vec![randn(&mut r, &[37, 200], 1.0), randn(&mut r, &[150, 40], 1.0), randn(&mut r, &[37, 5], 1.0)],
-        |_| Call::IndexerScores { q: 0, k: 1, w: 2, heads: 5, scale: 0.37, pos0: 300, ratio: 4 },
+        |_| Call::IndexerScores { q: 0, k: 1, w: 2, heads: 5, scale: 0.37, pos0: 228, ratio: 4 },
         Args::default(),
     ));
     // few query rows (decode; the wgpu lane's workgroup-an-output kernel): one row, every entry

@@ -152,7 +152,7 @@ const WIDE_BINDING: u64 = 1 << 30;
 ///   hc_pre, hc_post, route_weights, moe_sum: hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations); compress_pool:
 ///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450; its few-row kernel
 ///   indexer_scores_rows: ⌈heads/64⌉(hd + 66), 194; its tiles for many rows, 2026-12-05,
-///   `indexer_tile_iterations`: 52 934, past the budget, so a software adapter keeps the
+///   `indexer_tile_iterations`: 53 190, past the budget, so a software adapter keeps the
 ///   thread-per-output kernel at the model's sizes); topk_rows: ≈ 450 up to
 ///   2 048 columns, then ≈ ⌈k/2048⌉(9⌈m/256⌉ + 550) (9 800 for the top 512 of a 1M-token
 ///   context's 262 144 entries); its few-row kernel topk_rows_rank (2026-12-04): ⌈m/256⌉·65 + 10
