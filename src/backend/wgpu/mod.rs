@@ -250,7 +250,8 @@ pub struct Options {
     /// Small (4 MiB) so the unused tail of the last pool stays a negligible share of the weights.
     pub weight_pool_bytes: u64,
     /// Weight bytes written through `Queue::write_buffer` (whose staging wgpu holds until the
-    /// write is submitted and done) after which the lane submits and waits: [`STAGING_FLUSH_BYTES`].
+    /// write is submitted and done) after which the lane submits and waits: 256 MiB by default
+    /// (`STAGING_FLUSH_BYTES`: why).
     pub staging_flush_bytes: u64,
     /// Recycle freed activation buffers of the same size class ([`size_class`]).
     pub reuse_buffers: bool,
