@@ -1426,6 +1426,27 @@ fn sp_part_logits(li: u32, pair: SaPair, window_bad: bool, nwin: u32, s: u32, nh
     workgroupBarrier();
 }
 
+// acc (one sum a head of the workgroup) plus dim d of the part's keys' value rows weighted by
+// their sp_w (a key without a row weighs 0 and loads 0), key order, SP_BATCH keys' loads in flight
+// together. Every loop over the register arrays has a fixed trip count: one bounded by nh indexed
+// them dynamically, which put them in local memory (its stores took most of sink_attention_part's
+// 70 µs at a decode step on an H200).
+fn sp_add_values(acc: array<f32, SP_HEADS>, s: u32, nwin: u32, d: u32) -> array<f32, SP_HEADS> {
+    var sum = acc;
+    for (var k0 = 0u; k0 < SP_KEYS; k0 += SP_BATCH) {
+        var v: array<f32, SP_BATCH>;
+        for (var kb = 0u; kb < SP_BATCH; kb++) {
+            v[kb] = sp_key(s, nwin, k0 + kb, d);
+        }
+        for (var kb = 0u; kb < SP_BATCH; kb++) {
+            for (var h = 0u; h < SP_HEADS; h++) {
+                sum[h] = fma(sp_w[h * SP_KEYS + k0 + kb], v[kb], sum[h]);
+            }
+        }
+    }
+    return sum;
+}
+
 @compute @workgroup_size(SP_THREADS, 1, 1)
 fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let heads = p.u1;
@@ -1477,24 +1498,10 @@ fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
         out[rec + 3u] = 0.0;
     }
     // the values: each block of SP_THREADS dims of hd in turn (this thread's dim d of it), every
-    // head's sum in registers, SP_BATCH keys' loads in flight together (a key without a row
-    // weighs 0 and loads 0). Every loop over the register arrays has a fixed trip count: one
-    // bounded by nh indexed them dynamically, which put them in local memory (its stores took
-    // most of the kernel's 70 µs at a decode step on an H200).
+    // head's sum in registers (sp_add_values)
     for (var d0 = 0u; d0 < hd; d0 += SP_THREADS) {
         let d = d0 + li;
-        var acc: array<f32, SP_HEADS>;
-        for (var k0 = 0u; k0 < SP_KEYS; k0 += SP_BATCH) {
-            var v: array<f32, SP_BATCH>;
-            for (var kb = 0u; kb < SP_BATCH; kb++) {
-                v[kb] = sp_key(s, nwin, k0 + kb, d);
-            }
-            for (var kb = 0u; kb < SP_BATCH; kb++) {
-                for (var h = 0u; h < SP_HEADS; h++) {
-                    acc[h] = fma(sp_w[h * SP_KEYS + k0 + kb], v[kb], acc[h]);
-                }
-            }
-        }
+        let acc = sp_add_values(array<f32, SP_HEADS>(), s, nwin, d);
         for (var h = 0u; h < SP_HEADS; h++) {
             if (h < nh && d < hd) {
                 out[((i * heads + h0 + h) * parts + s) * (hd + 4u) + 4u + d] = acc[h];
@@ -1597,7 +1604,7 @@ fn sink_attention_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
         // the sink's term exp(sink − M) at M = sink: 1, none for −inf
         sh_den[li] = select(1.0, 0.0, !is_finite(sink) && sink < 0.0);
     }
-    var acc: array<f32, SP_HEADS * SH_BLOCKS>;
+    var acc: array<array<f32, SP_HEADS>, SH_BLOCKS>;
     for (var s = 0u; s < parts; s++) {
         workgroupBarrier();
         sp_part_logits(li, pair, window_bad, nwin, s, nh);
@@ -1629,25 +1636,13 @@ fn sink_attention_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
             }
             sh_den[li] = den;
         }
-        // every head's sums of this thread's dims, rescaled, plus the part's weighted values,
-        // SP_BATCH keys' loads in flight together (fixed trip counts: the sums stay in registers)
-        var scale: array<f32, SP_HEADS>;
-        for (var h = 0u; h < SP_HEADS; h++) { scale[h] = sh_scale[min(h, nh - 1u)]; }
+        // every head's sums of this thread's dims, rescaled, plus the part's weighted values
+        // (fixed trip counts: the sums stay in registers)
         for (var blk = 0u; blk < SH_BLOCKS; blk++) {
-            let d = blk * SP_THREADS + li;
             if (blk * SP_THREADS < hd) {
-                for (var h = 0u; h < SP_HEADS; h++) { acc[blk * SP_HEADS + h] *= scale[h]; }
-                for (var k0 = 0u; k0 < SP_KEYS; k0 += SP_BATCH) {
-                    var v: array<f32, SP_BATCH>;
-                    for (var kb = 0u; kb < SP_BATCH; kb++) {
-                        v[kb] = sp_key(s, nwin, k0 + kb, d);
-                    }
-                    for (var kb = 0u; kb < SP_BATCH; kb++) {
-                        for (var h = 0u; h < SP_HEADS; h++) {
-                            acc[blk * SP_HEADS + h] = fma(sp_w[h * SP_KEYS + k0 + kb], v[kb], acc[blk * SP_HEADS + h]);
-                        }
-                    }
-                }
+                var scaled = acc[blk];
+                for (var h = 0u; h < SP_HEADS; h++) { scaled[h] *= sh_scale[min(h, nh - 1u)]; }
+                acc[blk] = sp_add_values(scaled, s, nwin, blk * SP_THREADS + li);
             }
         }
     }
@@ -1660,7 +1655,7 @@ fn sink_attention_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
         for (var blk = 0u; blk < SH_BLOCKS; blk++) {
             let d = blk * SP_THREADS + li;
             if (d < hd) {
-                let o = select(0.0, acc[blk * SP_HEADS + h] / den, keys);
+                let o = select(0.0, acc[blk][h] / den, keys);
                 out[pair.qo + h * hd + d] = select(o, nan(), bad);
             }
         }
