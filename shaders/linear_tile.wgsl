@@ -9,16 +9,15 @@
 // y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row-chunk of W per dispatch; or a part of it: a
 // range of x's rows (an expert's slots), x's columns of one group against that group's W rows
 // (grouped_linear).
-// Tiling: a workgroup of 256 invocations computes a 64×64 output tile, K walked in steps of 16
-// through workgroup memory (x tile [16][64], W tile [16][64], of `operand`, k-major).
-// Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
+// Tiling: a workgroup of 256 invocations computes a 64 × BN output tile (64 rows of x and y, BN
+// weight rows: the body declares BN, a multiple of 32), K walked in steps of 16 through workgroup
+// memory: an x tile of 64 rows × 16 k and a W tile of BN rows × 16 k, of `operand`, each laid out
+// as the body reads it (the body declares `xs`, `ws` and their indices `xs_at(m, k)`,
+// `ws_at(n, k)`).
+// Dispatch: (ceil(chunk_rows/BN), ceil(n/64), 1).
 
 const BM: u32 = 64u;
-const BN: u32 = 64u;
 const BK: u32 = 16u;
-
-var<workgroup> xs: array<operand, 1024>; // [BK][BM]
-var<workgroup> ws: array<operand, 1024>; // [BK][BN]
 
 // Fills xs and ws with k0 .. k0 + BK of the output tile of rows `t` and weight rows col0 …;
 // `li` is the invocation's index in the workgroup (0..256).
@@ -33,10 +32,10 @@ fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
         if (m < t.n && gk < p.k) {
             v = x[(t.first + m) * p.x_stride + p.x_col + gk];
         }
-        xs[kk * BM + m] = to_operand(v);
+        xs[xs_at(m, kk)] = to_operand(v);
     }
-    // W tile: 64 rows × 8 pairs of k, 2 pairs per invocation.
-    for (var e = 0u; e < 2u; e++) {
+    // W tile: BN rows × 8 pairs of k, BN / 32 pairs per invocation.
+    for (var e = 0u; e < BN / 32u; e++) {
         let idx = li + e * 256u;
         let nn = idx / (BK / 2u);
         let kp = idx % (BK / 2u);
@@ -46,7 +45,7 @@ fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
         if (gc < p.chunk_rows && gk < p.k) {
             v = load_pair(t.w_row0 + gc, gk);
         }
-        ws[(2u * kp) * BN + nn] = to_operand(v.x);
-        ws[(2u * kp + 1u) * BN + nn] = to_operand(v.y);
+        ws[ws_at(nn, 2u * kp)] = to_operand(v.x);
+        ws[ws_at(nn, 2u * kp + 1u)] = to_operand(v.y);
     }
 }

@@ -1,8 +1,28 @@
 // The tiled GEMM's body on f32 FMAs, every device: after a tile-load part (linear_tile.wgsl, or
-// dequant/linear.wgsl for the block formats), which declares the tiles xs [BK][BM], ws [BK][BN],
-// `load_tiles` and `store`.
-// Workgroup 16×16 invocations, a 64×64 output tile: 4×4 outputs per invocation (rows lid.y +
+// dequant/linear.wgsl for the block formats), which declares `load_tiles` and `store` and fills
+// this body's tiles through `xs_at` and `ws_at`.
+// Workgroup 16×16 invocations, a 64×64 output tile (BN = 64): 4×4 outputs per invocation (rows lid.y +
 // 16·i, columns lid.x + 16·j), held in four vec4 accumulators.
+//
+// The tiles are k-major (a k's 64 rows side by side), as the products read them: an x value
+// shared by 16 invocations, 16 consecutive W values. Within a k, row m sits at m ^ (k % 16) so
+// the loads' stores, whose invocations walk k, fall in different banks (unswizzled, a warp's 32
+// stores went to one bank); the swizzle moves only the low 4 bits, so an invocation's rows
+// lid + 16·i stay 16 apart, and the tiles keep their size (16 KiB for exact precision's block
+// formats: WebGPU's least workgroup memory).
+
+const BN: u32 = 64u;
+
+var<workgroup> xs: array<operand, BK * BM>;
+var<workgroup> ws: array<operand, BK * BN>;
+
+fn xs_at(m: u32, k: u32) -> u32 {
+    return k * BM + (m ^ (k % 16u));
+}
+
+fn ws_at(n: u32, k: u32) -> u32 {
+    return k * BN + (n ^ (k % 16u));
+}
 
 @compute @workgroup_size(16, 16, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -19,8 +39,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         load_tiles(k0, t, col0, li);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            let xo = kk * BM + lid.y;
-            let wo = kk * BN + lid.x;
+            // xs_at(lid.y + 16·i, kk) = xo + 16·i and ws_at(lid.x + 16·j, kk) = wo + 16·j: the
+            // swizzle leaves bit 4 and above alone
+            let xo = xs_at(lid.y, kk);
+            let wo = ws_at(lid.x, kk);
             let b = vec4<f32>(vec4<operand>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]));
             acc0 = fma(vec4<f32>(f32(xs[xo])), b, acc0);
             acc1 = fma(vec4<f32>(f32(xs[xo + 16u])), b, acc1);

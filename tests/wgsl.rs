@@ -497,3 +497,32 @@ fn every_build_translates_to_msl_and_hlsl() {
     );
     assert!(errors.is_empty(), "{} failures:\n{}", errors.len(), errors.join("\n"));
 }
+
+/// The tiled GEMMs' workgroup memory, summed over each build's workgroup variables with naga's
+/// layouter, stays within what the lane asks of the adapter: the cooperative tiles within
+/// `Tiles::COOP_WORKGROUP_BYTES` (checked in `coop_tiles_fit`), the FMA tiles within WebGPU's
+/// least limit. Each bound is also reached by some build, so neither constant can drift loose.
+#[test]
+fn tile_builds_fit_their_workgroup_memory() {
+    use fovea::backend::wgpu::Tiles;
+    let builds = fovea::backend::wgpu::shader_builds().expect("the lane's shader builds");
+    for (body, bound) in
+        [("tile_coop.wgsl", Tiles::COOP_WORKGROUP_BYTES), ("tile_fma.wgsl", Tiles::FMA_WORKGROUP_BYTES)]
+    {
+        let mut largest = 0;
+        for b in builds.iter().filter(|b| b.label.contains(body)) {
+            let module = naga::front::wgsl::parse_str(&b.source).unwrap_or_else(|e| panic!("{}: {e}", b.label));
+            let mut layouter = naga::proc::Layouter::default();
+            layouter.update(module.to_ctx()).unwrap_or_else(|e| panic!("{}: {e}", b.label));
+            let bytes: u32 = module
+                .global_variables
+                .iter()
+                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, g)| layouter[g.ty].size)
+                .sum();
+            assert!(bytes <= bound, "{}: {bytes} bytes of workgroup memory, more than {bound}", b.label);
+            largest = largest.max(bytes);
+        }
+        assert_eq!(largest, bound, "{body}: the largest build's workgroup memory");
+    }
+}

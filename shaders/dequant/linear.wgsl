@@ -5,18 +5,15 @@
 // (`decode_run8`) + an operands file (`operand`, `to_operand`: see operands_exact.wgsl) +
 // tile_rows.wgsl (parameters, bindings, the tile's rows, the store) + this part + a tile body.
 // Tiling as linear_tile.wgsl, with K walked in runs of 32 (k is a whole number of blocks, so of
-// runs): per step, x tile [32][64] and W tile [32][64] in workgroup memory, the W tile decoded by
-// all 256 invocations, a quarter run (8 values of one row) each.
-// Dispatch: (ceil(chunk_rows/64), ceil(n/64), 1).
+// runs): per step, an x tile of 64 rows × 32 k and a W tile of BN rows × 32 k in workgroup memory
+// (declared by the body, as linear_tile.wgsl's), the W tile decoded by all 256 invocations, a
+// quarter run (8 values of one row) at a time, BN / 64 each.
+// Dispatch: (ceil(chunk_rows/BN), ceil(n/64), 1).
 
 @group(0) @binding(2) var<storage, read> w: array<u32>;
 
 const BM: u32 = 64u;
-const BN: u32 = 64u;
 const BK: u32 = 32u;
-
-var<workgroup> xs: array<operand, 2048>; // [BK][BM]
-var<workgroup> ws: array<operand, 2048>; // [BK][BN]
 
 // Fills xs and ws with run k0 / 32 of the output tile of rows `t` and weight rows col0 …; `li`
 // is the invocation's index in the workgroup (0..256).
@@ -30,22 +27,25 @@ fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
         if (m < t.n) {
             v = x[(t.first + m) * p.x_stride + p.x_col + k0 + kk];
         }
-        xs[kk * BM + m] = to_operand(v);
+        xs[xs_at(m, kk)] = to_operand(v);
     }
-    // W tile: invocation li decodes values 8·(li / 64) … + 7 of run k0/32 of row col0 + li % 64
-    // (every invocation a quarter run: a whole run each kept three quarters of the workgroup
-    // waiting at the barrier while a quarter decoded).
-    let c = li % BN;
-    let part = li / BN;
-    let gc = col0 + c;
-    if (gc < p.chunk_rows) {
-        let v = decode_run8((t.w_row0 + gc) * p.w_stride, k0 / 8u + part);
-        for (var j = 0u; j < 8u; j++) {
-            ws[(8u * part + j) * BN + c] = to_operand(v[j]);
-        }
-    } else {
-        for (var j = 0u; j < 8u; j++) {
-            ws[(8u * part + j) * BN + c] = operand(0.0);
+    // W tile: item i = li + 256·e decodes values 8·(i / BN) … + 7 of run k0/32 of row
+    // col0 + i % BN (every invocation a quarter run at a time: a whole run each kept three
+    // quarters of the workgroup waiting at the barrier while a quarter decoded).
+    for (var e = 0u; e < BN / 64u; e++) {
+        let item = li + e * 256u;
+        let c = item % BN;
+        let part = item / BN;
+        let gc = col0 + c;
+        if (gc < p.chunk_rows) {
+            let v = decode_run8((t.w_row0 + gc) * p.w_stride, k0 / 8u + part);
+            for (var j = 0u; j < 8u; j++) {
+                ws[ws_at(c, 8u * part + j)] = to_operand(v[j]);
+            }
+        } else {
+            for (var j = 0u; j < 8u; j++) {
+                ws[ws_at(c, 8u * part + j)] = operand(0.0);
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The GEMM ops, `linear`, `grouped_linear` and `moe_experts` (the routed experts), and the kernel
 //! each weight format takes in each.
 //!
-//! - `linear` runs `shaders/linear_tile.wgsl`'s tile loads (64×64 output tiles) and a tile body
+//! - `linear` runs `shaders/linear_tile.wgsl`'s tile loads (output tiles of 64 rows × 64 or 128
+//!   weight rows, `Tiles::columns`) and a tile body
 //!   (`tile_fma.wgsl`, or `tile_coop.wgsl` on cooperative matrices: [`Tiles`]) over a weight read by
 //!   `linear_packed.wgsl` (f32, bf16 as `u << 16`, f16 by an exact integer half→f32 decode),
 //!   `linear_f16.wgsl` (`array<vec2<f16>>`, when the device has SHADER_F16) or a block format's
@@ -52,7 +53,8 @@ enum TileRowSource<'a> {
 }
 
 /// The kernel of `linear` for `format` in `precision` on `tiles` (the FMA tiles in exact
-/// precision: the cooperative ones take f16 operands), with its `FMT` override:
+/// precision: the cooperative ones take f16 operands), with its `FMT` override and the tiles it
+/// runs on:
 /// `linear_packed.wgsl` for f32 (0), bf16 (1) and f16 without SHADER_F16 (2, integer decode),
 /// `linear_f16.wgsl` for f16 with it (`native_f16`), else the format's block build of
 /// dequant/linear.wgsl.
@@ -61,15 +63,16 @@ pub(super) fn linear_shader(
     native_f16: bool,
     precision: Precision,
     tiles: Tiles,
-) -> (Shader, u32) {
+) -> (Shader, u32, Tiles) {
     let tiles = if precision == Precision::Fast { tiles } else { Tiles::Fma };
-    match format {
+    let (shader, fmt) = match format {
         WeightFormat::F32 => (Shader::Linear(precision, tiles), 0),
         WeightFormat::BF16 => (Shader::Linear(precision, tiles), 1),
         WeightFormat::F16 if native_f16 => (Shader::LinearF16(precision, tiles), 0),
         WeightFormat::F16 => (Shader::Linear(precision, tiles), 2),
         f => (Shader::Block(BlockKernel::Linear(tiles), f, precision), 0),
-    }
+    };
+    (shader, fmt, tiles)
 }
 
 /// The kernel of `embed_rows` (lm.wgsl's one weight op, a lookup: the exact build) for `format`,
@@ -153,7 +156,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let TilePart { rows, x_cols: (x_col, k), w_rows: (w_row0, w_rows), y_col } = part;
         // (row_off, n, expert_stride), the row tiles' binding, and the workgroup rows (both tile
-        // bodies: 64×64 outputs a workgroup)
+        // bodies: 64 rows of x a workgroup)
         let ((row_off, n, expert_stride), row_tiles, gy) = match rows {
             TileRowSource::Range(row_off, n) => ((row_off, n, 0), self.dummy.as_entire_binding(), n.div_ceil(64)),
             TileRowSource::Experts { table, tiles, expert_stride } => ((0, 0, expert_stride), table.binding(), tiles),
@@ -161,7 +164,7 @@ impl WgpuBackend {
         if gy > self.limits.max_compute_workgroups_per_dimension as usize {
             return Err(Error::Device(format!("op `{label}`: {gy} row tiles exceed the dispatch limit")));
         }
-        let (shader, fmt) = linear_shader(w.format, self.native_f16, self.gemm_precision(w), self.tiles);
+        let (shader, fmt, tiles) = linear_shader(w.format, self.native_f16, self.gemm_precision(w), self.tiles);
         let bias_res = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
         let params = [
             n as u32,
@@ -184,7 +187,7 @@ impl WgpuBackend {
             fmt,
             &params,
             &[(1, x.binding()), (2, chunk), (3, bias_res), (4, y.binding()), (5, row_tiles)],
-            (w_rows.div_ceil(64) as u32, gy as u32, 1),
+            (w_rows.div_ceil(tiles.columns()) as u32, gy as u32, 1),
         )
     }
 

@@ -363,14 +363,16 @@ pub struct WgpuBackend {
 
 /// Whether `adapter` can run `shaders/tile_coop.wgsl`: cooperative matrices with a subgroup-scope
 /// 16×16×16 f16 → f32 configuration, and subgroups of exactly 32 invocations (the body splits its
-/// 256 invocations into 8 subgroups). NVIDIA under Vulkan has both; RADV's subgroups may be 32 or
-/// 64 and lavapipe has no cooperative matrices, so they take the FMA tiles.
+/// 256 invocations into 8 subgroups), and the tiles' workgroup memory. NVIDIA under Vulkan has
+/// them; RADV's subgroups may be 32 or 64 and lavapipe has no cooperative matrices, so they take
+/// the FMA tiles.
 fn coop_tiles_fit(adapter: &wgpu::Adapter) -> bool {
     use wgpu::CooperativeScalarType::{F16, F32};
     let info = adapter.get_info();
     adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32
+        && adapter.limits().max_compute_workgroup_storage_size >= Tiles::COOP_WORKGROUP_BYTES
         && adapter
             .cooperative_matrix_properties()
             .iter()

@@ -33,6 +33,23 @@ pub enum Tiles {
 impl Tiles {
     pub const ALL: [Tiles; 2] = [Tiles::Fma, Tiles::Coop];
 
+    /// Weight rows (columns of y) an output tile covers: the body's BN. Both bodies cover 64
+    /// rows of x.
+    pub(super) fn columns(self) -> usize {
+        match self {
+            Tiles::Fma => 64,
+            Tiles::Coop => 128,
+        }
+    }
+
+    /// Workgroup memory of the cooperative tiles at their largest (the block formats' K step of
+    /// 32, `shaders/tile_coop.wgsl`): the x tile 64 × (32 + 8) f16, the W tile 32 × (128 + 8)
+    /// f16, 8 subgroups' output staging 16 × 20 f32. `tests/wgsl.rs` holds every build to it.
+    pub const COOP_WORKGROUP_BYTES: u32 = 64 * 40 * 2 + 32 * 136 * 2 + 8 * 16 * 20 * 4;
+    /// Workgroup memory of the FMA tiles at their largest (exact precision's f32 operands, K step
+    /// of 32): WebGPU's least `maxComputeWorkgroupStorageSize`, which every adapter offers.
+    pub const FMA_WORKGROUP_BYTES: u32 = 16384;
+
     /// The body's file and WGSL.
     pub(super) fn body(self) -> (&'static str, &'static str) {
         match self {
@@ -214,7 +231,10 @@ impl Shader {
         {
             for &precision in precisions {
                 for f in WeightFormat::ALL {
-                    list.extend(Tiles::ALL.map(|t| linear_shader(f, native_f16, precision, t)));
+                    list.extend(Tiles::ALL.map(|t| {
+                        let (shader, fmt, _) = linear_shader(f, native_f16, precision, t);
+                        (shader, fmt)
+                    }));
                     list.push(lm_weight_shader(f));
                     list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, b)));
                     if precision == Precision::Fast {
