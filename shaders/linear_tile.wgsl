@@ -28,11 +28,11 @@ fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
         let m = idx / BK;
         let kk = idx % BK;
         let gk = k0 + kk;
-        var v = 0.0;
+        var v = operand(0.0);
         if (m < t.n && gk < p.k) {
             v = x[(t.first + m) * p.x_stride + p.x_col + gk];
         }
-        xs[xs_at(m, kk)] = to_operand(v);
+        xs[xs_at(m, kk)] = v;
     }
     // W tile: BN rows × 8 pairs of k, BN / 32 pairs per invocation.
     for (var e = 0u; e < BN / 32u; e++) {

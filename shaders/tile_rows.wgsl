@@ -13,7 +13,8 @@ struct P {
     w_stride: u32,   // words per (padded) W row
     has_bias: u32,
     row_off: u32,    // first row of x and of y (one expert's slots in moe_experts; else 0)
-    x_stride: u32,   // x's row length (k, or g·k for a group of grouped_linear)
+    x_stride: u32,   // x's row length in operands (k, or g·k for a group of grouped_linear; even
+                     // in fast precision)
     x_col: u32,      // x's first column (the group's)
     w_row0: u32,     // the binding's first weight row this dispatch reads
     expert_stride: u32, // 0, or a dispatch over every expert's rows (`row_tiles`): the weight rows
@@ -23,7 +24,9 @@ struct P {
 }
 
 var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+// x's operands: f32 in exact precision; in fast, x rounded to f16 once by half_rows.wgsl (rows
+// padded to an even length: `x_stride` counts f16 values), so the tiles copy them.
+@group(0) @binding(1) var<storage, read> x: array<operand>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 // A dispatch over every expert (moe_experts' prefill): per workgroup row, the first row of x and y

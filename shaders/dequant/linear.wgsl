@@ -23,11 +23,11 @@ fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
         let idx = li + e * 256u;
         let m = idx / BK;
         let kk = idx % BK;
-        var v = 0.0;
+        var v = operand(0.0);
         if (m < t.n) {
             v = x[(t.first + m) * p.x_stride + p.x_col + k0 + kk];
         }
-        xs[xs_at(m, kk)] = to_operand(v);
+        xs[xs_at(m, kk)] = v;
     }
     // W tile: item i = li + 256·e decodes values 8·(i / BN) … + 7 of run k0/32 of row
     // col0 + i % BN (every invocation a quarter run at a time: a whole run each kept three

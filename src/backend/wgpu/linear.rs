@@ -31,6 +31,14 @@ use super::{Shader, Tiles, WgpuBackend, WgpuTensor, WgpuWeight};
 use crate::backend::{Backend, DType, DeviceTensor, HostTensor, Op, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
 
+/// x of a tiled GEMM: the f32 tensor, which exact precision's kernels read, and its f16 copy
+/// (`half_rows`), which fast precision's read: their tile loads then copy operands instead of
+/// rounding every value once per column tile. Made once per op and shared by its dispatches.
+struct TileX<'a> {
+    f32: &'a WgpuTensor,
+    half: Option<WgpuTensor>,
+}
+
 /// The part of a tiled product one dispatch computes: x's rows `rows` (y's rows are the same),
 /// x's columns `x_cols` (first, count = the product's k) against the binding's weight rows
 /// `w_rows` (first, count), written to y's columns from `y_col`.
@@ -94,6 +102,36 @@ impl WgpuBackend {
         if w.exact { Precision::Exact } else { self.opts.precision }
     }
 
+    /// x as the tiled GEMMs over `weights` read it: with its f16 copy where any of them takes
+    /// fast precision ([`TileX`]).
+    fn tile_x<'a, 'w>(
+        &self,
+        x: &'a WgpuTensor,
+        weights: impl IntoIterator<Item = &'w WgpuWeight>,
+    ) -> Result<TileX<'a>> {
+        let fast = weights.into_iter().any(|w| self.gemm_precision(w) == Precision::Fast);
+        let half = if fast { Some(self.half_rows(x)?) } else { None };
+        Ok(TileX { f32: x, half })
+    }
+
+    /// x `[n, cols]` rounded to f16 as fast precision's GEMM operands are (`half_rows.wgsl`):
+    /// `[n, ⌈cols / 2⌉]` words of two f16 values, a row's odd tail padded with zero.
+    fn half_rows(&self, x: &WgpuTensor) -> Result<WgpuTensor> {
+        const OP: &str = "half_rows";
+        let (n, cols) = (x.rows(), x.cols());
+        let half = cols.div_ceil(2);
+        let y = self.alloc(OP, vec![n, half], DType::I32)?;
+        let words = n * half;
+        self.dispatch_1d(
+            Shader::HalfRows,
+            OP,
+            words,
+            &[words as u32, cols as u32, half as u32],
+            &[(1, x.binding()), (4, y.binding())],
+        )?;
+        Ok(y)
+    }
+
     /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]`, one dispatch per weight chunk.
     pub(super) fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
         const OP: &str = "linear";
@@ -115,7 +153,7 @@ impl WgpuBackend {
             }
             return Ok(y);
         }
-        self.dispatch_tiles("linear_tiles", x, w, bias, &y, 0, n)?;
+        self.dispatch_tiles("linear_tiles", &self.tile_x(x, [w])?, w, bias, &y, 0, n)?;
         Ok(y)
     }
 
@@ -125,7 +163,7 @@ impl WgpuBackend {
     fn dispatch_tiles(
         &self,
         label: &'static str,
-        x: &WgpuTensor,
+        x: &TileX<'_>,
         w: &WgpuWeight,
         bias: Option<&WgpuTensor>,
         y: &WgpuTensor,
@@ -134,7 +172,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         for c in &w.chunks {
             let rows = TileRowSource::Range(row_off, n);
-            let part = TilePart { rows, x_cols: (0, x.cols()), w_rows: (0, c.rows), y_col: c.row0 };
+            let part = TilePart { rows, x_cols: (0, x.f32.cols()), w_rows: (0, c.rows), y_col: c.row0 };
             self.dispatch_tile_part(label, x, w, c.binding(), bias, y, part)?;
         }
         Ok(())
@@ -147,7 +185,7 @@ impl WgpuBackend {
     fn dispatch_tile_part(
         &self,
         label: &'static str,
-        x: &WgpuTensor,
+        x: &TileX<'_>,
         w: &WgpuWeight,
         chunk: wgpu::BindingResource<'_>,
         bias: Option<&WgpuTensor>,
@@ -164,7 +202,19 @@ impl WgpuBackend {
         if gy > self.limits.max_compute_workgroups_per_dimension as usize {
             return Err(Error::Device(format!("op `{label}`: {gy} row tiles exceed the dispatch limit")));
         }
-        let (shader, fmt, tiles) = linear_shader(w.format, self.native_f16, self.gemm_precision(w), self.tiles);
+        let precision = self.gemm_precision(w);
+        let (shader, fmt, tiles) = linear_shader(w.format, self.native_f16, precision, self.tiles);
+        // x's operands and row length in them: f32, or the f16 copy of fast precision
+        let (x_res, x_stride) = match (precision, &x.half) {
+            (Precision::Exact, _) => (x.f32.binding(), x.f32.cols()),
+            (Precision::Fast, Some(half)) => (half.binding(), 2 * half.cols()),
+            (Precision::Fast, None) => {
+                return Err(Error::Device(format!(
+                    "op `{label}`: `{}` takes fast precision, and x came without its f16 copy",
+                    w.name
+                )));
+            }
+        };
         let bias_res = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
         let params = [
             n as u32,
@@ -175,7 +225,7 @@ impl WgpuBackend {
             w.stride_words as u32,
             bias.is_some() as u32,
             row_off as u32,
-            x.cols() as u32,
+            x_stride as u32,
             x_col as u32,
             w_row0 as u32,
             expert_stride as u32,
@@ -186,7 +236,7 @@ impl WgpuBackend {
             "main",
             fmt,
             &params,
-            &[(1, x.binding()), (2, chunk), (3, bias_res), (4, y.binding()), (5, row_tiles)],
+            &[(1, x_res), (2, chunk), (3, bias_res), (4, y.binding()), (5, row_tiles)],
             (w_rows.div_ceil(tiles.columns()) as u32, gy as u32, 1),
         )
     }
@@ -211,12 +261,13 @@ impl WgpuBackend {
         }
         // linear's tiles, one dispatch per group (per piece of it in each row chunk): group gi's
         // weight rows gi·r .. against x's columns gi·k ..
+        let x = self.tile_x(x, [w])?;
         for c in &w.chunks {
             for gi in c.row0 / r..(c.row0 + c.rows).div_ceil(r) {
                 let (lo, hi) = ((gi * r).max(c.row0), ((gi + 1) * r).min(c.row0 + c.rows));
                 let rows = TileRowSource::Range(0, n);
                 let part = TilePart { rows, x_cols: (gi * k, k), w_rows: (lo - c.row0, hi - lo), y_col: lo };
-                self.dispatch_tile_part("grouped_tiles", x, w, c.binding(), None, &y, part)?;
+                self.dispatch_tile_part("grouped_tiles", &x, w, c.binding(), None, &y, part)?;
             }
         }
         Ok(y)
@@ -344,12 +395,12 @@ impl WgpuBackend {
             None
         };
         // x's rows (in expert order) times projection `p`'s experts (`ws`) into y
-        let project = |x: &WgpuTensor, p: usize, ws: &[WgpuWeight], y: &WgpuTensor| -> Result<()> {
+        let project = |x: &TileX<'_>, p: usize, ws: &[WgpuWeight], y: &WgpuTensor| -> Result<()> {
             if let (Some(span), Some((tiles, table))) = (&spans[p], &table) {
                 let span = span.weight();
                 let (_, expert_stride) = span.experts.expect("a span over every expert");
                 let rows = TileRowSource::Experts { table, tiles: *tiles, expert_stride };
-                let part = TilePart { rows, x_cols: (0, x.cols()), w_rows: (0, span.matrix.rows), y_col: 0 };
+                let part = TilePart { rows, x_cols: (0, x.f32.cols()), w_rows: (0, span.matrix.rows), y_col: 0 };
                 return self.dispatch_tile_part("expert_tiles", x, span.matrix, span.binding, None, y, part);
             }
             for (e, w) in ws.iter().enumerate().filter(|&(e, _)| at[e + 1] > at[e]) {
@@ -359,12 +410,14 @@ impl WgpuBackend {
         };
         let gate = self.alloc(OP, vec![runs, h], DType::F32)?;
         let up = self.alloc(OP, vec![runs, h], DType::F32)?;
-        project(&xs, 0, w1, &gate)?;
-        project(&xs, 1, w3, &up)?;
+        let xs_in = self.tile_x(&xs, w1.iter().chain(w3))?;
+        project(&xs_in, 0, w1, &gate)?;
+        project(&xs_in, 1, w3, &up)?;
         let hid = self.swiglu_clamp(&gate, &up, limit)?; // [runs, h]
-        drop((gate, up, xs));
+        drop((gate, up, xs_in));
+        drop(xs);
         let ys = self.alloc(OP, vec![runs, d], DType::F32)?;
-        project(&hid, 2, w2, &ys)?;
+        project(&self.tile_x(&hid, w2)?, 2, w2, &ys)?;
         let mut row_of_slot = vec![0i32; slots];
         for (row, &slot) in order.iter().enumerate() {
             row_of_slot[slot] = row as i32;

@@ -72,6 +72,8 @@ pub(super) enum Shader {
     Attention,
     /// The ViT's attention on cooperative matrices (fast precision, where the tiles use them).
     AttentionCoop,
+    /// x rounded to f16 once for fast precision's tiled GEMMs (`half_rows.wgsl`).
+    HalfRows,
     Debug,
     /// lm.wgsl (no weight products: one build).
     Lm,
@@ -150,6 +152,12 @@ impl Shader {
                     + include_str!("../../../shaders/attention_coop.wgsl");
                 Ok((format!("{operands} + attention_io.wgsl + attention_coop.wgsl"), Cow::Owned(src)))
             }
+            Shader::HalfRows => {
+                let (operands, rounding) = operands_part(Precision::Fast);
+                let src =
+                    directives(true, false).to_owned() + rounding + include_str!("../../../shaders/half_rows.wgsl");
+                Ok((format!("{operands} + half_rows.wgsl"), Cow::Owned(src)))
+            }
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
             Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
             Shader::Rows(_) => gemm(false, Some(PACKED), rows::BODY, Precision::Exact),
@@ -177,7 +185,7 @@ impl Shader {
     const FIXED: [Shader; 6] =
         [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
     /// The shaders no weight format chooses that fast precision alone builds (with SHADER_F16).
-    const FIXED_F16: [Shader; 1] = [Shader::AttentionCoop];
+    const FIXED_F16: [Shader; 2] = [Shader::AttentionCoop, Shader::HalfRows];
 
     /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
     /// (or, built only with SHADER_F16, [`Self::FIXED_F16`]) or chosen by [`linear_shader`] /
@@ -186,7 +194,7 @@ impl Shader {
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
-            Shader::AttentionCoop => {}
+            Shader::AttentionCoop | Shader::HalfRows => {}
             Shader::Linear(..) | Shader::LinearF16(..) | Shader::Lm | Shader::Block(..) => {}
             Shader::Rows(..) | Shader::RowsF16(..) => {}
         }
