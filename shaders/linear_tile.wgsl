@@ -10,20 +10,21 @@
 // range of x's rows (an expert's slots), x's columns of one group against that group's W rows
 // (grouped_linear).
 // Tiling: a workgroup of 256 invocations computes a 64 × BN output tile (64 rows of x and y, BN
-// weight rows: the body declares BN, a multiple of 32), K walked in steps of 16 through workgroup
-// memory: an x tile of 64 rows × 16 k and a W tile of BN rows × 16 k, of `operand`, each laid out
+// weight rows: the body declares BN, a multiple of 32), K walked in steps of 32 (BK) through
+// workgroup memory: an x tile of 64 rows × 32 k and a W tile of BN rows × 32 k, of `operand`
+// (steps of 16 paid two barriers for every 16 of k; 32 is the block formats' run), each laid out
 // as the body reads it (the body declares `xs`, `ws` and their indices `xs_at(m, k)`,
 // `ws_at(n, k)`).
 // Dispatch: (ceil(chunk_rows/BN), ceil(n/64), 1).
 
 const BM: u32 = 64u;
-const BK: u32 = 16u;
+const BK: u32 = 32u;
 
 // Fills xs and ws with k0 .. k0 + BK of the output tile of rows `t` and weight rows col0 …;
 // `li` is the invocation's index in the workgroup (0..256).
 fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
-    // x tile: 64 rows × 16 k, 4 elements per invocation, consecutive invocations walk k.
-    for (var e = 0u; e < 4u; e++) {
+    // x tile: 64 rows × BK k, 8 elements per invocation, consecutive invocations walk k.
+    for (var e = 0u; e < BM * BK / 256u; e++) {
         let idx = li + e * 256u;
         let m = idx / BK;
         let kk = idx % BK;
@@ -34,8 +35,8 @@ fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
         }
         xs[xs_at(m, kk)] = v;
     }
-    // W tile: BN rows × 8 pairs of k, BN / 32 pairs per invocation.
-    for (var e = 0u; e < BN / 32u; e++) {
+    // W tile: BN rows × BK / 2 pairs of k, BN / 16 pairs per invocation.
+    for (var e = 0u; e < BN * BK / 512u; e++) {
         let idx = li + e * 256u;
         let nn = idx / (BK / 2u);
         let kp = idx % (BK / 2u);
