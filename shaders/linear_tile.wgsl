@@ -10,7 +10,7 @@
 // range of x's rows (an expert's slots), x's columns of one group against that group's W rows
 // (grouped_linear).
 // Tiling: a workgroup of 256 invocations computes a 64 × BN output tile (64 rows of x and y, BN
-// weight rows: the body declares BN, a multiple of 32), K walked in steps of 32 (BK) through
+// weight rows: the body declares BN, a multiple of 64), K walked in steps of 32 (BK) through
 // workgroup memory: an x tile of 64 rows × 32 k and a W tile of BN rows × 32 k, of `operand`
 // (steps of 16 paid two barriers for every 16 of k; 32 is the block formats' run), each laid out
 // as the body reads it (the body declares `xs`, `ws` and their indices `xs_at(m, k)`,

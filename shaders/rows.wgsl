@@ -1,7 +1,7 @@
 // The small-row products (decode: at most 8 rows of x, or 8 expert slots at a time):
 // linear_rows, grouped_rows, moe_gate_rows, moe_up_rows, moe_down_rows, each the counterpart of
 // a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and dequant/lm.wgsl's GEMM ops)
-// with the same epilogue. Those run a 64×64 output tile (or a thread per output re-reading its
+// with the same epilogue. Those run a 64-row output tile (or a thread per output re-reading its
 // weight row), so with one token row almost all of their work is padding; here, as in the CUDA
 // lane's gemv_cols, one workgroup owns two output columns: its WG threads stride along k span by
 // span, so each weight row is read once (consecutive threads, consecutive spans) and each x

@@ -15,7 +15,9 @@
 //
 // Layouts, chosen for the banks of workgroup memory: the x tile is row-major (a row's k side by
 // side), so the loads' stores, whose invocations walk k, are consecutive (k-major put a warp's
-// 32 stores in one bank); the W tile is k-major, whose stores walk the rows. Rows of either tile
+// 32 stores in one bank); the W tile is k-major: the block formats' stores walk its rows
+// (consecutive), the float weights' walk k in pairs (a warp's stores in 4 banks, their global
+// loads kept consecutive). Rows of either tile
 // are padded by 8 elements (16 bytes) so the 8 rows of 16 bytes that a matrix load reads at once
 // fall in different banks, each row start staying 16-byte aligned; the staging rows by 4 f32.
 

@@ -6,10 +6,10 @@
 //
 // The tiles are k-major (a k's 64 rows side by side), as the products read them: an x value
 // shared by 16 invocations, 16 consecutive W values. Within a k, row m sits at m ^ (k % 16) so
-// the loads' stores, whose invocations walk k, fall in different banks (unswizzled, a warp's 32
-// stores went to one bank); the swizzle moves only the low 4 bits, so an invocation's rows
-// lid + 16·i stay 16 apart, and the tiles keep their size (16 KiB for exact precision's
-// formats: WebGPU's least workgroup memory).
+// the loads' stores, whose invocations walk k, spread over 16 banks (unswizzled, a warp's 32
+// stores of one row went to one bank; k and k + 16 still share one); the swizzle moves only the
+// low 4 bits, so an invocation's rows lid + 16·i stay 16 apart, and the tiles keep their size
+// (16 KiB for exact precision's f32 operands: WebGPU's least workgroup memory).
 
 const BN: u32 = 64u;
 

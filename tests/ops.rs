@@ -452,6 +452,10 @@ fn cases() -> Vec<Case> {
             out.push(linear_case(&mut r, format, n, k, o, ""));
         }
     }
+    // past the widest output tile (128 weight rows on cooperative matrices), the last one part
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
+        out.push(linear_case(&mut r, format, 70, 96, 300, " (three column tiles)"));
+    }
     out.push(case(
         "rms_norm [33,50]",
         Op::RmsNorm,
@@ -942,6 +946,7 @@ fn lm_cases() -> Vec<Case> {
     for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
         out.push(grouped_case(&mut r, format, 9, 3, 21, 5, ""));
     }
+    out.push(grouped_case(&mut r, WeightFormat::BF16, 9, 2, 21, 130, " (groups wider than a column tile)"));
     // sink_attention: windows of varying length (one empty), compressed entries with −1 slots
     // and repeats; and a case without compressed entries.
     {
@@ -1067,7 +1072,7 @@ fn block_cases() -> Vec<Case> {
     let mut out = Vec::new();
     for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
         let k = block_cols(format);
-        for (n, o, bias) in [(5, 67, true), (70, 9, false)] {
+        for (n, o, bias) in [(5, 67, true), (70, 9, false), (70, 137, true)] {
             let mut c = case(
                 format!("linear {format} x[{n},{k}] W[{o},{k}]{}", if bias { " + bias" } else { "" }),
                 Op::Linear,

@@ -503,13 +503,16 @@ fn every_build_translates_to_msl_and_hlsl() {
 /// layouter, stays within what the lane asks of the adapter: the cooperative tiles within
 /// `Tiles::COOP_WORKGROUP_BYTES` (checked in `coop_tiles_fit`), the FMA tiles within WebGPU's
 /// least limit. Each bound is also reached by some build, so neither constant can drift loose.
+/// And each build's output tile is as wide as the lane's dispatch grid takes it
+/// (`Tiles::columns`, the body's `const BN`): wider columns would go unwritten.
 #[test]
 fn tile_builds_fit_their_workgroup_memory() {
     use fovea::backend::wgpu::Tiles;
     let builds = fovea::backend::wgpu::shader_builds().expect("the lane's shader builds");
-    for (body, bound) in
-        [("tile_coop.wgsl", Tiles::COOP_WORKGROUP_BYTES), ("tile_fma.wgsl", Tiles::FMA_WORKGROUP_BYTES)]
-    {
+    for (body, bound, tiles) in [
+        ("tile_coop.wgsl", Tiles::COOP_WORKGROUP_BYTES, Tiles::Coop),
+        ("tile_fma.wgsl", Tiles::FMA_WORKGROUP_BYTES, Tiles::Fma),
+    ] {
         let mut largest = 0;
         for b in builds.iter().filter(|b| b.label.contains(body)) {
             let module = naga::front::wgsl::parse_str(&b.source).unwrap_or_else(|e| panic!("{}: {e}", b.label));
@@ -522,6 +525,13 @@ fn tile_builds_fit_their_workgroup_memory() {
                 .map(|(_, g)| layouter[g.ty].size)
                 .sum();
             assert!(bytes <= bound, "{}: {bytes} bytes of workgroup memory, more than {bound}", b.label);
+            let bn = module.constants.iter().find(|(_, c)| c.name.as_deref() == Some("BN")).map(|(_, c)| match module
+                .global_expressions[c.init]
+            {
+                naga::Expression::Literal(naga::Literal::U32(v)) => v as usize,
+                ref e => panic!("{}: BN is {e:?}, not a u32 literal", b.label),
+            });
+            assert_eq!(bn, Some(tiles.columns()), "{}: the output tile's width (const BN)", b.label);
             largest = largest.max(bytes);
         }
         assert_eq!(largest, bound, "{body}: the largest build's workgroup memory");

@@ -2,8 +2,9 @@
 //! each weight format takes in each.
 //!
 //! - `linear` runs `shaders/linear_tile.wgsl`'s tile loads (output tiles of 64 rows × 64 or 128
-//!   weight rows, `Tiles::columns`) and a tile body
-//!   (`tile_fma.wgsl`, or `tile_coop.wgsl` on cooperative matrices: [`Tiles`]) over a weight read by
+//!   weight rows, `Tiles::columns`) and a tile body (`tile_fma.wgsl`, or `tile_coop.wgsl` on
+//!   cooperative matrices: [`Tiles`]), x read as f32 in exact precision and in fast as the f16
+//!   copy `half_rows.wgsl` makes once an op ([`TileX`]), over a weight read by
 //!   `linear_packed.wgsl` (f32, bf16 as `u << 16`, f16 by an exact integer half→f32 decode),
 //!   `linear_f16.wgsl` (`array<vec2<f16>>`, when the device has SHADER_F16) or a block format's
 //!   build of `dequant/linear.wgsl`. The integer decode is used rather than `unpack2x16float`,

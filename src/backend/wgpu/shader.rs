@@ -33,9 +33,9 @@ pub enum Tiles {
 impl Tiles {
     pub const ALL: [Tiles; 2] = [Tiles::Fma, Tiles::Coop];
 
-    /// Weight rows (columns of y) an output tile covers: the body's BN. Both bodies cover 64
-    /// rows of x.
-    pub(super) fn columns(self) -> usize {
+    /// Weight rows (columns of y) an output tile covers: the body's BN (`tests/wgsl.rs` holds
+    /// each build to it). Both bodies cover 64 rows of x.
+    pub fn columns(self) -> usize {
         match self {
             Tiles::Fma => 64,
             Tiles::Coop => 128,
