@@ -674,26 +674,31 @@ fn launches_note(t: &DecodeTiming, steps: usize) -> String {
     let mut note =
         t.launches.map_or(String::new(), |n| format!(", issued in {:.2} ms, {n:.0} launches a step", t.issue * 1e3));
     if let Some(h) = t.host {
-        let per = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
-        let count = |n: u64| n as f64 / steps.max(1) as f64;
-        note += &format!(
-            " (host a step: {:.0} launches {:.2} ms ({:.0} bind groups made), {:.0} copies {:.2} ms, {:.0} \
-             allocations {:.2} ms, {:.0} waits {:.2} ms; the rest is the graph's own host work; {:.0} submits {:.2} ms, \
-             on the submit thread, or on this one within the above when inline)",
-            count(h.launches),
-            per(h.launch_ns),
-            count(h.bind_groups),
-            count(h.copies),
-            per(h.copy_ns),
-            count(h.allocations),
-            per(h.allocation_ns),
-            count(h.waits),
-            per(h.wait_ns),
-            count(h.submits),
-            per(h.submit_ns)
-        );
+        note += &format!(" (host a step: {})", host_parts(&h, steps));
     }
     note
+}
+
+/// A host profile's parts, means over `times` (steps, or 1 for a whole prefill).
+fn host_parts(h: &HostProfile, times: usize) -> String {
+    let per = |ns: u64| ns as f64 / 1e6 / times.max(1) as f64;
+    let count = |n: u64| n as f64 / times.max(1) as f64;
+    format!(
+        "{:.0} launches {:.2} ms ({:.0} bind groups made), {:.0} copies {:.2} ms, {:.0} allocations {:.2} ms, {:.0} \
+         waits {:.2} ms; the rest is the graph's own host work; {:.0} submits {:.2} ms, on the submit thread, or on \
+         this one within the above when inline",
+        count(h.launches),
+        per(h.launch_ns),
+        count(h.bind_groups),
+        count(h.copies),
+        per(h.copy_ns),
+        count(h.allocations),
+        per(h.allocation_ns),
+        count(h.waits),
+        per(h.wait_ns),
+        count(h.submits),
+        per(h.submit_ns)
+    )
 }
 
 /// The language model's figures at one depth.
@@ -741,7 +746,9 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
         LmFigures { layers, prefill: Vec::new(), decode: Vec::new(), lm_weight_bytes, memory: b.memory() };
     for &t in &args.prefill.0 {
         b.kernel_times()?; // from here on
+        let host_before = b.host_profile();
         let (secs, mut cache) = prefill(b, &model, t, args.chunk)?;
+        let host = host_before.zip(b.host_profile()).map(|(a, z)| z.since(&a));
         let kernels = b.kernel_times()?;
         let flops = prefill_flops(&cfg, t);
         println!(
@@ -754,6 +761,9 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
             sig3(flops / secs / 1e12)
         );
         bench_common::print_kernel_times(kernels.as_deref(), "of the prefill", 1, 16);
+        if let Some(h) = host {
+            println!("  host over the prefill (FOVEA_HOST_PROFILE=1): {}", host_parts(&h, 1));
+        }
         let step = decode_median(b, &model, &mut cache, args.decode_steps)?.step;
         println!("  decode at {t} on this real cache: median {:.2} ms ({} tokens/s)", step * 1e3, sig3(1.0 / step));
         figures.prefill.push((t, secs));

@@ -1175,6 +1175,32 @@ fn free_list_stays_within_its_bound_while_a_tensor_grows() {
     assert!(got.chunks(64).all(|r| r.iter().enumerate().all(|(i, v)| *v == i as f32)));
 }
 
+/// Past its bound the free list lets the sizes least recently used go, not every buffer (emptying
+/// it made a prefill whose buffers passed the bound allocate them all again, chunk after chunk).
+/// Buffers of 4, 6 and 8 KiB (each its own size class) under a 16 KiB bound: the 4 KiB one was
+/// used after the 6 KiB one went back, so returning the 8 KiB one lets the 6 KiB one go: 12 KiB
+/// kept (emptying would keep 8, evicting the 4 KiB one 14), and a 4 KiB tensor then reuses its
+/// buffer.
+#[test]
+fn free_list_past_its_bound_lets_the_least_recently_used_sizes_go() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = exclusive();
+    let b = make(Options { guard_words: 0, free_list_bytes: 16 << 10, ..Options::default() });
+    let floats = |n: usize| up(&b, &[n], vec![1.0; n]);
+    let (small, middle, large) = (1024, 1536, 2048); // floats: 4, 6 and 8 KiB
+    drop((floats(small), floats(middle)));
+    assert_eq!(b.cached_bytes(), 10 << 10);
+    drop(floats(small)); // reuses the 4 KiB buffer: its size is now the most recently used
+    assert_eq!(b.cached_bytes(), 10 << 10);
+    drop(floats(large)); // 18 KiB would pass the bound: the 6 KiB one goes
+    assert_eq!(b.cached_bytes(), 12 << 10, "the least recently used size (6 KiB) let go, and only it");
+    let kept = floats(small);
+    assert_eq!(b.cached_bytes(), 8 << 10, "the 4 KiB buffer kept and reused");
+    assert_eq!(down(&b, &kept), vec![1.0; small]);
+}
+
 #[test]
 fn threads_sharing_one_backend() {
     if !adapter_available() {

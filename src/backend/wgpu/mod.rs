@@ -256,8 +256,9 @@ pub struct Options {
     /// Recycle freed activation buffers of the same size class ([`size_class`]).
     pub reuse_buffers: bool,
     /// Bytes of freed activation buffers the free list holds at most: a buffer freed past it
-    /// empties the list first (a long decode leaves a buffer of every size its growing cache
-    /// tensors passed through; a prefill's chunk-sized ones stay unused during decode).
+    /// lets the least recently used sizes go first (a long decode leaves a buffer of every size
+    /// its growing cache tensors passed through; a prefill's chunk-sized ones stay unused during
+    /// decode). 2 GiB by default (`FREE_LIST_BYTES`), `FOVEA_WGPU_FREE_LIST_MIB=n` to time another.
     pub free_list_bytes: u64,
     /// How long `download`/`sync` wait for the device before reporting an error.
     pub wait_timeout: std::time::Duration,
@@ -303,7 +304,10 @@ impl Default for Options {
             weight_pool_bytes: 4 << 20,
             staging_flush_bytes: STAGING_FLUSH_BYTES,
             reuse_buffers: true,
-            free_list_bytes: FREE_LIST_BYTES,
+            free_list_bytes: std::env::var("FOVEA_WGPU_FREE_LIST_MIB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(FREE_LIST_BYTES, |mib| mib << 20),
             wait_timeout: std::time::Duration::from_secs(600),
             kernel_times: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "1" || v == "grid"),
             kernel_times_by_grid: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "grid"),
