@@ -105,9 +105,12 @@ const MAX_SUBMIT: u32 = 128;
 /// `var<immediate> p: P`, 16 words each).
 const PARAM_BYTES: usize = 64;
 
-/// `Options::free_list_bytes` by default: above the activation peak of a 2048-token prefill
-/// chunk of the whole model (1.08 GiB on an H200), so prefill and decode reuse every buffer.
-const FREE_LIST_BYTES: u64 = 2 << 30;
+/// `Options::free_list_bytes` by default: above what a 2048-token prefill chunk of the released
+/// geometry leaves free across its size classes (its live peak is 1.18 GiB, but the freed
+/// buffers of a chunk pass 2 GiB), so chunk after chunk reuses every buffer. Measured on an H100
+/// (4-layer prefill of 4096 tokens, `FOVEA_WGPU_FREE_LIST_MIB`): 2 GiB 152 allocations
+/// (456–457 ms), 3, 4 and 8 GiB 15 each (383–386 ms).
+const FREE_LIST_BYTES: u64 = 3 << 30;
 
 /// Bytes of weight uploads staged by `Queue::write_buffer` before the lane submits them and waits
 /// for the copies ([`Options::staging_flush_bytes`]). wgpu keeps each write's staging buffer until
@@ -258,7 +261,7 @@ pub struct Options {
     /// Bytes of freed activation buffers the free list holds at most: a buffer freed past it
     /// lets the least recently used sizes go first (a long decode leaves a buffer of every size
     /// its growing cache tensors passed through; a prefill's chunk-sized ones stay unused during
-    /// decode). 2 GiB by default (`FREE_LIST_BYTES`), `FOVEA_WGPU_FREE_LIST_MIB=n` to time another.
+    /// decode). 3 GiB by default (`FREE_LIST_BYTES`), `FOVEA_WGPU_FREE_LIST_MIB=n` to time another.
     pub free_list_bytes: u64,
     /// How long `download`/`sync` wait for the device before reporting an error.
     pub wait_timeout: std::time::Duration,
