@@ -1154,8 +1154,8 @@ fn activation_sizes_round_up_to_eighths_of_a_power_of_two() {
 }
 
 /// A decode's cache tensors grow a row at a time, so the free list would keep a buffer of every
-/// size they passed through: `Options::free_list_bytes` bounds it (emptying it when a freed buffer
-/// would pass the bound), and the results stay right across the emptyings.
+/// size they passed through: `Options::free_list_bytes` bounds it (letting sizes go when a freed
+/// buffer would pass the bound), and the results stay right across the evictions.
 #[test]
 fn free_list_stays_within_its_bound_while_a_tensor_grows() {
     if !adapter_available() {
@@ -1177,10 +1177,11 @@ fn free_list_stays_within_its_bound_while_a_tensor_grows() {
 
 /// Past its bound the free list lets the sizes least recently used go, not every buffer (emptying
 /// it made a prefill whose buffers passed the bound allocate them all again, chunk after chunk).
-/// Buffers of 4, 6 and 8 KiB (each its own size class) under a 16 KiB bound: the 4 KiB one was
-/// used after the 6 KiB one went back, so returning the 8 KiB one lets the 6 KiB one go: 12 KiB
-/// kept (emptying would keep 8, evicting the 4 KiB one 14), and a 4 KiB tensor then reuses its
-/// buffer.
+/// Buffers of 2, 4, 6 and 8 KiB (each its own size class) under a 16 KiB bound: with the 2 and 6
+/// KiB ones used again after the 4 KiB one went back, returning the 8 KiB one lets the 4 KiB one
+/// go and only it: 16 KiB kept (emptying would keep 8; letting the largest go, the smallest or
+/// the first returned first, 14), then a 4 KiB tensor needs a new buffer and a 2 KiB one reuses
+/// its own.
 #[test]
 fn free_list_past_its_bound_lets_the_least_recently_used_sizes_go() {
     if !adapter_available() {
@@ -1189,16 +1190,20 @@ fn free_list_past_its_bound_lets_the_least_recently_used_sizes_go() {
     let _devices = exclusive();
     let b = make(Options { guard_words: 0, free_list_bytes: 16 << 10, ..Options::default() });
     let floats = |n: usize| up(&b, &[n], vec![1.0; n]);
-    let (small, middle, large) = (1024, 1536, 2048); // floats: 4, 6 and 8 KiB
-    drop((floats(small), floats(middle)));
-    assert_eq!(b.cached_bytes(), 10 << 10);
-    drop(floats(small)); // reuses the 4 KiB buffer: its size is now the most recently used
-    assert_eq!(b.cached_bytes(), 10 << 10);
-    drop(floats(large)); // 18 KiB would pass the bound: the 6 KiB one goes
-    assert_eq!(b.cached_bytes(), 12 << 10, "the least recently used size (6 KiB) let go, and only it");
-    let kept = floats(small);
-    assert_eq!(b.cached_bytes(), 8 << 10, "the 4 KiB buffer kept and reused");
-    assert_eq!(down(&b, &kept), vec![1.0; small]);
+    let kib = |k: usize| k * 256; // floats
+    drop((floats(kib(2)), floats(kib(4)), floats(kib(6))));
+    assert_eq!(b.cached_bytes(), 12 << 10);
+    drop(floats(kib(2))); // each reuses its buffer: the 4 KiB size is now the least recently used
+    drop(floats(kib(6)));
+    assert_eq!(b.cached_bytes(), 12 << 10);
+    drop(floats(kib(8))); // 20 KiB would pass the bound
+    assert_eq!(b.cached_bytes(), 16 << 10, "the least recently used size (4 KiB) let go, and only it");
+    let middle = floats(kib(4));
+    assert_eq!(b.cached_bytes(), 16 << 10, "no 4 KiB buffer left to reuse");
+    let small = floats(kib(2));
+    assert_eq!(b.cached_bytes(), 14 << 10, "the 2 KiB buffer kept and reused");
+    assert_eq!(down(&b, &small), vec![1.0; kib(2)]);
+    drop(middle);
 }
 
 #[test]

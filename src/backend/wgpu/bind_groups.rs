@@ -9,9 +9,9 @@
 //! on lavapipe, 2.8 → 1.4 µs a dispatch).
 //!
 //! A cached bind group keeps its buffers alive, so the cache is emptied whenever the lane lets a
-//! buffer go for good (`Shared::released`: a weight or table dropped, the free list trimmed or
-//! emptied at its bound, an activation dropped without reuse or past that bound) and when it
-//! holds `CAPACITY` groups.
+//! buffer go for good (`Shared::released`: a weight or table dropped, the free list trimmed or a
+//! size class of it let go at its bound, an activation dropped without reuse or larger than that
+//! bound) and when it holds `CAPACITY` groups.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;

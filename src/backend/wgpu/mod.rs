@@ -310,7 +310,7 @@ impl Default for Options {
             free_list_bytes: std::env::var("FOVEA_WGPU_FREE_LIST_MIB")
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
-                .map_or(FREE_LIST_BYTES, |mib| mib << 20),
+                .map_or(FREE_LIST_BYTES, |mib| mib.saturating_mul(1 << 20)),
             wait_timeout: std::time::Duration::from_secs(600),
             kernel_times: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "1" || v == "grid"),
             kernel_times_by_grid: std::env::var("FOVEA_GPU_TIMES").is_ok_and(|v| v == "grid"),

@@ -88,7 +88,8 @@ pub(super) struct Shared {
     /// `Options::free_list_bytes`.
     pub(super) free_cap: u64,
     /// Buffers let go of for good so far (a weight or table dropped, an activation dropped
-    /// without reuse or past the free list's bound, the free list trimmed or emptied): the
+    /// without reuse or larger than the free list's bound, the free list trimmed, a size class
+    /// let go at its bound): the
     /// bind-group cache, whose groups keep their buffers alive, empties itself when this moves
     /// (bind_groups.rs).
     pub(super) released: AtomicU64,
@@ -348,12 +349,19 @@ impl super::WgpuBackend {
         let guard = self.opts.guard_words as u64 * 4;
         let exact = (bytes + guard).max(4);
         let size = size_class(exact).min(self.limits.max_buffer_size).max(exact);
-        let reused = if self.shared.reuse { self.shared.free.lock().unwrap().take(size) } else { None };
-        let buf = match reused {
-            Some(b) => {
+        let reused = if self.shared.reuse {
+            // uncounted under the lock, so a `trim` between the two cannot make the count wrap
+            let mut free = self.shared.free.lock().unwrap();
+            let b = free.take(size);
+            if b.is_some() {
                 self.shared.counters.cached.fetch_sub(size, Ordering::Relaxed);
-                b
             }
+            b
+        } else {
+            None
+        };
+        let buf = match reused {
+            Some(b) => b,
             None => self.shared.counters.clock.allocation(|| {
                 self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(op),
