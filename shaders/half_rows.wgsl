@@ -3,7 +3,8 @@
 // every fast GEMM operand is (operands_fast.wgsl's `to_operand`, built just before this part).
 // The tiles then copy x's operands instead of rounding each value again in every column tile
 // (a 4 096-wide weight's 32 tiles of 128 did it 32 times). One thread per pair.
-// Workgroup 256 threads; dispatch (gx, gy, 1) with gx·gy·256 ≥ words, pair = (wg.y·gx + wg.x)·256 + lid.
+// Workgroup 256 threads; dispatch (gx, gy, 1) with gx·gy·256 ≥ words,
+// pair = (wg.y·gx + wg.x)·256 + lid.
 
 struct P {
     words: u32, // n · half

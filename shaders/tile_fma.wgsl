@@ -1,8 +1,8 @@
 // The tiled GEMM's body on f32 FMAs, every device: after a tile-load part (linear_tile.wgsl, or
 // dequant/linear.wgsl for the block formats), which declares `load_tiles` and `store` and fills
 // this body's tiles through `xs_at` and `ws_at`.
-// Workgroup 16×16 invocations, a 64×64 output tile (BN = 64): 4×4 outputs per invocation (rows lid.y +
-// 16·i, columns lid.x + 16·j), held in four vec4 accumulators.
+// Workgroup 16×16 invocations, a 64×64 output tile (BN = 64): 4×4 outputs per invocation (rows
+// lid.y + 16·i, columns lid.x + 16·j), held in four vec4 accumulators.
 //
 // The tiles are k-major (a k's 64 rows side by side), as the products read them: an x value
 // shared by 16 invocations, 16 consecutive W values. Within a k, row m sits at m ^ (k % 16) so

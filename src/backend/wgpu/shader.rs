@@ -43,8 +43,8 @@ impl Tiles {
     }
 
     /// Workgroup memory of the cooperative tiles (K steps of 32, `shaders/tile_coop.wgsl`): the
-    /// x tile 64 × (32 + 8) f16, the W tile 32 × (128 + 8)
-    /// f16, 8 subgroups' output staging 16 × 20 f32. `tests/wgsl.rs` holds every build to it.
+    /// x tile 64 × (32 + 8) f16, the W tile 32 × (128 + 8) f16, 8 subgroups' output staging
+    /// 16 × 20 f32. `tests/wgsl.rs` holds every build to it.
     pub const COOP_WORKGROUP_BYTES: u32 = 64 * 40 * 2 + 32 * 136 * 2 + 8 * 16 * 20 * 4;
     /// Workgroup memory of the FMA tiles at their largest (exact precision's f32 operands, K step
     /// of 32): WebGPU's least `maxComputeWorkgroupStorageSize`, which every adapter offers.

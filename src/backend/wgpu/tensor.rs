@@ -89,9 +89,8 @@ pub(super) struct Shared {
     pub(super) free_cap: u64,
     /// Buffers let go of for good so far (a weight or table dropped, an activation dropped
     /// without reuse or larger than the free list's bound, the free list trimmed, a size class
-    /// let go at its bound): the
-    /// bind-group cache, whose groups keep their buffers alive, empties itself when this moves
-    /// (bind_groups.rs).
+    /// let go at its bound): the bind-group cache, whose groups keep their buffers alive, empties
+    /// itself when this moves (bind_groups.rs).
     pub(super) released: AtomicU64,
 }
 
