@@ -58,7 +58,8 @@
 //! **Measurements**, after a warm-up prefill of one chunk + 1 token and two decode steps (which
 //! compile the kernels):
 //! - `--image WxH`: random pixels through the processor (its host time printed apart), then the
-//!   ViT + aligner on the device: median of `--image-iters` encodes after a warm-up, TFLOP/s.
+//!   ViT + aligner on the device: median of `--image-iters` encodes after a warm-up, TFLOP/s;
+//!   with `FOVEA_GPU_TIMES=1` on a lane that times its kernels, each kernel's device time an encode.
 //! - `--prefill T,…`: the model's chunked prefill from position 0 as `fovea generate` runs it
 //!   (`start_prefill` / `prefill_step` in `--chunk`-token chunks, by default the lane's as the CLI
 //!   takes it: 2048 on CUDA, else 512; each waited for; the last chunk's logits downloaded),
@@ -825,7 +826,9 @@ fn run_image<B: Backend>(
         Ok(start.elapsed().as_secs_f64())
     };
     let first = encode()?;
+    b.kernel_times()?; // from here on
     let secs = median((0..iters.max(1)).map(|_| encode()).collect::<fovea::Result<_>>()?);
+    let kernels = b.kernel_times()?;
     let flops = bench_common::vit_encode_flops(cfg, n, prep.n_llm_h * prep.n_llm_w);
     println!(
         "image {w}x{h}: processor {prep_ms:.1} ms (host), ViT grid {}x{} ({n} patches, depth {}) -> {}x{} image \
@@ -841,6 +844,7 @@ fn run_image<B: Backend>(
         flops / 1e12,
         sig3(flops / secs / 1e12)
     );
+    bench_common::print_kernel_times(kernels.as_deref(), "an encode", iters.max(1), 16);
     Ok(secs)
 }
 
