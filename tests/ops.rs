@@ -522,7 +522,20 @@ fn cases() -> Vec<Case> {
             Args { a: heads, b: gw, c: 0, f: theta },
         ));
     }
-    for (n, heads, hd) in [(1, 1, 16), (45, 3, 16), (77, 2, 64), (130, 4, 32), (200, 2, 64)] {
+    // head dim 64 is the ViT's (cooperative matrices on wgpu where the tiles are: 64-row query
+    // blocks and key tiles, so n = 64 fills one exactly, 65 leaves a tile of one key, 130 of 2;
+    // n = 1 is fewer rows than a 16×16 matrix)
+    for (n, heads, hd) in [
+        (1, 1, 16),
+        (45, 3, 16),
+        (1, 1, 64),
+        (64, 1, 64),
+        (65, 2, 64),
+        (77, 2, 64),
+        (130, 4, 32),
+        (130, 3, 64),
+        (200, 2, 64),
+    ] {
         out.push(case(
             format!("attention n={n} {heads}x{hd}"),
             Op::Attention,
@@ -1881,7 +1894,8 @@ fn int8_rounded(c: &Case) -> Case {
 
 /// Fast precision's tiles on both their maths where the adapter has cooperative matrices: the
 /// fast tests above ran the cooperative tiles there (`coop_tiles`), so this runs the attention
-/// cases (head dim 64 on cooperative matrices, attention_coop.wgsl) and the row-chunked cases on
+/// cases (head dim 64 on cooperative matrices: attention_coop.wgsl, and attention_coop_direct.wgsl
+/// through `Options::direct_vit_attention`) and the row-chunked cases on
 /// them too (a weight split over many bindings), then every fast weight case on the FMA tiles
 /// (`Options::force_fma_tiles`). Where the adapter has none (lavapipe) the tests above ran
 /// the FMA tiles, and this says so. `FOVEA_REQUIRE_COOP_TILES=1` (cuda/gpu_tests.sh, on NVIDIA)
@@ -1901,14 +1915,19 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
         return;
     }
     eprintln!("{name}: the fast tests ran the cooperative-matrix tiles; now attention and the chunked cases on them");
-    // the ViT's attention (head dim 64) on cooperative matrices too: its cases, and the kernel
-    // they ran on by name
-    let Some(lane) = common::wgpu_lane(Options { kernel_times: true, ..fast.clone() }) else { return };
-    let attention: Vec<Case> = cases().into_iter().filter(|c| c.op == Op::Attention).collect();
-    compare_with_cpu(&lane, with_fast_bounds(attention));
-    let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
-    assert!(kernels.iter().any(|k| k.name == "attention_coop"), "no attention on cooperative matrices: {kernels:?}");
-    drop(lane);
+    // the ViT's attention (head dim 64) on cooperative matrices too, both kernels: its cases, and
+    // the kernel they ran on by name
+    for (direct_vit_attention, kernel) in [(false, "attention_coop"), (true, "attention_coop_direct")] {
+        let opts = Options { kernel_times: true, direct_vit_attention, ..fast.clone() };
+        let Some(lane) = common::wgpu_lane(opts) else { return };
+        let attention: Vec<Case> = cases().into_iter().filter(|c| c.op == Op::Attention).collect();
+        compare_with_cpu(&lane, with_fast_bounds(attention));
+        let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
+        assert!(
+            kernels.iter().any(|k| k.name == kernel),
+            "no attention on cooperative matrices ({kernel}): {kernels:?}"
+        );
+    }
     let Some(lane) = common::wgpu_lane(Options { max_binding_bytes: Some(1024), ..fast.clone() }) else { return };
     assert!(lane.coop_tiles());
     let mut chunked = chunked_linear_cases();

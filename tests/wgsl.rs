@@ -29,6 +29,7 @@ const COMPOSED: &[&[&str]] = &[
     &["linear_f16.wgsl", "operands_fast.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_coop.wgsl"],
     &["attention_io.wgsl", "attention.wgsl"],
     &["operands_fast.wgsl", "attention_io.wgsl", "attention_coop.wgsl"],
+    &["operands_fast.wgsl", "attention_coop_direct.wgsl"],
     &["operands_fast.wgsl", "half_rows.wgsl"],
     &[
         "linear_packed.wgsl",

@@ -2,7 +2,9 @@
 //! block of 16 queries of one head, keys and values walked in tiles through workgroup memory; in
 //! fast precision where the GEMM tiles run on cooperative matrices, `shaders/attention_coop.wgsl`
 //! (the same online softmax, its two products on cooperative matrices, f16 operands) for the
-//! ViT's head dim, 64.
+//! ViT's head dim, 64; with `Options::direct_vit_attention`, `shaders/attention_coop_direct.wgsl`
+//! (the same rounding, its matrix loads straight from f16 copies of q, k and v that `half_rows`
+//! makes).
 //! (The language model's `sink_attention` is an entry point of lm.wgsl: lm.rs.)
 
 use super::{Shader, Tiles, WgpuBackend, WgpuTensor};
@@ -13,7 +15,13 @@ use crate::error::Result;
 pub(super) const SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
 /// Workgroup memory of the cooperative kernel (see shaders/attention_coop.wgsl).
 const COOP_SHARED_BYTES: u32 = (2048 + 4096 + 2048) * 2 + (2048 + 256) * 4;
-/// The head dim the cooperative kernel is written for (its subgroups' 16×16 blocks cover it).
+/// Workgroup memory of the direct cooperative kernel (see shaders/attention_coop_direct.wgsl):
+/// per subgroup (4) S-then-P·V `[16][68]` f32 and P `[16][72]` f16.
+const DIRECT_SHARED_BYTES: u32 = 4 * 16 * (68 * 4 + 72 * 2);
+/// The queries a workgroup of the direct kernel takes, and its key tile: its f16 copies of q, k
+/// and v are padded with zero rows to a multiple of this, so that every matrix load is in bounds.
+const DIRECT_ROWS: usize = 64;
+/// The head dim the cooperative kernels are written for (their subgroups' 16×16 blocks cover it).
 const COOP_HEAD_DIM: usize = 64;
 /// The largest head dim the kernel's workgroup arrays hold.
 const MAX_HEAD_DIM: usize = 128;
@@ -54,12 +62,27 @@ impl WgpuBackend {
             return Ok(y);
         }
         let scale = 1.0 / (hd as f32).sqrt();
+        let params = [n as u32, n_heads as u32, hd as u32, scale.to_bits()];
+        let coop = self.tiles == Tiles::Coop && hd == COOP_HEAD_DIM;
+        let storage = self.limits.max_compute_workgroup_storage_size;
+        if coop && self.opts.direct_vit_attention && storage >= DIRECT_SHARED_BYTES {
+            let rows = n.div_ceil(DIRECT_ROWS) * DIRECT_ROWS;
+            let q16 = self.half_rows(q, rows)?;
+            let k16 = self.half_rows(k, rows)?;
+            let v16 = self.half_rows(v, rows)?;
+            self.dispatch(
+                Shader::AttentionCoopDirect,
+                "attention_coop_direct",
+                0,
+                &params,
+                &[(1, q16.binding()), (2, k16.binding()), (3, v16.binding()), (4, y.binding())],
+                ((rows / DIRECT_ROWS) as u32, n_heads as u32, 1),
+            )?;
+            return Ok(y);
+        }
         // the kernel, its entry point and the queries a workgroup takes (both read the same
         // parameters and bindings: attention_io.wgsl)
-        let (shader, entry, queries) = if self.tiles == Tiles::Coop
-            && hd == COOP_HEAD_DIM
-            && self.limits.max_compute_workgroup_storage_size >= COOP_SHARED_BYTES
-        {
+        let (shader, entry, queries) = if coop && storage >= COOP_SHARED_BYTES {
             (Shader::AttentionCoop, "attention_coop", 32)
         } else {
             (Shader::Attention, OP, 16)
@@ -68,7 +91,7 @@ impl WgpuBackend {
             shader,
             entry,
             0,
-            &[n as u32, n_heads as u32, hd as u32, scale.to_bits()],
+            &params,
             &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
             (n.div_ceil(queries) as u32, n_heads as u32, 1),
         )?;
@@ -85,4 +108,38 @@ fn attention_iterations(n: usize, hd: usize) -> usize {
     let tile_load = hd.div_ceil(32) + 1;
     let per_tile = 1 + 2 * tile_load + 3 + 2 * (hd / 4 + 1) + 1 + 33 + 3 + 33;
     hd.div_ceil(64) + 1 + (n.div_ceil(32) + 1) * per_tile
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The direct cooperative kernel's sizes are the shader's: 4 subgroups of 16 queries a
+    /// workgroup (its rows), key tiles of as many, and the workgroup memory of its build as
+    /// naga lays it out.
+    #[test]
+    fn direct_attention_sizes_match_its_wgsl() {
+        let wgsl = include_str!("../../../shaders/attention_coop_direct.wgsl");
+        for line in [
+            "const HD: u32 = 64u;",
+            "const BKEY: u32 = 64u;",
+            "const SUBGROUPS: u32 = 4u;",
+            "@compute @workgroup_size(128, 1, 1)",
+        ] {
+            assert!(wgsl.contains(line), "attention_coop_direct.wgsl lacks `{line}`");
+        }
+        assert_eq!(DIRECT_ROWS, 4 * 16);
+        assert_eq!(COOP_HEAD_DIM, 64);
+        let (label, source) = Shader::AttentionCoopDirect.source().unwrap();
+        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let bytes: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum();
+        assert_eq!(bytes, DIRECT_SHARED_BYTES, "{label}: workgroup memory");
+    }
 }

@@ -72,6 +72,9 @@ pub(super) enum Shader {
     Attention,
     /// The ViT's attention on cooperative matrices (fast precision, where the tiles use them).
     AttentionCoop,
+    /// The same from f16 copies of q, k and v, its matrix loads straight from them
+    /// (`attention_coop_direct.wgsl`; `Options::direct_vit_attention`).
+    AttentionCoopDirect,
     /// x rounded to f16 once for fast precision's tiled GEMMs (`half_rows.wgsl`).
     HalfRows,
     Debug,
@@ -152,6 +155,13 @@ impl Shader {
                     + include_str!("../../../shaders/attention_coop.wgsl");
                 Ok((format!("{operands} + attention_io.wgsl + attention_coop.wgsl"), Cow::Owned(src)))
             }
+            Shader::AttentionCoopDirect => {
+                let (operands, rounding) = operands_part(Precision::Fast);
+                let src = directives(true, true).to_owned()
+                    + rounding
+                    + include_str!("../../../shaders/attention_coop_direct.wgsl");
+                Ok((format!("{operands} + attention_coop_direct.wgsl"), Cow::Owned(src)))
+            }
             Shader::HalfRows => {
                 let (operands, rounding) = operands_part(Precision::Fast);
                 let src =
@@ -185,7 +195,7 @@ impl Shader {
     const FIXED: [Shader; 6] =
         [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
     /// The shaders no weight format chooses that fast precision alone builds (with SHADER_F16).
-    const FIXED_F16: [Shader; 2] = [Shader::AttentionCoop, Shader::HalfRows];
+    const FIXED_F16: [Shader; 3] = [Shader::AttentionCoop, Shader::AttentionCoopDirect, Shader::HalfRows];
 
     /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
     /// (or, built only with SHADER_F16, [`Self::FIXED_F16`]) or chosen by [`linear_shader`] /
@@ -194,7 +204,7 @@ impl Shader {
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
-            Shader::AttentionCoop | Shader::HalfRows => {}
+            Shader::AttentionCoop | Shader::AttentionCoopDirect | Shader::HalfRows => {}
             Shader::Linear(..) | Shader::LinearF16(..) | Shader::Lm | Shader::Block(..) => {}
             Shader::Rows(..) | Shader::RowsF16(..) => {}
         }
@@ -220,6 +230,7 @@ impl Shader {
                 | Shader::LinearF16(_, Tiles::Coop)
                 | Shader::Block(BlockKernel::Linear(Tiles::Coop), ..)
                 | Shader::AttentionCoop
+                | Shader::AttentionCoopDirect
         )
     }
 
