@@ -1,4 +1,4 @@
-// Shared prelude of every kernel file (prepended by src/backend/cuda/mod.rs before NVRTC runs;
+// Shared prelude of every kernel file (prepended by src/backend/cuda/kernels.rs before NVRTC runs;
 // NVRTC gets no include paths, so nothing here needs a header).
 //
 // Conventions: tensors are row-major f32 (index tensors i32); sizes arrive as `unsigned int`
@@ -57,7 +57,7 @@ typedef unsigned long long u64;
 // memory access, reads and writes alike, keeps the stream's order), then lets the next kernel
 // launch: its blocks take free SM slots and wait in their own grid_wait while this kernel works,
 // so when it completes the next starts without a launch's latency. A no-op where the attribute
-// is not set, below sm_90, and in the host emulator. (A unit test in src/backend/cuda/mod.rs
+// is not set, below sm_90, and in the host emulator. (A unit test in src/backend/cuda/tests.rs
 // checks that every kernel of cuda/ starts with it.)
 __device__ __forceinline__ void grid_wait() {
 #if !defined(CUDA_EMU) && __CUDA_ARCH__ >= 900
@@ -983,7 +983,7 @@ __device__ __forceinline__ void gemv_block(const Op& op, const void* w, unsigned
 // The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
 // every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, the column pair
 // col_block; else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
-// sizes the grid by the same rule (`gemm_grid` in src/backend/cuda/mod.rs).
+// sizes the grid by the same rule (`gemm_grid` in src/backend/cuda/mod.rs, used by linear.rs).
 // The build fixes the path (see "GEMM builds" at the top): the host launches the rows build
 // exactly when bound_rows <= GEMV_ROWS; a launch against that rule traps rather than computing
 // part of the rows.

@@ -1,6 +1,6 @@
 // Device decoders of the block weight formats (src/formats/mod.rs `WeightFormat`), prepended after
 // common.cuh to the files whose kernels take weights (linear.cu, lm_small.cu, lm_attention.cu,
-// moe.cu), after the lookup tables that src/backend/cuda/mod.rs emits from src/formats/tables.rs
+// moe.cu), after the lookup tables that src/backend/cuda/kernels.rs emits from src/formats/tables.rs
 // (IQ2XXS_GRID, IQ2XS_GRID, IQ3XXS_GRID, IQ1S_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL, KVALUES_MXFP4 as
 // `__device__ const` arrays, IQ1_DELTA as a float literal): one source of truth for the tables.
 // Global memory, not __constant__: the lanes of a warp look up different entries, which the
@@ -20,7 +20,7 @@
 
 // Format codes: the compile-time FMT of load_w and the GEMM (0 f32, 1 bf16, 2 f16 in common.cuh),
 // equal to the position of the format in `WeightFormat::ALL` (a unit test in
-// src/backend/cuda/mod.rs checks the codes and the block geometry below).
+// src/backend/cuda/tests.rs checks the codes and the block geometry below).
 #define WF_Q8_0 3
 #define WF_Q2_K 4
 #define WF_Q3_K 5

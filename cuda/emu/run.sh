@@ -14,7 +14,7 @@ out=${TMPDIR:-/tmp}/fovea-cuda-emu
 mkdir -p "$out"
 # what NVRTC compiles (common.cuh + each file), with dynamic shared memory mapped to the emulator's;
 # after common.cuh: ggml's lookup tables as `__device__ const` arrays, converted from the same Rust
-# arrays (src/formats/tables.rs) that src/backend/cuda/mod.rs emits into the NVRTC source, then
+# arrays (src/formats/tables.rs) that src/backend/cuda/kernels.rs emits into the NVRTC source, then
 # dequant.cuh (the lane prepends both to the files with weight kernels)
 tables() {
     sed -n -E -e 's/^pub const IQ1_DELTA: f32 = (.*);$/#define IQ1_DELTA \1f/p' \

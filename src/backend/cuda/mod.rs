@@ -1,9 +1,11 @@
 //! Native CUDA lane: every op of the contract on CUDA C kernels (`cuda/*.cu`), driven through
-//! cudarc's driver API — the shared and vision ops here, the language-model ops in `lm_small.rs`
-//! (embeddings, hyper-connections, RoPE tail, routing), `lm_attention.rs` (sink attention,
-//! indexer, compressor, grouped projection) and `moe.rs` (routed experts); `kernels.rs` holds what
-//! is compiled (the files, units and builds, the kernel lists, NVRTC's PTX), `memory.rs` the
-//! tensors, weights and buffer pool, `launch.rs` the launches, `timing.rs` the kernel timer.
+//! cudarc's driver API — the elementwise and copy ops here, the dense linears in `linear.rs`
+//! (linear, linear_pair, the aligner's GEMM), the vision tower's own in `vision.rs` (2-D RoPE,
+//! attention, unfold), the language-model ops in `lm_small.rs` (embeddings, hyper-connections,
+//! RoPE tail, routing), `lm_attention.rs` (sink attention, indexer, compressor, grouped
+//! projection) and `moe.rs` (routed experts); `kernels.rs` holds what is compiled (the files,
+//! units and builds, the kernel lists, NVRTC's PTX), `memory.rs` the tensors, weights and buffer
+//! pool, `launch.rs` the launches, `timing.rs` the kernel timer, `tests.rs` the lane's unit tests.
 //! Checked on an H200; `auto` does not pick it (name `--backend cuda`).
 //!
 //! - Loading: the CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are opened at run time
@@ -37,7 +39,9 @@
 //! - `moe_experts` passes its experts to the kernels as a device table of their weights'
 //!   addresses, cached per set of addresses and counted as weight memory while cached.
 
+mod linear;
 mod lm_small;
+mod vision;
 
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
@@ -49,7 +53,6 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use launch::KernelArgs;
 
 use crate::backend::checks;
-use crate::backend::cpu::rope_2d_tables;
 use crate::backend::{
     Backend, Capacity, DType, DeviceTensor, HostClock, HostData, HostProfile, HostTensor, HostWeight, KernelTime,
     MemoryReport, Op, Precision, WeightFormat,
@@ -421,17 +424,6 @@ impl CudaBackend {
         self.func_in(src, name, Build::Tiles(Precision::Exact))
     }
 
-    /// The tensor-core attention kernel for head width `hd` in fast precision (f16 operands, f32
-    /// softmax: cuda/attention.cu) with its padded width, or none: exact precision, a device
-    /// below sm_80 (no f16 MMA), or a head wider than the widest instantiation (those take
-    /// `attention_f32`).
-    fn fast_attention_kernel(&self, hd: usize) -> Option<(usize, &'static str)> {
-        if self.opts.precision != Precision::Fast || self.arch < 80 {
-            return None;
-        }
-        FAST_ATTENTION_WIDTHS.iter().find(|&&(width, _)| hd <= width).copied()
-    }
-
     /// The precision a weight's GEMMs take: the lane's, or exact for a weight from
     /// `upload_weight_exact`.
     fn weight_precision(&self, exact_weight: bool) -> Precision {
@@ -689,80 +681,8 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn rope_table(&self, n: usize, grid_w: usize, hd: usize, theta: f32) -> Result<Arc<CudaTensor>> {
-        let key = (n, grid_w, hd, theta.to_bits());
-        if let Some(t) = self.rope_tables.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(t.clone());
-        }
-        // The CPU lane's own tables (same f32 arithmetic), cos then sin.
-        let (cos, sin) = rope_2d_tables(n, grid_w, hd, theta);
-        let tab: Vec<f32> = cos.into_iter().chain(sin).collect();
-        let t = Arc::new(self.new_tensor(
-            "rope_2d",
-            vec![tab.len()],
-            DType::F32,
-            Role::Weight,
-            Some(bytemuck::cast_slice(&tab)),
-        )?);
-        let mut tables = self.rope_tables.lock().unwrap_or_else(|e| e.into_inner());
-        if tables.len() >= 8 {
-            tables.clear();
-        }
-        tables.insert(key, t.clone());
-        Ok(t)
-    }
-
     fn unsupported(op: Op, what: impl Into<String>) -> Error {
         Error::Unsupported { lane: LANE, op: op.name(), what: what.into() }
-    }
-
-    /// The int8-activation kernel `linear` takes for `n` rows of `k` against `w`, if any: one row
-    /// in fast precision against a weight of at least `LINEAR_Q8X_MIN_COLS` outputs in a q8x format.
-    fn linear_q8x(&self, n: usize, k: usize, w: &CudaWeight) -> Option<&'static str> {
-        linear_q8x_kernel(w.format).filter(|_| {
-            self.opts.q8x
-                && n == 1
-                && w.rows >= LINEAR_Q8X_MIN_COLS
-                && self.weight_precision(w.exact) == Precision::Fast
-                && q8x_shared_bytes(k) <= DEFAULT_SHARED_BYTES
-        })
-    }
-
-    /// `linear_pair`: both weights in one launch of the small-row path (`linear_pair_*`, the bits
-    /// of two `linear` launches) where both would take it unsplit in one format, else two linears.
-    fn linear_pair(&self, x: &CudaTensor, wa: &CudaWeight, wb: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
-        const OP: &str = "linear_pair";
-        let (n, k) = checks::linear_pair(x, wa, wb)?;
-        let (pairs_a, pairs_b) = (wa.rows.div_ceil(2), wb.rows.div_ceil(2));
-        let unsplit = |pairs: usize| pairs > 0 && gemv_splits(pairs, k).0 == 1;
-        let one_launch = (1..=GEMV_ROWS).contains(&n)
-            && wa.format == wb.format
-            && unsplit(pairs_a)
-            && unsplit(pairs_b)
-            && self.linear_q8x(n, k, wa).is_none()
-            && self.linear_q8x(n, k, wb).is_none()
-            && !self.opts.separate_linear_pair;
-        if !one_launch {
-            return Ok((Backend::linear(self, x, wa, None)?, Backend::linear(self, x, wb, None)?));
-        }
-        let mut ya = self.alloc(OP, vec![n, wa.rows], DType::F32)?;
-        let mut yb = self.alloc(OP, vec![n, wb.rows], DType::F32)?;
-        let kernel = LINEAR_PAIR_KERNELS.of(wa.format);
-        let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
-        let (n32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?);
-        let (a32, b32) = (check_u32(OP, "out_features", wa.rows)?, check_u32(OP, "out_features", wb.rows)?);
-        let cfg = LaunchConfig {
-            grid_dim: (check_u32(OP, "column pairs", pairs_a + pairs_b)?, 1, 1),
-            block_dim: (GEMM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*x.buf).arg(&wa.buf).arg(&wb.buf).arg(&mut *ya.buf).arg(&mut *yb.buf);
-        l.arg(&n32).arg(&k32).arg(&a32).arg(&b32);
-        // SAFETY: arguments match `linear_pair_*` in cuda/linear.cu; x is [n, k] with n <= GEMV_ROWS,
-        // Wa [a, k] and Wb [b, k] in this kernel's format, ya [n, a], yb [n, b].
-        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-        Ok((ya, yb))
     }
 
     /// One 1-D elementwise launch of `kernel(x, [y,] out, sizes...)`, skipped when `total` is 0.
@@ -896,82 +816,9 @@ impl Backend for CudaBackend {
         CudaBackend::sync(self)
     }
 
-    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (the shared GEMM, weight decoded in it).
+    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (linear.rs).
     fn linear(&self, x: &CudaTensor, w: &CudaWeight, bias: Option<&CudaTensor>) -> Result<CudaTensor> {
-        const OP: &str = "linear";
-        let (n, k) = checks::linear(x, w, bias)?;
-        let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
-        if n == 0 || w.rows == 0 {
-            return Ok(y);
-        }
-        let has_bias = bias.is_some() as u32;
-        let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
-        // one row in fast precision against a wide weight: int8 activations (linear_q8x_*)
-        let shared = q8x_shared_bytes(k);
-        if let Some(kernel) = self.linear_q8x(n, k, w) {
-            let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
-            let (k32, o32) = (check_u32(OP, "in_features", k)?, check_u32(OP, "out_features", w.rows)?);
-            let cfg = LaunchConfig {
-                grid_dim: (w.rows.div_ceil(Q8X_BLOCK_COLS) as u32, 1, 1),
-                block_dim: (Q8X_THREADS, 1, 1),
-                shared_mem_bytes: shared as u32,
-            };
-            let mut l = KernelArgs::new(&self.stream, &f);
-            l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf).arg(&k32).arg(&o32).arg(&has_bias);
-            // SAFETY: arguments match `linear_q8x_*` in cuda/linear.cu; x is one row of k (a
-            // multiple of the format's block, so of 32), y one row of out, the bias out floats
-            // where has_bias; the shared memory is q8x_shared_bytes(k).
-            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-            return Ok(y);
-        }
-        let (gx, gy) = gemm_grid(n, w.rows);
-        if gy > GRID_Y {
-            return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
-        }
-        // narrow outputs split k: the small-row path's splits are grid y, the tile path's grid z
-        // (its y being the row tiles)
-        let (splits, chunk) =
-            if n <= GEMV_ROWS { gemv_splits(gx, k) } else { k_splits(gx * gy, k, TILE_SPLIT_BELOW, TILE_SPLIT_GRID) };
-        let kernel = LINEAR_KERNELS.of(w.format);
-        let f = self.gemm_func(Source::Linear, kernel, w.exact, n)?;
-        let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
-        let chunk32 = check_u32(OP, "k per split", chunk)?;
-        // k-range s's sums, [splits, n, out]; the kernel writes y directly when there is one range
-        let mut part = if splits > 1 { Some(self.alloc(OP, vec![splits, n, w.rows], DType::F32)?) } else { None };
-        let grid = match (splits > 1, n <= GEMV_ROWS) {
-            (true, true) => (gx, splits, 1),
-            (true, false) => (gx, gy, splits),
-            (false, _) => (gx, gy, 1),
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
-            block_dim: (GEMM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf);
-        match part.as_mut() {
-            Some(p) => l.arg(&mut *p.buf),
-            None => l.arg(&self.dummy),
-        };
-        l.arg(&n32).arg(&k32).arg(&o32).arg(&has_bias).arg(&chunk32);
-        // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above; with
-        // splits > 1 (grid y on the small-row path, z on the tile path), part holds splits·n·out
-        // and the ranges of `chunk` cover k.
-        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-        if let Some(p) = part {
-            let sizes = [check_u32(OP, "outputs", n * w.rows)?, o32, splits as u32, has_bias];
-            self.launch_1d(
-                OP,
-                Source::Elementwise,
-                "sum_splits_f32",
-                &[&*p.buf, bias_buf],
-                &mut y,
-                &sizes,
-                n * w.rows,
-            )?;
-        }
-        Ok(y)
+        self.linear(x, w, bias)
     }
 
     /// x `[n, d]`, weight `[d]` → `[n, d]`, one block per row.
@@ -1067,101 +914,19 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    /// x `[gh·gw, heads·hd]` → same shape; cos/sin table computed on the host in f32 and cached.
+    // ---- the vision tower (vision.rs) ----
     fn rope_2d(&self, x: &CudaTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<CudaTensor> {
-        const OP: &str = "rope_2d";
-        let (n, hd) = checks::rope_2d(x, n_heads, grid_w)?;
-        let mut y = self.alloc(OP, x.shape.clone(), DType::F32)?;
-        let total = n * n_heads * hd / 2;
-        if total == 0 {
-            return Ok(y);
-        }
-        let tab = self.rope_table(n, grid_w, hd, theta)?;
-        let sizes = [n as u32, n_heads as u32, hd as u32];
-        self.launch_1d(OP, Source::Rope, "rope_2d_f32", &[&*x.buf, &*tab.buf], &mut y, &sizes, total)?;
-        Ok(y)
+        self.rope_2d(x, n_heads, grid_w, theta)
     }
 
-    /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`: flash attention, one block per (tile of
-    /// `ATTENTION_ROWS` queries, head), keys streamed through shared memory; in fast precision on
-    /// tensor cores (`fast_attention_kernel`, `FAST_ATTENTION_ROWS` queries a block).
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, n_heads: usize) -> Result<CudaTensor> {
-        const OP: &str = "attention";
-        let (n, hd) = checks::attention(q, k, v, n_heads)?;
-        if n_heads > GRID_Y {
-            return Err(Self::unsupported(Op::Attention, format!("{n_heads} heads (grid limit {GRID_Y})")));
-        }
-        let mut y = self.alloc(OP, q.shape.clone(), DType::F32)?;
-        if n == 0 || hd == 0 {
-            return Ok(y);
-        }
-        let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
-        let scale = 1.0 / (hd as f32).sqrt();
-        if let Some((width, kernel)) = self.fast_attention_kernel(hd) {
-            // k and v once as f16 operands, padded to `keys` and `width` (kh then vt: cuda/attention.cu)
-            let keys = n.div_ceil(FAST_ATTENTION_KEYS) * FAST_ATTENTION_KEYS;
-            let words = n_heads * keys * width / 2;
-            let mut kv16 = self.alloc(OP, vec![2 * words], DType::I32)?;
-            let sizes = [n32, h32, hd32, width as u32, check_u32(OP, "padded keys", keys)?];
-            self.launch_1d(
-                OP,
-                Source::Attention,
-                "attention_kv_f16",
-                &[&*k.buf, &*v.buf],
-                &mut kv16,
-                &sizes,
-                2 * words,
-            )?;
-            // two stages of a key chunk and its transposed values, in words
-            let shared = 4 * 2 * (FAST_ATTENTION_KEYS * (width / 2 + 4) + width * (FAST_ATTENTION_KEYS / 2 + 4));
-            let f = self.func_shared(Op::Attention, Source::Attention, kernel, shared, &format!("head dim {hd}"))?;
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(FAST_ATTENTION_ROWS) as u32, h32, 1),
-                block_dim: (FAST_ATTENTION_THREADS, 1, 1),
-                shared_mem_bytes: shared as u32,
-            };
-            let keys32 = keys as u32;
-            let mut l = KernelArgs::new(&self.stream, &f);
-            l.arg(&*q.buf).arg(&*kv16.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&keys32).arg(&scale);
-            // SAFETY: arguments match `attention_fast_d*` in cuda/attention.cu; kv16 holds the
-            // 2 · heads · keys · width / 2 words it reads, shapes checked above.
-            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-            return Ok(y);
-        }
-        // q, k, v, acc tiles, then S, P^T, alpha and factor (the layout in cuda/attention.cu)
-        let ld = flash_stride(hd);
-        let shared = 4
-            * ((2 * ATTENTION_ROWS + 2 * ATTENTION_KEYS) * ld
-                + 2 * ATTENTION_ROWS * ATTENTION_KEYS
-                + 2 * ATTENTION_ROWS);
-        let f =
-            self.func_shared(Op::Attention, Source::Attention, "attention_f32", shared, &format!("head dim {hd}"))?;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(ATTENTION_ROWS) as u32, h32, 1),
-            block_dim: (ATTENTION_THREADS, 1, 1),
-            shared_mem_bytes: shared as u32,
-        };
-        let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*q.buf).arg(&*k.buf).arg(&*v.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&scale);
-        // SAFETY: arguments match `attention_f32` in cuda/attention.cu; shapes checked above.
-        self.launched(OP, "attention_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-        Ok(y)
+        self.attention(q, k, v, n_heads)
     }
 
-    /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.
     fn unfold(&self, x: &CudaTensor, h: usize, w: usize, r: usize) -> Result<CudaTensor> {
-        const OP: &str = "unfold";
-        let c = checks::unfold(x, h, w, r)?;
-        let (gh, gw) = (h.div_ceil(r), w.div_ceil(r));
-        let feat = c.checked_mul(r * r).ok_or_else(|| Error::shape(OP, format!("r = {r} is too large")))?;
-        let mut y = self.alloc(OP, vec![gh * gw, feat], DType::F32)?;
-        let sizes = [c as u32, h as u32, w as u32, r as u32, gw as u32, (gh * gw) as u32];
-        self.launch_1d(OP, Source::Copy, "unfold_f32", &[&*x.buf], &mut y, &sizes, gh * gw * feat)?;
-        Ok(y)
+        self.unfold(x, h, w, r)
     }
 
-    /// x `[h·w, c]`, weight `[out, c·r²]` → `[ceil(h/r)·ceil(w/r), out]`: one GEMM whose A rows
-    /// are gathered from the grid (no unfold buffer), GELU in its epilogue (cuda/linear.cu).
     fn unfold_linear_gelu(
         &self,
         x: &CudaTensor,
@@ -1171,38 +936,7 @@ impl Backend for CudaBackend {
         weight: &CudaWeight,
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
-        const OP: &str = "unfold_linear_gelu";
-        let (c, cells, _) = checks::unfold_linear_gelu(x, h, w, r, weight, bias)?;
-        let mut y = self.alloc(OP, vec![cells, weight.rows], DType::F32)?;
-        if cells == 0 || weight.rows == 0 {
-            return Ok(y);
-        }
-        let gy = cells.div_ceil(GEMM_BM as usize);
-        if gy > GRID_Y {
-            return Err(Error::Device(format!("op `{OP}`: {cells} cells exceed the grid limit of the kernel")));
-        }
-        let kernel = UNFOLD_LINEAR_GELU_KERNELS.of(weight.format);
-        // the aligner's GEMM is always the tile (it has no rows build)
-        let f = self.func_in(Source::Linear, kernel, Build::Tiles(self.weight_precision(weight.exact)))?;
-        // the kernel indexes features (c·r²) and grid positions in u32
-        check_u32(OP, "in_features", weight.cols)?; // c·r², so c and r fit too (c > 0)
-        let (h32, w32, r32) =
-            (check_u32(OP, "grid height", h)?, check_u32(OP, "grid width", w)?, check_u32(OP, "r", r)?);
-        let (c32, cw32, cells32, o32) =
-            (c as u32, w.div_ceil(r) as u32, check_u32(OP, "cells", cells)?, weight.rows as u32);
-        let has_bias = bias.is_some() as u32;
-        let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
-        let cfg = LaunchConfig {
-            grid_dim: (weight.rows.div_ceil(GEMM_BN as usize) as u32, gy as u32, 1),
-            block_dim: (GEMM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*x.buf).arg(&weight.buf).arg(bias_buf).arg(&mut *y.buf);
-        l.arg(&c32).arg(&h32).arg(&w32).arg(&r32).arg(&cw32).arg(&cells32).arg(&o32).arg(&has_bias);
-        // SAFETY: arguments match `unfold_linear_gelu_*` in cuda/linear.cu; shapes checked above.
-        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-        Ok(y)
+        self.unfold_linear_gelu(x, h, w, r, weight, bias)
     }
 
     // ---- language model: small ops (lm_small.rs) ----
@@ -1371,385 +1105,4 @@ impl Backend for CudaBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::kernels::dequant_tables;
-    use super::*;
-
-    /// Here (no driver) the probe explains why; on a GPU machine it describes the device. With
-    /// `FOVEA_REQUIRE_CUDA=1` (set on the GPU machines) only the description passes.
-    #[test]
-    fn probe_describes_the_device_or_says_why_not() {
-        match probe() {
-            Ok(desc) => assert!(desc.contains("sm_") && desc.contains("NVRTC"), "{desc}"),
-            Err(e) if std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1") => {
-                panic!("FOVEA_REQUIRE_CUDA=1 but the CUDA probe failed: {e}")
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                assert!(msg.contains("CUDA"), "{msg}");
-                // the probe itself found what is missing; cudarc was never left to panic
-                assert!(!msg.contains("panic"), "{msg}");
-                assert!(matches!(e, Error::Device(_)), "{e:?}");
-            }
-        }
-    }
-
-    /// The kernels of every file of cuda/, by the text after each kernel qualifier's opening brace
-    /// (macro continuations skipped): (file, the qualifier's line, the body's start).
-    fn kernel_bodies() -> Vec<(&'static str, String, String)> {
-        let mut out = Vec::new();
-        for src in Source::ALL {
-            let text = src.text();
-            for (at, _) in text
-                .match_indices("__global__")
-                .chain(text.match_indices("BASE_KERNEL "))
-                .chain(text.match_indices("GEMM_KERNEL "))
-            {
-                let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
-                let line = text[line_start..].lines().next().unwrap_or_default();
-                // comments, the qualifiers' own #defines, and `extern "C" __global__` found twice
-                let before = &text[line_start..at];
-                if before.trim_start().starts_with("//")
-                    || line.starts_with("#define")
-                    || (text[at..].starts_with("__global__") && before.contains("BASE_KERNEL"))
-                {
-                    continue;
-                }
-                let open = at + text[at..].find('{').expect("a kernel has a body");
-                let body = text[open + 1..].trim_start_matches([' ', '\\', '\n']);
-                out.push((src.file(), line.trim().to_owned(), body.chars().take(40).collect()));
-            }
-        }
-        out
-    }
-
-    /// Programmatic dependent launch (src/backend/cuda/launch.rs) is safe only if every kernel
-    /// waits for the one before it before it touches memory: `grid_wait();` opens every kernel.
-    #[test]
-    fn every_kernel_starts_by_waiting_for_the_previous_one() {
-        let kernels = kernel_bodies();
-        // the files hold 75 kernel definitions (the block-format ones as macros): the scan found them
-        assert!(kernels.len() >= 75, "found only {} kernels", kernels.len());
-        let missing: Vec<_> = kernels.iter().filter(|(_, _, body)| !body.starts_with("grid_wait();")).collect();
-        assert!(missing.is_empty(), "kernels that do not start with grid_wait(): {missing:#?}");
-    }
-
-    /// Every kernel the lane launches is a `BASE_KERNEL` (`extern "C" __global__` in the base unit's
-    /// tiles build) or a `GEMM_KERNEL` (also in the rows build) of the file it is loaded from, or
-    /// an `extern "C" __global__` of a file without weight kernels (the GEMM kernels carry their
-    /// launch bounds, `GEMM_LAUNCH`).
-    #[test]
-    fn every_launched_kernel_is_defined_in_its_file() {
-        let declared = |src: &Source, name: &str| {
-            let qualifiers: &[&str] =
-                if src.takes_weights() { &["BASE_KERNEL", "GEMM_KERNEL"] } else { &["extern \"C\" __global__"] };
-            let text = src.text();
-            qualifiers.iter().any(|q| {
-                text.contains(&format!("{q} void {name}(")) || text.contains(&format!("{q} void GEMM_LAUNCH {name}("))
-            })
-        };
-        for (src, name) in KERNELS {
-            assert_eq!(Unit::of(name), Unit::Base, "{name}");
-            assert!(declared(src, name), "{name} is not defined in cuda/{}", src.file());
-        }
-        // and the list holds every kernel the host names by its file and a literal (launch_1d,
-        // func), so the device test compiles and loads each one
-        let host = [
-            include_str!("mod.rs"),
-            include_str!("lm_small.rs"),
-            include_str!("lm_attention.rs"),
-            include_str!("moe.rs"),
-        ];
-        let mut named = 0;
-        for part in host.iter().flat_map(|text| text.split("Source::").skip(1)) {
-            let Some((src, rest)) = part.split_once(',').filter(|(s, _)| s.chars().all(|c| c.is_ascii_alphanumeric()))
-            else {
-                continue;
-            };
-            let Some(name) = rest.trim_start().strip_prefix('"').and_then(|r| r.split_once('"')).map(|(n, _)| n) else {
-                continue;
-            };
-            named += 1;
-            assert!(
-                KERNELS.iter().any(|(s, n)| format!("{s:?}") == src && *n == name),
-                "{src}'s {name} is launched but not in KERNELS"
-            );
-        }
-        assert!(named > 20, "found {named} kernel names in the host's launches");
-        // weight kernels: the float formats' written out, the block formats' instantiated by
-        // FOR_EACH_BLOCK_FORMAT(X) in cuda/dequant.cuh with X defining `{family}_##SFX(`
-        let dequant = include_str!("../../../cuda/dequant.cuh");
-        for (src, kernels) in WEIGHT_KERNELS {
-            for format in WeightFormat::ALL {
-                let name = kernels.of(format);
-                let suffix = format.name().to_lowercase();
-                if !format.is_block() {
-                    assert_eq!(Unit::of(name), Unit::Base, "{name}");
-                    assert!(declared(src, name), "{name} is not defined in cuda/{}", src.file());
-                    continue;
-                }
-                assert_eq!(Unit::of(name), Unit::Block(format), "{name}");
-                let family = name.strip_suffix(&format!("_{suffix}")).expect("block kernel names end in the format");
-                assert!(src.takes_weights(), "cuda/{} gets no dequant.cuh", src.file());
-                assert!(dequant.contains(&format!("X({suffix}, WF_{})", format.name())), "{format} not in dequant.cuh");
-                let text = src.text();
-                let definer = format!("void GEMM_LAUNCH {family}_##SFX(");
-                let definer_1d = format!("void {family}_##SFX(");
-                let at = text.find(&definer).or_else(|| text.find(&definer_1d));
-                let at = at.unwrap_or_else(|| panic!("no block-format kernel {family}_##SFX in cuda/{}", src.file()));
-                // the macro defined on the lines before is the one instantiated for every format
-                let macro_name = text[..at].rsplit("#define ").next().and_then(|m| m.split('(').next()).unwrap_or("");
-                assert!(
-                    text.contains(&format!("FOR_EACH_BLOCK_FORMAT({macro_name})")),
-                    "cuda/{} does not instantiate {macro_name}",
-                    src.file()
-                );
-            }
-        }
-        // the one-token q8x kernels: one list of formats (Q8X_IF_<format> in cuda/dequant.cuh)
-        // instantiates them in cuda/moe.cu and cuda/linear.cu (in their rows builds), each name in
-        // its format's unit, for exactly the formats the host launches them for
-        let dequant = include_str!("../../../cuda/dequant.cuh");
-        let (moe, linear) = (Source::Moe.text(), Source::Linear.text());
-        for (file, text, instance) in [
-            ("moe.cu", moe, "MOE_Q8X_KERNEL(SFX, FMT) Q8X_IF_##SFX(MOE_Q8X_DEFINE(SFX, FMT))"),
-            ("linear.cu", linear, "LINEAR_Q8X_KERNEL(SFX, FMT) Q8X_IF_##SFX(LINEAR_Q8X_DEFINE(SFX, FMT))"),
-        ] {
-            assert!(text.contains(&format!("#define {instance}\n")), "cuda/{file} lacks `#define {instance}`");
-            let macro_name = instance.split('(').next().expect("a name");
-            assert!(
-                text.contains(&format!("FOR_EACH_BLOCK_FORMAT({macro_name})")),
-                "cuda/{file} does not instantiate {macro_name}"
-            );
-        }
-        for format in WeightFormat::ALL.into_iter().filter(|f| f.is_block()) {
-            let sfx = format.name().to_lowercase();
-            let defined = dequant.contains(&format!("#define Q8X_IF_{sfx}(M) M\n"));
-            let empty = dequant.contains(&format!("#define Q8X_IF_{sfx}(M)\n"));
-            assert!(defined != empty, "cuda/dequant.cuh: Q8X_IF_{sfx} must be M or empty, once");
-            assert_eq!(defined, q8x_format(format), "{format}: q8x_format and cuda/dequant.cuh disagree");
-            assert_eq!(defined, moe_q8x_kernels(format).is_some(), "{format}: moe_q8x_kernels");
-            assert_eq!(defined, linear_q8x_kernel(format).is_some(), "{format}: linear_q8x_kernel");
-            let moe_names = moe_q8x_kernels(format).into_iter().flatten();
-            let names = moe_names.map(|n| (moe, n));
-            for (text, name) in names.chain(linear_q8x_kernel(format).map(|n| (linear, n))) {
-                assert_eq!(Unit::of(name), Unit::Block(format), "{name}");
-                let family = name.strip_suffix(&format!("_{sfx}")).expect("ends in the format");
-                assert!(text.contains(&format!("{family}_##SFX(")), "{name} is not defined");
-            }
-        }
-        for src in Source::ALL {
-            assert!(
-                KERNELS.iter().any(|(s, _)| *s == src) || WEIGHT_KERNELS.iter().any(|(s, _)| *s == src),
-                "cuda/{} has no kernel in KERNELS",
-                src.file()
-            );
-        }
-    }
-
-    /// Every kernel the lane launches, with its file and build: the base kernels (`KERNELS`), the
-    /// one-token int8 kernels (rows build), and each weight kernel in every format and every build
-    /// the lane loads it in.
-    fn every_launch() -> Vec<(Source, &'static str, Build)> {
-        let mut all: Vec<(Source, &'static str, Build)> =
-            KERNELS.iter().map(|&(src, name)| (src, name, Build::Tiles(Precision::Exact))).collect();
-        for format in WeightFormat::ALL {
-            for name in moe_q8x_kernels(format).into_iter().flatten() {
-                all.push((Source::Moe, name, Build::Rows));
-            }
-        }
-        all.extend(
-            WeightFormat::ALL.into_iter().filter_map(linear_q8x_kernel).map(|n| (Source::Linear, n, Build::Rows)),
-        );
-        for (src, kernels) in WEIGHT_KERNELS {
-            // the GEMMs through gemm_block also in their rows build (not the aligner's tile, nor
-            // the embedding gather)
-            let rows =
-                [&LINEAR_KERNELS, &GROUPED_LINEAR_KERNELS, &MOE_GATE_KERNELS, &MOE_UP_KERNELS, &MOE_DOWN_KERNELS]
-                    .iter()
-                    .any(|k| k.0 == kernels.0);
-            let builds: &[Build] = match (kernels.0 == LINEAR_PAIR_KERNELS.0, rows) {
-                (true, _) => &[Build::Rows],
-                (false, true) => &[Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast), Build::Rows],
-                (false, false) => &[Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast)],
-            };
-            for format in WeightFormat::ALL {
-                all.extend(builds.iter().map(|&build| (*src, kernels.of(format), build)));
-            }
-        }
-        all
-    }
-
-    /// NVRTC compiles every file for this device (the weight files with the emitted tables and
-    /// cuda/dequant.cuh) and every kernel the lane launches, each weight kernel in every format,
-    /// is in its module. On a GPU machine only: skips without a driver, fails instead under
-    /// `FOVEA_REQUIRE_CUDA=1`.
-    #[test]
-    fn every_kernel_compiles_and_loads() {
-        let b = match CudaBackend::new(0) {
-            Ok(b) => b,
-            Err(e) if std::env::var("FOVEA_REQUIRE_CUDA").is_ok_and(|v| v.trim() == "1") => {
-                panic!("FOVEA_REQUIRE_CUDA=1 but no CUDA lane: {e}")
-            }
-            Err(_) => return,
-        };
-        for (src, name, build) in every_launch() {
-            b.func_in(src, name, build).unwrap_or_else(|e| panic!("{name} ({build}): {e}"));
-        }
-    }
-
-    /// NVRTC alone — no driver, no device — compiles every unit the lane loads (each file's base
-    /// unit and each block format's weight kernels, in every build it is loaded in) for sm_90
-    /// (the H200: tensor-core tiles, `griddepcontrol`), sm_80 and sm_75 (the FMA tiles), and each
-    /// launched kernel is an entry of its unit's PTX. So a kernel that does not compile under
-    /// NVRTC fails here, where CI runs, not first on a GPU machine. Skips where NVRTC is not
-    /// found, and where a CUDA driver is (a GPU machine: `every_kernel_compiles_and_loads`
-    /// compiles and loads for its device, and these three architectures would cost minutes of
-    /// device time, the compiles being serial); `FOVEA_REQUIRE_NVRTC=1` runs it regardless and
-    /// makes a missing NVRTC a failure (`.ci/run` installs NVRTC from PyPI's `nvidia-cuda-nvrtc`
-    /// and sets it).
-    #[test]
-    fn every_unit_compiles_under_nvrtc() {
-        let required = std::env::var("FOVEA_REQUIRE_NVRTC").is_ok_and(|v| v.trim() == "1");
-        // SAFETY: only tries to dlopen the library under its usual names.
-        if !required && unsafe { cudarc::driver::sys::is_culib_present() } {
-            eprintln!("SKIPPED: a CUDA driver is present; every_kernel_compiles_and_loads compiles for its device");
-            return;
-        }
-        // SAFETY: as above.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            assert!(!required, "FOVEA_REQUIRE_NVRTC=1 but NVRTC (libnvrtc.so.13) was not found");
-            eprintln!("SKIPPED: NVRTC (libnvrtc.so.13) not found; the CUDA kernels were not compiled");
-            return;
-        }
-        let launches = every_launch();
-        for arch in [90, 80, 75] {
-            let mut units: Vec<(Source, Build, Unit)> = Vec::new();
-            for &(src, name, build) in &launches {
-                let unit = Unit::of(name);
-                let (ptx, _) = ptx_for(arch, src, build, unit)
-                    .unwrap_or_else(|e| panic!("sm_{arch}: cuda/{} ({build}): {e}", src.file()));
-                let text = ptx.to_src();
-                assert!(
-                    text.contains(&format!(".entry {name}(")),
-                    "sm_{arch}: `{name}` is not an entry of cuda/{} ({build}, {unit:?})",
-                    src.file()
-                );
-                if !units.contains(&(src, build, unit)) {
-                    units.push((src, build, unit));
-                }
-            }
-            eprintln!("sm_{arch}: {} units compiled, {} kernels found in them", units.len(), launches.len());
-        }
-    }
-
-    /// The block formats' codes in cuda/dequant.cuh (`WF_*`, the kernels' compile-time FMT) are
-    /// their positions in `WeightFormat::ALL` (which `WeightKernels` indexes by), and its block
-    /// geometry is `crate::formats`'.
-    #[test]
-    fn dequant_codes_and_geometry_match_weight_format() {
-        let dequant = include_str!("../../../cuda/dequant.cuh");
-        let common = include_str!("../../../cuda/common.cuh");
-        for (i, format) in WeightFormat::ALL.into_iter().enumerate() {
-            assert_eq!(format as usize, i, "{format}");
-            if !format.is_block() {
-                continue;
-            }
-            let code = format!("#define WF_{} {i}\n", format.name());
-            assert!(dequant.contains(&code), "cuda/dequant.cuh lacks `{}`", code.trim_end());
-            let geometry = format!("WBLOCK(WF_{}, {}, {}, ", format.name(), format.block_elems(), format.block_bytes());
-            assert!(dequant.contains(&geometry), "cuda/dequant.cuh lacks `{}`", geometry.trim_end());
-        }
-        let first_block = WeightFormat::ALL.iter().position(|f| f.is_block()).expect("block formats exist");
-        assert!(WeightFormat::ALL[first_block..].iter().all(|f| f.is_block()));
-        assert!(common.contains(&format!("#define WF_FIRST_BLOCK {first_block}\n")));
-    }
-
-    /// The lookup tables in the NVRTC source are `crate::formats::tables`' arrays, entry for entry,
-    /// each in global memory.
-    #[test]
-    fn emitted_tables_are_the_rust_tables() {
-        use crate::formats::tables::*;
-        let text = dequant_tables();
-        let entries = |name: &str| -> Vec<String> {
-            let start = text.find(&format!(" {name}[")).unwrap_or_else(|| panic!("{name} not emitted"));
-            let body = &text[start..];
-            let open = body.find('{').expect("array body");
-            let close = body.find('}').expect("array end");
-            body[open + 1..close].split(',').map(|e| e.trim().to_string()).collect()
-        };
-        let hex =
-            |e: &str| u64::from_str_radix(e.trim_start_matches("0x").trim_end_matches("ull").trim_end_matches('u'), 16);
-        let as_u64 = |name: &str| -> Vec<u64> { entries(name).iter().map(|e| hex(e).expect("hex entry")).collect() };
-        let as_i64 =
-            |name: &str| -> Vec<i64> { entries(name).iter().map(|e| e.parse().expect("integer entry")).collect() };
-        assert_eq!(as_u64("IQ2XXS_GRID"), IQ2XXS_GRID);
-        assert_eq!(as_u64("IQ2XS_GRID"), IQ2XS_GRID);
-        assert_eq!(as_u64("IQ1S_GRID"), IQ1S_GRID);
-        assert_eq!(as_u64("IQ3XXS_GRID"), IQ3XXS_GRID.map(u64::from));
-        assert_eq!(as_i64("KSIGNS_IQ2XS"), KSIGNS_IQ2XS.map(i64::from));
-        assert_eq!(as_i64("KVALUES_IQ4NL"), KVALUES_IQ4NL.map(i64::from));
-        assert_eq!(as_i64("KVALUES_MXFP4"), KVALUES_MXFP4.map(i64::from));
-        assert!(text.contains(&format!("#define IQ1_DELTA {:?}f\n", IQ1_DELTA)));
-        // kmask_iq2xs, not emitted, is what the decoders shift: entry j is 1 << j
-        assert!(KMASK_IQ2XS.iter().enumerate().all(|(j, &m)| m == 1 << j));
-        assert_eq!(text.matches("__device__ const ").count(), 7);
-        assert!(!text.contains("__constant__"));
-    }
-
-    /// The launch geometry of the shared GEMM matches the kernels' `#define`s in cuda/common.cuh.
-    #[test]
-    fn gemm_launch_constants_match_common_cuh() {
-        let common = include_str!("../../../cuda/common.cuh");
-        for (name, value) in [
-            ("GEMM_BM", GEMM_BM),
-            ("GEMM_BN", GEMM_BN),
-            ("GEMM_THREADS", GEMM_THREADS),
-            ("GEMV_ROWS", GEMV_ROWS as u32),
-        ] {
-            let define = format!("#define {name} {value}\n");
-            assert!(common.contains(&define), "cuda/common.cuh lacks `{}`", define.trim_end());
-        }
-        // gemv_cols: a block per column pair, as gemm_grid's small-row arm sizes the grid
-        assert!(common.contains("    const unsigned int c = 2u * block;\n"));
-        assert_eq!(gemm_grid(GEMV_ROWS, 1025), (513, 1));
-        // the one-token q8x kernels: Q8X_WARPS warps of Q8X_COLS columns a block
-        let dequant = include_str!("../../../cuda/dequant.cuh");
-        let (warps, cols) = (Q8X_THREADS / 32, Q8X_BLOCK_COLS as u32 / (Q8X_THREADS / 32));
-        for define in [format!("#define Q8X_WARPS {warps}\n"), format!("#define Q8X_COLS {cols}\n")] {
-            assert!(dequant.contains(&define), "cuda/dequant.cuh lacks `{}`", define.trim_end());
-        }
-    }
-
-    /// The tile path's k splits: a grid of fewer blocks than the device has SMs gets about
-    /// TILE_SPLIT_GRID; wide grids and short rows are not split.
-    #[test]
-    fn tile_splits_fill_the_device() {
-        // a hyper-connection mix over a 512-token chunk: 1 column block x 8 row tiles
-        assert_eq!(k_splits(8, 16384, TILE_SPLIT_BELOW, TILE_SPLIT_GRID), (16, 1024));
-        // the router (4 x 8 blocks over 4096): 4 ranges
-        assert_eq!(k_splits(32, 4096, TILE_SPLIT_BELOW, TILE_SPLIT_GRID), (4, 1024));
-        // a ViT projection (16 x 49 blocks) and short rows stay whole
-        assert_eq!(k_splits(16 * 49, 1024, TILE_SPLIT_BELOW, TILE_SPLIT_GRID).0, 1);
-        assert_eq!(k_splits(8, 1000, TILE_SPLIT_BELOW, TILE_SPLIT_GRID).0, 1);
-    }
-
-    /// The small-row linear's k splits: narrow outputs get about GEMV_SPLIT_GRID blocks, in
-    /// ranges of whole GEMV_SPLIT_K that cover k; wider ones and short rows are not split.
-    #[test]
-    fn gemv_splits_cover_k_in_whole_chunks() {
-        assert_eq!(gemv_splits(12, 16384), (16, 1024)); // a hyper-connection mix
-        assert_eq!(gemv_splits(2, 16384), (16, 1024));
-        assert_eq!(gemv_splits(63, 4096), (4, 1024));
-        assert_eq!(gemv_splits(40, 5000), (3, 2048)); // 4 wanted: ranges of 1250, rounded up to 2048
-        assert_eq!(gemv_splits(GEMV_SPLIT_BELOW, 16384).0, 1);
-        assert_eq!(gemv_splits(3, 1000).0, 1);
-        for pairs in [1, 5, 33, 63] {
-            for k in [1024, 3072, 5000, 16384, 65536] {
-                let (splits, chunk) = gemv_splits(pairs, k);
-                assert_eq!(chunk % GEMV_SPLIT_K, 0, "{pairs} {k}");
-                assert!(splits * chunk >= k && (splits - 1) * chunk < k, "{pairs} {k}: every range is in k");
-            }
-        }
-    }
-}
+mod tests;

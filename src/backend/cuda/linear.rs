@@ -1,0 +1,196 @@
+//! The dense linears of the CUDA lane (kernels in `cuda/linear.cu`, the one GEMM routine
+//! `gemm_block` of `cuda/common.cuh`): `linear` (the small-row path up to `GEMV_ROWS` rows, the
+//! tiles past it, narrow outputs split over k, one row of a wide q8x weight on int8 activations),
+//! `linear_pair` (two weights over one x in one launch) and the aligner's `unfold_linear_gelu`
+//! (its A rows gathered from the grid, GELU in the epilogue).
+
+use cudarc::driver::LaunchConfig;
+
+use super::launch::KernelArgs;
+use super::{
+    Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_BN, GEMM_THREADS, GEMV_ROWS,
+    GRID_Y, LINEAR_KERNELS, LINEAR_PAIR_KERNELS, LINEAR_Q8X_MIN_COLS, Q8X_BLOCK_COLS, Q8X_THREADS, Source,
+    TILE_SPLIT_BELOW, TILE_SPLIT_GRID, UNFOLD_LINEAR_GELU_KERNELS, check_u32, gemm_grid, gemv_splits, k_splits,
+    linear_q8x_kernel, q8x_shared_bytes,
+};
+use crate::backend::{Backend, DType, Precision, checks};
+use crate::error::{Error, Result};
+
+impl CudaBackend {
+    /// x `[n, k]` · W `[out, k]`ᵀ + b `[out]` → `[n, out]` (the shared GEMM, weight decoded in it).
+    pub(super) fn linear(&self, x: &CudaTensor, w: &CudaWeight, bias: Option<&CudaTensor>) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        let (n, k) = checks::linear(x, w, bias)?;
+        let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        if n == 0 || w.rows == 0 {
+            return Ok(y);
+        }
+        let has_bias = bias.is_some() as u32;
+        let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
+        // one row in fast precision against a wide weight: int8 activations (linear_q8x_*)
+        let shared = q8x_shared_bytes(k);
+        if let Some(kernel) = self.linear_q8x(n, k, w) {
+            let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
+            let (k32, o32) = (check_u32(OP, "in_features", k)?, check_u32(OP, "out_features", w.rows)?);
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows.div_ceil(Q8X_BLOCK_COLS) as u32, 1, 1),
+                block_dim: (Q8X_THREADS, 1, 1),
+                shared_mem_bytes: shared as u32,
+            };
+            let mut l = KernelArgs::new(&self.stream, &f);
+            l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf).arg(&k32).arg(&o32).arg(&has_bias);
+            // SAFETY: arguments match `linear_q8x_*` in cuda/linear.cu; x is one row of k (a
+            // multiple of the format's block, so of 32), y one row of out, the bias out floats
+            // where has_bias; the shared memory is q8x_shared_bytes(k).
+            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+            return Ok(y);
+        }
+        let (gx, gy) = gemm_grid(n, w.rows);
+        if gy > GRID_Y {
+            return Err(Error::Device(format!("op `linear`: {n} rows exceed the grid limit of the linear kernel")));
+        }
+        // narrow outputs split k: the small-row path's splits are grid y, the tile path's grid z
+        // (its y being the row tiles)
+        let (splits, chunk) =
+            if n <= GEMV_ROWS { gemv_splits(gx, k) } else { k_splits(gx * gy, k, TILE_SPLIT_BELOW, TILE_SPLIT_GRID) };
+        let kernel = LINEAR_KERNELS.of(w.format);
+        let f = self.gemm_func(Source::Linear, kernel, w.exact, n)?;
+        let (n32, k32, o32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?, w.rows as u32);
+        let chunk32 = check_u32(OP, "k per split", chunk)?;
+        // k-range s's sums, [splits, n, out]; the kernel writes y directly when there is one range
+        let mut part = if splits > 1 { Some(self.alloc(OP, vec![splits, n, w.rows], DType::F32)?) } else { None };
+        let grid = match (splits > 1, n <= GEMV_ROWS) {
+            (true, true) => (gx, splits, 1),
+            (true, false) => (gx, gy, splits),
+            (false, _) => (gx, gy, 1),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf);
+        match part.as_mut() {
+            Some(p) => l.arg(&mut *p.buf),
+            None => l.arg(&self.dummy),
+        };
+        l.arg(&n32).arg(&k32).arg(&o32).arg(&has_bias).arg(&chunk32);
+        // SAFETY: arguments match `linear_*` in cuda/linear.cu; shapes checked above; with
+        // splits > 1 (grid y on the small-row path, z on the tile path), part holds splits·n·out
+        // and the ranges of `chunk` cover k.
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        if let Some(p) = part {
+            let sizes = [check_u32(OP, "outputs", n * w.rows)?, o32, splits as u32, has_bias];
+            self.launch_1d(
+                OP,
+                Source::Elementwise,
+                "sum_splits_f32",
+                &[&*p.buf, bias_buf],
+                &mut y,
+                &sizes,
+                n * w.rows,
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// The int8-activation kernel `linear` takes for `n` rows of `k` against `w`, if any: one row
+    /// in fast precision against a weight of at least `LINEAR_Q8X_MIN_COLS` outputs in a q8x format.
+    pub(super) fn linear_q8x(&self, n: usize, k: usize, w: &CudaWeight) -> Option<&'static str> {
+        linear_q8x_kernel(w.format).filter(|_| {
+            self.opts.q8x
+                && n == 1
+                && w.rows >= LINEAR_Q8X_MIN_COLS
+                && self.weight_precision(w.exact) == Precision::Fast
+                && q8x_shared_bytes(k) <= DEFAULT_SHARED_BYTES
+        })
+    }
+
+    /// `linear_pair`: both weights in one launch of the small-row path (`linear_pair_*`, the bits
+    /// of two `linear` launches) where both would take it unsplit in one format, else two linears.
+    pub(super) fn linear_pair(
+        &self,
+        x: &CudaTensor,
+        wa: &CudaWeight,
+        wb: &CudaWeight,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        const OP: &str = "linear_pair";
+        let (n, k) = checks::linear_pair(x, wa, wb)?;
+        let (pairs_a, pairs_b) = (wa.rows.div_ceil(2), wb.rows.div_ceil(2));
+        let unsplit = |pairs: usize| pairs > 0 && gemv_splits(pairs, k).0 == 1;
+        let one_launch = (1..=GEMV_ROWS).contains(&n)
+            && wa.format == wb.format
+            && unsplit(pairs_a)
+            && unsplit(pairs_b)
+            && self.linear_q8x(n, k, wa).is_none()
+            && self.linear_q8x(n, k, wb).is_none()
+            && !self.opts.separate_linear_pair;
+        if !one_launch {
+            return Ok((Backend::linear(self, x, wa, None)?, Backend::linear(self, x, wb, None)?));
+        }
+        let mut ya = self.alloc(OP, vec![n, wa.rows], DType::F32)?;
+        let mut yb = self.alloc(OP, vec![n, wb.rows], DType::F32)?;
+        let kernel = LINEAR_PAIR_KERNELS.of(wa.format);
+        let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
+        let (n32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?);
+        let (a32, b32) = (check_u32(OP, "out_features", wa.rows)?, check_u32(OP, "out_features", wb.rows)?);
+        let cfg = LaunchConfig {
+            grid_dim: (check_u32(OP, "column pairs", pairs_a + pairs_b)?, 1, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*x.buf).arg(&wa.buf).arg(&wb.buf).arg(&mut *ya.buf).arg(&mut *yb.buf);
+        l.arg(&n32).arg(&k32).arg(&a32).arg(&b32);
+        // SAFETY: arguments match `linear_pair_*` in cuda/linear.cu; x is [n, k] with n <= GEMV_ROWS,
+        // Wa [a, k] and Wb [b, k] in this kernel's format, ya [n, a], yb [n, b].
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        Ok((ya, yb))
+    }
+
+    /// x `[h·w, c]`, weight `[out, c·r²]` → `[ceil(h/r)·ceil(w/r), out]`: one GEMM whose A rows
+    /// are gathered from the grid (no unfold buffer), GELU in its epilogue (cuda/linear.cu).
+    pub(super) fn unfold_linear_gelu(
+        &self,
+        x: &CudaTensor,
+        h: usize,
+        w: usize,
+        r: usize,
+        weight: &CudaWeight,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "unfold_linear_gelu";
+        let (c, cells, _) = checks::unfold_linear_gelu(x, h, w, r, weight, bias)?;
+        let mut y = self.alloc(OP, vec![cells, weight.rows], DType::F32)?;
+        if cells == 0 || weight.rows == 0 {
+            return Ok(y);
+        }
+        let gy = cells.div_ceil(GEMM_BM as usize);
+        if gy > GRID_Y {
+            return Err(Error::Device(format!("op `{OP}`: {cells} cells exceed the grid limit of the kernel")));
+        }
+        let kernel = UNFOLD_LINEAR_GELU_KERNELS.of(weight.format);
+        // the aligner's GEMM is always the tile (it has no rows build)
+        let f = self.func_in(Source::Linear, kernel, Build::Tiles(self.weight_precision(weight.exact)))?;
+        // the kernel indexes features (c·r²) and grid positions in u32
+        check_u32(OP, "in_features", weight.cols)?; // c·r², so c and r fit too (c > 0)
+        let (h32, w32, r32) =
+            (check_u32(OP, "grid height", h)?, check_u32(OP, "grid width", w)?, check_u32(OP, "r", r)?);
+        let (c32, cw32, cells32, o32) =
+            (c as u32, w.div_ceil(r) as u32, check_u32(OP, "cells", cells)?, weight.rows as u32);
+        let has_bias = bias.is_some() as u32;
+        let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
+        let cfg = LaunchConfig {
+            grid_dim: (weight.rows.div_ceil(GEMM_BN as usize) as u32, gy as u32, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*x.buf).arg(&weight.buf).arg(bias_buf).arg(&mut *y.buf);
+        l.arg(&c32).arg(&h32).arg(&w32).arg(&r32).arg(&cw32).arg(&cells32).arg(&o32).arg(&has_bias);
+        // SAFETY: arguments match `unfold_linear_gelu_*` in cuda/linear.cu; shapes checked above.
+        self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        Ok(y)
+    }
+}
