@@ -983,7 +983,7 @@ __device__ __forceinline__ void gemv_block(const Op& op, const void* w, unsigned
 // The GEMM of one block, for operands of `rows` rows (rows <= bound_rows, the same bound in
 // every block of the launch): the small-row path when bound_rows <= GEMV_ROWS, the column pair
 // col_block; else the GEMM_BM x GEMM_BN tile (row_tile, col_block). The host
-// sizes the grid by the same rule (`gemm_grid` in src/backend/cuda/mod.rs, used by linear.rs).
+// sizes the grid by the same rule (`gemm_grid` in src/backend/cuda/mod.rs).
 // The build fixes the path (see "GEMM builds" at the top): the host launches the rows build
 // exactly when bound_rows <= GEMV_ROWS; a launch against that rule traps rather than computing
 // part of the rows.

@@ -1,5 +1,5 @@
 //! Native CUDA lane: every op of the contract on CUDA C kernels (`cuda/*.cu`), driven through
-//! cudarc's driver API — the elementwise and copy ops here, the dense linears in `linear.rs`
+//! cudarc's driver API — the elementwise, copy and norm ops here, the dense linears in `linear.rs`
 //! (linear, linear_pair, the aligner's GEMM), the vision tower's own in `vision.rs` (2-D RoPE,
 //! attention, unfold), the language-model ops in `lm_small.rs` (embeddings, hyper-connections,
 //! RoPE tail, routing), `lm_attention.rs` (sink attention, indexer, compressor, grouped
