@@ -9,9 +9,3 @@
 fn load_pair(r: u32, k: u32) -> vec2<f32> {
     return vec2<f32>(w[r * p.w_stride + k / 2u]);
 }
-
-// The same pair as the tiles' operands: an f16 value is one, so fast precision's rounding
-// (`to_operand`) would return it unchanged, and exact precision's f32 holds it exactly.
-fn operand_pair(r: u32, k: u32) -> vec2<operand> {
-    return vec2<operand>(w[r * p.w_stride + k / 2u]);
-}

@@ -42,25 +42,3 @@ fn load_pair(r: u32, k: u32) -> vec2<f32> {
     }
     return vec2<f32>(half_to_f32(u & 0xffffu), half_to_f32(u >> 16u));
 }
-
-// The same pair as the tiles' operands (`to_operand` of each), with less work for bf16
-// (`bf16_operand`).
-fn operand_pair(r: u32, k: u32) -> vec2<operand> {
-    let v = load_pair(r, k);
-    if (FMT == 1u) {
-        return vec2<operand>(bf16_operand(v.x), bf16_operand(v.y));
-    }
-    return vec2<operand>(to_operand(v.x), to_operand(v.y));
-}
-
-// A bf16 value as an operand, what `to_operand` gives: in f16's normal range (2^-14 ≤ |v| <
-// 2^16) bf16's 8 significant bits fit in f16's 11, so converting it is exact (WGSL converts an
-// exactly representable value exactly) and the rounding would change nothing; elsewhere (f16's
-// subnormals, past its largest value, zero, inf, NaN) `to_operand` decides.
-fn bf16_operand(v: f32) -> operand {
-    let mag = bitcast<u32>(v) & 0x7fffffffu;
-    if (mag >= 0x38800000u && mag < 0x47800000u) {
-        return operand(v);
-    }
-    return to_operand(v);
-}

@@ -1,11 +1,10 @@
 // The tile loads of linear over a float weight, shared by both tile bodies (tile_fma.wgsl,
 // tile_coop.wgsl) and both precisions. Not a complete shader: the lane builds it after a format
 // file (linear_packed.wgsl or linear_f16.wgsl) that declares binding 2 (`w`) and defines
-// `operand_pair(r, k) -> vec2<operand>` (elements k, k+1 of W row r as the tiles' operands, zero
-// past the row), an operands file (operands_exact.wgsl or operands_fast.wgsl) that defines the
-// tiles' element type `operand` and `to_operand`, and tile_rows.wgsl (parameters, bindings, the
-// tile's rows, the store); then a tile body, which multiplies what the tiles hold with f32
-// accumulation.
+// `load_pair(r, k) -> vec2<f32>` (elements k, k+1 of W row r, zero past the row), and an operands
+// file (operands_exact.wgsl or operands_fast.wgsl) that defines the tiles' element type `operand`
+// and `to_operand`, and tile_rows.wgsl (parameters, bindings, the tile's rows, the store); then a
+// tile body, which multiplies what the tiles hold with f32 accumulation.
 //
 // y[n, out] = x[n, k] · W[out, k]ᵀ + b[out], one row-chunk of W per dispatch; or a part of it: a
 // range of x's rows (an expert's slots), x's columns of one group against that group's W rows
@@ -43,11 +42,11 @@ fn load_tiles(k0: u32, t: TileRows, col0: u32, li: u32) {
         let kp = idx % (BK / 2u);
         let gc = col0 + nn;
         let gk = k0 + 2u * kp;
-        var v = vec2<operand>(operand(0.0), operand(0.0));
+        var v = vec2<f32>(0.0, 0.0);
         if (gc < p.chunk_rows && gk < p.k) {
-            v = operand_pair(t.w_row0 + gc, gk);
+            v = load_pair(t.w_row0 + gc, gk);
         }
-        ws[ws_at(nn, 2u * kp)] = v.x;
-        ws[ws_at(nn, 2u * kp + 1u)] = v.y;
+        ws[ws_at(nn, 2u * kp)] = to_operand(v.x);
+        ws[ws_at(nn, 2u * kp + 1u)] = to_operand(v.y);
     }
 }
