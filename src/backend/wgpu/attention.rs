@@ -1,10 +1,11 @@
 //! The vision tower's `attention` on `shaders/attention.wgsl`: flash-style, one workgroup per
 //! block of 16 queries of one head, keys and values walked in tiles through workgroup memory; in
-//! fast precision where the GEMM tiles run on cooperative matrices, `shaders/attention_coop.wgsl`
-//! (the same online softmax, its two products on cooperative matrices, f16 operands) for the
-//! ViT's head dim, 64; with `Options::direct_vit_attention`, `shaders/attention_coop_direct.wgsl`
-//! (the same rounding, its matrix loads straight from f16 copies of q, k and v that `half_rows`
-//! makes).
+//! fast precision where the GEMM tiles run on cooperative matrices, for the ViT's head dim, 64,
+//! `shaders/attention_coop_direct.wgsl` (the same online softmax, its two products on
+//! cooperative matrices, f16 operands, its matrix loads straight from f16 copies of q, k and v
+//! that `half_rows` makes); with `Options::direct_vit_attention` off (a diagnostic),
+//! `shaders/attention_coop.wgsl` (the same rounding, key and value tiles staged in workgroup
+//! memory: 3× slower on an H200).
 //! (The language model's `sink_attention` is an entry point of lm.wgsl: lm.rs.)
 
 use super::{Shader, Tiles, WgpuBackend, WgpuTensor};
