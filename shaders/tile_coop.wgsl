@@ -11,7 +11,8 @@
 // blocks 2·(s / 4), + 1 and column blocks 2·(s % 4), + 1: per 16 of k, two A and two B loads feed
 // four multiply-adds (a 64×64 tile with a row block a subgroup loaded three matrices for two).
 // Each subgroup's accumulators go one at a time through its own 16×16 of workgroup memory
-// (`staging`) to the bounds-checked `store`, since a tile may cross the edge of y.
+// (`staging`) to the bounds-checked `store` (tile_coop_store.wgsl, built after this body), since
+// a tile may cross the edge of y.
 //
 // Layouts, chosen for the banks of workgroup memory: the x tile is row-major (a row's k side by
 // side), so the loads' stores, whose invocations walk k, are consecutive (k-major put a warp's
@@ -72,20 +73,4 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     store_block(t, sg, lane, c01, rb, col0 + cb + 16u);
     store_block(t, sg, lane, c10, rb + 16u, col0 + cb);
     store_block(t, sg, lane, c11, rb + 16u, col0 + cb + 16u);
-}
-
-// The 16×16 block `c` at tile rows m0 .., columns n0 .. of y, through subgroup `sg`'s staging:
-// lane l stores elements l + 32·e. Every subgroup calls it the same number of times, so the
-// barriers stay in uniform control flow.
-fn store_block(t: TileRows, sg: u32, lane: u32, c: coop_mat16x16<f32, C>, m0: u32, n0: u32) {
-    let base = sg * 16u * STAGING_STRIDE;
-    coopStoreT(c, &staging[base], STAGING_STRIDE);
-    workgroupBarrier();
-    for (var e = 0u; e < 8u; e++) {
-        let idx = lane + 32u * e;
-        let m = idx / 16u;
-        let col = idx % 16u;
-        store(t, m0 + m, n0 + col, staging[base + m * STAGING_STRIDE + col]);
-    }
-    workgroupBarrier();
 }

@@ -456,6 +456,10 @@ fn cases() -> Vec<Case> {
     for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
         out.push(linear_case(&mut r, format, 70, 96, 300, " (three column tiles)"));
     }
+    // with a bias (odd n) and k a multiple of 16: the cooperative direct tiles' store with one
+    for format in [WeightFormat::F32, WeightFormat::BF16] {
+        out.push(linear_case(&mut r, format, 129, 48, 150, " (a bias)"));
+    }
     out.push(case(
         "rms_norm [33,50]",
         Op::RmsNorm,
@@ -1895,7 +1899,8 @@ fn int8_rounded(c: &Case) -> Case {
 /// Fast precision's tiles on both their maths where the adapter has cooperative matrices: the
 /// fast tests above ran the cooperative tiles there (`coop_tiles`), so this runs the attention
 /// cases (head dim 64 on cooperative matrices: attention_coop.wgsl, and attention_coop_direct.wgsl
-/// through `Options::direct_vit_attention`) and the row-chunked cases on
+/// through `Options::direct_vit_attention`), `linear`'s cases on the direct and the staged tiles
+/// (`Options::direct_tiles`) and the row-chunked cases on
 /// them too (a weight split over many bindings), then every fast weight case on the FMA tiles
 /// (`Options::force_fma_tiles`). Where the adapter has none (lavapipe) the tests above ran
 /// the FMA tiles, and this says so. `FOVEA_REQUIRE_COOP_TILES=1` (cuda/gpu_tests.sh, on NVIDIA)
@@ -1927,6 +1932,44 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
             kernels.iter().any(|k| k.name == kernel),
             "no attention on cooperative matrices ({kernel}): {kernels:?}"
         );
+    }
+    // `linear` on both cooperative kernels: the direct tiles (the default, for a float weight
+    // with k a multiple of 16 and at least 64 rows of x; both their row tilings, forced, as the
+    // cases are below the rows from which the lane takes the wider on its own) and the staged
+    // ones, each by name
+    for (direct_tiles, direct_tile_rows, kernel) in
+        [(true, Some(64), "linear_direct"), (true, Some(128), "linear_direct_128"), (false, None, "linear_tiles")]
+    {
+        let opts = Options { kernel_times: true, direct_tiles, direct_tile_rows, ..fast.clone() };
+        let Some(lane) = common::wgpu_lane(opts) else { return };
+        let linear: Vec<Case> = weight_op_cases().into_iter().filter(|c| c.op == Op::Linear).collect();
+        compare_with_cpu(&lane, with_wgpu_fast_bounds(linear));
+        let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
+        assert!(kernels.iter().any(|k| k.name == kernel), "no `linear` on {kernel}: {kernels:?}");
+        let direct_ran = kernels.iter().any(|k| k.name.starts_with("linear_direct"));
+        assert_eq!(direct_ran, direct_tiles, "the direct tiles ran with direct_tiles = {direct_tiles}");
+        if !direct_tiles {
+            continue;
+        }
+        // a weight over two bindings of 64 KiB (f32 700 × 32: 89 600 bytes; bf16 1 400 × 32),
+        // each chunk its own f16 copy and output columns, the last chunk's rows not a multiple of
+        // 128; x's padded copy and W's fit one binding, so the direct tiles take them
+        let opts = Options {
+            kernel_times: true,
+            direct_tiles,
+            direct_tile_rows,
+            max_binding_bytes: Some(65536),
+            ..fast.clone()
+        };
+        let Some(lane) = common::wgpu_lane(opts) else { return };
+        let mut r = StdRng::seed_from_u64(0xd1ec7);
+        let chunked = vec![
+            linear_case(&mut r, WeightFormat::F32, 70, 32, 700, " (two chunks)"),
+            linear_case(&mut r, WeightFormat::BF16, 129, 32, 1400, " (two chunks, a bias)"),
+        ];
+        compare_with_cpu(&lane, with_wgpu_fast_bounds(chunked));
+        let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
+        assert!(kernels.iter().any(|k| k.name == kernel), "no chunked `linear` on {kernel}: {kernels:?}");
     }
     let Some(lane) = common::wgpu_lane(Options { max_binding_bytes: Some(1024), ..fast.clone() }) else { return };
     assert!(lane.coop_tiles());

@@ -26,7 +26,16 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 const COMPOSED: &[&[&str]] = &[
     &["linear_packed.wgsl", "operands_exact.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
     &["linear_f16.wgsl", "operands_fast.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_fma.wgsl"],
-    &["linear_f16.wgsl", "operands_fast.wgsl", "tile_rows.wgsl", "linear_tile.wgsl", "tile_coop.wgsl"],
+    &[
+        "linear_f16.wgsl",
+        "operands_fast.wgsl",
+        "tile_rows.wgsl",
+        "linear_tile.wgsl",
+        "tile_coop.wgsl",
+        "tile_coop_store.wgsl",
+    ],
+    &["operands_fast.wgsl", "tile_rows.wgsl", "tile_coop_direct.wgsl", "tile_coop_store.wgsl"],
+    &["linear_packed.wgsl", "operands_fast.wgsl", "half_weight.wgsl"],
     &["attention_io.wgsl", "attention.wgsl"],
     &["operands_fast.wgsl", "attention_io.wgsl", "attention_coop.wgsl"],
     &["operands_fast.wgsl", "attention_coop_direct.wgsl"],

@@ -62,11 +62,13 @@ impl BlockKernel {
     /// The files that follow the operands file: (name, WGSL).
     fn body(self) -> Vec<(&'static str, &'static str)> {
         match self {
-            BlockKernel::Linear(tiles) => vec![
+            BlockKernel::Linear(tiles) => [
                 super::shader::TILE_ROWS,
                 ("dequant/linear.wgsl", include_str!("../../../shaders/dequant/linear.wgsl")),
-                tiles.body(),
-            ],
+            ]
+            .into_iter()
+            .chain(tiles.body())
+            .collect(),
             BlockKernel::Lm => vec![("dequant/lm.wgsl", include_str!("../../../shaders/dequant/lm.wgsl"))],
             BlockKernel::Rows(build) => [("dequant/rows.wgsl", include_str!("../../../shaders/dequant/rows.wgsl"))]
                 .into_iter()

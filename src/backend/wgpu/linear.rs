@@ -11,6 +11,12 @@
 //!   which needs naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals. A weight
 //!   split into row chunks (larger than one binding) takes one dispatch per chunk, each writing
 //!   its own output columns.
+//! - In fast precision on cooperative matrices, `linear` over a float weight (f32, bf16, f16) with
+//!   k a multiple of 16 and at least 64 rows of x takes the direct tiles instead
+//!   (`shaders/tile_coop_direct.wgsl`, [`Options::direct_tiles`](super::Options)): W's row chunk
+//!   rounded once into an f16 copy an op (`half_weight.wgsl`, the same rounding as the tile
+//!   loads'), then every matrix load straight from the two copies, no workgroup staging; 64 or,
+//!   from `DIRECT_WIDE_ROWS` rows of x, 128 rows a workgroup.
 //! - `grouped_linear` takes `linear`'s tiles too, one dispatch per group (per piece of a group in
 //!   each row chunk).
 //! - The routed experts of more than `SMALL_ROWS` tokens take `linear`'s tiles over x's rows
@@ -28,9 +34,26 @@
 
 use super::formats::BlockKernel;
 use super::rows::{ExpertSpan, RowsParams, RowsWeight, SMALL_ROWS};
-use super::{Shader, Tiles, WgpuBackend, WgpuTensor, WgpuWeight};
+use super::tensor::WeightChunk;
+use super::{Shader, Tiles, WgpuBackend, WgpuTensor, WgpuWeight, grid};
 use crate::backend::{Backend, DType, DeviceTensor, HostTensor, Op, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
+
+/// The rows of x the tiles cover a workgroup (both bodies', and the direct tiles').
+const TILE_ROWS: usize = 64;
+/// The weight rows an output tile of the direct tiles covers (`tile_coop_direct.wgsl`'s BN): their
+/// f16 copy of W is padded with zero rows to a multiple of it.
+const DIRECT_TILE_COLS: usize = 128;
+/// The rows of x from which the direct tiles take workgroups of 128 rows (`main_128`, 64 × 64
+/// outputs a subgroup: half the matrix loads a product of `main`'s 32 × 64) rather than 64. On an
+/// H100 (twenty-eighth sitting) the 1 920 × 1 080 ViT's 3 108 rows ran its GEMMs in 55.8 ms on
+/// 128 against 67.8 on 64; its 392 × 392 (784 rows, a quarter of the workgroups, too few for
+/// the GPU) took 39.5 ms an encode on 128 against 36.9. Between the two, unmeasured.
+const DIRECT_WIDE_ROWS: usize = 2048;
+/// The largest f16 copy of a weight chunk the direct tiles make, a temporary of each op: past it
+/// (a bf16 language model's widest matrices) the staged tiles read the weight as it is. The
+/// vision tower's are a few MiB each (its MLP's 2 816 × 1 024: 5.5 MiB).
+const DIRECT_WEIGHT_BYTES: usize = 256 << 20;
 
 /// x of a tiled GEMM: the f32 tensor, which exact precision's kernels read, and its f16 copy
 /// (`half_rows`), which fast precision's read: their tile loads then copy operands instead of
@@ -82,6 +105,19 @@ pub(super) fn linear_shader(
         f => (Shader::Block(BlockKernel::Linear(tiles), f, precision), 0),
     };
     (shader, fmt, tiles)
+}
+
+/// The kernel that rounds a weight of `format` to f16 for the direct tiles (`half_weight.wgsl`),
+/// with its `FMT` override: over `linear_packed.wgsl` for f32 (0) and bf16 (1), over
+/// `linear_f16.wgsl` for f16 (fast precision has SHADER_F16); `None` for a block format, which
+/// the direct tiles do not take.
+pub(super) fn half_weight_shader(format: WeightFormat) -> Option<(Shader, u32)> {
+    match format {
+        WeightFormat::F32 => Some((Shader::HalfWeight(false), 0)),
+        WeightFormat::BF16 => Some((Shader::HalfWeight(false), 1)),
+        WeightFormat::F16 => Some((Shader::HalfWeight(true), 0)),
+        _ => None,
+    }
 }
 
 /// The kernel of `embed_rows` (lm.wgsl's one weight op, a lookup: the exact build) for `format`,
@@ -158,8 +194,124 @@ impl WgpuBackend {
             }
             return Ok(y);
         }
-        self.dispatch_tiles("linear_tiles", &self.tile_x(x, [w])?, w, bias, &y, 0, n)?;
+        if self.takes_direct_tiles(w, n, k) {
+            // x's copy padded with zero rows to whole row tiles, so every matrix load is in bounds
+            let rows = self.direct_tile_rows(n);
+            let half = self.half_rows(x, n.div_ceil(rows) * rows)?;
+            for c in &w.chunks {
+                self.linear_direct(&half, w, c, bias, &y, n)?;
+            }
+        } else {
+            self.dispatch_tiles("linear_tiles", &self.tile_x(x, [w])?, w, bias, &y, 0, n)?;
+        }
         Ok(y)
+    }
+
+    /// Whether `linear` over `w` with `n` rows of x and `k` columns takes the direct tiles
+    /// (`tile_coop_direct.wgsl`): on cooperative matrices in fast precision, a float format,
+    /// k a multiple of 16 (their matrix loads' alignment and width), at least a row tile of x
+    /// (with fewer, W's copy would cost more than the loads it saves; where between one and a
+    /// few row tiles it starts to pay is not measured), each chunk's f16 copy at most
+    /// `DIRECT_WEIGHT_BYTES` and x's padded copy within one binding.
+    fn takes_direct_tiles(&self, w: &WgpuWeight, n: usize, k: usize) -> bool {
+        let copy_bytes = |c: &WeightChunk| c.rows.div_ceil(DIRECT_TILE_COLS) * DIRECT_TILE_COLS * k * 2;
+        let rows = self.direct_tile_rows(n);
+        let x_copy_bytes = n.div_ceil(rows) * rows * k * 2;
+        self.opts.direct_tiles
+            && x_copy_bytes as u64 <= self.max_binding
+            && self.tiles == Tiles::Coop
+            && self.gemm_precision(w) == Precision::Fast
+            && half_weight_shader(w.format).is_some()
+            && k.is_multiple_of(16)
+            && n >= TILE_ROWS
+            && w.chunks.iter().all(|c| copy_bytes(c) <= DIRECT_WEIGHT_BYTES.min(self.max_binding as usize))
+    }
+
+    /// The rows of x a workgroup of the direct tiles covers with `n` rows of x: 128 (`main_128`)
+    /// from `DIRECT_WIDE_ROWS` rows, else 64 (`main`), unless
+    /// [`Options::direct_tile_rows`](super::Options) forces one.
+    fn direct_tile_rows(&self, n: usize) -> usize {
+        match self.opts.direct_tile_rows {
+            Some(128) => 128,
+            Some(_) => TILE_ROWS,
+            None if n >= DIRECT_WIDE_ROWS => 128,
+            None => TILE_ROWS,
+        }
+    }
+
+    /// Weight chunk `c` of `w` `[c.rows, k]` rounded to f16 as fast precision's tile loads round it
+    /// (`half_weight.wgsl`): `[rows, k / 2]` words of two f16 values, its rows padded with zero
+    /// rows to a multiple of `DIRECT_TILE_COLS` (k even).
+    fn half_weight(&self, w: &WgpuWeight, c: &WeightChunk) -> Result<WgpuTensor> {
+        const OP: &str = "half_weight";
+        let Some((shader, fmt)) = half_weight_shader(w.format) else {
+            return Err(Error::Device(format!("op `{OP}`: `{}` is {}, not a float format", w.name, w.format)));
+        };
+        if !w.cols.is_multiple_of(2) {
+            return Err(Error::Device(format!("op `{OP}`: `{}` has an odd row length, {}", w.name, w.cols)));
+        }
+        let (rows, half) = (c.rows.div_ceil(DIRECT_TILE_COLS) * DIRECT_TILE_COLS, w.cols / 2);
+        let y = self.alloc(OP, vec![rows, half], DType::I32)?;
+        let words = rows * half;
+        if words == 0 {
+            return Ok(y);
+        }
+        let params = [words as u32, w.cols as u32, w.stride_words as u32, c.rows as u32, 0];
+        self.dispatch(shader, OP, fmt, &params, &[(2, c.binding()), (4, y.binding())], grid(words.div_ceil(256)))?;
+        Ok(y)
+    }
+
+    /// The direct tiles (`tile_coop_direct.wgsl`) over chunk `c` of `w` against x's f16 copy
+    /// `half` (its rows padded to whole row tiles, `direct_tile_rows`), rows 0 .. n, into y's
+    /// columns from the chunk's first row: tile_rows.wgsl's parameters, W's row length in f16
+    /// elements.
+    fn linear_direct(
+        &self,
+        half: &WgpuTensor,
+        w: &WgpuWeight,
+        c: &WeightChunk,
+        bias: Option<&WgpuTensor>,
+        y: &WgpuTensor,
+        n: usize,
+    ) -> Result<()> {
+        // the entry point of the workgroup's rows, and its name in `kernel_times`
+        let tile_rows = self.direct_tile_rows(n);
+        let (entry, label) =
+            if tile_rows == 128 { ("main_128", "linear_direct_128") } else { ("main", "linear_direct") };
+        let gy = n.div_ceil(tile_rows);
+        if half.rows() < gy * tile_rows {
+            return Err(Error::Device(format!("op `{label}`: x's copy has {} rows, not {n} padded", half.rows())));
+        }
+        let gx = c.rows.div_ceil(DIRECT_TILE_COLS);
+        if gx.max(gy) > self.limits.max_compute_workgroups_per_dimension as usize {
+            return Err(Error::Device(format!("op `{label}`: {gy} × {gx} tiles exceed the dispatch limit")));
+        }
+        let w16 = self.half_weight(w, c)?;
+        let k = w.cols;
+        let bias_res = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
+        let params = [
+            n as u32,
+            k as u32,
+            y.cols() as u32,
+            c.row0 as u32,
+            c.rows as u32,
+            k as u32, // w_stride: W's copy, in f16 elements
+            bias.is_some() as u32,
+            0,                        // row_off
+            (2 * half.cols()) as u32, // x_stride, in f16 elements
+            0,                        // x_col
+            0,                        // w_row0
+            0,                        // expert_stride
+        ];
+        let bindings = [
+            (1, half.binding()),
+            (2, w16.binding()),
+            (3, bias_res),
+            (4, y.binding()),
+            (5, self.dummy.as_entire_binding()),
+        ];
+        let groups = (gx as u32, gy as u32, 1);
+        self.dispatch_as(label, Shader::LinearCoopDirect, entry, 0, &params, &bindings, groups)
     }
 
     /// The tiled linear over rows `row_off .. row_off + n` of x into the same rows of y (y has
@@ -488,9 +640,9 @@ fn expert_row_tiles(at: &[usize]) -> Vec<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::expert_row_tiles;
-    use crate::backend::wgpu::{Options, WgpuBackend};
-    use crate::backend::{Backend, HostData, HostTensor, Precision};
+    use super::{DIRECT_TILE_COLS, TILE_ROWS, expert_row_tiles};
+    use crate::backend::wgpu::{Options, Shader, Tiles, WgpuBackend};
+    use crate::backend::{Backend, HostData, HostTensor, HostWeight, Precision, WeightFormat};
 
     /// `half_rows` rounds each value to the nearest f16 (ties to even) and zeroes what lies past
     /// x: a row's odd tail and, asked for more rows than x has (the direct cooperative attention's
@@ -534,6 +686,99 @@ mod tests {
             }
         }
         assert!(lane.half_rows(&t, n - 1).is_err(), "fewer rows than x has");
+    }
+
+    /// `half_weight` rounds each value of a float weight to the nearest f16 (ties to even) as the
+    /// tile loads do, and pads the rows to the direct tiles' width with zeros; per format (f32,
+    /// bf16, f16) and for a weight split into row chunks (f32 here: each chunk its own copy). Skips, saying
+    /// so, where no adapter with f16 shaders opens, but fails there under CI or
+    /// `FOVEA_REQUIRE_WGPU=1`.
+    #[test]
+    fn half_weight_rounds_once_and_pads_to_the_direct_tiles() {
+        let opts = Options { precision: Precision::Fast, max_binding_bytes: Some(4096), ..Options::default() };
+        let lane = match WgpuBackend::with_options(opts) {
+            Ok(lane) => lane,
+            Err(e) => {
+                let required = std::env::var_os("CI").is_some()
+                    || std::env::var("FOVEA_REQUIRE_WGPU").is_ok_and(|v| v.trim() == "1");
+                assert!(!required, "no wgpu lane in fast precision where it must run: {e}");
+                eprintln!("SKIPPED: no wgpu lane in fast precision ({e})");
+                return;
+            }
+        };
+        let (rows, cols) = (100, 12);
+        // a tie to even (1 + 2^-11 → 1), a value past f16's precision, a subnormal, plain ones
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| match i % 4 {
+                0 => 1.0 + 2f32.powi(-11),
+                1 => 0.1 * i as f32,
+                2 => -3.0e-7,
+                _ => -(i as f32),
+            })
+            .collect();
+        for format in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
+            // the weight as stored, and each value as the lane decodes it
+            let (bytes, decoded): (Vec<u8>, Vec<f32>) = match format {
+                WeightFormat::F32 => (values.iter().flat_map(|v| v.to_le_bytes()).collect(), values.clone()),
+                WeightFormat::BF16 => {
+                    let b: Vec<half::bf16> = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                    (b.iter().flat_map(|v| v.to_le_bytes()).collect(), b.iter().map(|v| v.to_f32()).collect())
+                }
+                _ => {
+                    let h: Vec<half::f16> = values.iter().map(|&v| half::f16::from_f32(v)).collect();
+                    (h.iter().flat_map(|v| v.to_le_bytes()).collect(), h.iter().map(|v| v.to_f32()).collect())
+                }
+            };
+            let host = HostWeight { name: format!("w {format}"), format, rows, cols, bytes: bytes.into() };
+            let w = lane.upload_weight(&host).unwrap();
+            // 4 800 bytes in f32 over bindings of 4 096; a chunk's copy, 128 rows of 24 bytes, fits
+            assert_eq!(w.chunks.len() > 1, format == WeightFormat::F32, "{format}: the row chunks");
+            for c in &w.chunks {
+                let y = lane.download(&lane.half_weight(&w, c).unwrap()).unwrap();
+                assert_eq!(y.shape, [DIRECT_TILE_COLS, cols / 2], "{format}");
+                let HostData::I32(words) = y.data else { panic!("half_weight gave f32") };
+                for r in 0..DIRECT_TILE_COLS {
+                    for col in 0..cols {
+                        let word = words[r * cols / 2 + col / 2] as u32;
+                        let got = half::f16::from_bits((word >> (16 * (col % 2))) as u16);
+                        let want = if r < c.rows {
+                            half::f16::from_f32(decoded[(c.row0 + r) * cols + col])
+                        } else {
+                            half::f16::ZERO
+                        };
+                        assert_eq!(got.to_bits(), want.to_bits(), "{format} chunk row {r}, column {col}");
+                    }
+                }
+            }
+        }
+        let q8 =
+            HostWeight { name: "q8".into(), format: WeightFormat::Q8_0, rows: 1, cols: 32, bytes: vec![0; 34].into() };
+        let w = lane.upload_weight(&q8).unwrap();
+        assert!(lane.half_weight(&w, &w.chunks[0]).is_err(), "a block format");
+    }
+
+    /// The direct tiles' sizes are the shader's: 64 rows of x and `DIRECT_TILE_COLS` weight rows
+    /// an output tile, 4 subgroups, and workgroup memory (naga's layouter) within what
+    /// `coop_tiles_fit` asks of the adapter.
+    #[test]
+    fn direct_tiles_sizes_match_their_wgsl() {
+        let wgsl = include_str!("../../../shaders/tile_coop_direct.wgsl");
+        for line in ["const BM: u32 = 64u;", "const BN: u32 = 128u;", "@compute @workgroup_size(128, 1, 1)"] {
+            assert!(wgsl.contains(line), "tile_coop_direct.wgsl lacks `{line}`");
+        }
+        assert_eq!((TILE_ROWS, DIRECT_TILE_COLS), (64, 128));
+        let (label, source) = Shader::LinearCoopDirect.source().unwrap();
+        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let bytes: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum();
+        assert_eq!(bytes, 4 * 16 * 20 * 4, "{label}: the 4 subgroups' staging");
+        assert!(bytes <= Tiles::COOP_WORKGROUP_BYTES, "{label}: within the cooperative tiles' bound");
     }
 
     #[test]

@@ -215,6 +215,18 @@ pub struct Options {
     /// default (H200, twenty-seventh sitting: 262 → 86 ms of a 1920×1080 encode's 32 layers);
     /// off when `FOVEA_WGPU_VIT_ATTENTION_DIRECT=0`, to time both in one build. Diagnostic.
     pub direct_vit_attention: bool,
+    /// In fast precision where the tiles run on cooperative matrices, `linear` over a float
+    /// weight from an f16 copy of each weight chunk, its matrix loads straight from that and x's
+    /// copy with no workgroup staging (`tile_coop_direct.wgsl`, linear.rs), rather than through
+    /// tiles staged in workgroup memory (`tile_coop.wgsl`). On by default; off when
+    /// `FOVEA_WGPU_TILES_DIRECT=0`, to time both in one build. Diagnostic.
+    pub direct_tiles: bool,
+    /// The rows of x a workgroup of the direct tiles covers, forced: `Some(64)` (`main`, each
+    /// subgroup 32 × 64 outputs) or `Some(128)` (`main_128`, 64 × 64 a subgroup) for every
+    /// shape, so either can be timed or tested on any; `None` (the default) chooses by the rows
+    /// of x (linear.rs, `DIRECT_WIDE_ROWS`). `FOVEA_WGPU_DIRECT_TILE_ROWS=64` or `=128` forces
+    /// one. Diagnostic.
+    pub direct_tile_rows: Option<usize>,
     /// The indexer's scores for more than 8 query rows (`rows::SMALL_ROWS`) as tiles
     /// (`indexer_scores_tiles`) where their loops fit (every GPU) rather than a thread per score.
     /// On by default; off when `FOVEA_WGPU_INDEXER_TILES=0`, to time both in one build. Diagnostic.
@@ -295,6 +307,11 @@ impl Default for Options {
             force_workgroup_attention: false,
             per_pair_attention: std::env::var("FOVEA_WGPU_ATTENTION_PER_PAIR").is_ok_and(|v| v == "1"),
             direct_vit_attention: std::env::var("FOVEA_WGPU_VIT_ATTENTION_DIRECT").map_or(true, |v| v != "0"),
+            direct_tiles: std::env::var("FOVEA_WGPU_TILES_DIRECT").map_or(true, |v| v != "0"),
+            direct_tile_rows: std::env::var("FOVEA_WGPU_DIRECT_TILE_ROWS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|r| [64, 128].contains(r)),
             indexer_tiles: std::env::var("FOVEA_WGPU_INDEXER_TILES").map_or(true, |v| v != "0"),
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
             checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),

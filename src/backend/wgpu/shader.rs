@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use super::Reduction;
 use super::formats::{self, BlockKernel};
-use super::linear::{linear_shader, lm_weight_shader};
+use super::linear::{half_weight_shader, linear_shader, lm_weight_shader};
 use super::q8x::q8x_shader;
 use super::rows::{self, RowsBuild, rows_shader};
 use crate::backend::{Precision, WeightFormat};
@@ -17,6 +17,8 @@ use crate::error::{Error, Result};
 /// What both tile-load parts (`linear_tile.wgsl`, `dequant/linear.wgsl`) build on: the tiles'
 /// parameters, bindings, rows and store.
 pub(super) const TILE_ROWS: (&str, &str) = ("tile_rows.wgsl", include_str!("../../../shaders/tile_rows.wgsl"));
+/// The cooperative tiles' store, after either body (`tile_coop.wgsl`, `tile_coop_direct.wgsl`).
+const COOP_STORE: (&str, &str) = ("tile_coop_store.wgsl", include_str!("../../../shaders/tile_coop_store.wgsl"));
 
 /// How the tiled GEMM multiplies its tiles (the body after the tile loads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,11 +52,12 @@ impl Tiles {
     /// of 32): WebGPU's least `maxComputeWorkgroupStorageSize`, which every adapter offers.
     pub const FMA_WORKGROUP_BYTES: u32 = 16384;
 
-    /// The body's file and WGSL.
-    pub(super) fn body(self) -> (&'static str, &'static str) {
+    /// The body's files and WGSL (the cooperative one's store in a file of its own, which the
+    /// direct tiles share).
+    pub(super) fn body(self) -> Vec<(&'static str, &'static str)> {
         match self {
-            Tiles::Fma => ("tile_fma.wgsl", include_str!("../../../shaders/tile_fma.wgsl")),
-            Tiles::Coop => ("tile_coop.wgsl", include_str!("../../../shaders/tile_coop.wgsl")),
+            Tiles::Fma => vec![("tile_fma.wgsl", include_str!("../../../shaders/tile_fma.wgsl"))],
+            Tiles::Coop => vec![("tile_coop.wgsl", include_str!("../../../shaders/tile_coop.wgsl")), COOP_STORE],
         }
     }
 }
@@ -77,6 +80,13 @@ pub(super) enum Shader {
     AttentionCoopDirect,
     /// x rounded to f16 once for fast precision's tiled GEMMs (`half_rows.wgsl`).
     HalfRows,
+    /// The cooperative tiles with their matrix loads straight from f16 copies of x and W
+    /// (`tile_coop_direct.wgsl`; `Options::direct_tiles`).
+    LinearCoopDirect,
+    /// A float weight's rows rounded to f16 once for [`Shader::LinearCoopDirect`]
+    /// (`half_weight.wgsl`), read by `linear_f16.wgsl` (true: f16 with SHADER_F16) or
+    /// `linear_packed.wgsl` (false: f32, bf16).
+    HalfWeight(bool),
     Debug,
     /// lm.wgsl (no weight products: one build).
     Lm,
@@ -122,9 +132,9 @@ impl Shader {
         let gemm = |format_uses_f16: bool, format: Option<(&str, &str)>, body: (&str, &str), precision: Precision| {
             let rows = |b: RowsBuild| b.parts().into_iter().chain([rows::PAIRS]).collect();
             let (middle, last) = match self {
-                Shader::Rows(b) | Shader::RowsF16(b) => (rows(b), None),
-                Shader::Linear(_, tiles) | Shader::LinearF16(_, tiles) => (vec![TILE_ROWS], Some(tiles.body())),
-                _ => (Vec::new(), None),
+                Shader::Rows(b) | Shader::RowsF16(b) => (rows(b), Vec::new()),
+                Shader::Linear(_, tiles) | Shader::LinearF16(_, tiles) => (vec![TILE_ROWS], tiles.body()),
+                _ => (Vec::new(), Vec::new()),
             };
             let parts: Vec<(&str, &str)> =
                 format.into_iter().chain([operands_part(precision)]).chain(middle).chain([body]).chain(last).collect();
@@ -168,6 +178,21 @@ impl Shader {
                     directives(true, false).to_owned() + rounding + include_str!("../../../shaders/half_rows.wgsl");
                 Ok((format!("{operands} + half_rows.wgsl"), Cow::Owned(src)))
             }
+            Shader::LinearCoopDirect => {
+                const BODY: (&str, &str) =
+                    ("tile_coop_direct.wgsl", include_str!("../../../shaders/tile_coop_direct.wgsl"));
+                let parts = [operands_part(Precision::Fast), TILE_ROWS, BODY, COOP_STORE];
+                let label = parts.iter().map(|(file, _)| *file).collect::<Vec<_>>().join(" + ");
+                let src = parts.iter().fold(directives(true, true).to_owned(), |src, (_, text)| src + text);
+                Ok((label, Cow::Owned(src)))
+            }
+            Shader::HalfWeight(native_f16) => {
+                const BODY: (&str, &str) = ("half_weight.wgsl", include_str!("../../../shaders/half_weight.wgsl"));
+                let parts = [if native_f16 { F16 } else { PACKED }, operands_part(Precision::Fast), BODY];
+                let label = parts.iter().map(|(file, _)| *file).collect::<Vec<_>>().join(" + ");
+                let src = parts.iter().fold(directives(true, false).to_owned(), |src, (_, text)| src + text);
+                Ok((label, Cow::Owned(src)))
+            }
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
             Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
             Shader::Rows(_) => gemm(false, Some(PACKED), rows::BODY, Precision::Exact),
@@ -186,7 +211,7 @@ impl Shader {
     /// `fmt`, if at all, from their parameter block.
     pub(super) fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
         match self {
-            Shader::Linear(..) | Shader::Rows(_) => vec![("FMT", f64::from(fmt))],
+            Shader::Linear(..) | Shader::Rows(_) | Shader::HalfWeight(false) => vec![("FMT", f64::from(fmt))],
             _ => Vec::new(),
         }
     }
@@ -195,16 +220,19 @@ impl Shader {
     const FIXED: [Shader; 6] =
         [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
     /// The shaders no weight format chooses that fast precision alone builds (with SHADER_F16).
-    const FIXED_F16: [Shader; 3] = [Shader::AttentionCoop, Shader::AttentionCoopDirect, Shader::HalfRows];
+    const FIXED_F16: [Shader; 4] =
+        [Shader::AttentionCoop, Shader::AttentionCoopDirect, Shader::HalfRows, Shader::LinearCoopDirect];
 
     /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
     /// (or, built only with SHADER_F16, [`Self::FIXED_F16`]) or chosen by [`linear_shader`] /
-    /// [`lm_weight_shader`] / [`rows_shader`] / [`q8x_shader`], so [`shader_builds`] lists it.
+    /// [`half_weight_shader`] / [`lm_weight_shader`] / [`rows_shader`] / [`q8x_shader`], so
+    /// [`shader_builds`] lists it.
     #[allow(dead_code)]
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
-            Shader::AttentionCoop | Shader::AttentionCoopDirect | Shader::HalfRows => {}
+            Shader::AttentionCoop | Shader::AttentionCoopDirect | Shader::HalfRows | Shader::LinearCoopDirect => {}
+            Shader::HalfWeight(_) => {}
             Shader::Linear(..) | Shader::LinearF16(..) | Shader::Lm | Shader::Block(..) => {}
             Shader::Rows(..) | Shader::RowsF16(..) => {}
         }
@@ -231,13 +259,14 @@ impl Shader {
                 | Shader::Block(BlockKernel::Linear(Tiles::Coop), ..)
                 | Shader::AttentionCoop
                 | Shader::AttentionCoopDirect
+                | Shader::LinearCoopDirect
         )
     }
 
     /// Every (shader, `fmt`) the lane creates pipelines from, and whether it is built only with
     /// SHADER_F16 (`native_f16`): the weight kernels come from the same choices the ops make
     /// ([`linear_shader`], [`lm_weight_shader`], [`rows_shader`] in every build,
-    /// [`q8x_shader`] in fast precision) for every
+    /// [`q8x_shader`] and [`half_weight_shader`] in fast precision) for every
     /// weight format, in both precisions with SHADER_F16 (and each tiles' math) and in exact
     /// precision without it (fast needs it); the fixed shaders in both, fast precision's
     /// ([`Self::FIXED_F16`]) with SHADER_F16. Pairs that build the same module and constants are
@@ -258,6 +287,7 @@ impl Shader {
                     list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, b)));
                     if precision == Precision::Fast {
                         list.extend(q8x_shader(f).map(|s| (s, 0)));
+                        list.extend(half_weight_shader(f));
                     }
                 }
             }
