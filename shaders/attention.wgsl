@@ -10,7 +10,23 @@
 // Every thread loops up to ≈ 80 + hd/2 times a key tile (its fixed-count loops counted): past
 // ≈ 9 000 keys of hd 64 that bound is over the lane's budget for lavapipe's loop limiter, so a
 // software adapter refuses those (attention.rs).
-// Built after attention_io.wgsl (parameters, bindings).
+// (On cooperative matrices, fast precision, head dim 64: attention_coop_direct.wgsl.)
+
+struct P {
+    n: u32,
+    heads: u32,
+    hd: u32,
+    scale: f32,
+    // padding: every dispatch pushes 16 words (mod.rs, PARAM_BYTES)
+    _p4: u32, _p5: u32, _p6: u32, _p7: u32, _p8: u32, _p9: u32,
+    _p10: u32, _p11: u32, _p12: u32, _p13: u32, _p14: u32, _p15: u32,
+}
+
+var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 const BQ: u32 = 16u;
 const BKEY: u32 = 32u;

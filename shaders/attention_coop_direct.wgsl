@@ -1,7 +1,7 @@
 // attention (non-causal, flash style) on cooperative matrices, fast precision, with no workgroup
-// staging of keys and values (attention_coop.wgsl stages them, 3× slower on an H200;
-// `Options::direct_vit_attention`, on by default, picks this one): q, k, v [n, heads·64] → out [n, heads·64], scale 1/8: head dim 64 only (the
-// ViT's). Built after operands_fast.wgsl (`to_operand`: round to the nearest f16), only on an
+// staging of keys and values (a kernel that staged them, retired in the twenty-eighth sitting,
+// was 3× slower on an H200): q, k, v [n, heads·64] → out [n, heads·64], scale 1/8: head dim 64
+// only (the ViT's). Built after operands_fast.wgsl (`to_operand`: round to the nearest f16), only on an
 // adapter whose cooperative tiles the lane uses (16×16×16 f16 → f32, subgroups of exactly 32: 4
 // per workgroup).
 // q, k and v come as f16 copies (half_rows.wgsl: each value rounded once), their rows padded with

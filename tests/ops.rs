@@ -1898,8 +1898,7 @@ fn int8_rounded(c: &Case) -> Case {
 
 /// Fast precision's tiles on both their maths where the adapter has cooperative matrices: the
 /// fast tests above ran the cooperative tiles there (`coop_tiles`), so this runs the attention
-/// cases (head dim 64 on cooperative matrices: attention_coop.wgsl, and attention_coop_direct.wgsl
-/// through `Options::direct_vit_attention`), `linear`'s cases on the direct and the staged tiles
+/// cases (head dim 64 on cooperative matrices: attention_coop_direct.wgsl), `linear`'s cases on the direct and the staged tiles
 /// (`Options::direct_tiles`) and the row-chunked cases on
 /// them too (a weight split over many bindings), then every fast weight case on the FMA tiles
 /// (`Options::force_fma_tiles`). Where the adapter has none (lavapipe) the tests above ran
@@ -1920,19 +1919,17 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
         return;
     }
     eprintln!("{name}: the fast tests ran the cooperative-matrix tiles; now attention and the chunked cases on them");
-    // the ViT's attention (head dim 64) on cooperative matrices too, both kernels: its cases, and
-    // the kernel they ran on by name
-    for (direct_vit_attention, kernel) in [(false, "attention_coop"), (true, "attention_coop_direct")] {
-        let opts = Options { kernel_times: true, direct_vit_attention, ..fast.clone() };
-        let Some(lane) = common::wgpu_lane(opts) else { return };
-        let attention: Vec<Case> = cases().into_iter().filter(|c| c.op == Op::Attention).collect();
-        compare_with_cpu(&lane, with_fast_bounds(attention));
-        let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
-        assert!(
-            kernels.iter().any(|k| k.name == kernel),
-            "no attention on cooperative matrices ({kernel}): {kernels:?}"
-        );
-    }
+    // the ViT's attention (head dim 64) on cooperative matrices too: its cases, and the kernel
+    // they ran on by name
+    let Some(lane) = common::wgpu_lane(Options { kernel_times: true, ..fast.clone() }) else { return };
+    let attention: Vec<Case> = cases().into_iter().filter(|c| c.op == Op::Attention).collect();
+    compare_with_cpu(&lane, with_fast_bounds(attention));
+    let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
+    assert!(
+        kernels.iter().any(|k| k.name == "attention_coop_direct"),
+        "no attention on cooperative matrices: {kernels:?}"
+    );
+    drop(lane);
     // `linear` on both cooperative kernels: the direct tiles (the default, for a float weight
     // with k a multiple of 16 and at least 64 rows of x; both their row tilings, forced, as the
     // cases are below the rows from which the lane takes the wider on its own) and the staged

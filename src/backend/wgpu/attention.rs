@@ -3,9 +3,8 @@
 //! fast precision where the GEMM tiles run on cooperative matrices, for the ViT's head dim, 64,
 //! `shaders/attention_coop_direct.wgsl` (the same online softmax, its two products on
 //! cooperative matrices, f16 operands, its matrix loads straight from f16 copies of q, k and v
-//! that `half_rows` makes); with `Options::direct_vit_attention` off (a diagnostic),
-//! `shaders/attention_coop.wgsl` (the same rounding, key and value tiles staged in workgroup
-//! memory: 3× slower on an H200).
+//! that `half_rows` makes, no workgroup staging of keys and values: the kernel that staged them,
+//! retired in the twenty-eighth sitting, was 3× slower on an H200).
 //! (The language model's `sink_attention` is an entry point of lm.wgsl: lm.rs.)
 
 use super::{Shader, Tiles, WgpuBackend, WgpuTensor};
@@ -14,8 +13,6 @@ use crate::error::Result;
 
 /// Workgroup memory the kernel needs (see shaders/attention.wgsl).
 pub(super) const SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
-/// Workgroup memory of the cooperative kernel (see shaders/attention_coop.wgsl).
-const COOP_SHARED_BYTES: u32 = (2048 + 4096 + 2048) * 2 + (2048 + 256) * 4;
 /// Workgroup memory of the direct cooperative kernel (see shaders/attention_coop_direct.wgsl):
 /// per subgroup (4) S-then-P·V `[16][68]` f32 and P `[16][72]` f16.
 const DIRECT_SHARED_BYTES: u32 = 4 * 16 * (68 * 4 + 72 * 2);
@@ -66,7 +63,7 @@ impl WgpuBackend {
         let params = [n as u32, n_heads as u32, hd as u32, scale.to_bits()];
         let coop = self.tiles == Tiles::Coop && hd == COOP_HEAD_DIM;
         let storage = self.limits.max_compute_workgroup_storage_size;
-        if coop && self.opts.direct_vit_attention && storage >= DIRECT_SHARED_BYTES {
+        if coop && storage >= DIRECT_SHARED_BYTES {
             let rows = n.div_ceil(DIRECT_ROWS) * DIRECT_ROWS;
             let q16 = self.half_rows(q, rows)?;
             let k16 = self.half_rows(k, rows)?;
@@ -81,20 +78,14 @@ impl WgpuBackend {
             )?;
             return Ok(y);
         }
-        // the kernel, its entry point and the queries a workgroup takes (both read the same
-        // parameters and bindings: attention_io.wgsl)
-        let (shader, entry, queries) = if coop && storage >= COOP_SHARED_BYTES {
-            (Shader::AttentionCoop, "attention_coop", 32)
-        } else {
-            (Shader::Attention, OP, 16)
-        };
+        // f32, 16 queries a workgroup
         self.dispatch(
-            shader,
-            entry,
+            Shader::Attention,
+            OP,
             0,
             &params,
             &[(1, q.binding()), (2, k.binding()), (3, v.binding()), (4, y.binding())],
-            (n.div_ceil(queries) as u32, n_heads as u32, 1),
+            (n.div_ceil(16) as u32, n_heads as u32, 1),
         )?;
         Ok(y)
     }

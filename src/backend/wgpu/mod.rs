@@ -208,13 +208,6 @@ pub struct Options {
     /// on every case. Off by default; on when `FOVEA_WGPU_ATTENTION_PER_PAIR=1`, to time both in
     /// one build. Diagnostic.
     pub per_pair_attention: bool,
-    /// In fast precision where the tiles run on cooperative matrices, the ViT's attention from
-    /// f16 copies of q, k and v padded to its 64-row tiles (`half_rows`), each subgroup's matrix
-    /// loads straight from them with no workgroup staging (`attention_coop_direct.wgsl`), rather
-    /// than from key and value tiles staged in workgroup memory (`attention_coop.wgsl`). On by
-    /// default (H200, twenty-seventh sitting: 262 → 86 ms of a 1920×1080 encode's 32 layers);
-    /// off when `FOVEA_WGPU_VIT_ATTENTION_DIRECT=0`, to time both in one build. Diagnostic.
-    pub direct_vit_attention: bool,
     /// In fast precision where the tiles run on cooperative matrices, `linear` over a float
     /// weight from an f16 copy of each weight chunk, its matrix loads straight from that and x's
     /// copy with no workgroup staging (`tile_coop_direct.wgsl`, linear.rs), rather than through
@@ -306,7 +299,6 @@ impl Default for Options {
             force_workgroup_reduction: false,
             force_workgroup_attention: false,
             per_pair_attention: std::env::var("FOVEA_WGPU_ATTENTION_PER_PAIR").is_ok_and(|v| v == "1"),
-            direct_vit_attention: std::env::var("FOVEA_WGPU_VIT_ATTENTION_DIRECT").map_or(true, |v| v != "0"),
             direct_tiles: std::env::var("FOVEA_WGPU_TILES_DIRECT").map_or(true, |v| v != "0"),
             direct_tile_rows: std::env::var("FOVEA_WGPU_DIRECT_TILE_ROWS")
                 .ok()

@@ -73,10 +73,9 @@ pub(super) enum Shader {
     Norm,
     Rope,
     Attention,
-    /// The ViT's attention on cooperative matrices (fast precision, where the tiles use them).
-    AttentionCoop,
-    /// The same from f16 copies of q, k and v, its matrix loads straight from them
-    /// (`attention_coop_direct.wgsl`; `Options::direct_vit_attention`).
+    /// The ViT's attention on cooperative matrices (fast precision, where the tiles use them),
+    /// from f16 copies of q, k and v, its matrix loads straight from them
+    /// (`attention_coop_direct.wgsl`).
     AttentionCoopDirect,
     /// x rounded to f16 once for fast precision's tiled GEMMs (`half_rows.wgsl`).
     HalfRows,
@@ -106,9 +105,6 @@ pub(super) fn operands_part(precision: Precision) -> (&'static str, &'static str
         Precision::Fast => ("operands_fast.wgsl", include_str!("../../../shaders/operands_fast.wgsl")),
     }
 }
-
-/// The parameters and bindings both attention kernels start with.
-const ATTENTION_IO: &str = include_str!("../../../shaders/attention_io.wgsl");
 
 /// The directives a build starts with: `enable f16;` when any of its parts uses f16, `enable
 /// wgpu_cooperative_matrix;` for the cooperative tiles (WGSL wants every directive before the
@@ -153,18 +149,7 @@ impl Shader {
             Shader::Copy => fixed("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
             Shader::Norm => fixed("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
             Shader::Rope => fixed("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
-            Shader::Attention => Ok((
-                "attention_io.wgsl + attention.wgsl".to_owned(),
-                Cow::Owned(ATTENTION_IO.to_owned() + include_str!("../../../shaders/attention.wgsl")),
-            )),
-            Shader::AttentionCoop => {
-                let (operands, rounding) = operands_part(Precision::Fast);
-                let src = directives(true, true).to_owned()
-                    + rounding
-                    + ATTENTION_IO
-                    + include_str!("../../../shaders/attention_coop.wgsl");
-                Ok((format!("{operands} + attention_io.wgsl + attention_coop.wgsl"), Cow::Owned(src)))
-            }
+            Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
             Shader::AttentionCoopDirect => {
                 let (operands, rounding) = operands_part(Precision::Fast);
                 let src = directives(true, true).to_owned()
@@ -220,8 +205,7 @@ impl Shader {
     const FIXED: [Shader; 6] =
         [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
     /// The shaders no weight format chooses that fast precision alone builds (with SHADER_F16).
-    const FIXED_F16: [Shader; 4] =
-        [Shader::AttentionCoop, Shader::AttentionCoopDirect, Shader::HalfRows, Shader::LinearCoopDirect];
+    const FIXED_F16: [Shader; 3] = [Shader::AttentionCoopDirect, Shader::HalfRows, Shader::LinearCoopDirect];
 
     /// Exhaustive on purpose: a new shader fails to compile here until it is in [`Self::FIXED`]
     /// (or, built only with SHADER_F16, [`Self::FIXED_F16`]) or chosen by [`linear_shader`] /
@@ -231,7 +215,7 @@ impl Shader {
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
-            Shader::AttentionCoop | Shader::AttentionCoopDirect | Shader::HalfRows | Shader::LinearCoopDirect => {}
+            Shader::AttentionCoopDirect | Shader::HalfRows | Shader::LinearCoopDirect => {}
             Shader::HalfWeight(_) => {}
             Shader::Linear(..) | Shader::LinearF16(..) | Shader::Lm | Shader::Block(..) => {}
             Shader::Rows(..) | Shader::RowsF16(..) => {}
@@ -257,7 +241,6 @@ impl Shader {
             Shader::Linear(_, Tiles::Coop)
                 | Shader::LinearF16(_, Tiles::Coop)
                 | Shader::Block(BlockKernel::Linear(Tiles::Coop), ..)
-                | Shader::AttentionCoop
                 | Shader::AttentionCoopDirect
                 | Shader::LinearCoopDirect
         )
