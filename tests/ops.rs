@@ -1948,21 +1948,22 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
         if !direct_tiles {
             continue;
         }
-        // a weight over two bindings of 64 KiB (f32 700 × 32: 89 600 bytes; bf16 1 400 × 32),
-        // each chunk its own f16 copy and output columns, the last chunk's rows not a multiple of
-        // 128; x's padded copy and W's fit one binding, so the direct tiles take them
+        // a weight over two bindings of 128 KiB (f32 400 × 96: chunks of 320 and 80 rows; bf16
+        // 500 × 160: 384 and 116), each chunk its own f16 copy and output columns, neither's rows
+        // a multiple of 128; y, x's padded copy and each chunk's fit one binding, so the direct
+        // tiles take them
         let opts = Options {
             kernel_times: true,
             direct_tiles,
             direct_tile_rows,
-            max_binding_bytes: Some(65536),
+            max_binding_bytes: Some(131072),
             ..fast.clone()
         };
         let Some(lane) = common::wgpu_lane(opts) else { return };
         let mut r = StdRng::seed_from_u64(0xd1ec7);
         let chunked = vec![
-            linear_case(&mut r, WeightFormat::F32, 70, 32, 700, " (two chunks)"),
-            linear_case(&mut r, WeightFormat::BF16, 129, 32, 1400, " (two chunks, a bias)"),
+            linear_case(&mut r, WeightFormat::F32, 70, 96, 400, " (two chunks)"),
+            linear_case(&mut r, WeightFormat::BF16, 65, 160, 500, " (two chunks, a bias)"),
         ];
         compare_with_cpu(&lane, with_wgpu_fast_bounds(chunked));
         let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
