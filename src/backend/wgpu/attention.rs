@@ -122,16 +122,6 @@ mod tests {
         }
         assert_eq!(DIRECT_ROWS, 4 * 16);
         assert_eq!(COOP_HEAD_DIM, 64);
-        let (label, source) = Shader::AttentionCoopDirect.source().unwrap();
-        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{label}: {e}"));
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).unwrap();
-        let bytes: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, g)| layouter[g.ty].size)
-            .sum();
-        assert_eq!(bytes, DIRECT_SHARED_BYTES, "{label}: workgroup memory");
+        assert_eq!(Shader::AttentionCoopDirect.workgroup_bytes(), DIRECT_SHARED_BYTES, "workgroup memory");
     }
 }

@@ -644,23 +644,28 @@ mod tests {
     use crate::backend::wgpu::{Options, Shader, Tiles, WgpuBackend};
     use crate::backend::{Backend, HostData, HostTensor, HostWeight, Precision, WeightFormat};
 
-    /// `half_rows` rounds each value to the nearest f16 (ties to even) and zeroes what lies past
-    /// x: a row's odd tail and, asked for more rows than x has (the direct cooperative attention's
-    /// padding to 64 rows, which only a GPU with cooperative matrices runs), the rows past n.
-    /// Skips, saying so, where no adapter with f16 shaders opens, but fails there under CI or
-    /// `FOVEA_REQUIRE_WGPU=1` (as tests/common's lanes do).
-    #[test]
-    fn half_rows_round_once_and_zero_the_padding() {
-        let lane = match WgpuBackend::with_options(Options { precision: Precision::Fast, ..Options::default() }) {
-            Ok(lane) => lane,
+    /// A lane of `opts` in fast precision; `None`, saying so, where no adapter with f16 shaders
+    /// opens, but a failure there under CI or `FOVEA_REQUIRE_WGPU=1` (as tests/common's lanes).
+    fn fast_lane(opts: Options) -> Option<WgpuBackend> {
+        match WgpuBackend::with_options(Options { precision: Precision::Fast, ..opts }) {
+            Ok(lane) => Some(lane),
             Err(e) => {
                 let required = std::env::var_os("CI").is_some()
                     || std::env::var("FOVEA_REQUIRE_WGPU").is_ok_and(|v| v.trim() == "1");
                 assert!(!required, "no wgpu lane in fast precision where it must run: {e}");
                 eprintln!("SKIPPED: no wgpu lane in fast precision ({e})");
-                return;
+                None
             }
-        };
+        }
+    }
+
+    /// `half_rows` rounds each value to the nearest f16 (ties to even) and zeroes what lies past
+    /// x: a row's odd tail and, asked for more rows than x has (the direct cooperative attention's
+    /// padding to 64 rows, which only a GPU with cooperative matrices runs), the rows past n.
+    /// Skips where no adapter with f16 shaders opens ([`fast_lane`]).
+    #[test]
+    fn half_rows_round_once_and_zero_the_padding() {
+        let Some(lane) = fast_lane(Options::default()) else { return };
         let (n, cols, rows) = (3, 5, 8);
         // values whose f16 rounding is known: two ties (1 + 2^-11 → 1 and 1 + 3·2^-11 → 1 +
         // 2^-9, each to the even neighbour), a subnormal, and plain ones
@@ -690,22 +695,11 @@ mod tests {
 
     /// `half_weight` rounds each value of a float weight to the nearest f16 (ties to even) as the
     /// tile loads do, and pads the rows to the direct tiles' width with zeros; per format (f32,
-    /// bf16, f16) and for a weight split into row chunks (f32 here: each chunk its own copy). Skips, saying
-    /// so, where no adapter with f16 shaders opens, but fails there under CI or
-    /// `FOVEA_REQUIRE_WGPU=1`.
+    /// bf16, f16) and for a weight split into row chunks (f32 here: each chunk its own copy).
+    /// Skips where no adapter with f16 shaders opens ([`fast_lane`]).
     #[test]
     fn half_weight_rounds_once_and_pads_to_the_direct_tiles() {
-        let opts = Options { precision: Precision::Fast, max_binding_bytes: Some(4096), ..Options::default() };
-        let lane = match WgpuBackend::with_options(opts) {
-            Ok(lane) => lane,
-            Err(e) => {
-                let required = std::env::var_os("CI").is_some()
-                    || std::env::var("FOVEA_REQUIRE_WGPU").is_ok_and(|v| v.trim() == "1");
-                assert!(!required, "no wgpu lane in fast precision where it must run: {e}");
-                eprintln!("SKIPPED: no wgpu lane in fast precision ({e})");
-                return;
-            }
-        };
+        let Some(lane) = fast_lane(Options { max_binding_bytes: Some(4096), ..Options::default() }) else { return };
         let (rows, cols) = (100, 12);
         // a tie to even (1 + 2^-11 → 1), a value past f16's precision, a subnormal, plain ones
         let values: Vec<f32> = (0..rows * cols)
@@ -767,18 +761,9 @@ mod tests {
             assert!(wgsl.contains(line), "tile_coop_direct.wgsl lacks `{line}`");
         }
         assert_eq!((TILE_ROWS, DIRECT_TILE_COLS), (64, 128));
-        let (label, source) = Shader::LinearCoopDirect.source().unwrap();
-        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{label}: {e}"));
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).unwrap();
-        let bytes: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, g)| layouter[g.ty].size)
-            .sum();
-        assert_eq!(bytes, 4 * 16 * 20 * 4, "{label}: the 4 subgroups' staging");
-        assert!(bytes <= Tiles::COOP_WORKGROUP_BYTES, "{label}: within the cooperative tiles' bound");
+        let bytes = Shader::LinearCoopDirect.workgroup_bytes();
+        assert_eq!(bytes, 4 * 16 * 20 * 4, "the 4 subgroups' staging");
+        assert!(bytes <= Tiles::COOP_WORKGROUP_BYTES, "within the cooperative tiles' bound");
     }
 
     #[test]

@@ -290,6 +290,24 @@ impl Shader {
     }
 }
 
+#[cfg(test)]
+impl Shader {
+    /// The workgroup memory of this build's module, its workgroup variables summed as naga lays
+    /// them out (the unit tests hold each direct kernel's to its lane-side constant).
+    pub(super) fn workgroup_bytes(self) -> u32 {
+        let (label, source) = self.source().unwrap();
+        let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum()
+    }
+}
+
 /// One shader module the lane builds, with the override constants of one pipeline
 /// specialisation of it (see [`shader_builds`]).
 #[doc(hidden)]
