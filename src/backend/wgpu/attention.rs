@@ -14,8 +14,8 @@ use crate::error::Result;
 /// Workgroup memory the kernel needs (see shaders/attention.wgsl).
 pub(super) const SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
 /// Workgroup memory of the direct cooperative kernel (see shaders/attention_coop_direct.wgsl):
-/// per subgroup (4) S-then-P·V `[16][68]` f32 and P `[16][72]` f16.
-const DIRECT_SHARED_BYTES: u32 = 4 * 16 * (68 * 4 + 72 * 2);
+/// per subgroup (2) S-then-P·V `[32][68]` f32 and P `[32][72]` f16.
+const DIRECT_SHARED_BYTES: u32 = 2 * 32 * (68 * 4 + 72 * 2);
 /// The queries a workgroup of the direct kernel takes, and its key tile: its f16 copies of q, k
 /// and v are padded with zero rows to a multiple of this, so that every matrix load is in bounds.
 const DIRECT_ROWS: usize = 64;
@@ -106,7 +106,7 @@ fn attention_iterations(n: usize, hd: usize) -> usize {
 mod tests {
     use super::*;
 
-    /// The direct cooperative kernel's sizes are the shader's: 4 subgroups of 16 queries a
+    /// The direct cooperative kernel's sizes are the shader's: 2 subgroups of 32 queries a
     /// workgroup (its rows), key tiles of as many, and the workgroup memory of its build as
     /// naga lays it out.
     #[test]
@@ -115,12 +115,13 @@ mod tests {
         for line in [
             "const HD: u32 = 64u;",
             "const BKEY: u32 = 64u;",
-            "const SUBGROUPS: u32 = 4u;",
-            "@compute @workgroup_size(128, 1, 1)",
+            "const SUBGROUPS: u32 = 2u;",
+            "const QROWS: u32 = 32u;",
+            "@compute @workgroup_size(64, 1, 1)",
         ] {
             assert!(wgsl.contains(line), "attention_coop_direct.wgsl lacks `{line}`");
         }
-        assert_eq!(DIRECT_ROWS, 4 * 16);
+        assert_eq!(DIRECT_ROWS, 2 * 32);
         assert_eq!(COOP_HEAD_DIM, 64);
         assert_eq!(Shader::AttentionCoopDirect.workgroup_bytes(), DIRECT_SHARED_BYTES, "workgroup memory");
     }

@@ -151,11 +151,9 @@ impl Shader {
             Shader::Rope => fixed("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
             Shader::Attention => fixed("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
             Shader::AttentionCoopDirect => {
-                let (operands, rounding) = operands_part(Precision::Fast);
-                let src = directives(true, true).to_owned()
-                    + rounding
-                    + include_str!("../../../shaders/attention_coop_direct.wgsl");
-                Ok((format!("{operands} + attention_coop_direct.wgsl"), Cow::Owned(src)))
+                let src =
+                    directives(true, true).to_owned() + include_str!("../../../shaders/attention_coop_direct.wgsl");
+                Ok(("attention_coop_direct.wgsl".to_owned(), Cow::Owned(src)))
             }
             Shader::HalfRows => {
                 let (operands, rounding) = operands_part(Precision::Fast);
