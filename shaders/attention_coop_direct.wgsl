@@ -19,9 +19,10 @@
 // block of 16 columns: four V matrices times each query block's four P matrices) stored where S
 // was; each lane then rescales its output columns (parity l%2) by the step's factor and adds the
 // tile's P·V. The softmax works in log2 units (the scale times log2 e folded into one product,
-// exp2), reads each score once into registers, and masks only the last tile: a key at or past n
-// scores NEG, whose exp2 is exactly 0 (these three took the image's attention from 84.1 to 54.3–54.6
-// ms on the H100). P·V kept in cooperative accumulators across the walk, rescaled through
+// exp2), reads each score once into registers, masks only the last tile (a key at or past n
+// scores NEG: its exp2 underflows to 0 or, within exp2's error, to below 2^-25, which
+// round_probability takes to 0) and rounds the probabilities without a branch; these four took
+// the image's attention from 84.1 ms (d23) to 54.3–54.6 (d23, d24) on the H100. P·V kept in cooperative accumulators across the walk, rescaled through
 // workgroup memory only when a row's max moved by more than 2^8, measured slower (60.8 ms; its
 // uniform flag costs a barrier a tile), as did V read from a transposed copy (65.2).
 // Workgroup memory: per subgroup S-then-P·V [32][68] f32 and P [32][72] f16, rows padded by 16
@@ -109,20 +110,20 @@ fn attention_coop_direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup
     let par = lane % 2u;  // its keys of a tile and its output columns: 2·j + par
     let s_base = sg * QROWS * S_STRIDE;
     let p_base = sg * QROWS * P_STRIDE;
-    let lo_s = 16u * S_STRIDE; // the second block's rows
-    let lo_p = 16u * P_STRIDE;
+    let second_s = 16u * S_STRIDE; // the second block's rows
+    let second_p = 16u * P_STRIDE;
 
     // A = Q rows q0.. (qa) and q0 + 16.. (qb), head dims 16·d.. (row-major, a row `cols` apart)
     let q_at = q0 * cols + head;
-    let q_lo = q_at + 16u * cols;
+    let q_second = q_at + 16u * cols;
     let qa0 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_at], cols);
     let qa1 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_at + 16u], cols);
     let qa2 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_at + 32u], cols);
     let qa3 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_at + 48u], cols);
-    let qb0 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_lo], cols);
-    let qb1 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_lo + 16u], cols);
-    let qb2 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_lo + 32u], cols);
-    let qb3 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_lo + 48u], cols);
+    let qb0 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_second], cols);
+    let qb1 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_second + 16u], cols);
+    let qb2 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_second + 32u], cols);
+    let qb3 = coopLoadT<coop_mat16x16<f16, A>>(&q[q_second + 48u], cols);
 
     let scale2 = p.scale * LOG2_E;
     var o: array<f32, 32>; // output columns 2·j + par of query q0 + r
@@ -153,21 +154,21 @@ fn attention_coop_direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup
             acc2 = coopMultiplyAdd(qb1, kb1, acc2);
             acc2 = coopMultiplyAdd(qb2, kb2, acc2);
             acc2 = coopMultiplyAdd(qb3, kb3, acc2);
-            coopStoreT(acc2, &sw[s_base + lo_s + 16u * j], S_STRIDE);
+            coopStoreT(acc2, &sw[s_base + second_s + 16u * j], S_STRIDE);
         }
         workgroupBarrier();
         let alpha = softmax_step(row, prow, par, k0, scale2, &m, &l);
-        let alpha2 = softmax_step(row + lo_s, prow + lo_p, par, k0, scale2, &m2, &l2);
+        let alpha2 = softmax_step(row + second_s, prow + second_p, par, k0, scale2, &m2, &l2);
         workgroupBarrier();
         // P·V (A = P row-major; B = V: (key, c) at v[key·cols + head + c], row-major)
         let pa0 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base], P_STRIDE);
         let pa1 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + 16u], P_STRIDE);
         let pa2 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + 32u], P_STRIDE);
         let pa3 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + 48u], P_STRIDE);
-        let pb0 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + lo_p], P_STRIDE);
-        let pb1 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + lo_p + 16u], P_STRIDE);
-        let pb2 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + lo_p + 32u], P_STRIDE);
-        let pb3 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + lo_p + 48u], P_STRIDE);
+        let pb0 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + second_p], P_STRIDE);
+        let pb1 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + second_p + 16u], P_STRIDE);
+        let pb2 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + second_p + 32u], P_STRIDE);
+        let pb3 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + second_p + 48u], P_STRIDE);
         let v_at = k0 * cols + head;
         let key16 = 16u * cols;
         for (var c = 0u; c < 4u; c++) {
@@ -187,12 +188,12 @@ fn attention_coop_direct(@builtin(workgroup_id) wg: vec3<u32>, @builtin(subgroup
             acc2 = coopMultiplyAdd(pb1, vb1, acc2);
             acc2 = coopMultiplyAdd(pb2, vb2, acc2);
             acc2 = coopMultiplyAdd(pb3, vb3, acc2);
-            coopStoreT(acc2, &sw[s_base + lo_s + 16u * c], S_STRIDE);
+            coopStoreT(acc2, &sw[s_base + second_s + 16u * c], S_STRIDE);
         }
         workgroupBarrier();
         for (var j = 0u; j < 32u; j++) {
             o[j] = o[j] * alpha + sw[row + 2u * j + par];
-            o2[j] = o2[j] * alpha2 + sw[row + lo_s + 2u * j + par];
+            o2[j] = o2[j] * alpha2 + sw[row + second_s + 2u * j + par];
         }
         workgroupBarrier();
     }

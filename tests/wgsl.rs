@@ -36,7 +36,6 @@ const COMPOSED: &[&[&str]] = &[
     ],
     &["operands_fast.wgsl", "tile_rows.wgsl", "tile_coop_direct.wgsl", "tile_coop_store.wgsl"],
     &["linear_packed.wgsl", "operands_fast.wgsl", "half_weight.wgsl"],
-    &["operands_fast.wgsl", "attention_coop_direct.wgsl"],
     &["operands_fast.wgsl", "half_rows.wgsl"],
     &[
         "linear_packed.wgsl",
