@@ -22,9 +22,10 @@
 // exp2), reads each score once into registers, masks only the last tile (a key at or past n
 // scores NEG: its exp2 underflows to 0 or, within exp2's error, to below 2^-25, which
 // round_probability takes to 0) and rounds the probabilities without a branch; these four took
-// the image's attention from 84.1 ms (d23) to 54.3–54.6 (d23, d24) on the H100. P·V kept in cooperative accumulators across the walk, rescaled through
-// workgroup memory only when a row's max moved by more than 2^8, measured slower (60.8 ms; its
-// uniform flag costs a barrier a tile), as did V read from a transposed copy (65.2).
+// the image's attention from 84.1 ms (d23) to 54.3–54.6 (d23, d24) on the H100. P·V kept in
+// cooperative accumulators across the walk, rescaled through workgroup memory only when a row's
+// max moved by more than 2^8, measured slower (60.8 ms; its uniform flag costs a barrier a
+// tile), as did V read from a transposed copy (65.2).
 // Workgroup memory: per subgroup S-then-P·V [32][68] f32 and P [32][72] f16, rows padded by 16
 // bytes (starts stay 16-byte aligned; a lane's reads walk its row with its partner a word apart):
 // 26 KiB (attention.rs `DIRECT_SHARED_BYTES`), within Metal's and DX12's 32 KiB.
