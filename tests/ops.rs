@@ -1953,8 +1953,7 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
     // the ViT's attention (head dim 64) on cooperative matrices too: its cases, and the kernel
     // they ran on by name
     let Some(lane) = common::wgpu_lane(Options { kernel_times: true, ..fast.clone() }) else { return };
-    let mut attention: Vec<Case> = cases().into_iter().filter(|c| c.op == Op::Attention).collect();
-    attention = with_fast_bounds(attention);
+    let mut attention = with_fast_bounds(cases().into_iter().filter(|c| c.op == Op::Attention).collect());
     attention.push(rising_keys_attention_case());
     compare_with_cpu(&lane, attention);
     let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
