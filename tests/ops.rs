@@ -1950,26 +1950,31 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
         return;
     }
     eprintln!("{name}: the fast tests ran the cooperative-matrix tiles; now attention and the chunked cases on them");
-    // the ViT's attention (head dim 64) on cooperative matrices too: its cases, and the kernel
-    // they ran on by name
-    let Some(lane) = common::wgpu_lane(Options { kernel_times: true, ..fast.clone() }) else { return };
-    let mut attention = with_fast_bounds(cases().into_iter().filter(|c| c.op == Op::Attention).collect());
-    attention.push(rising_keys_attention_case());
-    compare_with_cpu(&lane, attention);
-    let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
-    assert!(
-        kernels.iter().any(|k| k.name == "attention_coop_direct"),
-        "no attention on cooperative matrices: {kernels:?}"
-    );
-    drop(lane);
+    // the ViT's attention (head dim 64) on cooperative matrices too: its cases on both kernels
+    // (key and value tiles in workgroup memory, where the adapter has enough of it, or every
+    // matrix load from the copies), each by name
+    for (wide_attention, kernel) in [(true, "attention_coop_wide"), (false, "attention_coop_direct")] {
+        let Some(lane) = common::wgpu_lane(Options { kernel_times: true, wide_attention, ..fast.clone() }) else {
+            return;
+        };
+        let mut attention = with_fast_bounds(cases().into_iter().filter(|c| c.op == Op::Attention).collect());
+        attention.push(rising_keys_attention_case());
+        compare_with_cpu(&lane, attention);
+        let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
+        assert!(kernels.iter().any(|k| k.name == kernel), "no attention on {kernel}: {kernels:?}");
+    }
     // `linear` on both cooperative kernels: the direct tiles (the default, for a float weight
     // with k a multiple of 16 and at least 64 rows of x; both their row tilings, forced, as the
-    // cases are below the rows from which the lane takes the wider on its own) and the staged
-    // ones, each by name
-    for (direct_tiles, direct_tile_rows, kernel) in
-        [(true, Some(64), "linear_direct"), (true, Some(128), "linear_direct_128"), (false, None, "linear_tiles")]
-    {
-        let opts = Options { kernel_times: true, direct_tiles, direct_tile_rows, ..fast.clone() };
+    // cases are below the rows from which the lane takes the wider on its own, the 128-row one
+    // with and without its 16-byte staging where k is a multiple of 32) and the staged ones,
+    // each by name
+    for (direct_tiles, direct_tile_rows, wide_tiles, kernel) in [
+        (true, Some(64), false, "linear_direct"),
+        (true, Some(128), false, "linear_direct_128"),
+        (true, Some(128), true, "linear_wide_128"),
+        (false, None, false, "linear_tiles"),
+    ] {
+        let opts = Options { kernel_times: true, direct_tiles, direct_tile_rows, wide_tiles, ..fast.clone() };
         let Some(lane) = common::wgpu_lane(opts) else { return };
         let linear: Vec<Case> = weight_op_cases().into_iter().filter(|c| c.op == Op::Linear).collect();
         compare_with_cpu(&lane, with_wgpu_fast_bounds(linear));
@@ -1988,6 +1993,7 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
             kernel_times: true,
             direct_tiles,
             direct_tile_rows,
+            wide_tiles,
             max_binding_bytes: Some(131072),
             ..fast.clone()
         };

@@ -2,9 +2,13 @@
 //! block of 16 queries of one head, keys and values walked in tiles through workgroup memory; in
 //! fast precision where the GEMM tiles run on cooperative matrices, for the ViT's head dim, 64,
 //! `shaders/attention_coop_direct.wgsl` (the same online softmax, its two products on
-//! cooperative matrices, f16 operands, its matrix loads straight from f16 copies of q, k and v
-//! that `half_rows` makes, no workgroup staging of keys and values: the kernel that staged them,
-//! retired in the twenty-eighth sitting, was 3× slower on an H200).
+//! cooperative matrices, f16 operands, over f16 copies of q, k and v that `half_rows` makes):
+//! `attention_coop_wide` where the adapter has its 44 KiB of workgroup memory (NVIDIA's 48, RADV's
+//! 64), its key and value tiles copied into workgroup memory in 16-byte pieces, else
+//! `attention_coop_direct`, every matrix load straight from the copies (an older kernel that
+//! staged the tiles element by element, retired in the twenty-eighth sitting, was 3× slower than
+//! it on an H200; the 16-byte copies took the 1920×1080 image's attention 48.4 → 31.0 ms on an
+//! H100, thirtieth sitting).
 //! (The language model's `sink_attention` is an entry point of lm.wgsl: lm.rs.)
 
 use super::{Shader, Tiles, WgpuBackend, WgpuTensor};
@@ -16,6 +20,8 @@ pub(super) const SHARED_BYTES: u32 = (2048 + 4096 + 512) * 4;
 /// Workgroup memory of the direct cooperative kernel (see shaders/attention_coop_direct.wgsl):
 /// per subgroup (2) S-then-P·V `[32][68]` f32 and P `[32][72]` f16.
 const DIRECT_SHARED_BYTES: u32 = 2 * 32 * (68 * 4 + 72 * 2);
+/// attention_coop_wide's: the direct kernel's and its key and value tiles, `[64][72]` f16 each.
+const WIDE_SHARED_BYTES: u32 = DIRECT_SHARED_BYTES + 2 * 64 * 72 * 2;
 /// The queries a workgroup of the direct kernel takes, and its key tile: its f16 copies of q, k
 /// and v are padded with zero rows to a multiple of this, so that every matrix load is in bounds.
 const DIRECT_ROWS: usize = 64;
@@ -68,6 +74,18 @@ impl WgpuBackend {
             let q16 = self.half_rows(q, rows)?;
             let k16 = self.half_rows(k, rows)?;
             let v16 = self.half_rows(v, rows)?;
+            if self.opts.wide_attention && storage >= WIDE_SHARED_BYTES {
+                return self
+                    .dispatch(
+                        Shader::AttentionCoopDirect,
+                        "attention_coop_wide",
+                        0,
+                        &params,
+                        &[(1, q16.binding()), (5, k16.binding()), (6, v16.binding()), (4, y.binding())],
+                        ((rows / DIRECT_ROWS) as u32, n_heads as u32, 1),
+                    )
+                    .map(|()| y);
+            }
             self.dispatch(
                 Shader::AttentionCoopDirect,
                 "attention_coop_direct",
@@ -106,9 +124,10 @@ fn attention_iterations(n: usize, hd: usize) -> usize {
 mod tests {
     use super::*;
 
-    /// The direct cooperative kernel's sizes are the shader's: 2 subgroups of 32 queries a
-    /// workgroup (its rows), key tiles of as many, and the workgroup memory of its build as
-    /// naga lays it out.
+    /// The cooperative kernels' sizes are the shader's: 2 subgroups of 32 queries a workgroup
+    /// (their rows), key tiles of as many, and the workgroup memory of the build as naga lays
+    /// it out (both entry points': the wide kernel's tiles and the direct kernel's arrays, which
+    /// the wide one uses too).
     #[test]
     fn direct_attention_sizes_match_its_wgsl() {
         let wgsl = include_str!("../../../shaders/attention_coop_direct.wgsl");
@@ -123,6 +142,7 @@ mod tests {
         }
         assert_eq!(DIRECT_ROWS, 2 * 32);
         assert_eq!(COOP_HEAD_DIM, 64);
-        assert_eq!(Shader::AttentionCoopDirect.workgroup_bytes(), DIRECT_SHARED_BYTES, "workgroup memory");
+        assert!(wgsl.contains("const KV_ROW: u32 = 18u;"), "attention_coop_wide's tile rows are not 72 f16");
+        assert_eq!(Shader::AttentionCoopDirect.workgroup_bytes(), WIDE_SHARED_BYTES, "workgroup memory");
     }
 }

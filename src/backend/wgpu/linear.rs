@@ -16,7 +16,10 @@
 //!   (`shaders/tile_coop_direct.wgsl`, [`Options::direct_tiles`](super::Options)): W's row chunk
 //!   rounded once into an f16 copy an op (`half_weight.wgsl`, the same rounding as the tile
 //!   loads'), then every matrix load straight from the two copies, no workgroup staging; 64 or,
-//!   from `DIRECT_WIDE_ROWS` rows of x, 128 rows a workgroup.
+//!   from `DIRECT_WIDE_ROWS` rows of x, 128 rows a workgroup. With 128 rows and k a multiple of
+//!   32 (`main_wide`, [`Options::wide_tiles`](super::Options)) both operands go through
+//!   workgroup memory after all, copied in 16-byte pieces 32 of k at a time: 2.3× faster than
+//!   the direct loads on an H100 (the 1920×1080 image's GEMMs 54.4 → 23.8 ms).
 //! - `grouped_linear` takes `linear`'s tiles too, one dispatch per group (per piece of a group in
 //!   each row chunk).
 //! - The routed experts of more than `SMALL_ROWS` tokens take `linear`'s tiles over x's rows
@@ -48,8 +51,15 @@ const DIRECT_TILE_COLS: usize = 128;
 /// outputs a subgroup: half the matrix loads a product of `main`'s 32 × 64) rather than 64. On an
 /// H100 (twenty-eighth sitting) the 1 920 × 1 080 ViT's 3 108 rows ran its GEMMs in 55.8 ms on
 /// 128 against 67.8 on 64; its 392 × 392 (784 rows, a quarter of the workgroups, too few for
-/// the GPU) took 39.5 ms an encode on 128 against 36.9. Between the two, unmeasured.
+/// the GPU) took 39.5 ms an encode on 128 against 36.9. Between the two, unmeasured. With k a
+/// multiple of 32 the 128-row workgroups stage their operands (`main_wide`) and take any rows:
+/// the 392 × 392 encode then took 21.1–21.3 ms against 34.6 on 64 (H100, thirtieth sitting;
+/// fewer than 784 rows unmeasured).
 const DIRECT_WIDE_ROWS: usize = 2048;
+/// Workgroup memory of the direct tiles' build (`tile_coop_direct.wgsl`): `main_wide`'s two tiles
+/// 128 × (32 + 8) f16 and the 4 subgroups' output staging 16 × 20 f32, which the other entry
+/// points use alone. Past `Tiles::COOP_WORKGROUP_BYTES`, so `main_wide` checks the adapter's.
+const WIDE_WORKGROUP_BYTES: u32 = 2 * 128 * 40 * 2 + 4 * 16 * 20 * 4;
 /// The largest f16 copy of a weight chunk the direct tiles make, a temporary of each op: past it
 /// (a bf16 language model's widest matrices) the staged tiles read the weight as it is. The
 /// vision tower's are a few MiB each (its MLP's 2 816 × 1 024: 5.5 MiB).
@@ -196,7 +206,7 @@ impl WgpuBackend {
         }
         if self.takes_direct_tiles(w, n, k) {
             // x's copy padded with zero rows to whole row tiles, so every matrix load is in bounds
-            let rows = self.direct_tile_rows(n);
+            let rows = self.direct_tile_rows(n, k);
             let half = self.half_rows(x, n.div_ceil(rows) * rows)?;
             for c in &w.chunks {
                 self.linear_direct(&half, w, c, bias, &y, n)?;
@@ -215,7 +225,7 @@ impl WgpuBackend {
     /// `DIRECT_WEIGHT_BYTES` and x's padded copy within one binding.
     fn takes_direct_tiles(&self, w: &WgpuWeight, n: usize, k: usize) -> bool {
         let copy_bytes = |c: &WeightChunk| c.rows.div_ceil(DIRECT_TILE_COLS) * DIRECT_TILE_COLS * k * 2;
-        let rows = self.direct_tile_rows(n);
+        let rows = self.direct_tile_rows(n, k);
         let x_copy_bytes = n.div_ceil(rows) * rows * k * 2;
         self.opts.direct_tiles
             && x_copy_bytes as u64 <= self.max_binding
@@ -228,15 +238,24 @@ impl WgpuBackend {
     }
 
     /// The rows of x a workgroup of the direct tiles covers with `n` rows of x: 128 (`main_128`)
-    /// from `DIRECT_WIDE_ROWS` rows, else 64 (`main`), unless
-    /// [`Options::direct_tile_rows`](super::Options) forces one.
-    fn direct_tile_rows(&self, n: usize) -> usize {
+    /// from `DIRECT_WIDE_ROWS` rows or where `main_wide` takes k (`wide_tiles`), else 64
+    /// (`main`), unless [`Options::direct_tile_rows`](super::Options) forces one.
+    fn direct_tile_rows(&self, n: usize, k: usize) -> usize {
         match self.opts.direct_tile_rows {
             Some(128) => 128,
             Some(_) => TILE_ROWS,
-            None if n >= DIRECT_WIDE_ROWS => 128,
+            None if n >= DIRECT_WIDE_ROWS || self.wide_tiles(k) => 128,
             None => TILE_ROWS,
         }
+    }
+
+    /// Whether the direct tiles' 128-row workgroups stage their operands (`main_wide`) for rows
+    /// of `k`: its 16-byte copies need whole steps of 32 and rows starting 16-byte aligned (x's
+    /// copy and W's both have k columns: multiples of 8 with k).
+    fn wide_tiles(&self, k: usize) -> bool {
+        self.opts.wide_tiles
+            && k.is_multiple_of(32)
+            && self.limits.max_compute_workgroup_storage_size >= WIDE_WORKGROUP_BYTES
     }
 
     /// Weight chunk `c` of `w` `[c.rows, k]` rounded to f16 as fast precision's tile loads round it
@@ -275,9 +294,14 @@ impl WgpuBackend {
         n: usize,
     ) -> Result<()> {
         // the entry point of the workgroup's rows, and its name in `kernel_times`
-        let tile_rows = self.direct_tile_rows(n);
-        let (entry, label) =
-            if tile_rows == 128 { ("main_128", "linear_direct_128") } else { ("main", "linear_direct") };
+        let k = w.cols;
+        let tile_rows = self.direct_tile_rows(n, k);
+        let wide = tile_rows == 128 && self.wide_tiles(k);
+        let (entry, label) = match (tile_rows, wide) {
+            (128, true) => ("main_wide", "linear_wide_128"),
+            (128, false) => ("main_128", "linear_direct_128"),
+            _ => ("main", "linear_direct"),
+        };
         let gy = n.div_ceil(tile_rows);
         if half.rows() < gy * tile_rows {
             return Err(Error::Device(format!("op `{label}`: x's copy has {} rows, not {n} padded", half.rows())));
@@ -287,7 +311,6 @@ impl WgpuBackend {
             return Err(Error::Device(format!("op `{label}`: {gy} × {gx} tiles exceed the dispatch limit")));
         }
         let w16 = self.half_weight(w, c)?;
-        let k = w.cols;
         let bias_res = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
         let params = [
             n as u32,
@@ -303,9 +326,11 @@ impl WgpuBackend {
             0,                        // w_row0
             0,                        // expert_stride
         ];
+        // main_wide reads the same copies through its 16-byte views (bindings 6 and 7) only
+        let (x_at, w_at) = if wide { (6, 7) } else { (1, 2) };
         let bindings = [
-            (1, half.binding()),
-            (2, w16.binding()),
+            (x_at, half.binding()),
+            (w_at, w16.binding()),
             (3, bias_res),
             (4, y.binding()),
             (5, self.dummy.as_entire_binding()),
@@ -640,8 +665,8 @@ fn expert_row_tiles(at: &[usize]) -> Vec<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{DIRECT_TILE_COLS, TILE_ROWS, expert_row_tiles};
-    use crate::backend::wgpu::{Options, Shader, Tiles, WgpuBackend};
+    use super::{DIRECT_TILE_COLS, TILE_ROWS, WIDE_WORKGROUP_BYTES, expert_row_tiles};
+    use crate::backend::wgpu::{Options, Shader, WgpuBackend};
     use crate::backend::{Backend, HostData, HostTensor, HostWeight, Precision, WeightFormat};
 
     /// A lane of `opts` in fast precision; `None`, saying so, where no adapter with f16 shaders
@@ -752,8 +777,8 @@ mod tests {
     }
 
     /// The direct tiles' sizes are the shader's: 64 rows of x and `DIRECT_TILE_COLS` weight rows
-    /// an output tile, 4 subgroups, and workgroup memory (naga's layouter) within what
-    /// `coop_tiles_fit` asks of the adapter.
+    /// an output tile, 4 subgroups, and workgroup memory (naga's layouter): `main_wide`'s, which
+    /// `wide_tiles` checks against the adapter's.
     #[test]
     fn direct_tiles_sizes_match_their_wgsl() {
         let wgsl = include_str!("../../../shaders/tile_coop_direct.wgsl");
@@ -761,9 +786,8 @@ mod tests {
             assert!(wgsl.contains(line), "tile_coop_direct.wgsl lacks `{line}`");
         }
         assert_eq!((TILE_ROWS, DIRECT_TILE_COLS), (64, 128));
-        let bytes = Shader::LinearCoopDirect.workgroup_bytes();
-        assert_eq!(bytes, 4 * 16 * 20 * 4, "the 4 subgroups' staging");
-        assert!(bytes <= Tiles::COOP_WORKGROUP_BYTES, "within the cooperative tiles' bound");
+        assert!(wgsl.contains("const WIDE_ROW: u32 = 10u;"), "main_wide's tile rows are not 40 f16");
+        assert_eq!(Shader::LinearCoopDirect.workgroup_bytes(), WIDE_WORKGROUP_BYTES, "workgroup memory");
     }
 
     #[test]

@@ -220,6 +220,17 @@ pub struct Options {
     /// of x (linear.rs, `DIRECT_WIDE_ROWS`). `FOVEA_WGPU_DIRECT_TILE_ROWS=64` or `=128` forces
     /// one. Diagnostic.
     pub direct_tile_rows: Option<usize>,
+    /// The direct tiles' 128-row workgroups with both operands staged in workgroup memory by
+    /// 16-byte copies where k is a multiple of 32 (`main_wide` in tile_coop_direct.wgsl), rather
+    /// than every matrix load straight from the copies (`main_128`). On by default; off when
+    /// `FOVEA_WGPU_WIDE_TILES=0`, to time both in one build. Diagnostic.
+    pub wide_tiles: bool,
+    /// The ViT attention on cooperative matrices with its key and value tiles staged in
+    /// workgroup memory by 16-byte copies (`attention_coop_wide`, 44 KiB of it, where the
+    /// adapter has that much) rather than read straight from their copies
+    /// (`attention_coop_direct`, 26 KiB). On by default; off when `FOVEA_WGPU_WIDE_ATTENTION=0`,
+    /// to time both in one build. Diagnostic.
+    pub wide_attention: bool,
     /// The indexer's scores for more than 8 query rows (`rows::SMALL_ROWS`) as tiles
     /// (`indexer_scores_tiles`) where their loops fit (every GPU) rather than a thread per score.
     /// On by default; off when `FOVEA_WGPU_INDEXER_TILES=0`, to time both in one build. Diagnostic.
@@ -304,6 +315,8 @@ impl Default for Options {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|r| [64, 128].contains(r)),
+            wide_tiles: std::env::var("FOVEA_WGPU_WIDE_TILES").map_or(true, |v| v != "0"),
+            wide_attention: std::env::var("FOVEA_WGPU_WIDE_ATTENTION").map_or(true, |v| v != "0"),
             indexer_tiles: std::env::var("FOVEA_WGPU_INDEXER_TILES").map_or(true, |v| v != "0"),
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
             checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),
