@@ -155,9 +155,9 @@ fn every_block_format_build_validates() {
     }
     assert_eq!(
         built,
-        (2 * 2 + 2 * 2 + 1) * 15 + 3,
+        (2 * 2 + 2 * 2 + 1 + 1) * 15 + 3,
         "15 block formats x (2 modules (linear on FMA tiles, lm) x 2 precisions, rows with each reduction \
-         and each row bound (f32 operands in both precisions), and linear on cooperative tiles in fast \
+         and each row bound (f32 operands in both precisions), linear on cooperative tiles and the f16 copy in fast \
          precision), and the int8 experts of Q8_0, Q2_K and IQ2_XXS in fast precision"
     );
     assert!(errors.is_empty(), "{} of {built} block builds failed:\n{}", errors.len(), errors.join("\n"));

@@ -33,6 +33,9 @@ pub enum BlockKernel {
     /// One token's experts and widest linears on int8 activations (`dequant/q8x.wgsl`, fast
     /// precision), after the format's `dequant/q8x/<format>.wgsl`: the [`q8x_format`]s only.
     Q8x,
+    /// A weight chunk rounded to f16 for the direct tiles (`dequant/half_weight.wgsl`, fast
+    /// precision).
+    HalfWeight,
 }
 
 impl BlockKernel {
@@ -43,18 +46,19 @@ impl BlockKernel {
             .into_iter()
             .chain([BlockKernel::Lm])
             .chain(RowsBuild::all().map(BlockKernel::Rows))
-            .chain([BlockKernel::Q8x])
+            .chain([BlockKernel::Q8x, BlockKernel::HalfWeight])
     }
 
     /// Whether the lane builds this kernel for `format` in `precision`: the cooperative tiles
     /// take f16 operands, so only fast precision's; the small rows take f32 operands in both
     /// (`rows::rows_shader`), so only exact precision's; the int8 kernels are fast precision's,
-    /// in the formats with a `q8x_dot32`.
+    /// in the formats with a `q8x_dot32`; the f16 copies are fast precision's.
     pub fn builds(self, format: WeightFormat, precision: Precision) -> bool {
         match self {
             BlockKernel::Linear(Tiles::Coop) => precision == Precision::Fast,
             BlockKernel::Rows(_) => precision == Precision::Exact,
             BlockKernel::Q8x => precision == Precision::Fast && q8x_format(format),
+            BlockKernel::HalfWeight => precision == Precision::Fast,
             _ => true,
         }
     }
@@ -76,6 +80,9 @@ impl BlockKernel {
                 .chain([super::rows::BODY])
                 .collect(),
             BlockKernel::Q8x => vec![("dequant/q8x.wgsl", include_str!("../../../shaders/dequant/q8x.wgsl"))],
+            BlockKernel::HalfWeight => {
+                vec![("dequant/half_weight.wgsl", include_str!("../../../shaders/dequant/half_weight.wgsl"))]
+            }
         }
     }
 

@@ -119,14 +119,14 @@ pub(super) fn linear_shader(
 
 /// The kernel that rounds a weight of `format` to f16 for the direct tiles (`half_weight.wgsl`),
 /// with its `FMT` override: over `linear_packed.wgsl` for f32 (0) and bf16 (1), over
-/// `linear_f16.wgsl` for f16 (fast precision has SHADER_F16); `None` for a block format, which
-/// the direct tiles do not take.
-pub(super) fn half_weight_shader(format: WeightFormat) -> Option<(Shader, u32)> {
+/// `linear_f16.wgsl` for f16 (fast precision has SHADER_F16); for a block format its build of
+/// `dequant/half_weight.wgsl` (a thread per run of 8 values, not per pair).
+pub(super) fn half_weight_shader(format: WeightFormat) -> (Shader, u32) {
     match format {
-        WeightFormat::F32 => Some((Shader::HalfWeight(false), 0)),
-        WeightFormat::BF16 => Some((Shader::HalfWeight(false), 1)),
-        WeightFormat::F16 => Some((Shader::HalfWeight(true), 0)),
-        _ => None,
+        WeightFormat::F32 => (Shader::HalfWeight(false), 0),
+        WeightFormat::BF16 => (Shader::HalfWeight(false), 1),
+        WeightFormat::F16 => (Shader::HalfWeight(true), 0),
+        f => (Shader::Block(BlockKernel::HalfWeight, f, Precision::Fast), 0),
     }
 }
 
@@ -218,8 +218,8 @@ impl WgpuBackend {
     }
 
     /// Whether `linear` over `w` with `n` rows of x and `k` columns takes the direct tiles
-    /// (`tile_coop_direct.wgsl`): on cooperative matrices in fast precision, a float format,
-    /// k a multiple of 16 (their matrix loads' alignment and width), at least a row tile of x
+    /// (`tile_coop_direct.wgsl`): on cooperative matrices in fast precision, any weight format
+    /// (a block format's f16 copy decoded as its tile loads decode it), k a multiple of 16 (their matrix loads' alignment and width), at least a row tile of x
     /// (with fewer, W's copy would cost more than the loads it saves; where between one and a
     /// few row tiles it starts to pay is not measured), each chunk's f16 copy at most
     /// `DIRECT_WEIGHT_BYTES` and x's padded copy within one binding.
@@ -231,7 +231,6 @@ impl WgpuBackend {
             && x_copy_bytes as u64 <= self.max_binding
             && self.tiles == Tiles::Coop
             && self.gemm_precision(w) == Precision::Fast
-            && half_weight_shader(w.format).is_some()
             && k.is_multiple_of(16)
             && n >= TILE_ROWS
             && w.chunks.iter().all(|c| copy_bytes(c) <= DIRECT_WEIGHT_BYTES.min(self.max_binding as usize))
@@ -263,11 +262,16 @@ impl WgpuBackend {
     /// rows to a multiple of `DIRECT_TILE_COLS` (k even).
     fn half_weight(&self, w: &WgpuWeight, c: &WeightChunk) -> Result<WgpuTensor> {
         const OP: &str = "half_weight";
-        let Some((shader, fmt)) = half_weight_shader(w.format) else {
-            return Err(Error::Device(format!("op `{OP}`: `{}` is {}, not a float format", w.name, w.format)));
-        };
-        if !w.cols.is_multiple_of(2) {
-            return Err(Error::Device(format!("op `{OP}`: `{}` has an odd row length, {}", w.name, w.cols)));
+        let (shader, fmt) = half_weight_shader(w.format);
+        // a float weight's kernel takes a pair a thread, a block format's a run of 8
+        let per_thread = if matches!(shader, Shader::Block(..)) { 4 } else { 1 };
+        if !w.cols.is_multiple_of(2 * per_thread) {
+            return Err(Error::Device(format!(
+                "op `{OP}`: `{}` has rows of {}, not a multiple of {}",
+                w.name,
+                w.cols,
+                2 * per_thread
+            )));
         }
         let (rows, half) = (c.rows.div_ceil(DIRECT_TILE_COLS) * DIRECT_TILE_COLS, w.cols / 2);
         let y = self.alloc(OP, vec![rows, half], DType::I32)?;
@@ -276,7 +280,8 @@ impl WgpuBackend {
             return Ok(y);
         }
         let params = [words as u32, w.cols as u32, w.stride_words as u32, c.rows as u32, 0];
-        self.dispatch(shader, OP, fmt, &params, &[(2, c.binding()), (4, y.binding())], grid(words.div_ceil(256)))?;
+        let groups = grid((words / per_thread).div_ceil(256));
+        self.dispatch(shader, OP, fmt, &params, &[(2, c.binding()), (4, y.binding())], groups)?;
         Ok(y)
     }
 
@@ -718,9 +723,10 @@ mod tests {
         assert!(lane.half_rows(&t, n - 1).is_err(), "fewer rows than x has");
     }
 
-    /// `half_weight` rounds each value of a float weight to the nearest f16 (ties to even) as the
-    /// tile loads do, and pads the rows to the direct tiles' width with zeros; per format (f32,
-    /// bf16, f16) and for a weight split into row chunks (f32 here: each chunk its own copy).
+    /// `half_weight` rounds each value of a weight to the nearest f16 (ties to even) as the tile
+    /// loads do, and pads the rows to the direct tiles' width with zeros; per float format (f32,
+    /// bf16, f16), for a weight split into row chunks (f32 here: each chunk its own copy) and for
+    /// a block format (Q8_0: its own kernel).
     /// Skips where no adapter with f16 shaders opens ([`fast_lane`]).
     #[test]
     fn half_weight_rounds_once_and_pads_to_the_direct_tiles() {
@@ -770,10 +776,38 @@ mod tests {
                 }
             }
         }
-        let q8 =
-            HostWeight { name: "q8".into(), format: WeightFormat::Q8_0, rows: 1, cols: 32, bytes: vec![0; 34].into() };
-        let w = lane.upload_weight(&q8).unwrap();
-        assert!(lane.half_weight(&w, &w.chunks[0]).is_err(), "a block format");
+        // a block format (Q8_0: an f16 scale and 32 int8 codes a block), decoded as the CPU lane
+        // decodes it, then rounded: scales whose products with the codes need more than f16's
+        // 11 bits (1 + 2^-9 times codes up to ±127), so the rounding is exercised
+        let (rows, cols) = (70, 64);
+        let bytes: Vec<u8> = (0..rows * cols / 32)
+            .flat_map(|b| {
+                let d = half::f16::from_f32((1.0 + 2f32.powi(-9)) * (1 + b % 5) as f32 * 0.01);
+                d.to_le_bytes().into_iter().chain((0..32).map(move |j| ((b * 37 + j * 11) % 255) as u8))
+            })
+            .collect();
+        let mut decoded = vec![0.0; rows * cols];
+        for (row, out) in decoded.chunks_mut(cols).enumerate() {
+            let row_bytes = WeightFormat::Q8_0.row_bytes(cols);
+            crate::formats::decode_row(WeightFormat::Q8_0, &bytes[row * row_bytes..][..row_bytes], out);
+        }
+        let host = HostWeight { name: "q8".into(), format: WeightFormat::Q8_0, rows, cols, bytes: bytes.into() };
+        drop(lane);
+        let Some(lane) = fast_lane(Options::default()) else { return };
+        let w = lane.upload_weight(&host).unwrap();
+        let y = lane.download(&lane.half_weight(&w, &w.chunks[0]).unwrap()).unwrap();
+        assert_eq!(y.shape, [DIRECT_TILE_COLS, cols / 2], "Q8_0");
+        let HostData::I32(words) = y.data else { panic!("half_weight gave f32") };
+        let mut inexact = 0;
+        for r in 0..DIRECT_TILE_COLS {
+            for col in 0..cols {
+                let got = half::f16::from_bits((words[r * cols / 2 + col / 2] as u32 >> (16 * (col % 2))) as u16);
+                let want = if r < rows { half::f16::from_f32(decoded[r * cols + col]) } else { half::f16::ZERO };
+                assert_eq!(got.to_bits(), want.to_bits(), "Q8_0 row {r}, column {col}");
+                inexact += usize::from(r < rows && want.to_f32() != decoded[r * cols + col]);
+            }
+        }
+        assert!(inexact > rows * cols / 4, "only {inexact} decoded values needed rounding");
     }
 
     /// The direct tiles' sizes are the shader's: 64 rows of x and `DIRECT_TILE_COLS` weight rows

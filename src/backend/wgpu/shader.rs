@@ -268,7 +268,7 @@ impl Shader {
                     list.extend(RowsBuild::all().map(|b| rows_shader(f, native_f16, b)));
                     if precision == Precision::Fast {
                         list.extend(q8x_shader(f).map(|s| (s, 0)));
-                        list.extend(half_weight_shader(f));
+                        list.push(half_weight_shader(f));
                     }
                 }
             }
