@@ -1951,20 +1951,25 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
     }
     eprintln!("{name}: the fast tests ran the cooperative-matrix tiles; now attention and the chunked cases on them");
     // the ViT's attention (head dim 64) on cooperative matrices too: its cases on both kernels
-    // (key and value tiles in workgroup memory, where the adapter has enough of it, or every
-    // matrix load from the copies), each by name
-    for (wide_attention, kernel) in [(true, "attention_coop_wide"), (false, "attention_coop_direct")] {
+    // (key and value tiles in workgroup memory, where the adapter has the 44 KiB, or every
+    // matrix load from the copies), each by name; NVIDIA's driver (48 KiB, where
+    // FOVEA_REQUIRE_COOP_TILES is set) must take the wide one when asked
+    for wide_attention in [true, false] {
         let Some(lane) = common::wgpu_lane(Options { kernel_times: true, wide_attention, ..fast.clone() }) else {
             return;
         };
+        if wide_attention && std::env::var("FOVEA_REQUIRE_COOP_TILES").is_ok_and(|v| v.trim() == "1") {
+            assert!(lane.wide_attention(), "{name}: no attention_coop_wide where FOVEA_REQUIRE_COOP_TILES=1");
+        }
+        let kernel = if lane.wide_attention() { "attention_coop_wide" } else { "attention_coop_direct" };
         let mut attention = with_fast_bounds(cases().into_iter().filter(|c| c.op == Op::Attention).collect());
         attention.push(rising_keys_attention_case());
         compare_with_cpu(&lane, attention);
         let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
         assert!(kernels.iter().any(|k| k.name == kernel), "no attention on {kernel}: {kernels:?}");
     }
-    // `linear` on both cooperative kernels: the direct tiles (the default, for a float weight
-    // with k a multiple of 16 and at least 64 rows of x; both their row tilings, forced, as the
+    // `linear` on both cooperative kernels: the direct tiles (the default, for a weight of any
+    // format with k a multiple of 16 and at least 64 rows of x; both their row tilings, forced, as the
     // cases are below the rows from which the lane takes the wider on its own, the 128-row one
     // with and without its 16-byte staging where k is a multiple of 32) and the staged ones,
     // each by name
@@ -1980,7 +1985,8 @@ fn wgpu_fast_tiles_on_cooperative_matrices_and_fmas() {
         compare_with_cpu(&lane, with_wgpu_fast_bounds(linear));
         let kernels = lane.kernel_times().unwrap().expect("kernel times were asked for");
         assert!(kernels.iter().any(|k| k.name == kernel), "no `linear` on {kernel}: {kernels:?}");
-        let direct_ran = kernels.iter().any(|k| k.name.starts_with("linear_direct"));
+        let direct_ran =
+            kernels.iter().any(|k| k.name.starts_with("linear_direct") || k.name.starts_with("linear_wide"));
         assert_eq!(direct_ran, direct_tiles, "the direct tiles ran with direct_tiles = {direct_tiles}");
         if !direct_tiles {
             continue;

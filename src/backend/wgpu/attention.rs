@@ -31,6 +31,15 @@ const COOP_HEAD_DIM: usize = 64;
 const MAX_HEAD_DIM: usize = 128;
 
 impl WgpuBackend {
+    /// Whether the ViT's attention runs `attention_coop_wide` here (head dim 64, fast
+    /// precision): [`Options::wide_attention`](super::Options) on an adapter whose cooperative
+    /// tiles the lane uses and whose workgroup memory holds the kernel's 44 KiB.
+    pub fn wide_attention(&self) -> bool {
+        self.tiles == Tiles::Coop
+            && self.opts.wide_attention
+            && self.limits.max_compute_workgroup_storage_size >= WIDE_SHARED_BYTES
+    }
+
     /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`, flash-style (no n×n matrix). A software adapter
     /// refuses keys past its loop budget (`attention_iterations`), which it has no other kernel for.
     pub(super) fn attention(
@@ -74,7 +83,7 @@ impl WgpuBackend {
             let q16 = self.half_rows(q, rows)?;
             let k16 = self.half_rows(k, rows)?;
             let v16 = self.half_rows(v, rows)?;
-            if self.opts.wide_attention && storage >= WIDE_SHARED_BYTES {
+            if self.wide_attention() {
                 return self
                     .dispatch(
                         Shader::AttentionCoopDirect,

@@ -11,11 +11,11 @@
 //!   which needs naga's SHADER_FLOAT16_IN_FLOAT32 capability and may flush subnormals. A weight
 //!   split into row chunks (larger than one binding) takes one dispatch per chunk, each writing
 //!   its own output columns.
-//! - In fast precision on cooperative matrices, `linear` over a float weight (f32, bf16, f16) with
-//!   k a multiple of 16 and at least 64 rows of x takes the direct tiles instead
+//! - In fast precision on cooperative matrices, `linear` over a weight of any format with k a
+//!   multiple of 16 and at least 64 rows of x takes the direct tiles instead
 //!   (`shaders/tile_coop_direct.wgsl`, [`Options::direct_tiles`](super::Options)): W's row chunk
-//!   rounded once into an f16 copy an op (`half_weight.wgsl`, the same rounding as the tile
-//!   loads'), then every matrix load straight from the two copies, no workgroup staging; 64 or,
+//!   rounded once into an f16 copy an op (`half_weight.wgsl`, `dequant/half_weight.wgsl` for a
+//!   block format: the same decoding and rounding as the tile loads'), then every matrix load straight from the two copies, no workgroup staging; 64 or,
 //!   from `DIRECT_WIDE_ROWS` rows of x, 128 rows a workgroup. With 128 rows and k a multiple of
 //!   32 (`main_wide`, [`Options::wide_tiles`](super::Options)) both operands go through
 //!   workgroup memory after all, copied in 16-byte pieces 32 of k at a time: 2.3× faster than
@@ -250,9 +250,11 @@ impl WgpuBackend {
 
     /// Whether the direct tiles' 128-row workgroups stage their operands (`main_wide`) for rows
     /// of `k`: its 16-byte copies need whole steps of 32 and rows starting 16-byte aligned (x's
-    /// copy and W's both have k columns: multiples of 8 with k).
+    /// copy and W's both have k columns: multiples of 8 with k), and at least one step (with k
+    /// 0 its copies' bindings would be below a `Piece`).
     fn wide_tiles(&self, k: usize) -> bool {
         self.opts.wide_tiles
+            && k > 0
             && k.is_multiple_of(32)
             && self.limits.max_compute_workgroup_storage_size >= WIDE_WORKGROUP_BYTES
     }

@@ -208,16 +208,16 @@ pub struct Options {
     /// on every case. Off by default; on when `FOVEA_WGPU_ATTENTION_PER_PAIR=1`, to time both in
     /// one build. Diagnostic.
     pub per_pair_attention: bool,
-    /// In fast precision where the tiles run on cooperative matrices, `linear` over a float
-    /// weight from an f16 copy of each weight chunk, its matrix loads straight from that and x's
-    /// copy with no workgroup staging (`tile_coop_direct.wgsl`, linear.rs), rather than through
-    /// tiles staged in workgroup memory (`tile_coop.wgsl`). On by default; off when
+    /// In fast precision where the tiles run on cooperative matrices, `linear` from an f16 copy
+    /// of each weight chunk (any format) and of x (`tile_coop_direct.wgsl`, linear.rs), rather
+    /// than through tiles staged in workgroup memory element by element (`tile_coop.wgsl`). On by default; off when
     /// `FOVEA_WGPU_TILES_DIRECT=0`, to time both in one build. Diagnostic.
     pub direct_tiles: bool,
     /// The rows of x a workgroup of the direct tiles covers, forced: `Some(64)` (`main`, each
-    /// subgroup 32 × 64 outputs) or `Some(128)` (`main_128`, 64 × 64 a subgroup) for every
-    /// shape, so either can be timed or tested on any; `None` (the default) chooses by the rows
-    /// of x (linear.rs, `DIRECT_WIDE_ROWS`). `FOVEA_WGPU_DIRECT_TILE_ROWS=64` or `=128` forces
+    /// subgroup 32 × 64 outputs) or `Some(128)` (`main_128`, 64 × 64 a subgroup, or `main_wide`
+    /// where it takes k) for every shape, so either can be timed or tested on any; `None` (the
+    /// default) takes 128 where `main_wide` takes k, else chooses by the rows of x (linear.rs,
+    /// `direct_tile_rows`). `FOVEA_WGPU_DIRECT_TILE_ROWS=64` or `=128` forces
     /// one. Diagnostic.
     pub direct_tile_rows: Option<usize>,
     /// The direct tiles' 128-row workgroups with both operands staged in workgroup memory by
