@@ -2,7 +2,8 @@
 // attention_coop_direct with no workgroup staging of keys and values (a kernel that staged them
 // element by element, retired in the twenty-eighth sitting, was 3× slower on an H200), in
 // attention_coop_wide (at the end) with them staged by 16-byte copies: q, k, v [n, heads·64] →
-// out [n, heads·64], scale 1/8: head dim 64 only (the ViT's). Built only on an adapter whose cooperative tiles the lane uses (16×16×16 f16 →
+// out [n, heads·64], scale 1/8: head dim 64 only (the ViT's). Built only on an adapter whose
+// cooperative tiles the lane uses (16×16×16 f16 →
 // f32, subgroups of exactly 32: 2 per workgroup).
 // q, k and v come as f16 copies (half_rows.wgsl: each value rounded once), their rows padded with
 // zeros to a multiple of 64 (`rows`), so the matrix loads read them straight from the buffers, in
@@ -314,7 +315,7 @@ fn attention_coop_wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
         let alpha = softmax_step(row, prow, par, k0, scale2, &m, &l);
         let alpha2 = softmax_step(row + second_s, prow + second_p, par, k0, scale2, &m2, &l2);
         workgroupBarrier();
-        // P·V (A = P row-major; B = V: (key, c) at v[key·cols + head + c], row-major)
+        // P·V (A = P row-major; B = V: (key, c) at v_tile[key][c], row-major)
         let pa0 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base], P_STRIDE);
         let pa1 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + 16u], P_STRIDE);
         let pa2 = coopLoadT<coop_mat16x16<f16, A>>(&pw[p_base + 32u], P_STRIDE);

@@ -2,7 +2,8 @@
 // in `main` and `main_128` each subgroup's matrix loads read x's f16 copy (half_rows.wgsl) and
 // W's (half_weight.wgsl) straight from their buffers, as attention_coop_direct.wgsl reads q, k
 // and v (tile_coop.wgsl copies both tiles into workgroup memory element by element between two
-// barriers every 32 of k); `main_wide` (at the end) stages them after all, by 16-byte copies. Built after operands_fast.wgsl and tile_rows.wgsl (parameters, x at binding 1 as f16, the
+// barriers every 32 of k); `main_wide` (at the end) stages them after all, by 16-byte copies.
+// Built after operands_fast.wgsl and tile_rows.wgsl (parameters, x at binding 1 as f16, the
 // rows, the store), then tile_coop_store.wgsl; the lane builds it only where tile_coop.wgsl runs
 // (16×16×16 f16 → f32, subgroups of exactly 32 invocations: 4 per workgroup here).
 // Both copies hold the operands rounded once as linear_tile.wgsl's tile loads round them, and the

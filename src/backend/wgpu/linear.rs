@@ -15,8 +15,9 @@
 //!   multiple of 16 and at least 64 rows of x takes the direct tiles instead
 //!   (`shaders/tile_coop_direct.wgsl`, [`Options::direct_tiles`](super::Options)): W's row chunk
 //!   rounded once into an f16 copy an op (`half_weight.wgsl`, `dequant/half_weight.wgsl` for a
-//!   block format: the same decoding and rounding as the tile loads'), then every matrix load straight from the two copies, no workgroup staging; 64 or,
-//!   from `DIRECT_WIDE_ROWS` rows of x, 128 rows a workgroup. With 128 rows and k a multiple of
+//!   block format: the same decoding and rounding as the tile loads'), then every matrix load
+//!   straight from the two copies, no workgroup staging; 64 or, from `DIRECT_WIDE_ROWS` rows of
+//!   x, 128 rows a workgroup. With 128 rows and k a multiple of
 //!   32 (`main_wide`, [`Options::wide_tiles`](super::Options)) both operands go through
 //!   workgroup memory after all, copied in 16-byte pieces 32 of k at a time: 2.3× faster than
 //!   the direct loads on an H100 (the 1920×1080 image's GEMMs 54.4 → 23.8 ms).
@@ -219,7 +220,8 @@ impl WgpuBackend {
 
     /// Whether `linear` over `w` with `n` rows of x and `k` columns takes the direct tiles
     /// (`tile_coop_direct.wgsl`): on cooperative matrices in fast precision, any weight format
-    /// (a block format's f16 copy decoded as its tile loads decode it), k a multiple of 16 (their matrix loads' alignment and width), at least a row tile of x
+    /// (a block format's f16 copy decoded as its tile loads decode it), k a multiple of 16
+    /// (their matrix loads' alignment and width), at least a row tile of x
     /// (with fewer, W's copy would cost more than the loads it saves; where between one and a
     /// few row tiles it starts to pay is not measured), each chunk's f16 copy at most
     /// `DIRECT_WEIGHT_BYTES` and x's padded copy within one binding.
