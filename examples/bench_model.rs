@@ -55,8 +55,8 @@
 //! layers 3–42 are made of) and a 43-layer estimate (`T(L) + (43 − L) · per layer`), as the
 //! llama.cpp peer (`../shared/bench/llamacpp`) does.
 //!
-//! **Measurements**, after a warm-up prefill of one chunk + 1 token and two decode steps (which
-//! compile the kernels):
+//! **Measurements**, after a warm-up prefill of one chunk + 1 token and decode steps for a second
+//! (the first compile the kernels, the rest raise an idle GPU's clocks):
 //! - `--image WxH`: random pixels through the processor (its host time printed apart), then the
 //!   ViT + aligner on the device: median of `--image-iters` encodes after a warm-up, TFLOP/s;
 //!   with `FOVEA_GPU_TIMES=1` on a lane that times its kernels, each kernel's device time an encode.
@@ -85,7 +85,7 @@ mod bench_common;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use fovea::backend::{
@@ -109,6 +109,10 @@ const MAX_POSITIONS: usize = 1 << 20;
 /// The largest image side `--image` takes (the processor resizes far below it).
 const MAX_IMAGE_SIDE: u32 = 16384;
 const GIB: f64 = (1u64 << 30) as f64;
+/// Decode warm-up before any timing ([`warm_up_decode`]): at least this long…
+const WARM_UP: Duration = Duration::from_secs(1);
+/// …in at most this many steps (on the warm-up's own cache, a prefill of one chunk + 1 token).
+const WARM_UP_STEPS: usize = 512;
 
 #[derive(Parser, Clone)]
 #[command(about = "The whole DeepSeek-V4-Flash-Vision from random weights: image, prefill, decode, memory")]
@@ -634,6 +638,22 @@ struct DecodeTiming {
     kernels: Option<Vec<KernelTime>>,
 }
 
+/// Untimed decode steps on `cache`: the first two compile the kernels; then more, for at least
+/// [`WARM_UP`] in all (at most [`WARM_UP_STEPS`]), so a GPU's clocks are up before anything is
+/// timed. An idle H100 runs its SMs at 345 MHz and takes a while to raise them under decode's
+/// small kernels: 16 steps of 4 layers straight after two warm-up steps took 9.73 ms each, 200
+/// steps 2.95 ms, 16 steps after a prefill 2.83 ms (2026-12-06, one session).
+fn warm_up_decode<B: Backend>(b: &B, model: &LmModel<B>, cache: &mut LmCache<B>) -> fovea::Result<()> {
+    let start = Instant::now();
+    decode_median(b, model, cache, 2)?;
+    let mut steps = 2;
+    while start.elapsed() < WARM_UP && steps < WARM_UP_STEPS {
+        decode_median(b, model, cache, 8)?;
+        steps += 8;
+    }
+    Ok(())
+}
+
 /// The medians of `steps` decode steps on `cache`.
 fn decode_median<B: Backend>(
     b: &B,
@@ -739,7 +759,7 @@ fn run_lm<B: Backend>(b: &B, args: &Args, src: &RandomWeights, layers: usize) ->
     // a software adapter)
     let chunk = if args.prefill.0.is_empty() { 1 } else { args.chunk };
     let (_, mut cache) = prefill(b, &model, chunk + 1, chunk)?;
-    decode_median(b, &model, &mut cache, 2)?;
+    warm_up_decode(b, &model, &mut cache)?;
     drop(cache);
 
     let read = decode_weight_bytes::<B>(&cfg, &params);
