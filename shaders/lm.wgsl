@@ -395,25 +395,42 @@ fn rms_norm_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let squares = segment_sum_squares(seg < p.u0, base, hd, li);
     if (seg >= p.u0) { return; }
     let inv = 1.0 / sqrt(squares / f32(hd) + bitcast<f32>(p.u2));
-    for (var k = li; k < hd; k += 1024u) {
-        let o = rnh_load4(base, k, hd) * inv;
-        out[base + k] = o.x;
-        if (k + 256u < hd) { out[base + k + 256u] = o.y; }
-        if (k + 512u < hd) { out[base + k + 512u] = o.z; }
-        if (k + 768u < hd) { out[base + k + 768u] = o.w; }
+    // four groups of four elements loaded before any is stored (a store between loads keeps the
+    // next load behind it: the 16 384-wide rows walked 16 latencies)
+    for (var k = li; k < hd; k += 4096u) {
+        var o: array<vec4<f32>, 4>;
+        for (var g = 0u; g < 4u; g++) {
+            o[g] = rnh_load4(base, min(k + g * 1024u, hd - 1u), hd) * inv;
+        }
+        for (var g = 0u; g < 4u; g++) {
+            let kg = k + g * 1024u;
+            if (kg < hd) {
+                out[base + kg] = o[g].x;
+                if (kg + 256u < hd) { out[base + kg + 256u] = o[g].y; }
+                if (kg + 512u < hd) { out[base + kg + 512u] = o[g].z; }
+                if (kg + 768u < hd) { out[base + kg + 768u] = o[g].w; }
+            }
+        }
     }
 }
 
 // Σ x² over the hd elements of a from base (0 unless `live`), summed as norm.wgsl's rms_norm sums
-// a row (so the same bits): four elements a thread loaded together before they are used (the
-// hyper-connections' 16 384-wide rows are one workgroup each at decode), then a tree in `red`.
-// Every thread of the workgroup calls it.
+// a row (so the same bits): a thread's elements k, k + 256, k + 512, k + 768 as one group, four
+// groups loaded together before they are summed in order (the hyper-connections' 16 384-wide
+// rows are one workgroup each at decode: a group at a time, 16 load latencies), then a tree in
+// `red`. Every thread of the workgroup calls it.
 fn segment_sum_squares(live: bool, base: u32, hd: u32, li: u32) -> f32 {
     var s4 = vec4<f32>(0.0);
     if (live) {
-        for (var k = li; k < hd; k += 1024u) {
-            let v = rnh_load4(base, k, hd);
-            s4 = fma(v, v, s4);
+        for (var k = li; k < hd; k += 4096u) {
+            var v: array<vec4<f32>, 4>;
+            for (var g = 0u; g < 4u; g++) {
+                // a group past hd loads zeros (rnh_load4's lanes past hd) and adds nothing
+                v[g] = select(vec4<f32>(0.0), rnh_load4(base, min(k + g * 1024u, hd - 1u), hd), k + g * 1024u < hd);
+            }
+            for (var g = 0u; g < 4u; g++) {
+                s4 = fma(v[g], v[g], s4);
+            }
         }
     }
     red[li] = (s4.x + s4.y) + (s4.z + s4.w);

@@ -54,13 +54,7 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (row >= p.n) { return; }
     let inv = inverseSqrt(red[0] / f32(p.d) + p.eps);
     for (var c = li; c < p.d; c += 1024u) {
-        let v = load4(base, c);
-        let g = vec4<f32>(wt[c], wt[min(c + 256u, p.d - 1u)], wt[min(c + 512u, p.d - 1u)], wt[min(c + 768u, p.d - 1u)]);
-        let o = (v * inv) * g;
-        out[base + c] = o.x;
-        if (c + 256u < p.d) { out[base + c + 256u] = o.y; }
-        if (c + 512u < p.d) { out[base + c + 512u] = o.z; }
-        if (c + 768u < p.d) { out[base + c + 768u] = o.w; }
+        store4(base, c, (load4(base, c) * inv) * weight4(c));
     }
 }
 
@@ -74,10 +68,14 @@ fn load4(base: u32, c: u32) -> vec4<f32> {
     return v;
 }
 
-// A decode step runs this twice a layer, where hc_pre then rms_norm took two dispatches. The
-// first pass writes the collapsed row (summed over the streams in hc_pre's order, k ascending)
-// and sums its squares; the second scales it in place, each thread rereading only the elements
-// it wrote. A thread's hc loads of an element are in flight together.
+// A decode step runs this twice a layer, where hc_pre then rms_norm took two dispatches. Each
+// thread collapses the streams of its elements c, c + 256, c + 512, c + 768 together (hc·4 loads
+// in flight: one at a time, a 4096-wide row walked 16 load latencies and took 20 µs on an H100),
+// summed over the streams in hc_pre's order (k ascending), and keeps them in registers for the
+// second pass: rows up to HELD·1024 wide are read once and written once; wider rows write their
+// remaining groups in the first pass and reread them in the second.
+const HELD: u32 = 4u;
+
 @compute @workgroup_size(256, 1, 1)
 fn hc_pre_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) li: u32) {
@@ -86,21 +84,58 @@ fn hc_pre_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let xb = row * p.hc * d;
     let wb = row * p.wc;
     let ob = row * d;
-    var s = 0.0;
+    var held: array<vec4<f32>, HELD>;
+    var s4 = vec4<f32>(0.0);
     if (row < p.n) {
-        for (var c = li; c < d; c += 256u) {
-            var v = 0.0;
-            for (var k = 0u; k < p.hc; k++) {
-                v += sw[wb + k] * x[xb + k * d + c];
+        // a constant bound, so the groups stay in registers
+        for (var g = 0u; g < HELD; g++) {
+            let c = li + g * 1024u;
+            if (c < d) {
+                held[g] = collapsed4(xb, wb, c);
+                s4 = fma(held[g], held[g], s4);
             }
-            out[ob + c] = v;
-            s = fma(v, v, s);
+        }
+        for (var c = li + HELD * 1024u; c < d; c += 1024u) {
+            let v = collapsed4(xb, wb, c);
+            store4(ob, c, v);
+            s4 = fma(v, v, s4);
         }
     }
-    workgroup_sum(li, s);
+    workgroup_sum(li, (s4.x + s4.y) + (s4.z + s4.w));
     if (row >= p.n) { return; }
     let inv = inverseSqrt(red[0] / f32(d) + p.eps);
-    for (var c = li; c < d; c += 256u) {
-        out[ob + c] = (out[ob + c] * inv) * wt[c];
+    for (var g = 0u; g < HELD; g++) {
+        let c = li + g * 1024u;
+        if (c < d) {
+            store4(ob, c, (held[g] * inv) * weight4(c));
+        }
     }
+    for (var c = li + HELD * 1024u; c < d; c += 1024u) {
+        let v = vec4<f32>(out[ob + c], out[ob + min(c + 256u, d - 1u)], out[ob + min(c + 512u, d - 1u)],
+                          out[ob + min(c + 768u, d - 1u)]);
+        store4(ob, c, (v * inv) * weight4(c));
+    }
+}
+
+// Σ_k w_k X_k at the row's elements c, c + 256, c + 512, c + 768 (0 past d; c < d).
+fn collapsed4(xb: u32, wb: u32, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var k = 0u; k < p.hc; k++) {
+        v += sw[wb + k] * load4(xb + k * p.d, c);
+    }
+    return v;
+}
+
+// The norm weight at elements c, c + 256, c + 512, c + 768 (clamped into [0, d): lanes past d
+// are not stored).
+fn weight4(c: u32) -> vec4<f32> {
+    return vec4<f32>(wt[c], wt[min(c + 256u, p.d - 1u)], wt[min(c + 512u, p.d - 1u)], wt[min(c + 768u, p.d - 1u)]);
+}
+
+// v's lanes into out at ob + c, + 256, + 512, + 768, those within d.
+fn store4(ob: u32, c: u32, v: vec4<f32>) {
+    out[ob + c] = v.x;
+    if (c + 256u < p.d) { out[ob + c + 256u] = v.y; }
+    if (c + 512u < p.d) { out[ob + c + 512u] = v.z; }
+    if (c + 768u < p.d) { out[ob + c + 768u] = v.w; }
 }

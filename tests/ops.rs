@@ -310,6 +310,10 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
             all.extend(up);
         }
         all
+    } else if let (Call::LinearPair(_), [wa, wb]) = ((case.run)(&case.args), case.experts.as_slice()) {
+        // as the model uploads the weights linear_pair takes (a lane may place them together)
+        let (wa, wb) = b.upload_weight_pair(&host(&case.name, wa), &host(&case.name, wb))?;
+        vec![wa, wb]
     } else {
         // a projection at a time: every w1, every w3, every w2
         let mut all = Vec::new();
@@ -1070,6 +1074,16 @@ fn fused_cases(out: &mut Vec<Case>) {
         REDUCTION,
         vec![randn(&mut r, &[9, 520], 3.0), randn(&mut r, &[520], 1.5), inv_freq, ints(&[9], positions)],
         |_| Call::RmsNormRope { x: 0, weight: Some(1), heads: 1, inv_freq: 2, positions: 3 },
+        Args::default(),
+    ));
+    // a segment past 4096 (the hyper-connections' 16 384-wide decode rows): the GPU kernels
+    // walk it 4096 elements a step, so the second step and a last group cut mid-way
+    out.push(case(
+        "rms_norm_heads [2,1x8195]",
+        Op::RmsNormHeads,
+        REDUCTION,
+        vec![randn(&mut r, &[2, 8195], 3.0)],
+        |_| Call::RmsNormHeads { x: 0, heads: 1, eps: 1e-6 },
         Args::default(),
     ));
 }
