@@ -1,7 +1,7 @@
 // The small-row products (decode: at most 8 rows of x, or 8 expert slots at a time):
-// linear_rows, grouped_rows, moe_gate_rows, moe_up_rows, moe_down_rows, each the counterpart of
-// a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and dequant/lm.wgsl's GEMM ops)
-// with the same epilogue. Those run a 64-row output tile (or a thread per output re-reading its
+// linear_rows, linear_rows_pair, grouped_rows, moe_gate_rows, moe_up_rows, moe_down_rows, each
+// the counterpart of a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and
+// dequant/lm.wgsl's GEMM ops) with the same epilogue. Those run a 64-row output tile (or a thread per output re-reading its
 // weight row), so with one token row almost all of their work is padding; here, as in the CUDA
 // lane's gemv_cols, one workgroup owns two output columns: its WG threads stride along k span by
 // span, so each weight row is read once (consecutive threads, consecutive spans) and each x
@@ -32,8 +32,8 @@ struct P {
     col_off: u32,    // linear_rows, grouped_rows: first output column of the chunk
     out_cols: u32,   // columns of y
     has_bias: u32,   // linear_rows
-    x_stride: u32,   // grouped_rows: elements per row of x (g·k)
-    group_rows: u32, // grouped_rows: output columns per group (r)
+    x_stride: u32,   // grouped_rows: elements per row of x (g·k); linear_rows_pair: b's first row
+    group_rows: u32, // grouped_rows: output columns per group (r); linear_rows_pair: a's columns
     topk: u32,       // experts: slots per token
     expert: u32,     // experts, one expert's weight bound: that expert
     limit: u32,      // moe_up_rows: the SwiGLU clamp (f32 bits)
@@ -48,6 +48,7 @@ var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read> ids: array<i32>;
+@group(0) @binding(6) var<storage, read_write> y2: array<f32>; // linear_rows_pair: b's outputs
 
 const WG: u32 = 64u;
 // Output columns a workgroup owns: each x element a thread loads serves both.
@@ -60,9 +61,9 @@ fn column(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
 
 // This thread's share (spans k0 / SPAN + li, + WG, …) of Σ_e x[xo[i] + e] · W[r0 + c + q, e]
 // over k0 ≤ e < k1 (k0 a multiple of SPAN) for rows i < rows, in acc[i][q], q < COLS (r0: the
-// first weight row of the dispatch's matrix in the binding, 0 but for the experts). A workgroup
-// whose second column is past the chunk reads the first column's row for it (in bounds) and
-// stores nothing from it.
+// first weight row of the dispatch's matrix in the binding, less its first column: 0 but for the
+// experts and the second weight of a pair). A workgroup whose second column is past the chunk
+// reads the first column's row for it (in bounds) and stores nothing from it.
 fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32, k0: u32, k1: u32) -> array<vec2<f32>, ROWS> {
     var acc: array<vec2<f32>, ROWS>;
     let c1 = select(c, c + 1u, c + 1u < p.cols);
@@ -127,6 +128,35 @@ fn linear_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             v += vec2<f32>(bias[oc], bias[min(oc + 1u, p.col_off + p.cols - 1u)]);
         }
         store_pair(c, wg.z * p.slice_stride + lane.li * p.out_cols + oc, v);
+    }
+}
+
+// linear_pair: the bound span holds weight a's rows, then weight b's from row x_stride (lane:
+// upload_weight_pair, rows.rs's PairSpan); columns c < group_rows (a's rows, even, so a pair
+// never straddles the two) are a's, into y [n, group_rows], the rest b's, into y2
+// [n, cols − group_rows]. The same sums as linear_rows over each weight alone.
+@compute @workgroup_size(64, 1, 1)
+fn linear_rows_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
+    let c = column(wg, nwg);
+    if (c >= p.cols) { return; }
+    var xo: array<u32, ROWS>;
+    for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.k; }
+    let a_cols = p.group_rows;
+    let in_b = c >= a_cols; // uniform across the workgroup
+    // weight row of column c: c for a's, x_stride + (c − a_cols) for b's
+    let r0 = select(0u, p.x_stride - a_cols, in_b);
+    reduce_rows(lane, dot_rows(lane.li, r0, c, xo, p.n, 0u, p.k));
+    if (lane.li < p.n) {
+        let v = sums[lane.li];
+        if (in_b) {
+            let at = lane.li * (p.cols - a_cols) + c - a_cols;
+            y2[at] = v.x;
+            if (c + 1u < p.cols) {
+                y2[at + 1u] = v.y;
+            }
+        } else {
+            store_pair(c, lane.li * a_cols + c, v);
+        }
     }
 }
 

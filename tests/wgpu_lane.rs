@@ -478,6 +478,75 @@ fn small_row_linear_splits_few_columns_over_k() {
     assert_eq!(run(1024, true).unwrap(), named(&[("linear_rows ×512", 1)]), "512 workgroups: unsplit");
 }
 
+/// `linear_pair` of two weights `upload_weight_pair` placed together is one small-row dispatch
+/// (`linear_rows_pair`) that writes the bits of the two `linear_rows` it replaces: a decode
+/// step's wq_a and wkv (Q8_0, 1024 | 512 columns of 4096; one row, and four of a batched step)
+/// and an F16 pair whose first weight's 70 rows of 404 bytes end off the storage alignment (b's
+/// rows then start after a gap). Two weights uploaded apart (b before a), an odd first weight, and
+/// `pair_rows` off take two linears (unsplit over k here, as the pair is).
+#[test]
+fn linear_pair_of_weights_placed_together_is_one_dispatch_of_two_linears_bits() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let mut rng = StdRng::seed_from_u64(0x9a17);
+    let weight = |rng: &mut StdRng, name: &str, format: WeightFormat, rows: usize, k: usize| {
+        let bytes = if format == WeightFormat::Q8_0 {
+            // Q8_0 blocks of 32: an f16 scale, then 32 random int8 codes
+            (0..rows * k / 32)
+                .flat_map(|_| {
+                    let scale = half::f16::from_f32(rng.random_range(0.002f32..0.02)).to_le_bytes();
+                    scale.into_iter().chain((0..32).map(|_| rng.random::<u8>())).collect::<Vec<u8>>()
+                })
+                .collect()
+        } else {
+            encode(format, &(0..rows * k).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>())
+        };
+        HostWeight { name: name.into(), format, rows, cols: k, bytes: Cow::Owned(bytes) }
+    };
+    let cases = [
+        (WeightFormat::Q8_0, 1024, 512, 4096, 1),
+        (WeightFormat::Q8_0, 1024, 512, 4096, 4),
+        (WeightFormat::F16, 70, 33, 202, 1),
+        (WeightFormat::F16, 71, 33, 202, 1),
+    ];
+    for (format, ra, rb, k, n) in cases {
+        let (wa, wb) = (weight(&mut rng, "a", format, ra, k), weight(&mut rng, "b", format, rb, k));
+        let xs: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let run = |pair_rows: bool, together: bool| {
+            // unsplit over k: the pair's sums are those of linear_rows over all of k
+            let b = make(Options { kernel_times: true, pair_rows, split_rows_k: false, ..Options::default() });
+            let (a, c) = if together {
+                b.upload_weight_pair(&wa, &wb).unwrap()
+            } else {
+                // b first: a never lies before it
+                let c = b.upload_weight(&wb).unwrap();
+                (b.upload_weight(&wa).unwrap(), c)
+            };
+            b.kernel_times().unwrap()?;
+            let (ya, yb) = b.linear_pair(&up(&b, &[n, k], xs.clone()), &a, &c).unwrap();
+            Some(((down(&b, &ya), down(&b, &yb)), dispatch_counts(&b)))
+        };
+        let what = format!("{format} {ra}|{rb} x{k}, {n} rows");
+        let Some((pair, counts)) = run(true, true) else {
+            eprintln!(
+                "SKIPPED linear_pair_of_weights_placed_together_is_one_dispatch_of_two_linears_bits: no timestamp queries"
+            );
+            return;
+        };
+        let (two, two_counts) = run(false, true).unwrap();
+        assert_eq!(two_counts, named(&[("linear_rows", 2)]), "{what}, pair_rows off");
+        let bits = |(a, b): &(Vec<f32>, Vec<f32>)| a.iter().chain(b).map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&pair), bits(&two), "{what}: the pair's outputs against two linears");
+        let expected = if ra % 2 == 0 { named(&[("linear_rows_pair", 1)]) } else { named(&[("linear_rows", 2)]) };
+        assert_eq!(counts, expected, "{what}");
+        let (apart, apart_counts) = run(true, false).unwrap();
+        assert_eq!(apart_counts, named(&[("linear_rows", 2)]), "{what}, uploaded apart");
+        assert_eq!(bits(&apart), bits(&two), "{what}, uploaded apart");
+    }
+}
+
 /// A chain of 300 dependent adds (past `MAX_SUBMIT`, 128 commands a submission) is right
 /// whatever `flush_every` asks, 0 and 1000 included: the lane holds it to 1..=128, the commands a
 /// submission's parameter slots hold; with the encoders submitted by the lane's submit thread and

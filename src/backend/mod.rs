@@ -633,6 +633,13 @@ pub trait Backend {
     fn upload_weight_exact(&self, weight: &HostWeight<'_>) -> Result<Self::Weight> {
         self.upload_weight(weight)
     }
+    /// Copy the two weights [`Backend::linear_pair`] multiplies with one input (a layer's wq_a
+    /// and wkv, a compressor's wkv and wgate, the shared expert's w1 and w3), as
+    /// [`Backend::upload_weight`] does each. A lane may place them so that one launch reaches
+    /// both (the wgpu lane: back to back in one binding).
+    fn upload_weight_pair(&self, a: &HostWeight<'_>, b: &HostWeight<'_>) -> Result<(Self::Weight, Self::Weight)> {
+        Ok((self.upload_weight(a)?, self.upload_weight(b)?))
+    }
     /// Copy the routed experts of one projection, `expert(j)` for `j < count` (made one at a
     /// time, so a converted source never holds them all), as [`Backend::upload_weight`] does
     /// each. A lane may place them so that [`Backend::moe_experts`] reaches all of them at once

@@ -246,6 +246,10 @@ pub struct Options {
     /// Split a small-row linear with few columns over k (`rows::k_slice`). On by default; off
     /// when `FOVEA_WGPU_ROWS_SPLIT=0`, to time both in one build. Diagnostic.
     pub split_rows_k: bool,
+    /// `linear_pair` of two weights `upload_weight_pair` placed together in one small-row
+    /// dispatch (`linear_rows_pair`). On by default; off when `FOVEA_WGPU_PAIR_ROWS=0`, to time
+    /// the two dispatches against it. Diagnostic.
+    pub pair_rows: bool,
     /// Split `sink_attention` over its keys where it has few (query, head) pairs (lm.rs). On by
     /// default; off when `FOVEA_WGPU_ATTENTION_SPLIT=0`, to time both in one build and to test
     /// the unsplit kernel on decode's shapes. Diagnostic.
@@ -321,6 +325,7 @@ impl Default for Options {
             force_fma_tiles: std::env::var("FOVEA_WGPU_FMA_TILES").is_ok_and(|v| v == "1"),
             checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),
             split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),
+            pair_rows: std::env::var("FOVEA_WGPU_PAIR_ROWS").map_or(true, |v| v != "0"),
             split_attention_keys: std::env::var("FOVEA_WGPU_ATTENTION_SPLIT").map_or(true, |v| v != "0"),
             pass_per_dispatch: std::env::var("FOVEA_WGPU_PASS_PER_DISPATCH").is_ok_and(|v| v == "1"),
             flush_every: std::env::var("FOVEA_WGPU_FLUSH_EVERY")
@@ -926,6 +931,50 @@ impl Backend for WgpuBackend {
         })
     }
 
+    /// Both weights in one binding, b's rows from row `rows::PairSpan::b_row` (a's rows rounded
+    /// up to an offset the storage alignment allows), so that `linear_pair`'s small-row path
+    /// takes them in one dispatch ([`rows::PairSpan`]): where they share a format and a width,
+    /// a has an even number of rows (a workgroup's column pair never straddles the two) and the
+    /// span fits one binding; else one `upload_weight` each.
+    fn upload_weight_pair(&self, a: &HostWeight<'_>, b: &HostWeight<'_>) -> Result<(WgpuWeight, WgpuWeight)> {
+        a.validate()?;
+        b.validate()?;
+        let (format, cols) = (a.format, a.cols);
+        let stride_words = formats::stride_words(format, cols);
+        let padded_row = stride_words as u64 * 4;
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        let unit = align / align.min(1 << padded_row.trailing_zeros().min(63));
+        let b_row = (a.rows as u64).next_multiple_of(unit);
+        let span = (b_row + b.rows as u64).saturating_mul(padded_row);
+        let together = (b.format, b.cols) == (format, cols)
+            && a.rows > 0
+            && b.rows > 0
+            && a.rows.is_multiple_of(2)
+            && padded_row > 0
+            && span <= self.max_binding
+            && span <= self.limits.max_buffer_size;
+        if !together {
+            return Ok((self.upload_weight(a)?, self.upload_weight(b)?));
+        }
+        let (buf, offset) = self.alloc_weight(span);
+        let place = |w: &HostWeight<'_>, offset: u64| -> Result<WgpuWeight> {
+            let bytes = Self::weight_alloc_bytes(format, w.rows, cols);
+            self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
+            self.write_rows(&buf, offset, &w.bytes, format.row_bytes(cols), padded_row as usize)?;
+            Ok(WgpuWeight {
+                name: w.name.clone(),
+                format,
+                rows: w.rows,
+                cols,
+                stride_words,
+                chunks: vec![WeightChunk { buf: buf.clone(), offset, bytes, row0: 0, rows: w.rows }],
+                exact: false,
+                shared: self.shared.clone(),
+            })
+        };
+        Ok((place(a, offset)?, place(b, offset + b_row * padded_row)?))
+    }
+
     /// Each projection's experts in one buffer, equally spaced at offsets the storage alignment
     /// allows, when they fit one binding ([`rows::ExpertSpan`]); else (or for an expert whose
     /// format or shape differs from the first's) one `upload_weight` each.
@@ -1025,6 +1074,9 @@ impl Backend for WgpuBackend {
     // ---- linear.rs ---------------------------------------------------------------------------
     fn linear(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
         self.linear(x, w, bias)
+    }
+    fn linear_pair(&self, x: &WgpuTensor, wa: &WgpuWeight, wb: &WgpuWeight) -> Result<(WgpuTensor, WgpuTensor)> {
+        self.linear_pair(x, wa, wb)
     }
     fn grouped_linear(&self, x: &WgpuTensor, w: &WgpuWeight, groups: usize) -> Result<WgpuTensor> {
         self.grouped_linear(x, w, groups)

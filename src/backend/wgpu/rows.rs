@@ -10,7 +10,7 @@ use std::num::NonZeroU64;
 
 use super::formats::BlockKernel;
 use super::{Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
-use crate::backend::DType;
+use crate::backend::{DType, checks};
 use crate::backend::{Precision, WeightFormat};
 use crate::error::{Error, Result};
 
@@ -217,7 +217,76 @@ impl<'a> ExpertSpan<'a> {
     }
 }
 
+/// Two weights `upload_weight_pair` placed in one binding: a's rows, then b's from row `b_row`
+/// (a's rows rounded up to an aligned offset), one format, width and precision, each one chunk,
+/// a's rows even, so `linear_rows_pair` takes a decode step's pair in one dispatch.
+pub(super) struct PairSpan<'a> {
+    binding: wgpu::BufferBinding<'a>,
+    b_row: usize,
+}
+
+impl<'a> PairSpan<'a> {
+    /// The span of `a` then `b` if they lie so, within `max_binding` bytes; else `None`.
+    pub(super) fn of(a: &'a WgpuWeight, b: &'a WgpuWeight, max_binding: u64) -> Option<PairSpan<'a>> {
+        let ([ca], [cb]) = (a.chunks.as_slice(), b.chunks.as_slice()) else { return None };
+        let row_bytes = a.stride_words as u64 * 4;
+        let gap = cb.offset.checked_sub(ca.offset)?;
+        let bytes = gap + cb.bytes;
+        let alike = (a.format, a.cols, a.stride_words, a.exact) == (b.format, b.cols, b.stride_words, b.exact);
+        if !alike || ca.buf != cb.buf || row_bytes == 0 || gap % row_bytes != 0 || gap < ca.bytes || bytes > max_binding
+        {
+            return None;
+        }
+        if a.rows == 0 || !a.rows.is_multiple_of(2) || b.rows == 0 {
+            return None;
+        }
+        let binding = wgpu::BufferBinding { buffer: &ca.buf, offset: ca.offset, size: NonZeroU64::new(bytes) };
+        Some(PairSpan { binding, b_row: (gap / row_bytes) as usize })
+    }
+}
+
 impl WgpuBackend {
+    /// Two linears of one input, no bias (`Backend::linear_pair`): with at most [`SMALL_ROWS`]
+    /// rows, neither weight on int8 activations and the two in one [`PairSpan`], one small-row
+    /// dispatch over both weights' columns (a decode step's wq_a and wkv, a compressor's wkv and
+    /// wgate, the shared expert's w1 and w3: each pair was two dispatches, and a narrow weight's
+    /// split over k a third); else `linear` of each.
+    pub(super) fn linear_pair(
+        &self,
+        x: &WgpuTensor,
+        wa: &WgpuWeight,
+        wb: &WgpuWeight,
+    ) -> Result<(WgpuTensor, WgpuTensor)> {
+        const OP: &str = "linear_pair";
+        let (n, k) = checks::linear_pair(x, wa, wb)?;
+        let span = match PairSpan::of(wa, wb, self.max_binding) {
+            Some(span)
+                if self.opts.pair_rows
+                    && (1..=SMALL_ROWS).contains(&n)
+                    && !self.linear_takes_q8x(wa, n, k)
+                    && !self.linear_takes_q8x(wb, n, k) =>
+            {
+                span
+            }
+            _ => return Ok((self.linear(x, wa, None)?, self.linear(x, wb, None)?)),
+        };
+        self.check_inputs(OP, [("x", x)])?;
+        let ya = self.alloc(OP, vec![n, wa.rows], DType::F32)?;
+        let yb = self.alloc(OP, vec![n, wb.rows], DType::F32)?;
+        let weight = RowsWeight {
+            matrix: wa,
+            binding: wgpu::BindingResource::Buffer(span.binding),
+            cols: wa.rows + wb.rows,
+            col_off: 0,
+            experts: None,
+        };
+        // rows.wgsl's linear_rows_pair reads a's columns from `group_rows` and b's first weight
+        // row from `x_stride`
+        let params = RowsParams { n, k, group_rows: wa.rows, x_stride: span.b_row, ..RowsParams::default() };
+        self.dispatch_rows_over("linear_rows_pair", weight, n, params, x, &ya, &[(6, yb.binding())])?;
+        Ok((ya, yb))
+    }
+
     /// One small-row dispatch of `entry` over the chunk `c` of `w`: [`Self::dispatch_rows_over`].
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_rows(

@@ -460,6 +460,10 @@ impl<B: Backend> LmModel<B> {
     /// Upload every language-model parameter (official names, language.md §5.1).
     pub fn load(b: &B, src: &impl ParamSource, cfg: &LmConfig) -> Result<Self> {
         let matrix = |name: &str| -> Result<B::Weight> { b.upload_weight(&src.matrix(name)?) };
+        // the weights each `linear_pair` takes, uploaded together (a lane may launch it once)
+        let pair = |a: &str, c: &str| -> Result<(B::Weight, B::Weight)> {
+            b.upload_weight_pair(&src.matrix(a)?, &src.matrix(c)?)
+        };
         // f32 products in every precision: the hyper-connection mixes feed the Sinkhorn that
         // weighs the residual streams, the router's scores pick the experts
         let exact_matrix = |name: &str| -> Result<B::Weight> { b.upload_weight_exact(&src.matrix(name)?) };
@@ -471,9 +475,10 @@ impl<B: Backend> LmModel<B> {
             })
         };
         let compressor = |p: &str, ratio: usize| -> Result<Compressor<B>> {
+            let (wkv, wgate) = pair(&format!("{p}wkv.weight"), &format!("{p}wgate.weight"))?;
             Ok(Compressor {
-                wkv: matrix(&format!("{p}wkv.weight"))?,
-                wgate: matrix(&format!("{p}wgate.weight"))?,
+                wkv,
+                wgate,
                 ape: param2(b, src, &format!("{p}ape"), ratio)?,
                 norm: param(b, src, &format!("{p}norm.weight"))?,
                 ratio,
@@ -485,11 +490,12 @@ impl<B: Backend> LmModel<B> {
             let p = format!("layers.{l}.");
             let a = format!("{p}attn.");
             let ratio = cfg.ratio(l);
+            let (wq_a, wkv) = pair(&format!("{a}wq_a.weight"), &format!("{a}wkv.weight"))?;
             let attn = Attention {
-                wq_a: matrix(&format!("{a}wq_a.weight"))?,
+                wq_a,
                 q_norm: param(b, src, &format!("{a}q_norm.weight"))?,
                 wq_b: matrix(&format!("{a}wq_b.weight"))?,
-                wkv: matrix(&format!("{a}wkv.weight"))?,
+                wkv,
                 kv_norm: param(b, src, &format!("{a}kv_norm.weight"))?,
                 sinks: param(b, src, &format!("{a}attn_sink"))?,
                 wo_a: matrix(&format!("{a}wo_a.weight"))?,
@@ -536,6 +542,7 @@ impl<B: Backend> LmModel<B> {
             let experts = |w: &str| b.upload_experts(e, &mut |j| src.matrix(&format!("{f}experts.{j}.{w}.weight")));
             let (w1, w3, w2) = (experts("w1")?, experts("w3")?, experts("w2")?);
             let x = format!("{f}shared_experts.");
+            let (shared_w1, shared_w3) = pair(&format!("{x}w1.weight"), &format!("{x}w3.weight"))?;
             let moe = Moe {
                 gate: exact_matrix(&format!("{f}gate.weight"))?,
                 bias: b.upload_param(&HostTensor::f32([2, e], [text_bias, vl_bias].concat())?)?,
@@ -543,8 +550,8 @@ impl<B: Backend> LmModel<B> {
                 w1,
                 w3,
                 w2,
-                shared_w1: matrix(&format!("{x}w1.weight"))?,
-                shared_w3: matrix(&format!("{x}w3.weight"))?,
+                shared_w1,
+                shared_w3,
                 shared_w2: matrix(&format!("{x}w2.weight"))?,
             };
             layers.push(Layer {
