@@ -573,7 +573,9 @@ fn rope_tail_at(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
 // registers, took 0.08 ms a decode step's row on an H200: 20 iterations of dependent steps in
 // one thread. Two buffers alternate, so one barrier a step keeps a step's reads before the
 // next step's writes to the same buffer (a barrier lies between them).
-//   u0 = n, u1 = hc, u2 = iters, u3 = eps
+//   u0 = n, u1 = hc, u2 = iters, u3 = eps; hc_mix_split's fused path: u4 = the partial sums'
+//   slices (a = [slices, n, wd], comb = their sums of squares [slices, n]), u5 = the residual's
+//   width, u6 = the norm's eps
 const HC_MAX: u32 = 8u;
 const HC_THREADS: u32 = HC_MAX * HC_MAX;
 
@@ -588,6 +590,33 @@ fn hc_publish_sum(buf: u32, li: u32, v: f32, first: u32, stride: u32, hc: u32) -
     var sum = 0.0;
     for (var j = 0u; j < hc; j++) { sum += hc_block[buf][first + j * stride]; }
     return sum;
+}
+
+// Element i of row t's mix: a[t·wd + i]; or, from hc_mix_split's partial sums (u4 = slices > 0:
+// rows.wgsl's hc_mix_rows), inv · Σ_z a[(z·n + t)·wd + i], summed in slice order.
+fn mix_of(t: u32, i: u32, inv: f32) -> f32 {
+    let wd = (2u + p.u1) * p.u1;
+    if (p.u4 == 0u) {
+        return a[t * wd + i];
+    }
+    var s = 0.0;
+    for (var z = 0u; z < p.u4; z++) {
+        s += a[(z * p.u0 + t) * wd + i];
+    }
+    return inv * s;
+}
+
+// rms_norm_heads' factor of row t, 1 / sqrt(mean(x²) + norm eps), from its slices' sums of
+// squares comb[z·n + t] (u5 = the row's width, u6 = norm eps); 1 for a plain mix.
+fn mix_norm(t: u32) -> f32 {
+    if (p.u4 == 0u) {
+        return 1.0;
+    }
+    var s = 0.0;
+    for (var z = 0u; z < p.u4; z++) {
+        s += comb[z * p.u0 + t];
+    }
+    return 1.0 / sqrt(s / f32(p.u5) + bitcast<f32>(p.u6));
 }
 
 @compute @workgroup_size(64, 1, 1)
@@ -609,11 +638,12 @@ fn hc_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let row0 = min(slot, per_group - 1u) * cells;
     var v = 0.0;
     if (live) {
+        let inv = mix_norm(t);
         if (q < hc) {
-            out[o + q] = sigmoid(a[o + q] * b[0] + c[q]) + eps;
-            out[o + hc + q] = 2.0 * sigmoid(a[o + hc + q] * b[1] + c[hc + q]);
+            out[o + q] = sigmoid(mix_of(t, q, inv) * b[0] + c[q]) + eps;
+            out[o + hc + q] = 2.0 * sigmoid(mix_of(t, hc + q, inv) * b[1] + c[hc + q]);
         }
-        v = a[cb + q] * b[2] + c[2u * hc + q];
+        v = mix_of(t, 2u * hc + q, inv) * b[2] + c[2u * hc + q];
     }
     let row = row0 + src * hc; // this thread's row and column in hc_block
     let col = row0 + dst;

@@ -1,6 +1,6 @@
 // The small-row products (decode: at most 8 rows of x, or 8 expert slots at a time):
-// linear_rows, linear_rows_pair, grouped_rows, moe_gate_rows, moe_up_rows, moe_down_rows, each
-// the counterpart of a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and
+// linear_rows, linear_rows_pair, hc_mix_rows, grouped_rows, moe_gate_rows, moe_up_rows,
+// moe_down_rows, each the counterpart of a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and
 // dequant/lm.wgsl's GEMM ops) with the same epilogue. Those run a 64-row output tile (or a thread per output re-reading its
 // weight row), so with one token row almost all of their work is padding; here, as in the CUDA
 // lane's gemv_cols, one workgroup owns two output columns: its WG threads stride along k span by
@@ -48,7 +48,7 @@ var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read> ids: array<i32>;
-@group(0) @binding(6) var<storage, read_write> y2: array<f32>; // linear_rows_pair: b's outputs
+@group(0) @binding(6) var<storage, read_write> y2: array<f32>; // linear_rows_pair: b's outputs; hc_mix_rows: Σx²
 
 const WG: u32 = 64u;
 // Output columns a workgroup owns: each x element a thread loads serves both.
@@ -128,6 +128,41 @@ fn linear_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             v += vec2<f32>(bias[oc], bias[min(oc + 1u, p.col_off + p.cols - 1u)]);
         }
         store_pair(c, wg.z * p.slice_stride + lane.li * p.out_cols + oc, v);
+    }
+}
+
+// hc_mix_split's product (lane: lm.rs), split over k as linear_rows splits it: layer z sums
+// x·W over its k_slice elements of the raw rows into y[z·slice_stride + i·cols + c] (the norm's
+// factor is taken out of the product: lm.wgsl's hc_split applies it), and the workgroup of the
+// first column pair sums the slice's x² of each row into y2[z·n + i].
+@compute @workgroup_size(64, 1, 1)
+fn hc_mix_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
+    let c = column(wg, nwg);
+    if (c >= p.cols) { return; }
+    var xo: array<u32, ROWS>;
+    for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.k; }
+    let k0 = wg.z * p.k_slice;
+    let k1 = min(p.k, k0 + p.k_slice);
+    reduce_rows(lane, dot_rows(lane.li, 0u, c, xo, p.n, k0, k1));
+    if (lane.li < p.n) {
+        store_pair(c, wg.z * p.slice_stride + lane.li * p.cols + c, sums[lane.li]);
+    }
+    if (c == 0u) {
+        // (uniform: the workgroup's column) the threads' reads of `sums` above come before the
+        // next reduction's first barrier, its writes to `sums` after it
+        var sq: array<vec2<f32>, ROWS>;
+        for (var i = 0u; i < ROWS; i++) {
+            if (i < p.n) {
+                for (var e = k0 + lane.li; e < k1; e += WG) {
+                    let v = x[xo[i] + e];
+                    sq[i].x = fma(v, v, sq[i].x);
+                }
+            }
+        }
+        reduce_rows(lane, sq);
+        if (lane.li < p.n) {
+            y2[wg.z * p.n + lane.li] = sums[lane.li].x;
+        }
     }
 }
 

@@ -547,6 +547,58 @@ fn linear_pair_of_weights_placed_together_is_one_dispatch_of_two_linears_bits() 
     }
 }
 
+/// `hc_mix_split` of a decode row is two dispatches (`hc_mix_rows` over slices of k, then
+/// hc_split over the slices) where the composition is four (`rms_norm_heads`, the split
+/// `linear_rows`, `sum_slices`, hc_split), with the composition's values up to rounding: the
+/// released geometry's mix (24 × 16 384, F16) on one row, and on three. The op harness checks
+/// the values against the CPU lane; this checks which path ran.
+#[test]
+fn hc_mix_split_of_a_decode_row_is_two_dispatches() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let mut rng = StdRng::seed_from_u64(0x4c3);
+    let (hc, k) = (4, 16384);
+    let w = (2 + hc) * hc;
+    let mix: Vec<f32> = (0..w * k).map(|_| rng.random_range(-0.01f32..0.01)).collect();
+    let mix = HostWeight {
+        name: "mix".into(),
+        format: WeightFormat::F16,
+        rows: w,
+        cols: k,
+        bytes: Cow::Owned(encode(WeightFormat::F16, &mix)),
+    };
+    let scale: Vec<f32> = (0..3).map(|_| rng.random_range(0.5f32..1.5)).collect();
+    let base: Vec<f32> = (0..w).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    for n in [1, 3] {
+        let xs: Vec<f32> = (0..n * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        let run = |fused_hc_mix: bool| {
+            let b = make(Options { kernel_times: true, fused_hc_mix, ..Options::default() });
+            let mix = b.upload_weight_exact(&mix).unwrap();
+            let (scale, base) = (up(&b, &[3], scale.clone()), up(&b, &[w], base.clone()));
+            b.kernel_times().unwrap()?;
+            let y = b.hc_mix_split(&up(&b, &[n, k], xs.clone()), &mix, &scale, &base, hc, 20, 1e-6, 1e-6).unwrap();
+            Some((down(&b, &y), dispatch_counts(&b)))
+        };
+        let Some((fused, counts)) = run(true) else {
+            eprintln!("SKIPPED hc_mix_split_of_a_decode_row_is_two_dispatches: no timestamp queries");
+            return;
+        };
+        assert_eq!(counts, named(&[("hc_mix_rows", 1), ("hc_split", 1)]), "{n} rows");
+        let (parts, counts) = run(false).unwrap();
+        assert_eq!(
+            counts,
+            named(&[("hc_split", 1), ("linear_rows", 1), ("rms_norm_heads", 1), ("sum_slices", 1)]),
+            "{n} rows, fused_hc_mix off"
+        );
+        let worst = fused.iter().zip(&parts).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        // the split's weights lie in (0, 2) and the Sinkhorn block's in [0, 1]: rounding moves
+        // them by a few ulps of 1, not 1e-4
+        assert!(worst < 1e-4, "{n} rows: fused against the composition, max abs difference {worst:e}");
+    }
+}
+
 /// A chain of 300 dependent adds (past `MAX_SUBMIT`, 128 commands a submission) is right
 /// whatever `flush_every` asks, 0 and 1000 included: the lane holds it to 1..=128, the commands a
 /// submission's parameter slots hold; with the encoders submitted by the lane's submit thread and

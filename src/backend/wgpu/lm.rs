@@ -12,9 +12,9 @@
 //! host round trip.
 
 use super::linear::lm_weight_shader;
-use super::rows::SMALL_ROWS;
+use super::rows::{self, RowsParams, RowsWeight, SMALL_ROWS};
 use super::{Output, SOFTWARE_LOOP_BUDGET, Shader, WgpuBackend, WgpuTensor, WgpuWeight, grid};
-use crate::backend::{DType, DeviceTensor, Op, checks, route_experts_parts};
+use crate::backend::{DType, DeviceTensor, Op, checks, hc_mix_split_parts, route_experts_parts};
 use crate::error::{Error, Result};
 
 /// lm.wgsl (one build: its ops have no precision to choose).
@@ -284,23 +284,80 @@ impl WgpuBackend {
         eps: f32,
     ) -> Result<WgpuTensor> {
         const OP: &str = "hc_split";
-        let (n, w) = checks::hc_split(mix, scale, base, hc)?;
+        let (n, _) = checks::hc_split(mix, scale, base, hc)?;
         self.check_inputs(OP, [("mix", mix), ("scale", scale), ("base", base)])?;
+        self.dispatch_hc_split(n, mix, None, scale, base, hc, iters, eps)
+    }
+
+    /// [`Backend::hc_mix_split`](crate::backend::Backend::hc_mix_split) in two dispatches for at
+    /// most [`SMALL_ROWS`] rows (decode), where the composition took four: rows.wgsl's
+    /// `hc_mix_rows` sums x·mixᵀ over slices of k on the raw residual (split as a small-row
+    /// linear with few columns is, [`rows::k_slice`]) and each slice's x², and hc_split adds
+    /// the slices and applies the norm's factor, taken out of the product (equal to the
+    /// composition up to rounding). More rows, a mix in row chunks, or `fused_hc_mix` off: the
+    /// composition.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hc_mix_split(
+        &self,
+        x: &WgpuTensor,
+        mix: &WgpuWeight,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "hc_mix_split";
+        let (n, k, w) = checks::hc_mix_split(x, mix, scale, base, hc)?;
+        if !self.opts.fused_hc_mix || !(1..=SMALL_ROWS).contains(&n) || mix.chunks.len() != 1 || hc > HC_MAX {
+            return hc_mix_split_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps);
+        }
+        self.check_inputs(OP, [("x", x), ("scale", scale), ("base", base)])?;
+        let slice = if self.opts.split_rows_k { rows::k_slice(w, k) } else { k };
+        let slices = k.div_ceil(slice.max(1)).max(1);
+        let part = self.alloc(OP, vec![slices, n, w], DType::F32)?;
+        let squares = self.alloc(OP, vec![slices, n], DType::F32)?;
+        let params = RowsParams { n, k, out_cols: w, k_slice: slice, ..RowsParams::default() };
+        let weight = RowsWeight::chunk(mix, 0);
+        self.dispatch_rows_over("hc_mix_rows", weight, n, params, x, &part, &[(6, squares.binding())])?;
+        self.dispatch_hc_split(n, &part, Some((&squares, slices, k, norm_eps)), scale, base, hc, iters, eps)
+    }
+
+    /// hc_split over rows of `mix` `[n, w]`, or over its partial sums `[slices, n, w]` with the
+    /// slices' sums of squares (`squares`, the slices, the residual's width, the norm's eps).
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_hc_split(
+        &self,
+        n: usize,
+        mix: &WgpuTensor,
+        partial: Option<(&WgpuTensor, usize, usize, f32)>,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+    ) -> Result<WgpuTensor> {
+        const OP: &str = "hc_split";
         if hc > HC_MAX {
             return Err(Self::unsupported(Op::HcSplit, format!("hc = {hc} streams (at most {HC_MAX})")));
         }
-        let y = self.alloc(OP, vec![n, w], DType::F32)?;
+        let y = self.alloc(OP, vec![n, (2 + hc) * hc], DType::F32)?;
         if n > 0 && hc > 0 {
             let g = n.div_ceil(HC_MAX * HC_MAX / (hc * hc));
             if g > self.limits.max_compute_workgroups_per_dimension as usize {
                 return Err(Error::Device(format!("op `{OP}`: {n} rows exceed the dispatch limit")));
             }
+            let (squares, slices, width, norm_eps) = match partial {
+                Some((sq, slices, width, norm_eps)) => (sq.binding(), slices, width, norm_eps),
+                None => (self.dummy.as_entire_binding(), 0, 0, 0.0),
+            };
             self.dispatch(
                 LM,
                 OP,
                 0,
-                &[n as u32, hc as u32, iters as u32, eps.to_bits()],
-                &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding())],
+                &[n as u32, hc as u32, iters as u32, eps.to_bits(), slices as u32, width as u32, norm_eps.to_bits()],
+                &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding()), (9, squares)],
                 (g as u32, 1, 1),
             )?;
         }

@@ -250,6 +250,10 @@ pub struct Options {
     /// dispatch (`linear_rows_pair`). On by default; off when `FOVEA_WGPU_PAIR_ROWS=0`, to time
     /// the two dispatches against it. Diagnostic.
     pub pair_rows: bool,
+    /// `hc_mix_split` of at most 8 rows in two dispatches (`hc_mix_rows`, then hc_split over its
+    /// slices) rather than the composition's four. On by default; off when
+    /// `FOVEA_WGPU_FUSED_HC_MIX=0`, to time both. Diagnostic.
+    pub fused_hc_mix: bool,
     /// Split `sink_attention` over its keys where it has few (query, head) pairs (lm.rs). On by
     /// default; off when `FOVEA_WGPU_ATTENTION_SPLIT=0`, to time both in one build and to test
     /// the unsplit kernel on decode's shapes. Diagnostic.
@@ -326,6 +330,7 @@ impl Default for Options {
             checked_shaders: std::env::var("FOVEA_WGPU_CHECKED_SHADERS").is_ok_and(|v| v == "1"),
             split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),
             pair_rows: std::env::var("FOVEA_WGPU_PAIR_ROWS").map_or(true, |v| v != "0"),
+            fused_hc_mix: std::env::var("FOVEA_WGPU_FUSED_HC_MIX").map_or(true, |v| v != "0"),
             split_attention_keys: std::env::var("FOVEA_WGPU_ATTENTION_SPLIT").map_or(true, |v| v != "0"),
             pass_per_dispatch: std::env::var("FOVEA_WGPU_PASS_PER_DISPATCH").is_ok_and(|v| v == "1"),
             flush_every: std::env::var("FOVEA_WGPU_FLUSH_EVERY")
@@ -1228,6 +1233,19 @@ impl Backend for WgpuBackend {
         eps: f32,
     ) -> Result<WgpuTensor> {
         self.hc_split(mix, scale, base, hc, iters, eps)
+    }
+    fn hc_mix_split(
+        &self,
+        x: &WgpuTensor,
+        mix: &WgpuWeight,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+    ) -> Result<WgpuTensor> {
+        self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)
     }
     fn compress_pool(
         &self,
