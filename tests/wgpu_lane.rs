@@ -492,17 +492,7 @@ fn linear_pair_of_weights_placed_together_is_one_dispatch_of_two_linears_bits() 
     let _devices = shared();
     let mut rng = StdRng::seed_from_u64(0x9a17);
     let weight = |rng: &mut StdRng, name: &str, format: WeightFormat, rows: usize, k: usize| {
-        let bytes = if format == WeightFormat::Q8_0 {
-            // Q8_0 blocks of 32: an f16 scale, then 32 random int8 codes
-            (0..rows * k / 32)
-                .flat_map(|_| {
-                    let scale = half::f16::from_f32(rng.random_range(0.002f32..0.02)).to_le_bytes();
-                    scale.into_iter().chain((0..32).map(|_| rng.random::<u8>())).collect::<Vec<u8>>()
-                })
-                .collect()
-        } else {
-            encode(format, &(0..rows * k).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>())
-        };
+        let bytes = common::blocks::weight_bytes(rng, format, rows, k);
         HostWeight { name: name.into(), format, rows, cols: k, bytes: Cow::Owned(bytes) }
     };
     let cases = [

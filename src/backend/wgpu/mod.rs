@@ -947,9 +947,7 @@ impl Backend for WgpuBackend {
         let (format, cols) = (a.format, a.cols);
         let stride_words = formats::stride_words(format, cols);
         let padded_row = stride_words as u64 * 4;
-        let align = self.limits.min_storage_buffer_offset_alignment as u64;
-        let unit = align / align.min(1 << padded_row.trailing_zeros().min(63));
-        let b_row = (a.rows as u64).next_multiple_of(unit);
+        let b_row = (a.rows as u64).next_multiple_of(self.aligned_rows_unit(padded_row));
         let span = (b_row + b.rows as u64).saturating_mul(padded_row);
         let together = (b.format, b.cols) == (format, cols)
             && a.rows > 0
@@ -962,22 +960,7 @@ impl Backend for WgpuBackend {
             return Ok((self.upload_weight(a)?, self.upload_weight(b)?));
         }
         let (buf, offset) = self.alloc_weight(span);
-        let place = |w: &HostWeight<'_>, offset: u64| -> Result<WgpuWeight> {
-            let bytes = Self::weight_alloc_bytes(format, w.rows, cols);
-            self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
-            self.write_rows(&buf, offset, &w.bytes, format.row_bytes(cols), padded_row as usize)?;
-            Ok(WgpuWeight {
-                name: w.name.clone(),
-                format,
-                rows: w.rows,
-                cols,
-                stride_words,
-                chunks: vec![WeightChunk { buf: buf.clone(), offset, bytes, row0: 0, rows: w.rows }],
-                exact: false,
-                shared: self.shared.clone(),
-            })
-        };
-        Ok((place(a, offset)?, place(b, offset + b_row * padded_row)?))
+        Ok((self.weight_at(&buf, offset, a)?, self.weight_at(&buf, offset + b_row * padded_row, b)?))
     }
 
     /// Each projection's experts in one buffer, equally spaced at offsets the storage alignment
@@ -997,9 +980,7 @@ impl Backend for WgpuBackend {
         let stride_words = formats::stride_words(format, cols);
         let padded_row = stride_words as u64 * 4;
         // the experts' offsets are whole rows apart (the kernels index rows) and aligned
-        let align = self.limits.min_storage_buffer_offset_alignment as u64;
-        let unit = align / align.min(1 << padded_row.trailing_zeros().min(63));
-        let step = (rows as u64).next_multiple_of(unit).saturating_mul(padded_row);
+        let step = (rows as u64).next_multiple_of(self.aligned_rows_unit(padded_row)).saturating_mul(padded_row);
         let span = step.saturating_mul(count as u64 - 1).saturating_add(Self::weight_alloc_bytes(format, rows, cols));
         if rows == 0 || padded_row == 0 || span > self.max_binding || span > self.limits.max_buffer_size {
             let mut all = vec![self.upload_weight(&first)?];
@@ -1028,19 +1009,7 @@ impl Backend for WgpuBackend {
                 continue;
             }
             w.validate()?;
-            let (offset, bytes) = (step * j as u64, Self::weight_alloc_bytes(format, rows, cols));
-            self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
-            self.write_rows(&buf, offset, &w.bytes, format.row_bytes(cols), padded_row as usize)?;
-            all.push(WgpuWeight {
-                name: w.name.clone(),
-                format,
-                rows,
-                cols,
-                stride_words,
-                chunks: vec![WeightChunk { buf: buf.clone(), offset, bytes, row0: 0, rows }],
-                exact: false,
-                shared: self.shared.clone(),
-            });
+            all.push(self.weight_at(&buf, step * j as u64, &w)?);
         }
         Ok(all)
     }

@@ -8,9 +8,9 @@ use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::size_class;
+use super::{formats, size_class};
 use crate::backend::checks::NamedWeight;
-use crate::backend::{DType, DeviceTensor, DeviceWeight, HostClock, WeightFormat};
+use crate::backend::{Backend, DType, DeviceTensor, DeviceWeight, HostClock, HostWeight, WeightFormat};
 use crate::error::{Error, Result};
 
 #[derive(Default)]
@@ -426,6 +426,32 @@ impl super::WgpuBackend {
 
     /// Sub-allocate `bytes` of weight memory: from a pool (first fit), or a buffer of its own when
     /// larger than half a pool. Returns the buffer and the aligned offset.
+    /// The fewest rows of `padded_row` bytes whose multiples are offsets the storage alignment
+    /// allows: weights placed that many rows apart in one buffer (`upload_experts`,
+    /// `upload_weight_pair`) are each bindable alone and whole rows apart for the kernels.
+    pub(super) fn aligned_rows_unit(&self, padded_row: u64) -> u64 {
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        align / align.min(1 << padded_row.trailing_zeros().min(63))
+    }
+
+    /// `w` (validated) written at `offset` of `buf`, a region the caller allocated: one chunk.
+    pub(super) fn weight_at(&self, buf: &wgpu::Buffer, offset: u64, w: &HostWeight<'_>) -> Result<WgpuWeight> {
+        let stride_words = formats::stride_words(w.format, w.cols);
+        let bytes = <Self as Backend>::weight_alloc_bytes(w.format, w.rows, w.cols);
+        self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
+        self.write_rows(buf, offset, &w.bytes, w.format.row_bytes(w.cols), stride_words as usize * 4)?;
+        Ok(WgpuWeight {
+            name: w.name.clone(),
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            stride_words,
+            chunks: vec![WeightChunk { buf: buf.clone(), offset, bytes, row0: 0, rows: w.rows }],
+            exact: false,
+            shared: self.shared.clone(),
+        })
+    }
+
     pub(super) fn alloc_weight(&self, bytes: u64) -> (wgpu::Buffer, u64) {
         let size = bytes.max(4).next_multiple_of(4);
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
