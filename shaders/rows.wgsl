@@ -1,13 +1,13 @@
-// The small-row products (decode: at most 8 rows of x, or 8 expert slots at a time):
-// linear_rows, linear_rows_pair, hc_mix_rows, grouped_rows, moe_gate_rows, moe_up_rows,
-// moe_down_rows, each the counterpart of a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and
-// dequant/lm.wgsl's GEMM ops) with the same epilogue. Those run a 64-row output tile (or a thread per output re-reading its
-// weight row), so with one token row almost all of their work is padding; here, as in the CUDA
-// lane's gemv_cols, one workgroup owns two output columns: its WG threads stride along k span by
-// span, so each weight row is read once (consecutive threads, consecutive spans) and each x
-// element a thread loads serves both columns; each thread accumulates the dot products of every
-// row in registers, then `reduce_rows` sums the threads' partials (f32 products and sums as the
-// tiles; only the summation order differs).
+// The small-row products (decode: at most 8 rows of x, or 8 expert slots at a time): linear_rows,
+// linear_rows_pair, hc_mix_rows, grouped_rows, moe_gate_rows, moe_up_rows, moe_down_rows, each the
+// counterpart of a GEMM kernel (linear_tile.wgsl, dequant/linear.wgsl, lm.wgsl's and
+// dequant/lm.wgsl's GEMM ops) with the same epilogue. Those run a 64-row output tile (or a thread
+// per output re-reading its weight row), so with one token row almost all of their work is padding;
+// here, as in the CUDA lane's gemv_cols, one workgroup owns two output columns: its WG threads
+// stride along k span by span, so each weight row is read once (consecutive threads, consecutive
+// spans) and each x element a thread loads serves both columns; each thread accumulates the dot
+// products of every row in registers, then `reduce_rows` sums the threads' partials (f32 products
+// and sums as the tiles; only the summation order differs).
 // Not a complete shader: the lane builds it after
 //   - a weight part defining `SPAN` and `load_span(r, s) -> array<f32, SPAN>` (elements
 //     SPAN·s … SPAN·s + SPAN − 1 of row r of the bound weight chunk): rows_pairs.wgsl after
@@ -117,9 +117,14 @@ fn store_pair(c: u32, at: u32, v: vec2<f32>) {
 fn linear_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
     let c = column(wg, nwg);
     if (c >= p.cols) { return; }
+    linear_rows_layer(lane, c, wg.z);
+}
+
+// linear_rows' column pair c (< p.cols) of grid layer z.
+fn linear_rows_layer(lane: Lane, c: u32, z: u32) {
     var xo: array<u32, ROWS>;
     for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.k; }
-    let k0 = wg.z * p.k_slice;
+    let k0 = z * p.k_slice;
     reduce_rows(lane, dot_rows(lane.li, 0u, c, xo, p.n, k0, min(p.k, k0 + p.k_slice)));
     if (lane.li < p.n) {
         let oc = p.col_off + c;
@@ -127,34 +132,29 @@ fn linear_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         if (p.has_bias != 0u) {
             v += vec2<f32>(bias[oc], bias[min(oc + 1u, p.col_off + p.cols - 1u)]);
         }
-        store_pair(c, wg.z * p.slice_stride + lane.li * p.out_cols + oc, v);
+        store_pair(c, z * p.slice_stride + lane.li * p.out_cols + oc, v);
     }
 }
 
-// hc_mix_split's product (lane: lm.rs), split over k as linear_rows splits it: layer z sums
-// x·W over its k_slice elements of the raw rows into y[z·slice_stride + i·cols + c] (the norm's
-// factor is taken out of the product: lm.wgsl's hc_split applies it), and the workgroup of the
-// first column pair sums the slice's x² of each row into y2[z·n + i].
+// hc_mix_split's product (lane: lm.rs): linear_rows split over k (the host gives it no bias),
+// on the raw rows (the norm's factor is taken out of the product: lm.wgsl's hc_split applies
+// it); the workgroup of the first column pair also sums the slice's x² of each row into
+// y2[z·n + i].
 @compute @workgroup_size(64, 1, 1)
 fn hc_mix_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
     let c = column(wg, nwg);
     if (c >= p.cols) { return; }
-    var xo: array<u32, ROWS>;
-    for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.k; }
-    let k0 = wg.z * p.k_slice;
-    let k1 = min(p.k, k0 + p.k_slice);
-    reduce_rows(lane, dot_rows(lane.li, 0u, c, xo, p.n, k0, k1));
-    if (lane.li < p.n) {
-        store_pair(c, wg.z * p.slice_stride + lane.li * p.cols + c, sums[lane.li]);
-    }
+    linear_rows_layer(lane, c, wg.z);
     if (c == 0u) {
         // (uniform: the workgroup's column) the threads' reads of `sums` above come before the
         // next reduction's first barrier, its writes to `sums` after it
+        let k0 = wg.z * p.k_slice;
+        let k1 = min(p.k, k0 + p.k_slice);
         var sq: array<vec2<f32>, ROWS>;
         for (var i = 0u; i < ROWS; i++) {
             if (i < p.n) {
                 for (var e = k0 + lane.li; e < k1; e += WG) {
-                    let v = x[xo[i] + e];
+                    let v = x[i * p.k + e];
                     sq[i].x = fma(v, v, sq[i].x);
                 }
             }

@@ -320,7 +320,8 @@ impl WgpuBackend {
         let squares = self.alloc(OP, vec![slices, n], DType::F32)?;
         let params = RowsParams { n, k, out_cols: w, k_slice: slice, ..RowsParams::default() };
         let weight = RowsWeight::chunk(mix, 0);
-        self.dispatch_rows_over("hc_mix_rows", weight, n, params, x, &part, &[(6, squares.binding())])?;
+        let no_bias = (3, self.dummy.as_entire_binding());
+        self.dispatch_rows_over("hc_mix_rows", weight, n, params, x, &part, &[no_bias, (6, squares.binding())])?;
         self.dispatch_hc_split(n, &part, Some((&squares, slices, k, norm_eps)), scale, base, hc, iters, eps)
     }
 
