@@ -439,7 +439,7 @@ impl super::WgpuBackend {
         let stride_words = formats::stride_words(w.format, w.cols);
         let bytes = <Self as Backend>::weight_alloc_bytes(w.format, w.rows, w.cols);
         self.shared.counters.matrix.fetch_add(bytes, Ordering::Relaxed);
-        self.write_rows(buf, offset, &w.bytes, w.format.row_bytes(w.cols), stride_words as usize * 4)?;
+        self.write_rows(buf, offset, &w.bytes, w.format.row_bytes(w.cols), stride_words * 4)?;
         Ok(WgpuWeight {
             name: w.name.clone(),
             format: w.format,
