@@ -67,23 +67,25 @@ fn column(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
 fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32, k0: u32, k1: u32) -> array<vec2<f32>, ROWS> {
     var acc: array<vec2<f32>, ROWS>;
     let c1 = select(c, c + 1u, c + 1u < p.cols);
-    for (var s = k0 / SPAN + li; s * SPAN < k1; s += WG) {
+    var s = k0 / SPAN + li;
+    // two whole spans a step, their four weight loads issued before either's products: a
+    // workgroup's time is its threads' chain of load latencies (a decode step's workgroups all
+    // fit on the GPU at once), and one span a step made that chain as long as the spans. The
+    // products still go in span order, so the sums are one span a step's.
+    for (; (s + WG) * SPAN + SPAN <= k1; s += 2u * WG) {
+        let wa0 = load_span(r0 + c, s);
+        let wb0 = load_span(r0 + c1, s);
+        let wa1 = load_span(r0 + c, s + WG);
+        let wb1 = load_span(r0 + c1, s + WG);
+        acc = add_span(acc, wa0, wb0, xo, rows, s * SPAN);
+        acc = add_span(acc, wa1, wb1, xo, rows, (s + WG) * SPAN);
+    }
+    for (; s * SPAN < k1; s += WG) {
         let wa = load_span(r0 + c, s);
         let wb = load_span(r0 + c1, s);
         let e0 = s * SPAN;
         if (e0 + SPAN <= k1) {
-            // a whole span: its x loads carry no test, so they issue together rather than one
-            // latency after another behind a per-element branch
-            for (var i = 0u; i < ROWS; i++) {
-                if (i < rows) {
-                    var xs: array<f32, SPAN>;
-                    for (var j = 0u; j < SPAN; j++) { xs[j] = x[xo[i] + e0 + j]; }
-                    for (var j = 0u; j < SPAN; j++) {
-                        let wo = vec2<f32>(f32(to_operand(wa[j])), f32(to_operand(wb[j])));
-                        acc[i] += f32(to_operand(xs[j])) * wo;
-                    }
-                }
-            }
+            acc = add_span(acc, wa, wb, xo, rows, e0);
         } else {
             for (var j = 0u; j < SPAN; j++) {
                 let e = e0 + j;
@@ -98,6 +100,25 @@ fn dot_rows(li: u32, r0: u32, c: u32, xo: array<u32, ROWS>, rows: u32, k0: u32, 
         }
     }
     return acc;
+}
+
+// acc plus the products of a whole span (elements e0 … e0 + SPAN − 1) of both columns' rows
+// (wa, wb) with each row i < rows of x: its x loads carry no test, so they issue together rather
+// than one latency after another behind a per-element branch.
+fn add_span(acc: array<vec2<f32>, ROWS>, wa: array<f32, SPAN>, wb: array<f32, SPAN>, xo: array<u32, ROWS>,
+            rows: u32, e0: u32) -> array<vec2<f32>, ROWS> {
+    var sum = acc;
+    for (var i = 0u; i < ROWS; i++) {
+        if (i < rows) {
+            var xs: array<f32, SPAN>;
+            for (var j = 0u; j < SPAN; j++) { xs[j] = x[xo[i] + e0 + j]; }
+            for (var j = 0u; j < SPAN; j++) {
+                let wo = vec2<f32>(f32(to_operand(wa[j])), f32(to_operand(wb[j])));
+                sum[i] += f32(to_operand(xs[j])) * wo;
+            }
+        }
+    }
+    return sum;
 }
 
 // The pair's totals v into y[at] and, when column c + 1 is in the chunk, y[at + 1].
