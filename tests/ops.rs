@@ -215,6 +215,13 @@ enum Call {
         scale: f32,
     },
     SwigluClamp(usize, usize, f32),
+    /// `shared_expert_down` of g, u and routed with the case's weight.
+    SharedExpertDown {
+        g: usize,
+        u: usize,
+        routed: usize,
+        limit: f32,
+    },
     RopeTail {
         x: usize,
         heads: usize,
@@ -360,6 +367,9 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::HashRoute { table, ids, fallback } => b.hash_route(&ts[table], &ts[ids], &ts[fallback]),
         Call::RouteWeights { scores, ids, scale } => b.route_weights(&ts[scores], &ts[ids], scale),
         Call::SwigluClamp(g, u, limit) => b.swiglu_clamp(&ts[g], &ts[u], limit),
+        Call::SharedExpertDown { g, u, routed, limit } => {
+            b.shared_expert_down(&ts[g], &ts[u], limit, weight.as_ref().unwrap(), &ts[routed])
+        }
         Call::RopeTail { x, heads, inv_freq, pos0, stride, inverse } => {
             b.rope_tail(&ts[x], heads, &ts[inv_freq], pos0, stride, inverse)
         }
@@ -1363,6 +1373,30 @@ fn linear_pair_cases() -> Vec<Case> {
     out
 }
 
+/// shared_expert_down: the shared expert's clamped SwiGLU, down projection and the routed sum, one
+/// row (the wgpu lane: routed as the linear's bias) and three (composed), in a float and two
+/// block formats; gate and up values past the clamp (limit 7) both ways.
+fn shared_expert_down_cases() -> Vec<Case> {
+    let mut r = StdRng::seed_from_u64(0x5e2d);
+    let mut out = Vec::new();
+    for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q2_K] {
+        let h = if format.is_block() { format.block_elems() * 2 } else { 77 };
+        for n in [1, 3] {
+            let mut c = case(
+                format!("shared_expert_down {format} g,u[{n},{h}] W[67,{h}]"),
+                Op::Linear,
+                REDUCTION,
+                vec![randn(&mut r, &[n, h], 10.0), randn(&mut r, &[n, h], 10.0), randn(&mut r, &[n, 67], 1.0)],
+                |_| Call::SharedExpertDown { g: 0, u: 1, routed: 2, limit: 7.0 },
+                Args::default(),
+            );
+            c.weight = Some((format, 67, h, weight_bytes(&mut r, format, 67, h)));
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The tile path's k split (CUDA: a grid of one block, 21 rows x 24 columns of 4096 with a bias,
 /// split in 4 ranges over grid z and summed, as a prefill chunk's hyper-connection mix is), in
 /// every format.
@@ -1638,6 +1672,7 @@ fn wgpu_ops_match_cpu() {
     all.extend(small_row_cases());
     all.extend(tile_split_cases());
     all.extend(linear_pair_cases());
+    all.extend(shared_expert_down_cases());
     eprintln!("small-row reduction on {}: {:?}", lane.adapter_info().name, lane.reduction());
     let covered = compare_with_cpu(&lane, all);
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
@@ -1670,6 +1705,7 @@ fn weight_op_cases() -> Vec<Case> {
         .chain(small_row_cases())
         .chain(tile_split_cases())
         .chain(linear_pair_cases())
+        .chain(shared_expert_down_cases())
         .filter(|c| c.weight.is_some() || !c.experts.is_empty())
         .collect()
 }
@@ -2148,6 +2184,7 @@ fn cuda_cases(lane: &CudaBackend) -> Vec<Case> {
     all.extend(extra_cases());
     all.extend(tile_split_cases());
     all.extend(linear_pair_cases());
+    all.extend(shared_expert_down_cases());
     all.extend(
         block_cases()
             .into_iter()

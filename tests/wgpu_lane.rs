@@ -537,6 +537,63 @@ fn linear_pair_of_weights_placed_together_is_one_dispatch_of_two_linears_bits() 
     }
 }
 
+/// `shared_expert_down` of one row is two dispatches (`swiglu_clamp`, then the down projection
+/// with the routed row as its bias) where the composition is three (`add` after them), with the
+/// composition's bits: unsplit (Q8_0, 256 columns of 512) and split over k (F32, 24 columns of
+/// 4 096: `sum_slices` adds the bias). Three rows compose.
+#[test]
+fn shared_expert_down_of_one_row_adds_the_routed_row_as_the_linears_bias() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let mut rng = StdRng::seed_from_u64(0x5e2e);
+    for (format, cols, h, n) in
+        [(WeightFormat::Q8_0, 256, 512, 1), (WeightFormat::F32, 24, 4096, 1), (WeightFormat::Q8_0, 256, 512, 3)]
+    {
+        let bytes = common::blocks::weight_bytes(&mut rng, format, cols, h);
+        let w = HostWeight { name: "w2".into(), format, rows: cols, cols: h, bytes: Cow::Owned(bytes) };
+        let mut values =
+            |len: usize, scale: f32| (0..len).map(|_| rng.random_range(-scale..scale)).collect::<Vec<f32>>();
+        let (g, u, routed) = (values(n * h, 10.0), values(n * h, 10.0), values(n * cols, 1.0));
+        let run = |fused: bool| {
+            let b = make(Options { kernel_times: true, ..Options::default() });
+            let w2 = b.upload_weight(&w).unwrap();
+            let (g, u, routed) =
+                (up(&b, &[n, h], g.clone()), up(&b, &[n, h], u.clone()), up(&b, &[n, cols], routed.clone()));
+            b.kernel_times().unwrap()?;
+            let y = if fused {
+                b.shared_expert_down(&g, &u, 7.0, &w2, &routed).unwrap()
+            } else {
+                let shared = b.linear(&b.swiglu_clamp(&g, &u, 7.0).unwrap(), &w2, None).unwrap();
+                b.add(&routed, &shared).unwrap()
+            };
+            Some((down(&b, &y), dispatch_counts(&b)))
+        };
+        let what = format!("{format} {cols} x {h}, {n} rows");
+        let Some((fused, counts)) = run(true) else {
+            eprintln!(
+                "SKIPPED shared_expert_down_of_one_row_adds_the_routed_row_as_the_linears_bias: no timestamp queries"
+            );
+            return;
+        };
+        let (composed, composed_counts) = run(false).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused), bits(&composed), "{what}: against swiglu_clamp, linear, add");
+        let linear = if h == 4096 { vec![("linear_rows", 1), ("sum_slices", 1)] } else { vec![("linear_rows", 1)] };
+        let with = |extra: &[(&'static str, u64)]| {
+            let mut all = linear.clone();
+            all.extend_from_slice(extra);
+            all.push(("swiglu_clamp", 1));
+            let mut all = named(&all);
+            all.sort();
+            all
+        };
+        assert_eq!(composed_counts, with(&[("add", 1)]), "{what}, composed");
+        assert_eq!(counts, if n == 1 { with(&[]) } else { with(&[("add", 1)]) }, "{what}");
+    }
+}
+
 /// `hc_mix_split` of a decode row is two dispatches (`hc_mix_rows` over slices of k, then
 /// hc_split over the slices) where the composition is four (`rms_norm_heads`, the split
 /// `linear_rows`, `sum_slices`, hc_split), with the composition's values up to rounding: the

@@ -1002,6 +1002,21 @@ pub trait Backend {
         let _ = (g, u, limit);
         Err(self.lm_unsupported(Op::SwigluClamp))
     }
+    /// The MoE sublayer's output: the routed experts' sum `routed` `[n, d]` plus the shared
+    /// expert's down projection `w2` `[d, h]` of its clamped SwiGLU of g, u `[n, h]`,
+    /// `add(routed, linear(swiglu_clamp(g, u, limit), w2))`. The default composes those ops; a
+    /// lane may fuse them (f32 addition commutes: the sum's operands in either order).
+    fn shared_expert_down(
+        &self,
+        g: &Self::Tensor,
+        u: &Self::Tensor,
+        limit: f32,
+        w2: &Self::Weight,
+        routed: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        let shared = self.linear(&self.swiglu_clamp(g, u, limit)?, w2, None)?;
+        self.add(routed, &shared)
+    }
     /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e the gate
     /// `w1[e]` `[h, d]`, the up `w3[e]` `[h, d]` and the down `w2[e]` `[d, h]` → `[n, d]`,
     /// `Σ_k weights_k · w2_e(swiglu_clamp(w1_e · x, w3_e · x))` (weight applied after w2).

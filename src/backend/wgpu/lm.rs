@@ -165,6 +165,25 @@ impl WgpuBackend {
         self.per_element(LM, "swiglu_clamp", &[("g", 1, g), ("u", 2, u)], out, &[limit.to_bits()])
     }
 
+    /// `Backend::shared_expert_down`: for one row, `routed`'s row is the down projection's bias,
+    /// so the sum is the linear's epilogue (shared + routed, the composition's bits) rather than
+    /// an `add` dispatch of its own; more rows compose.
+    pub(super) fn shared_expert_down(
+        &self,
+        g: &WgpuTensor,
+        u: &WgpuTensor,
+        limit: f32,
+        w2: &WgpuWeight,
+        routed: &WgpuTensor,
+    ) -> Result<WgpuTensor> {
+        let hidden = self.swiglu_clamp(g, u, limit)?;
+        if hidden.rows() == 1 && routed.shape() == [1, w2.rows] {
+            return self.linear(&hidden, w2, Some(routed));
+        }
+        let shared = self.linear(&hidden, w2, None)?;
+        self.add(routed, &shared)
+    }
+
     /// The router after the gate projection (`Backend::route_experts`) in one dispatch, one
     /// workgroup a row, bit for bit the five ops it replaces (composed here past
     /// [`ROUTE_MAX_EXPERTS`] experts or [`ROUTE_MAX_K`] slots).

@@ -1160,6 +1160,16 @@ impl Backend for WgpuBackend {
     fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
         self.swiglu_clamp(g, u, limit)
     }
+    fn shared_expert_down(
+        &self,
+        g: &WgpuTensor,
+        u: &WgpuTensor,
+        limit: f32,
+        w2: &WgpuWeight,
+        routed: &WgpuTensor,
+    ) -> Result<WgpuTensor> {
+        self.shared_expert_down(g, u, limit, w2, routed)
+    }
     fn rope_tail(
         &self,
         x: &WgpuTensor,

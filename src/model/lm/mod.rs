@@ -1268,8 +1268,7 @@ impl<B: Backend> LmModel<B> {
             b.route_experts(&logits, &m.bias, kind, hash, cfg.num_experts_per_tok, cfg.routed_scaling_factor as f32)?;
         let routed = b.moe_experts(x, &sel, &w, &m.w1, &m.w3, &m.w2, limit)?;
         let (gate, up) = b.linear_pair(x, &m.shared_w1, &m.shared_w3)?;
-        let shared = b.linear(&b.swiglu_clamp(&gate, &up, limit)?, &m.shared_w2, None)?;
-        Ok((b.add(&routed, &shared)?, sel, w))
+        Ok((b.shared_expert_down(&gate, &up, limit, &m.shared_w2, &routed)?, sel, w))
     }
 }
 
