@@ -100,30 +100,7 @@ fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
         base[j] = (expert * p.expert_stride + min(col0 + j, p.cols - 1u)) * p.w_stride;
     }
     var acc = vec4<f32>(0.0);
-    let groups = p.k / 32u;
-    var g = lt;
-    // two of the invocation's groups a step, their eight columns' dots (so their weight loads)
-    // before either's sums: the workgroups of a decode step all fit on the GPU at once, so its
-    // time is an invocation's chain of load latencies. The sums keep the group order.
-    for (; g + TEAM < groups; g += 2u * TEAM) {
-        var q0: array<u32, 8>;
-        var q1: array<u32, 8>;
-        for (var j = 0u; j < 8u; j++) {
-            q0[j] = xq[8u * g + j];
-            q1[j] = xq[8u * (g + TEAM) + j];
-        }
-        var d0: vec4<f32>;
-        var d1: vec4<f32>;
-        for (var j = 0u; j < TEAM_COLS; j++) {
-            d0[j] = q8x_dot32(base[j], g, q0);
-            d1[j] = q8x_dot32(base[j], g + TEAM, q1);
-        }
-        for (var j = 0u; j < TEAM_COLS; j++) {
-            acc[j] = fma(xs[g], d0[j], acc[j]);
-            acc[j] = fma(xs[g + TEAM], d1[j], acc[j]);
-        }
-    }
-    for (; g < groups; g += TEAM) {
+    for (var g = lt; g < p.k / 32u; g += TEAM) {
         var q: array<u32, 8>;
         for (var j = 0u; j < 8u; j++) { q[j] = xq[8u * g + j]; }
         let dx = xs[g];
