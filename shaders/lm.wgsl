@@ -1582,9 +1582,41 @@ fn sink_attention_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
     }
 }
 
+// Dim e of a (query, head)'s merged output sum (records from rec0, the parts' joint max mx), the
+// parts in order.
+fn merged_dim(rec0: u32, mx: f32, e: u32) -> f32 {
+    let hd = p.u2;
+    var o = 0.0;
+    for (var s = 0u; s < p.u7; s++) {
+        let r = rec0 + s * (hd + 4u);
+        if (a[r + 1u] > 0.0) { o += exp(a[r] - mx) * a[r + 4u + e]; }
+    }
+    return o;
+}
+
+// The dim paired with tail dim e (t-th of the tail) in the interleaved rotation.
+fn tail_pair(e: u32, t: u32) -> u32 {
+    return select(e - 1u, e + 1u, (t & 1u) == 0u);
+}
+
+// out[x·hd + e] = v, or past the first hd − rd (u8) dims v rotated back with its pair's vp at the
+// query's position (rope_tail_at's inverse: `rotated`).
+fn merge_store(x: u32, e: u32, v: f32, vp: f32) {
+    let hd = p.u2;
+    if (e + p.u8 < hd) {
+        out[x * hd + e] = v;
+        return;
+    }
+    let pos = f32(u32(ia[x / p.u1]));
+    out[x * hd + e] = rotated(v, vp, e + p.u8 - hd, pos, true);
+}
+
 // sink_attention_merge: a = the parts' records, comb = sinks → out [n, heads·hd]; a workgroup of
-// SA_THREADS per (query, head), each thread folding the parts' scalars itself (few parts).
-//   u0 = n·heads, u1 = heads, u2 = hd, u7 = parts
+// SA_THREADS per (query, head), each thread folding the parts' scalars itself (few parts). With
+// u8 = rd > 0 (sink_attention_rope) each head's last rd dims are rotated back at the query's
+// position (b = inv_freq [rd/2], ia = positions [n]) as rope_tail_at's inverse rotates them: the
+// thread of a tail dim merges its pair's dim too (the same sums as the pair's own thread).
+//   u0 = n·heads, u1 = heads, u2 = hd, u7 = parts, u8 = rd
 @compute @workgroup_size(SA_THREADS, 1, 1)
 fn sink_attention_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let x = wg.x;
@@ -1608,7 +1640,8 @@ fn sink_attention_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
     }
     // no key: zeros, as the reference's empty sum (whatever the sink, −inf included)
     if (bad || !keys) {
-        for (var e = li; e < hd; e += SA_THREADS) { out[oo + e] = select(0.0, nan(), bad); }
+        let z = select(0.0, nan(), bad);
+        for (var e = li; e < hd; e += SA_THREADS) { merge_store(x, e, z, z); }
         return;
     }
     var den = exp(sink - mx);
@@ -1617,12 +1650,12 @@ fn sink_attention_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
         if (a[r + 1u] > 0.0) { den += exp(a[r] - mx) * a[r + 1u]; }
     }
     for (var e = li; e < hd; e += SA_THREADS) {
-        var o = 0.0;
-        for (var s = 0u; s < parts; s++) {
-            let r = rec0 + s * (hd + 4u);
-            if (a[r + 1u] > 0.0) { o += exp(a[r] - mx) * a[r + 4u + e]; }
+        let v = merged_dim(rec0, mx, e) / den;
+        var vp = 0.0;
+        if (e + p.u8 >= hd) {
+            vp = merged_dim(rec0, mx, tail_pair(e, e + p.u8 - hd)) / den;
         }
-        out[oo + e] = o / den;
+        merge_store(x, e, v, vp);
     }
 }
 

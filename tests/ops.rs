@@ -284,6 +284,13 @@ enum Call {
         sinks: usize,
         heads: usize,
     },
+    /// `sink_attention_rope`: a `SinkAttention` with compressed entries, then its rotation's
+    /// inv_freq and positions.
+    SinkAttentionRope {
+        heads: usize,
+        inv_freq: usize,
+        positions: usize,
+    },
 }
 
 /// The outputs of the case's op (one, or two for `route_experts`).
@@ -398,6 +405,16 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::SinkAttention { q, kv, window, comp, sinks, heads } => {
             b.sink_attention(&ts[q], &ts[kv], &ts[window], comp.map(|(c, i)| (&ts[c], &ts[i])), &ts[sinks], heads)
         }
+        Call::SinkAttentionRope { heads, inv_freq, positions } => b.sink_attention_rope(
+            &ts[0],
+            &ts[1],
+            &ts[2],
+            Some((&ts[3], &ts[4])),
+            &ts[5],
+            heads,
+            &ts[inv_freq],
+            &ts[positions],
+        ),
     };
     Ok(vec![one?])
 }
@@ -1096,6 +1113,25 @@ fn fused_cases(out: &mut Vec<Case>) {
         |_| Call::RmsNormHeads { x: 0, heads: 1, eps: 1e-6 },
         Args::default(),
     ));
+    // sink_attention_rope: a decode-like step split over keys on a GPU (three queries, one
+    // without keys: its zeros rotated), heads of 273 dims (the tail's pairs at odd columns) at
+    // scattered positions; and a prefill-like chunk of few keys (one part: the composition)
+    let inv_freq: Vec<f32> = (0..6).map(|j| 10000f32.powf(-(j as f32) / 6.0) * r.random_range(0.9f32..1.1)).collect();
+    let inv_freq = HostTensor::f32([6], inv_freq).unwrap();
+    let (m, k) = (150, 20);
+    let window = vec![30, m as i32 - 1, 0, 70, 5, 4];
+    let mut c = sink_attention_case(&mut r, (3, 11, 273, m, 9, k), window, |j| j % 6 == 4 || j >= 2 * k, "");
+    c.tensors.extend([inv_freq.clone(), ints(&[3], vec![8191, 17, 640])]);
+    out.push(c);
+    let n = 7;
+    let window: Vec<i32> = (0..n as i32).flat_map(|i| [(i - 3).max(0), i + 4]).collect();
+    let mut c = sink_attention_case(&mut r, (n, 3, 20, 12, 5, 4), window, |j| j % 5 == 1, "");
+    c.tensors.extend([inv_freq, ints(&[n], vec![8000, 5, 63, 1, 0, 9, 4095])]);
+    out.push(c);
+    for c in out.iter_mut().rev().take(2) {
+        c.name = c.name.replacen("sink_attention", "sink_attention_rope", 1) + " rd=12";
+        c.run = |a| Call::SinkAttentionRope { heads: a.a, inv_freq: 6, positions: 7 };
+    }
 }
 
 /// Weight shapes for a block format: `cols` a whole, odd number of blocks (3) where that stays

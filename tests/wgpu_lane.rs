@@ -594,6 +594,88 @@ fn shared_expert_down_of_one_row_adds_the_routed_row_as_the_linears_bias() {
     }
 }
 
+/// `sink_attention_rope` of a decode step (keys split into parts, `force_workgroup_attention` on a
+/// software adapter) is two dispatches, the merge rotating what it writes, where the composition
+/// is three (`rope_tail_at` after the merge), with the composition's bits (a zero's sign aside):
+/// the model's head width and rotary dims (512, 64) at a position past 2¹², a query without keys
+/// (its zeros rotated) and a NaN head (an index past the entries). A prefill chunk's many heads
+/// compose.
+#[test]
+fn sink_attention_rope_of_a_decode_step_rotates_in_the_merge() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let mut rng = StdRng::seed_from_u64(0x51a7);
+    let (heads, hd, m, c, k) = (8, 512, 128, 30, 16);
+    let inv_freq: Vec<f32> = (0..32).map(|j| 10000f32.powf(-(j as f32) / 32.0)).collect();
+    let sinks = randv(&mut rng, heads);
+    let kv = randv(&mut rng, m * hd);
+    let comp = randv(&mut rng, c * hd);
+    for (n, nan_head) in [(3, false), (3, true), (300, false)] {
+        let q = randv(&mut rng, n * heads * hd);
+        // query 1 sees nothing: an empty window, every slot −1
+        let window: Vec<i32> =
+            (0..n).flat_map(|i| if i == 1 { [5, 4] } else { [(i % 7) as i32, m as i32 - 1] }).collect();
+        let idx: Vec<i32> = (0..n * k)
+            .map(|j| match j / k {
+                1 => -1,
+                2 if nan_head && j % k == 3 => c as i32,
+                _ => rng.random_range(-1..c as i32),
+            })
+            .collect();
+        let positions: Vec<i32> = (0..n).map(|i| 4100 + 37 * i as i32).collect();
+        let run = |fused: bool| {
+            let b = make(Options { kernel_times: true, force_workgroup_attention: true, ..Options::default() });
+            let i =
+                |shape: &[usize], v: &[i32]| b.upload(&HostTensor::i32(shape.to_vec(), v.to_vec()).unwrap()).unwrap();
+            let (q, kv, comp) =
+                (up(&b, &[n, heads * hd], q.clone()), up(&b, &[m, hd], kv.clone()), up(&b, &[c, hd], comp.clone()));
+            let (window, idx, at) = (i(&[n, 2], &window), i(&[n, k], &idx), i(&[n], &positions));
+            let (sinks, f) = (up(&b, &[heads], sinks.clone()), up(&b, &[32], inv_freq.clone()));
+            b.kernel_times().unwrap()?;
+            let y = if fused {
+                b.sink_attention_rope(&q, &kv, &window, Some((&comp, &idx)), &sinks, heads, &f, &at).unwrap()
+            } else {
+                let o = b.sink_attention(&q, &kv, &window, Some((&comp, &idx)), &sinks, heads).unwrap();
+                b.rope_tail_at(&o, heads, &f, &at, true).unwrap()
+            };
+            Some((down(&b, &y), dispatch_counts(&b)))
+        };
+        let Some((fused, counts)) = run(true) else {
+            eprintln!("SKIPPED sink_attention_rope_of_a_decode_step_rotates_in_the_merge: no timestamp queries");
+            return;
+        };
+        let (composed, composed_counts) = run(false).unwrap();
+        let what = format!("{n} queries{}", if nan_head { ", a NaN head" } else { "" });
+        // bits, but for a zero's sign (WGSL lets an implementation ignore it: lavapipe rotates the
+        // query without keys' zeros to −0 in the merge where rope_tail_at gives +0)
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a == 0.0 && b == 0.0);
+        let apart: Vec<usize> = (0..fused.len()).filter(|&j| !same(fused[j], composed[j])).collect();
+        assert!(
+            apart.is_empty(),
+            "{what}: {} of {} values apart from sink_attention, rope_tail_at's bits, the first at {:?}: {:?} against {:?}",
+            apart.len(),
+            fused.len(),
+            apart.first(),
+            apart.first().map(|&j| fused[j]),
+            apart.first().map(|&j| composed[j])
+        );
+        assert!(fused[heads * hd..2 * heads * hd].iter().all(|v| *v == 0.0), "{what}: the query without keys");
+        assert_eq!(fused[2 * heads * hd..3 * heads * hd].iter().all(|v| v.is_nan()), nan_head, "{what}");
+        let attention: &[(&str, u64)] = if n == 3 {
+            &[("sink_attention_merge", 1), ("sink_attention_part", 1)]
+        } else {
+            &[("sink_attention_heads", 1)]
+        };
+        let mut with_rope = named(attention);
+        with_rope.push(("rope_tail_at".into(), 1));
+        with_rope.sort();
+        assert_eq!(composed_counts, with_rope, "{what}, composed");
+        assert_eq!(counts, if n == 3 { named(attention) } else { with_rope }, "{what}");
+    }
+}
+
 /// `hc_mix_split` of a decode row is two dispatches (`hc_mix_rows` over slices of k, then
 /// hc_split over the slices) where the composition is four (`rms_norm_heads`, the split
 /// `linear_rows`, `sum_slices`, hc_split), with the composition's values up to rounding: the

@@ -910,6 +910,25 @@ pub trait Backend {
         let _ = (q, kv, window, comp, sinks, n_heads);
         Err(self.lm_unsupported(Op::SinkAttention))
     }
+    /// The attention's output de-rotated in one op: [`Backend::sink_attention`], then its heads'
+    /// RoPE tails rotated back at each query's position (`rope_tail_at(·, n_heads, inv_freq,
+    /// positions, true)`) → `[n, heads·hd]`. The default composes the two ops; a lane may fuse
+    /// them.
+    #[allow(clippy::too_many_arguments)]
+    fn sink_attention_rope(
+        &self,
+        q: &Self::Tensor,
+        kv: &Self::Tensor,
+        window: &Self::Tensor,
+        comp: Option<(&Self::Tensor, &Self::Tensor)>,
+        sinks: &Self::Tensor,
+        n_heads: usize,
+        inv_freq: &Self::Tensor,
+        positions: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        let o = self.sink_attention(q, kv, window, comp, sinks, n_heads)?;
+        self.rope_tail_at(&o, n_heads, inv_freq, positions, true)
+    }
     /// Grouped low-rank projection (§2.5): x `[n, g·k]`, w `[g·r, k]` → `[n, g·r]`; group j
     /// maps columns `[j·k, (j+1)·k)` of x through rows `[j·r, (j+1)·r)` of w.
     fn grouped_linear(&self, x: &Self::Tensor, w: &Self::Weight, groups: usize) -> Result<Self::Tensor> {

@@ -483,6 +483,39 @@ impl WgpuBackend {
         sinks: &WgpuTensor,
         n_heads: usize,
     ) -> Result<WgpuTensor> {
+        self.attend(q, kv, window, comp, sinks, n_heads, None)
+    }
+
+    /// [`Self::sink_attention`] with its output rotated back at the query positions: where the
+    /// keys are split (decode) the merge rotates what it writes, one dispatch fewer; elsewhere
+    /// `rope_tail_at` follows. Bit for bit the composition.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn sink_attention_rope(
+        &self,
+        q: &WgpuTensor,
+        kv: &WgpuTensor,
+        window: &WgpuTensor,
+        comp: Option<(&WgpuTensor, &WgpuTensor)>,
+        sinks: &WgpuTensor,
+        n_heads: usize,
+        inv_freq: &WgpuTensor,
+        positions: &WgpuTensor,
+    ) -> Result<WgpuTensor> {
+        self.attend(q, kv, window, comp, sinks, n_heads, Some((inv_freq, positions)))
+    }
+
+    /// `sink_attention`, and with `rope` = (inv_freq, positions) `sink_attention_rope`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &WgpuTensor,
+        kv: &WgpuTensor,
+        window: &WgpuTensor,
+        comp: Option<(&WgpuTensor, &WgpuTensor)>,
+        sinks: &WgpuTensor,
+        n_heads: usize,
+        rope: Option<(&WgpuTensor, &WgpuTensor)>,
+    ) -> Result<WgpuTensor> {
         const OP: &str = "sink_attention";
         let (n, cols, hd, m, c_rows, kk) = checks::sink_attention(q, kv, window, comp, sinks, n_heads)?;
         let comp_inputs = comp.into_iter().flat_map(|(c, idx)| [("comp", c), ("comp_idx", idx)]);
@@ -490,6 +523,15 @@ impl WgpuBackend {
             OP,
             [("q", q), ("kv", kv), ("window", window), ("sinks", sinks)].into_iter().chain(comp_inputs),
         )?;
+        // the rotation's operands checked before anything is dispatched (the output is q's shape)
+        let rd = match rope {
+            Some((inv_freq, positions)) => {
+                let (.., rd) = checks::rope_tail_at(q, n_heads, inv_freq, positions)?;
+                self.check_inputs(OP, [("inv_freq", inv_freq), ("positions", positions)])?;
+                rd
+            }
+            None => 0,
+        };
         let total = n * n_heads;
         if hd > SINK_ATTENTION_MAX_HEAD_DIM {
             return Err(Self::unsupported(
@@ -539,14 +581,20 @@ impl WgpuBackend {
                 bindings.push((6, records.binding()));
                 let head_groups = n * n_heads.div_ceil(SINK_ATTENTION_PART_HEADS);
                 self.dispatch(LM, "sink_attention_part", 0, &params, &bindings, (head_groups as u32, parts as u32, 1))?;
+                params.push(rd as u32);
+                let (inv_freq, positions) = match rope {
+                    Some((f, at)) => (f.binding(), at.binding()),
+                    None => (self.dummy.as_entire_binding(), self.dummy.as_entire_binding()),
+                };
                 self.dispatch(
                     LM,
                     "sink_attention_merge",
                     0,
                     &params,
-                    &[(1, records.binding()), (9, sinks.binding()), (6, y.binding())],
+                    &[(1, records.binding()), (2, inv_freq), (4, positions), (9, sinks.binding()), (6, y.binding())],
                     (total as u32, 1, 1),
                 )?;
+                return Ok(y);
             } else {
                 let (entry, groups) = if serial {
                     ("sink_attention_serial", grid(total.div_ceil(64)))
@@ -560,7 +608,10 @@ impl WgpuBackend {
                 self.dispatch(LM, entry, 0, &params, &bindings, groups)?;
             }
         }
-        Ok(y)
+        match rope {
+            Some((inv_freq, positions)) => self.rope_tail_at(&y, n_heads, inv_freq, positions, true),
+            None => Ok(y),
+        }
     }
 
     /// The most window keys a query of `window` (`[n, 2]` inclusive bounds into `m` kv rows)

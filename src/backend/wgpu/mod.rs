@@ -1262,4 +1262,17 @@ impl Backend for WgpuBackend {
     ) -> Result<WgpuTensor> {
         self.sink_attention(q, kv, window, comp, sinks, n_heads)
     }
+    fn sink_attention_rope(
+        &self,
+        q: &WgpuTensor,
+        kv: &WgpuTensor,
+        window: &WgpuTensor,
+        comp: Option<(&WgpuTensor, &WgpuTensor)>,
+        sinks: &WgpuTensor,
+        n_heads: usize,
+        inv_freq: &WgpuTensor,
+        positions: &WgpuTensor,
+    ) -> Result<WgpuTensor> {
+        self.sink_attention_rope(q, kv, window, comp, sinks, n_heads, inv_freq, positions)
+    }
 }

@@ -1181,14 +1181,12 @@ impl<B: Backend> LmModel<B> {
             }
             _ => None,
         };
-        let o = match (&entries, picks.as_ref().or(hca_idx.as_deref())) {
-            (Some((c, _)), Some(i)) if c.rows() > 0 => {
-                b.sink_attention(&q, &keys, &window, Some((c, i)), &a.sinks, nh)?
-            }
-            _ => b.sink_attention(&q, &keys, &window, None, &a.sinks, nh)?,
+        // the output rotated back (inverse RoPE) at the query positions
+        let comp = match (&entries, picks.as_ref().or(hca_idx.as_deref())) {
+            (Some((c, _)), Some(i)) if c.rows() > 0 => Some((&**c, i)),
+            _ => None,
         };
-        // inverse RoPE at the query positions
-        let o = b.rope_tail_at(&o, nh, f, positions, true)?;
+        let o = b.sink_attention_rope(&q, &keys, &window, comp, &a.sinks, nh, f, positions)?;
         // later chunks see at most the last W − 1 keys
         let mut spans = Vec::with_capacity(seqs.len());
         for (s, &at) in seqs.iter_mut().zip(&keys_at) {
