@@ -217,6 +217,30 @@ fn linear_rows_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
     }
 }
 
+// linear_pair_swiglu: the bound span holds gate a's rows, then up b's (as many) from row
+// x_stride (as linear_rows_pair's); a workgroup takes column pair c of both, linear_rows_pair's
+// sums of each, into y [n, cols] through lm.wgsl swiglu_clamp's arithmetic:
+// silu(min(g, limit)) · clamp(u, ±limit).
+@compute @workgroup_size(64, 1, 1)
+fn linear_rows_swiglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {
+    let c = column(wg, nwg);
+    if (c >= p.cols) { return; }
+    var xo: array<u32, ROWS>;
+    for (var i = 0u; i < ROWS; i++) { xo[i] = i * p.k; }
+    reduce_rows(lane, dot_rows(lane.li, 0u, c, xo, p.n, 0u, p.k));
+    var g = vec2<f32>(0.0);
+    if (lane.li < p.n) {
+        g = min(sums[lane.li], vec2<f32>(bitcast<f32>(p.limit)));
+    }
+    // reduce_rows ends on a barrier: the gate's sums are read before the up's overwrite them
+    reduce_rows(lane, dot_rows(lane.li, p.x_stride, c, xo, p.n, 0u, p.k));
+    if (lane.li < p.n) {
+        let lim = vec2<f32>(bitcast<f32>(p.limit));
+        let u = clamp(sums[lane.li], -lim, lim);
+        store_pair(c, lane.li * p.cols + c, g / (1.0 + exp(-g)) * u);
+    }
+}
+
 // grouped_linear: output column o = col_off + c reads x columns [(o / group_rows)·k, +k).
 @compute @workgroup_size(64, 1, 1)
 fn grouped_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lane: Lane) {

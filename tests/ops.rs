@@ -215,10 +215,9 @@ enum Call {
         scale: f32,
     },
     SwigluClamp(usize, usize, f32),
-    /// `shared_expert_down` of g, u and routed with the case's weight.
-    SharedExpertDown {
-        g: usize,
-        u: usize,
+    /// `shared_expert` of x and routed with the case's experts w1, w3 (uploaded as a pair), w2.
+    SharedExpert {
+        x: usize,
         routed: usize,
         limit: f32,
     },
@@ -328,6 +327,10 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         // as the model uploads the weights linear_pair takes (a lane may place them together)
         let (wa, wb) = b.upload_weight_pair(&host(&case.name, wa), &host(&case.name, wb))?;
         vec![wa, wb]
+    } else if let (Call::SharedExpert { .. }, [w1, w3, w2]) = ((case.run)(&case.args), case.experts.as_slice()) {
+        // as the model uploads the shared expert: the gate and up as a pair
+        let (w1, w3) = b.upload_weight_pair(&host(&case.name, w1), &host(&case.name, w3))?;
+        vec![w1, w3, b.upload_weight(&host(&case.name, w2))?]
     } else {
         // a projection at a time: every w1, every w3, every w2
         let mut all = Vec::new();
@@ -374,8 +377,8 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::HashRoute { table, ids, fallback } => b.hash_route(&ts[table], &ts[ids], &ts[fallback]),
         Call::RouteWeights { scores, ids, scale } => b.route_weights(&ts[scores], &ts[ids], scale),
         Call::SwigluClamp(g, u, limit) => b.swiglu_clamp(&ts[g], &ts[u], limit),
-        Call::SharedExpertDown { g, u, routed, limit } => {
-            b.shared_expert_down(&ts[g], &ts[u], limit, weight.as_ref().unwrap(), &ts[routed])
+        Call::SharedExpert { x, routed, limit } => {
+            b.shared_expert(&ts[x], &experts[0], &experts[1], &experts[2], limit, &ts[routed])
         }
         Call::RopeTail { x, heads, inv_freq, pos0, stride, inverse } => {
             b.rope_tail(&ts[x], heads, &ts[inv_freq], pos0, stride, inverse)
@@ -1409,26 +1412,31 @@ fn linear_pair_cases() -> Vec<Case> {
     out
 }
 
-/// shared_expert_down: the shared expert's clamped SwiGLU, down projection and the routed sum, one
-/// row (the wgpu lane: routed as the linear's bias) and three (composed), in a float and two
-/// block formats; gate and up values past the clamp (limit 7) both ways.
-fn shared_expert_down_cases() -> Vec<Case> {
+/// shared_expert: the shared expert's gate and up (a pair), clamped SwiGLU, down projection and
+/// the routed sum, in a float and two block formats, one row (the wgpu lane: the SwiGLU in the
+/// pair's dispatch, routed as the down's bias) and three (the SwiGLU fused, the sum composed), and
+/// an odd hidden width (no pair dispatch: composed); gate and up values past the clamp (limit 2)
+/// both ways.
+fn shared_expert_cases() -> Vec<Case> {
     let mut r = StdRng::seed_from_u64(0x5e2d);
     let mut out = Vec::new();
-    for format in [WeightFormat::F32, WeightFormat::Q8_0, WeightFormat::Q2_K] {
-        let h = if format.is_block() { format.block_elems() * 2 } else { 77 };
-        for n in [1, 3] {
-            let mut c = case(
-                format!("shared_expert_down {format} g,u[{n},{h}] W[67,{h}]"),
-                Op::Linear,
-                REDUCTION,
-                vec![randn(&mut r, &[n, h], 10.0), randn(&mut r, &[n, h], 10.0), randn(&mut r, &[n, 67], 1.0)],
-                |_| Call::SharedExpertDown { g: 0, u: 1, routed: 2, limit: 7.0 },
-                Args::default(),
-            );
-            c.weight = Some((format, 67, h, weight_bytes(&mut r, format, 67, h)));
-            out.push(c);
-        }
+    use WeightFormat::{F32, Q2_K, Q8_0};
+    for (format, n, h) in
+        [(F32, 1, 40), (F32, 3, 40), (F32, 1, 41), (Q8_0, 1, 64), (Q8_0, 3, 64), (Q2_K, 1, 512), (Q2_K, 3, 512)]
+    {
+        let d = if format.is_block() { h } else { 77 };
+        let mut c = case(
+            format!("shared_expert {format} x[{n},{d}] w1,w3[{h},{d}] w2[{d},{h}]"),
+            Op::Linear,
+            REDUCTION,
+            vec![randn(&mut r, &[n, d], 1.0), randn(&mut r, &[n, d], 1.0)],
+            |_| Call::SharedExpert { x: 0, routed: 1, limit: 2.0 },
+            Args::default(),
+        );
+        c.experts.push((format, h, d, weight_bytes(&mut r, format, h, d)));
+        c.experts.push((format, h, d, weight_bytes(&mut r, format, h, d)));
+        c.experts.push((format, d, h, weight_bytes(&mut r, format, d, h)));
+        out.push(c);
     }
     out
 }
@@ -1708,7 +1716,7 @@ fn wgpu_ops_match_cpu() {
     all.extend(small_row_cases());
     all.extend(tile_split_cases());
     all.extend(linear_pair_cases());
-    all.extend(shared_expert_down_cases());
+    all.extend(shared_expert_cases());
     eprintln!("small-row reduction on {}: {:?}", lane.adapter_info().name, lane.reduction());
     let covered = compare_with_cpu(&lane, all);
     let missing: Vec<_> = Op::VISION.iter().filter(|op| !covered.contains(op)).map(|op| op.name()).collect();
@@ -1741,7 +1749,7 @@ fn weight_op_cases() -> Vec<Case> {
         .chain(small_row_cases())
         .chain(tile_split_cases())
         .chain(linear_pair_cases())
-        .chain(shared_expert_down_cases())
+        .chain(shared_expert_cases())
         .filter(|c| c.weight.is_some() || !c.experts.is_empty())
         .collect()
 }
@@ -2220,7 +2228,7 @@ fn cuda_cases(lane: &CudaBackend) -> Vec<Case> {
     all.extend(extra_cases());
     all.extend(tile_split_cases());
     all.extend(linear_pair_cases());
-    all.extend(shared_expert_down_cases());
+    all.extend(shared_expert_cases());
     all.extend(
         block_cases()
             .into_iter()

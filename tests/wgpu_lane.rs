@@ -537,60 +537,66 @@ fn linear_pair_of_weights_placed_together_is_one_dispatch_of_two_linears_bits() 
     }
 }
 
-/// `shared_expert_down` of one row is two dispatches (`swiglu_clamp`, then the down projection
-/// with the routed row as its bias) where the composition is three (`add` after them), with the
-/// composition's bits: unsplit (Q8_0, 256 columns of 512) and split over k (F32, 24 columns of
-/// 4 096: `sum_slices` adds the bias). Three rows compose.
+/// `shared_expert` of one row is two dispatches (`linear_rows_swiglu`: the gate and up pair with
+/// the clamped SwiGLU as its epilogue; then the down projection with the routed row as its bias)
+/// where the composition is four (`linear_pair`'s `linear_rows_pair`, `swiglu_clamp`, the down
+/// projection, `add`), with the composition's bits: the down unsplit (Q8_0, 256 columns of 512)
+/// and split over k (F32, 24 columns of 4 096: `sum_slices` adds the bias). Three rows keep the
+/// fused SwiGLU and add the routed sum after.
 #[test]
-fn shared_expert_down_of_one_row_adds_the_routed_row_as_the_linears_bias() {
+fn shared_expert_of_one_row_is_the_pair_with_its_swiglu_then_the_down_with_the_routed_bias() {
     if !adapter_available() {
         return;
     }
     let _devices = shared();
     let mut rng = StdRng::seed_from_u64(0x5e2e);
-    for (format, cols, h, n) in
+    for (format, d, h, n) in
         [(WeightFormat::Q8_0, 256, 512, 1), (WeightFormat::F32, 24, 4096, 1), (WeightFormat::Q8_0, 256, 512, 3)]
     {
-        let bytes = common::blocks::weight_bytes(&mut rng, format, cols, h);
-        let w = HostWeight { name: "w2".into(), format, rows: cols, cols: h, bytes: Cow::Owned(bytes) };
+        let mut weight = |name: &str, rows: usize, cols: usize| {
+            let bytes = common::blocks::weight_bytes(&mut rng, format, rows, cols);
+            HostWeight { name: name.into(), format, rows, cols, bytes: Cow::Owned(bytes) }
+        };
+        let (w1, w3, w2) = (weight("w1", h, d), weight("w3", h, d), weight("w2", d, h));
         let mut values =
             |len: usize, scale: f32| (0..len).map(|_| rng.random_range(-scale..scale)).collect::<Vec<f32>>();
-        let (g, u, routed) = (values(n * h, 10.0), values(n * h, 10.0), values(n * cols, 1.0));
+        let (x, routed) = (values(n * d, 1.0), values(n * d, 1.0));
         let run = |fused: bool| {
             let b = make(Options { kernel_times: true, ..Options::default() });
-            let w2 = b.upload_weight(&w).unwrap();
-            let (g, u, routed) =
-                (up(&b, &[n, h], g.clone()), up(&b, &[n, h], u.clone()), up(&b, &[n, cols], routed.clone()));
+            let (w1, w3) = b.upload_weight_pair(&w1, &w3).unwrap();
+            let w2 = b.upload_weight(&w2).unwrap();
+            let (x, routed) = (up(&b, &[n, d], x.clone()), up(&b, &[n, d], routed.clone()));
             b.kernel_times().unwrap()?;
             let y = if fused {
-                b.shared_expert_down(&g, &u, 7.0, &w2, &routed).unwrap()
+                b.shared_expert(&x, &w1, &w3, &w2, 2.0, &routed).unwrap()
             } else {
-                let shared = b.linear(&b.swiglu_clamp(&g, &u, 7.0).unwrap(), &w2, None).unwrap();
+                let (g, u) = b.linear_pair(&x, &w1, &w3).unwrap();
+                let shared = b.linear(&b.swiglu_clamp(&g, &u, 2.0).unwrap(), &w2, None).unwrap();
                 b.add(&routed, &shared).unwrap()
             };
             Some((down(&b, &y), dispatch_counts(&b)))
         };
-        let what = format!("{format} {cols} x {h}, {n} rows");
+        let what = format!("{format} {d} x {h}, {n} rows");
         let Some((fused, counts)) = run(true) else {
-            eprintln!(
-                "SKIPPED shared_expert_down_of_one_row_adds_the_routed_row_as_the_linears_bias: no timestamp queries"
-            );
+            eprintln!("SKIPPED shared_expert_of_one_row_…: no timestamp queries");
             return;
         };
         let (composed, composed_counts) = run(false).unwrap();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&fused), bits(&composed), "{what}: against swiglu_clamp, linear, add");
-        let linear = if h == 4096 { vec![("linear_rows", 1), ("sum_slices", 1)] } else { vec![("linear_rows", 1)] };
+        let apart = fused.iter().zip(&composed).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(apart, 0, "{what}: values apart from linear_pair, swiglu_clamp, linear, add's bits");
+        let down = if h == 4096 { vec![("linear_rows", 1), ("sum_slices", 1)] } else { vec![("linear_rows", 1)] };
         let with = |extra: &[(&'static str, u64)]| {
-            let mut all = linear.clone();
+            let mut all = down.clone();
             all.extend_from_slice(extra);
-            all.push(("swiglu_clamp", 1));
             let mut all = named(&all);
             all.sort();
             all
         };
-        assert_eq!(composed_counts, with(&[("add", 1)]), "{what}, composed");
-        assert_eq!(counts, if n == 1 { with(&[]) } else { with(&[("add", 1)]) }, "{what}");
+        let composition = [("add", 1), ("linear_rows_pair", 1), ("swiglu_clamp", 1)];
+        assert_eq!(composed_counts, with(&composition), "{what}, composed");
+        let fused_counts =
+            if n == 1 { with(&[("linear_rows_swiglu", 1)]) } else { with(&[("add", 1), ("linear_rows_swiglu", 1)]) };
+        assert_eq!(counts, fused_counts, "{what}");
     }
 }
 

@@ -1022,18 +1022,22 @@ pub trait Backend {
         Err(self.lm_unsupported(Op::SwigluClamp))
     }
     /// The MoE sublayer's output: the routed experts' sum `routed` `[n, d]` plus the shared
-    /// expert's down projection `w2` `[d, h]` of its clamped SwiGLU of g, u `[n, h]`,
-    /// `add(routed, linear(swiglu_clamp(g, u, limit), w2))`. The default composes those ops; a
-    /// lane may fuse them (f32 addition commutes: the sum's operands in either order).
-    fn shared_expert_down(
+    /// expert of x `[n, d]` (gate `w1` and up `w3` `[h, d]`, uploaded as a pair, down `w2`
+    /// `[d, h]`): `add(routed, linear(swiglu_clamp(linear_pair(x, w1, w3), limit), w2))`. The
+    /// default composes those ops; a lane may fuse them (f32 addition commutes: the sum's
+    /// operands in either order).
+    #[allow(clippy::too_many_arguments)]
+    fn shared_expert(
         &self,
-        g: &Self::Tensor,
-        u: &Self::Tensor,
-        limit: f32,
+        x: &Self::Tensor,
+        w1: &Self::Weight,
+        w3: &Self::Weight,
         w2: &Self::Weight,
+        limit: f32,
         routed: &Self::Tensor,
     ) -> Result<Self::Tensor> {
-        let shared = self.linear(&self.swiglu_clamp(g, u, limit)?, w2, None)?;
+        let (g, u) = self.linear_pair(x, w1, w3)?;
+        let shared = self.linear(&self.swiglu_clamp(&g, &u, limit)?, w2, None)?;
         self.add(routed, &shared)
     }
     /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e the gate

@@ -165,18 +165,28 @@ impl WgpuBackend {
         self.per_element(LM, "swiglu_clamp", &[("g", 1, g), ("u", 2, u)], out, &[limit.to_bits()])
     }
 
-    /// `Backend::shared_expert_down`: for one row, `routed`'s row is the down projection's bias,
-    /// so the sum is the linear's epilogue (shared + routed, the composition's bits) rather than
-    /// an `add` dispatch of its own; more rows compose.
-    pub(super) fn shared_expert_down(
+    /// `Backend::shared_expert`: the gate and up projections through the clamped SwiGLU in one
+    /// small-row dispatch where `linear_pair` would take one ([`Self::linear_pair_swiglu`]), and
+    /// for one row `routed`'s row as the down projection's bias, so the sum is the linear's
+    /// epilogue (shared + routed) rather than an `add` dispatch of its own; the composition's
+    /// bits. More rows, or weights linear_pair would not take in one dispatch, compose.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn shared_expert(
         &self,
-        g: &WgpuTensor,
-        u: &WgpuTensor,
-        limit: f32,
+        x: &WgpuTensor,
+        w1: &WgpuWeight,
+        w3: &WgpuWeight,
         w2: &WgpuWeight,
+        limit: f32,
         routed: &WgpuTensor,
     ) -> Result<WgpuTensor> {
-        let hidden = self.swiglu_clamp(g, u, limit)?;
+        let hidden = match self.linear_pair_swiglu(x, w1, w3, limit)? {
+            Some(hidden) => hidden,
+            None => {
+                let (g, u) = self.linear_pair(x, w1, w3)?;
+                self.swiglu_clamp(&g, &u, limit)?
+            }
+        };
         if hidden.rows() == 1 && routed.shape() == [1, w2.rows] {
             return self.linear(&hidden, w2, Some(routed));
         }

@@ -1160,15 +1160,16 @@ impl Backend for WgpuBackend {
     fn swiglu_clamp(&self, g: &WgpuTensor, u: &WgpuTensor, limit: f32) -> Result<WgpuTensor> {
         self.swiglu_clamp(g, u, limit)
     }
-    fn shared_expert_down(
+    fn shared_expert(
         &self,
-        g: &WgpuTensor,
-        u: &WgpuTensor,
-        limit: f32,
+        x: &WgpuTensor,
+        w1: &WgpuWeight,
+        w3: &WgpuWeight,
         w2: &WgpuWeight,
+        limit: f32,
         routed: &WgpuTensor,
     ) -> Result<WgpuTensor> {
-        self.shared_expert_down(g, u, limit, w2, routed)
+        self.shared_expert(x, w1, w3, w2, limit, routed)
     }
     fn rope_tail(
         &self,

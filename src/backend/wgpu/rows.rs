@@ -287,6 +287,47 @@ impl WgpuBackend {
         Ok((ya, yb))
     }
 
+    /// [`Self::linear_pair`] of a gate `wa` and an up `wb` of as many rows through the clamped
+    /// SwiGLU (the shared expert's hidden `[n, rows]`) in one small-row dispatch
+    /// (`linear_rows_swiglu`: a workgroup per column pair of both weights, so the SwiGLU is its
+    /// epilogue: one `swiglu_clamp` dispatch fewer, the composition's bits) where linear_pair
+    /// would take one; `None` where it would not (the caller composes).
+    pub(super) fn linear_pair_swiglu(
+        &self,
+        x: &WgpuTensor,
+        wa: &WgpuWeight,
+        wb: &WgpuWeight,
+        limit: f32,
+    ) -> Result<Option<WgpuTensor>> {
+        const OP: &str = "linear_pair_swiglu";
+        let (n, k) = checks::linear_pair(x, wa, wb)?;
+        let span = match PairSpan::of(wa, wb, self.max_binding) {
+            Some(span)
+                if self.opts.pair_rows
+                    && wa.rows == wb.rows
+                    && (1..=SMALL_ROWS).contains(&n)
+                    && !self.linear_takes_q8x(wa, n, k)
+                    && !self.linear_takes_q8x(wb, n, k) =>
+            {
+                span
+            }
+            _ => return Ok(None),
+        };
+        self.check_inputs(OP, [("x", x)])?;
+        let y = self.alloc(OP, vec![n, wa.rows], DType::F32)?;
+        let weight = RowsWeight {
+            matrix: wa,
+            binding: wgpu::BindingResource::Buffer(span.binding),
+            cols: wa.rows,
+            col_off: 0,
+            experts: None,
+        };
+        // rows.wgsl's linear_rows_swiglu reads b's first weight row from `x_stride`
+        let params = RowsParams { n, k, x_stride: span.b_row, limit, ..RowsParams::default() };
+        self.dispatch_rows_over("linear_rows_swiglu", weight, n, params, x, &y, &[])?;
+        Ok(Some(y))
+    }
+
     /// One small-row dispatch of `entry` over the chunk `c` of `w`: [`Self::dispatch_rows_over`].
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_rows(

@@ -1265,8 +1265,7 @@ impl<B: Backend> LmModel<B> {
         let (sel, w) =
             b.route_experts(&logits, &m.bias, kind, hash, cfg.num_experts_per_tok, cfg.routed_scaling_factor as f32)?;
         let routed = b.moe_experts(x, &sel, &w, &m.w1, &m.w3, &m.w2, limit)?;
-        let (gate, up) = b.linear_pair(x, &m.shared_w1, &m.shared_w3)?;
-        Ok((b.shared_expert_down(&gate, &up, limit, &m.shared_w2, &routed)?, sel, w))
+        Ok((b.shared_expert(x, &m.shared_w1, &m.shared_w3, &m.shared_w2, limit, &routed)?, sel, w))
     }
 }
 
