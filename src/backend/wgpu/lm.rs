@@ -498,7 +498,9 @@ impl WgpuBackend {
 
     /// [`Self::sink_attention`] with its output rotated back at the query positions: where the
     /// keys are split (decode) the merge rotates what it writes, one dispatch fewer; elsewhere
-    /// `rope_tail_at` follows. Bit for bit the composition.
+    /// `rope_tail_at` follows. The composition's sums, rotated by `rope_tail_at`'s arithmetic; a
+    /// device may still round the rotation apart (NVIDIA's, by a fused multiply-add in one
+    /// kernel and not the other: tests/wgpu_lane.rs bounds it).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn sink_attention_rope(
         &self,
