@@ -217,7 +217,7 @@ fn linear_rows_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// linear_pair_swiglu: the bound span holds gate a's rows, then up b's (as many) from row
+// linear_rows_swiglu (rows.rs linear_pair_swiglu): the bound span holds gate a's rows, then up b's (as many) from row
 // x_stride (as linear_rows_pair's); a workgroup takes column pair c of both, linear_rows_pair's
 // sums of each, into y [n, cols] through lm.wgsl swiglu_clamp's arithmetic:
 // silu(min(g, limit)) · clamp(u, ±limit).

@@ -246,6 +246,20 @@ impl<'a> PairSpan<'a> {
 }
 
 impl WgpuBackend {
+    /// The span `linear_rows_pair` (and `linear_rows_swiglu`) take `wa` and `wb` through in one
+    /// small-row dispatch for `n` rows of `k`: the lane's `pair_rows` option, at most
+    /// [`SMALL_ROWS`] rows, neither weight on int8 activations, the two in one [`PairSpan`].
+    fn pair_dispatch<'a>(&self, wa: &'a WgpuWeight, wb: &'a WgpuWeight, n: usize, k: usize) -> Option<PairSpan<'a>> {
+        if !self.opts.pair_rows
+            || !(1..=SMALL_ROWS).contains(&n)
+            || self.linear_takes_q8x(wa, n, k)
+            || self.linear_takes_q8x(wb, n, k)
+        {
+            return None;
+        }
+        PairSpan::of(wa, wb, self.max_binding)
+    }
+
     /// Two linears of one input, no bias (`Backend::linear_pair`): with at most [`SMALL_ROWS`]
     /// rows, neither weight on int8 activations and the two in one [`PairSpan`], one small-row
     /// dispatch over both weights' columns (a decode step's wq_a and wkv, a compressor's wkv and
@@ -259,16 +273,8 @@ impl WgpuBackend {
     ) -> Result<(WgpuTensor, WgpuTensor)> {
         const OP: &str = "linear_pair";
         let (n, k) = checks::linear_pair(x, wa, wb)?;
-        let span = match PairSpan::of(wa, wb, self.max_binding) {
-            Some(span)
-                if self.opts.pair_rows
-                    && (1..=SMALL_ROWS).contains(&n)
-                    && !self.linear_takes_q8x(wa, n, k)
-                    && !self.linear_takes_q8x(wb, n, k) =>
-            {
-                span
-            }
-            _ => return Ok((self.linear(x, wa, None)?, self.linear(x, wb, None)?)),
+        let Some(span) = self.pair_dispatch(wa, wb, n, k) else {
+            return Ok((self.linear(x, wa, None)?, self.linear(x, wb, None)?));
         };
         self.check_inputs(OP, [("x", x)])?;
         let ya = self.alloc(OP, vec![n, wa.rows], DType::F32)?;
@@ -301,17 +307,8 @@ impl WgpuBackend {
     ) -> Result<Option<WgpuTensor>> {
         const OP: &str = "linear_pair_swiglu";
         let (n, k) = checks::linear_pair(x, wa, wb)?;
-        let span = match PairSpan::of(wa, wb, self.max_binding) {
-            Some(span)
-                if self.opts.pair_rows
-                    && wa.rows == wb.rows
-                    && (1..=SMALL_ROWS).contains(&n)
-                    && !self.linear_takes_q8x(wa, n, k)
-                    && !self.linear_takes_q8x(wb, n, k) =>
-            {
-                span
-            }
-            _ => return Ok(None),
+        let Some(span) = self.pair_dispatch(wa, wb, n, k).filter(|_| wa.rows == wb.rows) else {
+            return Ok(None);
         };
         self.check_inputs(OP, [("x", x)])?;
         let y = self.alloc(OP, vec![n, wa.rows], DType::F32)?;
