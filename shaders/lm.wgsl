@@ -581,11 +581,11 @@ const HC_THREADS: u32 = HC_MAX * HC_MAX;
 
 var<workgroup> hc_block: array<array<f32, HC_THREADS>, 2>;
 
-// v published as this thread's element of hc_block[buf], then the sum of the hc elements from
-// `first`, `stride` apart (a row: 1, a column: hc), in order. Workgroup-uniform control flow only
-// (a barrier).
+// v published as this thread's element of hc_block[buf] (threads past HC_THREADS publish
+// nothing), then the sum of the hc elements from `first`, `stride` apart (a row: 1, a column: hc),
+// in order. Workgroup-uniform control flow only (a barrier).
 fn hc_publish_sum(buf: u32, li: u32, v: f32, first: u32, stride: u32, hc: u32) -> f32 {
-    hc_block[buf][li] = v;
+    if (li < HC_THREADS) { hc_block[buf][li] = v; }
     workgroupBarrier();
     var sum = 0.0;
     for (var j = 0u; j < hc; j++) { sum += hc_block[buf][first + j * stride]; }
@@ -670,11 +670,21 @@ fn hc_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         }
         v = mix_of(t, 2u * hc + q, inv) * b[2] + c[2u * hc + q];
     }
-    let row = row0 + src * hc; // this thread's row and column in hc_block
-    let col = row0 + dst;
-    // the softmax over each src row
+    // this thread's row and column in hc_block
+    v = hc_sinkhorn(li, v, row0 + src * hc, row0 + dst, hc, eps);
+    if (live) {
+        out[cb + q] = v;
+    }
+}
+
+// The Sinkhorn block of hc_split from this thread's element v (its block's row `row`, column
+// `col` in hc_block): the softmax over each src row, then p.u2 rounds of column and row
+// normalisation (the first without its row step). Threads past HC_THREADS take part in the
+// barriers only (their row and column in range, their result unused). Every thread calls it.
+fn hc_sinkhorn(li: u32, v0: f32, row: u32, col: u32, hc: u32, eps: f32) -> f32 {
+    var v = v0;
     var buf = 0u;
-    hc_block[buf][li] = v;
+    if (li < HC_THREADS) { hc_block[buf][li] = v; }
     workgroupBarrier();
     var mx = bitcast<f32>(0xff800000u);
     for (var j = 0u; j < hc; j++) { mx = max(mx, hc_block[buf][row + j]); }
@@ -691,9 +701,134 @@ fn hc_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         buf = 1u - buf;
         v /= hc_publish_sum(buf, li, v, col, hc, hc) + eps;
     }
-    if (live) {
-        out[cb + q] = v;
+    return v;
+}
+
+// hc_split_pre_norm: hc_mix_split's fused split (hc_split from hc_mix_rows' partial sums) and
+// hc_pre_norm of the residual by its pre weights in one dispatch, with the two dispatches' bits:
+// a decode step ran hc_split then hc_pre_norm twice a layer. One workgroup (256 threads) a row
+// (at most 8 rows: the grid is the rows). The partial sums and the squares go to workgroup
+// memory in one round of loads, four a thread in flight (hc_split's threads walk their slices
+// eight loads at a time, twice for pre and post), and the mix is summed from there in slice
+// order as mix_of and mix_norm sum it; pre and post are written, pre kept in workgroup memory;
+// the streams are collapsed by pre and RMS-normalised as norm.wgsl's hc_pre_norm (rows of at most
+// HS_HELD·1024, held in registers); then the Sinkhorn block on the first hc² threads.
+//   a = partial sums [slices, n, wd], comb = their squares [slices, n], b = scale [3],
+//   c = base [wd], hx = X [n, hc·d], hw = the norm's weight [d] → out = split [n, wd],
+//   hy = [n, d]. u0 = n, u1 = hc, u2 = iters, u3 = eps, u4 = slices, u5 = hc·d, u6 = the norms'
+//   eps, u7 = d. lm.rs holds slices·(wd + 1) ≤ HS_STAGE and d ≤ HS_HELD·1024.
+const HS_STAGE: u32 = 2048u;
+const HS_HELD: u32 = 4u;
+var<workgroup> hs_stage: array<f32, HS_STAGE>;
+var<workgroup> hs_mix: array<f32, (2u + HC_MAX) * HC_MAX>;
+var<workgroup> hs_pre: array<f32, HC_MAX>;
+@group(0) @binding(11) var<storage, read> hx: array<f32>;
+@group(0) @binding(12) var<storage, read> hw: array<f32>;
+@group(0) @binding(13) var<storage, read_write> hy: array<f32>;
+
+@compute @workgroup_size(256, 1, 1)
+fn hc_split_pre_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = wg.x;
+    let hc = p.u1;
+    let wd = (2u + hc) * hc;
+    let slices = p.u4;
+    let sums = slices * wd; // the squares follow the partial sums in hs_stage
+    let staged = sums + slices;
+    for (var e = li; e < staged; e += 1024u) {
+        var v: array<f32, 4>;
+        for (var g = 0u; g < 4u; g++) {
+            v[g] = hs_partial(t, min(e + g * 256u, staged - 1u), wd, sums);
+        }
+        for (var g = 0u; g < 4u; g++) {
+            if (e + g * 256u < staged) { hs_stage[e + g * 256u] = v[g]; }
+        }
     }
+    workgroupBarrier();
+    if (li < wd) {
+        var sq = 0.0;
+        for (var z = 0u; z < slices; z++) { sq += hs_stage[sums + z]; }
+        let inv = 1.0 / sqrt(sq / f32(p.u5) + bitcast<f32>(p.u6));
+        var s = 0.0;
+        for (var z = 0u; z < slices; z++) { s += hs_stage[z * wd + li]; }
+        hs_mix[li] = inv * s;
+    }
+    workgroupBarrier();
+    let eps = bitcast<f32>(p.u3);
+    let o = t * wd;
+    if (li < hc) {
+        let pre = sigmoid(hs_mix[li] * b[0] + c[li]) + eps;
+        hs_pre[li] = pre;
+        out[o + li] = pre;
+        out[o + hc + li] = 2.0 * sigmoid(hs_mix[hc + li] * b[1] + c[hc + li]);
+    }
+    let cells = hc * hc;
+    var v = 0.0;
+    if (li < cells) {
+        v = hs_mix[2u * hc + li] * b[2] + c[2u * hc + li];
+    }
+    workgroupBarrier();
+    // hc_pre_norm (norm.wgsl) of row t
+    let d = p.u7;
+    let xb = t * hc * d;
+    let ob = t * d;
+    var held: array<vec4<f32>, HS_HELD>;
+    var s4 = vec4<f32>(0.0);
+    for (var g = 0u; g < HS_HELD; g++) {
+        let e = li + g * 1024u;
+        if (e < d) {
+            var h = vec4<f32>(0.0);
+            for (var k = 0u; k < hc; k++) {
+                h += hs_pre[k] * hs_load4(xb + k * d, e, d);
+            }
+            held[g] = h;
+            s4 = fma(h, h, s4);
+        }
+    }
+    red[li] = (s4.x + s4.y) + (s4.z + s4.w);
+    workgroupBarrier();
+    for (var m = 128u; m > 0u; m >>= 1u) {
+        if (li < m) {
+            red[li] += red[li + m];
+        }
+        workgroupBarrier();
+    }
+    let inv = inverseSqrt(red[0] / f32(d) + bitcast<f32>(p.u6));
+    for (var g = 0u; g < HS_HELD; g++) {
+        let e = li + g * 1024u;
+        if (e < d) {
+            let wt = vec4<f32>(hw[e], hw[min(e + 256u, d - 1u)], hw[min(e + 512u, d - 1u)], hw[min(e + 768u, d - 1u)]);
+            let y = (held[g] * inv) * wt;
+            hy[ob + e] = y.x;
+            if (e + 256u < d) { hy[ob + e + 256u] = y.y; }
+            if (e + 512u < d) { hy[ob + e + 512u] = y.z; }
+            if (e + 768u < d) { hy[ob + e + 768u] = y.w; }
+        }
+    }
+    // the Sinkhorn block: thread q = src·hc + dst of the first hc² (the others' row and column 0)
+    let q = select(0u, li, li < cells);
+    v = hc_sinkhorn(li, v, (q / hc) * hc, q % hc, hc, eps);
+    if (li < cells) {
+        out[o + 2u * hc + li] = v;
+    }
+}
+
+// Element e of row t's staged partials: partial sum z = e / wd of column e % wd for e < sums,
+// else slice e − sums's sum of squares.
+fn hs_partial(t: u32, e: u32, wd: u32, sums: u32) -> f32 {
+    if (e < sums) {
+        return a[((e / wd) * p.u0 + t) * wd + e % wd];
+    }
+    return comb[(e - sums) * p.u0 + t];
+}
+
+// X's elements c, c + 256, c + 512, c + 768 of the d from base (0 past d; c < d).
+fn hs_load4(base: u32, c: u32, d: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    v.x = hx[base + c];
+    if (c + 256u < d) { v.y = hx[base + c + 256u]; }
+    if (c + 512u < d) { v.z = hx[base + c + 512u]; }
+    if (c + 768u < d) { v.w = hx[base + c + 768u]; }
+    return v;
 }
 
 // compress_pool: a = kv, b = gate [T, wd], c = ape [r, wd] → out [⌊T/r⌋, d]; one thread per

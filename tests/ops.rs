@@ -181,6 +181,14 @@ enum Call {
         base: usize,
         hc: usize,
     },
+    /// Two outputs (the split, the sublayer's input), both compared.
+    HcMixSplitPreNorm {
+        x: usize,
+        scale: usize,
+        base: usize,
+        weight: usize,
+        hc: usize,
+    },
     /// `linear_pair` of x with the case's two weights (`experts`, in order).
     LinearPair(usize),
     HcPost {
@@ -366,6 +374,12 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::HcPreNorm { x, w, weight, hc } => b.hc_pre_norm(&ts[x], &ts[w], hc, &ts[weight], 1e-6),
         Call::HcMixSplit { x, scale, base, hc } => {
             b.hc_mix_split(&ts[x], weight.as_ref().unwrap(), &ts[scale], &ts[base], hc, 20, 1e-6, 1e-6)
+        }
+        Call::HcMixSplitPreNorm { x, scale, base, weight: norm, hc } => {
+            let mix = weight.as_ref().unwrap();
+            let (split, y) =
+                b.hc_mix_split_pre_norm(&ts[x], mix, &ts[scale], &ts[base], hc, 20, 1e-6, 1e-6, &ts[norm])?;
+            return Ok(vec![split, y]);
         }
         Call::LinearPair(x) => {
             let (ya, yb) = b.linear_pair(&ts[x], &experts[0], &experts[1])?;
@@ -1134,6 +1148,34 @@ fn fused_cases(out: &mut Vec<Case>) {
     for c in out.iter_mut().rev().take(2) {
         c.name = c.name.replacen("sink_attention", "sink_attention_rope", 1) + " rd=12";
         c.run = |a| Call::SinkAttentionRope { heads: a.a, inv_freq: 6, positions: 7 };
+    }
+    // hc_mix_split_pre_norm: the released geometry's decode row (hc 4, d 4 096, an F16 mix) and
+    // three rows; a width no multiple of 4 and hc = 5; past a fused kernel's reach: a row wider
+    // than 4 096, more rows than a decode step's 8
+    for (format, n, hc, d) in [
+        (WeightFormat::F16, 1, 4, 4096),
+        (WeightFormat::F32, 3, 4, 1101),
+        (WeightFormat::F32, 2, 5, 21),
+        (WeightFormat::BF16, 1, 4, 4101),
+        (WeightFormat::F32, 9, 4, 37),
+    ] {
+        let (w, k) = ((2 + hc) * hc, hc * d);
+        let mut c = case(
+            format!("hc_mix_split_pre_norm {format} [{n},{hc}x{d}]"),
+            Op::HcMixSplit,
+            REDUCTION,
+            vec![
+                randn(&mut r, &[n, k], 2.0),
+                randn(&mut r, &[3], 1.5),
+                randn(&mut r, &[w], 1.0),
+                randn(&mut r, &[d], 1.5),
+            ],
+            |a| Call::HcMixSplitPreNorm { x: 0, scale: 1, base: 2, weight: 3, hc: a.a },
+            Args { a: hc, ..Default::default() },
+        );
+        c.weight = Some((format, w, k, weight_bytes(&mut r, format, w, k)));
+        c.exact_weight = true;
+        out.push(c);
     }
 }
 

@@ -750,6 +750,62 @@ fn hc_mix_split_of_a_decode_row_is_two_dispatches() {
     }
 }
 
+/// `hc_mix_split_pre_norm` of a decode row is two dispatches (`hc_mix_rows`, then
+/// `hc_split_pre_norm`: the split and the collapsed streams' norm from one workgroup a row) where
+/// `hc_mix_split` then `hc_pre_norm` are three, with their bits (both outputs): the released
+/// geometry (hc 4, d 4 096, an F16 mix) on one row and on three.
+#[test]
+fn hc_mix_split_pre_norm_of_a_decode_row_is_two_dispatches_with_the_composition_bits() {
+    if !adapter_available() {
+        return;
+    }
+    // several devices of its own (see `exclusive`)
+    let _devices = exclusive();
+    let mut rng = StdRng::seed_from_u64(0x5b17);
+    let (hc, d) = (4, 4096);
+    let (w, k) = ((2 + hc) * hc, hc * d);
+    let mix: Vec<f32> = (0..w * k).map(|_| rng.random_range(-0.01f32..0.01)).collect();
+    let mix = HostWeight {
+        name: "mix".into(),
+        format: WeightFormat::F16,
+        rows: w,
+        cols: k,
+        bytes: Cow::Owned(encode(WeightFormat::F16, &mix)),
+    };
+    let scale: Vec<f32> = (0..3).map(|_| rng.random_range(0.5f32..1.5)).collect();
+    let base: Vec<f32> = (0..w).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let norm: Vec<f32> = (0..d).map(|_| rng.random_range(0.5f32..1.5)).collect();
+    for n in [1, 3] {
+        let xs: Vec<f32> = (0..n * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        let run = |fused: bool| {
+            let b = make(Options { kernel_times: true, ..Options::default() });
+            let mix = b.upload_weight_exact(&mix).unwrap();
+            let (scale, base) = (up(&b, &[3], scale.clone()), up(&b, &[w], base.clone()));
+            let (x, norm) = (up(&b, &[n, k], xs.clone()), up(&b, &[d], norm.clone()));
+            b.kernel_times().unwrap()?;
+            let (split, y) = if fused {
+                b.hc_mix_split_pre_norm(&x, &mix, &scale, &base, hc, 20, 1e-6, 1e-6, &norm).unwrap()
+            } else {
+                let split = b.hc_mix_split(&x, &mix, &scale, &base, hc, 20, 1e-6, 1e-6).unwrap();
+                let y = b.hc_pre_norm(&x, &split, hc, &norm, 1e-6).unwrap();
+                (split, y)
+            };
+            Some((down(&b, &split), down(&b, &y), dispatch_counts(&b)))
+        };
+        let Some((split, y, counts)) = run(true) else {
+            eprintln!("SKIPPED hc_mix_split_pre_norm_of_a_decode_row_…: no timestamp queries");
+            return;
+        };
+        let (split_composed, y_composed, composed_counts) = run(false).unwrap();
+        for (what, got, want) in [("split", &split, &split_composed), ("input", &y, &y_composed)] {
+            let apart = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(apart, 0, "{n} rows: {what} values apart from hc_mix_split then hc_pre_norm");
+        }
+        assert_eq!(composed_counts, named(&[("hc_mix_rows", 1), ("hc_pre_norm", 1), ("hc_split", 1)]), "{n} rows");
+        assert_eq!(counts, named(&[("hc_mix_rows", 1), ("hc_split_pre_norm", 1)]), "{n} rows");
+    }
+}
+
 /// A chain of 300 dependent adds (past `MAX_SUBMIT`, 128 commands a submission) is right
 /// whatever `flush_every` asks, 0 and 1000 included: the lane holds it to 1..=128, the commands a
 /// submission's parameter slots hold; with the encoders submitted by the lane's submit thread and

@@ -336,6 +336,28 @@ pub(crate) fn hc_pre_norm<T: DeviceTensor>(x: &T, w: &T, hc: usize, weight: &T) 
     Ok((n, d, wc))
 }
 
+/// [`hc_mix_split`]'s operands plus the norm weight `[d]` of `hc_pre_norm` (x `[n, hc·d]`) →
+/// `(n, hc·d, (2+hc)·hc, d)`.
+pub(crate) fn hc_mix_split_pre_norm<T: DeviceTensor>(
+    x: &T,
+    mix: &impl NamedWeight,
+    scale: &T,
+    base: &T,
+    hc: usize,
+    weight: &T,
+) -> Result<(usize, usize, usize, usize)> {
+    const OP: &str = "hc_mix_split_pre_norm";
+    let (n, k, w) = hc_mix_split(x, mix, scale, base, hc).map_err(|e| renamed(OP, e))?;
+    input(OP, "weight", weight, DType::F32)?;
+    if hc == 0 || k % hc != 0 || numel(weight) != k / hc {
+        return Err(Error::shape(
+            OP,
+            format!("weight {:?} for x {:?} in hc = {hc} streams", weight.shape(), x.shape()),
+        ));
+    }
+    Ok((n, k, w, k / hc))
+}
+
 /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` → `(n, hc·d, d, hc)`.
 pub(crate) fn hc_post<T: DeviceTensor>(x: &T, f: &T, split: &T) -> Result<(usize, usize, usize, usize)> {
     const OP: &str = "hc_post";

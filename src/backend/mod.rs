@@ -793,6 +793,27 @@ pub trait Backend {
     ) -> Result<Self::Tensor> {
         hc_mix_split_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps)
     }
+    /// A sublayer's split and its input at once: `split = hc_mix_split(x, mix, scale, base, hc,
+    /// iters, eps, norm_eps)` and `hc_pre_norm(x, split, hc, weight, norm_eps)`, X `[n, hc·d]`,
+    /// weight `[d]` → (split `[n, (2+hc)·hc]`, input `[n, d]`). The default composes the two; a
+    /// lane may fuse them (a decode step runs this twice a layer).
+    #[allow(clippy::too_many_arguments)]
+    fn hc_mix_split_pre_norm(
+        &self,
+        x: &Self::Tensor,
+        mix: &Self::Weight,
+        scale: &Self::Tensor,
+        base: &Self::Tensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let split = self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
+        let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
+        Ok((split, y))
+    }
     /// Collapse the streams: X `[n, hc·d]`, w `[n, c]` (c ≥ hc; its first hc columns are the
     /// weights: `hc_head_weights`' `[n, hc]`, or `hc_split`'s output whose first hc are `pre`) →
     /// `Σ_i w_i · X_i` `[n, d]`.

@@ -22,6 +22,11 @@ const LM: Shader = Shader::Lm;
 /// The most hyper-connection streams `hc_split` takes (lm.wgsl's `HC_MAX`: a row's hc² threads
 /// fit its workgroup; the model has 4).
 const HC_MAX: usize = 8;
+/// The widest row `hc_split_pre_norm` collapses and normalises (lm.wgsl's `HS_HELD`·1024: its
+/// threads hold the row in registers between the two passes).
+const HS_HELD_WIDTH: usize = 4 * 1024;
+/// The words of partial sums and squares `hc_split_pre_norm` stages (lm.wgsl's `HS_STAGE`).
+const HS_STAGE: usize = 2048;
 /// The largest head dim `sink_attention` sums in registers (lm.wgsl: SA_THREADS · SA_DIMS, and
 /// SH_BLOCKS · SP_THREADS in `sink_attention_heads`; the model's is 512).
 const SINK_ATTENTION_MAX_HEAD_DIM: usize = 64 * 16;
@@ -339,10 +344,30 @@ impl WgpuBackend {
     ) -> Result<WgpuTensor> {
         const OP: &str = "hc_mix_split";
         let (n, k, w) = checks::hc_mix_split(x, mix, scale, base, hc)?;
-        if !self.opts.fused_hc_mix || !(1..=SMALL_ROWS).contains(&n) || mix.chunks.len() != 1 || hc > HC_MAX {
+        if !self.fused_hc_mix_applies(n, mix, hc) {
             return hc_mix_split_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps);
         }
         self.check_inputs(OP, [("x", x), ("scale", scale), ("base", base)])?;
+        let (part, squares, slices) = self.hc_mix_partials(x, mix, n, k, w)?;
+        self.dispatch_hc_split(n, &part, Some((&squares, slices, k, norm_eps)), scale, base, hc, iters, eps)
+    }
+
+    /// Whether hc_mix_split of n rows takes the fused path (`hc_mix_rows` over slices of k).
+    fn fused_hc_mix_applies(&self, n: usize, mix: &WgpuWeight, hc: usize) -> bool {
+        self.opts.fused_hc_mix && (1..=SMALL_ROWS).contains(&n) && mix.chunks.len() == 1 && hc <= HC_MAX
+    }
+
+    /// rows.wgsl's `hc_mix_rows`: x·mixᵀ of x `[n, k]` over slices of k, `[slices, n, w]`, and each
+    /// slice's sums of x² `[slices, n]`, with the number of slices.
+    fn hc_mix_partials(
+        &self,
+        x: &WgpuTensor,
+        mix: &WgpuWeight,
+        n: usize,
+        k: usize,
+        w: usize,
+    ) -> Result<(WgpuTensor, WgpuTensor, usize)> {
+        const OP: &str = "hc_mix_rows";
         let slice = if self.opts.split_rows_k { rows::k_slice(w, k) } else { k };
         let slices = k.div_ceil(slice.max(1)).max(1);
         let part = self.alloc(OP, vec![slices, n, w], DType::F32)?;
@@ -350,8 +375,57 @@ impl WgpuBackend {
         let params = RowsParams { n, k, out_cols: w, k_slice: slice, ..RowsParams::default() };
         let weight = RowsWeight::chunk(mix, 0);
         let no_bias = (3, self.dummy.as_entire_binding());
-        self.dispatch_rows_over("hc_mix_rows", weight, n, params, x, &part, &[no_bias, (6, squares.binding())])?;
-        self.dispatch_hc_split(n, &part, Some((&squares, slices, k, norm_eps)), scale, base, hc, iters, eps)
+        self.dispatch_rows_over(OP, weight, n, params, x, &part, &[no_bias, (6, squares.binding())])?;
+        Ok((part, squares, slices))
+    }
+
+    /// [`Backend::hc_mix_split_pre_norm`](crate::backend::Backend::hc_mix_split_pre_norm) in two
+    /// dispatches where hc_mix_split takes its fused path (hc_mix_rows, then lm.wgsl's
+    /// `hc_split_pre_norm`: the split and the norm of the collapsed streams from one workgroup a
+    /// row), for rows of at most [`HS_HELD_WIDTH`] whose partial sums fit [`HS_STAGE`] words;
+    /// elsewhere hc_mix_split then hc_pre_norm.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hc_mix_split_pre_norm(
+        &self,
+        x: &WgpuTensor,
+        mix: &WgpuWeight,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &WgpuTensor,
+    ) -> Result<(WgpuTensor, WgpuTensor)> {
+        const OP: &str = "hc_split_pre_norm";
+        let (n, k, w, d) = checks::hc_mix_split_pre_norm(x, mix, scale, base, hc, weight)?;
+        let slices = || {
+            let slice = if self.opts.split_rows_k { rows::k_slice(w, k) } else { k };
+            k.div_ceil(slice.max(1)).max(1)
+        };
+        if !self.fused_hc_mix_applies(n, mix, hc) || d > HS_HELD_WIDTH || slices() * (w + 1) > HS_STAGE {
+            let split = self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
+            let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
+            return Ok((split, y));
+        }
+        self.check_inputs(OP, [("x", x), ("scale", scale), ("base", base), ("weight", weight)])?;
+        let (part, squares, slices) = self.hc_mix_partials(x, mix, n, k, w)?;
+        let split = self.alloc(OP, vec![n, w], DType::F32)?;
+        let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let params =
+            [n, hc, iters, eps.to_bits() as usize, slices, k, norm_eps.to_bits() as usize, d].map(|v| v as u32);
+        let bindings = [
+            (1, part.binding()),
+            (2, scale.binding()),
+            (3, base.binding()),
+            (6, split.binding()),
+            (9, squares.binding()),
+            (11, x.binding()),
+            (12, weight.binding()),
+            (13, y.binding()),
+        ];
+        self.dispatch(LM, OP, 0, &params, &bindings, (n as u32, 1, 1))?;
+        Ok((split, y))
     }
 
     /// hc_split over rows of `mix` `[n, w]`, or over its partial sums `[slices, n, w]` with the

@@ -152,7 +152,8 @@ const WIDE_BINDING: u64 = 1 << 30;
 ///   hc_head_weights, sqrt_softplus, swiglu_clamp, hash_route;
 /// - rms_norm, rms_norm_heads: 2⌈d/1024⌉ + 11 (19; four elements a thread a pass, 2026-12-04);
 ///   hc_pre_norm: ⌈d/256⌉(hc + 2) + 11 (107);
-///   hc_pre, hc_post, route_weights, moe_sum: hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations); compress_pool:
+///   hc_pre, hc_post, route_weights, moe_sum: hc + 1 or top-k + 1 (7); hc_split: ≈ 2 000 (hc 4, 20 iterations), hc_split_pre_norm (2026-12-06) that plus
+///   2·slices + hc·4 + 20 (≈ 2 100); compress_pool:
 ///   3(2·ratio + 1) (387); indexer_scores: (heads + 1)(hd + 2) (8 450; its few-row kernel
 ///   indexer_scores_rows: ⌈heads/64⌉(hd + 66), 194; its tiles for many rows, 2026-12-05,
 ///   `indexer_tile_iterations`: 53 190, past the budget, so a software adapter keeps the
@@ -1226,6 +1227,20 @@ impl Backend for WgpuBackend {
         norm_eps: f32,
     ) -> Result<WgpuTensor> {
         self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)
+    }
+    fn hc_mix_split_pre_norm(
+        &self,
+        x: &WgpuTensor,
+        mix: &WgpuWeight,
+        scale: &WgpuTensor,
+        base: &WgpuTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &WgpuTensor,
+    ) -> Result<(WgpuTensor, WgpuTensor)> {
+        self.hc_mix_split_pre_norm(x, mix, scale, base, hc, iters, eps, norm_eps, weight)
     }
     fn compress_pool(
         &self,

@@ -971,9 +971,7 @@ impl<B: Backend> LmModel<B> {
     /// collapsed by pre and normalised by `norm`.
     fn hc_split_pre_norm(&self, b: &B, x: &B::Tensor, p: &Hc<B>, norm: &B::Tensor) -> Result<(B::Tensor, B::Tensor)> {
         let (hc, eps, hc_eps) = (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32, self.cfg.hc_eps as f32);
-        let split = b.hc_mix_split(x, &p.mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, hc_eps, eps)?;
-        let y = b.hc_pre_norm(x, &split, hc, norm, eps)?;
-        Ok((split, y))
+        b.hc_mix_split_pre_norm(x, &p.mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, hc_eps, eps, norm)
     }
 
     /// Feed the compressor projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` of every row to
