@@ -98,12 +98,25 @@ struct Case {
     experts: Vec<(WeightFormat, usize, usize, Vec<u8>)>,
     /// `weight` goes up with `upload_weight_exact` (f32 products in every precision).
     exact_weight: bool,
-    /// `experts` go up one `upload_weight` each, not a projection at a time by `upload_experts`
-    /// (which the model loads with): on the wgpu lane, the per-expert dispatches after an ids
-    /// readback that experts too large to share one binding take.
-    experts_one_by_one: bool,
+    /// How `experts` go up.
+    upload: ExpertUpload,
     run: fn(&Args) -> Call,
     args: Args,
+}
+
+/// How a case's experts go up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ExpertUpload {
+    /// As the model loads them: the gate's and the up's by `upload_expert_pair` (on the wgpu lane
+    /// one binding, one token's gate and up in one int8 dispatch where they take it), the down's
+    /// by `upload_experts`.
+    AsTheModel,
+    /// A projection at a time by `upload_experts`: on the wgpu lane one token's gate and up in a
+    /// dispatch each.
+    Projections,
+    /// One `upload_weight` each: on the wgpu lane, the per-expert dispatches after an ids
+    /// readback that experts too large to share one binding take.
+    OneByOne,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -320,7 +333,7 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         HostWeight { name: name.to_string(), format: *format, rows: *rows, cols: *cols, bytes: Cow::Borrowed(bytes) }
     }
     let e = case.experts.len() / 3;
-    let experts: Vec<B::Weight> = if case.experts_one_by_one {
+    let experts: Vec<B::Weight> = if case.upload == ExpertUpload::OneByOne {
         // each projection's experts uploaded last to first, so that expert 1 never lies after
         // expert 0 in one buffer (equal uploads in a row could lie evenly spaced, one span)
         let mut all = Vec::new();
@@ -339,6 +352,14 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         // as the model uploads the shared expert: the gate and up as a pair
         let (w1, w3) = b.upload_weight_pair(&host(&case.name, w1), &host(&case.name, w3))?;
         vec![w1, w3, b.upload_weight(&host(&case.name, w2))?]
+    } else if let (ExpertUpload::AsTheModel, [w1, w3, w2]) =
+        (case.upload, case.experts.chunks(e.max(1)).collect::<Vec<_>>().as_slice())
+    {
+        let (mut all, ups) =
+            b.upload_expert_pair(e, &mut |j| Ok(host(&case.name, &w1[j])), &mut |j| Ok(host(&case.name, &w3[j])))?;
+        all.extend(ups);
+        all.extend(b.upload_experts(e, &mut |j| Ok(host(&case.name, &w2[j])))?);
+        all
     } else {
         // a projection at a time: every w1, every w3, every w2
         let mut all = Vec::new();
@@ -457,7 +478,7 @@ fn case(
         weight: None,
         experts: Vec::new(),
         exact_weight: false,
-        experts_one_by_one: false,
+        upload: ExpertUpload::AsTheModel,
         run,
         args,
     }
@@ -1291,9 +1312,11 @@ fn moe_case(
 /// slots to experts t, t + 2 and t (mod 4): two distinct experts, one of them twice. Then per
 /// format one experts case at 8 tokens over 2 experts, 12 slots each, so an expert sees more than
 /// 8 slots (the wgpu small-row path's second batch; 8 tokens with distinct ids never reach it);
-/// drawn after the others, so theirs keep their random inputs. Each experts case comes twice: a
-/// projection's experts uploaded together (on the wgpu lane one dispatch a projection, the
-/// experts read from the ids on the device) and one by one (a dispatch triple an expert).
+/// drawn after the others, so theirs keep their random inputs. Each experts case comes twice: as
+/// the model uploads them (on the wgpu lane one dispatch a projection, the experts read from the
+/// ids on the device, one token's gate and up in one on int8 activations) and one by one (a
+/// dispatch triple an expert); one token's also a third time, a projection at a time (its gate
+/// and up a dispatch each).
 fn small_row_cases() -> Vec<Case> {
     let mut r = StdRng::seed_from_u64(0x6e3f);
     let mut out = Vec::new();
@@ -1306,7 +1329,11 @@ fn small_row_cases() -> Vec<Case> {
             let ids: Vec<i32> = (0..n * topk).map(|j| ((j / topk + 2 * (j % topk)) % e) as i32).collect();
             let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} small rows");
             let c = moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids);
-            out.push(Case { name: format!("{} one by one", c.name), experts_one_by_one: true, ..c.clone() });
+            out.push(Case { name: format!("{} one by one", c.name), upload: ExpertUpload::OneByOne, ..c.clone() });
+            if n == 1 {
+                let name = format!("{} projections apart", c.name);
+                out.push(Case { name, upload: ExpertUpload::Projections, ..c.clone() });
+            }
             out.push(c);
         }
     }
@@ -1316,7 +1343,7 @@ fn small_row_cases() -> Vec<Case> {
         let ids: Vec<i32> = (0..n * topk).map(|j| (j % e) as i32).collect();
         let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} 12 slots an expert");
         let c = moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids);
-        out.push(Case { name: format!("{} one by one", c.name), experts_one_by_one: true, ..c.clone() });
+        out.push(Case { name: format!("{} one by one", c.name), upload: ExpertUpload::OneByOne, ..c.clone() });
         out.push(c);
     }
     // past the small rows, experts with no slot between ones with several (the wgpu lane then
@@ -1328,7 +1355,7 @@ fn small_row_cases() -> Vec<Case> {
         let ids: Vec<i32> = (0..n * topk).map(|j| [5, 0, 2, 5, 2, 0, 6, 5][j % 8]).collect();
         let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} experts 1, 3, 4 unused");
         let c = moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids);
-        out.push(Case { name: format!("{} one by one", c.name), experts_one_by_one: true, ..c.clone() });
+        out.push(Case { name: format!("{} one by one", c.name), upload: ExpertUpload::OneByOne, ..c.clone() });
         out.push(c);
     }
     // an expert's rows past one 64-row tile, the second expert's run starting inside a tile (the
@@ -1339,7 +1366,7 @@ fn small_row_cases() -> Vec<Case> {
         let ids: Vec<i32> = (0..n * topk).map(|j| [2, 0, 2][j % 3]).collect();
         let name = format!("moe_experts {format} n={n} d={k} h={h} {e} experts k={topk} 33 and 67 slots");
         let c = moe_case(&mut r, name, (format, format, format), (n, k, h, e, topk), ids);
-        out.push(Case { name: format!("{} one by one", c.name), experts_one_by_one: true, ..c.clone() });
+        out.push(Case { name: format!("{} one by one", c.name), upload: ExpertUpload::OneByOne, ..c.clone() });
         out.push(c);
     }
     // few columns over long rows, which the wgpu lane's small-row linear splits over k (slices of
@@ -2217,7 +2244,7 @@ fn with_wgpu_fast_bounds(cases: Vec<Case>) -> Vec<Case> {
 fn wgpu_q8x_case(c: &Case) -> bool {
     c.op == Op::MoeExperts
         && c.tensors[0].shape[0] == 1
-        && !c.experts_one_by_one
+        && c.upload != ExpertUpload::OneByOne
         && c.experts.iter().any(|e| fovea::backend::wgpu::formats::q8x_format(e.0))
 }
 

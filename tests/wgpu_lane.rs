@@ -264,7 +264,7 @@ fn launches_count_dispatches_and_copies() {
 }
 
 /// A decode step's routed experts, uploaded a projection at a time (`upload_experts`, as the
-/// model loads them), take one dispatch a projection and no read-back of the ids (which would
+/// model loads the down's), take one dispatch a projection and no read-back of the ids (which would
 /// wait for the work queued so far): gate, up, down and the weighted sum, four commands. Uploaded
 /// one by one they take a dispatch triple per routed expert after the ids' copy to the host;
 /// both give the same bits (the same kernels over the same rows).
@@ -313,6 +313,71 @@ fn a_few_tokens_reach_every_expert_in_one_dispatch_a_projection() {
     assert_eq!(separate, 1 + 3 * 2 + 1, "the ids' copy, a triple for each of the 2 experts, the sum");
     assert_eq!(want, got);
     assert!(want.iter().all(|v| v.is_finite() && *v != 0.0), "{want:?}");
+}
+
+/// One token's gate and up on int8 activations (fast precision), placed in one binding by
+/// `upload_expert_pair` as the model loads them, take one dispatch (`moe_gate_up_q8x`) where
+/// uploaded a projection at a time they take two (`moe_gate_q8x`, `moe_up_q8x`), with the same
+/// bits: the published Q2-class mix (IQ2_XXS gate and up, Q2_K down) and Q8_0, 8 experts, 6
+/// slots; `fused_gate_up` off, the two dispatches again.
+#[test]
+fn one_tokens_gate_and_up_placed_together_take_one_int8_dispatch() {
+    if !adapter_available() {
+        return;
+    }
+    // several devices of its own (see `exclusive`)
+    let _devices = exclusive();
+    let mut rng = StdRng::seed_from_u64(0x9a7e);
+    let (e, d, h) = (8, 1024, 768);
+    for (gate_up, down_format) in
+        [(WeightFormat::IQ2_XXS, WeightFormat::Q2_K), (WeightFormat::Q8_0, WeightFormat::Q8_0)]
+    {
+        let mut matrices = |format, rows, cols| -> Vec<(WeightFormat, usize, usize, Vec<u8>)> {
+            (0..e).map(|_| (format, rows, cols, common::blocks::weight_bytes(&mut rng, format, rows, cols))).collect()
+        };
+        let (w1, w3, w2) = (matrices(gate_up, h, d), matrices(gate_up, h, d), matrices(down_format, d, h));
+        let host = |m: &(WeightFormat, usize, usize, Vec<u8>)| HostWeight {
+            name: "expert".into(),
+            format: m.0,
+            rows: m.1,
+            cols: m.2,
+            bytes: Cow::Owned(m.3.clone()),
+        };
+        let xs: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let run = |paired: bool, fused_gate_up: bool| {
+            let b =
+                make(Options { precision: Precision::Fast, kernel_times: true, fused_gate_up, ..Options::default() });
+            let (gates, ups) = if paired {
+                b.upload_expert_pair(e, &mut |j| Ok(host(&w1[j])), &mut |j| Ok(host(&w3[j]))).unwrap()
+            } else {
+                (
+                    b.upload_experts(e, &mut |j| Ok(host(&w1[j]))).unwrap(),
+                    b.upload_experts(e, &mut |j| Ok(host(&w3[j]))).unwrap(),
+                )
+            };
+            let downs = b.upload_experts(e, &mut |j| Ok(host(&w2[j]))).unwrap();
+            let x = up(&b, &[1, d], xs.clone());
+            let ids = b.upload(&HostTensor::i32(vec![1, 6], vec![5, 0, 7, 2, 6, 3]).unwrap()).unwrap();
+            let weights = up(&b, &[1, 6], vec![0.3, 0.1, 0.2, 0.15, 0.05, 0.2]);
+            b.kernel_times().unwrap()?;
+            let y = b.moe_experts(&x, &ids, &weights, &gates, &ups, &downs, 1.5).unwrap();
+            Some((down(&b, &y), dispatch_counts(&b)))
+        };
+        let Some((fused, counts)) = run(true, true) else {
+            eprintln!("SKIPPED one_tokens_gate_and_up_…: no timestamp queries");
+            return;
+        };
+        let what = format!("{gate_up}/{gate_up}/{down_format}");
+        assert_eq!(counts, named(&[("moe_down_q8x", 1), ("moe_gate_up_q8x", 1), ("moe_sum", 1)]), "{what}");
+        let apart = named(&[("moe_down_q8x", 1), ("moe_gate_q8x", 1), ("moe_sum", 1), ("moe_up_q8x", 1)]);
+        for (paired, fused_gate_up) in [(false, true), (true, false)] {
+            let (values, counts) = run(paired, fused_gate_up).unwrap();
+            assert_eq!(counts, apart, "{what}, paired {paired}, fused_gate_up {fused_gate_up}");
+            let differ = values.iter().zip(&fused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{what}, paired {paired}: values apart from the gate and up in two dispatches");
+        }
+        assert!(fused.iter().all(|v| v.is_finite()) && fused.iter().any(|v| *v != 0.0), "{what}: {fused:?}");
+    }
 }
 
 /// `Backend::kernel_times` (timestamps around every dispatch): each entry point once per

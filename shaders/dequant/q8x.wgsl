@@ -1,6 +1,7 @@
 // One token's GEMVs on int8 activations (fast precision, a decode step of one sequence), after
 // cuda/dequant.cuh's q8x_cols: the routed experts (moe_gate_q8x, moe_up_q8x, moe_down_q8x, the
-// counterparts of rows.wgsl's moe_*_rows with the same bindings, outputs and epilogues) and the
+// counterparts of rows.wgsl's moe_*_rows with the same bindings, outputs and epilogues, and
+// moe_gate_up_q8x, the gate and up in one dispatch) and the
 // widest linears (linear_q8x, rows.wgsl's linear_rows for one row). Each workgroup rounds its
 // activation row to int8 once (ggml's q8_1 rule: per 32 values the scale amax / 127 and
 // round(x / scale)) into workgroup memory, then each of its 8 teams of 32 invocations takes 4
@@ -88,19 +89,26 @@ struct ColumnSum {
 }
 
 // Workgroup wgx's 32 columns from `wgx · 32` of `expert` against the int8 row: each invocation's
-// sums of its team's 4 columns into red, then invocation li < 32 totals column li % 4 of team
-// li / 4 over the team's invocations in order; the others get no column.
+// sums of its team's 4 columns (team_sums), then their totals (column_total).
 fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
-    let team = li / TEAM;
-    let lt = li % TEAM;
-    let col0 = wgx * WG_COLS + team * TEAM_COLS;
+    return column_total(li, wgx, team_sums(li, team_rows(li, wgx, expert)));
+}
+
+// The first words of the rows of this invocation's team's 4 columns of `expert` (a column past the
+// last reads the last's row, in bounds; nothing stores its sum).
+fn team_rows(li: u32, wgx: u32, expert: u32) -> array<u32, 4> {
+    let col0 = wgx * WG_COLS + (li / TEAM) * TEAM_COLS;
     var base: array<u32, 4>;
     for (var j = 0u; j < TEAM_COLS; j++) {
-        // a column past the last reads the last's row (in bounds); nothing stores its sum
         base[j] = (expert * p.expert_stride + min(col0 + j, p.cols - 1u)) * p.w_stride;
     }
+    return base;
+}
+
+// This invocation's share of its team's 4 columns (rows from `base`): the row's groups lt, lt + 32, …
+fn team_sums(li: u32, base: array<u32, 4>) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
-    for (var g = lt; g < p.k / 32u; g += TEAM) {
+    for (var g = li % TEAM; g < p.k / 32u; g += TEAM) {
         var q: array<u32, 8>;
         for (var j = 0u; j < 8u; j++) { q[j] = xq[8u * g + j]; }
         let dx = xs[g];
@@ -108,6 +116,29 @@ fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
             acc[j] = fma(dx, q8x_dot32(base[j], g, q), acc[j]);
         }
     }
+    return acc;
+}
+
+// team_sums of two sets of rows in one pass (each set's sums as team_sums gives them), their
+// weight loads in flight together.
+fn team_sums2(li: u32, base_a: array<u32, 4>, base_b: array<u32, 4>) -> array<vec4<f32>, 2> {
+    var acc: array<vec4<f32>, 2>;
+    for (var g = li % TEAM; g < p.k / 32u; g += TEAM) {
+        var q: array<u32, 8>;
+        for (var j = 0u; j < 8u; j++) { q[j] = xq[8u * g + j]; }
+        let dx = xs[g];
+        for (var j = 0u; j < TEAM_COLS; j++) {
+            acc[0][j] = fma(dx, q8x_dot32(base_a[j], g, q), acc[0][j]);
+            acc[1][j] = fma(dx, q8x_dot32(base_b[j], g, q), acc[1][j]);
+        }
+    }
+    return acc;
+}
+
+// The workgroup's column totals from each invocation's team sums `acc`: into red, then invocation
+// li < 32 totals column li % 4 of team li / 4 over the team's invocations in order; the others get
+// no column. Every invocation calls it (a barrier); a second call needs a barrier before it.
+fn column_total(li: u32, wgx: u32, acc: vec4<f32>) -> ColumnSum {
     for (var j = 0u; j < TEAM_COLS; j++) { red[li * TEAM_COLS + j] = acc[j]; }
     workgroupBarrier();
     var out = ColumnSum(0.0, p.cols);
@@ -165,6 +196,30 @@ fn moe_gate_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
 fn moe_up_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) li: u32) {
     expert_q8x(li, wg, nwg, 0u, SWIGLU);
+}
+
+// moe_gate_q8x then moe_up_q8x in one dispatch, where the up's experts follow the gate's in the
+// binding (experts p.experts … 2·p.experts − 1: the lane's upload_expert_pair): the row rounded
+// once, each team's columns of the gate's expert and of the up's summed in one pass, each
+// reduced as `columns` reduces, the clamped SwiGLU of the two totals stored, as the two
+// dispatches store it. A decode step's gate and up took two dispatches.
+@compute @workgroup_size(256, 1, 1)
+fn moe_gate_up_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) li: u32) {
+    let e = slot_expert(wg.z);
+    if (e < 0) { return; }
+    quantize_row(li, 0u);
+    workgroupBarrier();
+    let wgx = flat(wg, nwg);
+    let sums = team_sums2(li, team_rows(li, wgx, u32(e)), team_rows(li, wgx, u32(e) + p.experts));
+    let g = column_total(li, wgx, sums[0]);
+    workgroupBarrier(); // every invocation's gate totals read from red before the up's overwrite it
+    let u = column_total(li, wgx, sums[1]);
+    if (g.col < p.cols) {
+        let lim = bitcast<f32>(p.limit);
+        let gc = min(g.total, lim);
+        y[wg.z * p.cols + g.col] = gc / (1.0 + exp(-gc)) * clamp(u.total, -lim, lim);
+    }
 }
 
 @compute @workgroup_size(256, 1, 1)

@@ -651,6 +651,18 @@ pub trait Backend {
     ) -> Result<Vec<Self::Weight>> {
         (0..count).map(|j| self.upload_weight(&expert(j)?)).collect()
     }
+    /// Copy the routed experts of the gate and the up projections (`gate(j)`, `up(j)` for
+    /// `j < count`), as [`Backend::upload_experts`] does each. A lane may place them so that one
+    /// launch reaches both (the wgpu lane: one binding).
+    #[allow(clippy::type_complexity)]
+    fn upload_expert_pair<'s>(
+        &self,
+        count: usize,
+        gate: &mut dyn FnMut(usize) -> Result<HostWeight<'s>>,
+        up: &mut dyn FnMut(usize) -> Result<HostWeight<'s>>,
+    ) -> Result<(Vec<Self::Weight>, Vec<Self::Weight>)> {
+        Ok((self.upload_experts(count, gate)?, self.upload_experts(count, up)?))
+    }
     /// The precision of this lane's matrix products (see [`Precision`]).
     fn precision(&self) -> Precision {
         Precision::Exact

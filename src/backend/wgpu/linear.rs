@@ -502,28 +502,45 @@ impl WgpuBackend {
             // take int8 activations where `experts_take_q8x` says so (fast precision, every expert
             // bound), each its own choice: both kinds write hid and ys alike, so either kind of
             // gate feeds either kind of up.
-            let triple = |[g, u, o]: [RowsWeight<'_>; 3], expert: usize| -> Result<()> {
-                let projections = [
-                    ("moe_gate_rows", "moe_gate_q8x", g, d, x, &hid),
-                    ("moe_up_rows", "moe_up_q8x", u, d, x, &hid),
-                    ("moe_down_rows", "moe_down_q8x", o, h, &hid, &ys),
-                ];
-                for (rows_entry, q8x_entry, w, k_len, x_in, y_out) in projections {
-                    if self.experts_take_q8x(&w, n, k_len) {
-                        self.dispatch_experts_q8x(q8x_entry, w, slots, k_len, limit, x_in, y_out, ids)?;
-                        continue;
-                    }
-                    let out_cols = y_out.cols();
-                    let params =
-                        RowsParams { n: slots, k: k_len, out_cols, topk: k, expert, limit, ..RowsParams::default() };
-                    self.dispatch_rows_over(rows_entry, w, n, params, x_in, y_out, &ids_at)?;
+            let project = |rows_entry: &'static str,
+                           q8x_entry: &'static str,
+                           w: RowsWeight<'_>,
+                           k_len: usize,
+                           x_in: &WgpuTensor,
+                           y_out: &WgpuTensor,
+                           expert: usize|
+             -> Result<()> {
+                if self.experts_take_q8x(&w, n, k_len) {
+                    return self.dispatch_experts_q8x(q8x_entry, w, slots, k_len, limit, x_in, y_out, ids);
                 }
-                Ok(())
+                let out_cols = y_out.cols();
+                let params =
+                    RowsParams { n: slots, k: k_len, out_cols, topk: k, expert, limit, ..RowsParams::default() };
+                self.dispatch_rows_over(rows_entry, w, n, params, x_in, y_out, &ids_at)
+            };
+            let down =
+                |o: RowsWeight<'_>, expert: usize| project("moe_down_rows", "moe_down_q8x", o, h, &hid, &ys, expert);
+            let triple = |[g, u, o]: [RowsWeight<'_>; 3], expert: usize| -> Result<()> {
+                project("moe_gate_rows", "moe_gate_q8x", g, d, x, &hid, expert)?;
+                project("moe_up_rows", "moe_up_q8x", u, d, x, &hid, expert)?;
+                down(o, expert)
             };
             if let [Some(g), Some(u), Some(o)] = [w1, w3, w2].map(|w| ExpertSpan::of(w, self.max_binding)) {
                 // no readback, so no wait for the work queued so far: a decode step's layers are
-                // queued back to back
-                triple([g.weight(), u.weight(), o.weight()], 0)?;
+                // queued back to back. One token's gate and up on int8 activations, placed
+                // together (`upload_expert_pair`), take one dispatch.
+                let joined = g.joined(&u, self.max_binding).filter(|_| {
+                    self.opts.fused_gate_up
+                        && self.experts_take_q8x(&g.weight(), n, d)
+                        && self.experts_take_q8x(&u.weight(), n, d)
+                });
+                match joined {
+                    Some(gu) => {
+                        self.dispatch_gate_up_q8x(gu.weight(), w1.len(), slots, d, limit, x, &hid, ids)?;
+                        down(o.weight(), 0)?;
+                    }
+                    None => triple([g.weight(), u.weight(), o.weight()], 0)?,
+                }
             } else {
                 let routed = self.routed_experts(ids, w1.len(), slots)?;
                 let experts = w1.iter().zip(w3).zip(w2).enumerate().filter(|(e, _)| routed[*e]);

@@ -255,6 +255,10 @@ pub struct Options {
     /// slices) rather than the composition's four. On by default; off when
     /// `FOVEA_WGPU_FUSED_HC_MIX=0`, to time both. Diagnostic.
     pub fused_hc_mix: bool,
+    /// One token's gate and up on int8 activations in one dispatch (`moe_gate_up_q8x`) where
+    /// `upload_expert_pair` placed them in one binding, rather than two. On by default; off when
+    /// `FOVEA_WGPU_FUSED_GATE_UP=0`, to time both. Diagnostic.
+    pub fused_gate_up: bool,
     /// Split `sink_attention` over its keys where it has few (query, head) pairs (lm.rs). On by
     /// default; off when `FOVEA_WGPU_ATTENTION_SPLIT=0`, to time both in one build and to test
     /// the unsplit kernel on decode's shapes. Diagnostic.
@@ -332,6 +336,7 @@ impl Default for Options {
             split_rows_k: std::env::var("FOVEA_WGPU_ROWS_SPLIT").map_or(true, |v| v != "0"),
             pair_rows: std::env::var("FOVEA_WGPU_PAIR_ROWS").map_or(true, |v| v != "0"),
             fused_hc_mix: std::env::var("FOVEA_WGPU_FUSED_HC_MIX").map_or(true, |v| v != "0"),
+            fused_gate_up: std::env::var("FOVEA_WGPU_FUSED_GATE_UP").map_or(true, |v| v != "0"),
             split_attention_keys: std::env::var("FOVEA_WGPU_ATTENTION_SPLIT").map_or(true, |v| v != "0"),
             pass_per_dispatch: std::env::var("FOVEA_WGPU_PASS_PER_DISPATCH").is_ok_and(|v| v == "1"),
             flush_every: std::env::var("FOVEA_WGPU_FLUSH_EVERY")
@@ -976,43 +981,36 @@ impl Backend for WgpuBackend {
             return Ok(Vec::new());
         }
         let first = expert(0)?;
-        first.validate()?;
-        let (format, rows, cols) = (first.format, first.rows, first.cols);
-        let stride_words = formats::stride_words(format, cols);
-        let padded_row = stride_words as u64 * 4;
-        // the experts' offsets are whole rows apart (the kernels index rows) and aligned
-        let step = (rows as u64).next_multiple_of(self.aligned_rows_unit(padded_row)).saturating_mul(padded_row);
-        let span = step.saturating_mul(count as u64 - 1).saturating_add(Self::weight_alloc_bytes(format, rows, cols));
-        if rows == 0 || padded_row == 0 || span > self.max_binding || span > self.limits.max_buffer_size {
-            let mut all = vec![self.upload_weight(&first)?];
-            for j in 1..count {
-                all.push(self.upload_weight(&expert(j)?)?);
-            }
-            return Ok(all);
+        self.upload_experts_from(count, first, expert)
+    }
+
+    /// The gate's and the up's experts in one buffer, the up's after the gate's as if they were
+    /// experts `count..2·count` of one projection, where both are alike (format and shape) and
+    /// together fit one binding: one token's gate and up then take one dispatch
+    /// (`moe_gate_up_q8x`, linear.rs). Else each projection as `upload_experts` places it.
+    fn upload_expert_pair<'s>(
+        &self,
+        count: usize,
+        gate: &mut dyn FnMut(usize) -> Result<HostWeight<'s>>,
+        up: &mut dyn FnMut(usize) -> Result<HostWeight<'s>>,
+    ) -> Result<(Vec<WgpuWeight>, Vec<WgpuWeight>)> {
+        if count == 0 {
+            return Ok((Vec::new(), Vec::new()));
         }
-        let size = span.next_multiple_of(4);
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("experts"),
-            size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        self.shared.counters.weight.fetch_add(size, Ordering::Relaxed);
-        let mut all = Vec::with_capacity(count);
-        let mut next = Some(first);
-        for j in 0..count {
-            let w = match next.take() {
-                Some(w) => w,
-                None => expert(j)?,
-            };
-            if (w.format, w.rows, w.cols) != (format, rows, cols) {
-                all.push(self.upload_weight(&w)?);
-                continue;
-            }
-            w.validate()?;
-            all.push(self.weight_at(&buf, step * j as u64, &w)?);
+        let (g0, u0) = (gate(0)?, up(0)?);
+        let shape = |w: &HostWeight<'_>| (w.format, w.rows, w.cols);
+        if shape(&g0) != shape(&u0) || self.experts_layout(g0.format, g0.rows, g0.cols, 2 * count).is_none() {
+            return Ok((self.upload_experts_from(count, g0, gate)?, self.upload_experts_from(count, u0, up)?));
         }
-        Ok(all)
+        let mut u0 = Some(u0);
+        let mut both = |j: usize| match (j.checked_sub(count), u0.take_if(|_| j == count)) {
+            (None, _) => gate(j),
+            (Some(_), Some(w)) => Ok(w),
+            (Some(i), None) => up(i),
+        };
+        let mut all = self.upload_experts_from(2 * count, g0, &mut both)?;
+        let ups = all.split_off(count);
+        Ok((all, ups))
     }
 
     fn upload_weight_exact(&self, w: &HostWeight<'_>) -> Result<WgpuWeight> {

@@ -78,6 +78,42 @@ impl WgpuBackend {
         self.dispatch_q8x(entry, w.matrix, params, &bindings)
     }
 
+    /// One token's gate and up (`moe_gate_up_q8x`) over `joined`, the gate's `count` experts and
+    /// then the up's in one binding ([`ExpertSpan::joined`](super::rows::ExpertSpan::joined)): the
+    /// clamped SwiGLU of the two into hid `[slots, h]`. Only where [`Self::experts_take_q8x`]
+    /// takes both projections.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dispatch_gate_up_q8x(
+        &self,
+        joined: RowsWeight<'_>,
+        count: usize,
+        slots: usize,
+        k: usize,
+        limit: f32,
+        x: &WgpuTensor,
+        hid: &WgpuTensor,
+        ids: &WgpuTensor,
+    ) -> Result<()> {
+        const ENTRY: &str = "moe_gate_up_q8x";
+        let Some((experts, expert_stride)) = joined.experts.filter(|&(e, _)| e == 2 * count) else {
+            return Err(Error::Device(format!(
+                "{ENTRY}: `{}` is not a gate's and an up's experts",
+                joined.matrix.name
+            )));
+        };
+        let params = Q8xParams {
+            k,
+            cols: joined.cols,
+            slots,
+            experts: experts / 2,
+            expert_stride,
+            limit,
+            ..Q8xParams::default()
+        };
+        let bindings = [(1, x.binding()), (2, joined.binding), (4, hid.binding()), (5, ids.binding())];
+        self.dispatch_q8x(ENTRY, joined.matrix, params, &bindings)
+    }
+
     /// Whether a linear of one row against `w` (`k` inputs) takes the int8 kernel
     /// ([`Self::linear_q8x`]): an int8 weight ([`Self::q8x_weight`]) of at least
     /// `Options::q8x_linear_min_cols` outputs, and k it takes.

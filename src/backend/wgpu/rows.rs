@@ -217,6 +217,29 @@ impl<'a> ExpertSpan<'a> {
     }
 }
 
+impl<'a> ExpertSpan<'a> {
+    /// One span over these experts and then `up`'s, where `upload_expert_pair` placed `up`'s
+    /// right after them in one buffer, alike (format, shape, spacing, precision), within
+    /// `max_binding` bytes: `up`'s expert e is the span's expert `experts + e`; else `None`.
+    pub(super) fn joined(&self, up: &ExpertSpan<'a>, max_binding: u64) -> Option<ExpertSpan<'a>> {
+        let (a, b) = (self.first, up.first);
+        let ([ca, ..], [cb, ..]) = (a.chunks.as_slice(), b.chunks.as_slice()) else { return None };
+        let step = self.stride_rows as u64 * a.stride_words as u64 * 4;
+        let alike = (a.format, a.rows, a.cols, a.stride_words, a.exact)
+            == (b.format, b.rows, b.cols, b.stride_words, b.exact)
+            && (self.stride_rows, self.experts) == (up.stride_rows, up.experts);
+        if !alike || ca.buf != cb.buf || Some(cb.offset) != ca.offset.checked_add(step * self.experts as u64) {
+            return None;
+        }
+        let bytes = cb.offset - ca.offset + up.binding.size?.get();
+        if bytes > max_binding {
+            return None;
+        }
+        let binding = wgpu::BufferBinding { buffer: &ca.buf, offset: ca.offset, size: NonZeroU64::new(bytes) };
+        Some(ExpertSpan { first: a, binding, stride_rows: self.stride_rows, experts: 2 * self.experts })
+    }
+}
+
 /// Two weights `upload_weight_pair` placed in one binding: a's rows, then b's from row `b_row`
 /// (a's rows rounded up to an aligned offset), one format, width and precision, each one chunk,
 /// a's rows even, so `linear_rows_pair` takes a decode step's pair in one dispatch.

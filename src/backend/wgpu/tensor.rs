@@ -434,6 +434,67 @@ impl super::WgpuBackend {
         align / align.min(1 << padded_row.trailing_zeros().min(63))
     }
 
+    /// Where `count` experts of `format` `[rows, cols]` lie in one buffer: the bytes from one
+    /// expert's first row to the next's (whole rows, each offset aligned) and the bytes of them
+    /// all; `None` when they do not fit one binding (or one buffer).
+    pub(super) fn experts_layout(
+        &self,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        count: usize,
+    ) -> Option<(u64, u64)> {
+        let padded_row = formats::stride_words(format, cols) as u64 * 4;
+        let step = (rows as u64).next_multiple_of(self.aligned_rows_unit(padded_row)).saturating_mul(padded_row);
+        let last = <Self as Backend>::weight_alloc_bytes(format, rows, cols);
+        let span = step.saturating_mul(count.saturating_sub(1) as u64).saturating_add(last);
+        let fits = rows > 0 && padded_row > 0 && span <= self.max_binding && span <= self.limits.max_buffer_size;
+        fits.then_some((step, span))
+    }
+
+    /// `count` experts, `first` then `expert(j)` for `1 ≤ j < count`, in one buffer where
+    /// [`Self::experts_layout`] places them (an expert whose format or shape differs from the
+    /// first's uploaded alone); else one `upload_weight` each.
+    pub(super) fn upload_experts_from<'s>(
+        &self,
+        count: usize,
+        first: HostWeight<'s>,
+        expert: &mut dyn FnMut(usize) -> Result<HostWeight<'s>>,
+    ) -> Result<Vec<WgpuWeight>> {
+        first.validate()?;
+        let (format, rows, cols) = (first.format, first.rows, first.cols);
+        let Some((step, span)) = self.experts_layout(format, rows, cols, count) else {
+            let mut all = vec![self.upload_weight(&first)?];
+            for j in 1..count {
+                all.push(self.upload_weight(&expert(j)?)?);
+            }
+            return Ok(all);
+        };
+        let size = span.next_multiple_of(4);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("experts"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.shared.counters.weight.fetch_add(size, Ordering::Relaxed);
+        let mut all = Vec::with_capacity(count);
+        let mut next = Some(first);
+        for j in 0..count {
+            let w = match next.take() {
+                Some(w) => w,
+                None => expert(j)?,
+            };
+            if (w.format, w.rows, w.cols) != (format, rows, cols) {
+                all.push(self.upload_weight(&w)?);
+                continue;
+            }
+            w.validate()?;
+            all.push(self.weight_at(&buf, step * j as u64, &w)?);
+        }
+        Ok(all)
+    }
+
     /// `w` (validated) written at `offset` of `buf`, a region the caller allocated: one chunk.
     pub(super) fn weight_at(&self, buf: &wgpu::Buffer, offset: u64, w: &HostWeight<'_>) -> Result<WgpuWeight> {
         let stride_words = formats::stride_words(w.format, w.cols);

@@ -539,8 +539,9 @@ impl<B: Backend> LmModel<B> {
             } else {
                 None
             };
-            let experts = |w: &str| b.upload_experts(e, &mut |j| src.matrix(&format!("{f}experts.{j}.{w}.weight")));
-            let (w1, w3, w2) = (experts("w1")?, experts("w3")?, experts("w2")?);
+            let expert = |j: usize, w: &str| src.matrix(&format!("{f}experts.{j}.{w}.weight"));
+            let (w1, w3) = b.upload_expert_pair(e, &mut |j| expert(j, "w1"), &mut |j| expert(j, "w3"))?;
+            let w2 = b.upload_experts(e, &mut |j| expert(j, "w2"))?;
             let x = format!("{f}shared_experts.");
             let (shared_w1, shared_w3) = pair(&format!("{x}w1.weight"), &format!("{x}w3.weight"))?;
             let moe = Moe {
