@@ -368,8 +368,7 @@ impl WgpuBackend {
         w: usize,
     ) -> Result<(WgpuTensor, WgpuTensor, usize)> {
         const OP: &str = "hc_mix_rows";
-        let slice = if self.opts.split_rows_k { rows::k_slice(w, k) } else { k };
-        let slices = k.div_ceil(slice.max(1)).max(1);
+        let (slice, slices) = self.hc_mix_slices(w, k);
         let part = self.alloc(OP, vec![slices, n, w], DType::F32)?;
         let squares = self.alloc(OP, vec![slices, n], DType::F32)?;
         let params = RowsParams { n, k, out_cols: w, k_slice: slice, ..RowsParams::default() };
@@ -377,6 +376,12 @@ impl WgpuBackend {
         let no_bias = (3, self.dummy.as_entire_binding());
         self.dispatch_rows_over(OP, weight, n, params, x, &part, &[no_bias, (6, squares.binding())])?;
         Ok((part, squares, slices))
+    }
+
+    /// The elements of k each slice of `hc_mix_rows` sums (a mix of w rows of k), and the slices.
+    fn hc_mix_slices(&self, w: usize, k: usize) -> (usize, usize) {
+        let slice = if self.opts.split_rows_k { rows::k_slice(w, k) } else { k };
+        (slice, k.div_ceil(slice.max(1)).max(1))
     }
 
     /// [`Backend::hc_mix_split_pre_norm`](crate::backend::Backend::hc_mix_split_pre_norm) in two
@@ -399,11 +404,8 @@ impl WgpuBackend {
     ) -> Result<(WgpuTensor, WgpuTensor)> {
         const OP: &str = "hc_split_pre_norm";
         let (n, k, w, d) = checks::hc_mix_split_pre_norm(x, mix, scale, base, hc, weight)?;
-        let slices = || {
-            let slice = if self.opts.split_rows_k { rows::k_slice(w, k) } else { k };
-            k.div_ceil(slice.max(1)).max(1)
-        };
-        if !self.fused_hc_mix_applies(n, mix, hc) || d > HS_HELD_WIDTH || slices() * (w + 1) > HS_STAGE {
+        let staged = self.hc_mix_slices(w, k).1 * (w + 1);
+        if !self.fused_hc_mix_applies(n, mix, hc) || d > HS_HELD_WIDTH || staged > HS_STAGE {
             let split = self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
             let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
             return Ok((split, y));
@@ -773,6 +775,19 @@ mod tests {
         assert_eq!(SINK_ATTENTION_MAX_HEAD_DIM, 4 * 256);
         assert!(wgsl.contains(&format!("const SP_HEADS: u32 = {SINK_ATTENTION_PART_HEADS}u;")));
         assert!(wgsl.contains(&format!("const SP_KEYS: u32 = {SINK_ATTENTION_PART_KEYS}u;")));
+    }
+
+    /// `hc_split_pre_norm`'s limits are the kernel's (its staging array, the row groups its
+    /// threads hold, `HC_MAX`), and the released geometry's decode row (hc 4, 16 384 inputs, so 24
+    /// mix rows) fits them.
+    #[test]
+    fn hc_split_pre_norm_limits_match_lm_wgsl() {
+        let wgsl = include_str!("../../../shaders/lm.wgsl");
+        assert!(wgsl.contains(&format!("const HS_STAGE: u32 = {HS_STAGE}u;")));
+        assert!(wgsl.contains(&format!("const HS_HELD: u32 = {}u;", HS_HELD_WIDTH / 1024)));
+        assert!(wgsl.contains(&format!("const HC_MAX: u32 = {HC_MAX}u;")));
+        let (w, k) = (24, 16384);
+        assert!(rows::k_slice(w, k) >= 256 && k.div_ceil(rows::k_slice(w, k)) * (w + 1) <= HS_STAGE);
     }
 
     /// The indexer's tiles are the kernel's, and the model's indexer (64 heads of 128) is past the
