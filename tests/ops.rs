@@ -1997,16 +1997,28 @@ fn wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations() {
             all_three.push(moe_case(&mut r, name, (format, format, format), (1, d, h, e, topk), ids.clone()));
         }
     }
+    // each as the model uploads the experts (gate and up in one dispatch) and a projection at a
+    // time (a dispatch each)
+    let apart = |cases: Vec<Case>| -> Vec<Case> {
+        cases
+            .into_iter()
+            .flat_map(|c| {
+                let name = format!("{} projections apart", c.name);
+                [Case { name, upload: ExpertUpload::Projections, ..c.clone() }, c]
+            })
+            .collect()
+    };
+    let (gate_up, all_three) = (apart(gate_up), apart(all_three));
     assert!(gate_up.iter().chain(&all_three).all(wgpu_q8x_case));
     compare_with_cpu_on(&lane, gate_up, |c| Cow::Owned(int8_rounded(c)));
     let names = ran(&lane);
-    for kernel in ["moe_gate_q8x", "moe_up_q8x", "moe_down_rows"] {
+    for kernel in ["moe_gate_up_q8x", "moe_gate_q8x", "moe_up_q8x", "moe_down_rows"] {
         assert!(names.iter().any(|n| n == kernel), "{kernel} did not run: {names:?}");
     }
     assert!(!names.iter().any(|n| n == "moe_gate_rows" || n == "moe_down_q8x"), "{names:?}");
     compare_with_cpu(&lane, with_wgpu_fast_bounds(all_three));
     let names = ran(&lane);
-    for kernel in ["moe_gate_q8x", "moe_up_q8x", "moe_down_q8x"] {
+    for kernel in ["moe_gate_up_q8x", "moe_gate_q8x", "moe_up_q8x", "moe_down_q8x"] {
         assert!(names.iter().any(|n| n == kernel), "{kernel} did not run: {names:?}");
     }
     assert!(!names.iter().any(|n| n.ends_with("_rows")), "{names:?}");
