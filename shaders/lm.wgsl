@@ -433,6 +433,12 @@ fn segment_sum_squares(live: bool, base: u32, hd: u32, li: u32) -> f32 {
             }
         }
     }
+    return workgroup_sum4(li, s4);
+}
+
+// The sum of every thread's s4 over a 256-thread workgroup, as norm.wgsl's rms_norm sums a row:
+// each thread's lanes (x + y) + (z + w), then a tree in `red`. Every thread calls it (barriers).
+fn workgroup_sum4(li: u32, s4: vec4<f32>) -> f32 {
     red[li] = (s4.x + s4.y) + (s4.z + s4.w);
     workgroupBarrier();
     for (var m = 128u; m > 0u; m >>= 1u) {
@@ -784,15 +790,7 @@ fn hc_split_pre_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
             s4 = fma(h, h, s4);
         }
     }
-    red[li] = (s4.x + s4.y) + (s4.z + s4.w);
-    workgroupBarrier();
-    for (var m = 128u; m > 0u; m >>= 1u) {
-        if (li < m) {
-            red[li] += red[li + m];
-        }
-        workgroupBarrier();
-    }
-    let inv = inverseSqrt(red[0] / f32(d) + bitcast<f32>(p.u6));
+    let inv = inverseSqrt(workgroup_sum4(li, s4) / f32(d) + bitcast<f32>(p.u6));
     for (var g = 0u; g < HS_HELD; g++) {
         let e = li + g * 1024u;
         if (e < d) {

@@ -763,6 +763,22 @@ fn sink_attention_rope_of_a_decode_step_rotates_in_the_merge() {
     }
 }
 
+/// A hyper-connection mix as the released model's (F16, `w` rows of `k`, small values) with its
+/// scale `[3]` and base `[w]`, drawn from `rng` in that order.
+fn released_hc_mix(rng: &mut StdRng, w: usize, k: usize) -> (HostWeight<'static>, Vec<f32>, Vec<f32>) {
+    let mix: Vec<f32> = (0..w * k).map(|_| rng.random_range(-0.01f32..0.01)).collect();
+    let mix = HostWeight {
+        name: "mix".into(),
+        format: WeightFormat::F16,
+        rows: w,
+        cols: k,
+        bytes: Cow::Owned(encode(WeightFormat::F16, &mix)),
+    };
+    let scale: Vec<f32> = (0..3).map(|_| rng.random_range(0.5f32..1.5)).collect();
+    let base: Vec<f32> = (0..w).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    (mix, scale, base)
+}
+
 /// `hc_mix_split` of a decode row is two dispatches (`hc_mix_rows` over slices of k, then
 /// hc_split over the slices) where the composition is four (`rms_norm_heads`, the split
 /// `linear_rows`, `sum_slices`, hc_split), with the composition's values up to rounding: the
@@ -777,16 +793,7 @@ fn hc_mix_split_of_a_decode_row_is_two_dispatches() {
     let mut rng = StdRng::seed_from_u64(0x4c3);
     let (hc, k) = (4, 16384);
     let w = (2 + hc) * hc;
-    let mix: Vec<f32> = (0..w * k).map(|_| rng.random_range(-0.01f32..0.01)).collect();
-    let mix = HostWeight {
-        name: "mix".into(),
-        format: WeightFormat::F16,
-        rows: w,
-        cols: k,
-        bytes: Cow::Owned(encode(WeightFormat::F16, &mix)),
-    };
-    let scale: Vec<f32> = (0..3).map(|_| rng.random_range(0.5f32..1.5)).collect();
-    let base: Vec<f32> = (0..w).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let (mix, scale, base) = released_hc_mix(&mut rng, w, k);
     for n in [1, 3] {
         let xs: Vec<f32> = (0..n * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
         let run = |fused_hc_mix: bool| {
@@ -829,16 +836,7 @@ fn hc_mix_split_pre_norm_of_a_decode_row_is_two_dispatches_with_the_composition_
     let mut rng = StdRng::seed_from_u64(0x5b17);
     let (hc, d) = (4, 4096);
     let (w, k) = ((2 + hc) * hc, hc * d);
-    let mix: Vec<f32> = (0..w * k).map(|_| rng.random_range(-0.01f32..0.01)).collect();
-    let mix = HostWeight {
-        name: "mix".into(),
-        format: WeightFormat::F16,
-        rows: w,
-        cols: k,
-        bytes: Cow::Owned(encode(WeightFormat::F16, &mix)),
-    };
-    let scale: Vec<f32> = (0..3).map(|_| rng.random_range(0.5f32..1.5)).collect();
-    let base: Vec<f32> = (0..w).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let (mix, scale, base) = released_hc_mix(&mut rng, w, k);
     let norm: Vec<f32> = (0..d).map(|_| rng.random_range(0.5f32..1.5)).collect();
     for n in [1, 3] {
         let xs: Vec<f32> = (0..n * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
