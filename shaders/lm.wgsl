@@ -581,7 +581,7 @@ fn rope_tail_at(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
 // next step's writes to the same buffer (a barrier lies between them).
 //   u0 = n, u1 = hc, u2 = iters, u3 = eps; hc_mix_split's fused path: u4 = the partial sums'
 //   slices (a = [slices, n, wd], comb = their sums of squares [slices, n]), u5 = the residual's
-//   width, u6 = the norm's eps
+//   width, u6 = the norm's eps; u8 = 1: four streams' block in one invocation (hc_sinkhorn4)
 const HC_MAX: u32 = 8u;
 const HC_THREADS: u32 = HC_MAX * HC_MAX;
 
@@ -688,6 +688,9 @@ fn hc_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 // normalisation (the first without its row step). Threads past HC_THREADS take part in the
 // barriers only (their row and column in range, their result unused). Every thread calls it.
 fn hc_sinkhorn(li: u32, v0: f32, row: u32, col: u32, hc: u32, eps: f32) -> f32 {
+    if (hc == 4u && p.u8 == 1u) {
+        return hc_sinkhorn4(li, v0, row, col, eps);
+    }
     var v = v0;
     var buf = 0u;
     if (li < HC_THREADS) { hc_block[buf][li] = v; }
@@ -710,6 +713,60 @@ fn hc_sinkhorn(li: u32, v0: f32, row: u32, col: u32, hc: u32, eps: f32) -> f32 {
     return v;
 }
 
+// hc_sinkhorn of four streams (u8 = 1: the lane's `sinkhorn_one_invocation`) in one invocation a
+// block, its 4×4 elements in four vec4 registers (src rows) and every step's sums added in
+// hc_sinkhorn's order ((x0 + x1) + x2) + x3 (lavapipe: the same bits; NVIDIA's driver rounds some
+// divisions differently in the two shapes, tests/wgpu_lane.rs). hc_sinkhorn's 41 steps took a
+// workgroup barrier each: hc_split_pre_norm 26 → 20 µs on an H200. The elements go through
+// hc_block: published, the block's first thread (li == row == col) computes, then each thread
+// reads its own back. Every thread calls it (two barriers).
+fn hc_sinkhorn4(li: u32, v0: f32, row: u32, col: u32, eps: f32) -> f32 {
+    if (li < HC_THREADS) { hc_block[0][li] = v0; }
+    workgroupBarrier();
+    if (li == row && li == col) {
+        var r0 = vec4<f32>(hc_block[0][row], hc_block[0][row + 1u], hc_block[0][row + 2u], hc_block[0][row + 3u]);
+        var r1 = vec4<f32>(hc_block[0][row + 4u], hc_block[0][row + 5u], hc_block[0][row + 6u], hc_block[0][row + 7u]);
+        var r2 = vec4<f32>(hc_block[0][row + 8u], hc_block[0][row + 9u], hc_block[0][row + 10u], hc_block[0][row + 11u]);
+        var r3 = vec4<f32>(hc_block[0][row + 12u], hc_block[0][row + 13u], hc_block[0][row + 14u], hc_block[0][row + 15u]);
+        r0 = hc_softmax4(r0, eps);
+        r1 = hc_softmax4(r1, eps);
+        r2 = hc_softmax4(r2, eps);
+        r3 = hc_softmax4(r3, eps);
+        for (var it = 0u; it < p.u2; it++) {
+            if (it > 0u) {
+                r0 /= hc_sum4(r0) + eps;
+                r1 /= hc_sum4(r1) + eps;
+                r2 /= hc_sum4(r2) + eps;
+                r3 /= hc_sum4(r3) + eps;
+            }
+            let cols = ((r0 + r1) + r2) + r3 + eps;
+            r0 /= cols;
+            r1 /= cols;
+            r2 /= cols;
+            r3 /= cols;
+        }
+        for (var j = 0u; j < 4u; j++) {
+            hc_block[1][row + j] = r0[j];
+            hc_block[1][row + 4u + j] = r1[j];
+            hc_block[1][row + 8u + j] = r2[j];
+            hc_block[1][row + 12u + j] = r3[j];
+        }
+    }
+    workgroupBarrier();
+    return select(0.0, hc_block[1][min(li, HC_THREADS - 1u)], li < HC_THREADS);
+}
+
+// The elements' sum in hc_sinkhorn's order.
+fn hc_sum4(r: vec4<f32>) -> f32 {
+    return ((r.x + r.y) + r.z) + r.w;
+}
+
+// A src row's softmax as hc_sinkhorn's first step: exp(v − max) / Σ + eps.
+fn hc_softmax4(r: vec4<f32>, eps: f32) -> vec4<f32> {
+    let e = exp(r - max(max(max(r.x, r.y), r.z), r.w));
+    return e / hc_sum4(e) + eps;
+}
+
 // hc_split_pre_norm: hc_mix_split's fused split (hc_split from hc_mix_rows' partial sums) and
 // hc_pre_norm of the residual by its pre weights in one dispatch, with the two dispatches' bits:
 // a decode step ran hc_split then hc_pre_norm twice a layer. One workgroup (256 threads) a row
@@ -722,7 +779,7 @@ fn hc_sinkhorn(li: u32, v0: f32, row: u32, col: u32, hc: u32, eps: f32) -> f32 {
 //   a = partial sums [slices, n, wd], comb = their squares [slices, n], b = scale [3],
 //   c = base [wd], hx = X [n, hc·d], hw = the norm's weight [d] → out = split [n, wd],
 //   hy = [n, d]. u0 = n, u1 = hc, u2 = iters, u3 = eps, u4 = slices, u5 = hc·d, u6 = the norms'
-//   eps, u7 = d. lm.rs holds slices·(wd + 1) ≤ HS_STAGE and d ≤ HS_HELD·1024.
+//   eps, u7 = d, u8 as hc_split's. lm.rs holds slices·(wd + 1) ≤ HS_STAGE and d ≤ HS_HELD·1024.
 const HS_STAGE: u32 = 2048u;
 const HS_HELD: u32 = 4u;
 var<workgroup> hs_stage: array<f32, HS_STAGE>;

@@ -869,6 +869,55 @@ fn hc_mix_split_pre_norm_of_a_decode_row_is_two_dispatches_with_the_composition_
     }
 }
 
+/// Four streams' Sinkhorn block in one invocation (`sinkhorn_one_invocation`, lm.wgsl's
+/// `hc_sinkhorn4`) against the block spread over 16 invocations: hc_split of 13 rows (four blocks
+/// a workgroup, the last workgroup's partly empty) and the fused split and norm of a decode row
+/// (`hc_mix_split_pre_norm`), 20 rounds each. Both add every sum in the same order, so a software
+/// adapter (lavapipe: IEEE division, no contraction) gives the same bits. A GPU driver may round
+/// a division differently in the two shapes (Vulkan allows OpFDiv 2.5 ulp; NVIDIA's did, H200,
+/// 2026-12-06: 132 of hc_split's 312 values apart): there the op harness's bound applies, which
+/// holds each path to the CPU lane's values within an NMSE of `REDUCTION` = 1e-10 (tests/ops.rs),
+/// so the two to within (2·√1e-10)² = 4e-10 of each other.
+#[test]
+fn sinkhorn_in_one_invocation_matches_the_spread_block() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let mut rng = StdRng::seed_from_u64(0x51c4);
+    let (hc, d, n) = (4, 4096, 13);
+    let (w, k) = ((2 + hc) * hc, hc * d);
+    let mixes: Vec<f32> = (0..n * w).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+    let (mix, scale, base) = released_hc_mix(&mut rng, w, k);
+    let norm: Vec<f32> = (0..d).map(|_| rng.random_range(0.5f32..1.5)).collect();
+    let xs: Vec<f32> = (0..k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+    let run = |sinkhorn_one_invocation: bool| {
+        let b = make(Options { sinkhorn_one_invocation, ..Options::default() });
+        let mix = b.upload_weight_exact(&mix).unwrap();
+        let (scale, base) = (up(&b, &[3], scale.clone()), up(&b, &[w], base.clone()));
+        let split = b.hc_split(&up(&b, &[n, w], mixes.clone()), &scale, &base, hc, 20, 1e-6).unwrap();
+        let (x, norm) = (up(&b, &[1, k], xs.clone()), up(&b, &[d], norm.clone()));
+        let (fused, _) = b.hc_mix_split_pre_norm(&x, &mix, &scale, &base, hc, 20, 1e-6, 1e-6, &norm).unwrap();
+        (down(&b, &split), down(&b, &fused))
+    };
+    let (one, spread) = (run(true), run(false));
+    let software = be().is_software();
+    for (what, got, want) in [("hc_split", &one.0, &spread.0), ("hc_mix_split_pre_norm", &one.1, &spread.1)] {
+        let apart = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let num: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+        let nmse = num / want.iter().map(|b| (*b as f64).powi(2)).sum::<f64>();
+        eprintln!("{what}: {apart} of {} values apart, nmse {nmse:e}", got.len());
+        if software {
+            assert_eq!(apart, 0, "{what}: {apart} values apart from the spread block's");
+        } else {
+            assert!(nmse <= 4e-10, "{what}: nmse {nmse:e} against the spread block");
+        }
+        // the comb blocks are not a constant (the last step makes each column sum to about 1)
+        let comb: Vec<f32> = got.chunks(w).flat_map(|r| r[2 * hc..].to_vec()).collect();
+        assert!(comb.iter().any(|&v| (v - comb[0]).abs() > 1e-3), "{what}: a constant comb block");
+    }
+}
+
 /// A chain of 300 dependent adds (past `MAX_SUBMIT`, 128 commands a submission) is right
 /// whatever `flush_every` asks, 0 and 1000 included: the lane holds it to 1..=128, the commands a
 /// submission's parameter slots hold; with the encoders submitted by the lane's submit thread and

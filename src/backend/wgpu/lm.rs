@@ -414,8 +414,9 @@ impl WgpuBackend {
         let (part, squares, slices) = self.hc_mix_partials(x, mix, n, k, w)?;
         let split = self.alloc(OP, vec![n, w], DType::F32)?;
         let y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let one = self.opts.sinkhorn_one_invocation as usize;
         let params =
-            [n, hc, iters, eps.to_bits() as usize, slices, k, norm_eps.to_bits() as usize, d].map(|v| v as u32);
+            [n, hc, iters, eps.to_bits() as usize, slices, k, norm_eps.to_bits() as usize, d, one].map(|v| v as u32);
         let bindings = [
             (1, part.binding()),
             (2, scale.binding()),
@@ -462,7 +463,17 @@ impl WgpuBackend {
                 LM,
                 OP,
                 0,
-                &[n as u32, hc as u32, iters as u32, eps.to_bits(), slices as u32, width as u32, norm_eps.to_bits()],
+                &[
+                    n as u32,
+                    hc as u32,
+                    iters as u32,
+                    eps.to_bits(),
+                    slices as u32,
+                    width as u32,
+                    norm_eps.to_bits(),
+                    0,
+                    self.opts.sinkhorn_one_invocation as u32,
+                ],
                 &[(1, mix.binding()), (2, scale.binding()), (3, base.binding()), (6, y.binding()), (9, squares)],
                 (g as u32, 1, 1),
             )?;

@@ -259,6 +259,10 @@ pub struct Options {
     /// `upload_expert_pair` placed them in one binding, rather than two. On by default; off when
     /// `FOVEA_WGPU_FUSED_GATE_UP=0`, to time both. Diagnostic.
     pub fused_gate_up: bool,
+    /// The Sinkhorn block of four streams (`hc_split`, `hc_split_pre_norm`) in one invocation's
+    /// registers (lm.wgsl's `hc_sinkhorn4`) rather than spread over 16 with a workgroup barrier a
+    /// step. On by default; off when `FOVEA_WGPU_SINKHORN_ONE=0`, to time both. Diagnostic.
+    pub sinkhorn_one_invocation: bool,
     /// Split `sink_attention` over its keys where it has few (query, head) pairs (lm.rs). On by
     /// default; off when `FOVEA_WGPU_ATTENTION_SPLIT=0`, to time both in one build and to test
     /// the unsplit kernel on decode's shapes. Diagnostic.
@@ -337,6 +341,7 @@ impl Default for Options {
             pair_rows: std::env::var("FOVEA_WGPU_PAIR_ROWS").map_or(true, |v| v != "0"),
             fused_hc_mix: std::env::var("FOVEA_WGPU_FUSED_HC_MIX").map_or(true, |v| v != "0"),
             fused_gate_up: std::env::var("FOVEA_WGPU_FUSED_GATE_UP").map_or(true, |v| v != "0"),
+            sinkhorn_one_invocation: std::env::var("FOVEA_WGPU_SINKHORN_ONE").map_or(true, |v| v != "0"),
             split_attention_keys: std::env::var("FOVEA_WGPU_ATTENTION_SPLIT").map_or(true, |v| v != "0"),
             pass_per_dispatch: std::env::var("FOVEA_WGPU_PASS_PER_DISPATCH").is_ok_and(|v| v == "1"),
             flush_every: std::env::var("FOVEA_WGPU_FLUSH_EVERY")
