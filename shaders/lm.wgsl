@@ -575,10 +575,11 @@ fn rope_tail_at(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
 // row's hc×hc Sinkhorn block is spread over hc² threads, one element each (hc ≤ HC_MAX: lm.rs
 // checks), HC_MAX² / hc² rows a workgroup: each normalisation step publishes the elements in
 // workgroup memory and every thread sums its own row (or column) from there in the reference's
-// order, so the sums are the one-thread loop's, bit for bit. One thread per row, its block in
-// registers, took 0.08 ms a decode step's row on an H200: 20 iterations of dependent steps in
-// one thread. Two buffers alternate, so one barrier a step keeps a step's reads before the
-// next step's writes to the same buffer (a barrier lies between them).
+// order, so the sums are the one-thread loop's, bit for bit. (A thread a row looping over its
+// block as an indexed hc×hc array took 0.08 ms a decode step's row on an H200; four streams' block
+// in four vec4 registers, nothing indexed, is faster than the spread one: hc_sinkhorn4, u8 = 1.)
+// Two buffers alternate, so one barrier a step keeps a step's reads before the next step's
+// writes to the same buffer (a barrier lies between them).
 //   u0 = n, u1 = hc, u2 = iters, u3 = eps; hc_mix_split's fused path: u4 = the partial sums'
 //   slices (a = [slices, n, wd], comb = their sums of squares [slices, n]), u5 = the residual's
 //   width, u6 = the norm's eps; u8 = 1: four streams' block in one invocation (hc_sinkhorn4)
