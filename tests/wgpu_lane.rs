@@ -380,6 +380,67 @@ fn one_tokens_gate_and_up_placed_together_take_one_int8_dispatch() {
     }
 }
 
+/// `upload_expert_pair` where the gate's and the up's experts cannot share one binding places each
+/// projection as `upload_experts` does, and one token's gate and up then take a dispatch each with
+/// the bits of the two uploads made apart: an up in another format than the gate's (IQ2_XXS and
+/// Q8_0), and both alike but together past the binding limit while each fits (2.5 MB against
+/// 8 experts of 768 × 1 024 IQ2_XXS, 1.6 MB a projection).
+#[test]
+fn expert_pairs_that_cannot_share_a_binding_take_two_dispatches() {
+    if !adapter_available() {
+        return;
+    }
+    let _devices = shared();
+    let mut rng = StdRng::seed_from_u64(0x7f2a);
+    let (e, d, h) = (8, 1024, 768);
+    for (up_format, max_binding_bytes) in [(WeightFormat::Q8_0, None), (WeightFormat::IQ2_XXS, Some(2_500_000))] {
+        let mut matrices = |format, rows, cols| -> Vec<(WeightFormat, usize, usize, Vec<u8>)> {
+            (0..e).map(|_| (format, rows, cols, common::blocks::weight_bytes(&mut rng, format, rows, cols))).collect()
+        };
+        let (w1, w3) = (matrices(WeightFormat::IQ2_XXS, h, d), matrices(up_format, h, d));
+        let w2 = matrices(WeightFormat::Q2_K, d, h);
+        let host = |m: &(WeightFormat, usize, usize, Vec<u8>)| HostWeight {
+            name: "expert".into(),
+            format: m.0,
+            rows: m.1,
+            cols: m.2,
+            bytes: Cow::Owned(m.3.clone()),
+        };
+        let xs: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let run = |paired: bool| {
+            let opts =
+                Options { precision: Precision::Fast, kernel_times: true, max_binding_bytes, ..Options::default() };
+            let b = make(opts);
+            let (gates, ups) = if paired {
+                b.upload_expert_pair(e, &mut |j| Ok(host(&w1[j])), &mut |j| Ok(host(&w3[j]))).unwrap()
+            } else {
+                (
+                    b.upload_experts(e, &mut |j| Ok(host(&w1[j]))).unwrap(),
+                    b.upload_experts(e, &mut |j| Ok(host(&w3[j]))).unwrap(),
+                )
+            };
+            let downs = b.upload_experts(e, &mut |j| Ok(host(&w2[j]))).unwrap();
+            let x = up(&b, &[1, d], xs.clone());
+            let ids = b.upload(&HostTensor::i32(vec![1, 6], vec![4, 1, 7, 0, 6, 3]).unwrap()).unwrap();
+            let weights = up(&b, &[1, 6], vec![0.25, 0.1, 0.2, 0.15, 0.1, 0.2]);
+            b.kernel_times().unwrap()?;
+            let y = b.moe_experts(&x, &ids, &weights, &gates, &ups, &downs, 1.5).unwrap();
+            Some((down(&b, &y), dispatch_counts(&b)))
+        };
+        let Some((paired, counts)) = run(true) else {
+            eprintln!("SKIPPED expert_pairs_that_cannot_share_…: no timestamp queries");
+            return;
+        };
+        let what = format!("up {up_format}, binding limit {max_binding_bytes:?}");
+        let apart = named(&[("moe_down_q8x", 1), ("moe_gate_q8x", 1), ("moe_sum", 1), ("moe_up_q8x", 1)]);
+        assert_eq!(counts, apart, "{what}");
+        let (alone, _) = run(false).unwrap();
+        let differ = paired.iter().zip(&alone).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{what}: values apart from the projections uploaded apart");
+        assert!(paired.iter().all(|v| v.is_finite()) && paired.iter().any(|v| *v != 0.0), "{what}: {paired:?}");
+    }
+}
+
 /// `Backend::kernel_times` (timestamps around every dispatch): each entry point once per
 /// dispatch (linear's tiles under the op's label), a positive time, and nothing left over for the
 /// next call. Off by default.
