@@ -577,7 +577,7 @@ fn rope_tail_at(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
 // workgroup memory and every thread sums its own row (or column) from there in the reference's
 // order, so the sums are the one-thread loop's, bit for bit. (A thread a row looping over its
 // block as an indexed hc×hc array took 0.08 ms a decode step's row on an H200; four streams' block
-// in four vec4 registers, nothing indexed, is faster than the spread one: hc_sinkhorn4, u8 = 1.)
+// in four vec4 registers, no array, is faster than the spread one: hc_sinkhorn4, u8 = 1.)
 // Two buffers alternate, so one barrier a step keeps a step's reads before the next step's
 // writes to the same buffer (a barrier lies between them).
 //   u0 = n, u1 = hc, u2 = iters, u3 = eps; hc_mix_split's fused path: u4 = the partial sums'
@@ -686,8 +686,10 @@ fn hc_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 
 // The Sinkhorn block of hc_split from this thread's element v (its block's row `row`, column
 // `col` in hc_block): the softmax over each src row, then p.u2 rounds of column and row
-// normalisation (the first without its row step). Threads past HC_THREADS take part in the
-// barriers only (their row and column in range, their result unused). Every thread calls it.
+// normalisation (the first without its row step; at least that one, as the CPU lane and CUDA
+// run it: with 0 rounds the columns were left unnormalised here). Threads past HC_THREADS take
+// part in the barriers only (their row and column in range, their result unused). Every thread
+// calls it.
 fn hc_sinkhorn(li: u32, v0: f32, row: u32, col: u32, hc: u32, eps: f32) -> f32 {
     if (hc == 4u && p.u8 == 1u) {
         return hc_sinkhorn4(li, v0, row, col, eps);
@@ -701,7 +703,7 @@ fn hc_sinkhorn(li: u32, v0: f32, row: u32, col: u32, hc: u32, eps: f32) -> f32 {
     v = exp(v - mx);
     buf = 1u - buf;
     v = v / hc_publish_sum(buf, li, v, row, 1u, hc) + eps;
-    for (var it = 0u; it < p.u2; it++) {
+    for (var it = 0u; it < max(p.u2, 1u); it++) {
         if (it > 0u) {
             // rows (dst normalisation over each src row)
             buf = 1u - buf;
@@ -733,7 +735,7 @@ fn hc_sinkhorn4(li: u32, v0: f32, row: u32, col: u32, eps: f32) -> f32 {
         r1 = hc_softmax4(r1, eps);
         r2 = hc_softmax4(r2, eps);
         r3 = hc_softmax4(r3, eps);
-        for (var it = 0u; it < p.u2; it++) {
+        for (var it = 0u; it < max(p.u2, 1u); it++) {
             if (it > 0u) {
                 r0 /= hc_sum4(r0) + eps;
                 r1 /= hc_sum4(r1) + eps;
@@ -776,7 +778,8 @@ fn hc_softmax4(r: vec4<f32>, eps: f32) -> vec4<f32> {
 // eight loads at a time, twice for pre and post), and the mix is summed from there in slice
 // order as mix_of and mix_norm sum it; pre and post are written, pre kept in workgroup memory;
 // the streams are collapsed by pre and RMS-normalised as norm.wgsl's hc_pre_norm (rows of at most
-// HS_HELD·1024, held in registers); then the Sinkhorn block on the first hc² threads.
+// HS_HELD·1024, held in registers); then the Sinkhorn block (hc_sinkhorn: on the first hc²
+// threads, or for four streams with u8 = 1 on thread 0).
 //   a = partial sums [slices, n, wd], comb = their squares [slices, n], b = scale [3],
 //   c = base [wd], hx = X [n, hc·d], hw = the norm's weight [d] → out = split [n, wd],
 //   hy = [n, d]. u0 = n, u1 = hc, u2 = iters, u3 = eps, u4 = slices, u5 = hc·d, u6 = the norms'
