@@ -328,40 +328,14 @@ fn one_tokens_gate_and_up_placed_together_take_one_int8_dispatch() {
     // several devices of its own (see `exclusive`)
     let _devices = exclusive();
     let mut rng = StdRng::seed_from_u64(0x9a7e);
-    let (e, d, h) = (8, 1024, 768);
     for (gate_up, down_format) in
         [(WeightFormat::IQ2_XXS, WeightFormat::Q2_K), (WeightFormat::Q8_0, WeightFormat::Q8_0)]
     {
-        let mut matrices = |format, rows, cols| -> Vec<(WeightFormat, usize, usize, Vec<u8>)> {
-            (0..e).map(|_| (format, rows, cols, common::blocks::weight_bytes(&mut rng, format, rows, cols))).collect()
-        };
-        let (w1, w3, w2) = (matrices(gate_up, h, d), matrices(gate_up, h, d), matrices(down_format, d, h));
-        let host = |m: &(WeightFormat, usize, usize, Vec<u8>)| HostWeight {
-            name: "expert".into(),
-            format: m.0,
-            rows: m.1,
-            cols: m.2,
-            bytes: Cow::Owned(m.3.clone()),
-        };
-        let xs: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let experts = OneTokensExperts::draw(&mut rng, [gate_up, gate_up, down_format]);
+        let (ids, weights) = ([5, 0, 7, 2, 6, 3], [0.3, 0.1, 0.2, 0.15, 0.05, 0.2]);
         let run = |paired: bool, fused_gate_up: bool| {
-            let b =
-                make(Options { precision: Precision::Fast, kernel_times: true, fused_gate_up, ..Options::default() });
-            let (gates, ups) = if paired {
-                b.upload_expert_pair(e, &mut |j| Ok(host(&w1[j])), &mut |j| Ok(host(&w3[j]))).unwrap()
-            } else {
-                (
-                    b.upload_experts(e, &mut |j| Ok(host(&w1[j]))).unwrap(),
-                    b.upload_experts(e, &mut |j| Ok(host(&w3[j]))).unwrap(),
-                )
-            };
-            let downs = b.upload_experts(e, &mut |j| Ok(host(&w2[j]))).unwrap();
-            let x = up(&b, &[1, d], xs.clone());
-            let ids = b.upload(&HostTensor::i32(vec![1, 6], vec![5, 0, 7, 2, 6, 3]).unwrap()).unwrap();
-            let weights = up(&b, &[1, 6], vec![0.3, 0.1, 0.2, 0.15, 0.05, 0.2]);
-            b.kernel_times().unwrap()?;
-            let y = b.moe_experts(&x, &ids, &weights, &gates, &ups, &downs, 1.5).unwrap();
-            Some((down(&b, &y), dispatch_counts(&b)))
+            let opts = Options { precision: Precision::Fast, kernel_times: true, fused_gate_up, ..Options::default() };
+            experts.run(&make(opts), paired, ids, weights)
         };
         let Some((fused, counts)) = run(true, true) else {
             eprintln!("SKIPPED one_tokens_gate_and_up_…: no timestamp queries");
@@ -377,6 +351,68 @@ fn one_tokens_gate_and_up_placed_together_take_one_int8_dispatch() {
             assert_eq!(differ, 0, "{what}, paired {paired}: values apart from the gate and up in two dispatches");
         }
         assert!(fused.iter().all(|v| v.is_finite()) && fused.iter().any(|v| *v != 0.0), "{what}: {fused:?}");
+    }
+}
+
+/// One token's routed experts for the expert-pair tests: 8 experts of a 768 × 1 024 gate and up
+/// and a 1 024 × 768 down, random blocks of the given formats, and the token's row.
+struct OneTokensExperts {
+    gates: Vec<HostWeight<'static>>,
+    ups: Vec<HostWeight<'static>>,
+    downs: Vec<HostWeight<'static>>,
+    x: Vec<f32>,
+}
+
+impl OneTokensExperts {
+    const EXPERTS: usize = 8;
+    const DIM: usize = 1024;
+    const HIDDEN: usize = 768;
+
+    /// `[gate, up, down]` formats; draws the gates, ups, downs, then the row.
+    fn draw(rng: &mut StdRng, formats: [WeightFormat; 3]) -> Self {
+        let (d, h) = (Self::DIM, Self::HIDDEN);
+        let mut matrices = |format, rows, cols| -> Vec<HostWeight<'static>> {
+            (0..Self::EXPERTS)
+                .map(|_| HostWeight {
+                    name: "expert".into(),
+                    format,
+                    rows,
+                    cols,
+                    bytes: Cow::Owned(common::blocks::weight_bytes(rng, format, rows, cols)),
+                })
+                .collect()
+        };
+        let (gates, ups, downs) = (matrices(formats[0], h, d), matrices(formats[1], h, d), matrices(formats[2], d, h));
+        let x = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        OneTokensExperts { gates, ups, downs, x }
+    }
+
+    /// The token through six slots of the experts on `b`, the gate and up uploaded as a pair
+    /// (`upload_expert_pair`) or a projection at a time: its output and the dispatches per entry
+    /// point, or None where the adapter has no timestamp queries.
+    fn run(
+        &self,
+        b: &WgpuBackend,
+        paired: bool,
+        ids: [i32; 6],
+        weights: [f32; 6],
+    ) -> Option<(Vec<f32>, Vec<(String, u64)>)> {
+        let e = Self::EXPERTS;
+        let (gates, ups) = if paired {
+            b.upload_expert_pair(e, &mut |j| Ok(self.gates[j].clone()), &mut |j| Ok(self.ups[j].clone())).unwrap()
+        } else {
+            (
+                b.upload_experts(e, &mut |j| Ok(self.gates[j].clone())).unwrap(),
+                b.upload_experts(e, &mut |j| Ok(self.ups[j].clone())).unwrap(),
+            )
+        };
+        let downs = b.upload_experts(e, &mut |j| Ok(self.downs[j].clone())).unwrap();
+        let x = up(b, &[1, Self::DIM], self.x.clone());
+        let ids = b.upload(&HostTensor::i32(vec![1, 6], ids.to_vec()).unwrap()).unwrap();
+        let weights = up(b, &[1, 6], weights.to_vec());
+        b.kernel_times().unwrap()?;
+        let y = b.moe_experts(&x, &ids, &weights, &gates, &ups, &downs, 1.5).unwrap();
+        Some((down(b, &y), dispatch_counts(b)))
     }
 }
 
@@ -415,40 +451,12 @@ fn expert_pairs_that_cannot_share_a_binding_take_two_dispatches() {
     }
     let _devices = shared();
     let mut rng = StdRng::seed_from_u64(0x7f2a);
-    let (e, d, h) = (8, 1024, 768);
     for (up_format, max_binding_bytes) in [(WeightFormat::Q8_0, None), (WeightFormat::IQ2_XXS, Some(2_500_000))] {
-        let mut matrices = |format, rows, cols| -> Vec<(WeightFormat, usize, usize, Vec<u8>)> {
-            (0..e).map(|_| (format, rows, cols, common::blocks::weight_bytes(&mut rng, format, rows, cols))).collect()
-        };
-        let (w1, w3) = (matrices(WeightFormat::IQ2_XXS, h, d), matrices(up_format, h, d));
-        let w2 = matrices(WeightFormat::Q2_K, d, h);
-        let host = |m: &(WeightFormat, usize, usize, Vec<u8>)| HostWeight {
-            name: "expert".into(),
-            format: m.0,
-            rows: m.1,
-            cols: m.2,
-            bytes: Cow::Owned(m.3.clone()),
-        };
-        let xs: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let experts = OneTokensExperts::draw(&mut rng, [WeightFormat::IQ2_XXS, up_format, WeightFormat::Q2_K]);
         let run = |paired: bool| {
             let opts =
                 Options { precision: Precision::Fast, kernel_times: true, max_binding_bytes, ..Options::default() };
-            let b = make(opts);
-            let (gates, ups) = if paired {
-                b.upload_expert_pair(e, &mut |j| Ok(host(&w1[j])), &mut |j| Ok(host(&w3[j]))).unwrap()
-            } else {
-                (
-                    b.upload_experts(e, &mut |j| Ok(host(&w1[j]))).unwrap(),
-                    b.upload_experts(e, &mut |j| Ok(host(&w3[j]))).unwrap(),
-                )
-            };
-            let downs = b.upload_experts(e, &mut |j| Ok(host(&w2[j]))).unwrap();
-            let x = up(&b, &[1, d], xs.clone());
-            let ids = b.upload(&HostTensor::i32(vec![1, 6], vec![4, 1, 7, 0, 6, 3]).unwrap()).unwrap();
-            let weights = up(&b, &[1, 6], vec![0.25, 0.1, 0.2, 0.15, 0.1, 0.2]);
-            b.kernel_times().unwrap()?;
-            let y = b.moe_experts(&x, &ids, &weights, &gates, &ups, &downs, 1.5).unwrap();
-            Some((down(&b, &y), dispatch_counts(&b)))
+            experts.run(&make(opts), paired, [4, 1, 7, 0, 6, 3], [0.25, 0.1, 0.2, 0.15, 0.1, 0.2])
         };
         let Some((paired, counts)) = run(true) else {
             eprintln!("SKIPPED expert_pairs_that_cannot_share_…: no timestamp queries");
