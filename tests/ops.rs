@@ -1939,13 +1939,13 @@ fn wgpu_fast_gemms_are_f32_gemms_of_f16_rounded_operands() {
 /// rounding is not a near thing (`int8_clear_row`): a driver's division may be a few ulp off
 /// (Vulkan allows 2.5), which would move a value lying near half a step to the other side.
 /// - The linear (the lane set to take it from 1 column: `q8x_linear_min_cols`), with a bias and
-///   without, over 67 columns (a workgroup's 32 columns cut short) and, with a 4 KiB binding cap,
+///   without, over 67 columns (a workgroup's 32, 64 or 128 columns cut short) and, with a 4 KiB binding cap,
 ///   over 200 columns in row chunks (each dispatch's columns from its chunk's first).
 /// - The experts: gate and up in a q8x format, the down in Q4_K (f32 small rows: its input, hid,
 ///   is the device's own, which the host cannot round alike); then the down in the same format
 ///   too, at FAST_MOE_Q8X, on Gaussian rows.
-/// Rows of 3 or 24 groups (fewer than a team's 32 invocations) and of 65–72 (which they loop over
-/// unevenly). The kernels that
+/// Rows of 3 or 24 groups (teams of 8, fewer groups than invocations), of 65–72 (teams of 16,
+/// looped over unevenly) and of 129–136 (teams of 32: q8x.rs's `team`). The kernels that
 /// ran are checked by name, so a fallback to the f32 rows cannot pass by not running.
 #[test]
 fn wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations() {
@@ -1963,15 +1963,15 @@ fn wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations() {
         lane.kernel_times().unwrap().expect("kernel times (TIMESTAMP_QUERY)").into_iter().map(|k| k.name).collect()
     };
     let mut r = StdRng::seed_from_u64(0x1878);
-    let formats = [(Q8_0, 2080), (Q2_K, 2304), (IQ2_XXS, 2304)];
+    let formats = [(Q8_0, 2080, 4128), (Q2_K, 2304, 4352), (IQ2_XXS, 2304, 4352)];
     let clear = |r: &mut StdRng, mut c: Case, k: usize| {
         c.tensors[0] = int8_clear_row(r, k);
         c
     };
 
     let mut linears = Vec::new();
-    for (format, long) in formats {
-        for k in [block_cols(format), long] {
+    for (format, long, longer) in formats {
+        for k in [block_cols(format), long, longer] {
             let c = linear_case(&mut r, format, 1, k, 67, " (int8 row)");
             linears.push(clear(&mut r, c, k));
         }
@@ -1989,8 +1989,8 @@ fn wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations() {
     let (h, e, topk, ids) = (256, 8, 3, vec![5, 0, 7]);
     let mut gate_up = Vec::new();
     let mut all_three = Vec::new();
-    for (format, long) in formats {
-        for d in [block_cols(format), long] {
+    for (format, long, longer) in formats {
+        for d in [block_cols(format), long, longer] {
             let name = format!("moe_experts {format} gate/up, Q4_K down, d={d} one token (int8 row)");
             let c = moe_case(&mut r, name, (format, format, Q4_K), (1, d, h, e, topk), ids.clone());
             gate_up.push(clear(&mut r, c, d));
@@ -2028,7 +2028,7 @@ fn wgpu_int8_gemvs_are_f32_gemvs_of_int8_rounded_activations() {
     let Some(lane) = common::wgpu_lane(Options { max_binding_bytes: Some(4096), ..opts }) else { return };
     let chunked: Vec<Case> = formats
         .into_iter()
-        .map(|(format, _)| {
+        .map(|(format, _, _)| {
             let k = block_cols(format);
             let c = linear_case(&mut r, format, 1, k, 200, " (int8 row, row chunks of 4 KiB)");
             clear(&mut r, c, k)

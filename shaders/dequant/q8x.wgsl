@@ -4,13 +4,14 @@
 // moe_gate_up_q8x, the gate and up in one dispatch) and the
 // widest linears (linear_q8x, rows.wgsl's linear_rows for one row). Each workgroup rounds its
 // activation row to int8 once (ggml's q8_1 rule: per 32 values the scale amax / 127 and
-// round(x / scale)) into workgroup memory, then each of its 8 teams of 32 invocations takes 4
-// adjacent columns, the invocations striding over the row's 32-value groups: the format's
+// round(x / scale)) into workgroup memory, then each of its teams of p.team invocations (8, 16
+// or 32: q8x.rs picks it from k) takes 4 adjacent columns, the invocations striding over the
+// row's 32-value groups: the format's
 // `q8x_dot32` (dequant/q8x/<format>.wgsl) multiplies the group's codes with the int8 values by
 // dot4I8Packed (four products an instruction where the device has integer dot products: SPIR-V
 // DotProductInput4x8BitPacked, HLSL SM 6.4; naga spells it out elsewhere) and applies the block
-// scales once a group, and the group's activation scale multiplies that. A workgroup takes 32
-// columns (of one slot's expert). The host (q8x.rs) takes these paths only for one row of x, k a
+// scales once a group, and the group's activation scale multiplies that. A workgroup takes
+// (WG / p.team) · 4 columns (of one slot's expert). The host (q8x.rs) takes these paths only for one row of x, k a
 // multiple of 32 and at most MAX_K, the experts with every expert of a projection in one binding.
 // Not a complete shader: the lane builds it per format as emitted tables + dequant/common.wgsl +
 // the format's decoder + the fast operands file + dequant/q8x/<format>.wgsl + this.
@@ -25,9 +26,10 @@ struct P {
     limit: u32,         // moe_up_q8x: the SwiGLU clamp (f32 bits)
     col_off: u32,       // linear_q8x: the first output column of the bound weight chunk
     has_bias: u32,      // linear_q8x
+    team: u32,          // invocations of a team (8, 16 or 32), so WG / team · TEAM_COLS columns a workgroup
     // unused: the block is the lane's PARAM_BYTES (64) long, which a pipeline's immediate range
     // derived from a shorter struct would refuse
-    u9: u32, u10: u32, u11: u32, u12: u32, u13: u32, u14: u32, u15: u32,
+    u10: u32, u11: u32, u12: u32, u13: u32, u14: u32, u15: u32,
 }
 
 var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
@@ -38,9 +40,7 @@ var<immediate> p: P; // the dispatch's immediate data (mod.rs, PARAM_BYTES)
 @group(0) @binding(5) var<storage, read> ids: array<i32>;
 
 const WG: u32 = 256u;
-const TEAM: u32 = 32u;
 const TEAM_COLS: u32 = 4u;
-const WG_COLS: u32 = 32u; // (WG / TEAM) · TEAM_COLS
 // The longest activation row (MAX_K in q8x.rs): a group a thread when rounding it.
 const MAX_K: u32 = 8192u;
 
@@ -88,7 +88,12 @@ struct ColumnSum {
     col: u32,
 }
 
-// Workgroup wgx's 32 columns from `wgx · 32` of `expert` against the int8 row: each invocation's
+// The workgroup's columns, (WG / p.team) · TEAM_COLS.
+fn wg_cols() -> u32 {
+    return (WG / p.team) * TEAM_COLS;
+}
+
+// Workgroup wgx's wg_cols() columns from `wgx · wg_cols()` of `expert` against the int8 row: each invocation's
 // sums of its team's 4 columns (team_sums), then their totals (column_total).
 fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
     return column_total(li, wgx, team_sums(li, team_rows(li, wgx, expert)));
@@ -97,7 +102,7 @@ fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
 // The first words of the rows of this invocation's team's 4 columns of `expert` (a column past the
 // last reads the last's row, in bounds; nothing stores its sum).
 fn team_rows(li: u32, wgx: u32, expert: u32) -> array<u32, 4> {
-    let col0 = wgx * WG_COLS + (li / TEAM) * TEAM_COLS;
+    let col0 = wgx * wg_cols() + (li / p.team) * TEAM_COLS;
     var base: array<u32, 4>;
     for (var j = 0u; j < TEAM_COLS; j++) {
         base[j] = (expert * p.expert_stride + min(col0 + j, p.cols - 1u)) * p.w_stride;
@@ -105,10 +110,11 @@ fn team_rows(li: u32, wgx: u32, expert: u32) -> array<u32, 4> {
     return base;
 }
 
-// This invocation's share of its team's 4 columns (rows from `base`): the row's groups lt, lt + 32, …
+// This invocation's share of its team's 4 columns (rows from `base`): the row's groups lt,
+// lt + p.team, … (lt its place in the team)
 fn team_sums(li: u32, base: array<u32, 4>) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
-    for (var g = li % TEAM; g < p.k / 32u; g += TEAM) {
+    for (var g = li % p.team; g < p.k / 32u; g += p.team) {
         var q: array<u32, 8>;
         for (var j = 0u; j < 8u; j++) { q[j] = xq[8u * g + j]; }
         let dx = xs[g];
@@ -123,7 +129,7 @@ fn team_sums(li: u32, base: array<u32, 4>) -> vec4<f32> {
 // weight loads in flight together.
 fn team_sums2(li: u32, base_a: array<u32, 4>, base_b: array<u32, 4>) -> array<vec4<f32>, 2> {
     var acc: array<vec4<f32>, 2>;
-    for (var g = li % TEAM; g < p.k / 32u; g += TEAM) {
+    for (var g = li % p.team; g < p.k / 32u; g += p.team) {
         var q: array<u32, 8>;
         for (var j = 0u; j < 8u; j++) { q[j] = xq[8u * g + j]; }
         let dx = xs[g];
@@ -136,17 +142,17 @@ fn team_sums2(li: u32, base_a: array<u32, 4>, base_b: array<u32, 4>) -> array<ve
 }
 
 // The workgroup's column totals from each invocation's team sums `acc`: into red, then invocation
-// li < 32 totals column li % 4 of team li / 4 over the team's invocations in order; the others get
-// no column. Every invocation calls it (a barrier); a second call needs a barrier before it.
+// li < wg_cols() totals column li % 4 of team li / 4 over the team's invocations in order; the
+// others get no column. Every invocation calls it (a barrier); a second call needs a barrier before it.
 fn column_total(li: u32, wgx: u32, acc: vec4<f32>) -> ColumnSum {
     for (var j = 0u; j < TEAM_COLS; j++) { red[li * TEAM_COLS + j] = acc[j]; }
     workgroupBarrier();
     var out = ColumnSum(0.0, p.cols);
-    if (li < WG_COLS) {
+    if (li < wg_cols()) {
         let t = li / TEAM_COLS;
         let j = li % TEAM_COLS;
-        for (var i = 0u; i < TEAM; i++) { out.total += red[(t * TEAM + i) * TEAM_COLS + j]; }
-        out.col = wgx * WG_COLS + li;
+        for (var i = 0u; i < p.team; i++) { out.total += red[(t * p.team + i) * TEAM_COLS + j]; }
+        out.col = wgx * wg_cols() + li;
     }
     return out;
 }
@@ -165,7 +171,7 @@ fn slot_expert(z: u32) -> i32 {
 const STORE: u32 = 0u;
 const SWIGLU: u32 = 1u;
 
-// Slot z's 32 columns from workgroup x (gate, up: of hid [slots, h] from the token's row of x;
+// Slot z's wg_cols() columns from workgroup x (gate, up: of hid [slots, h] from the token's row of x;
 // down: of ys [slots, d] from hid's row z), stored or, for the up, through the clamped SwiGLU with
 // the gate's value already in y (moe_gate_q8x), as rows.wgsl's expert_rows.
 fn expert_q8x(li: u32, wg: vec3<u32>, nwg: vec3<u32>, x_row: u32, epilogue: u32) {

@@ -21,18 +21,40 @@ use crate::error::{Error, Result};
 /// The longest row of activations the kernels take (`MAX_K` in q8x.wgsl, whose workgroup memory
 /// holds the row: k bytes and a scale per 32 values).
 const MAX_K: usize = 8192;
-/// Columns of one workgroup (`WG_COLS` in q8x.wgsl).
-const WG_COLS: usize = 32;
+/// Invocations of a workgroup (`WG` in q8x.wgsl), in teams of [`team`] that take
+/// [`TEAM_COLS`] columns each.
+const WG: usize = 256;
+/// Columns of one team (`TEAM_COLS` in q8x.wgsl).
+const TEAM_COLS: usize = 4;
+/// The team sizes the kernels take. Teams of 64 and 128 (16 and 8 columns a workgroup, so
+/// more workgroups) measured slower on every product of a decode step (H100, timed: the head
+/// 217 µs with teams of 32, 268 with 64, 463 with 128; the routed gate and up 46, 56, 79).
+const TEAMS: [usize; 3] = [8, 16, 32];
 /// The narrowest weight whose one-row linear takes the int8 kernel by default
-/// (`Options::q8x_linear_min_cols`): 32 columns a workgroup leave a narrower weight too few
+/// (`Options::q8x_linear_min_cols`): 32 to 128 columns a workgroup leave a narrower weight few
 /// workgroups to keep a GPU's loads in flight (the CUDA lane measured its 4 096-output Q8_0
 /// projections slower on its int8 kernel and keeps them on the small rows from 8 192: its
-/// `LINEAR_Q8X_MIN_COLS`). Not measured on this lane.
+/// `LINEAR_Q8X_MIN_COLS`). Here, H100, timed, one run: from 4 096 (`FOVEA_WGPU_Q8X_MIN_COLS`)
+/// wo_b (k 8 192, 128 workgroups) and the shared expert's down (k 2 048, 64) took 30.0 and
+/// 18.5 µs on it, against 49.3 for the two on the small rows: no gain.
 pub(super) const LINEAR_MIN_COLS: usize = 8192;
 
 /// The int8 kernels' build for `format` (fast precision), for the [`formats::q8x_format`]s.
 pub(super) fn q8x_shader(format: WeightFormat) -> Option<Shader> {
     formats::q8x_format(format).then_some(Shader::Block(BlockKernel::Q8x, format, Precision::Fast))
+}
+
+/// Invocations a team for rows of `k` inputs (a multiple of 32): the largest of [`TEAMS`] that
+/// leaves each invocation at least four of the row's 32-value groups (8 for rows too short for
+/// that). Measured on an H100 (timed dispatches of a 4-layer q2 decode step, one run, each size
+/// forced by `FOVEA_WGPU_Q8X_TEAM`): wq_b (k 1 024) 31.0 µs with teams of 32, 28.3 with 16,
+/// 26.3 with 8; the routed down (k 2 048) 30.3 with 32, 25.3 with 16; the routed gate and up
+/// (k 4 096) 46 with 32, 58 with 16, the head (k 4 096) 217 and 213. With teams of 32
+/// a short row left an invocation one or two groups, so the row rounded per workgroup, its
+/// barrier and the 32-term column totals weighed against few loads.
+fn team(k: usize) -> usize {
+    let groups = k / 32;
+    TEAMS.into_iter().rev().find(|&t| groups >= 4 * t).unwrap_or(TEAMS[0])
 }
 
 /// Whether the kernels take a product of `k` inputs: whole 32-value groups within [`MAX_K`].
@@ -73,7 +95,7 @@ impl WgpuBackend {
         let Some((experts, expert_stride)) = w.experts else {
             return Err(Error::Device(format!("{entry}: `{}` is not every expert in one binding", w.matrix.name)));
         };
-        let params = Q8xParams { k, cols: w.cols, slots, experts, expert_stride, limit, ..Q8xParams::default() };
+        let params = Q8xParams { k, cols: w.cols, slots, experts, expert_stride, limit, ..self.q8x_params(k) };
         let bindings = [(1, x.binding()), (2, w.binding), (4, y.binding()), (5, ids.binding())];
         self.dispatch_q8x(entry, w.matrix, params, &bindings)
     }
@@ -101,15 +123,8 @@ impl WgpuBackend {
                 joined.matrix.name
             )));
         };
-        let params = Q8xParams {
-            k,
-            cols: joined.cols,
-            slots,
-            experts: experts / 2,
-            expert_stride,
-            limit,
-            ..Q8xParams::default()
-        };
+        let params =
+            Q8xParams { k, cols: joined.cols, slots, experts: experts / 2, expert_stride, limit, ..self.q8x_params(k) };
         let bindings = [(1, x.binding()), (2, joined.binding), (4, hid.binding()), (5, ids.binding())];
         self.dispatch_q8x(ENTRY, joined.matrix, params, &bindings)
     }
@@ -134,14 +149,20 @@ impl WgpuBackend {
     ) -> Result<()> {
         let c = &w.chunks[chunk];
         let params =
-            Q8xParams { k, cols: c.rows, slots: 1, col_off: c.row0, has_bias: bias.is_some(), ..Q8xParams::default() };
+            Q8xParams { cols: c.rows, slots: 1, col_off: c.row0, has_bias: bias.is_some(), ..self.q8x_params(k) };
         let bias = bias.map_or_else(|| self.dummy.as_entire_binding(), |b| b.binding());
         let bindings = [(1, x.binding()), (2, c.binding()), (3, bias), (4, y.binding())];
         self.dispatch_q8x("linear_q8x", w, params, &bindings)
     }
 
-    /// One dispatch of q8x.wgsl's `entry` for `w`'s format: a workgroup per 32 columns, a grid
-    /// layer per slot.
+    /// The parameters of a product of `k` inputs: k and the team size (`Options::q8x_team`, else
+    /// [`team`]).
+    fn q8x_params(&self, k: usize) -> Q8xParams {
+        Q8xParams { k, team: self.opts.q8x_team.unwrap_or_else(|| team(k)), ..Q8xParams::default() }
+    }
+
+    /// One dispatch of q8x.wgsl's `entry` for `w`'s format: a workgroup per (256 / team) · 4
+    /// columns, a grid layer per slot.
     fn dispatch_q8x(
         &self,
         entry: &'static str,
@@ -155,7 +176,13 @@ impl WgpuBackend {
         if params.cols == 0 || params.slots == 0 {
             return Ok(());
         }
-        let (gx, gy, _) = grid(params.cols.div_ceil(WG_COLS));
+        if !TEAMS.contains(&params.team) {
+            return Err(Error::Device(format!(
+                "{entry}: teams of {} invocations (the kernels take {TEAMS:?})",
+                params.team
+            )));
+        }
+        let (gx, gy, _) = grid(params.cols.div_ceil(WG / params.team * TEAM_COLS));
         let max = self.limits.max_compute_workgroups_per_dimension;
         if gy > max || params.slots > max as usize {
             let (cols, slots) = (params.cols, params.slots);
@@ -176,6 +203,7 @@ struct Q8xParams {
     limit: f32,
     col_off: usize,
     has_bias: bool,
+    team: usize,
 }
 
 impl Q8xParams {
@@ -183,7 +211,7 @@ impl Q8xParams {
         let mut block = [self.k, w.stride_words, self.cols, self.slots, self.experts, self.expert_stride]
             .map(|v| v as u32)
             .to_vec();
-        block.extend([self.limit.to_bits(), self.col_off as u32, self.has_bias as u32]);
+        block.extend([self.limit.to_bits(), self.col_off as u32, self.has_bias as u32, self.team as u32]);
         block
     }
 }
@@ -196,10 +224,15 @@ mod tests {
     fn constants_are_the_kernels() {
         let src = include_str!("../../../shaders/dequant/q8x.wgsl");
         assert!(src.contains(&format!("\nconst MAX_K: u32 = {MAX_K}u;")));
-        assert!(src.contains(&format!("\nconst WG_COLS: u32 = {WG_COLS}u;")));
+        assert!(src.contains(&format!("\nconst WG: u32 = {WG}u;")));
+        assert!(src.contains(&format!("\nconst TEAM_COLS: u32 = {TEAM_COLS}u;")));
+        assert!(src.contains(&format!("var<workgroup> red: array<f32, {}>;", WG * TEAM_COLS)));
         // the workgroup arrays hold MAX_K / 4 words of int8 values and MAX_K / 32 scales
         assert!(src.contains(&format!("var<workgroup> xq: array<u32, {}>;", MAX_K / 4)));
         assert!(src.contains(&format!("var<workgroup> xs: array<f32, {}>;", MAX_K / 32)));
+        // four groups an invocation where the row has them, and every team within the workgroup
+        assert_eq!([32, 1024, 2048, 4096, MAX_K].map(team), [8, 8, 16, 32, 32]);
+        assert!(TEAMS.iter().all(|t| WG.is_multiple_of(*t)));
         assert!(takes_k(32) && takes_k(MAX_K) && !takes_k(MAX_K + 32) && !takes_k(48) && !takes_k(0));
     }
 }
