@@ -243,19 +243,24 @@ fn route_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 // sqrt_softplus, add(bias[kind]), topk_rows, hash_route, route_weights bit for bit: a = logits
 // [n, e], b = bias [kinds, e], ia = kind i32 [n], ib = token ids i32 [n] and ic = table i32
 // [vocab, k] (hash layers) → iout = ids i32 [n, k], out = weights [n, k]. One workgroup a row:
-// the scores once into workgroup memory (sqrt_softplus_of, as sqrt_softplus), then each finite
-// s + bias[kind] counts the finite ones that rank before it in topk_rows' ranking (a strict
-// order, so the counts are distinct) and a column with fewer than k before it is the pick of
-// slot `count` (slots past the finite columns −1), the table row for a hashed text token, then
-// route_weights' sum over the slots in order. A kind outside 0..kinds gives a NaN bias row
-// (gather_rows'), an id outside 0..e a NaN weight row (route_weights'). A decode step's router
-// took five dispatches; then k rounds of a workgroup argmax, 9 barriers a round. e ≤ RE_CACHE, k ≤ RE_K_MAX (lm.rs composes the ops past them).
+// the scores once into workgroup memory (sqrt_softplus_of, as sqrt_softplus), k rounds of a
+// workgroup argmax over s + bias[kind] (topk_rows' ranking, a strict order, so the reduction's
+// order cannot change a pick; −1 once no finite score is left), the table row for a hashed text
+// token, then route_weights' sum over the slots in order. A kind outside 0..kinds gives a NaN
+// bias row (gather_rows'), an id outside 0..e a NaN weight row (route_weights'). A decode step's
+// router took five dispatches. Ranking in one pass instead (each finite score counting the
+// scores ranked before it, 256 workgroup-memory reads a thread) measured slower than the k
+// rounds on an H100: 29 against 17 µs a dispatch (timed, 2026-12-07). e ≤ RE_CACHE, k ≤ RE_K_MAX (lm.rs composes the ops past them).
 //   u0 = n, u1 = e, u2 = k, u3 = kinds, u4 = hashed, u5 = vocab, u6 = scale
 const RE_THREADS: u32 = 256u;
 const RE_CACHE: u32 = 1024u;
 const RE_K_MAX: u32 = RE_THREADS; // a thread a slot
+const RE_NONE: u32 = 0xffffffffu;
 var<workgroup> re_raw: array<f32, RE_CACHE>;
 var<workgroup> re_biased: array<f32, RE_CACHE>;
+// the threads' candidates of a round, reduced in place to [0]
+var<workgroup> re_v: array<f32, RE_THREADS>;
+var<workgroup> re_c: array<u32, RE_THREADS>;
 var<workgroup> re_ids: array<i32, RE_K_MAX>;
 
 // Whether (v1, c1) ranks before (v2, c2): value descending, then column ascending (topk_rows').
@@ -281,26 +286,44 @@ fn route_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
             re_biased[j] = nan();
         }
     }
-    if (li < k) {
-        re_ids[li] = -1; // a slot no finite column takes
-    }
     workgroupBarrier();
-    for (var j = li; j < e; j += RE_THREADS) {
-        let v = re_biased[j];
-        if (!is_finite(v)) { continue; }
-        var before = 0u;
-        for (var i = 0u; i < e; i++) {
-            let o = re_biased[i]; // the same address for every thread: one broadcast read
-            if (is_finite(o) && ranks_before(o, i, v, j)) {
-                before++;
-                if (before == k) { break; } // not a pick
+    var pv = 0.0; // the previous round's pick (value, column)
+    var pc = RE_NONE;
+    for (var s = 0u; s < k; s++) {
+        // this thread's best among its columns that rank after the previous pick
+        var bv = 0.0;
+        var bc = RE_NONE;
+        if (s == 0u || pc != RE_NONE) {
+            for (var j = li; j < e; j += RE_THREADS) {
+                let v = re_biased[j];
+                if (!is_finite(v) || (s > 0u && !ranks_before(pv, pc, v, j))) { continue; }
+                if (bc == RE_NONE || ranks_before(v, j, bv, bc)) {
+                    bv = v;
+                    bc = j;
+                }
             }
         }
-        if (before < k) {
-            re_ids[before] = i32(j);
+        re_v[li] = bv;
+        re_c[li] = bc;
+        workgroupBarrier();
+        for (var m = RE_THREADS / 2u; m > 0u; m >>= 1u) {
+            if (li < m) {
+                let ov = re_v[li + m];
+                let oc = re_c[li + m];
+                if (oc != RE_NONE && (re_c[li] == RE_NONE || ranks_before(ov, oc, re_v[li], re_c[li]))) {
+                    re_v[li] = ov;
+                    re_c[li] = oc;
+                }
+            }
+            workgroupBarrier();
         }
+        pv = re_v[0];
+        pc = re_c[0]; // once none, every later round is none (nothing ranks after none)
+        if (li == 0u) {
+            re_ids[s] = select(i32(pc), -1, pc == RE_NONE);
+        }
+        workgroupBarrier(); // every thread read this round's pick before the next writes re_v
     }
-    workgroupBarrier();
     // hash layers: a text token takes its table row, an image token keeps the top-k
     var t = -1;
     if (p.u4 == 1u) {
