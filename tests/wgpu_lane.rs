@@ -396,7 +396,7 @@ impl OneTokensExperts {
         paired: bool,
         ids: [i32; 6],
         weights: [f32; 6],
-    ) -> Option<(Vec<f32>, Vec<(String, u64)>)> {
+    ) -> Option<(Vec<f32>, DispatchCounts)> {
         let e = Self::EXPERTS;
         let (gates, ups) = if paired {
             b.upload_expert_pair(e, &mut |j| Ok(self.gates[j].clone()), &mut |j| Ok(self.ups[j].clone())).unwrap()
@@ -587,16 +587,18 @@ fn weight_uploads_free_their_staging_as_they_go() {
     }
 }
 
-/// The dispatches timed since the last `kernel_times` call, by name (with `kernel_times_by_grid`:
-/// entry point and workgroups), sorted: which paths an op took.
-fn dispatch_counts(b: &WgpuBackend) -> Vec<(String, u64)> {
-    let mut counts: Vec<(String, u64)> =
+/// Dispatches by name (with `kernel_times_by_grid`: entry point and workgroups), sorted.
+type DispatchCounts = Vec<(String, u64)>;
+
+/// The dispatches timed since the last `kernel_times` call: which paths an op took.
+fn dispatch_counts(b: &WgpuBackend) -> DispatchCounts {
+    let mut counts: DispatchCounts =
         b.kernel_times().unwrap().expect("timed").into_iter().map(|k| (k.name, k.count)).collect();
     counts.sort();
     counts
 }
 
-fn named(counts: &[(&str, u64)]) -> Vec<(String, u64)> {
+fn named(counts: &[(&str, u64)]) -> DispatchCounts {
     counts.iter().map(|(n, c)| (n.to_string(), *c)).collect()
 }
 
