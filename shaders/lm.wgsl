@@ -250,7 +250,8 @@ fn route_weights(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 // bias row (gather_rows'), an id outside 0..e a NaN weight row (route_weights'). A decode step's
 // router took five dispatches. Ranking in one pass instead (each finite score counting the
 // scores ranked before it, 256 workgroup-memory reads a thread) measured slower than the k
-// rounds on an H100: 29 against 17 µs a dispatch (timed, 2026-12-07). e ≤ RE_CACHE, k ≤ RE_K_MAX (lm.rs composes the ops past them).
+// rounds on an H100: 29 against 17 µs a dispatch (timed, 2026-12-07). e ≤ RE_CACHE,
+// k ≤ RE_K_MAX (lm.rs composes the ops past them).
 //   u0 = n, u1 = e, u2 = k, u3 = kinds, u4 = hashed, u5 = vocab, u6 = scale
 const RE_THREADS: u32 = 256u;
 const RE_CACHE: u32 = 1024u;

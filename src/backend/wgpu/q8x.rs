@@ -77,8 +77,8 @@ impl WgpuBackend {
     }
 
     /// One token's projection `entry` (`moe_gate_q8x`, `moe_up_q8x`, `moe_down_q8x`) over every
-    /// expert of `w` on int8 activations: a workgroup per 32 columns of each of the `slots`
-    /// slots' experts, x at binding 1 (the token's row, or hid's rows for the down), y at 4, the
+    /// expert of `w` on int8 activations: a workgroup per (256 / team) · 4 columns of each of the
+    /// `slots` slots' experts, x at binding 1 (the token's row, or hid's rows for the down), y at 4, the
     /// ids at 5. Only where [`Self::experts_take_q8x`].
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_experts_q8x(
