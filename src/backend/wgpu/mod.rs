@@ -287,7 +287,8 @@ pub struct Options {
     /// it low to run the kernel on small cases. Diagnostic.
     pub q8x_linear_min_cols: usize,
     /// Invocations a team of the int8 kernels (8, 16 or 32; `q8x::team` picks from k by default),
-    /// `FOVEA_WGPU_Q8X_TEAM=n` to time one size for every product. Diagnostic.
+    /// `FOVEA_WGPU_Q8X_TEAM=n` to time one size for every product (another value is ignored;
+    /// set here, one the kernels do not take is an error at their first dispatch). Diagnostic.
     pub q8x_team: Option<usize>,
     /// How the GEMM kernels round their operands ([`Precision`]; `Exact` by default here, the CLI
     /// picks the adapter's default, [`default_precision`]). `Fast` needs SHADER_F16.
@@ -357,7 +358,10 @@ impl Default for Options {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(q8x::LINEAR_MIN_COLS),
-            q8x_team: std::env::var("FOVEA_WGPU_Q8X_TEAM").ok().and_then(|v| v.parse().ok()),
+            q8x_team: std::env::var("FOVEA_WGPU_Q8X_TEAM")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|t| q8x::TEAMS.contains(t)),
             precision: Precision::Exact,
             weight_pool_bytes: 4 << 20,
             staging_flush_bytes: STAGING_FLUSH_BYTES,

@@ -29,7 +29,7 @@ const TEAM_COLS: usize = 4;
 /// The team sizes the kernels take. Teams of 64 and 128 (16 and 8 columns a workgroup, so
 /// more workgroups) measured slower on every product of a decode step (H100, timed: the head
 /// 217 µs with teams of 32, 268 with 64, 463 with 128; the routed gate and up 46, 56, 79).
-const TEAMS: [usize; 3] = [8, 16, 32];
+pub(super) const TEAMS: [usize; 3] = [8, 16, 32];
 /// The narrowest weight whose one-row linear takes the int8 kernel by default
 /// (`Options::q8x_linear_min_cols`): 32 to 128 columns a workgroup leave a narrower weight few
 /// workgroups to keep a GPU's loads in flight (the CUDA lane measured its 4 096-output Q8_0
