@@ -1,20 +1,20 @@
 // One token's GEMVs on int8 activations (fast precision, a decode step of one sequence), after
 // cuda/dequant.cuh's q8x_cols: the routed experts (moe_gate_q8x, moe_up_q8x, moe_down_q8x, the
 // counterparts of rows.wgsl's moe_*_rows with the same bindings, outputs and epilogues, and
-// moe_gate_up_q8x, the gate and up in one dispatch) and the
-// widest linears (linear_q8x, rows.wgsl's linear_rows for one row). Each workgroup rounds its
-// activation row to int8 once (ggml's q8_1 rule: per 32 values the scale amax / 127 and
-// round(x / scale)) into workgroup memory, then each of its teams of p.team invocations (8, 16
-// or 32: q8x.rs picks it from k) takes 4 adjacent columns, the invocations striding over the
-// row's 32-value groups: the format's
-// `q8x_dot32` (dequant/q8x/<format>.wgsl) multiplies the group's codes with the int8 values by
-// dot4I8Packed (four products an instruction where the device has integer dot products: SPIR-V
+// moe_gate_up_q8x, the gate and up in one dispatch) and the widest linears (linear_q8x, rows.wgsl's
+// linear_rows for one row). Each workgroup rounds its activation row to int8 once (ggml's q8_1
+// rule: per 32 values the scale amax / 127 and round(x / scale)) into workgroup memory, then each
+// of its teams of p.team invocations (8, 16 or 32: q8x.rs picks it from k) takes 4 adjacent
+// columns, the invocations striding over the row's 32-value groups: the format's `q8x_dot32`
+// (dequant/q8x/<format>.wgsl) multiplies the group's codes with the int8 values by dot4I8Packed
+// (four products an instruction where the device has integer dot products: SPIR-V
 // DotProductInput4x8BitPacked, HLSL SM 6.4; naga spells it out elsewhere) and applies the block
-// scales once a group, and the group's activation scale multiplies that. A workgroup takes
-// (WG / p.team) · 4 columns (of one slot's expert). The host (q8x.rs) takes these paths only for one row of x, k a
-// multiple of 32 and at most MAX_K, the experts with every expert of a projection in one binding.
-// Not a complete shader: the lane builds it per format as emitted tables + dequant/common.wgsl +
-// the format's decoder + the fast operands file + dequant/q8x/<format>.wgsl + this.
+// scales once a group, and the group's activation scale multiplies that. A workgroup takes (WG /
+// p.team) · 4 columns (of one slot's expert). The host (q8x.rs) takes these paths only for one row
+// of x, k a multiple of 32 and at most MAX_K, the experts with every expert of a projection in one
+// binding. Not a complete shader: the lane builds it per format as emitted tables +
+// dequant/common.wgsl + the format's decoder + the fast operands file + dequant/q8x/<format>.wgsl +
+// this.
 
 struct P {
     k: u32,             // length of a weight row: d (gate, up) or h (down), the linear's k
@@ -26,7 +26,7 @@ struct P {
     limit: u32,         // moe_up_q8x: the SwiGLU clamp (f32 bits)
     col_off: u32,       // linear_q8x: the first output column of the bound weight chunk
     has_bias: u32,      // linear_q8x
-    team: u32,          // invocations of a team (8, 16 or 32), so WG / team · TEAM_COLS columns a workgroup
+    team: u32,          // invocations of a team (8, 16 or 32): WG / team · TEAM_COLS columns
     // unused: the block is the lane's PARAM_BYTES (64) long, which a pipeline's immediate range
     // derived from a shorter struct would refuse
     u10: u32, u11: u32, u12: u32, u13: u32, u14: u32, u15: u32,
@@ -93,8 +93,8 @@ fn wg_cols() -> u32 {
     return (WG / p.team) * TEAM_COLS;
 }
 
-// Workgroup wgx's wg_cols() columns from `wgx · wg_cols()` of `expert` against the int8 row: each invocation's
-// sums of its team's 4 columns (team_sums), then their totals (column_total).
+// Workgroup wgx's wg_cols() columns from `wgx · wg_cols()` of `expert` against the int8 row:
+// each invocation's sums of its team's 4 columns (team_sums), then their totals (column_total).
 fn columns(li: u32, wgx: u32, expert: u32) -> ColumnSum {
     return column_total(li, wgx, team_sums(li, team_rows(li, wgx, expert)));
 }
@@ -143,7 +143,8 @@ fn team_sums2(li: u32, base_a: array<u32, 4>, base_b: array<u32, 4>) -> array<ve
 
 // The workgroup's column totals from each invocation's team sums `acc`: into red, then invocation
 // li < wg_cols() totals column li % 4 of team li / 4 over the team's invocations in order; the
-// others get no column. Every invocation calls it (a barrier); a second call needs a barrier before it.
+// others get no column. Every invocation calls it (a barrier); a second call needs a barrier
+// before it.
 fn column_total(li: u32, wgx: u32, acc: vec4<f32>) -> ColumnSum {
     for (var j = 0u; j < TEAM_COLS; j++) { red[li * TEAM_COLS + j] = acc[j]; }
     workgroupBarrier();
@@ -171,8 +172,8 @@ fn slot_expert(z: u32) -> i32 {
 const STORE: u32 = 0u;
 const SWIGLU: u32 = 1u;
 
-// Slot z's wg_cols() columns from workgroup x (gate, up: of hid [slots, h] from the token's row of x;
-// down: of ys [slots, d] from hid's row z), stored or, for the up, through the clamped SwiGLU with
+// Slot z's wg_cols() columns from workgroup x (gate, up: of hid [slots, h] from the token's row
+// of x; down: of ys [slots, d] from hid's row z), stored or, for the up, through the clamped SwiGLU with
 // the gate's value already in y (moe_gate_q8x), as rows.wgsl's expert_rows.
 fn expert_q8x(li: u32, wg: vec3<u32>, nwg: vec3<u32>, x_row: u32, epilogue: u32) {
     let e = slot_expert(wg.z);

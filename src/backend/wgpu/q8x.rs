@@ -78,8 +78,8 @@ impl WgpuBackend {
 
     /// One token's projection `entry` (`moe_gate_q8x`, `moe_up_q8x`, `moe_down_q8x`) over every
     /// expert of `w` on int8 activations: a workgroup per (256 / team) · 4 columns of each of the
-    /// `slots` slots' experts, x at binding 1 (the token's row, or hid's rows for the down), y at 4, the
-    /// ids at 5. Only where [`Self::experts_take_q8x`].
+    /// `slots` slots' experts, x at binding 1 (the token's row, or hid's rows for the down), y at
+    /// 4, the ids at 5. Only where [`Self::experts_take_q8x`].
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_experts_q8x(
         &self,
@@ -95,7 +95,7 @@ impl WgpuBackend {
         let Some((experts, expert_stride)) = w.experts else {
             return Err(Error::Device(format!("{entry}: `{}` is not every expert in one binding", w.matrix.name)));
         };
-        let params = Q8xParams { k, cols: w.cols, slots, experts, expert_stride, limit, ..self.q8x_params(k) };
+        let params = Q8xParams { cols: w.cols, slots, experts, expert_stride, limit, ..self.q8x_params(k) };
         let bindings = [(1, x.binding()), (2, w.binding), (4, y.binding()), (5, ids.binding())];
         self.dispatch_q8x(entry, w.matrix, params, &bindings)
     }
@@ -124,7 +124,7 @@ impl WgpuBackend {
             )));
         };
         let params =
-            Q8xParams { k, cols: joined.cols, slots, experts: experts / 2, expert_stride, limit, ..self.q8x_params(k) };
+            Q8xParams { cols: joined.cols, slots, experts: experts / 2, expert_stride, limit, ..self.q8x_params(k) };
         let bindings = [(1, x.binding()), (2, joined.binding), (4, hid.binding()), (5, ids.binding())];
         self.dispatch_q8x(ENTRY, joined.matrix, params, &bindings)
     }
