@@ -917,7 +917,7 @@ fn hc_mix_split_of_a_decode_row_is_two_dispatches() {
 }
 
 /// `hc_mix_split_pre_norm` of a decode row is two dispatches (`hc_mix_rows`, then
-/// `hc_split_pre_norm`: the split and the collapsed streams' norm from one workgroup a row) where
+/// `hc_split_pre_norm`: the split and the collapsed streams' norm from two workgroups a row) where
 /// `hc_mix_split` then `hc_pre_norm` are three, with their bits (both outputs): the released
 /// geometry (hc 4, d 4 096, an F16 mix) on one row and on three.
 #[test]

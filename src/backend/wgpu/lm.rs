@@ -386,8 +386,8 @@ impl WgpuBackend {
 
     /// [`Backend::hc_mix_split_pre_norm`](crate::backend::Backend::hc_mix_split_pre_norm) in two
     /// dispatches where hc_mix_split takes its fused path (hc_mix_rows, then lm.wgsl's
-    /// `hc_split_pre_norm`: the split and the norm of the collapsed streams from one workgroup a
-    /// row), for rows of at most [`HS_HELD_WIDTH`] whose partial sums fit [`HS_STAGE`] words;
+    /// `hc_split_pre_norm`: the split and the norm of the collapsed streams from two workgroups a
+    /// row, the norm and the Sinkhorn block), for rows of at most [`HS_HELD_WIDTH`] whose partial sums fit [`HS_STAGE`] words;
     /// elsewhere hc_mix_split then hc_pre_norm.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn hc_mix_split_pre_norm(
@@ -427,7 +427,8 @@ impl WgpuBackend {
             (12, weight.binding()),
             (13, y.binding()),
         ];
-        self.dispatch(LM, OP, 0, &params, &bindings, (n as u32, 1, 1))?;
+        // two workgroups a row: the norm, and the Sinkhorn block beside it
+        self.dispatch(LM, OP, 0, &params, &bindings, (n as u32, 2, 1))?;
         Ok((split, y))
     }
 
