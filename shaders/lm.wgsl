@@ -1606,27 +1606,36 @@ fn sink_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 //   [n·heads, parts, hd + 4]; grid (n·⌈heads / SP_HEADS⌉, parts) workgroups of SP_THREADS;
 //   u0 = n·heads, u1 = heads, u2 = hd, u3 = m, u4 = kk, u5 = c rows, u6 = 1/√hd, u7 = parts
 const SP_HEADS: u32 = 8u;
-const SP_KEYS: u32 = 64u;
+// The keys of a part: a pipeline-override constant, sink_attention_heads' 64 by default and
+// sink_attention_part's lm.rs SINK_ATTENTION_PART_KEYS (32: a decode step's few workgroups then
+// hold fewer keys each, and there are more of them; on an H100 the parts took 30 µs against 47
+// with 64, the merge 22.5 against 17, while sink_attention_heads' 4-layer prefill took 63.8 ms
+// against 58.5). A divisor of SP_THREADS with SP_HEADS · SP_KEYS a multiple of it, at most
+// SP_KEYS_MAX (the workgroup arrays' and register arrays' sizes).
+override SP_KEYS: u32 = 64u;
+const SP_KEYS_MAX: u32 = 64u;
 const SP_THREADS: u32 = 256u;
 // dims of a chunk: a thread loads one query value of the chunk (SP_HEADS · SP_CHUNK = SP_THREADS)
 const SP_CHUNK: u32 = 32u;
 // key values of a chunk a thread loads: rows li / SP_CHUNK + SP_KSTEP·t, dim li % SP_CHUNK
-const SP_KLOADS: u32 = SP_KEYS * SP_CHUNK / SP_THREADS;
+override SP_KLOADS: u32 = SP_KEYS * SP_CHUNK / SP_THREADS;
+const SP_KLOADS_MAX: u32 = SP_KEYS_MAX * SP_CHUNK / SP_THREADS;
 const SP_KSTEP: u32 = SP_THREADS / SP_CHUNK;
 // logits a thread takes: key li % SP_KEYS, heads li / SP_KEYS + SP_HSTEP·t
-const SP_LOGITS: u32 = SP_HEADS * SP_KEYS / SP_THREADS;
-const SP_HSTEP: u32 = SP_THREADS / SP_KEYS;
+override SP_LOGITS: u32 = SP_HEADS * SP_KEYS / SP_THREADS;
+const SP_LOGITS_MAX: u32 = SP_HEADS * SP_KEYS_MAX / SP_THREADS;
+override SP_HSTEP: u32 = SP_THREADS / SP_KEYS;
 // keys a value batch loads
 const SP_BATCH: u32 = 8u;
 // the chunk of the part's key rows, [SP_KEYS][SP_CHUNK + 1] (a padded row: the threads of a
 // subgroup read consecutive keys' same dim)
-var<workgroup> sp_k: array<f32, SP_KEYS * (SP_CHUNK + 1u)>;
+var<workgroup> sp_k: array<f32, SP_KEYS_MAX * (SP_CHUNK + 1u)>;
 // the chunk of the heads' queries, [SP_HEADS][SP_CHUNK]
 var<workgroup> sp_q: array<f32, SP_HEADS * SP_CHUNK>;
 // [SP_HEADS][SP_KEYS]: the logits, then their exponentials (0 for no key)
-var<workgroup> sp_w: array<f32, SP_HEADS * SP_KEYS>;
+var<workgroup> sp_w: array<f32, SP_HEADS * SP_KEYS_MAX>;
 // per key of the part: its row in kv (window keys) or comp (compressed keys), −1 for no key
-var<workgroup> sp_row: array<i32, SP_KEYS>;
+var<workgroup> sp_row: array<i32, SP_KEYS_MAX>;
 var<workgroup> sp_mx: array<f32, SP_HEADS>;
 
 // Element d of key `r` of the part (r < SP_KEYS): its row's, of kv or of comp; 0 for no key or
@@ -1673,8 +1682,8 @@ fn sp_part_logits(li: u32, pair: SaPair, window_bad: bool, nwin: u32, s: u32, nh
     let hl = li / SP_KEYS;
     let col = li % SP_CHUNK;
     let qh = li / SP_CHUNK; // the head whose query value this thread loads
-    var dot: array<f32, SP_LOGITS>;
-    var kr: array<f32, SP_KLOADS>;
+    var dot: array<f32, SP_LOGITS_MAX>;
+    var kr: array<f32, SP_KLOADS_MAX>;
     for (var t = 0u; t < SP_KLOADS; t++) {
         kr[t] = sp_key(s, nwin, li / SP_CHUNK + SP_KSTEP * t, col);
     }

@@ -1842,7 +1842,7 @@ fn wgpu_small_rows_match_cpu_with_workgroup_reduction() {
 /// sink_attention in the GPUs' workgroup kernels, which a software adapter (lavapipe) does not run
 /// otherwise (`Options::force_workgroup_attention`; it takes one thread per head there where that
 /// fits): every sink_attention case, with the keys of few (query, head) pairs split into parts
-/// (the cases past 64 keys: lm.rs), with `split_attention_keys` off (a workgroup per query's head
+/// (the cases past 32 keys: lm.rs), with `split_attention_keys` off (a workgroup per query's head
 /// group, `sink_attention_heads`), and off with `per_pair_attention` (a workgroup per (query,
 /// head): what lavapipe runs past the serial kernel's budget).
 #[test]

@@ -30,8 +30,9 @@ const HS_STAGE: usize = 2048;
 /// The largest head dim `sink_attention` sums in registers (lm.wgsl: SA_THREADS · SA_DIMS, and
 /// SH_BLOCKS · SP_THREADS in `sink_attention_heads`; the model's is 512).
 const SINK_ATTENTION_MAX_HEAD_DIM: usize = 64 * 16;
-/// The keys of one part of a split `sink_attention` (lm.wgsl's SP_KEYS).
-const SINK_ATTENTION_PART_KEYS: usize = 64;
+/// The keys of one part of a split `sink_attention` (lm.wgsl's `SP_KEYS` override in the
+/// [`Shader::LmAttentionParts`] build; `sink_attention_heads` keeps the default 64).
+pub(super) const SINK_ATTENTION_PART_KEYS: usize = 32;
 /// The heads of one query a workgroup of a split `sink_attention` takes (lm.wgsl's SP_HEADS).
 const SINK_ATTENTION_PART_HEADS: usize = 8;
 /// The queries and entries of one workgroup of `indexer_scores_tiles` (lm.wgsl's IT_ROWS,
@@ -680,7 +681,8 @@ impl WgpuBackend {
                 let mut bindings = inputs.to_vec();
                 bindings.push((6, records.binding()));
                 let head_groups = n * n_heads.div_ceil(SINK_ATTENTION_PART_HEADS);
-                self.dispatch(LM, "sink_attention_part", 0, &params, &bindings, (head_groups as u32, parts as u32, 1))?;
+                let groups = (head_groups as u32, parts as u32, 1);
+                self.dispatch(Shader::LmAttentionParts, "sink_attention_part", 0, &params, &bindings, groups)?;
                 params.push(rd as u32);
                 let (inv_freq, positions) = match rope {
                     Some((f, at)) => (f.binding(), at.binding()),
@@ -786,7 +788,12 @@ mod tests {
         assert_eq!(SINK_ATTENTION_MAX_HEAD_DIM, 64 * 16);
         assert_eq!(SINK_ATTENTION_MAX_HEAD_DIM, 4 * 256);
         assert!(wgsl.contains(&format!("const SP_HEADS: u32 = {SINK_ATTENTION_PART_HEADS}u;")));
-        assert!(wgsl.contains(&format!("const SP_KEYS: u32 = {SINK_ATTENTION_PART_KEYS}u;")));
+        // the part keys' default (sink_attention_heads') and the split's override: divisors of the
+        // threads with whole logits a thread, within the arrays' sizes
+        assert!(wgsl.contains("override SP_KEYS: u32 = 64u;") && wgsl.contains("const SP_KEYS_MAX: u32 = 64u;"));
+        for keys in [64, SINK_ATTENTION_PART_KEYS] {
+            assert!(keys <= 64 && 256 % keys == 0 && (SINK_ATTENTION_PART_HEADS * keys) % 256 == 0, "{keys}");
+        }
     }
 
     /// `hc_split_pre_norm`'s limits are the kernel's (its staging array, the row groups its

@@ -89,6 +89,10 @@ pub(super) enum Shader {
     Debug,
     /// lm.wgsl (no weight products: one build).
     Lm,
+    /// lm.wgsl with its attention parts of `SP_KEYS` = `lm::SINK_ATTENTION_PART_KEYS` keys, for
+    /// the split decode attention (`sink_attention_part`; `sink_attention_heads` keeps the
+    /// default 64).
+    LmAttentionParts,
     /// A kernel over block-format weights, built for one format (formats.rs).
     Block(BlockKernel, WeightFormat, Precision),
     /// The small-row kernels (rows.wgsl) over `linear_packed.wgsl` (f32, bf16, f16 fallback), on
@@ -177,7 +181,7 @@ impl Shader {
                 Ok((label, Cow::Owned(src)))
             }
             Shader::Debug => fixed("debug.wgsl", include_str!("../../../shaders/debug.wgsl")),
-            Shader::Lm => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
+            Shader::Lm | Shader::LmAttentionParts => fixed("lm.wgsl", include_str!("../../../shaders/lm.wgsl")),
             Shader::Rows(_) => gemm(false, Some(PACKED), rows::BODY, Precision::Exact),
             Shader::RowsF16(_) => gemm(true, Some(F16), rows::BODY, Precision::Exact),
             Shader::Block(kernel, format, precision) => match formats::block_shader_source(format, kernel, precision) {
@@ -190,18 +194,26 @@ impl Shader {
 
 impl Shader {
     /// The pipeline-override constants of a pipeline of this shader created with `fmt`: `FMT`
-    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback; tiles and small rows); the others read
-    /// `fmt`, if at all, from their parameter block.
+    /// for `linear_packed.wgsl` (f32, bf16, f16 fallback; tiles and small rows), `SP_KEYS` for
+    /// [`Shader::LmAttentionParts`]; the others read `fmt`, if at all, from their parameter block.
     pub(super) fn constants(self, fmt: u32) -> Vec<(&'static str, f64)> {
         match self {
             Shader::Linear(..) | Shader::Rows(_) | Shader::HalfWeight(false) => vec![("FMT", f64::from(fmt))],
+            Shader::LmAttentionParts => vec![("SP_KEYS", super::lm::SINK_ATTENTION_PART_KEYS as f64)],
             _ => Vec::new(),
         }
     }
 
     /// The shaders no weight format chooses: one module each, created with `fmt` 0.
-    const FIXED: [Shader; 6] =
-        [Shader::Elementwise, Shader::Copy, Shader::Norm, Shader::Rope, Shader::Attention, Shader::Debug];
+    const FIXED: [Shader; 7] = [
+        Shader::Elementwise,
+        Shader::Copy,
+        Shader::Norm,
+        Shader::Rope,
+        Shader::Attention,
+        Shader::Debug,
+        Shader::LmAttentionParts,
+    ];
     /// The shaders no weight format chooses that fast precision alone builds (with SHADER_F16).
     const FIXED_F16: [Shader; 3] = [Shader::AttentionCoopDirect, Shader::HalfRows, Shader::LinearCoopDirect];
 
@@ -213,6 +225,7 @@ impl Shader {
     fn listed(self) {
         match self {
             Shader::Elementwise | Shader::Copy | Shader::Norm | Shader::Rope | Shader::Attention | Shader::Debug => {}
+            Shader::LmAttentionParts => {}
             Shader::AttentionCoopDirect | Shader::HalfRows | Shader::LinearCoopDirect => {}
             Shader::HalfWeight(_) => {}
             Shader::Linear(..) | Shader::LinearF16(..) | Shader::Lm | Shader::Block(..) => {}
