@@ -14,7 +14,8 @@
 // of x, k a multiple of 32 and at most MAX_K, the experts with every expert of a projection in one
 // binding. Not a complete shader: the lane builds it per format as emitted tables +
 // dequant/common.wgsl + the format's decoder + the fast operands file + dequant/q8x/<format>.wgsl +
-// this.
+// this. The format's file also gives `q8x_stage`, which each workgroup runs before its first
+// barrier (IQ2_XXS: its grid copied into workgroup memory; the others: nothing).
 
 struct P {
     k: u32,             // length of a weight row: d (gate, up) or h (down), the linear's k
@@ -178,6 +179,7 @@ const SWIGLU: u32 = 1u;
 fn expert_q8x(li: u32, wg: vec3<u32>, nwg: vec3<u32>, x_row: u32, epilogue: u32) {
     let e = slot_expert(wg.z);
     if (e < 0) { return; }
+    q8x_stage(li);
     quantize_row(li, x_row);
     workgroupBarrier();
     let r = columns(li, flat(wg, nwg), u32(e));
@@ -215,6 +217,7 @@ fn moe_gate_up_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
                    @builtin(local_invocation_index) li: u32) {
     let e = slot_expert(wg.z);
     if (e < 0) { return; }
+    q8x_stage(li);
     quantize_row(li, 0u);
     workgroupBarrier();
     let wgx = flat(wg, nwg);
@@ -239,6 +242,7 @@ fn moe_down_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
 @compute @workgroup_size(256, 1, 1)
 fn linear_q8x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) li: u32) {
+    q8x_stage(li);
     quantize_row(li, 0u);
     workgroupBarrier();
     let r = columns(li, flat(wg, nwg), 0u);

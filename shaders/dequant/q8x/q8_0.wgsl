@@ -16,3 +16,6 @@ fn q8x_dot32(base: u32, g: u32, xq: array<u32, 8>) -> f32 {
     }
     return d * f32(dot);
 }
+
+// No tables to stage (dequant/q8x/iq2_xxs.wgsl's q8x_stage).
+fn q8x_stage(li: u32) {}

@@ -362,6 +362,16 @@ mod tests {
         assert!(tables::KMASK_IQ2XS.iter().enumerate().all(|(j, &m)| u32::from(m) == 1 << j));
     }
 
+    /// dequant/q8x/iq2_xxs.wgsl computes the sign patterns (`q8x_signs`) instead of reading
+    /// ggml's table: the 7 sign bits and their parity as bit 7.
+    #[test]
+    fn the_sign_patterns_the_int8_decoder_computes_are_ggmls() {
+        let computed = |i: u32| i | ((i.count_ones() & 1) << 7);
+        assert!(tables::KSIGNS_IQ2XS.iter().enumerate().all(|(i, &s)| u32::from(s) == computed(i as u32)));
+        let src = include_str!("../../../shaders/dequant/q8x/iq2_xxs.wgsl");
+        assert!(src.contains("return i | ((countOneBits(i) & 1u) << 7u);"));
+    }
+
     #[test]
     fn rows_pad_to_whole_words() {
         assert_eq!(stride_words(WeightFormat::MXFP4, 32), 5); // 17 bytes
