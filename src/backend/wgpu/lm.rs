@@ -792,7 +792,10 @@ mod tests {
         // threads with whole logits a thread, within the arrays' sizes
         assert!(wgsl.contains("override SP_KEYS: u32 = 64u;") && wgsl.contains("const SP_KEYS_MAX: u32 = 64u;"));
         for keys in [64, SINK_ATTENTION_PART_KEYS] {
-            assert!(keys <= 64 && 256 % keys == 0 && (SINK_ATTENTION_PART_HEADS * keys) % 256 == 0, "{keys}");
+            assert!(
+                keys <= 64 && 256usize.is_multiple_of(keys) && (SINK_ATTENTION_PART_HEADS * keys).is_multiple_of(256),
+                "{keys}"
+            );
         }
     }
 
