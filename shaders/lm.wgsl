@@ -1609,8 +1609,8 @@ const SP_HEADS: u32 = 8u;
 // The keys of a part: a pipeline-override constant, sink_attention_heads' 64 by default and
 // sink_attention_part's lm.rs SINK_ATTENTION_PART_KEYS (32: a decode step's few workgroups then
 // hold fewer keys each, and there are more of them; on an H100 the parts took 30 µs against 47
-// with 64, the merge 22.5 against 17, while sink_attention_heads' 4-layer prefill took 63.8 ms
-// against 58.5). A divisor of SP_THREADS with SP_HEADS · SP_KEYS a multiple of it, at most
+// with 64, the merge then 22.5 against 17 (14.5 since it loads each part's dims together), while
+// sink_attention_heads' 4-layer prefill took 63.8 ms against 58.5). A divisor of SP_THREADS with SP_HEADS · SP_KEYS a multiple of it, at most
 // SP_KEYS_MAX (the workgroup arrays' and register arrays' sizes).
 override SP_KEYS: u32 = 64u;
 const SP_KEYS_MAX: u32 = 64u;
@@ -1820,9 +1820,9 @@ fn merge_store(x: u32, e: u32, v: f32, vp: f32) {
 // SA_THREADS per (query, head), each thread folding the parts' scalars itself (few parts), then
 // its dims of the head (e = li + SA_THREADS·j, j < SA_DIMS) summed over the parts in part order,
 // each part's loads of them issued together (a loop over dims, each summing its parts behind
-// conditional loads, took 22.5 µs a dispatch at a decode step on an H100), over the denominator
-// into workgroup memory. With u8 = rd > 0 (sink_attention_rope) each head's last rd dims are
-// rotated back at the query's position (b = inv_freq [rd/2], ia = positions [n]) as
+// conditional loads, took 22.5 µs a dispatch at a decode step on an H100, this 14.5), over the
+// denominator into workgroup memory. With u8 = rd > 0 (sink_attention_rope) each head's last rd
+// dims are rotated back at the query's position (b = inv_freq [rd/2], ia = positions [n]) as
 // rope_tail_at's inverse rotates them, each with its pair's merged value read from there.
 //   u0 = n·heads, u1 = heads, u2 = hd (≤ SA_THREADS · SA_DIMS: lm.rs), u7 = parts, u8 = rd
 var<workgroup> sm_head: array<f32, SA_THREADS * SA_DIMS>;

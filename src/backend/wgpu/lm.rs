@@ -388,8 +388,9 @@ impl WgpuBackend {
     /// [`Backend::hc_mix_split_pre_norm`](crate::backend::Backend::hc_mix_split_pre_norm) in two
     /// dispatches where hc_mix_split takes its fused path (hc_mix_rows, then lm.wgsl's
     /// `hc_split_pre_norm`: the split and the norm of the collapsed streams from two workgroups a
-    /// row, the norm and the Sinkhorn block), for rows of at most [`HS_HELD_WIDTH`] whose partial sums fit [`HS_STAGE`] words;
-    /// elsewhere hc_mix_split then hc_pre_norm.
+    /// row, the norm and the Sinkhorn block), for rows of 1 to [`HS_HELD_WIDTH`] whose partial
+    /// sums fit [`HS_STAGE`] words (the kernel's loads clamp to the row's last element, so a row
+    /// of none takes the other path); elsewhere hc_mix_split then hc_pre_norm.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn hc_mix_split_pre_norm(
         &self,
@@ -406,7 +407,7 @@ impl WgpuBackend {
         const OP: &str = "hc_split_pre_norm";
         let (n, k, w, d) = checks::hc_mix_split_pre_norm(x, mix, scale, base, hc, weight)?;
         let staged = self.hc_mix_slices(w, k).1 * (w + 1);
-        if !self.fused_hc_mix_applies(n, mix, hc) || d > HS_HELD_WIDTH || staged > HS_STAGE {
+        if !self.fused_hc_mix_applies(n, mix, hc) || !(1..=HS_HELD_WIDTH).contains(&d) || staged > HS_STAGE {
             let split = self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
             let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
             return Ok((split, y));

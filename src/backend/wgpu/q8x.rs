@@ -235,4 +235,15 @@ mod tests {
         assert!(TEAMS.iter().all(|t| WG.is_multiple_of(*t)));
         assert!(takes_k(32) && takes_k(MAX_K) && !takes_k(MAX_K + 32) && !takes_k(48) && !takes_k(0));
     }
+
+    /// Every format's int8 build fits WebGPU's guaranteed 16 KiB of workgroup memory (IQ2_XXS's
+    /// with its grid's copy the fullest).
+    #[test]
+    fn builds_fit_the_default_workgroup_memory() {
+        for f in WeightFormat::ALL.into_iter().filter(|&f| formats::q8x_format(f)) {
+            let bytes = q8x_shader(f).unwrap().workgroup_bytes();
+            assert!(bytes <= 16384, "{f}: {bytes} bytes");
+        }
+        assert_eq!(q8x_shader(WeightFormat::IQ2_XXS).unwrap().workgroup_bytes(), 4 * (2048 + 256 + 1024 + 512));
+    }
 }
