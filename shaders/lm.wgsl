@@ -827,10 +827,10 @@ fn hc_split_pre_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     workgroupBarrier();
     let eps = bitcast<f32>(p.u3);
     let o = t * wd;
-    let cells = hc * hc;
     if (wg.y == 1u) {
         // the row's second workgroup: the Sinkhorn block, thread q = src·hc + dst of the first
         // hc² (the others' row and column 0), beside the first's norm
+        let cells = hc * hc;
         var v = 0.0;
         if (li < cells) {
             v = hs_mix[2u * hc + li] * b[2] + c[2u * hc + li];
@@ -1610,8 +1610,9 @@ const SP_HEADS: u32 = 8u;
 // sink_attention_part's lm.rs SINK_ATTENTION_PART_KEYS (32: a decode step's few workgroups then
 // hold fewer keys each, and there are more of them; on an H100 the parts took 30 µs against 47
 // with 64, the merge then 22.5 against 17 (14.5 since it loads each part's dims together), while
-// sink_attention_heads' 4-layer prefill took 63.8 ms against 58.5). A divisor of SP_THREADS with SP_HEADS · SP_KEYS a multiple of it, at most
-// SP_KEYS_MAX (the workgroup arrays' and register arrays' sizes).
+// sink_attention_heads' 4-layer prefill took 63.8 ms against 58.5). A divisor of SP_THREADS with
+// SP_HEADS · SP_KEYS a multiple of it, at most SP_KEYS_MAX (the workgroup arrays' and register
+// arrays' sizes).
 override SP_KEYS: u32 = 64u;
 const SP_KEYS_MAX: u32 = 64u;
 const SP_THREADS: u32 = 256u;
