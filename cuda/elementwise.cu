@@ -5,6 +5,10 @@
 //                 which is the same function without the cancellation of 1 + erf for x << 0
 //   sum_splits_f32: part [splits, total], bias [cols] (if has_bias) -> out [total], the sum over
 //                 s in order + bias[i % cols]: the small-row linear's split over k (linear.cu)
+//   f32_to_f16:   x [4 quads] -> out [quads] two words of packed f16 each (value 2i in the low half
+//                 of word i), every value rounded to the nearest f16 (ties to even) as the fast
+//                 tiles' f16x2_rn rounds their A operand: fast precision's cuBLASLt GEMMs take
+//                 their A operand so (src/backend/cuda/blas.rs). x on 16 bytes (the host checks).
 
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, unsigned int n) {
     grid_wait();
@@ -37,5 +41,18 @@ extern "C" __global__ void sum_splits_f32(const float* part, const float* bias, 
         float v = 0.0f;
         for (unsigned int s = 0; s < splits; ++s) v += part[(u64)s * total + i];
         out[i] = v + (has_bias ? bias[i % cols] : 0.0f);
+    }
+}
+
+// Two words of packed f16 (one 8-byte store).
+struct alignas(8) f16x4_words {
+    unsigned int lo, hi;
+};
+
+extern "C" __global__ void f32_to_f16(const float* x, f16x4_words* out, unsigned int quads) {
+    grid_wait();
+    for (u64 i = flat_index(); i < quads; i += flat_stride()) {
+        const fa_f4 v = reinterpret_cast<const fa_f4*>(x)[i];
+        out[i] = {f16x2_rn(v.x, v.y), f16x2_rn(v.z, v.w)};
     }
 }

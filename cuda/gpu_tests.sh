@@ -9,8 +9,8 @@
 #                                            # lane (examples/bench_model, packed beside the tests)
 #
 # `run` sets FOVEA_REQUIRE_CUDA=1, so a missing driver fails instead of skipping, and finds NVRTC
-# under the CUDA toolkit or a pip-installed nvidia-cuda-nvrtc (never the toolkit's stubs, which
-# would shadow the real libcuda). One process per executable: a kernel fault poisons its context.
+# and cuBLASLt under the CUDA toolkit or pip-installed nvidia-* packages (never the toolkit's stubs,
+# which would shadow the real libcuda). One process per executable: a kernel fault poisons its context.
 # FOVEA_LANES picks the lanes (default "cuda wgpu"); the wgpu lane needs a Vulkan loader and driver
 # there (VK_DRIVER_FILES naming the NVIDIA ICD where the loader does not find it by itself); its
 # tests run with FOVEA_REQUIRE_WGPU=1, so a missing adapter fails instead of skipping, and on an
@@ -46,7 +46,7 @@ run | bench)
     [ -f "$archive" ] || { echo "usage: $0 $cmd OUT.tar.xz (from \`$0 pack\`)" >&2; exit 2; }
     bin=$(mktemp -d)
     tar xJf "$archive" -C "$bin" || exit 1
-    for f in $(find / -name 'libnvrtc.so*' -not -path '/proc/*' -not -path '*/stubs/*' 2>/dev/null); do
+    for f in $(find / \( -name 'libnvrtc.so*' -o -name 'libcublasLt.so*' \) -not -path '/proc/*' -not -path '*/stubs/*' 2>/dev/null); do
         export LD_LIBRARY_PATH=$(dirname "$f"):${LD_LIBRARY_PATH:-}
     done
     if [ "$cmd" = bench ]; then

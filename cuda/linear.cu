@@ -224,3 +224,36 @@ BASE_KERNEL void GEMM_LAUNCH unfold_linear_gelu_f16(const float* x, const unsign
 #if FOVEA_GEMM_PATH != GEMM_PATH_ROWS
 FOR_EACH_BLOCK_FORMAT(UNFOLD_LINEAR_GELU_BLOCK_KERNEL)
 #endif
+
+// ---- weight_f16_{f32,bf16,<block format>}: W [rows, k] in its format -> f16 [rows, k] --------
+// Fast precision's cuBLASLt GEMMs (src/backend/cuda/blas.rs) take f16 operands: each value decoded
+// as the tiles decode it (load_w_run) and rounded to the nearest f16 (f16x2_rn), the operand the
+// fast tiles' MMAs take, so both paths multiply the same values. A thread a run of GEMV_RUN values
+// (runs = rows · k / GEMV_RUN): the host checks k % GEMV_RUN == 0 and the base's alignment
+// (gemv_w_aligned), so a run is one row's and, in a block format, one block's. An f16 weight is
+// cuBLASLt's operand as it is (no kernel).
+template <int FMT>
+__device__ __forceinline__ void weight_f16(const void* w, gemv_u4* y, u64 runs) {
+    for (u64 r = flat_index(); r < runs; r += flat_stride()) {
+        float v[GEMV_RUN];
+        load_w_run<FMT>(w, r * GEMV_RUN, v);
+        y[r] = {f16x2_rn(v[0], v[1]), f16x2_rn(v[2], v[3]), f16x2_rn(v[4], v[5]), f16x2_rn(v[6], v[7])};
+    }
+}
+
+BASE_KERNEL void weight_f16_f32(const float* w, gemv_u4* y, unsigned int runs) {
+    grid_wait();
+    weight_f16<0>(w, y, runs);
+}
+
+BASE_KERNEL void weight_f16_bf16(const unsigned short* w, gemv_u4* y, unsigned int runs) {
+    grid_wait();
+    weight_f16<1>(w, y, runs);
+}
+
+#define WEIGHT_F16_BLOCK_KERNEL(SFX, FMT)                                                                   \
+    extern "C" __global__ void weight_f16_##SFX(const void* w, gemv_u4* y, unsigned int runs) {       \
+        grid_wait();                                                                                        \
+        weight_f16<FMT>(w, y, runs);                                                                        \
+    }
+FOR_EACH_BLOCK_FORMAT(WEIGHT_F16_BLOCK_KERNEL)

@@ -488,3 +488,71 @@ fn cuda_route_experts_matches_its_composition_bit_for_bit() {
     let Some(b) = common::cuda_lane_or_skip() else { return };
     common::route_experts_matches_its_composition(&b);
 }
+
+/// Fast precision's `linear` over many rows on cuBLASLt (`cublaslt_f16`, `Options::blas`) and on
+/// the lane's own tiles (blas off): both multiply x and W rounded once to f16 (ties to even) and
+/// sum in f32. Each output is held to the worst-case bound of an f32 sum of k products against the
+/// exact (f64) sum of those f16 operands: |y − ref| ≤ γ_k · (Σ|x_i·w_i| + |b|), γ_k = k·2⁻²⁴
+/// (recursive summation; blocked or tree orders only tighten it), the products of two f16 exact
+/// in f32. bf16 operands (2⁻⁹ relative each) or f16 accumulation (2⁻¹¹) exceed it by far at
+/// k = 256 (γ = 1.5e-5). Formats: f32, f16, bf16 and Q8_0 weights, with and without a bias.
+#[test]
+fn cuda_fast_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
+    use fovea::backend::Precision;
+    use fovea::backend::cuda::Options;
+    use rand::{Rng, SeedableRng};
+    let fast = Options { precision: Precision::Fast, blas: true, ..explicit_timed_options() };
+    let Some(lane) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
+    if !lane.blas() {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "SKIPPED: cuBLASLt (libcublasLt.so.13) not found: {}", lane.device_name());
+        return;
+    }
+    let tiles = CudaBackend::with_options(Options { blas: false, ..fast }).unwrap();
+    assert!(!tiles.blas());
+    let mut r = rand::rngs::StdRng::seed_from_u64(0xb1a5);
+    let (n, k, out) = (300, 256, 200);
+    let f16 = |v: f32| half::f16::from_f32(v).to_f32() as f64;
+    let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let bias: Vec<f32> = (0..out).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8_0] {
+        let bytes = common::blocks::weight_bytes(&mut r, format, out, k);
+        let mut w = vec![0f32; out * k];
+        fovea::formats::decode_row(format, &bytes, &mut w);
+        for with_bias in [false, true] {
+            let run = |b: &CudaBackend| {
+                let hw = HostWeight { name: "w".into(), format, rows: out, cols: k, bytes: Cow::Borrowed(&bytes) };
+                let wt = b.upload_weight(&hw).unwrap();
+                let xt = b.upload(&HostTensor::f32(vec![n, k], x.clone()).unwrap()).unwrap();
+                let bt = b.upload(&HostTensor::f32(vec![out], bias.clone()).unwrap()).unwrap();
+                let y = b.linear(&xt, &wt, with_bias.then_some(&bt)).unwrap();
+                let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+                (b.download(&y).unwrap().into_f32("y").unwrap(), ran)
+            };
+            for (lane, name, on_blas) in [(&lane, "cublaslt", true), (&tiles, "tiles", false)] {
+                let (y, ran) = run(lane);
+                let what = format!("{format}, bias {with_bias}, {name}");
+                assert_eq!(ran.iter().any(|k| k == "cublaslt_f16"), on_blas, "{what}: kernels {ran:?}");
+                let mut worst = 0.0f64;
+                for (i, c) in (0..n).flat_map(|i| (0..out).map(move |c| (i, c))) {
+                    let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                    for j in 0..k {
+                        let p = f16(x[i * k + j]) * f16(w[c * k + j]);
+                        exact += p;
+                        mag += p.abs();
+                    }
+                    if with_bias {
+                        exact += bias[c] as f64;
+                        mag += (bias[c] as f64).abs();
+                    }
+                    let bound = k as f64 * 2f64.powi(-24) * mag;
+                    worst = worst.max((y[i * out + c] as f64 - exact).abs() / bound);
+                }
+                assert!(
+                    worst <= 1.0,
+                    "{what}: an output is {worst:.2}× the f32 sum's bound off the f16 operands' exact sum"
+                );
+            }
+        }
+    }
+}

@@ -74,6 +74,14 @@ static float f16_ref(uint16_t h) {
     return (float)f;
 }
 
+// The f16 nearest to v (ties to even, inf past the range) as bits: the compiler's conversion.
+static unsigned f16_bits_rn(float v) {
+    const _Float16 h = (_Float16)v;
+    uint16_t b;
+    std::memcpy(&b, &h, 2);
+    return b;
+}
+
 static void test_f16_decode() {
     int bad = 0;
     for (unsigned h = 0; h < 65536; ++h) {
@@ -112,6 +120,25 @@ static void test_elementwise() {
     emu_launch(gelu_erf_f32, {blocks1d(533)}, {256}, 0, (const float*)gx.data(), g.data(), 533u);
     for (size_t i = 0; i < 533; ++i) gw[i] = float(0.5 * gx[i] * (1.0 + std::erf(gx[i] / std::sqrt(2.0))));
     check("gelu_erf_f32 [533]", g, gw, 1e-12);
+
+    // f32_to_f16, weight_f16_f32 and weight_f16_bf16 (cuBLASLt's f16 operands): value i rounded
+    // to the nearest f16 (ties to even) in half i % 2 of word i / 2; past ±65504 an inf
+    auto fx = randv(1024, 3);
+    fx[5] = 70000.0f, fx[6] = -1e-9f, fx[7] = 65519.0f;
+    std::vector<uint16_t> fb(1024);
+    for (size_t i = 0; i < 1024; ++i) fb[i] = uint16_t(__float_as_uint(fx[i]) >> 16);
+    std::vector<unsigned> fh(512), ww(512), wb(512);
+    emu_launch(f32_to_f16, {blocks1d(256)}, {256}, 0, (const float*)fx.data(), (f16x4_words*)fh.data(), 256u);
+    emu_launch(weight_f16_f32, {blocks1d(128)}, {256}, 0, (const float*)fx.data(), (gemv_u4*)ww.data(), 128u);
+    emu_launch(weight_f16_bf16, {blocks1d(128)}, {256}, 0, (const unsigned short*)fb.data(), (gemv_u4*)wb.data(), 128u);
+    int bad16 = 0;
+    for (size_t i = 0; i < 1024; ++i) {
+        const auto half = [&](const std::vector<unsigned>& v) { return (v[i / 2] >> (16 * (i % 2))) & 0xffffu; };
+        const unsigned want = f16_bits_rn(fx[i]), want_b = f16_bits_rn(__uint_as_float(unsigned(fb[i]) << 16));
+        bad16 += (half(fh) != want) + (half(ww) != want) + (half(wb) != want_b);
+    }
+    std::printf("%-44s %d of 3072 differ %s\n", "f32_to_f16, weight_f16_f32/_bf16 [1024]", bad16, bad16 ? "FAIL" : "ok");
+    failures += bad16 != 0;
 }
 
 static void test_copy() {
@@ -1565,9 +1592,19 @@ static void dequant_exact(const GoldenBlocks& g) {
             bad += !same(one[t]) + !same(two[t]) + !same(eight[t]);
         }
     }
+    // weight_f16 (cuBLASLt's operand): every value rounded to the nearest f16; NaN stays NaN
+    std::vector<unsigned> h16(geometry ? n / 2 : 0);
+    if (geometry)
+        emu_launch(weight_f16<FMT>, {blocks1d(n / 8)}, {256}, 0, (const void*)aligned.data(),
+                   (gemv_u4*)h16.data(), (u64)(n / 8));
+    for (size_t i = 0; geometry && i < n; ++i) {
+        const unsigned got = (h16[i / 2] >> (16 * (i % 2))) & 0xffffu;
+        const bool nan = (got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0u;
+        bad += std::isnan(g.values[i]) ? !nan : got != f16_bits_rn(g.values[i]);
+    }
     char name[96];
-    std::snprintf(name, sizeof name, "dq_run/dq_run8 %s, %u blocks", g.name.c_str(), g.blocks);
-    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 3 * n,
+    std::snprintf(name, sizeof name, "dq_run/dq_run8/weight_f16 %s, %u blocks", g.name.c_str(), g.blocks);
+    std::printf("%-44s %s%zu of %zu values differ %s\n", name, geometry ? "" : "block geometry differs, ", bad, 4 * n,
                 bad || !geometry ? "FAIL" : "ok");
     failures += bad != 0 || !geometry;
 }

@@ -281,9 +281,16 @@ pub(super) fn q8x_shared_bytes(k: usize) -> usize {
 pub const EMBED_ROWS_KERNELS: WeightKernels =
     weight_kernels!("embed_rows", "embed_rows_f32", "embed_rows_f32", "embed_rows_f32");
 
-/// Every weight-kernel family with its file (a unit test checks each name is defined there).
+/// A weight in its format as the f16 operand of fast precision's cuBLASLt GEMMs
+/// (`weight_f16_*` in cuda/linear.cu, src/backend/cuda/blas.rs). The f16 entry is empty: an f16
+/// weight is that operand as it is.
+pub const WEIGHT_F16_KERNELS: WeightKernels = weight_kernels!("weight_f16", "weight_f16_f32", "", "weight_f16_bf16");
+
+/// Every weight-kernel family with its file (a unit test checks each name is defined there; an
+/// empty name is a format the family has no kernel for).
 pub const WEIGHT_KERNELS: &[(Source, &WeightKernels)] = &[
     (Source::Linear, &LINEAR_KERNELS),
+    (Source::Linear, &WEIGHT_F16_KERNELS),
     (Source::Linear, &LINEAR_PAIR_KERNELS),
     (Source::Linear, &UNFOLD_LINEAR_GELU_KERNELS),
     (Source::LmAttention, &GROUPED_LINEAR_KERNELS),
@@ -300,6 +307,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Elementwise, "swiglu_f32"),
     (Source::Elementwise, "gelu_erf_f32"),
     (Source::Elementwise, "sum_splits_f32"),
+    (Source::Elementwise, "f32_to_f16"),
     (Source::Copy, "slice_cols_f32"),
     (Source::Copy, "concat_rows_u32"),
     (Source::Copy, "gather_rows_f32"),

@@ -59,6 +59,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 
+mod blas;
 mod kernels;
 mod launch;
 mod lm_attention;
@@ -69,8 +70,8 @@ mod timing;
 
 pub use kernels::{
     EMBED_ROWS_KERNELS, GROUPED_LINEAR_KERNELS, KERNELS, LINEAR_KERNELS, LINEAR_PAIR_KERNELS, LINEAR_Q8X_MIN_COLS,
-    MOE_DOWN_KERNELS, MOE_GATE_KERNELS, MOE_UP_KERNELS, Source, UNFOLD_LINEAR_GELU_KERNELS, Unit, WEIGHT_KERNELS,
-    WeightKernels, linear_q8x_kernel, moe_q8x_kernels, q8x_format,
+    MOE_DOWN_KERNELS, MOE_GATE_KERNELS, MOE_UP_KERNELS, Source, UNFOLD_LINEAR_GELU_KERNELS, Unit, WEIGHT_F16_KERNELS,
+    WEIGHT_KERNELS, WeightKernels, linear_q8x_kernel, moe_q8x_kernels, q8x_format,
 };
 pub use memory::{CudaTensor, CudaWeight};
 
@@ -128,6 +129,10 @@ const GEMM_THREADS: u32 = 128;
 /// At most this many rows (`GEMV_ROWS`), `gemm_block` takes the small-row path: a block per
 /// pair of output columns (its threads split k) and one row block.
 const GEMV_ROWS: usize = 8;
+/// More rows than this, fast precision's `linear` takes cuBLASLt where it is loaded (blas.rs):
+/// a ViT layer's 3 108 rows and a prefill chunk's 2 048 were measured; below a tile's 64 rows the
+/// two f16 conversions would cost more than they save (not measured).
+const BLAS_MIN_ROWS: usize = 64;
 
 /// Tokens a prefill forward takes by default on this lane (`Backend::prefill_chunk`). A chunk's
 /// 256 experts see chunk × 6 / 256 rows each, cut into row tiles of 64 (`GEMM_BM`): 12 rows at
@@ -291,6 +296,10 @@ pub struct Options {
     /// build (the mxfp4 mix: a decoded layer 0.40 → 0.34 ms on an H100, twenty-fourth sitting).
     /// Diagnostic.
     pub q8x: bool,
+    /// In fast precision, `linear` over more than [`BLAS_MIN_ROWS`] rows runs on cuBLASLt where
+    /// `libcublasLt.so.13` is found (blas.rs). On by default; off when `FOVEA_CUDA_BLAS=0`, to time
+    /// the lane's own tiles against it in one build. Diagnostic.
+    pub blas: bool,
 }
 
 impl Default for Options {
@@ -305,6 +314,7 @@ impl Default for Options {
             dependent_launch: std::env::var("FOVEA_PDL").map_or(true, |v| v != "0"),
             separate_linear_pair: std::env::var("FOVEA_LINEAR_PAIR").is_ok_and(|v| v == "separate"),
             q8x: std::env::var("FOVEA_CUDA_Q8X").map_or(true, |v| v != "0"),
+            blas: std::env::var("FOVEA_CUDA_BLAS").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -335,6 +345,9 @@ pub struct CudaBackend {
     /// Launches carry the programmatic-stream-serialization attribute ([`Options::dependent_launch`]
     /// on an sm_90+ device).
     pdl: bool,
+    /// cuBLASLt for fast precision's dense GEMMs ([`Options::blas`], an sm_80+ device, the
+    /// library found).
+    blas: Option<blas::Blas>,
 }
 
 fn check_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
@@ -378,6 +391,14 @@ impl CudaBackend {
                 false => ctx.default_stream(),
             };
             let dummy = stream.alloc_zeros::<u8>(16).map_err(|e| dev_err("CUDA allocation", e))?;
+            // the f16 operands need sm_80's conversions (f16x2_rn)
+            let (blas, description) = match opts.blas && arch >= 80 && blas::present() {
+                true => {
+                    let d = description.strip_suffix(')').map(|d| format!("{d}, cuBLASLt {})", blas::version()));
+                    (Some(blas::Blas::new(&stream)?), d.unwrap_or(description))
+                }
+                false => (None, description),
+            };
             Ok(CudaBackend {
                 ctx: ctx.clone(),
                 stream,
@@ -394,6 +415,7 @@ impl CudaBackend {
                 rope_tables: Mutex::default(),
                 expert_tables: Mutex::default(),
                 pdl,
+                blas,
             })
         })
     }
@@ -405,6 +427,12 @@ impl CudaBackend {
     /// Compute capability as `major·10 + minor` (90 on an H100/H200).
     pub fn arch(&self) -> u32 {
         self.arch
+    }
+
+    /// Whether fast precision's dense GEMMs over many rows run on cuBLASLt ([`Options::blas`], an
+    /// sm_80+ device, `libcublasLt` found).
+    pub fn blas(&self) -> bool {
+        self.blas.is_some()
     }
 
     /// Whether launches carry programmatic dependent launch ([`Options::dependent_launch`] on an

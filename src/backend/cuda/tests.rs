@@ -113,6 +113,9 @@ fn every_launched_kernel_is_defined_in_its_file() {
     for (src, kernels) in WEIGHT_KERNELS {
         for format in WeightFormat::ALL {
             let name = kernels.of(format);
+            if name.is_empty() {
+                continue;
+            }
             let suffix = format.name().to_lowercase();
             if !format.is_block() {
                 assert_eq!(Unit::of(name), Unit::Base, "{name}");
@@ -201,7 +204,7 @@ fn every_launch() -> Vec<(Source, &'static str, Build)> {
             (false, true) => &[Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast), Build::Rows],
             (false, false) => &[Build::Tiles(Precision::Exact), Build::Tiles(Precision::Fast)],
         };
-        for format in WeightFormat::ALL {
+        for format in WeightFormat::ALL.into_iter().filter(|&f| !kernels.of(f).is_empty()) {
             all.extend(builds.iter().map(|&build| (*src, kernels.of(format), build)));
         }
     }
