@@ -512,7 +512,6 @@ fn cuda_fast_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
     assert!(!tiles.blas());
     let mut r = rand::rngs::StdRng::seed_from_u64(0xb1a5);
     let (n, k, out) = (300, 256, 200);
-    let f16 = |v: f32| half::f16::from_f32(v).to_f32() as f64;
     let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
     let bias: Vec<f32> = (0..out).map(|_| r.random_range(-1.0f32..1.0)).collect();
     for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8_0] {
@@ -533,26 +532,84 @@ fn cuda_fast_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
                 let (y, ran) = run(lane);
                 let what = format!("{format}, bias {with_bias}, {name}");
                 assert_eq!(ran.iter().any(|k| k == "cublaslt_f16"), on_blas, "{what}: kernels {ran:?}");
-                let mut worst = 0.0f64;
-                for (i, c) in (0..n).flat_map(|i| (0..out).map(move |c| (i, c))) {
-                    let (mut exact, mut mag) = (0.0f64, 0.0f64);
-                    for j in 0..k {
-                        let p = f16(x[i * k + j]) * f16(w[c * k + j]);
-                        exact += p;
-                        mag += p.abs();
-                    }
-                    if with_bias {
-                        exact += bias[c] as f64;
-                        mag += (bias[c] as f64).abs();
-                    }
-                    let bound = k as f64 * 2f64.powi(-24) * mag;
-                    worst = worst.max((y[i * out + c] as f64 - exact).abs() / bound);
-                }
+                let worst = f16_sum_bound_ratio(&x, &w, with_bias.then_some(&bias[..]), &y, n, k, out, 1);
                 assert!(
                     worst <= 1.0,
                     "{what}: an output is {worst:.2}× the f32 sum's bound off the f16 operands' exact sum"
                 );
             }
+        }
+    }
+}
+
+/// The largest |y − ref| / bound over y `[n, groups·r]` = x `[n, groups·k]` by w `[groups·r, k]`
+/// group by group (+ bias `[r]`): ref the exact sum of the f16-rounded operands' products (+ b),
+/// bound k·2⁻²⁴ · (Σ|x_i·w_i| + |b|), an f32 sum's worst case (see the test above).
+#[allow(clippy::too_many_arguments)]
+fn f16_sum_bound_ratio(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    y: &[f32],
+    n: usize,
+    k: usize,
+    r: usize,
+    groups: usize,
+) -> f64 {
+    let f16 = |v: f32| half::f16::from_f32(v).to_f32() as f64;
+    let mut worst = 0.0f64;
+    for i in 0..n {
+        for c in 0..groups * r {
+            let (g, (mut exact, mut mag)) = (c / r, (0.0f64, 0.0f64));
+            for j in 0..k {
+                let p = f16(x[i * groups * k + g * k + j]) * f16(w[c * k + j]);
+                exact += p;
+                mag += p.abs();
+            }
+            if let Some(b) = bias {
+                exact += b[c] as f64;
+                mag += (b[c] as f64).abs();
+            }
+            let bound = k as f64 * 2f64.powi(-24) * mag;
+            worst = worst.max((y[i * groups * r + c] as f64 - exact).abs() / bound);
+        }
+    }
+    worst
+}
+
+/// The grouped output projection (`grouped_linear`) in fast precision on cuBLASLt (a strided
+/// batch) and on the lane's tiles, held to the same bound as `linear` above group by group: 4
+/// groups of 128 inputs and 64 outputs, Q8_0 and f16 weights, 300 rows.
+#[test]
+fn cuda_fast_grouped_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
+    use fovea::backend::Precision;
+    use fovea::backend::cuda::Options;
+    use rand::{Rng, SeedableRng};
+    let fast = Options { precision: Precision::Fast, blas: true, ..explicit_timed_options() };
+    let Some(lane) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
+    if !lane.blas() {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "SKIPPED: cuBLASLt (libcublasLt.so.13) not found: {}", lane.device_name());
+        return;
+    }
+    let tiles = CudaBackend::with_options(Options { blas: false, ..fast }).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x9b1a);
+    let (n, groups, k, out) = (300, 4, 128, 64);
+    let x: Vec<f32> = (0..n * groups * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    for format in [WeightFormat::F16, WeightFormat::Q8_0] {
+        let bytes = common::blocks::weight_bytes(&mut r, format, groups * out, k);
+        let mut w = vec![0f32; groups * out * k];
+        fovea::formats::decode_row(format, &bytes, &mut w);
+        for (b, name, on_blas) in [(&lane, "cublaslt", true), (&tiles, "tiles", false)] {
+            let hw =
+                HostWeight { name: "wo_a".into(), format, rows: groups * out, cols: k, bytes: Cow::Borrowed(&bytes) };
+            let wt = b.upload_weight(&hw).unwrap();
+            let xt = b.upload(&HostTensor::f32(vec![n, groups * k], x.clone()).unwrap()).unwrap();
+            let y = b.download(&b.grouped_linear(&xt, &wt, groups).unwrap()).unwrap().into_f32("y").unwrap();
+            let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+            assert_eq!(ran.iter().any(|k| k == "cublaslt_f16"), on_blas, "{format}, {name}: kernels {ran:?}");
+            let worst = f16_sum_bound_ratio(&x, &w, None, &y, n, k, out, groups);
+            assert!(worst <= 1.0, "{format}, {name}: an output is {worst:.2}× the f32 sum's bound off the exact sum");
         }
     }
 }

@@ -1,9 +1,10 @@
 //! cuBLASLt for fast precision's dense GEMMs: `linear` over many rows (a ViT layer's linears, a
-//! prefill chunk's projections) as one f16 × f16 → f32 matmul, the bias in cuBLASLt's epilogue.
+//! prefill chunk's projections) as one f16 × f16 → f32 matmul, the bias in cuBLASLt's epilogue,
+//! and `grouped_linear` (the grouped output projection) as a strided batch of them.
 //! The library is opened at run time like the driver (cudarc `dynamic-loading`), so builds stay
 //! free of the CUDA toolkit; where `libcublasLt.so.13` is not found (nor on `LD_LIBRARY_PATH`)
 //! the lane keeps its own tiles. Issue 14 allows it for plain dense linears in fast mode where it
-//! measures faster; the experts' grouped GEMMs, the aligner's gathered GEMM and attention stay ours.
+//! measures faster; the routed experts' GEMMs, the aligner's gathered GEMM and attention stay ours.
 //!
 //! Operands: x rounded to f16 by `f32_to_f16` (cuda/elementwise.cu), W decoded and rounded to f16
 //! by `weight_f16_<format>` (cuda/linear.cu; an f16 weight as it is): the rounding of the fast
@@ -70,8 +71,19 @@ impl Drop for Plan {
     }
 }
 
-/// A shape: (rows of x, k, outputs, with a bias).
-type PlanKey = (usize, usize, usize, bool);
+/// A matmul's shape: y `[n, groups·r]` = x `[n, groups·k]` by W `[groups·r, k]`, group j taking
+/// x's columns j·k.. and W's rows j·r.. into y's columns j·r.. (one group: a plain linear, k and
+/// out = r; several: the grouped output projection, a strided batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Shape {
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) r: usize,
+    pub(super) groups: usize,
+}
+
+/// A shape, with a bias or not.
+type PlanKey = (Shape, bool);
 
 /// A cuBLASLt handle on the lane's stream, its workspace, and the plans of the shapes seen.
 pub(super) struct Blas {
@@ -109,7 +121,8 @@ impl Blas {
     }
 
     /// The descriptors and algorithm of one shape.
-    fn plan(&self, n: usize, k: usize, out: usize, bias: bool) -> std::result::Result<Plan, CublasError> {
+    fn plan(&self, shape: Shape, bias: bool) -> std::result::Result<Plan, CublasError> {
+        let Shape { n, k, r, groups } = shape;
         use sys::cublasLtMatmulDescAttributes_t as Desc;
         let set = |desc, attr, v: &i32| {
             // SAFETY: the attribute takes an int32 (cublasOperation_t, cublasLtEpilogue_t).
@@ -128,10 +141,32 @@ impl Blas {
         if bias {
             set(desc, Desc::CUBLASLT_MATMUL_DESC_EPILOGUE, &(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as i32))?;
         }
-        let (n64, k64, out64) = (n as u64, k as u64, out as u64);
-        plan.a = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16F, k64, out64, k as i64)?;
-        plan.b = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16F, k64, n64, k as i64)?;
-        plan.d = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_32F, out64, n64, out as i64)?;
+        let (n64, k64, r64) = (n as u64, k as u64, r as u64);
+        // group j: W_j [k, r] (ld k) at j·r·k, x_j [k, n] (ld groups·k) at j·k, D_j [r, n] (ld groups·r) at j·r
+        plan.a = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16F, k64, r64, k as i64)?;
+        plan.b = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16F, k64, n64, (groups * k) as i64)?;
+        plan.d = lt::create_matrix_layout(sys::cudaDataType::CUDA_R_32F, r64, n64, (groups * r) as i64)?;
+        if groups > 1 {
+            for (layout, stride) in [(plan.a, r * k), (plan.b, k), (plan.d, r)] {
+                use sys::cublasLtMatrixLayoutAttribute_t as Layout;
+                let count = groups as i32;
+                // SAFETY: the batch count is an int32, the batch offset an int64 (elements).
+                unsafe {
+                    lt::set_matrix_layout_attribute(
+                        layout,
+                        Layout::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        &count as *const i32 as *const c_void,
+                        4,
+                    )?;
+                    lt::set_matrix_layout_attribute(
+                        layout,
+                        Layout::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        &(stride as i64) as *const i64 as *const c_void,
+                        8,
+                    )?;
+                }
+            }
+        }
         let pref = lt::create_matmul_pref()?;
         let heuristic = (|| {
             // SAFETY: the attribute takes a uint64.
@@ -151,12 +186,12 @@ impl Blas {
         Ok(plan)
     }
 
-    /// y `[n, out]` f32 = x16 `[n, k]` · w16 `[out, k]`ᵀ (+ bias `[out]` f32), on `stream`.
+    /// y `[n, groups·r]` f32 = x16 `[n, groups·k]` by w16 `[groups·r, k]` group by group
+    /// ([`Shape`]), + bias `[r]` f32 (one group only), on `stream`.
     ///
     /// # Safety
     /// The buffers hold at least those elements (x16 and w16 as packed f16), all on this handle's
     /// device, and `stream` is the one the workspace was made on.
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul(
         &self,
         stream: &CudaStream,
@@ -164,13 +199,17 @@ impl Blas {
         w16: &CudaSlice<u8>,
         bias: Option<&CudaSlice<u8>>,
         y: &CudaSlice<u8>,
-        (n, k, out): (usize, usize, usize),
+        shape: Shape,
     ) -> Result<()> {
-        let what = || format!("the f16 matmul of {n} x {k} by {out} x {k}");
+        let Shape { n, k, r, groups } = shape;
+        let what = || format!("the f16 matmul of {n} x {k} by {r} x {k} ({groups} group(s))");
+        if bias.is_some() && groups > 1 {
+            return Err(Error::Device(format!("cuBLASLt: {}: a bias with groups", what())));
+        }
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        let plan = match plans.entry((n, k, out, bias.is_some())) {
+        let plan = match plans.entry((shape, bias.is_some())) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(self.plan(n, k, out, bias.is_some()).map_err(|e| blas_err(what(), e))?),
+            Entry::Vacant(e) => e.insert(self.plan(shape, bias.is_some()).map_err(|e| blas_err(what(), e))?),
         };
         // the guards of `device_ptr` record events only with event tracking on (off in this lane)
         let ptr = |s: &CudaSlice<u8>| s.device_ptr(stream).0;

@@ -6,7 +6,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::blas::Blas;
+use super::blas::{Blas, Shape};
 use super::launch::KernelArgs;
 use super::{
     BLAS_MIN_ROWS, Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_BN, GEMM_THREADS,
@@ -46,8 +46,8 @@ impl CudaBackend {
             self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
             return Ok(y);
         }
-        if let Some(blas) = self.linear_blas(n, k, w) {
-            self.blas_linear(blas, x, w, bias, &mut y, n, k)?;
+        if let Some(blas) = self.blas_for(n, k, w.rows, w) {
+            self.blas_gemm(OP, blas, x, w, bias, &mut y, Shape { n, k, r: w.rows, groups: 1 })?;
             return Ok(y);
         }
         let (gx, gy) = gemm_grid(n, w.rows);
@@ -100,69 +100,74 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// cuBLASLt, where `linear` of `n` rows of `k` against `w` takes it (blas.rs): fast precision
-    /// for this weight, more than `BLAS_MIN_ROWS` rows, k a multiple of 8 (`weight_f16`'s runs,
-    /// and the f16 rows on 16 bytes) and the outputs of 4 (the f32 rows of y on 16 bytes).
-    fn linear_blas(&self, n: usize, k: usize, w: &CudaWeight) -> Option<&Blas> {
+    /// cuBLASLt, where a GEMM of `n` rows of `k` by `r` outputs (a group's) against `w` takes it
+    /// (blas.rs): fast precision for this weight, more than `BLAS_MIN_ROWS` rows, k a multiple of
+    /// 8 (`weight_f16`'s runs, and the f16 rows on 16 bytes) and r of 4 (y's f32 rows and groups
+    /// on 16 bytes).
+    pub(super) fn blas_for(&self, n: usize, k: usize, r: usize, w: &CudaWeight) -> Option<&Blas> {
         self.blas.as_ref().filter(|_| {
             n > BLAS_MIN_ROWS
                 && k.is_multiple_of(8)
-                && w.rows.is_multiple_of(4)
+                && r.is_multiple_of(4)
                 && self.weight_precision(w.exact) == Precision::Fast
         })
     }
 
-    /// y = x · Wᵀ (+ b) on cuBLASLt: x and W as f16 (the fast tiles' rounding), then one matmul,
-    /// timed (`FOVEA_GPU_TIMES`) as kernel `cublaslt_f16` with grid (out, n, k).
+    /// y = x by W (+ b) as `shape` says, on cuBLASLt: x and W as f16 (the fast tiles' rounding),
+    /// then one matmul (a strided batch for several groups), timed (`FOVEA_GPU_TIMES`) as kernel
+    /// `cublaslt_f16` with grid (groups·r, n, k).
     #[allow(clippy::too_many_arguments)]
-    fn blas_linear(
+    pub(super) fn blas_gemm(
         &self,
+        op: &'static str,
         blas: &Blas,
         x: &CudaTensor,
         w: &CudaWeight,
         bias: Option<&CudaTensor>,
         y: &mut CudaTensor,
-        n: usize,
-        k: usize,
+        shape: Shape,
     ) -> Result<()> {
-        const OP: &str = "linear";
-        // [n, k] f16 in [n, k / 2] words
-        let mut x16 = self.alloc(OP, vec![n, k / 2], DType::F32)?;
+        let (n, k) = (shape.n, shape.groups * shape.k);
+        // x [n, k] f16 in [n, k / 2] words
+        let mut x16 = self.alloc(op, vec![n, k / 2], DType::F32)?;
         let quads = n * k / 4;
         self.launch_1d(
-            OP,
+            op,
             Source::Elementwise,
             "f32_to_f16",
             &[&*x.buf],
             &mut x16,
-            &[check_u32(OP, "x / 4", quads)?],
+            &[check_u32(op, "x / 4", quads)?],
             quads,
         )?;
         let w16 = match w.format {
             WeightFormat::F16 => None,
             format => {
                 let kernel = WEIGHT_F16_KERNELS.of(format);
-                let mut t = self.alloc(OP, vec![w.rows, k / 2], DType::F32)?;
-                let runs = check_u32(OP, "weight / 8", w.rows * k / 8)?;
+                let mut t = self.alloc(op, vec![w.rows, w.cols / 2], DType::F32)?;
+                let runs = check_u32(op, "weight / 8", w.rows * w.cols / 8)?;
                 let f = self.func_in(Source::Linear, kernel, Build::Tiles(Precision::Fast))?;
                 let mut l = KernelArgs::new(&self.stream, &f);
                 l.arg(&w.buf).arg(&mut *t.buf).arg(&runs);
-                // SAFETY: arguments match `weight_f16_*` in cuda/linear.cu: W holds rows·k values
-                // of its format (k % 8 == 0, so whole runs; an allocation's base has every
-                // format's alignment), t rows·k f16.
-                self.launched(OP, kernel, cfg_1d(runs as usize), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+                // SAFETY: arguments match `weight_f16_*` in cuda/linear.cu: W holds rows·cols
+                // values of its format (cols = shape.k, a multiple of 8, so whole runs; an
+                // allocation's base has every format's alignment), t rows·cols f16.
+                self.launched(op, kernel, cfg_1d(runs as usize), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
                 Some(t)
             }
         };
         let w16 = w16.as_ref().map_or(&w.buf, |t| &*t.buf);
-        let grid =
-            (check_u32(OP, "out_features", w.rows)?, check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?);
+        let grid = (
+            check_u32(op, "outputs", shape.groups * shape.r)?,
+            check_u32(op, "rows", n)?,
+            check_u32(op, "k", shape.k)?,
+        );
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         let mut result = Ok(());
-        self.launched(OP, "cublaslt_f16", cfg, |_| {
-            // SAFETY: x16 holds n·k f16, w16 out·k, y n·out f32, the bias out f32; all on this
-            // lane's device and stream.
-            result = unsafe { blas.matmul(&self.stream, &x16.buf, w16, bias.map(|b| &*b.buf), &y.buf, (n, k, w.rows)) };
+        self.launched(op, "cublaslt_f16", cfg, |_| {
+            // SAFETY: x16 holds n·groups·k f16, w16 groups·r·k, y n·groups·r f32, the bias r f32
+            // (the callers checked the shapes); all on this lane's device and stream.
+            result = unsafe { blas.matmul(&self.stream, &x16.buf, w16, bias.map(|b| &*b.buf), &y.buf, shape) };
             Ok::<(), cudarc::driver::DriverError>(())
         })?;
         result

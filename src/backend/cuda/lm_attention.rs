@@ -6,6 +6,7 @@
 
 use cudarc::driver::LaunchConfig;
 
+use super::blas::Shape;
 use super::launch::KernelArgs;
 
 use super::{
@@ -188,6 +189,10 @@ impl CudaBackend {
         let (n, k, r) = checks::grouped_linear(x, w, groups)?;
         let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         if n == 0 || r == 0 {
+            return Ok(y);
+        }
+        if let Some(blas) = self.blas_for(n, k, r, w) {
+            self.blas_gemm(OP, blas, x, w, None, &mut y, Shape { n, k, r, groups })?;
             return Ok(y);
         }
         let (tiles_r, gy) = gemm_grid(n, r);
