@@ -1224,7 +1224,8 @@ static void test_hc_split() {
 // the mix's dot products in double, hc_split_ref): f32, bf16 and f16 mixes; k not a multiple of
 // the column range (the last range short) and a range longer than the block; 2 blocks of the
 // split kernel for 20 tokens (warps past n idle, the token loop grid-strides), a block a token and
-// a warp a token; 64 tokens of 4 x 4096 (the most a decode batch gives a block a token)
+// a warp a token; 64 tokens of 4 x 4096 (the most a decode batch gives a block a token); and the
+// prefill's partials, four rows a block, before the warp-a-token split
 static void test_hc_mix_split() {
     unsigned configs[][4] = {{1, 4, 1100, 0}, {20, 4, 700, 1}, {3, 4, 16384, 2}, {5, 3, 333, 0}, {64, 4, 16384, 0}};
     for (auto& cf : configs) {
@@ -1263,6 +1264,16 @@ static void test_hc_mix_split() {
         check(name, y, want, 1e-10);
         std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u, a warp a token", n, k, fmt_name(fmt), hc);
         check(name, y1, want, 1e-10);
+        // a prefill chunk's partials: four rows a block (the last group short where n % 4 != 0),
+        // ranges of 4096, 2 row blocks grid-striding
+        const unsigned splits4 = (k + 4095) / 4096;
+        std::vector<float> part4(n * splits4 * (w + 1)), y4(n * w);
+        emu_launch(hc_mix_partials_rows4_f32, {splits4, 2}, {256}, 0, (const float*)x.data(), mix, part4.data(), n,
+                   k, w, splits4, fmt);
+        emu_launch(hc_mix_split_f32, {2}, {256}, 0, (const float*)part4.data(), (const float*)scale.data(),
+                   (const float*)base.data(), y4.data(), n, k, hc, splits4, iters, eb, norm_eps, 1u);
+        std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u, four rows a block", n, k, fmt_name(fmt), hc);
+        check(name, y4, want, 1e-10);
     }
 }
 

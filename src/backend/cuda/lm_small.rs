@@ -10,7 +10,9 @@ use cudarc::driver::LaunchConfig;
 
 use super::launch::KernelArgs;
 
-use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GRID_Y, MAX_BLOCKS, Source, cfg_rows, check_u32};
+use super::{
+    CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GEMV_ROWS, GRID_Y, MAX_BLOCKS, Source, cfg_rows, check_u32,
+};
 use crate::backend::{DType, DeviceTensor, WeightFormat};
 use crate::backend::{checks, hc_mix_split_parts};
 use crate::error::{Error, Result};
@@ -26,6 +28,9 @@ const MIX_MAX: usize = 24;
 /// Columns of the residual each `hc_mix_partials_f32` block sums (the released model's 16 384
 /// in 32 ranges: a block each, every SM busy at one token).
 const MIX_SPAN: usize = 512;
+/// Columns a block of `hc_mix_partials_rows4_f32` sums (a prefill chunk's: 4 ranges of a 16 384
+/// residual).
+const MIX_SPAN_ROWS4: usize = 4096;
 /// The most tokens `hc_mix_split_f32` gives a block each (its 8 warps sum a token's ranges); more
 /// take a warp each (cuda/lm_small.cu says why).
 const MIX_BLOCK_A_TOKEN_MAX: usize = 64;
@@ -126,7 +131,7 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// `hc_mix_partials_f32` over X `[n, k]` and the mix `[w, k]`: each column range's w dot
+    /// `hc_mix_partials_f32` (or, past `GEMV_ROWS` rows, `_rows4_f32`) over X `[n, k]` and the mix `[w, k]`: each column range's w dot
     /// products and sum of squares, `[n, splits·(w + 1)]`, and the number of ranges; `None` where
     /// the lane's two-kernel split does not apply (a block-format mix, a mix in fast precision, more
     /// rows than `LMS_MIX_MAX`, nothing to sum), which then takes the trait's composition.
@@ -144,20 +149,28 @@ impl CudaBackend {
             Some(code) if w <= MIX_MAX && f32_products && n > 0 && k > 0 => code,
             _ => return Ok(None),
         };
-        let splits = k.div_ceil(MIX_SPAN);
+        // a decode step's few rows: a block a row and range of MIX_SPAN; a prefill chunk's: four
+        // rows a block (the mix loaded once for the four) and ranges of MIX_SPAN_ROWS4 (the
+        // block's reduction, 4·25 sums, over 16 columns a thread)
+        let (kernel, span, row_blocks) = match n > GEMV_ROWS {
+            true => ("hc_mix_partials_rows4_f32", MIX_SPAN_ROWS4, n.div_ceil(4)),
+            false => ("hc_mix_partials_f32", MIX_SPAN, n),
+        };
+        let splits = k.div_ceil(span);
         let mut part = self.alloc(op, vec![n, splits * (w + 1)], DType::F32)?;
         let (n32, k32, w32) = (check_u32(op, "rows", n)?, check_u32(op, "cols", k)?, w as u32);
         let splits32 = check_u32(op, "column ranges", splits)?;
-        let f = self.func(Source::LmSmall, "hc_mix_partials_f32")?;
+        let f = self.func(Source::LmSmall, kernel)?;
         let cfg = LaunchConfig {
-            grid_dim: (splits32, n.min(GRID_Y) as u32, 1),
+            grid_dim: (splits32, row_blocks.min(GRID_Y) as u32, 1),
             block_dim: (MIX_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut l = KernelArgs::new(&self.stream, &f);
         l.arg(&*x.buf).arg(&mix.buf).arg(&mut *part.buf).arg(&n32).arg(&k32).arg(&w32).arg(&splits32).arg(&code);
-        // SAFETY: arguments match `hc_mix_partials_f32` in cuda/lm_small.cu; shapes checked by the caller.
-        self.launched(op, "hc_mix_partials_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        // SAFETY: arguments match `hc_mix_partials_f32` / `_rows4_f32` in cuda/lm_small.cu; shapes
+        // checked by the caller.
+        self.launched(op, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(Some((part, splits)))
     }
 
