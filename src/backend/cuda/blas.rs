@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 const WORKSPACE_BYTES: usize = 32 << 20;
 
 fn blas_err(what: impl std::fmt::Display, e: CublasError) -> Error {
-    Error::Device(format!("cuBLASLt: {what}: {e:?}"))
+    Error::Device(format!("cuBLASLt: {what}: {e:?} (FOVEA_CUDA_BLAS=0 runs the lane's own GEMMs instead)"))
 }
 
 /// Whether `libcublasLt` can be opened (cudarc panics on the first call into a missing library,
@@ -114,7 +114,9 @@ impl Blas {
             Err(e) => {
                 // SAFETY: just created, not used.
                 let _ = unsafe { lt::destroy_handle(handle) };
-                return Err(Error::Device(format!("cuBLASLt: allocating its workspace: {e:?}")));
+                return Err(Error::Device(format!(
+                    "cuBLASLt: allocating its workspace: {e:?} (FOVEA_CUDA_BLAS=0 runs the lane's own GEMMs instead)"
+                )));
             }
         };
         Ok(Blas { handle, workspace, plans: Mutex::default() })

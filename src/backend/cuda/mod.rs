@@ -296,9 +296,10 @@ pub struct Options {
     /// build (the mxfp4 mix: a decoded layer 0.40 → 0.34 ms on an H100, twenty-fourth sitting).
     /// Diagnostic.
     pub q8x: bool,
-    /// In fast precision, `linear` over more than [`BLAS_MIN_ROWS`] rows runs on cuBLASLt where
-    /// `libcublasLt.so.13` is found (blas.rs). On by default; off when `FOVEA_CUDA_BLAS=0`, to time
-    /// the lane's own tiles against it in one build. Diagnostic.
+    /// In fast precision, `linear` and `grouped_linear` over more than [`BLAS_MIN_ROWS`] rows run
+    /// on cuBLASLt where `libcublasLt.so.13` is found (blas.rs; a backend in exact precision never
+    /// opens it). On by default; off when `FOVEA_CUDA_BLAS=0`, to time the lane's own tiles against
+    /// it in one build. Diagnostic.
     pub blas: bool,
 }
 
@@ -391,8 +392,10 @@ impl CudaBackend {
                 false => ctx.default_stream(),
             };
             let dummy = stream.alloc_zeros::<u8>(16).map_err(|e| dev_err("CUDA allocation", e))?;
-            // the f16 operands need sm_80's conversions (f16x2_rn)
-            let (blas, description) = match opts.blas && arch >= 80 && blas::present() {
+            // fast precision only (exact keeps the tiles' f32-accurate split); the f16 operands
+            // need sm_80's conversions (f16x2_rn)
+            let fast = opts.precision == Precision::Fast;
+            let (blas, description) = match fast && opts.blas && arch >= 80 && blas::present() {
                 true => {
                     let d = description.strip_suffix(')').map(|d| format!("{d}, cuBLASLt {})", blas::version()));
                     (Some(blas::Blas::new(&stream)?), d.unwrap_or(description))
