@@ -8,7 +8,8 @@
 //   f32_to_f16:   x [4 quads] -> out [quads] two words of packed f16 each (value 2i in the low half
 //                 of word i), every value rounded to the nearest f16 (ties to even) as the fast
 //                 tiles' f16x2_rn rounds their A operand: fast precision's cuBLASLt GEMMs take
-//                 their A operand so (src/backend/cuda/blas.rs). x on 16 bytes (the host checks).
+//                 their A operand so (src/backend/cuda/blas.rs). x on 16 bytes: every tensor is an allocation
+//                 of its own (256-byte aligned).
 
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, unsigned int n) {
     grid_wait();

@@ -229,8 +229,9 @@ FOR_EACH_BLOCK_FORMAT(UNFOLD_LINEAR_GELU_BLOCK_KERNEL)
 // Fast precision's cuBLASLt GEMMs (src/backend/cuda/blas.rs) take f16 operands: each value decoded
 // as the tiles decode it (load_w_run) and rounded to the nearest f16 (f16x2_rn), the operand the
 // fast tiles' MMAs take, so both paths multiply the same values. A thread a run of GEMV_RUN values
-// (runs = rows · k / GEMV_RUN): the host checks k % GEMV_RUN == 0 and the base's alignment
-// (gemv_w_aligned), so a run is one row's and, in a block format, one block's. An f16 weight is
+// (runs = rows · k / GEMV_RUN): the host checks k % GEMV_RUN == 0, so a run is one row's and, in a
+// block format, one block's; every weight is an allocation of its own (256-byte aligned), which
+// load_w_run's vector loads and dq_run8 need. An f16 weight is
 // cuBLASLt's operand as it is (no kernel).
 template <int FMT>
 __device__ __forceinline__ void weight_f16(const void* w, gemv_u4* y, u64 runs) {

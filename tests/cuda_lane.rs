@@ -503,13 +503,33 @@ fn cuda_fast_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
     use rand::{Rng, SeedableRng};
     let fast = Options { precision: Precision::Fast, blas: true, ..explicit_timed_options() };
     let Some(lane) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
-    if !lane.blas() {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: cuBLASLt (libcublasLt.so.13) not found: {}", lane.device_name());
+    if !cublaslt_or_skip(&lane) {
         return;
     }
     let tiles = CudaBackend::with_options(Options { blas: false, ..fast }).unwrap();
     assert!(!tiles.blas());
+    // where it must not: 64 rows (the tiles' size, `BLAS_MIN_ROWS`), a weight uploaded exact
+    // (its products stay f32-accurate), and an exact backend, which never opens cuBLASLt
+    let exact = CudaBackend::with_options(Options { precision: Precision::Exact, blas: true, ..fast.clone() }).unwrap();
+    assert!(!exact.blas());
+    {
+        let mut r = rand::rngs::StdRng::seed_from_u64(7);
+        let bytes = common::blocks::weight_bytes(&mut r, WeightFormat::BF16, 64, 256);
+        let hw = HostWeight {
+            name: "w".into(),
+            format: WeightFormat::BF16,
+            rows: 64,
+            cols: 256,
+            bytes: Cow::Borrowed(&bytes),
+        };
+        let (plain, exact_w) = (lane.upload_weight(&hw).unwrap(), lane.upload_weight_exact(&hw).unwrap());
+        for (rows, w, what) in [(64, &plain, "64 rows"), (300, &exact_w, "an exact weight")] {
+            let xt = lane.upload(&HostTensor::f32(vec![rows, 256], vec![0.5; rows * 256]).unwrap()).unwrap();
+            lane.download(&lane.linear(&xt, w, None).unwrap()).unwrap();
+            let ran = lane.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+            assert!(!ran.iter().any(|k| k == "cublaslt_f16"), "{what} took cuBLASLt: {ran:?}");
+        }
+    }
     let mut r = rand::rngs::StdRng::seed_from_u64(0xb1a5);
     let (n, k, out) = (300, 256, 200);
     let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
@@ -587,9 +607,7 @@ fn cuda_fast_grouped_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
     use rand::{Rng, SeedableRng};
     let fast = Options { precision: Precision::Fast, blas: true, ..explicit_timed_options() };
     let Some(lane) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
-    if !lane.blas() {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: cuBLASLt (libcublasLt.so.13) not found: {}", lane.device_name());
+    if !cublaslt_or_skip(&lane) {
         return;
     }
     let tiles = CudaBackend::with_options(Options { blas: false, ..fast }).unwrap();
@@ -612,4 +630,18 @@ fn cuda_fast_grouped_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
             assert!(worst <= 1.0, "{format}, {name}: an output is {worst:.2}× the f32 sum's bound off the exact sum");
         }
     }
+}
+
+/// Whether `lane` runs cuBLASLt; if not, a skip message, or a failure under
+/// `FOVEA_REQUIRE_CUBLASLT=1` (`cuda/gpu_tests.sh run` sets it where it finds the library).
+fn cublaslt_or_skip(lane: &CudaBackend) -> bool {
+    if lane.blas() {
+        return true;
+    }
+    if std::env::var("FOVEA_REQUIRE_CUBLASLT").is_ok_and(|v| v.trim() == "1") {
+        panic!("FOVEA_REQUIRE_CUBLASLT=1 but the lane runs without cuBLASLt: {}", lane.device_name());
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: cuBLASLt (libcublasLt.so.13) not found: {}", lane.device_name());
+    false
 }

@@ -36,19 +36,23 @@ fn blas_err(what: impl std::fmt::Display, e: CublasError) -> Error {
     Error::Device(format!("cuBLASLt: {what}: {e:?} (FOVEA_CUDA_BLAS=0 runs the lane's own GEMMs instead)"))
 }
 
-/// Whether `libcublasLt` can be opened (cudarc panics on the first call into a missing library,
-/// so this runs first).
-pub(super) fn present() -> bool {
+/// The cuBLASLt this process can use: `None` where no `libcublasLt` opens (cudarc panics on the
+/// first call into a missing library, so this runs first), else its version as "13.1.0"
+/// (cuBLASLt encodes major·10000 + minor·100 + patch) and whether it is a CUDA 13 one, the
+/// bindings' (cudarc also opens the unversioned and older names).
+pub(super) fn probe() -> Option<(String, bool)> {
     // SAFETY: only tries to dlopen the library under its usual names.
-    unsafe { sys::is_culib_present() }
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    // SAFETY: a plain query of the library just found.
+    let v = unsafe { sys::cublasLtGetVersion() };
+    Some((format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100), v / 10000 == 13))
 }
 
-/// The library's version as "13.1.0" (cuBLASLt encodes major·10000 + minor·100 + patch).
-pub(super) fn version() -> String {
-    // SAFETY: a plain query; the library was found by `present`.
-    let v = unsafe { sys::cublasLtGetVersion() };
-    format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
-}
+/// Shapes whose plans `Blas` keeps; past it the cache starts again (each image size and each
+/// prefill chunk length is a shape: a long-running server sees many).
+const MAX_PLANS: usize = 256;
 
 /// One matmul shape's descriptors and the algorithm cuBLASLt's heuristic picked for it.
 struct Plan {
@@ -209,6 +213,9 @@ impl Blas {
             return Err(Error::Device(format!("cuBLASLt: {}: a bias with groups", what())));
         }
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if plans.len() >= MAX_PLANS && !plans.contains_key(&(shape, bias.is_some())) {
+            plans.clear();
+        }
         let plan = match plans.entry((shape, bias.is_some())) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => e.insert(self.plan(shape, bias.is_some()).map_err(|e| blas_err(what(), e))?),

@@ -170,7 +170,7 @@ impl CudaBackend {
             result = unsafe { blas.matmul(&self.stream, &x16.buf, w16, bias.map(|b| &*b.buf), &y.buf, shape) };
             Ok::<(), cudarc::driver::DriverError>(())
         })?;
-        result
+        result.map_err(|e| Error::Device(format!("op `{op}`, weight `{}`: {e}", w.name)))
     }
 
     /// The int8-activation kernel `linear` takes for `n` rows of `k` against `w`, if any: one row

@@ -10,9 +10,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::launch::KernelArgs;
 
-use super::{
-    CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GEMV_ROWS, GRID_Y, MAX_BLOCKS, Source, cfg_rows, check_u32,
-};
+use super::{CudaBackend, CudaTensor, CudaWeight, EMBED_ROWS_KERNELS, GRID_Y, MAX_BLOCKS, Source, cfg_rows, check_u32};
 use crate::backend::{DType, DeviceTensor, WeightFormat};
 use crate::backend::{checks, hc_mix_split_parts};
 use crate::error::{Error, Result};
@@ -31,6 +29,11 @@ const MIX_SPAN: usize = 512;
 /// Columns a block of `hc_mix_partials_rows4_f32` sums (a prefill chunk's: 4 ranges of a 16 384
 /// residual).
 const MIX_SPAN_ROWS4: usize = 4096;
+/// From this many rows `hc_mix_partials_rows4_f32` takes them (a prefill chunk's 2 048 measured:
+/// 9.35 → 6.66 ms of a 4-layer prefill on an H100): its grid, 4 ranges by ⌈n / 4⌉, keeps at least
+/// 512 blocks. Fewer rows (decode batches, a short last chunk) keep `hc_mix_partials_f32`'s 32
+/// ranges a row. The ranges differ, so a row's sums differ in their last bits between the two.
+const MIX_ROWS4_MIN: usize = 512;
 /// The most tokens `hc_mix_split_f32` gives a block each (its 8 warps sum a token's ranges); more
 /// take a warp each (cuda/lm_small.cu says why).
 const MIX_BLOCK_A_TOKEN_MAX: usize = 64;
@@ -131,7 +134,7 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// `hc_mix_partials_f32` (or, past `GEMV_ROWS` rows, `_rows4_f32`) over X `[n, k]` and the mix `[w, k]`: each column range's w dot
+    /// `hc_mix_partials_f32` (or, from `MIX_ROWS4_MIN` rows, `_rows4_f32`) over X `[n, k]` and the mix `[w, k]`: each column range's w dot
     /// products and sum of squares, `[n, splits·(w + 1)]`, and the number of ranges; `None` where
     /// the lane's two-kernel split does not apply (a block-format mix, a mix in fast precision, more
     /// rows than `LMS_MIX_MAX`, nothing to sum), which then takes the trait's composition.
@@ -149,10 +152,10 @@ impl CudaBackend {
             Some(code) if w <= MIX_MAX && f32_products && n > 0 && k > 0 => code,
             _ => return Ok(None),
         };
-        // a decode step's few rows: a block a row and range of MIX_SPAN; a prefill chunk's: four
-        // rows a block (the mix loaded once for the four) and ranges of MIX_SPAN_ROWS4 (the
-        // block's reduction, 4·25 sums, over 16 columns a thread)
-        let (kernel, span, row_blocks) = match n > GEMV_ROWS {
+        // fewer rows (decode): a block a row and range of MIX_SPAN; a prefill chunk's: four rows a
+        // block (the mix loaded once for the four) and ranges of MIX_SPAN_ROWS4 (the block's
+        // reduction, 4·25 sums, over 16 columns a thread)
+        let (kernel, span, row_blocks) = match n >= MIX_ROWS4_MIN {
             true => ("hc_mix_partials_rows4_f32", MIX_SPAN_ROWS4, n.div_ceil(4)),
             false => ("hc_mix_partials_f32", MIX_SPAN, n),
         };

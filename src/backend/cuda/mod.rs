@@ -129,9 +129,11 @@ const GEMM_THREADS: u32 = 128;
 /// At most this many rows (`GEMV_ROWS`), `gemm_block` takes the small-row path: a block per
 /// pair of output columns (its threads split k) and one row block.
 const GEMV_ROWS: usize = 8;
-/// More rows than this, fast precision's `linear` takes cuBLASLt where it is loaded (blas.rs):
-/// a ViT layer's 3 108 rows and a prefill chunk's 2 048 were measured; below a tile's 64 rows the
-/// two f16 conversions would cost more than they save (not measured).
+/// More rows than this, fast precision's `linear` and `grouped_linear` take cuBLASLt where it is
+/// loaded (blas.rs). Measured at a ViT layer's 3 108 rows and a prefill chunk's 2 048 only. The
+/// path costs about 4 bytes of traffic a weight element more than the tile (its f16 copy written,
+/// then read), ≈ 1.3 ps an element at 3 TB/s, where the tile's f16 MMAs at the ≈ 80 TFLOP/s
+/// measured take 2·n / 80e12 s: ≈ 1.6 ps an element at 64 rows, break-even by that estimate.
 const BLAS_MIN_ROWS: usize = 64;
 
 /// Tokens a prefill forward takes by default on this lane (`Backend::prefill_chunk`). A chunk's
@@ -395,12 +397,16 @@ impl CudaBackend {
             // fast precision only (exact keeps the tiles' f32-accurate split); the f16 operands
             // need sm_80's conversions (f16x2_rn)
             let fast = opts.precision == Precision::Fast;
-            let (blas, description) = match fast && opts.blas && arch >= 80 && blas::present() {
-                true => {
-                    let d = description.strip_suffix(')').map(|d| format!("{d}, cuBLASLt {})", blas::version()));
-                    (Some(blas::Blas::new(&stream)?), d.unwrap_or(description))
+            let lib = if fast && opts.blas && arch >= 80 { blas::probe() } else { None };
+            let named = |what: String| description.strip_suffix(')').map(|d| format!("{d}, {what})"));
+            let (blas, description) = match lib {
+                Some((version, true)) => {
+                    (Some(blas::Blas::new(&stream)?), named(format!("cuBLASLt {version}")).unwrap_or(description))
                 }
-                false => (None, description),
+                Some((version, false)) => {
+                    (None, named(format!("cuBLASLt {version} not used: not CUDA 13's")).unwrap_or(description))
+                }
+                None => (None, description),
             };
             Ok(CudaBackend {
                 ctx: ctx.clone(),
