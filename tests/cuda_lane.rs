@@ -501,13 +501,7 @@ fn cuda_fast_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
     use fovea::backend::Precision;
     use fovea::backend::cuda::Options;
     use rand::{Rng, SeedableRng};
-    let fast = Options { precision: Precision::Fast, blas: true, ..explicit_timed_options() };
-    let Some(lane) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
-    if !cublaslt_or_skip(&lane) {
-        return;
-    }
-    let tiles = CudaBackend::with_options(Options { blas: false, ..fast }).unwrap();
-    assert!(!tiles.blas());
+    let Some((lane, tiles, fast)) = fast_lanes_on_cublaslt_and_tiles() else { return };
     // where it must not: 64 rows (the tiles' size, `BLAS_MIN_ROWS`), a weight uploaded exact
     // (its products stay f32-accurate), and an exact backend, which never opens cuBLASLt
     let exact = CudaBackend::with_options(Options { precision: Precision::Exact, blas: true, ..fast.clone() }).unwrap();
@@ -602,15 +596,8 @@ fn f16_sum_bound_ratio(
 /// groups of 128 inputs and 64 outputs, Q8_0 and f16 weights, 300 rows.
 #[test]
 fn cuda_fast_grouped_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
-    use fovea::backend::Precision;
-    use fovea::backend::cuda::Options;
     use rand::{Rng, SeedableRng};
-    let fast = Options { precision: Precision::Fast, blas: true, ..explicit_timed_options() };
-    let Some(lane) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
-    if !cublaslt_or_skip(&lane) {
-        return;
-    }
-    let tiles = CudaBackend::with_options(Options { blas: false, ..fast }).unwrap();
+    let Some((lane, tiles, _)) = fast_lanes_on_cublaslt_and_tiles() else { return };
     let mut r = rand::rngs::StdRng::seed_from_u64(0x9b1a);
     let (n, groups, k, out) = (300, 4, 128, 64);
     let x: Vec<f32> = (0..n * groups * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
@@ -632,8 +619,25 @@ fn cuda_fast_grouped_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
     }
 }
 
+/// Two fast-precision lanes with kernel times, one on cuBLASLt and one on the tiles (`blas` off),
+/// and their options; `None` after a skip message where there is no CUDA lane or no cuBLASLt
+/// (a failure instead under `FOVEA_REQUIRE_CUBLASLT=1`, which `cuda/gpu_tests.sh run` sets where
+/// it finds the library).
+fn fast_lanes_on_cublaslt_and_tiles() -> Option<(CudaBackend, CudaBackend, fovea::backend::cuda::Options)> {
+    use fovea::backend::Precision;
+    use fovea::backend::cuda::Options;
+    let fast = Options { precision: Precision::Fast, blas: true, ..explicit_timed_options() };
+    let lane = common::cuda_lane_with_or_skip(fast.clone())?;
+    if !cublaslt_or_skip(&lane) {
+        return None;
+    }
+    let tiles = CudaBackend::with_options(Options { blas: false, ..fast.clone() }).unwrap();
+    assert!(!tiles.blas());
+    Some((lane, tiles, fast))
+}
+
 /// Whether `lane` runs cuBLASLt; if not, a skip message, or a failure under
-/// `FOVEA_REQUIRE_CUBLASLT=1` (`cuda/gpu_tests.sh run` sets it where it finds the library).
+/// `FOVEA_REQUIRE_CUBLASLT=1`.
 fn cublaslt_or_skip(lane: &CudaBackend) -> bool {
     if lane.blas() {
         return true;

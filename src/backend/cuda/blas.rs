@@ -32,8 +32,11 @@ use crate::error::{Error, Result};
 /// Workspace cuBLASLt may use (NVIDIA's recommendation for Hopper; 4 MiB suffice before it).
 const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// What every cuBLASLt error adds: how to run without it.
+const WITHOUT: &str = "FOVEA_CUDA_BLAS=0 runs the lane's own GEMMs instead";
+
 fn blas_err(what: impl std::fmt::Display, e: CublasError) -> Error {
-    Error::Device(format!("cuBLASLt: {what}: {e:?} (FOVEA_CUDA_BLAS=0 runs the lane's own GEMMs instead)"))
+    Error::Device(format!("cuBLASLt: {what}: {e:?} ({WITHOUT})"))
 }
 
 /// The cuBLASLt this process can use: `None` where no `libcublasLt` opens (cudarc panics on the
@@ -118,9 +121,7 @@ impl Blas {
             Err(e) => {
                 // SAFETY: just created, not used.
                 let _ = unsafe { lt::destroy_handle(handle) };
-                return Err(Error::Device(format!(
-                    "cuBLASLt: allocating its workspace: {e:?} (FOVEA_CUDA_BLAS=0 runs the lane's own GEMMs instead)"
-                )));
+                return Err(Error::Device(format!("cuBLASLt: allocating its workspace: {e:?} ({WITHOUT})")));
             }
         };
         Ok(Blas { handle, workspace, plans: Mutex::default() })
