@@ -90,11 +90,6 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 #define FA_WARPS 4
 #define FA_KEYS 64
 
-// Elements d, d + 1 of a row (0 past hd or for a missing row) as an f16 pair, d in the low half.
-__device__ __forceinline__ unsigned int fa_pair16(const float* row, unsigned int d, unsigned int hd) {
-    return f16x2_rn(row && d < hd ? row[d] : 0.0f, row && d + 1u < hd ? row[d + 1u] : 0.0f);
-}
-
 // k, v [n, heads·hd] -> kv16 = kh then vt (above), a thread per word (grid-stride).
 extern "C" __global__ void attention_kv_f16(const float* k, const float* v, unsigned int* kv16, unsigned int n,
                                             unsigned int heads, unsigned int hd, unsigned int hdp, unsigned int np) {
@@ -116,31 +111,6 @@ extern "C" __global__ void attention_kv_f16(const float* k, const float* v, unsi
             kv16[e] = f16x2_rn(in && j < n ? col[j * cols] : 0.0f, in && j + 1u < n ? col[(j + 1u) * cols] : 0.0f);
         }
     }
-}
-
-// 16 bytes from global memory to shared memory without passing through registers (cp.async.cg,
-// sm_80+; the host emulator copies at once), and the group bookkeeping: commit the copies issued
-// so far as a group; wait until at most N groups are still in flight.
-__device__ __forceinline__ void fa_cp16(unsigned int* dst, const unsigned int* src) {
-#if defined(CUDA_EMU)
-    std::memcpy(dst, src, 16);
-#elif !GEMM_TENSOR_CORES
-    __trap(); // the host launches these kernels on sm_80+ only
-#else
-    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-#endif
-}
-__device__ __forceinline__ void fa_cp_commit() {
-#if !defined(CUDA_EMU) && GEMM_TENSOR_CORES
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void fa_cp_wait() {
-#if !defined(CUDA_EMU) && GEMM_TENSOR_CORES
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
 }
 
 template <int HDP>

@@ -449,6 +449,56 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float* d, const unsigned int* a
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
+
+// ---- fast precision's attention operands (cuda/attention.cu, cuda/lm_attention.cu) -----------
+// Elements d, d + 1 of a row (0 past hd or for a missing row) as an f16 pair, d in the low half.
+__device__ __forceinline__ unsigned int fa_pair16(const float* row, unsigned int d, unsigned int hd) {
+    return f16x2_rn(row && d < hd ? row[d] : 0.0f, row && d + 1u < hd ? row[d + 1u] : 0.0f);
+}
+
+// 16 bytes from global memory to shared memory without passing through registers (cp.async.cg,
+// sm_80+; the host emulator copies at once), and the group bookkeeping: commit the copies issued
+// so far as a group; wait until at most N groups are still in flight.
+__device__ __forceinline__ void fa_cp16(unsigned int* dst, const unsigned int* src) {
+#if defined(CUDA_EMU)
+    std::memcpy(dst, src, 16);
+#elif !GEMM_TENSOR_CORES
+    __trap(); // the host launches these kernels on sm_80+ only
+#else
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+#endif
+}
+__device__ __forceinline__ void fa_cp_commit() {
+#if !defined(CUDA_EMU) && GEMM_TENSOR_CORES
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void fa_cp_wait() {
+#if !defined(CUDA_EMU) && GEMM_TENSOR_CORES
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (sm_75+; called on sm_80+ only): lanes 8i ..
+// 8i + 7 each give the shared-memory address of one row (8 consecutive f16, 16-byte aligned) of
+// the 8 × 8 matrix M_i, and r[i] of lane (g, t) receives M_i[2t][g] (low half) and M_i[2t + 1][g]:
+// with M_i's rows along k, the B fragment b[0] (or b[1]) of mma_m16n8k16_f16 for column n = g.
+// The host emulator provides emu_ldmatrix_x4_trans.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int* r, const unsigned int* row) {
+#if defined(CUDA_EMU)
+    emu_ldmatrix_x4_trans(r, row);
+#elif !GEMM_TENSOR_CORES
+    __trap();
+#else
+    const unsigned int a = (unsigned int)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
 __device__ __forceinline__ bool f32_is_finite(float v) {
     return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
 }

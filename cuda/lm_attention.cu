@@ -183,6 +183,239 @@ BASE_KERNEL void sink_attention_merge_f32(const float* part, const float* sinks,
     }
 }
 
+// ---- sink_attention in fast precision (tensor cores) ---------------------------------------
+// sink_attention_f32's contract with f16 operands and f32 softmax, as the ViT's attention_fast_d*
+// (cuda/attention.cu; tests/ops.rs derives the bound): q is rounded to f16 here, the keys (which
+// are also the values) once by sink_rows_f16, the probabilities before p·v. The suffix is the
+// padded head width HDP >= hd (dims hd .. HDP are zeros: q·k is unchanged, the extra output
+// columns are never written). sm_80+; no key splits: the host takes this kernel in fast precision
+// when the queries × head groups fill the GPU (a prefill chunk), sink_attention_f32 otherwise.
+//
+// Block (32·SF_WARPS threads) = one query i (blockIdx.x) and SF_HEADS heads from h0 = blockIdx.y ·
+// SF_HEADS (the released model's 64 heads in one block: every head of a query sees the same keys,
+// so each chunk of keys is staged once for all of them). Warp w takes the 16 heads 16·(w % 4) ..
+// and the half (w / 4) of the output dims: it scores its 16 heads against the whole chunk (each
+// head's scores are computed by two warps: 1.5× the minimal MMAs, for no exchange between warps
+// and 16 × HDP/2 accumulators a warp instead of 16 × HDP), keeps their online softmax in
+// registers and reuses the score fragments as p's A fragments (FlashAttention-2). The values' B
+// fragments come from the staged keys themselves through ldmatrix.trans.
+// The keys of a query, t = 0 .. nwin + kk − 1 (sink_attention_f32's order: the window rows lo + t,
+// then the compressed rows comp_idx[t − nwin]), go SF_KEYS a chunk through two shared-memory
+// stages with cp.async (the next chunk in flight while the current one multiplies); a missing
+// slot (−1) or a key past the last stages zeros and scores −inf, and a chunk without any key is
+// skipped. A query without keys gives zeros; bad operands give NaN heads (sink_attention_f32's).
+// Dynamic shared memory (words, rows of HDP/2 + 4 words: 16-byte aligned, fragment loads on 32
+// banks): q [SF_HEADS] rows, then two stages of SF_KEYS key rows and SF_KEYS present flags (the
+// host mirrors the size).
+#define SF_WARPS 8
+#define SF_HEADS 64
+#define SF_KEYS 64
+
+// x [rows, hd] -> y [rows, hdp / 2] words of two f16 (zeros past hd), a thread per word.
+BASE_KERNEL void sink_rows_f16(const float* x, unsigned int* y, unsigned int rows, unsigned int hd,
+                               unsigned int hdp) {
+    grid_wait();
+    const unsigned int rw = hdp / 2u;
+    for (u64 e = flat_index(); e < (u64)rows * rw; e += flat_stride())
+        y[e] = fa_pair16(x + (e / rw) * hd, 2u * (unsigned int)(e % rw), hd);
+}
+
+template <int HDP>
+__device__ __forceinline__ void sink_attention_fast(const float* q, const unsigned int* kv16, const int* window,
+                                                    const unsigned int* comp16, const int* comp_idx,
+                                                    const float* sinks, float* out, unsigned int heads,
+                                                    unsigned int hd, unsigned int m, unsigned int kk,
+                                                    unsigned int c_rows, float scale) {
+    constexpr unsigned int RW = HDP / 2 + 4;               // words a staged row (a head's q, a key)
+    constexpr unsigned int STAGE = SF_KEYS * RW + SF_KEYS; // words a stage: keys, present flags
+    constexpr int KT = HDP / 16;                           // k16 steps of q·kᵀ
+    constexpr int NT = SF_KEYS / 8;                        // n8 tiles of a chunk's scores
+    constexpr int DT = HDP / 16;                           // n8 tiles of a warp's half of the output
+    constexpr unsigned int THREADS = 32 * SF_WARPS;
+    static_assert(HDP % 32 == 0 && SF_WARPS == 2 * (SF_HEADS / 16) && SF_KEYS % 16 == 0, "sink_attention_fast");
+    extern __shared__ float smem[];
+    unsigned int* qs = reinterpret_cast<unsigned int*>(smem); // [SF_HEADS][RW]
+    unsigned int* stages = qs + SF_HEADS * RW;                // [2][STAGE]
+    __shared__ float red[SF_WARPS];
+
+    const unsigned int i = blockIdx.x, h0 = blockIdx.y * SF_HEADS;
+    const unsigned int tid = threadIdx.x, lane = tid % 32u, warp = tid / 32u, g = lane / 4u, t = lane % 4u;
+    const unsigned int nh = heads - h0 < SF_HEADS ? heads - h0 : SF_HEADS; // heads of this block
+    const u64 cols = (u64)heads * hd;
+    const int lo = window[2 * (u64)i], hi = window[2 * (u64)i + 1];
+    const int* idx = comp_idx + (u64)i * kk;
+
+    // operand check (sink_attention_f32's)
+    float bad = (lo <= hi && (lo < 0 || (unsigned int)hi >= m)) ? 1.0f : 0.0f;
+    for (unsigned int s = tid; s < kk; s += THREADS) {
+        const int e = idx[s];
+        if (e < -1 || (e >= 0 && (unsigned int)e >= c_rows)) bad = 1.0f;
+    }
+    if (block_max(bad, red) > 0.0f) {
+        for (unsigned int e = tid; e < nh * hd; e += THREADS)
+            out[(u64)i * cols + (u64)h0 * hd + e] = QUIET_NAN;
+        return;
+    }
+
+    const unsigned int nwin = lo <= hi ? (unsigned int)(hi - lo) + 1u : 0u, nkeys = nwin + kk;
+    const unsigned int chunks = (nkeys + SF_KEYS - 1) / SF_KEYS;
+    // the copies of chunk c (keys c·SF_KEYS ..) into stage b as one group; zeros for a missing key
+    const auto issue = [&](unsigned int c, unsigned int b) {
+        unsigned int* ks = stages + b * STAGE;
+        unsigned int* present = ks + SF_KEYS * RW;
+        for (unsigned int u = tid; u < SF_KEYS * (HDP / 8); u += THREADS) {
+            const unsigned int r = u / (HDP / 8), p = 4u * (u % (HDP / 8)), key = c * SF_KEYS + r;
+            const unsigned int* row = 0;
+            if (key < nwin) {
+                row = kv16 + ((u64)lo + key) * (HDP / 2);
+            } else if (key < nkeys) {
+                const int e = idx[key - nwin];
+                if (e >= 0) row = comp16 + (u64)e * (HDP / 2);
+            }
+            unsigned int* dst = ks + r * RW + p;
+            if (row) fa_cp16(dst, row + p);
+            else dst[0] = dst[1] = dst[2] = dst[3] = 0u;
+            if (p == 0u) present[r] = row ? 1u : 0u;
+        }
+        fa_cp_commit();
+    };
+    if (chunks > 0u) issue(0u, 0u);
+    for (unsigned int u = tid; u < SF_HEADS * (HDP / 2); u += THREADS) {
+        const unsigned int r = u / (HDP / 2), w = u % (HDP / 2);
+        qs[r * RW + w] = fa_pair16(r < nh ? q + (u64)i * cols + (u64)(h0 + r) * hd : 0, 2u * w, hd);
+    }
+    __syncthreads(); // q and chunk 0's flags are visible (its copies: after the wait below)
+
+    const unsigned int r0 = 16u * (warp % (SF_HEADS / 16u)); // the warp's first head (row of qs)
+    const unsigned int w0 = (warp / (SF_HEADS / 16u)) * (HDP / 4); // the word of its first output dim
+    const float scale_log2 = scale * 1.4426950408889634f; // scores in log2 units: exp(x) = exp2(x·log2 e)
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f; // rows g, g + 8: running max, this thread's part of the sum
+
+    for (unsigned int c = 0; c < chunks; ++c) {
+        if (c + 1u < chunks) {
+            issue(c + 1u, (c + 1u) % 2u);
+            fa_cp_wait<1>(); // chunk c's group has landed (c + 1's may still be in flight)
+        } else {
+            fa_cp_wait<0>();
+        }
+        const unsigned int* ks = stages + (c % 2u) * STAGE;
+        const unsigned int* present = ks + SF_KEYS * RW;
+        // a barrier (every thread's copies of chunk c are visible) that also tells whether the
+        // chunk has no key at all (its flags were written before the previous barrier)
+        if (__syncthreads_and(present[tid % SF_KEYS] == 0u)) continue; // nobody reads the stage
+
+        // s[nt]: scores of rows g (0, 1) and g + 8 (2, 3) with keys nt·8 + 2t (+1)
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll 4
+        for (int kt = 0; kt < KT; ++kt) {
+            const unsigned int* qr = qs + (r0 + g) * RW + kt * 8 + t;
+            const unsigned int a[4] = {qr[0], qr[8 * RW], qr[4], qr[8 * RW + 4]};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const unsigned int* kr = ks + (nt * 8u + g) * RW + kt * 8 + t;
+                const unsigned int b[2] = {kr[0], kr[4]};
+                mma_m16n8k16_f16(s[nt], a, b);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s[nt][e] = present[nt * 8u + 2u * t + (e & 1u)] ? s[nt][e] * scale_log2 : NEG_INF;
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        // exps relative to the new max (0 while a row has seen only -inf, where m - max would be NaN)
+        const float base0 = mx0 == NEG_INF ? 0.0f : mx0, base1 = mx1 == NEG_INF ? 0.0f : mx1;
+        const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= a0;
+        l1 *= a1;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            o[dt][0] *= a0, o[dt][1] *= a0;
+            o[dt][2] *= a1, o[dt][3] *= a1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            s[nt][0] = exp2f(s[nt][0] - base0), s[nt][1] = exp2f(s[nt][1] - base0);
+            s[nt][2] = exp2f(s[nt][2] - base1), s[nt][3] = exp2f(s[nt][3] - base1);
+            l0 += s[nt][0] + s[nt][1];
+            l1 += s[nt][2] + s[nt][3];
+        }
+        // o += p·v: v = the staged keys, B fragments by ldmatrix.trans, two n8 tiles a load (lane
+        // 8j + r gives key row r + 8 (j % 2) of the 16, at dims + 8 (j / 2))
+        const unsigned int* vrow = ks + (lane % 8u + 8u * ((lane / 8u) % 2u)) * RW + w0 + 4u * (lane / 16u);
+#pragma unroll
+        for (int kc = 0; kc < SF_KEYS / 16; ++kc) {
+            const unsigned int pa[4] = {f16x2_rn(s[2 * kc][0], s[2 * kc][1]), f16x2_rn(s[2 * kc][2], s[2 * kc][3]),
+                                        f16x2_rn(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                        f16x2_rn(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; ++dp) {
+                unsigned int b4[4];
+                ldmatrix_x4_trans(b4, vrow + kc * 16u * RW + dp * 8u);
+                mma_m16n8k16_f16(o[2 * dp], pa, b4);
+                mma_m16n8k16_f16(o[2 * dp + 1], pa, b4 + 2);
+            }
+        }
+        __syncthreads(); // stage c % 2 is consumed before chunk c + 2's copies overwrite it
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    // the sink joins the denominator (in log2 units as the scores); no key at all: zeros
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const unsigned int hh = r0 + g + 8u * half;
+        if (hh >= nh) continue;
+        const float mx = half ? m1 : m0, l = half ? l1 : l0, sink = sinks[h0 + hh] * 1.4426950408889634f;
+        const float m_f = fmaxf(mx, sink), a = exp2f(mx - m_f);
+        const float factor = l == 0.0f ? 0.0f : a / (l * a + exp2f(sink - m_f));
+        float* y = out + (u64)i * cols + (u64)(h0 + hh) * hd;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            const unsigned int d = 2u * w0 + dt * 8u + 2u * t;
+            if (d < hd) y[d] = o[dt][2 * half] * factor;
+            if (d + 1u < hd) y[d + 1u] = o[dt][2 * half + 1] * factor;
+        }
+    }
+}
+
+// One kernel a padded head width (written out: the lane's unit test finds each kernel it launches
+// by its definition in this file). 256 threads of up to 255 registers (the d512 accumulators
+// alone are 128 a thread): one block an SM.
+BASE_KERNEL void sink_attention_fast_d128(const float* q, const unsigned int* kv16, const int* window,
+                                          const unsigned int* comp16, const int* comp_idx, const float* sinks,
+                                          float* out, unsigned int heads, unsigned int hd, unsigned int m,
+                                          unsigned int kk, unsigned int c_rows, float scale) {
+    grid_wait();
+    sink_attention_fast<128>(q, kv16, window, comp16, comp_idx, sinks, out, heads, hd, m, kk, c_rows, scale);
+}
+BASE_KERNEL void sink_attention_fast_d512(const float* q, const unsigned int* kv16, const int* window,
+                                          const unsigned int* comp16, const int* comp_idx, const float* sinks,
+                                          float* out, unsigned int heads, unsigned int hd, unsigned int m,
+                                          unsigned int kk, unsigned int c_rows, float scale) {
+    grid_wait();
+    sink_attention_fast<512>(q, kv16, window, comp16, comp_idx, sinks, out, heads, hd, m, kk, c_rows, scale);
+}
+
 // ---- indexer_scores ------------------------------------------------------------------------
 // q [n, heads*hd], k [m, hd], w [n, heads] -> out [n, m]:
 // out[i, j] = scale * sum_h w[i, h] * max(q_h . k_j, 0) for j < min((pos0 + i + 1) / ratio, m),

@@ -429,7 +429,8 @@ fn cuda_lm_edge_cases() {
 }
 
 /// Options with kernel times by name and every fused launch on, whatever the environment says
-/// (`Default` reads FOVEA_GPU_TIMES, FOVEA_PDL and the fused launches' diagnostic switches).
+/// (`Default` reads FOVEA_GPU_TIMES, FOVEA_PDL and the fused launches' diagnostic switches), and
+/// the tensor-core sink attention on.
 fn explicit_timed_options() -> fovea::backend::cuda::Options {
     fovea::backend::cuda::Options {
         kernel_times: true,
@@ -437,6 +438,7 @@ fn explicit_timed_options() -> fovea::backend::cuda::Options {
         dependent_launch: false,
         separate_linear_pair: false,
         q8x: true,
+        sink_tensor_cores: true,
         ..Default::default()
     }
 }
@@ -648,4 +650,57 @@ fn cublaslt_or_skip(lane: &CudaBackend) -> bool {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED: cuBLASLt (libcublasLt.so.13) not found: {}", lane.device_name());
     false
+}
+
+/// A prefill chunk's sink attention in fast precision runs on tensor cores
+/// (`sink_attention_fast_d512`, cuda/lm_attention.cu) at the released geometry, 64 heads × 512
+/// sharing one latent: 300 queries with windows of 128 keys and 64 compressed slots (every fifth
+/// −1), against the CPU lane within tests/ops.rs's FAST_ATTENTION bound (q and the keys uniform in
+/// ±1.5, the same derivation: 4 · FAST_GEMM_NMSE · (1 + 0.75²)). A decode step's one query keeps
+/// the f32 kernel with its key splits, as does an exact backend.
+#[test]
+fn cuda_fast_sink_attention_runs_on_tensor_cores_for_a_prefill_chunk() {
+    use fovea::backend::Precision;
+    use fovea::backend::cpu::CpuBackend;
+    use fovea::backend::cuda::Options;
+    use rand::{Rng, SeedableRng};
+    let fast = Options { precision: Precision::Fast, ..explicit_timed_options() };
+    let Some(lane) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
+    let exact = CudaBackend::with_options(Options { precision: Precision::Exact, ..fast }).unwrap();
+    let (heads, hd, m, c, k) = (64, 512, 640, 150, 64);
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x51c4);
+    let mut uniform = |len: usize, s: f32| (0..len).map(|_| r.random_range(-s..s)).collect::<Vec<f32>>();
+    let (kv, comp, sinks) = (uniform(m * hd, 1.5), uniform(c * hd, 1.5), uniform(heads, 2.0));
+    for n in [300, 1] {
+        let q = uniform(n * heads * hd, 1.5);
+        let window: Vec<i32> = (0..n as i32).flat_map(|i| [i + 200, i + 327]).collect();
+        let idx: Vec<i32> = (0..n * k).map(|j| if j % 5 == 4 { -1 } else { ((j * 7919) % c) as i32 }).collect();
+        let inputs = [
+            HostTensor::f32(vec![n, heads * hd], q).unwrap(),
+            HostTensor::f32(vec![m, hd], kv.clone()).unwrap(),
+            HostTensor::i32(vec![n, 2], window).unwrap(),
+            HostTensor::f32(vec![c, hd], comp.clone()).unwrap(),
+            HostTensor::i32(vec![n, k], idx).unwrap(),
+            HostTensor::f32(vec![heads], sinks.clone()).unwrap(),
+        ];
+        fn run<B: Backend>(b: &B, t: &[HostTensor]) -> Vec<f32> {
+            let u: Vec<_> = t.iter().map(|h| b.upload(h).unwrap()).collect();
+            let y = b.sink_attention(&u[0], &u[1], &u[2], Some((&u[3], &u[4])), &u[5], 64).unwrap();
+            b.download(&y).unwrap().into_f32("y").unwrap()
+        }
+        let want = run(&CpuBackend::new(), &inputs);
+        for (b, on_tensor_cores) in [(&lane, n == 300), (&exact, false)] {
+            let y = run(b, &inputs);
+            let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+            let what = format!("n {n}, {:?}", b.precision());
+            assert_eq!(ran.iter().any(|k| k == "sink_attention_fast_d512"), on_tensor_cores, "{what}: {ran:?}");
+            assert_eq!(ran.iter().any(|k| k == "sink_attention_f32"), !on_tensor_cores, "{what}: {ran:?}");
+            let (num, den) = y
+                .iter()
+                .zip(&want)
+                .fold((0.0f64, 0.0f64), |(a, b), (&g, &w)| (a + (g as f64 - w as f64).powi(2), b + (w as f64).powi(2)));
+            let bound = if on_tensor_cores { 4.0 * common::FAST_GEMM_NMSE * (1.0 + 0.75 * 0.75) } else { 1e-10 };
+            assert!(num / den <= bound, "{what}: nmse {:.2e} over {bound:.1e}", num / den);
+        }
+    }
 }

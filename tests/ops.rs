@@ -43,6 +43,10 @@ const FAST_GEMM: f64 = 4.0 * common::FAST_GEMM_NMSE;
 /// 0.5625 whatever the head width: ≈ 1.25e-7, gated at 4× (the host emulator measured
 /// 0.4–2.5e-7 on its shapes, cuda/emu/emu_test.cpp).
 const FAST_ATTENTION: f64 = 4.0 * common::FAST_GEMM_NMSE * (1.0 + 0.75 * 0.75);
+/// The fewest queries of a case whose sink attention runs on CUDA's tensor cores in fast
+/// precision with at most 64 heads (one head group: `SINK_SPLIT_TARGET_BLOCKS` blocks in
+/// src/backend/cuda/lm_attention.rs); fewer take the f32 kernel, at REDUCTION.
+const SINK_FAST_MIN_QUERIES: usize = 264;
 /// The experts chain two GEMMs through the clamped SwiGLU: the up GEMM's error reaches both its
 /// halves (≈ 1.6e-7, up to twice that through silu's slope) and the down GEMM adds its own 8e-8,
 /// ≈ 4e-7; gated at 4×, 1.6e-6.
@@ -1066,6 +1070,23 @@ fn lm_cases() -> Vec<Case> {
         let m = 150;
         let window = vec![30, m as i32 - 1, 0, 70];
         out.push(sink_attention_case(&mut r, (2, 11, 272, m, 9, 20), window, |j| j % 6 == 4, " head groups"));
+        // a prefill chunk's many queries (CUDA's tensor-core kernel in fast precision takes 264
+        // and more blocks, cuda/lm_attention.cu): windows filling up to 128 keys, every fourth
+        // slot −1 and all of the first 40 queries' (their compressed chunks skipped), head widths
+        // padded to 128 and to 512
+        let window = |n: usize, reach: i32| -> Vec<i32> {
+            (0..n as i32).flat_map(|i| [(i + reach - 127).max(0), i + reach]).collect()
+        };
+        let (n, k) = (300, 70);
+        let no_slot = move |j: usize| j % 4 == 3 || j < 40 * k;
+        out.push(sink_attention_case(&mut r, (n, 3, 40, 400, 30, k), window(n, 99), no_slot, " many queries"));
+        out.push(sink_attention_case(
+            &mut r,
+            (270, 2, 300, 300, 20, 30),
+            window(270, 29),
+            |j| j % 4 == 3,
+            " many queries",
+        ));
     }
     // moe_experts: 5 experts (one unused), k = 3 slots, in every format, then gate, up and down
     // each in another; limit cuts some values.
@@ -2291,6 +2312,11 @@ fn cuda_ops_match_cpu_in_fast_precision() {
         let q8x = c.experts.iter().any(|e| fovea::backend::cuda::moe_q8x_kernels(e.0).is_some());
         if c.op == Op::MoeExperts && c.tensors[0].shape[0] == 1 && q8x {
             c.bound = c.bound.max(FAST_MOE_Q8X);
+        }
+        // a prefill chunk's queries on the tensor-core sink attention (the ViT attention's
+        // operands and bound: q and the keys uniform in ±1.5 there too)
+        if c.op == Op::SinkAttention && c.tensors[0].shape[0] >= SINK_FAST_MIN_QUERIES {
+            c.bound = c.bound.max(FAST_ATTENTION);
         }
         if let (Op::Linear, Some((format, o, _, _))) = (c.op, &c.weight)
             && c.tensors[0].shape[0] == 1

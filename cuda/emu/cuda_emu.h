@@ -186,6 +186,25 @@ inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, flo
     emu_warp_sync(); // every lane has read the fragments before they are overwritten
     for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 of one warp (common.cuh's ldmatrix_x4_trans):
+// every lane publishes its row address; lanes 8i .. 8i + 7 address the rows of matrix i (8 b16
+// each), and lane (g, t) receives in r[i] the elements (row 2t, column g) in the low half and
+// (row 2t + 1, column g) in the high half. The lanes of the calling warp meet.
+inline std::vector<const void*> g_ptr;
+inline void emu_ldmatrix_x4_trans(unsigned* r, const void* row) {
+    const unsigned tid = emu_tid(), lane = tid % 32, warp0 = tid - lane, g = lane / 4, t = lane % 4;
+    g_ptr[tid] = row;
+    emu_warp_sync();
+    unsigned out[4];
+    for (unsigned i = 0; i < 4; ++i) {
+        uint16_t lo, hi;
+        std::memcpy(&lo, static_cast<const char*>(g_ptr[warp0 + 8 * i + 2 * t]) + 2 * g, 2);
+        std::memcpy(&hi, static_cast<const char*>(g_ptr[warp0 + 8 * i + 2 * t + 1]) + 2 * g, 2);
+        out[i] = unsigned(lo) | (unsigned(hi) << 16);
+    }
+    emu_warp_sync(); // every lane has read the addresses before they are overwritten
+    for (unsigned i = 0; i < 4; ++i) r[i] = out[i];
+}
 #include <math.h> // erfcf, expf, fmaf, fmaxf, sqrtf in the global namespace, as in CUDA
 
 // Run kernel(args...) over grid x block, blocks sequentially, threads of a block concurrently.
@@ -196,6 +215,7 @@ void emu_launch(void (*k)(A...), dim3 grid, dim3 block, size_t dyn_smem_bytes, A
     const unsigned nt = block.x * block.y;
     g_shfl.assign(nt, 0.0f);
     g_mma.assign(nt * 6, 0u);
+    g_ptr.assign(nt, nullptr);
     g_pred.assign(nt, 0);
     g_dyn_smem.assign(dyn_smem_bytes / 4 + 1, 0.0f);
     for (unsigned bz = 0; bz < grid.z; ++bz)

@@ -560,6 +560,48 @@ static std::vector<float> sink_run(const std::vector<float>& q, const std::vecto
     return y;
 }
 
+// The inputs of sink_attention case `which` (n, heads, hd, m raw keys, c compressed rows, kk
+// slots): windows of varying length (query 1's empty, and every slot of query 1 −1: it sees no
+// key), every fifth slot −1, a −inf sink (cases 1 and 4); with bad_ops a window past m (query 2)
+// and an index ≥ c (query 3), NaN heads; with with_nan a NaN element in query 2, head 17.
+struct SinkCase {
+    std::vector<float> q, kv, comp, sinks;
+    std::vector<int> win, idx;
+};
+static SinkCase sink_case(unsigned n, unsigned heads, unsigned hd, unsigned m, unsigned c, unsigned kk, int which,
+                          bool bad_ops, bool with_nan) {
+    const unsigned cols = heads * hd;
+    SinkCase s{randv(n * cols, 1.5), randv(m * hd, 1.5), randv(std::max(c, 1u) * hd, 1.5), randv(heads, 2), {}, {}};
+    if (which == 1 || which == 4) s.sinks[1] = -INFINITY;
+    if (with_nan) s.q[2 * cols + 17 * hd + 3] = NAN; // query 2, head 17 (second head group of 16)
+    s.win.assign(2 * n, 0);
+    s.idx.assign(std::max(n * kk, 1u), -1);
+    for (unsigned i = 0; i < n; ++i) {
+        int lo = (int)(i * 37 % m), len = (int)((i * 53 + which * 11 + (n == 1 ? m : 0)) % (m + 1));
+        s.win[2 * i] = lo;
+        s.win[2 * i + 1] = std::min(lo + len - 1, (int)m - 1);
+    }
+    if (n > 1) s.win[2 * 1] = 5, s.win[2 * 1 + 1] = 4; // query 1: empty window
+    for (unsigned j = 0; j < n * kk; ++j) s.idx[j] = (j % 5 == 1) ? -1 : (int)(rng() % c);
+    if (kk && n > 1) // query 1 sees nothing at all (empty window, every slot −1): zeros
+        for (unsigned k = 0; k < kk; ++k) s.idx[1 * kk + k] = -1;
+    if (bad_ops) {
+        s.win[2 * 2 + 1] = (int)m;
+        s.idx[3 * kk + kk - 1] = (int)c;
+    }
+    return s;
+}
+
+// A query without keys (query 1) gets zeros, whatever its sinks.
+static void check_query1_zeros(const char* name, const std::vector<float>& y, unsigned n, unsigned cols) {
+    bool zeros = true;
+    for (unsigned d = 0; d < cols && n > 1; ++d) zeros = zeros && y[1 * cols + d] == 0.0f;
+    if (!zeros) {
+        std::printf("%-44s query without keys not zero FAIL\n", name);
+        ++failures;
+    }
+}
+
 static void test_sink_attention() {
     // n, heads, hd, m, c, kk, splits: hd not a multiple of 4 (33, 7) and above the block size
     // (130), heads not a multiple of SA_HEADS (3, 20) and below it, key counts across several
@@ -574,37 +616,54 @@ static void test_sink_attention() {
     for (auto sh : shapes) {
         unsigned n = sh.n, heads = sh.heads, hd = sh.hd, m = sh.m, c = sh.c, kk = sh.kk, cols = heads * hd;
         bool bad_ops = which == 3 || which == 7, with_nan = which == 4;
-        auto q = randv(n * cols, 1.5), kv = randv(m * hd, 1.5), comp = randv(std::max(c, 1u) * hd, 1.5);
-        auto sinks = randv(heads, 2);
-        if (which == 1 || which == 4) sinks[1] = -INFINITY;
-        if (with_nan) q[2 * cols + 17 * hd + 3] = NAN; // query 2, head 17 (second head group)
-        std::vector<int> win(2 * n), idx(std::max(n * kk, 1u), -1);
-        for (unsigned i = 0; i < n; ++i) {
-            int lo = (int)(i * 37 % m), len = (int)((i * 53 + which * 11 + (n == 1 ? m : 0)) % (m + 1));
-            int hi = std::min(lo + len - 1, (int)m - 1);
-            win[2 * i] = lo;
-            win[2 * i + 1] = hi;
-        }
-        if (n > 1) win[2 * 1] = 5, win[2 * 1 + 1] = 4; // query 1: empty window
-        for (unsigned j = 0; j < n * kk; ++j) idx[j] = (j % 5 == 1) ? -1 : (int)(rng() % c);
-        if (kk && n > 1) // query 1 sees nothing at all (empty window, every slot −1): zeros
-            for (unsigned s = 0; s < kk; ++s) idx[1 * kk + s] = -1;
-        if (bad_ops) { // bad operands: window past m (query 2), index ≥ c (query 3): NaN heads
-            win[2 * 2 + 1] = (int)m;
-            idx[3 * kk + kk - 1] = (int)c;
-        }
-        auto y = sink_run(q, kv, win, comp, idx, sinks, n, heads, hd, m, kk, c, sh.splits);
-        auto want = sink_ref(q, kv, win, comp, idx, sinks, n, heads, hd, m, kk, c);
+        const SinkCase s = sink_case(n, heads, hd, m, c, kk, which, bad_ops, with_nan);
+        auto y = sink_run(s.q, s.kv, s.win, s.comp, s.idx, s.sinks, n, heads, hd, m, kk, c, sh.splits);
+        auto want = sink_ref(s.q, s.kv, s.win, s.comp, s.idx, s.sinks, n, heads, hd, m, kk, c);
         char name[96];
         std::snprintf(name, sizeof name, "sink_attention n=%u %ux%u m=%u c=%u k=%u split %u%s%s", n, heads, hd, m, c,
                       kk, sh.splits, bad_ops ? " bad ops" : "", with_nan ? " NaN" : "");
-        bool zeros = true;
-        for (unsigned d = 0; d < cols && n > 1; ++d) zeros = zeros && y[1 * cols + d] == 0.0f;
-        if (!zeros) {
-            std::printf("%-44s query without keys not zero FAIL\n", name);
-            ++failures;
-        }
+        check_query1_zeros(name, y, n, cols);
         check_masked(name, y, want, 1e-10);
+        ++which;
+    }
+}
+
+// sink_rows_f16 + sink_attention_fast_d*: f16 operands (q, the keys = values, the probabilities),
+// f32 softmax, the bound of test_attention_fast (the same derivation, q and keys uniform ±1.5):
+// 5e-7. Heads below, at and past one block's 64 (70: a second head group of 6), head widths padded
+// to 128 (20, 36) and to 512 (130, 512), keys over several 64-key chunks, query 0 of the second
+// case with its slots past the 20th −1 (its last two chunks have no key: skipped), query 1 without
+// keys, a −inf sink, a NaN query element, bad operands, no compressed entries.
+static void test_sink_attention_fast() {
+    struct Shape { unsigned n, heads, hd, m, c, kk; } shapes[] = {
+        {5, 3, 20, 150, 9, 7}, {4, 70, 36, 90, 30, 140}, {3, 64, 130, 200, 140, 150}, {3, 2, 512, 70, 0, 0}};
+    int which = 0;
+    for (auto sh : shapes) {
+        unsigned n = sh.n, heads = sh.heads, hd = sh.hd, m = sh.m, c = sh.c, kk = sh.kk, cols = heads * hd;
+        bool bad_ops = which == 1, with_nan = which == 2;
+        SinkCase s = sink_case(n, heads, hd, m, c, kk, which, bad_ops, with_nan);
+        if (which == 1)
+            for (unsigned k = 20; k < kk; ++k) s.idx[k] = -1;
+        const unsigned hdp = hd <= 128 ? 128 : 512, rw = hdp / 2;
+        auto kernel = hdp == 128 ? sink_attention_fast_d128 : sink_attention_fast_d512;
+        // f16 NaN pairs: a word sink_rows_f16 skipped would turn outputs NaN
+        std::vector<unsigned> kv16(m * rw, 0x7e007e00u), comp16(std::max(c, 1u) * rw, 0x7e007e00u);
+        emu_launch(sink_rows_f16, {blocks1d(m * rw)}, {256}, 0, (const float*)s.kv.data(), kv16.data(), m, hd, hdp);
+        if (c)
+            emu_launch(sink_rows_f16, {blocks1d(c * rw)}, {256}, 0, (const float*)s.comp.data(), comp16.data(), c, hd,
+                       hdp);
+        std::vector<float> y(n * cols, 123.0f);
+        const size_t smem = (SF_HEADS * (rw + 4) + 2 * (SF_KEYS * (rw + 4) + SF_KEYS)) * 4;
+        emu_launch(kernel, {n, (heads + SF_HEADS - 1) / SF_HEADS}, {32 * SF_WARPS}, smem, (const float*)s.q.data(),
+                   (const unsigned*)kv16.data(), (const int*)s.win.data(), (const unsigned*)comp16.data(),
+                   (const int*)s.idx.data(), (const float*)s.sinks.data(), y.data(), heads, hd, m, kk, c,
+                   1.0f / std::sqrt(float(hd)));
+        auto want = sink_ref(s.q, s.kv, s.win, s.comp, s.idx, s.sinks, n, heads, hd, m, kk, c);
+        char name[96];
+        std::snprintf(name, sizeof name, "sink_attention_fast n=%u %ux%u m=%u c=%u k=%u%s%s", n, heads, hd, m, c, kk,
+                      bad_ops ? " bad ops" : "", with_nan ? " NaN" : "");
+        check_query1_zeros(name, y, n, cols);
+        check_masked(name, y, want, 5e-7);
         ++which;
     }
 }
@@ -2188,6 +2247,7 @@ int main(int argc, char** argv) {
         {"rope", test_rope},                 {"attention", test_attention},
         {"attention_fast", test_attention_fast},
         {"linear", test_linear},             {"sink_attention", test_sink_attention},
+        {"sink_attention_fast", test_sink_attention_fast},
         {"indexer_scores", test_indexer_scores}, {"compress_pool", test_compress_pool},
         {"grouped_linear", test_grouped_linear}, {"moe", test_moe}, {"gemv_long_rows", test_gemv_long_rows},
         {"lm_elementwise", test_lm_elementwise}, {"rope_tail", test_rope_tail},

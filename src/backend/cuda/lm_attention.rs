@@ -14,7 +14,7 @@ use super::{
     flash_stride, gemm_grid,
 };
 use crate::backend::checks;
-use crate::backend::{DType, Op};
+use crate::backend::{DType, Op, Precision};
 use crate::error::{Error, Result};
 
 /// Threads per block of `sink_attention_f32` (`SA_THREADS` in cuda/lm_attention.cu).
@@ -26,6 +26,15 @@ const SINK_KEYS: usize = 16;
 /// Fewer (query, head group) blocks than this and `sink_attention` splits each query's keys over
 /// more blocks (two waves of an H200's 132 SMs: decode has one query, 4 head groups).
 const SINK_SPLIT_TARGET_BLOCKS: usize = 264;
+/// Threads per block of `sink_attention_fast_d*` (32 · `SF_WARPS` in cuda/lm_attention.cu).
+const SINK_FAST_THREADS: u32 = 256;
+/// Heads per block of `sink_attention_fast_d*` (`SF_HEADS`).
+const SINK_FAST_HEADS: usize = 64;
+/// Keys per shared-memory chunk of `sink_attention_fast_d*` (`SF_KEYS`).
+const SINK_FAST_KEYS: usize = 64;
+/// `sink_attention_fast_d*`'s instantiations: the padded head widths, each with its kernel (the
+/// released model's 512, and 128 for narrower heads).
+const SINK_FAST_WIDTHS: [(usize, &str); 2] = [(128, "sink_attention_fast_d128"), (512, "sink_attention_fast_d512")];
 /// Threads per block of `indexer_scores_f32` (`IX_THREADS`).
 const INDEXER_THREADS: u32 = 256;
 /// Keys per block of `indexer_scores_f32` (`IX_KEYS`).
@@ -85,6 +94,37 @@ impl CudaBackend {
             if splits > 1 { Some(self.alloc(OP, vec![n * n_heads * splits, 2 + hd], DType::F32)?) } else { None };
         let scale = 1.0 / (hd as f32).sqrt();
         let (cbuf, ibuf) = comp.map_or((&self.dummy, &self.dummy), |(c, i)| (&*c.buf, &*i.buf));
+        if let Some((width, kernel)) = self.fast_sink_kernel(n, n_heads, hd) {
+            // the keys (= values) once as f16 rows of `width` halves, zero-padded
+            let rows_f16 = |x: &CudaTensor, rows: usize, rows32: u32| -> Result<CudaTensor> {
+                let words = rows * width / 2;
+                let mut y = self.alloc(OP, vec![words.max(1)], DType::I32)?;
+                let sizes = [rows32, hd32, width as u32];
+                self.launch_1d(OP, Source::LmAttention, "sink_rows_f16", &[&*x.buf], &mut y, &sizes, words)?;
+                Ok(y)
+            };
+            let kv16 = rows_f16(kv, m, m32)?;
+            let comp16 = comp.map(|(c, _)| rows_f16(c, c_rows, c32)).transpose()?;
+            // q rows, then two stages of key rows and their present flags (words; cuda/lm_attention.cu)
+            let row_words = width / 2 + 4;
+            let shared = 4 * (SINK_FAST_HEADS * row_words + 2 * (SINK_FAST_KEYS * row_words + SINK_FAST_KEYS));
+            let f =
+                self.func_shared(Op::SinkAttention, Source::LmAttention, kernel, shared, &format!("head dim {hd}"))?;
+            let cfg = LaunchConfig {
+                grid_dim: (n32, n_heads.div_ceil(SINK_FAST_HEADS) as u32, 1),
+                block_dim: (SINK_FAST_THREADS, 1, 1),
+                shared_mem_bytes: shared as u32,
+            };
+            let mut l = KernelArgs::new(&self.stream, &f);
+            l.arg(&*q.buf).arg(&*kv16.buf).arg(&*window.buf).arg(comp16.as_ref().map_or(&self.dummy, |c| &*c.buf));
+            l.arg(ibuf).arg(&*sinks.buf).arg(&mut *y.buf);
+            l.arg(&h32).arg(&hd32).arg(&m32).arg(&k32).arg(&c32).arg(&scale);
+            // SAFETY: arguments match `sink_attention_fast_d*` in cuda/lm_attention.cu; kv16 and
+            // comp16 hold m and c rows of width / 2 words, shapes checked above (with no
+            // compressed entries kk = 0 and the dummy buffers are never read).
+            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+            return Ok(y);
+        }
         let cfg = LaunchConfig {
             grid_dim: (n32, groups as u32, splits as u32),
             block_dim: (SINK_THREADS, 1, 1),
@@ -109,6 +149,20 @@ impl CudaBackend {
             self.launched(OP, "sink_attention_merge_f32", cfg_1d(total), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         }
         Ok(y)
+    }
+
+    /// The tensor-core sink attention for `n` queries of `heads` heads of width `hd` (f16
+    /// operands, f32 softmax: cuda/lm_attention.cu) with its padded width, or none: exact
+    /// precision, [`Options::sink_tensor_cores`](super::Options) off, a device below sm_80, a head wider than 512, or too few (query, head group)
+    /// blocks to fill the GPU without splitting keys (a decode step: `sink_attention_f32` splits).
+    fn fast_sink_kernel(&self, n: usize, heads: usize, hd: usize) -> Option<(usize, &'static str)> {
+        if self.opts.precision != Precision::Fast || !self.opts.sink_tensor_cores || self.arch < 80 {
+            return None;
+        }
+        if n * heads.div_ceil(SINK_FAST_HEADS) < SINK_SPLIT_TARGET_BLOCKS {
+            return None;
+        }
+        SINK_FAST_WIDTHS.iter().find(|&&(width, _)| hd <= width).copied()
     }
 
     /// q `[n, heads·hd]`, k `[m, hd]`, w `[n, heads]` → `[n, m]`; one block per (query, key tile).

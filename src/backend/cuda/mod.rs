@@ -303,6 +303,10 @@ pub struct Options {
     /// opens it). On by default; off when `FOVEA_CUDA_BLAS=0`, to time the lane's own tiles against
     /// it in one build. Diagnostic.
     pub blas: bool,
+    /// In fast precision, a prefill chunk's `sink_attention` runs on tensor cores
+    /// (`sink_attention_fast_d*`, cuda/lm_attention.cu). On by default; off when
+    /// `FOVEA_CUDA_SINK_TC=0`, to time the f32 kernel against it in one build. Diagnostic.
+    pub sink_tensor_cores: bool,
 }
 
 impl Default for Options {
@@ -318,6 +322,7 @@ impl Default for Options {
             separate_linear_pair: std::env::var("FOVEA_LINEAR_PAIR").is_ok_and(|v| v == "separate"),
             q8x: std::env::var("FOVEA_CUDA_Q8X").map_or(true, |v| v != "0"),
             blas: std::env::var("FOVEA_CUDA_BLAS").map_or(true, |v| v != "0"),
+            sink_tensor_cores: std::env::var("FOVEA_CUDA_SINK_TC").map_or(true, |v| v != "0"),
         }
     }
 }
