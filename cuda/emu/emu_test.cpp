@@ -808,8 +808,8 @@ static void test_moe() {
             // slots in such tiles), else of 64; and its bound on their count
             const unsigned tile = moe_tile_rows(n), max_tiles = moe_max_tiles(n, slots, E);
             std::vector<int> order(slots, -5), tiles(1 + 3 * max_tiles, -5), cursor(E);
-            emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(),
-                       slots, E, tile);
+            emu_launch(moe_route, {1}, {MR_THREADS}, MR_WARPS * E * 4, (const int*)ids.data(), order.data(),
+                       tiles.data(), cursor.data(), slots, E, tile);
             // the routing itself: stable grouping by expert, each expert's range cut into tiles
             std::vector<int> want_order, want_tiles{0};
             for (unsigned e = 0; e < E; ++e) {
@@ -1746,8 +1746,8 @@ struct ExpertTiles {
         const unsigned slots = (unsigned)ids.size();
         tiles.resize(1 + 3 * max_tiles);
         std::vector<int> cursor(E);
-        emu_launch(moe_route, {1}, {256}, 0, (const int*)ids.data(), order.data(), tiles.data(), cursor.data(), slots,
-                   E, tile);
+        emu_launch(moe_route, {1}, {MR_THREADS}, MR_WARPS * E * 4, (const int*)ids.data(), order.data(), tiles.data(),
+                   cursor.data(), slots, E, tile);
     }
 };
 

@@ -37,7 +37,7 @@ use super::{
     check_u32, gemm_grid, moe_q8x_kernels, q8x_shared_bytes,
 };
 use crate::backend::checks;
-use crate::backend::{DType, Precision, WeightFormat};
+use crate::backend::{DType, Op, Precision, WeightFormat};
 use crate::error::{Error, Result};
 
 /// Threads of the single `moe_route` block (`MR_THREADS` in cuda/moe.cu).
@@ -123,8 +123,12 @@ impl CudaBackend {
             let mut order = self.alloc(OP, vec![slots], DType::I32)?;
             let mut tiles = self.alloc(OP, vec![1 + 3 * max_tiles], DType::I32)?;
             let mut cursor = self.alloc(OP, vec![experts], DType::I32)?;
-            let f = self.func(Source::Moe, "moe_route")?;
-            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_THREADS, 1, 1), shared_mem_bytes: 0 };
+            // a row of expert counts per warp (cuda/moe.cu)
+            let shared = 4 * (ROUTE_THREADS as usize / 32) * experts;
+            let f =
+                self.func_shared(Op::MoeExperts, Source::Moe, "moe_route", shared, &format!("{experts} experts"))?;
+            let cfg =
+                LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_THREADS, 1, 1), shared_mem_bytes: shared as u32 };
             let mut l = KernelArgs::new(&self.stream, &f);
             l.arg(&*ids.buf).arg(&mut *order.buf).arg(&mut *tiles.buf).arg(&mut *cursor.buf).arg(&slots32).arg(&e32);
             l.arg(&tile_rows32);
