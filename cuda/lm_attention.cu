@@ -188,8 +188,10 @@ BASE_KERNEL void sink_attention_merge_f32(const float* part, const float* sinks,
 // (cuda/attention.cu; tests/ops.rs derives the bound): q is rounded to f16 here, the keys (which
 // are also the values) once by sink_rows_f16, the probabilities before p·v. The suffix is the
 // padded head width HDP >= hd (dims hd .. HDP are zeros: q·k is unchanged, the extra output
-// columns are never written). sm_80+; no key splits: the host takes this kernel in fast precision
-// when the queries × head groups fill the GPU (a prefill chunk), sink_attention_f32 otherwise.
+// columns are never written; q or key elements past ±65504 become ±inf, unlike the f32 kernel).
+// sm_80+ and the block's shared memory (below); no key splits: the host takes this kernel in fast
+// precision when the queries × head groups fill the GPU (a prefill chunk), sink_attention_f32
+// otherwise.
 //
 // Block (32·SF_WARPS threads) = one query i (blockIdx.x) and SF_HEADS heads from h0 = blockIdx.y ·
 // SF_HEADS (the released model's 64 heads in one block: every head of a query sees the same keys,
@@ -399,8 +401,9 @@ __device__ __forceinline__ void sink_attention_fast(const float* q, const unsign
 }
 
 // One kernel a padded head width (written out: the lane's unit test finds each kernel it launches
-// by its definition in this file). 256 threads of up to 255 registers (the d512 accumulators
-// alone are 128 a thread): one block an SM.
+// by its definition in this file). 256 threads; d512 takes 235-239 registers a thread (its
+// accumulators alone are 128; ptxas 12.9, no spills) and 196 KiB of shared memory: one block an
+// SM, and only where blocks may have that much (sm_90: the host checks).
 BASE_KERNEL void sink_attention_fast_d128(const float* q, const unsigned int* kv16, const int* window,
                                           const unsigned int* comp16, const int* comp_idx, const float* sinks,
                                           float* out, unsigned int heads, unsigned int hd, unsigned int m,

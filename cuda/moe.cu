@@ -38,8 +38,8 @@
 // the chunk bumps that expert's counter by its rank + 1: no atomics, and the order and the tile
 // list are deterministic. Dynamic shared memory: MR_WARPS rows of `experts` counts (the host
 // mirrors the size). (Ranking by a scan over the chunk, each thread reading the slots before and
-// after its own, took 0.86 ms a 2 048-token prefill chunk on an H100: 7 of a 4-layer prefill's
-// 159 ms.)
+// after its own, took 0.86 ms a 2 048-token prefill chunk on an H100: 6.9 ms of a 4-layer q2
+// prefill's 132.6 ms of device time, thirty-ninth sitting.)
 
 #define MR_THREADS 256
 #define MR_WARPS (MR_THREADS / 32)

@@ -657,7 +657,8 @@ fn cublaslt_or_skip(lane: &CudaBackend) -> bool {
 /// sharing one latent: 300 queries with windows of 128 keys and 64 compressed slots (every fifth
 /// −1), against the CPU lane within tests/ops.rs's FAST_ATTENTION bound (q and the keys uniform in
 /// ±1.5, the same derivation: 4 · FAST_GEMM_NMSE · (1 + 0.75²)). A decode step's one query keeps
-/// the f32 kernel with its key splits, as does an exact backend.
+/// the f32 kernel with its key splits, as does an exact backend, and so does a device whose blocks
+/// cannot have the kernel's 196 KiB of shared memory (below sm_90).
 #[test]
 fn cuda_fast_sink_attention_runs_on_tensor_cores_for_a_prefill_chunk() {
     use fovea::backend::Precision;
@@ -689,7 +690,17 @@ fn cuda_fast_sink_attention_runs_on_tensor_cores_for_a_prefill_chunk() {
             b.download(&y).unwrap().into_f32("y").unwrap()
         }
         let want = run(&CpuBackend::new(), &inputs);
-        for (b, on_tensor_cores) in [(&lane, n == 300), (&exact, false)] {
+        // the lane's own rule (fast_sink_kernel); on sm_90 the d512 kernel's 196 KiB of shared
+        // memory fit (227 KiB), on an A100 or sm_86/89 they do not and the f32 kernel runs
+        let tensor_cores = lane.sink_attention_on_tensor_cores(n, heads, hd).unwrap();
+        if n == 1 {
+            assert!(!tensor_cores, "a decode step's one query splits its keys on the f32 kernel");
+        }
+        if n == 300 && lane.arch() >= 90 {
+            assert!(tensor_cores, "300 queries on sm_90 take the tensor cores");
+        }
+        assert!(!exact.sink_attention_on_tensor_cores(n, heads, hd).unwrap());
+        for (b, on_tensor_cores) in [(&lane, tensor_cores), (&exact, false)] {
             let y = run(b, &inputs);
             let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
             let what = format!("n {n}, {:?}", b.precision());

@@ -43,10 +43,10 @@ const FAST_GEMM: f64 = 4.0 * common::FAST_GEMM_NMSE;
 /// 0.5625 whatever the head width: ≈ 1.25e-7, gated at 4× (the host emulator measured
 /// 0.4–2.5e-7 on its shapes, cuda/emu/emu_test.cpp).
 const FAST_ATTENTION: f64 = 4.0 * common::FAST_GEMM_NMSE * (1.0 + 0.75 * 0.75);
-/// The fewest queries of a case whose sink attention runs on CUDA's tensor cores in fast
-/// precision with at most 64 heads (one head group: `SINK_SPLIT_TARGET_BLOCKS` blocks in
+/// The fewest blocks (queries × groups of 64 heads) of a case whose sink attention runs on
+/// CUDA's tensor cores in fast precision (`SINK_SPLIT_TARGET_BLOCKS` in
 /// src/backend/cuda/lm_attention.rs); fewer take the f32 kernel, at REDUCTION.
-const SINK_FAST_MIN_QUERIES: usize = 264;
+const SINK_FAST_MIN_BLOCKS: usize = 264;
 /// The experts chain two GEMMs through the clamped SwiGLU: the up GEMM's error reaches both its
 /// halves (≈ 1.6e-7, up to twice that through silu's slope) and the down GEMM adds its own 8e-8,
 /// ≈ 4e-7; gated at 4×, 1.6e-6.
@@ -2315,7 +2315,10 @@ fn cuda_ops_match_cpu_in_fast_precision() {
         }
         // a prefill chunk's queries on the tensor-core sink attention (the ViT attention's
         // operands and bound: q and the keys uniform in ±1.5 there too)
-        if c.op == Op::SinkAttention && c.tensors[0].shape[0] >= SINK_FAST_MIN_QUERIES {
+        if c.op == Op::SinkAttention
+            && c.tensors[0].shape[0] * (c.tensors[0].shape[1] / c.tensors[1].shape[1]).div_ceil(64)
+                >= SINK_FAST_MIN_BLOCKS
+        {
             c.bound = c.bound.max(FAST_ATTENTION);
         }
         if let (Op::Linear, Some((format, o, _, _))) = (c.op, &c.weight)

@@ -632,7 +632,8 @@ static void test_sink_attention() {
 // f32 softmax, the bound of test_attention_fast (the same derivation, q and keys uniform ±1.5):
 // 5e-7. Heads below, at and past one block's 64 (70: a second head group of 6), head widths padded
 // to 128 (20, 36) and to 512 (130, 512), keys over several 64-key chunks, query 0 of the second
-// case with its slots past the 20th −1 (its last two chunks have no key: skipped), query 1 without
+// case with its slots past the 20th −1 (its last two chunks have no key: skipped) and of the third
+// with a chunk without keys between two with keys, query 1 without
 // keys, a −inf sink, a NaN query element, bad operands, no compressed entries.
 static void test_sink_attention_fast() {
     struct Shape { unsigned n, heads, hd, m, c, kk; } shapes[] = {
@@ -644,6 +645,9 @@ static void test_sink_attention_fast() {
         SinkCase s = sink_case(n, heads, hd, m, c, kk, which, bad_ops, with_nan);
         if (which == 1)
             for (unsigned k = 20; k < kk; ++k) s.idx[k] = -1;
+        if (which == 2) // query 0 (22 window keys): slots 42 .. 105 are keys 64 .. 127, a chunk with
+            for (unsigned k = 42; k < 106; ++k) s.idx[k] = -1; // no key between two with keys
+
         const unsigned hdp = hd <= 128 ? 128 : 512, rw = hdp / 2;
         auto kernel = hdp == 128 ? sink_attention_fast_d128 : sink_attention_fast_d512;
         // f16 NaN pairs: a word sink_rows_f16 skipped would turn outputs NaN

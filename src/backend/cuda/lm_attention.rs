@@ -45,7 +45,8 @@ impl CudaBackend {
     /// sinks `[heads]` → `[n, heads·hd]`; one block per (query, group of `SINK_HEADS` heads,
     /// key split), the keys staged in shared memory once for the group. With few queries (decode)
     /// each query's keys are split over several blocks and `sink_attention_merge_f32` combines
-    /// their partial softmax states.
+    /// their partial softmax states. In fast precision a prefill chunk's many queries take the
+    /// tensor-core kernel instead (`fast_sink_kernel`: one block a query's 64 heads, no splits).
     pub(super) fn sink_attention(
         &self,
         q: &CudaTensor,
@@ -94,7 +95,7 @@ impl CudaBackend {
             if splits > 1 { Some(self.alloc(OP, vec![n * n_heads * splits, 2 + hd], DType::F32)?) } else { None };
         let scale = 1.0 / (hd as f32).sqrt();
         let (cbuf, ibuf) = comp.map_or((&self.dummy, &self.dummy), |(c, i)| (&*c.buf, &*i.buf));
-        if let Some((width, kernel)) = self.fast_sink_kernel(n, n_heads, hd) {
+        if let Some((width, kernel, shared)) = self.fast_sink_kernel(n, n_heads, hd)? {
             // the keys (= values) once as f16 rows of `width` halves, zero-padded
             let rows_f16 = |x: &CudaTensor, rows: usize, rows32: u32| -> Result<CudaTensor> {
                 let words = rows * width / 2;
@@ -105,9 +106,6 @@ impl CudaBackend {
             };
             let kv16 = rows_f16(kv, m, m32)?;
             let comp16 = comp.map(|(c, _)| rows_f16(c, c_rows, c32)).transpose()?;
-            // q rows, then two stages of key rows and their present flags (words; cuda/lm_attention.cu)
-            let row_words = width / 2 + 4;
-            let shared = 4 * (SINK_FAST_HEADS * row_words + 2 * (SINK_FAST_KEYS * row_words + SINK_FAST_KEYS));
             let f =
                 self.func_shared(Op::SinkAttention, Source::LmAttention, kernel, shared, &format!("head dim {hd}"))?;
             let cfg = LaunchConfig {
@@ -152,17 +150,33 @@ impl CudaBackend {
     }
 
     /// The tensor-core sink attention for `n` queries of `heads` heads of width `hd` (f16
-    /// operands, f32 softmax: cuda/lm_attention.cu) with its padded width, or none: exact
-    /// precision, [`Options::sink_tensor_cores`](super::Options) off, a device below sm_80, a head wider than 512, or too few (query, head group)
-    /// blocks to fill the GPU without splitting keys (a decode step: `sink_attention_f32` splits).
-    fn fast_sink_kernel(&self, n: usize, heads: usize, hd: usize) -> Option<(usize, &'static str)> {
+    /// operands, f32 softmax: cuda/lm_attention.cu): its padded width, kernel and dynamic shared
+    /// memory, or none: exact precision, [`Options::sink_tensor_cores`](super::Options) off, a
+    /// device below sm_80, a head wider than 512, too few (query, head group) blocks to fill the
+    /// GPU without splitting keys (a decode step: `sink_attention_f32` splits), or a device whose
+    /// blocks cannot have that much shared memory (the d512 kernel's 196 KiB fit sm_90's 227,
+    /// not an A100's 163 or sm_86/89's 99).
+    fn fast_sink_kernel(&self, n: usize, heads: usize, hd: usize) -> Result<Option<(usize, &'static str, usize)>> {
         if self.opts.precision != Precision::Fast || !self.opts.sink_tensor_cores || self.arch < 80 {
-            return None;
+            return Ok(None);
         }
         if n * heads.div_ceil(SINK_FAST_HEADS) < SINK_SPLIT_TARGET_BLOCKS {
-            return None;
+            return Ok(None);
         }
-        SINK_FAST_WIDTHS.iter().find(|&&(width, _)| hd <= width).copied()
+        let Some(&(width, kernel)) = SINK_FAST_WIDTHS.iter().find(|&&(width, _)| hd <= width) else {
+            return Ok(None);
+        };
+        // q rows, then two stages of key rows and their present flags (words; cuda/lm_attention.cu)
+        let row_words = width / 2 + 4;
+        let shared = 4 * (SINK_FAST_HEADS * row_words + 2 * (SINK_FAST_KEYS * row_words + SINK_FAST_KEYS));
+        let f = self.func(Source::LmAttention, kernel)?;
+        Ok((shared <= self.shared_available(kernel, &f)?).then_some((width, kernel, shared)))
+    }
+
+    /// Whether `sink_attention` of `n` queries of `heads` heads of width `hd` runs on tensor cores
+    /// here (`fast_sink_kernel`). Diagnostic: tests check the routing with it.
+    pub fn sink_attention_on_tensor_cores(&self, n: usize, heads: usize, hd: usize) -> Result<bool> {
+        Ok(self.fast_sink_kernel(n, heads, hd)?.is_some())
     }
 
     /// q `[n, heads·hd]`, k `[m, hd]`, w `[n, heads]` → `[n, m]`; one block per (query, key tile).

@@ -553,19 +553,14 @@ impl CudaBackend {
     /// in, up to the device's per-block limit (less the kernel's static shared memory); beyond
     /// that `op` is unsupported at this size (`what` says which size).
     fn func_shared(&self, op: Op, src: Source, name: &'static str, bytes: usize, what: &str) -> Result<CudaFunction> {
-        use cudarc::driver::sys::{CUdevice_attribute_enum, CUfunction_attribute_enum};
+        use cudarc::driver::sys::CUfunction_attribute_enum;
         let f = self.func(src, name)?;
         let mut optin = self.shared_optin.lock().unwrap_or_else(|e| e.into_inner());
         if bytes <= DEFAULT_SHARED_BYTES || optin.get(name).is_some_and(|&granted| bytes <= granted) {
             return Ok(f);
         }
         let err = |e| dev_err(format!("shared memory limits of kernel `{name}`"), e);
-        let limit = self
-            .ctx
-            .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(err)?;
-        let statics = f.shared_size_bytes().map_err(err)?;
-        let available = (limit.max(0) as usize).saturating_sub(statics.max(0) as usize);
+        let available = self.shared_available(name, &f)?;
         if bytes > available {
             return Err(Self::unsupported(
                 op,
@@ -576,6 +571,20 @@ impl CudaBackend {
             .map_err(err)?;
         optin.insert(name, bytes);
         Ok(f)
+    }
+
+    /// The dynamic shared memory a block of kernel `f` may opt in to on this device: the
+    /// per-block opt-in limit less the kernel's static shared memory (227 KiB on an H100, 163 on
+    /// an A100, 99 on sm_86/89).
+    fn shared_available(&self, name: &str, f: &CudaFunction) -> Result<usize> {
+        use cudarc::driver::sys::CUdevice_attribute_enum;
+        let err = |e| dev_err(format!("shared memory limits of kernel `{name}`"), e);
+        let limit = self
+            .ctx
+            .attribute(CUdevice_attribute_enum::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(err)?;
+        let statics = f.shared_size_bytes().map_err(err)?;
+        Ok((limit.max(0) as usize).saturating_sub(statics.max(0) as usize))
     }
 
     // ---- allocation ----------------------------------------------------------------------------
