@@ -19,6 +19,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -190,9 +192,15 @@ inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, flo
 // every lane publishes its row address; lanes 8i .. 8i + 7 address the rows of matrix i (8 b16
 // each), and lane (g, t) receives in r[i] the elements (row 2t, column g) in the low half and
 // (row 2t + 1, column g) in the high half. The lanes of the calling warp meet.
+// A row address that is not 16-byte aligned (the instruction's requirement, a fault on the device)
+// stops the emulator with a message.
 inline std::vector<const void*> g_ptr;
 inline void emu_ldmatrix_x4_trans(unsigned* r, const void* row) {
     const unsigned tid = emu_tid(), lane = tid % 32, warp0 = tid - lane, g = lane / 4, t = lane % 4;
+    if (reinterpret_cast<std::uintptr_t>(row) % 16 != 0) {
+        std::fprintf(stderr, "ldmatrix: lane %u's row address %p is not 16-byte aligned\n", lane, row);
+        std::abort();
+    }
     g_ptr[tid] = row;
     emu_warp_sync();
     unsigned out[4];
