@@ -201,36 +201,7 @@ __device__ __forceinline__ void attention_fast(const float* q, const unsigned in
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     if (j0 + nt * 8u + 2u * t + (e & 1u) >= n) s[nt][e] = NEG_INF;
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-        }
-#pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-        }
-        // exps relative to the new max (0 while a row has seen only -inf, where m - max would be NaN)
-        const float base0 = mx0 == NEG_INF ? 0.0f : mx0, base1 = mx1 == NEG_INF ? 0.0f : mx1;
-        const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
-        m0 = mx0;
-        m1 = mx1;
-        l0 *= a0;
-        l1 *= a1;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            o[dt][0] *= a0, o[dt][1] *= a0;
-            o[dt][2] *= a1, o[dt][3] *= a1;
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            s[nt][0] = exp2f(s[nt][0] - base0), s[nt][1] = exp2f(s[nt][1] - base0);
-            s[nt][2] = exp2f(s[nt][2] - base1), s[nt][3] = exp2f(s[nt][3] - base1);
-            l0 += s[nt][0] + s[nt][1];
-            l1 += s[nt][2] + s[nt][3];
-        }
+        fa_online_softmax<NT, DT>(s, o, m0, m1, l0, l1);
 #pragma unroll
         for (int kk = 0; kk < FA_KEYS / 16; ++kk) {
             const unsigned int pa[4] = {f16x2_rn(s[2 * kk][0], s[2 * kk][1]), f16x2_rn(s[2 * kk][2], s[2 * kk][3]),

@@ -481,6 +481,46 @@ __device__ __forceinline__ void fa_cp_wait() {
 #endif
 }
 
+// One chunk's online-softmax step of a warp's fast attention (attention_fast_d*, sink_attention_fast_d*):
+// s [NT][4] are the chunk's scores in log2 units (rows g: elements 0, 1; g + 8: 2, 3; -inf for a
+// missing key), m0/m1 the rows' running maxima, l0/l1 this thread's part of their sums, o [DT][4]
+// the rows' output accumulators. The maxima over the 4 lanes of a row, then o and l rescaled to
+// the new maxima and s turned into exps relative to them (0 while a row has seen only -inf, where
+// m - max would be NaN), added to l.
+template <int NT, int DT>
+__device__ __forceinline__ void fa_online_softmax(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1,
+                                                  float& l0, float& l1) {
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+    }
+    const float base0 = mx0 == NEG_INF ? 0.0f : mx0, base1 = mx1 == NEG_INF ? 0.0f : mx1;
+    const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
+    m0 = mx0;
+    m1 = mx1;
+    l0 *= a0;
+    l1 *= a1;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        o[dt][0] *= a0, o[dt][1] *= a0;
+        o[dt][2] *= a1, o[dt][3] *= a1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        s[nt][0] = exp2f(s[nt][0] - base0), s[nt][1] = exp2f(s[nt][1] - base0);
+        s[nt][2] = exp2f(s[nt][2] - base1), s[nt][3] = exp2f(s[nt][3] - base1);
+        l0 += s[nt][0] + s[nt][1];
+        l1 += s[nt][2] + s[nt][3];
+    }
+}
+
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (sm_75+; called on sm_80+ only): lanes 8i ..
 // 8i + 7 each give the shared-memory address of one row (8 consecutive f16, 16-byte aligned) of
 // the 8 × 8 matrix M_i, and r[i] of lane (g, t) receives M_i[2t][g] (low half) and M_i[2t + 1][g]:
