@@ -113,6 +113,70 @@ extern "C" __global__ void attention_kv_f16(const float* k, const float* v, unsi
     }
 }
 
+// One component of rope_2d_f32's rotation of a head row x (hd dims, half = hd / 2; c and s the
+// row's cos and sin, half each): dim d of the rotated row, its arithmetic, zero past hd (padding).
+__device__ __forceinline__ float qkv_rope_at(const float* x, const float* c, const float* s, unsigned int d,
+                                             unsigned int half, unsigned int hd) {
+    if (d >= hd) return 0.0f;
+    if (d < half) return x[d] * c[d] - x[d + half] * s[d];
+    const unsigned int e = d - half;
+    return x[d] * c[e] + x[e] * s[e];
+}
+
+// The ViT block's attention operands straight from its fused projection (the lane's
+// attention_rope_2d in fast precision): qkv [n, 3·heads·hd] = q | k | v (hd a multiple of 4) and
+// rope_2d_f32's table -> q rotated, f32 [n, heads·hd] (as rope_2d_f32 writes it), and k rotated and v
+// as attention_kv_f16's kv16 (kh then vt, zero-padded to np keys and HDP = hdp dims), each value
+// rounded once as there. It replaces three column slices, two rotations and that conversion.
+// Grid (np / FA_KEYS, heads), QKV_THREADS threads: a block takes FA_KEYS rows of one head. q and kh
+// are read and written along the rows; V's tile passes through shared memory, QKV_DIMS dims at a
+// time, so that vt's words (two keys each) are written along the keys.
+#define QKV_THREADS 256
+#define QKV_DIMS 32
+extern "C" __global__ void attention_qkv_rope_f16(const float* qkv, const float* tab, float* q, unsigned int* kv16,
+                                                  unsigned int n, unsigned int heads, unsigned int hd,
+                                                  unsigned int hdp, unsigned int np) {
+    grid_wait();
+    __shared__ float vs[FA_KEYS][QKV_DIMS + 1];
+    const unsigned int j0 = blockIdx.x * FA_KEYS, h = blockIdx.y, half = hd / 2u, kw = hdp / 2u, tid = threadIdx.x;
+    const u64 cols = (u64)heads * hd, row = 3u * cols, words = (u64)heads * np * kw;
+    const float* cos_t = tab;
+    const float* sin_t = tab + (u64)n * half;
+    for (unsigned int e = tid; e < FA_KEYS * half; e += QKV_THREADS) {
+        const unsigned int j = j0 + e / half, d = e % half;
+        if (j >= n) continue;
+        const float* x = qkv + j * row + (u64)h * hd;
+        float* o = q + j * cols + (u64)h * hd;
+        o[d] = qkv_rope_at(x, cos_t + (u64)j * half, sin_t + (u64)j * half, d, half, hd);
+        o[d + half] = qkv_rope_at(x, cos_t + (u64)j * half, sin_t + (u64)j * half, d + half, half, hd);
+    }
+    for (unsigned int e = tid; e < FA_KEYS * kw; e += QKV_THREADS) {
+        const unsigned int j = j0 + e / kw, dw = e % kw;
+        float lo = 0.0f, hi = 0.0f;
+        if (j < n) {
+            const float* x = qkv + j * row + cols + (u64)h * hd;
+            const float *c = cos_t + (u64)j * half, *s = sin_t + (u64)j * half;
+            lo = qkv_rope_at(x, c, s, 2u * dw, half, hd);
+            hi = qkv_rope_at(x, c, s, 2u * dw + 1u, half, hd);
+        }
+        kv16[((u64)h * np + j) * kw + dw] = f16x2_rn(lo, hi);
+    }
+    for (unsigned int d0 = 0; d0 < hdp; d0 += QKV_DIMS) {
+        for (unsigned int e = tid; e < FA_KEYS * QKV_DIMS; e += QKV_THREADS) {
+            const unsigned int r = e / QKV_DIMS, dd = e % QKV_DIMS, j = j0 + r, d = d0 + dd;
+            vs[r][dd] = j < n && d < hd ? qkv[j * row + 2u * cols + (u64)h * hd + d] : 0.0f;
+        }
+        __syncthreads();
+        for (unsigned int e = tid; e < QKV_DIMS * (FA_KEYS / 2); e += QKV_THREADS) {
+            const unsigned int dd = e / (FA_KEYS / 2), jw = e % (FA_KEYS / 2);
+            if (d0 + dd < hdp)
+                kv16[words + ((u64)h * hdp + d0 + dd) * (np / 2u) + j0 / 2u + jw] =
+                    f16x2_rn(vs[2u * jw][dd], vs[2u * jw + 1u][dd]);
+        }
+        __syncthreads();
+    }
+}
+
 template <int HDP>
 __device__ __forceinline__ void attention_fast(const float* q, const unsigned int* kv16, float* out, unsigned int n,
                                                unsigned int heads, unsigned int hd, unsigned int np, float scale) {

@@ -160,6 +160,12 @@ enum Call {
         v: usize,
         heads: usize,
     },
+    AttentionRope2d {
+        qkv: usize,
+        heads: usize,
+        grid_w: usize,
+        theta: f32,
+    },
     Unfold {
         x: usize,
         h: usize,
@@ -388,6 +394,7 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::GeluErf(x) => b.gelu_erf(&ts[x]),
         Call::Rope2d { x, heads, grid_w, theta } => b.rope_2d(&ts[x], heads, grid_w, theta),
         Call::Attention { q, k, v, heads } => b.attention(&ts[q], &ts[k], &ts[v], heads),
+        Call::AttentionRope2d { qkv, heads, grid_w, theta } => b.attention_rope_2d(&ts[qkv], heads, grid_w, theta),
         Call::Unfold { x, h, w, r } => b.unfold(&ts[x], h, w, r),
         Call::UnfoldLinearGelu { x, h, w, r, bias } => {
             b.unfold_linear_gelu(&ts[x], h, w, r, weight.as_ref().unwrap(), bias.map(|i| &ts[i]))
@@ -661,6 +668,21 @@ fn cases() -> Vec<Case> {
         |_| Call::RmsNorm { x: 0, w: 1, eps: 1e-5 },
         Args::default(),
     ));
+    // a ViT block's attention from its fused projection (q, k and v uniform in ±1.5, as the
+    // attention cases' q and k): one row, a grid of 65 rows (one key past a 64-key chunk), head
+    // widths 16, 64 and 72 (padded to 128 on CUDA's tensor cores), 200 rows of four heads
+    for (heads, hd, gh, gw, theta) in
+        [(1, 16, 1, 1, 500.0f32), (2, 64, 5, 13, 10000.0), (2, 72, 7, 11, 10000.0), (4, 32, 10, 20, 100.0)]
+    {
+        out.push(case(
+            format!("attention_rope_2d {heads}x{hd} grid {gh}x{gw} θ={theta}"),
+            Op::AttentionRope2d,
+            REDUCTION,
+            vec![randn(&mut r, &[gh * gw, 3 * heads * hd], 1.5)],
+            |a| Call::AttentionRope2d { qkv: 0, heads: a.a, grid_w: a.b, theta: a.f },
+            Args { a: heads, b: gw, c: 0, f: theta },
+        ));
+    }
     out
 }
 
@@ -2251,7 +2273,7 @@ fn with_fast_bounds(mut cases: Vec<Case>) -> Vec<Case> {
     for c in &mut cases {
         c.bound = match c.op {
             Op::Linear | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
-            Op::Attention => c.bound.max(FAST_ATTENTION),
+            Op::Attention | Op::AttentionRope2d => c.bound.max(FAST_ATTENTION),
             Op::MoeExperts if c.tensors[0].shape[0] == 1 => c.bound.max(FAST_MOE_ONE_TOKEN),
             Op::MoeExperts => c.bound.max(FAST_MOE),
             _ => c.bound,

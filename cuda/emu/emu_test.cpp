@@ -357,6 +357,48 @@ static void test_attention_fast() {
     }
 }
 
+// attention_qkv_rope_f16 against its composition, bit for bit: rope_2d_f32 of q and of k (out of
+// qkv's columns), then attention_kv_f16 of the rotated k and v. Head widths padded to 16, 32, 64
+// and 128 (72: past half the padded width); n not a multiple of a block's 64 rows but for n = 64.
+static void test_attention_qkv_rope() {
+    const unsigned SHAPES[][3] = {{1, 1, 16}, {45, 3, 16}, {64, 1, 64}, {130, 4, 32}, {97, 2, 64}, {300, 2, 72}};
+    for (auto& sh : SHAPES) {
+        unsigned n = sh[0], heads = sh[1], hd = sh[2], cols = heads * hd, half = hd / 2;
+        const unsigned hdp = hd <= 16 ? 16 : hd <= 32 ? 32 : hd <= 64 ? 64 : 128;
+        const unsigned np = (n + FA_KEYS - 1) / FA_KEYS * FA_KEYS;
+        const size_t words = size_t(heads) * np * (hdp / 2);
+        auto qkv = randv(size_t(n) * 3 * cols, 1.5);
+        // a table with every row and dim its own (rope_2d's cos, then sin)
+        auto tab = randv(size_t(2) * n * half, 1);
+        std::vector<float> q(size_t(n) * cols), k(q.size()), v(q.size());
+        for (unsigned j = 0; j < n; ++j)
+            for (unsigned c = 0; c < cols; ++c) {
+                q[j * cols + c] = qkv[size_t(j) * 3 * cols + c];
+                k[j * cols + c] = qkv[size_t(j) * 3 * cols + cols + c];
+                v[j * cols + c] = qkv[size_t(j) * 3 * cols + 2 * cols + c];
+            }
+        std::vector<float> q_rot(q.size()), k_rot(q.size());
+        emu_launch(rope_2d_f32, {blocks1d(n * heads * half)}, {256}, 0, (const float*)q.data(),
+                   (const float*)tab.data(), q_rot.data(), n, heads, hd);
+        emu_launch(rope_2d_f32, {blocks1d(n * heads * half)}, {256}, 0, (const float*)k.data(),
+                   (const float*)tab.data(), k_rot.data(), n, heads, hd);
+        std::vector<unsigned> want(2 * words, 0x7e007e00u), got(2 * words, 0x7e007e00u);
+        emu_launch(attention_kv_f16, {blocks1d(2 * words)}, {256}, 0, (const float*)k_rot.data(),
+                   (const float*)v.data(), want.data(), n, heads, hd, hdp, np);
+        std::vector<float> q_got(q.size(), NAN);
+        emu_launch(attention_qkv_rope_f16, {np / FA_KEYS, heads}, {QKV_THREADS}, 0, (const float*)qkv.data(),
+                   (const float*)tab.data(), q_got.data(), got.data(), n, heads, hd, hdp, np);
+        char name[64];
+        std::snprintf(name, sizeof name, "attention_qkv_rope_f16 n=%u %ux%u q", n, heads, hd);
+        size_t q_diff = 0, kv_diff = 0;
+        for (size_t i = 0; i < q.size(); ++i) q_diff += std::memcmp(&q_got[i], &q_rot[i], 4) != 0;
+        for (size_t i = 0; i < got.size(); ++i) kv_diff += got[i] != want[i];
+        std::printf("%-44s %zu of %zu differ, kv16 %zu of %zu %s\n", name, q_diff, q.size(), kv_diff, got.size(),
+                    q_diff + kv_diff == 0 ? "ok" : "FAIL");
+        failures += q_diff + kv_diff != 0;
+    }
+}
+
 static void test_linear() {
     // n <= 8 takes gemv_cols: one row, eight (the bound), odd counts; k % 8 == 0 takes its runs of
     // 8 (16-byte loads), other k single elements
@@ -2249,7 +2291,7 @@ int main(int argc, char** argv) {
         {"elementwise", test_elementwise},
         {"copy", test_copy},                 {"norm", test_norm},
         {"rope", test_rope},                 {"attention", test_attention},
-        {"attention_fast", test_attention_fast},
+        {"attention_fast", test_attention_fast}, {"attention_qkv_rope", test_attention_qkv_rope},
         {"linear", test_linear},             {"sink_attention", test_sink_attention},
         {"sink_attention_fast", test_sink_attention_fast},
         {"indexer_scores", test_indexer_scores}, {"compress_pool", test_compress_pool},

@@ -189,6 +189,28 @@ pub(crate) fn attention<T: DeviceTensor>(q: &T, k: &T, v: &T, n_heads: usize) ->
     Ok((n, hd))
 }
 
+/// qkv `[n, 3·heads·hd]` (q | k | v) with hd a multiple of 4 and n a whole grid of width
+/// `grid_w` → `(n, hd)`.
+pub(crate) fn attention_rope_2d(qkv: &impl DeviceTensor, n_heads: usize, grid_w: usize) -> Result<(usize, usize)> {
+    const OP: &str = "attention_rope_2d";
+    input(OP, "qkv", qkv, DType::F32)?;
+    let (n, cols) = (qkv.rows(), qkv.cols());
+    if n_heads == 0 || cols % (3 * n_heads) != 0 {
+        return Err(Error::shape(
+            OP,
+            format!("qkv {:?} does not split into q, k and v of {n_heads} heads", qkv.shape()),
+        ));
+    }
+    let hd = cols / (3 * n_heads);
+    if hd % 4 != 0 {
+        return Err(Error::shape(OP, format!("head dim {hd} is not a multiple of 4")));
+    }
+    if grid_w == 0 || n % grid_w != 0 {
+        return Err(Error::shape(OP, format!("{n} rows are not a whole grid of width {grid_w}")));
+    }
+    Ok((n, hd))
+}
+
 /// x `[h·w, c]`, r ≥ 1 → c.
 pub(crate) fn unfold(x: &impl DeviceTensor, h: usize, w: usize, r: usize) -> Result<usize> {
     const OP: &str = "unfold";
@@ -820,6 +842,13 @@ mod tests {
         refused(rope_2d(&f(&[4, 6]), 1, 2), "rope_2d", "head dim 6 is not a multiple of 4");
         refused(rope_2d(&f(&[4, 8]), 1, 3), "rope_2d", "4 rows are not a whole grid of width 3");
         assert_eq!(rope_2d(&f(&[4, 8]), 2, 2).unwrap(), (4, 4));
+        let op = "attention_rope_2d";
+        refused(attention_rope_2d(&f(&[4, 16]), 1, 2), op, "qkv [4, 16] does not split into q, k and v of 1 heads");
+        refused(attention_rope_2d(&f(&[4, 24]), 0, 2), op, "qkv [4, 24] does not split into q, k and v of 0 heads");
+        refused(attention_rope_2d(&f(&[4, 18]), 1, 2), op, "head dim 6 is not a multiple of 4");
+        refused(attention_rope_2d(&f(&[4, 24]), 2, 3), op, "4 rows are not a whole grid of width 3");
+        refused(attention_rope_2d(&i(&[4, 24]), 2, 2), op, "qkv must be f32, found i32");
+        assert_eq!(attention_rope_2d(&f(&[6, 24]), 2, 3).unwrap(), (6, 4));
         let (a, t) = (f(&[2, 4]), f(&[4, 2]));
         refused(attention(&a, &a, &t, 1), "attention", "q [2, 4], k [2, 4], v [4, 2] differ");
         refused(attention(&a, &a, &a, 3), "attention", "q [2, 4] does not split into 3 heads");

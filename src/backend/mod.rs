@@ -212,6 +212,7 @@ pub enum Op {
     GeluErf,
     Rope2d,
     Attention,
+    AttentionRope2d,
     Unfold,
     UnfoldLinearGelu,
     // language model (see the trait's language-model sections)
@@ -243,7 +244,7 @@ pub enum Op {
 impl Op {
     /// The shared and vision ops: every lane implements them, and the op harness
     /// (`tests/ops.rs`) asserts a case for each.
-    pub const VISION: [Op; 12] = [
+    pub const VISION: [Op; 13] = [
         Op::Linear,
         Op::RmsNorm,
         Op::Add,
@@ -254,6 +255,7 @@ impl Op {
         Op::GeluErf,
         Op::Rope2d,
         Op::Attention,
+        Op::AttentionRope2d,
         Op::Unfold,
         Op::UnfoldLinearGelu,
     ];
@@ -300,6 +302,7 @@ impl Op {
             Op::GeluErf => "gelu_erf",
             Op::Rope2d => "rope_2d",
             Op::Attention => "attention",
+            Op::AttentionRope2d => "attention_rope_2d",
             Op::Unfold => "unfold",
             Op::UnfoldLinearGelu => "unfold_linear_gelu",
             Op::EmbedRows => "embed_rows",
@@ -419,6 +422,22 @@ pub(crate) fn hc_mix_split_parts<B: Backend + ?Sized>(
 ) -> Result<B::Tensor> {
     let mix = b.linear(&b.rms_norm_heads(x, 1, norm_eps)?, mix, None)?;
     b.hc_split(&mix, scale, base, hc, iters, eps)
+}
+
+/// [`Backend::attention_rope_2d`] as its six ops: the trait's default, and where a lane's fused
+/// kernel does not apply (exact precision on the CUDA lane), that lane's fallback.
+pub(crate) fn attention_rope_2d_parts<B: Backend + ?Sized>(
+    b: &B,
+    qkv: &B::Tensor,
+    n_heads: usize,
+    grid_w: usize,
+    theta: f32,
+) -> Result<B::Tensor> {
+    let (_, hd) = checks::attention_rope_2d(qkv, n_heads, grid_w)?;
+    let dim = n_heads * hd;
+    let q = b.rope_2d(&b.slice_cols(qkv, 0, dim)?, n_heads, grid_w, theta)?;
+    let k = b.rope_2d(&b.slice_cols(qkv, dim, dim)?, n_heads, grid_w, theta)?;
+    b.attention(&q, &k, &b.slice_cols(qkv, 2 * dim, dim)?, n_heads)
 }
 
 /// [`Backend::route_experts`] as its five ops: the trait's default, and where a lane's fused
@@ -720,6 +739,14 @@ pub trait Backend {
     fn rope_2d(&self, x: &Self::Tensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<Self::Tensor>;
     /// Non-causal multi-head attention, scale 1/√hd: q, k, v `[n, heads·hd]` → `[n, heads·hd]`.
     fn attention(&self, q: &Self::Tensor, k: &Self::Tensor, v: &Self::Tensor, n_heads: usize) -> Result<Self::Tensor>;
+    /// A ViT block's attention from its fused projection: qkv `[n, 3·heads·hd]` = q | k | v (n a
+    /// whole grid of width `grid_w`) → `attention(rope_2d(q), rope_2d(k), v)` `[n, heads·hd]`.
+    /// The default composes exactly those ops ([`attention_rope_2d_parts`]); a lane may fuse the
+    /// column slices, the rotations and its own operand conversion (the CUDA lane in fast
+    /// precision writes q, and k and v as the tensor cores' f16 operands, straight from qkv).
+    fn attention_rope_2d(&self, qkv: &Self::Tensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<Self::Tensor> {
+        attention_rope_2d_parts(self, qkv, n_heads, grid_w, theta)
+    }
     /// Zero-pad the grid x `[h·w, c]` (row-major) bottom/right to multiples of `r`, then unfold
     /// r×r cells: `[ceil(h/r)·ceil(w/r), c·r·r]`, feature index `ch·r² + dy·r + dx`, cells
     /// row-major.

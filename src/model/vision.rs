@@ -87,7 +87,7 @@ impl<B: Backend> VisionModel<B> {
     /// ViT + aligner for one image: patches `[n_vit_h·n_vit_w, 3·p·p]` → stages.
     pub fn encode(&self, b: &B, patches: &B::Tensor, n_vit_h: usize, n_vit_w: usize) -> Result<VisionStages<B>> {
         let cfg = &self.cfg;
-        let (dim, heads, eps, theta) = (cfg.dim, cfg.n_heads, cfg.norm_eps as f32, cfg.rope_theta as f32);
+        let (heads, eps, theta) = (cfg.n_heads, cfg.norm_eps as f32, cfg.rope_theta as f32);
         let n = n_vit_h * n_vit_w;
         let want = [n, 3 * cfg.patch_size * cfg.patch_size];
         if patches.shape() != want {
@@ -97,10 +97,8 @@ impl<B: Backend> VisionModel<B> {
         for blk in &self.blocks {
             let h = b.rms_norm(&x, &blk.norm1, eps)?; // [n, dim]
             let qkv = b.linear(&h, &blk.wqkv, Some(&blk.bqkv))?; // [n, 3·dim] = q | k | v
-            let q = b.rope_2d(&b.slice_cols(&qkv, 0, dim)?, heads, n_vit_w, theta)?;
-            let k = b.rope_2d(&b.slice_cols(&qkv, dim, dim)?, heads, n_vit_w, theta)?;
-            let v = b.slice_cols(&qkv, 2 * dim, dim)?;
-            let attn = b.attention(&q, &k, &v, heads)?; // [n, dim]
+            // attention(rope_2d(q), rope_2d(k), v): [n, dim]
+            let attn = b.attention_rope_2d(&qkv, heads, n_vit_w, theta)?;
             x = b.add(&x, &b.linear(&attn, &blk.wo, Some(&blk.bo))?)?;
             let h = b.rms_norm(&x, &blk.norm2, eps)?;
             let gate_up = b.linear(&h, &blk.w1, None)?; // [n, 2·inter]

@@ -316,6 +316,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::Rope, "rope_2d_f32"),
     (Source::Attention, "attention_f32"),
     (Source::Attention, "attention_kv_f16"),
+    (Source::Attention, "attention_qkv_rope_f16"),
     (Source::Attention, "attention_fast_d16"),
     (Source::Attention, "attention_fast_d32"),
     (Source::Attention, "attention_fast_d64"),

@@ -117,6 +117,8 @@ const FAST_ATTENTION_ROWS: usize = 64;
 /// Keys per shared-memory chunk of `attention_fast_d*` (`FA_KEYS`); `attention_kv_f16` pads the
 /// keys to a multiple of it.
 const FAST_ATTENTION_KEYS: usize = 64;
+/// Threads a block of `attention_qkv_rope_f16` (`QKV_THREADS` in cuda/attention.cu).
+const QKV_ROPE_THREADS: u32 = 256;
 /// `attention_fast_d*`'s instantiations: the padded head widths, each with its kernel.
 const FAST_ATTENTION_WIDTHS: [(usize, &str); 4] =
     [(16, "attention_fast_d16"), (32, "attention_fast_d32"), (64, "attention_fast_d64"), (128, "attention_fast_d128")];
@@ -972,6 +974,10 @@ impl Backend for CudaBackend {
 
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, n_heads: usize) -> Result<CudaTensor> {
         self.attention(q, k, v, n_heads)
+    }
+
+    fn attention_rope_2d(&self, qkv: &CudaTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<CudaTensor> {
+        self.attention_rope_2d(qkv, n_heads, grid_w, theta)
     }
 
     fn unfold(&self, x: &CudaTensor, h: usize, w: usize, r: usize) -> Result<CudaTensor> {

@@ -1,6 +1,6 @@
 //! The vision tower's own ops on the CUDA lane: `rope_2d` (cos/sin from the host, cached),
 //! `attention` (flash attention in `cuda/attention.cu`: f32, or on tensor cores in fast
-//! precision) and `unfold` (the aligner's 3×3 regrouping as a copy; the aligner's GEMM gathers
+//! precision; `attention_rope_2d` fuses its operands' preparation there) and `unfold` (the aligner's 3×3 regrouping as a copy; the aligner's GEMM gathers
 //! its rows itself: linear.rs).
 
 use std::sync::Arc;
@@ -10,10 +10,11 @@ use cudarc::driver::LaunchConfig;
 use super::launch::KernelArgs;
 use super::{
     ATTENTION_KEYS, ATTENTION_ROWS, ATTENTION_THREADS, CudaBackend, CudaTensor, FAST_ATTENTION_KEYS,
-    FAST_ATTENTION_ROWS, FAST_ATTENTION_THREADS, FAST_ATTENTION_WIDTHS, GRID_Y, Role, Source, check_u32, flash_stride,
+    FAST_ATTENTION_ROWS, FAST_ATTENTION_THREADS, FAST_ATTENTION_WIDTHS, GRID_Y, QKV_ROPE_THREADS, Role, Source,
+    check_u32, flash_stride,
 };
 use crate::backend::cpu::rope_2d_tables;
-use crate::backend::{DType, Op, Precision, checks};
+use crate::backend::{DType, Op, Precision, attention_rope_2d_parts, checks};
 use crate::error::{Error, Result};
 
 impl CudaBackend {
@@ -68,20 +69,7 @@ impl CudaBackend {
                 &sizes,
                 2 * words,
             )?;
-            // two stages of a key chunk and its transposed values, in words
-            let shared = 4 * 2 * (FAST_ATTENTION_KEYS * (width / 2 + 4) + width * (FAST_ATTENTION_KEYS / 2 + 4));
-            let f = self.func_shared(Op::Attention, Source::Attention, kernel, shared, &format!("head dim {hd}"))?;
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(FAST_ATTENTION_ROWS) as u32, h32, 1),
-                block_dim: (FAST_ATTENTION_THREADS, 1, 1),
-                shared_mem_bytes: shared as u32,
-            };
-            let keys32 = keys as u32;
-            let mut l = KernelArgs::new(&self.stream, &f);
-            l.arg(&*q.buf).arg(&*kv16.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&keys32).arg(&scale);
-            // SAFETY: arguments match `attention_fast_d*` in cuda/attention.cu; kv16 holds the
-            // 2 · heads · keys · width / 2 words it reads, shapes checked above.
-            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+            self.attention_on_tensor_cores(OP, q, &kv16, &mut y, (n, n_heads, hd), (width, kernel))?;
             return Ok(y);
         }
         // q, k, v, acc tiles, then S, P^T, alpha and factor (the layout in cuda/attention.cu)
@@ -102,6 +90,82 @@ impl CudaBackend {
         // SAFETY: arguments match `attention_f32` in cuda/attention.cu; shapes checked above.
         self.launched(OP, "attention_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(y)
+    }
+
+    /// A ViT block's attention from its fused projection qkv `[n, 3·heads·hd]` → `[n, heads·hd]`.
+    /// In fast precision one launch (`attention_qkv_rope_f16`) writes q rotated and k (rotated)
+    /// and v as the tensor-core kernel's f16 operands, where `attention_rope_2d_parts` would take
+    /// three column slices, two rotations and the conversion; otherwise those parts.
+    pub(super) fn attention_rope_2d(
+        &self,
+        qkv: &CudaTensor,
+        n_heads: usize,
+        grid_w: usize,
+        theta: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "attention_rope_2d";
+        let (n, hd) = checks::attention_rope_2d(qkv, n_heads, grid_w)?;
+        let Some((width, kernel)) = self.fast_attention_kernel(hd) else {
+            return attention_rope_2d_parts(self, qkv, n_heads, grid_w, theta);
+        };
+        if n_heads > GRID_Y {
+            return Err(Self::unsupported(Op::AttentionRope2d, format!("{n_heads} heads (grid limit {GRID_Y})")));
+        }
+        let mut y = self.alloc(OP, vec![n, n_heads * hd], DType::F32)?;
+        if n == 0 || hd == 0 {
+            return Ok(y);
+        }
+        let mut q = self.alloc(OP, vec![n, n_heads * hd], DType::F32)?;
+        let tab = self.rope_table(n, grid_w, hd, theta)?;
+        let keys = n.div_ceil(FAST_ATTENTION_KEYS) * FAST_ATTENTION_KEYS;
+        let mut kv16 = self.alloc(OP, vec![n_heads * keys * width], DType::I32)?;
+        let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
+        let (width32, keys32) = (width as u32, check_u32(OP, "padded keys", keys)?);
+        let name = "attention_qkv_rope_f16";
+        let f = self.func(Source::Attention, name)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((keys / FAST_ATTENTION_KEYS) as u32, h32, 1),
+            block_dim: (QKV_ROPE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*qkv.buf).arg(&*tab.buf).arg(&mut *q.buf).arg(&mut *kv16.buf);
+        l.arg(&n32).arg(&h32).arg(&hd32).arg(&width32).arg(&keys32);
+        // SAFETY: arguments match `attention_qkv_rope_f16` in cuda/attention.cu: qkv [n, 3·heads·hd]
+        // and the table (2·n·hd/2) checked and built above, q [n, heads·hd], kv16 the
+        // 2 · heads · keys · width / 2 words it writes.
+        self.launched(OP, name, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        self.attention_on_tensor_cores(OP, &q, &kv16, &mut y, (n, n_heads, hd), (width, kernel))?;
+        Ok(y)
+    }
+
+    /// `attention_fast_d*` (`kernel`, padded head width `width`): q `[n, heads·hd]` f32 and kv16
+    /// (k and v as f16 operands, padded to a multiple of `FAST_ATTENTION_KEYS` keys) → y.
+    fn attention_on_tensor_cores(
+        &self,
+        op: &'static str,
+        q: &CudaTensor,
+        kv16: &CudaTensor,
+        y: &mut CudaTensor,
+        (n, n_heads, hd): (usize, usize, usize),
+        (width, kernel): (usize, &'static str),
+    ) -> Result<()> {
+        let (n32, h32, hd32) = (check_u32(op, "rows", n)?, n_heads as u32, check_u32(op, "head dim", hd)?);
+        let keys32 = check_u32(op, "padded keys", n.div_ceil(FAST_ATTENTION_KEYS) * FAST_ATTENTION_KEYS)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        // two stages of a key chunk and its transposed values, in words
+        let shared = 4 * 2 * (FAST_ATTENTION_KEYS * (width / 2 + 4) + width * (FAST_ATTENTION_KEYS / 2 + 4));
+        let f = self.func_shared(Op::Attention, Source::Attention, kernel, shared, &format!("head dim {hd}"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(FAST_ATTENTION_ROWS) as u32, h32, 1),
+            block_dim: (FAST_ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*q.buf).arg(&*kv16.buf).arg(&mut *y.buf).arg(&n32).arg(&h32).arg(&hd32).arg(&keys32).arg(&scale);
+        // SAFETY: arguments match `attention_fast_d*` in cuda/attention.cu; kv16 holds the
+        // 2 · heads · keys · width / 2 words it reads (the callers allocate it so), y [n, heads·hd].
+        self.launched(op, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })
     }
 
     /// x `[h·w, c]` → `[ceil(h/r)·ceil(w/r), c·r²]`.

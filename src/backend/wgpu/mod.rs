@@ -817,7 +817,9 @@ impl Backend for WgpuBackend {
     /// their `shaders/dequant/` builds), so only the op matters.
     fn supports(&self, op: Op, _format: WeightFormat) -> bool {
         match op {
-            Op::Attention => self.limits.max_compute_workgroup_storage_size >= attention::SHARED_BYTES,
+            Op::Attention | Op::AttentionRope2d => {
+                self.limits.max_compute_workgroup_storage_size >= attention::SHARED_BYTES
+            }
             // every other op, the language-model ones included (shaders/lm.wgsl)
             _ => true,
         }
