@@ -572,7 +572,21 @@ fn f16_sum_bound_ratio(
     r: usize,
     groups: usize,
 ) -> f64 {
+    f16_sum_plus_bound_ratio(x, w, bias, None, y, (n, k, r, groups))
+}
+
+/// [`f16_sum_bound_ratio`] with an addend `[n, groups·r]` in the sum too (one term more: the
+/// bound's k + 1 and its magnitude).
+fn f16_sum_plus_bound_ratio(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    add: Option<&[f32]>,
+    y: &[f32],
+    (n, k, r, groups): (usize, usize, usize, usize),
+) -> f64 {
     let f16 = |v: f32| half::f16::from_f32(v).to_f32() as f64;
+    let terms = k + add.is_some() as usize;
     let mut worst = 0.0f64;
     for i in 0..n {
         for c in 0..groups * r {
@@ -586,11 +600,53 @@ fn f16_sum_bound_ratio(
                 exact += b[c] as f64;
                 mag += (b[c] as f64).abs();
             }
-            let bound = k as f64 * 2f64.powi(-24) * mag;
+            if let Some(a) = add {
+                exact += a[i * groups * r + c] as f64;
+                mag += (a[i * groups * r + c] as f64).abs();
+            }
+            let bound = terms as f64 * 2f64.powi(-24) * mag;
             worst = worst.max((y[i * groups * r + c] as f64 - exact).abs() / bound);
         }
     }
     worst
+}
+
+/// A residual update (`linear_add`) in fast precision: on cuBLASLt the residual is the matmul's
+/// addend (no `add_f32` launch), on the tiles `linear` then `add`; both held to the f32 sum's
+/// bound of `linear`'s test above with the residual as one more term. 300 rows, f16 and bf16
+/// weights, with and without a bias.
+#[test]
+fn cuda_fast_linear_add_takes_the_residual_into_cublaslt() {
+    use rand::{Rng, SeedableRng};
+    let Some((lane, tiles, _)) = fast_lanes_on_cublaslt_and_tiles() else { return };
+    let mut r = rand::rngs::StdRng::seed_from_u64(0xadd);
+    let (n, k, out) = (300, 256, 200);
+    let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let res: Vec<f32> = (0..n * out).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let bias: Vec<f32> = (0..out).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    for format in [WeightFormat::F16, WeightFormat::BF16] {
+        let bytes = common::blocks::weight_bytes(&mut r, format, out, k);
+        let mut w = vec![0f32; out * k];
+        fovea::formats::decode_row(format, &bytes, &mut w);
+        for with_bias in [false, true] {
+            for (b, name, on_blas) in [(&lane, "cublaslt", true), (&tiles, "tiles", false)] {
+                let hw = HostWeight { name: "wo".into(), format, rows: out, cols: k, bytes: Cow::Borrowed(&bytes) };
+                let wt = b.upload_weight(&hw).unwrap();
+                let xt = b.upload(&HostTensor::f32(vec![n, k], x.clone()).unwrap()).unwrap();
+                let rt = b.upload(&HostTensor::f32(vec![n, out], res.clone()).unwrap()).unwrap();
+                let bt = b.upload(&HostTensor::f32(vec![out], bias.clone()).unwrap()).unwrap();
+                let y = b.linear_add(&xt, &wt, with_bias.then_some(&bt), &rt).unwrap();
+                let y = b.download(&y).unwrap().into_f32("y").unwrap();
+                let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+                let what = format!("{format}, bias {with_bias}, {name}");
+                assert_eq!(ran.iter().any(|k| k == "cublaslt_f16"), on_blas, "{what}: kernels {ran:?}");
+                assert_eq!(ran.iter().any(|k| k == "add_f32"), !on_blas, "{what}: kernels {ran:?}");
+                let bias = with_bias.then_some(&bias[..]);
+                let worst = f16_sum_plus_bound_ratio(&x, &w, bias, Some(&res), &y, (n, k, out, 1));
+                assert!(worst <= 1.0, "{what}: an output is {worst:.2}× the f32 sum's bound off the exact sum");
+            }
+        }
+    }
 }
 
 /// The grouped output projection (`grouped_linear`) in fast precision on cuBLASLt (a strided

@@ -160,6 +160,11 @@ enum Call {
         v: usize,
         heads: usize,
     },
+    LinearAdd {
+        x: usize,
+        bias: Option<usize>,
+        residual: usize,
+    },
     AttentionRope2d {
         qkv: usize,
         heads: usize,
@@ -385,6 +390,9 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
             return Ok(vec![ids, weights]);
         }
         Call::Linear { x, bias } => b.linear(&ts[x], weight.as_ref().unwrap(), bias.map(|i| &ts[i])),
+        Call::LinearAdd { x, bias, residual } => {
+            b.linear_add(&ts[x], weight.as_ref().unwrap(), bias.map(|i| &ts[i]), &ts[residual])
+        }
         Call::RmsNorm { x, w, eps } => b.rms_norm(&ts[x], &ts[w], eps),
         Call::Add(x, y) => b.add(&ts[x], &ts[y]),
         Call::SliceCols(x, s, l) => b.slice_cols(&ts[x], s, l),
@@ -668,6 +676,26 @@ fn cases() -> Vec<Case> {
         |_| Call::RmsNorm { x: 0, w: 1, eps: 1e-5 },
         Args::default(),
     ));
+    // a residual stream's update: more rows than the CUDA lane's cuBLASLt threshold (64) with k a
+    // multiple of 8 and out of 4 (its path there: the residual as the matmul's addend), and a few
+    // rows (linear, then add). The residual is as large as x·Wᵀ (x uniform in ±1, W in ±√(3/k):
+    // entries of variance 1/3 each), so a GEMM error shows against the sum at about its own size.
+    for (format, n, k, o, bias) in [
+        (WeightFormat::BF16, 70, 304, 36, true),
+        (WeightFormat::F16, 80, 64, 20, false),
+        (WeightFormat::F32, 9, 40, 17, true),
+    ] {
+        let mut c = case(
+            format!("linear_add {format} x[{n},{k}] W[{o},{k}]{}", if bias { " + bias" } else { "" }),
+            Op::LinearAdd,
+            REDUCTION,
+            vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[n, o], 1.0), randn(&mut r, &[o], 0.5)],
+            |a| Call::LinearAdd { x: 0, bias: (a.a == 1).then_some(2), residual: 1 },
+            Args { a: bias as usize, ..Default::default() },
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
+    }
     // a ViT block's attention from its fused projection (q, k and v uniform in ±1.5, as the
     // attention cases' q and k): one row, a grid of 65 rows (one key past a 64-key chunk), head
     // widths 16, 64 and 72 (padded to 128 on CUDA's tensor cores), 200 rows of four heads
@@ -2272,7 +2300,7 @@ fn with_f16_operands(c: &Case) -> Case {
 fn with_fast_bounds(mut cases: Vec<Case>) -> Vec<Case> {
     for c in &mut cases {
         c.bound = match c.op {
-            Op::Linear | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
+            Op::Linear | Op::LinearAdd | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
             Op::Attention | Op::AttentionRope2d => c.bound.max(FAST_ATTENTION),
             Op::MoeExperts if c.tensors[0].shape[0] == 1 => c.bound.max(FAST_MOE_ONE_TOKEN),
             Op::MoeExperts => c.bound.max(FAST_MOE),

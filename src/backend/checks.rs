@@ -93,6 +93,31 @@ pub(crate) fn linear<T: DeviceTensor>(x: &T, w: &impl NamedWeight, bias: Option<
     Ok((n, k))
 }
 
+/// x `[n, k]`, weight `[out, k]`, bias `[out]`, residual `[n, out]` → `(n, k)`.
+pub(crate) fn linear_add<T: DeviceTensor>(
+    x: &T,
+    w: &impl NamedWeight,
+    bias: Option<&T>,
+    residual: &T,
+) -> Result<(usize, usize)> {
+    const OP: &str = "linear_add";
+    let (n, k) = linear(x, w, bias).map_err(|e| renamed(OP, e))?;
+    input(OP, "residual", residual, DType::F32)?;
+    if residual.rows() != n || residual.cols() != w.rows() {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "residual {:?} for x {:?} by weight `{}` with {} rows",
+                residual.shape(),
+                x.shape(),
+                w.name(),
+                w.rows()
+            ),
+        ));
+    }
+    Ok((n, k))
+}
+
 /// x `[n, d]`, weight `[d]` → `(n, d)`.
 pub(crate) fn rms_norm<T: DeviceTensor>(x: &T, weight: &T) -> Result<(usize, usize)> {
     const OP: &str = "rms_norm";
@@ -815,6 +840,18 @@ mod tests {
         refused(linear(&t, &Weight(4, 3), None), "linear", "x [3, 2] has 2 columns, weight `w` has 3 (in_features)");
         refused(linear(&a, &Weight(4, 3), Some(&f(&[3]))), "linear", "bias [3] for weight `w` with 4 rows");
         assert_eq!(linear(&a, &Weight(4, 3), Some(&f(&[4]))).unwrap(), (2, 3));
+        refused(
+            linear_add(&t, &Weight(4, 3), None, &f(&[3, 4])),
+            "linear_add",
+            "x [3, 2] has 2 columns, weight `w` has 3 (in_features)",
+        );
+        refused(
+            linear_add(&a, &Weight(4, 3), None, &f(&[2, 3])),
+            "linear_add",
+            "residual [2, 3] for x [2, 3] by weight `w` with 4 rows",
+        );
+        refused(linear_add(&a, &Weight(4, 3), None, &i(&[2, 4])), "linear_add", "residual must be f32, found i32");
+        assert_eq!(linear_add(&a, &Weight(4, 3), Some(&f(&[4])), &f(&[2, 4])).unwrap(), (2, 3));
         refused(rms_norm(&a, &f(&[2])), "rms_norm", "weight [2] for x [2, 3]");
         assert_eq!(rms_norm(&a, &f(&[3])).unwrap(), (2, 3));
         refused(add(&a, &t), "add", "a [2, 3] and b [3, 2] differ");

@@ -203,6 +203,7 @@ impl HostWeight<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     Linear,
+    LinearAdd,
     RmsNorm,
     Add,
     SliceCols,
@@ -244,8 +245,9 @@ pub enum Op {
 impl Op {
     /// The shared and vision ops: every lane implements them, and the op harness
     /// (`tests/ops.rs`) asserts a case for each.
-    pub const VISION: [Op; 13] = [
+    pub const VISION: [Op; 14] = [
         Op::Linear,
+        Op::LinearAdd,
         Op::RmsNorm,
         Op::Add,
         Op::SliceCols,
@@ -293,6 +295,7 @@ impl Op {
     pub fn name(self) -> &'static str {
         match self {
             Op::Linear => "linear",
+            Op::LinearAdd => "linear_add",
             Op::RmsNorm => "rms_norm",
             Op::Add => "add",
             Op::SliceCols => "slice_cols",
@@ -718,6 +721,19 @@ pub trait Backend {
         Ok((self.linear(x, wa, None)?, self.linear(x, wb, None)?))
     }
     /// `x * rsqrt(mean(x²) + eps) * weight` per row: x `[n, d]`, weight `[d]` → `[n, d]`.
+    /// A residual stream's update `residual + linear(x, W, bias)`: x `[n, in]`, W `[out, in]`,
+    /// residual `[n, out]` → `[n, out]` (a ViT block's two). The default composes `linear` and
+    /// `add`; a lane may fold the sum into its GEMM (the CUDA lane's cuBLASLt path takes the
+    /// residual as the matmul's C operand, β = 1, instead of a pass of its own).
+    fn linear_add(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+        residual: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        self.add(residual, &self.linear(x, w, bias)?)
+    }
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
     /// `a + b`: both `[n, d]` → `[n, d]`.
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;

@@ -99,10 +99,10 @@ impl<B: Backend> VisionModel<B> {
             let qkv = b.linear(&h, &blk.wqkv, Some(&blk.bqkv))?; // [n, 3·dim] = q | k | v
             // attention(rope_2d(q), rope_2d(k), v): [n, dim]
             let attn = b.attention_rope_2d(&qkv, heads, n_vit_w, theta)?;
-            x = b.add(&x, &b.linear(&attn, &blk.wo, Some(&blk.bo))?)?;
+            x = b.linear_add(&attn, &blk.wo, Some(&blk.bo), &x)?; // x + attn·Woᵀ + bo
             let h = b.rms_norm(&x, &blk.norm2, eps)?;
             let gate_up = b.linear(&h, &blk.w1, None)?; // [n, 2·inter]
-            x = b.add(&x, &b.linear(&b.swiglu(&gate_up)?, &blk.w2, None)?)?;
+            x = b.linear_add(&b.swiglu(&gate_up)?, &blk.w2, None, &x)?; // [n, dim]
         }
         let vit = b.rms_norm(&x, &self.norm, eps)?; // [n, dim]
         let r = cfg.downsample_ratio;

@@ -194,17 +194,20 @@ impl Blas {
     }
 
     /// y `[n, groups·r]` f32 = x16 `[n, groups·k]` by w16 `[groups·r, k]` group by group
-    /// ([`Shape`]), + bias `[r]` f32 (one group only), on `stream`.
+    /// ([`Shape`]), + bias `[r]` f32 (one group only), + `add` `[n, groups·r]` f32 where given
+    /// (C with β = 1; the bias epilogue comes after it), on `stream`.
     ///
     /// # Safety
     /// The buffers hold at least those elements (x16 and w16 as packed f16), all on this handle's
     /// device, and `stream` is the one the workspace was made on.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn matmul(
         &self,
         stream: &CudaStream,
         x16: &CudaSlice<u8>,
         w16: &CudaSlice<u8>,
         bias: Option<&CudaSlice<u8>>,
+        add: Option<&CudaSlice<u8>>,
         y: &CudaSlice<u8>,
         shape: Shape,
     ) -> Result<()> {
@@ -236,9 +239,11 @@ impl Blas {
             }
             .map_err(|e| blas_err(what(), e))?;
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, if add.is_some() { 1.0f32 } else { 0.0 });
         let d = ptr(y) as *mut c_void;
-        // SAFETY: the caller's contract; C is D with beta = 0 (never read).
+        // C has D's layout: the addend, or D itself with beta = 0 (never read)
+        let c = add.map_or(d, |a| ptr(a) as *mut c_void);
+        // SAFETY: the caller's contract.
         unsafe {
             lt::matmul(
                 self.handle,
@@ -249,7 +254,7 @@ impl Blas {
                 plan.a,
                 ptr(x16) as *const c_void,
                 plan.b,
-                d,
+                c,
                 plan.d,
                 d,
                 plan.d,

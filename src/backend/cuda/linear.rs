@@ -47,7 +47,7 @@ impl CudaBackend {
             return Ok(y);
         }
         if let Some(blas) = self.blas_for(n, k, w.rows, w) {
-            self.blas_gemm(OP, blas, x, w, bias, &mut y, Shape { n, k, r: w.rows, groups: 1 })?;
+            self.blas_gemm(OP, blas, x, w, (bias, None), &mut y, Shape { n, k, r: w.rows, groups: 1 })?;
             return Ok(y);
         }
         let (gx, gy) = gemm_grid(n, w.rows);
@@ -100,6 +100,25 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// residual + x · Wᵀ + b: on cuBLASLt the residual is the matmul's addend (no pass of its
+    /// own), elsewhere `linear` then `add`.
+    pub(super) fn linear_add(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        bias: Option<&CudaTensor>,
+        residual: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear_add";
+        let (n, k) = checks::linear_add(x, w, bias, residual)?;
+        let Some(blas) = self.blas_for(n, k, w.rows, w) else {
+            return self.add(residual, &self.linear(x, w, bias)?);
+        };
+        let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        self.blas_gemm(OP, blas, x, w, (bias, Some(residual)), &mut y, Shape { n, k, r: w.rows, groups: 1 })?;
+        Ok(y)
+    }
+
     /// cuBLASLt, where a GEMM of `n` rows of `k` by `r` outputs (a group's) against `w` takes it
     /// (blas.rs): fast precision for this weight, more than `BLAS_MIN_ROWS` rows, k a multiple of
     /// 8 (`weight_f16`'s runs, and the f16 rows on 16 bytes) and r of 4 (y's f32 rows and groups
@@ -113,9 +132,9 @@ impl CudaBackend {
         })
     }
 
-    /// y = x by W (+ b) as `shape` says, on cuBLASLt: x and W as f16 (the fast tiles' rounding),
-    /// then one matmul (a strided batch for several groups), timed (`FOVEA_GPU_TIMES`) as kernel
-    /// `cublaslt_f16` with grid (groups·r, n, k).
+    /// y = x by W (+ b) (+ an addend of y's shape) as `shape` says, on cuBLASLt: x and W as f16
+    /// (the fast tiles' rounding), then one matmul (a strided batch for several groups), timed
+    /// (`FOVEA_GPU_TIMES`) as kernel `cublaslt_f16` with grid (groups·r, n, k).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn blas_gemm(
         &self,
@@ -123,7 +142,7 @@ impl CudaBackend {
         blas: &Blas,
         x: &CudaTensor,
         w: &CudaWeight,
-        bias: Option<&CudaTensor>,
+        (bias, add): (Option<&CudaTensor>, Option<&CudaTensor>),
         y: &mut CudaTensor,
         shape: Shape,
     ) -> Result<()> {
@@ -165,9 +184,12 @@ impl CudaBackend {
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         let mut result = Ok(());
         self.launched(op, "cublaslt_f16", cfg, |_| {
-            // SAFETY: x16 holds n·groups·k f16, w16 groups·r·k, y n·groups·r f32, the bias r f32
-            // (the callers checked the shapes); all on this lane's device and stream.
-            result = unsafe { blas.matmul(&self.stream, &x16.buf, w16, bias.map(|b| &*b.buf), &y.buf, shape) };
+            // SAFETY: x16 holds n·groups·k f16, w16 groups·r·k, y and the addend n·groups·r f32,
+            // the bias r f32 (the callers checked the shapes); all on this lane's device and stream.
+            result = unsafe {
+                let (bias, add) = (bias.map(|b| &*b.buf), add.map(|a| &*a.buf));
+                blas.matmul(&self.stream, &x16.buf, w16, bias, add, &y.buf, shape)
+            };
             Ok::<(), cudarc::driver::DriverError>(())
         })?;
         result.map_err(|e| Error::Device(format!("op `{op}`, weight `{}`: {e}", w.name)))

@@ -260,7 +260,7 @@ impl CudaBackend {
             return Ok(y);
         }
         if let Some(blas) = self.blas_for(n, k, r, w) {
-            self.blas_gemm(OP, blas, x, w, None, &mut y, Shape { n, k, r, groups })?;
+            self.blas_gemm(OP, blas, x, w, (None, None), &mut y, Shape { n, k, r, groups })?;
             return Ok(y);
         }
         let (tiles_r, gy) = gemm_grid(n, r);

@@ -976,6 +976,16 @@ impl Backend for CudaBackend {
         self.attention(q, k, v, n_heads)
     }
 
+    fn linear_add(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        bias: Option<&CudaTensor>,
+        residual: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        CudaBackend::linear_add(self, x, w, bias, residual)
+    }
+
     fn attention_rope_2d(&self, qkv: &CudaTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<CudaTensor> {
         self.attention_rope_2d(qkv, n_heads, grid_w, theta)
     }
