@@ -233,15 +233,6 @@ fn driver_version() -> Option<i32> {
     (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then_some(v)
 }
 
-/// Whether every value of these BF16 bytes converts to a finite f16 or stays NaN / infinite: no
-/// exponent of 2¹⁶ (65 536, where f16 overflows) or more but the specials'.
-fn bf16_within_f16(bytes: &[u8]) -> bool {
-    bytes.chunks_exact(2).all(|b| {
-        let exponent = (u16::from_le_bytes([b[0], b[1]]) >> 7) & 0xff;
-        exponent < 127 + 16 || exponent == 0xff
-    })
-}
-
 fn dev_err(what: impl std::fmt::Display, e: impl std::fmt::Debug) -> Error {
     Error::Device(format!("{what}: {e:?}"))
 }
@@ -541,41 +532,16 @@ impl CudaBackend {
         // validated: the bytes are exactly the rows as stored, which the lane keeps
         let counted = Self::weight_alloc_bytes(w.format, w.rows, w.cols);
         let mut buf = self.raw_alloc("upload_weight", counted as usize)?;
-        let upload = |to: &mut CudaSlice<u8>| {
+        if !w.bytes.is_empty() {
             self.stream
-                .memcpy_htod(&w.bytes[..], &mut to.slice_mut(0..w.bytes.len()))
-                .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))
-        };
-        // Fast precision multiplies a BF16 matrix as f16 (`weight_f16_bf16` before each cuBLASLt
-        // matmul, the fast tiles' rounding): convert it once here instead, where every value is
-        // within f16's range (bf16's 8-bit significand fits f16's 11, so only values under 2⁻¹⁴
-        // lose bits, as they do there). A value of 2¹⁶ or more keeps the matrix BF16.
-        let runs = (w.rows * w.cols) / 8;
-        let as_f16 = !exact
-            && self.opts.precision == Precision::Fast
-            && w.format == WeightFormat::BF16
-            && runs > 0
-            && (w.rows * w.cols).is_multiple_of(8)
-            && bf16_within_f16(&w.bytes);
-        if as_f16 {
-            let mut raw = self.raw_alloc("upload_weight", w.bytes.len())?;
-            upload(&mut raw)?;
-            let name = WEIGHT_F16_KERNELS.of(WeightFormat::BF16);
-            let f = self.func_in(Source::Linear, name, Build::Tiles(Precision::Fast))?;
-            let runs = check_u32("upload_weight", "weight / 8", runs)?;
-            let mut l = KernelArgs::new(&self.stream, &f);
-            l.arg(&raw).arg(&mut buf).arg(&runs);
-            // SAFETY: arguments match `weight_f16_bf16` in cuda/linear.cu: raw holds rows·cols bf16
-            // (whole runs of 8), buf as many f16; `raw` is freed in stream order after the kernel.
-            self.launched("upload_weight", name, cfg_1d(runs as usize), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-        } else if !w.bytes.is_empty() {
-            upload(&mut buf)?;
+                .memcpy_htod(&w.bytes[..], &mut buf.slice_mut(0..w.bytes.len()))
+                .map_err(|e| dev_err(format!("uploading weight `{}`", w.name), e))?;
         }
         self.counters.weight.fetch_add(counted, Ordering::Relaxed);
         self.counters.matrix.fetch_add(counted, Ordering::Relaxed);
         Ok(CudaWeight {
             name: w.name.clone(),
-            format: if as_f16 { WeightFormat::F16 } else { w.format },
+            format: w.format,
             rows: w.rows,
             cols: w.cols,
             buf,
