@@ -771,3 +771,53 @@ fn cuda_fast_sink_attention_runs_on_tensor_cores_for_a_prefill_chunk() {
         }
     }
 }
+
+/// A ViT block's attention from its fused projection (`attention_rope_2d`) in fast precision on
+/// sm_80+: one launch (`attention_qkv_rope_f16`) prepares q and the f16 keys and values for
+/// `attention_fast_d64`, none of the composition's slices, rotations or `attention_kv_f16` run;
+/// exact precision keeps the composition. Both against the CPU lane (65 rows on a 5 × 13 grid,
+/// 2 heads of 64; q, k, v uniform in ±1.5): the fast bound of tests/ops.rs's FAST_ATTENTION, the
+/// exact one its REDUCTION.
+#[test]
+fn cuda_fast_vit_attention_prepares_its_operands_in_one_launch() {
+    use fovea::backend::Precision;
+    use fovea::backend::cpu::CpuBackend;
+    use fovea::backend::cuda::Options;
+    use rand::{Rng, SeedableRng};
+    let fast = Options { precision: Precision::Fast, ..explicit_timed_options() };
+    let Some(lane) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
+    let exact = CudaBackend::with_options(Options { precision: Precision::Exact, ..fast }).unwrap();
+    let (gh, gw, heads, hd, theta) = (5, 13, 2, 64, 10000.0);
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x9c7);
+    let qkv = HostTensor::f32(
+        vec![gh * gw, 3 * heads * hd],
+        (0..gh * gw * 3 * heads * hd).map(|_| r.random_range(-1.5f32..1.5)).collect(),
+    )
+    .unwrap();
+    fn run<B: Backend>(b: &B, qkv: &HostTensor, heads: usize, gw: usize, theta: f32) -> Vec<f32> {
+        let y = b.attention_rope_2d(&b.upload(qkv).unwrap(), heads, gw, theta).unwrap();
+        b.download(&y).unwrap().into_f32("y").unwrap()
+    }
+    let want = run(&CpuBackend::new(), &qkv, heads, gw, theta);
+    let fused = lane.arch() >= 80;
+    for (b, on_tensor_cores) in [(&lane, fused), (&exact, false)] {
+        let y = run(b, &qkv, heads, gw, theta);
+        let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+        let what = format!("{:?}", b.precision());
+        for (kernel, runs) in [
+            ("attention_qkv_rope_f16", on_tensor_cores),
+            ("attention_fast_d64", on_tensor_cores),
+            ("slice_cols_f32", !on_tensor_cores),
+            ("rope_2d_f32", !on_tensor_cores),
+            ("attention_kv_f16", false),
+        ] {
+            assert_eq!(ran.iter().any(|k| k == kernel), runs, "{what}: {kernel}: {ran:?}");
+        }
+        let (num, den) = y
+            .iter()
+            .zip(&want)
+            .fold((0.0f64, 0.0f64), |(a, b), (&g, &w)| (a + (g as f64 - w as f64).powi(2), b + (w as f64).powi(2)));
+        let bound = if on_tensor_cores { 4.0 * common::FAST_GEMM_NMSE * (1.0 + 0.75 * 0.75) } else { 1e-10 };
+        assert!(num / den <= bound, "{what}: nmse {:.2e} over {bound:.1e}", num / den);
+    }
+}

@@ -720,7 +720,6 @@ pub trait Backend {
     ) -> Result<(Self::Tensor, Self::Tensor)> {
         Ok((self.linear(x, wa, None)?, self.linear(x, wb, None)?))
     }
-    /// `x * rsqrt(mean(x²) + eps) * weight` per row: x `[n, d]`, weight `[d]` → `[n, d]`.
     /// A residual stream's update `residual + linear(x, W, bias)`: x `[n, in]`, W `[out, in]`,
     /// residual `[n, out]` → `[n, out]` (a ViT block's two). The default composes `linear` and
     /// `add`; a lane may fold the sum into its GEMM (the CUDA lane's cuBLASLt path takes the
@@ -734,6 +733,7 @@ pub trait Backend {
     ) -> Result<Self::Tensor> {
         self.add(residual, &self.linear(x, w, bias)?)
     }
+    /// `x * rsqrt(mean(x²) + eps) * weight` per row: x `[n, d]`, weight `[d]` → `[n, d]`.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
     /// `a + b`: both `[n, d]` → `[n, d]`.
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;

@@ -1,7 +1,7 @@
 //! The vision tower's own ops on the CUDA lane: `rope_2d` (cos/sin from the host, cached),
 //! `attention` (flash attention in `cuda/attention.cu`: f32, or on tensor cores in fast
-//! precision; `attention_rope_2d` fuses its operands' preparation there) and `unfold` (the aligner's 3×3 regrouping as a copy; the aligner's GEMM gathers
-//! its rows itself: linear.rs).
+//! precision; `attention_rope_2d` fuses its operands' preparation there) and `unfold` (the
+//! aligner's 3×3 regrouping as a copy; the aligner's GEMM gathers its rows itself: linear.rs).
 
 use std::sync::Arc;
 
@@ -69,7 +69,8 @@ impl CudaBackend {
                 &sizes,
                 2 * words,
             )?;
-            self.attention_on_tensor_cores(OP, q, &kv16, &mut y, (n, n_heads, hd), (width, kernel))?;
+            let op = (OP, Op::Attention);
+            self.attention_on_tensor_cores(op, q, &kv16, &mut y, (n, n_heads, hd), (width, kernel))?;
             return Ok(y);
         }
         // q, k, v, acc tiles, then S, P^T, alpha and factor (the layout in cuda/attention.cu)
@@ -135,7 +136,8 @@ impl CudaBackend {
         // and the table (2·n·hd/2) checked and built above, q [n, heads·hd], kv16 the
         // 2 · heads · keys · width / 2 words it writes.
         self.launched(OP, name, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-        self.attention_on_tensor_cores(OP, &q, &kv16, &mut y, (n, n_heads, hd), (width, kernel))?;
+        let op = (OP, Op::AttentionRope2d);
+        self.attention_on_tensor_cores(op, &q, &kv16, &mut y, (n, n_heads, hd), (width, kernel))?;
         Ok(y)
     }
 
@@ -143,7 +145,7 @@ impl CudaBackend {
     /// (k and v as f16 operands, padded to a multiple of `FAST_ATTENTION_KEYS` keys) → y.
     fn attention_on_tensor_cores(
         &self,
-        op: &'static str,
+        (op, of): (&'static str, Op),
         q: &CudaTensor,
         kv16: &CudaTensor,
         y: &mut CudaTensor,
@@ -155,7 +157,7 @@ impl CudaBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         // two stages of a key chunk and its transposed values, in words
         let shared = 4 * 2 * (FAST_ATTENTION_KEYS * (width / 2 + 4) + width * (FAST_ATTENTION_KEYS / 2 + 4));
-        let f = self.func_shared(Op::Attention, Source::Attention, kernel, shared, &format!("head dim {hd}"))?;
+        let f = self.func_shared(of, Source::Attention, kernel, shared, &format!("head dim {hd}"))?;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(FAST_ATTENTION_ROWS) as u32, h32, 1),
             block_dim: (FAST_ATTENTION_THREADS, 1, 1),
