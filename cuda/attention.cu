@@ -113,19 +113,9 @@ extern "C" __global__ void attention_kv_f16(const float* k, const float* v, unsi
     }
 }
 
-// One component of rope_2d_f32's rotation of a head row x (hd dims, half = hd / 2; c and s the
-// row's cos and sin, half each): dim d of the rotated row, its arithmetic, zero past hd (padding).
-__device__ __forceinline__ float qkv_rope_at(const float* x, const float* c, const float* s, unsigned int d,
-                                             unsigned int half, unsigned int hd) {
-    if (d >= hd) return 0.0f;
-    if (d < half) return x[d] * c[d] - x[d + half] * s[d];
-    const unsigned int e = d - half;
-    return x[d] * c[e] + x[e] * s[e];
-}
-
 // The ViT block's attention operands straight from its fused projection (the lane's
 // attention_rope_2d in fast precision): qkv [n, 3·heads·hd] = q | k | v (hd a multiple of 4) and
-// rope_2d_f32's table -> q rotated, f32 [n, heads·hd] (as rope_2d_f32 writes it), and k rotated and v
+// rope_2d_f32's table -> q rotated, f32 [n, heads·hd] (rope_2d_at, as rope_2d_f32 writes it), and k rotated and v
 // as attention_kv_f16's kv16 (kh then vt, zero-padded to np keys and HDP = hdp dims), each value
 // rounded once as there. It replaces three column slices, two rotations and that conversion.
 // Grid (np / FA_KEYS, heads), QKV_THREADS threads: a block takes FA_KEYS rows of one head. q and kh
@@ -147,8 +137,8 @@ extern "C" __global__ void attention_qkv_rope_f16(const float* qkv, const float*
         if (j >= n) continue;
         const float* x = qkv + j * row + (u64)h * hd;
         float* o = q + j * cols + (u64)h * hd;
-        o[d] = qkv_rope_at(x, cos_t + (u64)j * half, sin_t + (u64)j * half, d, half, hd);
-        o[d + half] = qkv_rope_at(x, cos_t + (u64)j * half, sin_t + (u64)j * half, d + half, half, hd);
+        o[d] = rope_2d_at(x, cos_t + (u64)j * half, sin_t + (u64)j * half, d, half, hd);
+        o[d + half] = rope_2d_at(x, cos_t + (u64)j * half, sin_t + (u64)j * half, d + half, half, hd);
     }
     for (unsigned int e = tid; e < FA_KEYS * kw; e += QKV_THREADS) {
         const unsigned int j = j0 + e / kw, dw = e % kw;
@@ -156,8 +146,8 @@ extern "C" __global__ void attention_qkv_rope_f16(const float* qkv, const float*
         if (j < n) {
             const float* x = qkv + j * row + cols + (u64)h * hd;
             const float *c = cos_t + (u64)j * half, *s = sin_t + (u64)j * half;
-            lo = qkv_rope_at(x, c, s, 2u * dw, half, hd);
-            hi = qkv_rope_at(x, c, s, 2u * dw + 1u, half, hd);
+            lo = rope_2d_at(x, c, s, 2u * dw, half, hd);
+            hi = rope_2d_at(x, c, s, 2u * dw + 1u, half, hd);
         }
         kv16[((u64)h * np + j) * kw + dw] = f16x2_rn(lo, hi);
     }

@@ -450,6 +450,17 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float* d, const unsigned int* a
 #endif
 }
 
+// Dim d of a head row x (hd dims, half = hd / 2) rotated by the 2-D RoPE's rotate-half pairs
+// (d, d + half), c and s the row's cos and sin (half each); zero past hd (a padded operand's dims).
+// rope_2d_f32 (rope.cu) and attention_qkv_rope_f16 (attention.cu) rotate with it.
+__device__ __forceinline__ float rope_2d_at(const float* x, const float* c, const float* s, unsigned int d,
+                                            unsigned int half, unsigned int hd) {
+    if (d >= hd) return 0.0f;
+    if (d < half) return x[d] * c[d] - x[d + half] * s[d];
+    const unsigned int e = d - half;
+    return x[d] * c[e] + x[e] * s[e];
+}
+
 // ---- fast precision's attention operands (cuda/attention.cu, cuda/lm_attention.cu) -----------
 // Elements d, d + 1 of a row (0 past hd or for a missing row) as an f16 pair, d in the low half.
 __device__ __forceinline__ unsigned int fa_pair16(const float* row, unsigned int d, unsigned int hd) {

@@ -11,11 +11,10 @@ extern "C" __global__ void rope_2d_f32(const float* x, const float* tab, float* 
     for (u64 i = flat_index(); i < total; i += flat_stride()) {
         const u64 r = i / ((u64)heads * half), rem = i % ((u64)heads * half);
         const u64 h = rem / half, d = rem % half;
-        const u64 ia = r * cols + h * hd + d, ib = ia + half;
-        const float c = tab[r * half + d];
-        const float s = tab[(u64)n * half + r * half + d];
-        const float a = x[ia], b = x[ib];
-        out[ia] = a * c - b * s;
-        out[ib] = b * c + a * s;
+        const float* row = x + r * cols + h * hd;
+        const float *c = tab + r * half, *s = tab + (u64)n * half + r * half;
+        float* o = out + r * cols + h * hd;
+        o[d] = rope_2d_at(row, c, s, (unsigned int)d, half, hd);
+        o[d + half] = rope_2d_at(row, c, s, (unsigned int)(d + half), half, hd);
     }
 }

@@ -762,12 +762,9 @@ fn cuda_fast_sink_attention_runs_on_tensor_cores_for_a_prefill_chunk() {
             let what = format!("n {n}, {:?}", b.precision());
             assert_eq!(ran.iter().any(|k| k == "sink_attention_fast_d512"), on_tensor_cores, "{what}: {ran:?}");
             assert_eq!(ran.iter().any(|k| k == "sink_attention_f32"), !on_tensor_cores, "{what}: {ran:?}");
-            let (num, den) = y
-                .iter()
-                .zip(&want)
-                .fold((0.0f64, 0.0f64), |(a, b), (&g, &w)| (a + (g as f64 - w as f64).powi(2), b + (w as f64).powi(2)));
+            let nmse = common::rel_l2(&y, &want).powi(2);
             let bound = if on_tensor_cores { 4.0 * common::FAST_GEMM_NMSE * (1.0 + 0.75 * 0.75) } else { 1e-10 };
-            assert!(num / den <= bound, "{what}: nmse {:.2e} over {bound:.1e}", num / den);
+            assert!(nmse <= bound, "{what}: nmse {nmse:.2e} over {bound:.1e}");
         }
     }
 }
@@ -813,11 +810,8 @@ fn cuda_fast_vit_attention_prepares_its_operands_in_one_launch() {
         ] {
             assert_eq!(ran.iter().any(|k| k == kernel), runs, "{what}: {kernel}: {ran:?}");
         }
-        let (num, den) = y
-            .iter()
-            .zip(&want)
-            .fold((0.0f64, 0.0f64), |(a, b), (&g, &w)| (a + (g as f64 - w as f64).powi(2), b + (w as f64).powi(2)));
+        let nmse = common::rel_l2(&y, &want).powi(2);
         let bound = if on_tensor_cores { 4.0 * common::FAST_GEMM_NMSE * (1.0 + 0.75 * 0.75) } else { 1e-10 };
-        assert!(num / den <= bound, "{what}: nmse {:.2e} over {bound:.1e}", num / den);
+        assert!(nmse <= bound, "{what}: nmse {nmse:.2e} over {bound:.1e}");
     }
 }

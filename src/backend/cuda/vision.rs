@@ -55,10 +55,8 @@ impl CudaBackend {
         let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
         let scale = 1.0 / (hd as f32).sqrt();
         if let Some((width, kernel)) = self.fast_attention_kernel(hd) {
-            // k and v once as f16 operands, padded to `keys` and `width` (kh then vt: cuda/attention.cu)
-            let keys = n.div_ceil(FAST_ATTENTION_KEYS) * FAST_ATTENTION_KEYS;
+            let (mut kv16, keys) = self.alloc_kv16(OP, n, n_heads, width)?;
             let words = n_heads * keys * width / 2;
-            let mut kv16 = self.alloc(OP, vec![2 * words], DType::I32)?;
             let sizes = [n32, h32, hd32, width as u32, check_u32(OP, "padded keys", keys)?];
             self.launch_1d(
                 OP,
@@ -118,8 +116,7 @@ impl CudaBackend {
         }
         let mut q = self.alloc(OP, vec![n, n_heads * hd], DType::F32)?;
         let tab = self.rope_table(n, grid_w, hd, theta)?;
-        let keys = n.div_ceil(FAST_ATTENTION_KEYS) * FAST_ATTENTION_KEYS;
-        let mut kv16 = self.alloc(OP, vec![n_heads * keys * width], DType::I32)?;
+        let (mut kv16, keys) = self.alloc_kv16(OP, n, n_heads, width)?;
         let (n32, h32, hd32) = (check_u32(OP, "rows", n)?, n_heads as u32, check_u32(OP, "head dim", hd)?);
         let (width32, keys32) = (width as u32, check_u32(OP, "padded keys", keys)?);
         let name = "attention_qkv_rope_f16";
@@ -139,6 +136,14 @@ impl CudaBackend {
         let op = (OP, Op::AttentionRope2d);
         self.attention_on_tensor_cores(op, &q, &kv16, &mut y, (n, n_heads, hd), (width, kernel))?;
         Ok(y)
+    }
+
+    /// The buffer of `attention_fast_d*`'s f16 keys and values (kh then vt, cuda/attention.cu)
+    /// for n rows of `n_heads` heads padded to `width`, and the padded key count (a multiple of
+    /// `FAST_ATTENTION_KEYS`).
+    fn alloc_kv16(&self, op: &'static str, n: usize, n_heads: usize, width: usize) -> Result<(CudaTensor, usize)> {
+        let keys = n.div_ceil(FAST_ATTENTION_KEYS) * FAST_ATTENTION_KEYS;
+        Ok((self.alloc(op, vec![n_heads * keys * width], DType::I32)?, keys))
     }
 
     /// `attention_fast_d*` (`kernel`, padded head width `width`): q `[n, heads·hd]` f32 and kv16
