@@ -649,6 +649,44 @@ fn cuda_fast_linear_add_takes_the_residual_into_cublaslt() {
     }
 }
 
+/// cuBLASLt reads its weight as f16: a BF16 or F32 matrix is converted by the first GEMM and
+/// the copy kept for the next (no `weight_f16_*` launch, the same outputs bit for bit), counted
+/// in the weight memory until the weight drops; a block format (Q8_0, whose f16 copy would be
+/// larger) is converted for each GEMM and holds no copy.
+#[test]
+fn cuda_fast_linear_keeps_the_f16_copy_of_bf16_and_f32_weights() {
+    use rand::{Rng, SeedableRng};
+    let Some((lane, _, _)) = fast_lanes_on_cublaslt_and_tiles() else { return };
+    let mut r = rand::rngs::StdRng::seed_from_u64(0xf16c);
+    let (n, k, out) = (300, 256, 200);
+    let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let xt = lane.upload(&HostTensor::f32(vec![n, k], x).unwrap()).unwrap();
+    for (format, kept) in [(WeightFormat::BF16, true), (WeightFormat::F32, true), (WeightFormat::Q8_0, false)] {
+        let bytes = common::blocks::weight_bytes(&mut r, format, out, k);
+        let before_upload = lane.memory().weight_bytes;
+        let hw = HostWeight { name: "w1".into(), format, rows: out, cols: k, bytes: Cow::Borrowed(&bytes) };
+        let w = lane.upload_weight(&hw).unwrap();
+        let uploaded = lane.memory().weight_bytes;
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let y = lane.linear(&xt, &w, None).unwrap();
+            let y = lane.download(&y).unwrap().into_f32("y").unwrap();
+            let ran = lane.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+            runs.push((y, ran, lane.memory().weight_bytes - uploaded));
+        }
+        let converts = |ran: &[String]| ran.iter().any(|k| k.starts_with("weight_f16"));
+        let (first, second) = (&runs[0], &runs[1]);
+        assert!(first.1.iter().any(|k| k == "cublaslt_f16"), "{format}: kernels {:?}", first.1);
+        assert!(converts(&first.1), "{format}: the first GEMM converts the weight: {:?}", first.1);
+        assert_eq!(converts(&second.1), !kept, "{format}: the second GEMM's kernels {:?}", second.1);
+        let copy = if kept { (out * k * 2) as u64 } else { 0 };
+        assert_eq!((first.2, second.2), (copy, copy), "{format}: weight bytes past the upload");
+        assert!(first.0.iter().zip(&second.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{format}: outputs differ");
+        drop(w);
+        assert_eq!(lane.memory().weight_bytes, before_upload, "{format}: weight bytes after the drop");
+    }
+}
+
 /// The grouped output projection (`grouped_linear`) in fast precision on cuBLASLt (a strided
 /// batch) and on the lane's tiles, held to the same bound as `linear` above group by group: 4
 /// groups of 128 inputs and 64 outputs, Q8_0 and f16 weights, 300 rows.

@@ -339,7 +339,8 @@ impl Op {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryReport {
     /// Bytes of device memory holding weights (matrices, biases, norms, sentinels; on the wgpu
-    /// lane the sub-allocated pools, unused tails included).
+    /// lane the sub-allocated pools, unused tails included; on the CUDA lane the f16 copies of
+    /// BF16 and F32 matrices cuBLASLt has read, kept from their first GEMM).
     pub weight_bytes: u64,
     /// Bytes of the weight matrices themselves (`upload_weight`, each sized by
     /// [`Backend::weight_alloc_bytes`]), a part of `weight_bytes`.

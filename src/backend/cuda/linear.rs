@@ -4,7 +4,9 @@
 //! `linear_pair` (two weights over one x in one launch) and the aligner's `unfold_linear_gelu`
 //! (its A rows gathered from the grid, GELU in the epilogue).
 
-use cudarc::driver::LaunchConfig;
+use std::sync::atomic::Ordering;
+
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use super::blas::{Blas, Shape};
 use super::launch::KernelArgs;
@@ -159,23 +161,17 @@ impl CudaBackend {
             &[check_u32(op, "x / 4", quads)?],
             quads,
         )?;
+        let call_copy;
         let w16 = match w.format {
-            WeightFormat::F16 => None,
-            format => {
-                let kernel = WEIGHT_F16_KERNELS.of(format);
+            WeightFormat::F16 => &w.buf,
+            WeightFormat::BF16 | WeightFormat::F32 => self.kept_weight_f16(op, w)?,
+            _ => {
                 let mut t = self.alloc(op, vec![w.rows, w.cols / 2], DType::F32)?;
-                let runs = check_u32(op, "weight / 8", w.rows * w.cols / 8)?;
-                let f = self.func_in(Source::Linear, kernel, Build::Tiles(Precision::Fast))?;
-                let mut l = KernelArgs::new(&self.stream, &f);
-                l.arg(&w.buf).arg(&mut *t.buf).arg(&runs);
-                // SAFETY: arguments match `weight_f16_*` in cuda/linear.cu: W holds rows·cols
-                // values of its format (cols = shape.k, a multiple of 8, so whole runs; an
-                // allocation's base has every format's alignment), t rows·cols f16.
-                self.launched(op, kernel, cfg_1d(runs as usize), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
-                Some(t)
+                self.write_weight_f16(op, w, &mut t.buf)?;
+                call_copy = t;
+                &*call_copy.buf
             }
         };
-        let w16 = w16.as_ref().map_or(&w.buf, |t| &*t.buf);
         let grid = (
             check_u32(op, "outputs", shape.groups * shape.r)?,
             check_u32(op, "rows", n)?,
@@ -193,6 +189,36 @@ impl CudaBackend {
             Ok::<(), cudarc::driver::DriverError>(())
         })?;
         result.map_err(|e| Error::Device(format!("op `{op}`, weight `{}`: {e}", w.name)))
+    }
+
+    /// W's f16 copy kept beside it (`CudaWeight::f16`), made on the first call: BF16 and F32
+    /// matrices, whose copy is no larger than they are (a block format's would be larger: those
+    /// are converted for each GEMM instead). The copy's bytes count as weight memory.
+    fn kept_weight_f16<'w>(&self, op: &'static str, w: &'w CudaWeight) -> Result<&'w CudaSlice<u8>> {
+        if let Some(copy) = w.f16.get() {
+            return Ok(copy);
+        }
+        let mut copy = self.raw_alloc(op, w.rows * w.cols * 2)?;
+        self.write_weight_f16(op, w, &mut copy)?;
+        let bytes = copy.len() as u64;
+        if w.f16.set(copy).is_ok() {
+            self.counters.weight.fetch_add(bytes, Ordering::Relaxed);
+        }
+        // set just now, or by a caller that won the race (whose copy is the same)
+        w.f16.get().ok_or_else(|| Error::Device(format!("op `{op}`: the f16 copy of weight `{}` is missing", w.name)))
+    }
+
+    /// W `[rows, cols]` in its format → `dst` as rows·cols f16 (`weight_f16_*`).
+    fn write_weight_f16(&self, op: &'static str, w: &CudaWeight, dst: &mut CudaSlice<u8>) -> Result<()> {
+        let kernel = WEIGHT_F16_KERNELS.of(w.format);
+        let runs = check_u32(op, "weight / 8", w.rows * w.cols / 8)?;
+        let f = self.func_in(Source::Linear, kernel, Build::Tiles(Precision::Fast))?;
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&w.buf).arg(dst).arg(&runs);
+        // SAFETY: arguments match `weight_f16_*` in cuda/linear.cu: W holds rows·cols values of
+        // its format (cols a multiple of 8, as `blas_for` asks: whole runs; an allocation's base
+        // has every format's alignment), dst rows·cols f16 (its callers allocate it so).
+        self.launched(op, kernel, cfg_1d(runs as usize), |cfg| unsafe { l.launch(cfg, self.pdl) })
     }
 
     /// The int8-activation kernel `linear` takes for `n` rows of `k` against `w`, if any: one row

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::CudaSlice;
 
@@ -147,6 +147,10 @@ pub struct CudaWeight {
     pub(super) counters: Arc<Counters>,
     /// Uploaded by `upload_weight_exact`: its products stay f32 in fast mode.
     pub(super) exact: bool,
+    /// The matrix as the f16 operand cuBLASLt reads, made by the first GEMM there that takes it
+    /// and kept for the next (`CudaBackend::weight_f16`): formats whose f16 copy is no larger than
+    /// they are (BF16, F32). Counted in `Counters::weight`, not `matrix` (the file's footprint).
+    pub(super) f16: OnceLock<CudaSlice<u8>>,
 }
 
 impl CudaWeight {
@@ -163,6 +167,9 @@ impl Drop for CudaWeight {
     fn drop(&mut self) {
         self.counters.weight.fetch_sub(self.counted, Ordering::Relaxed);
         self.counters.matrix.fetch_sub(self.counted, Ordering::Relaxed);
+        if let Some(copy) = self.f16.get() {
+            self.counters.weight.fetch_sub(copy.len() as u64, Ordering::Relaxed);
+        }
     }
 }
 
