@@ -77,23 +77,18 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
 //   kh [heads][np][HDP/2]  words of two f16 along the head dim (the low half the lower dim),
 //   vt [heads][HDP][np/2]  words of two f16 along the keys (V transposed: the low half the lower key),
 // the layouts the B fragments read with one 32-bit load each (mma_m16n8k16_bf16 in common.cuh has
-// the fragment layout). attention_fast_d* then takes 16·MT·FA_WARPS queries of one head a block
-// (MT = FA_M_TILES(HDP); grid (ceil(n / (16·MT·FA_WARPS)), heads)): each warp keeps its MT tiles of
-// 16 queries, their A fragments and their 16 × HDP output accumulators in registers, and applies
-// each K or Vᵀ fragment it loads from shared memory to all MT tiles (two tiles halve the bytes an
-// MMA reads from shared memory: with one, a warp reads 16 KB a 64-key chunk for its 64 MMAs, more
-// than the MMAs take at 128 bytes a clock; 128 dims keep one tile, two would spill registers). The
-// block streams the head's chunks of FA_KEYS keys through two shared-memory stages with cp.async
-// (16-byte copies, the next chunk in flight while the current one multiplies; dynamic shared
-// memory 2 · (FA_KEYS·KW + HDP·VW) words, the host mirrors it). Rows padded by 4 words put each fragment load of a warp on 32 distinct banks. The
+// the fragment layout). attention_fast_d* then takes 16·FA_WARPS queries of one head a block (grid
+// (ceil(n / (16·FA_WARPS)), heads)): each warp keeps its 16 queries' A fragments and their 16 × HDP
+// output accumulators in registers, and the block streams the head's chunks of FA_KEYS keys
+// through two shared-memory stages with cp.async (16-byte copies, the next chunk in flight while
+// the current one multiplies; dynamic shared memory 2 · (FA_KEYS·KW + HDP·VW) words, the host
+// mirrors it). Rows padded by 4 words put each fragment load of a warp on 32 distinct banks. The
 // score fragments of two adjacent 8-key tiles are the A fragment of p·v for those 16 keys
 // (FlashAttention-2's register reuse). Keys past n (the last chunk only) score -inf (p = 0); query
 // rows past n run on zeros and are not written. A NaN in a query row makes that row's outputs
 // NaN (its max skips the NaN, its exps are NaN), nothing else.
 #define FA_WARPS 4
 #define FA_KEYS 64
-// m16 query tiles a warp of attention_fast_d<HDP> (the host mirrors it: fast_attention_rows)
-#define FA_M_TILES(hdp) ((hdp) <= 64 ? 2 : 1)
 
 // k, v [n, heads·hd] -> kv16 = kh then vt (above), a thread per word (grid-stride).
 extern "C" __global__ void attention_kv_f16(const float* k, const float* v, unsigned int* kv16, unsigned int n,
@@ -175,7 +170,6 @@ extern "C" __global__ void attention_qkv_rope_f16(const float* qkv, const float*
 template <int HDP>
 __device__ __forceinline__ void attention_fast(const float* q, const unsigned int* kv16, float* out, unsigned int n,
                                                unsigned int heads, unsigned int hd, unsigned int np, float scale) {
-    constexpr int MT = FA_M_TILES(HDP);                   // m16 tiles (16 queries each) a warp
     constexpr int KT = HDP / 16;                          // k16 steps of q·kᵀ
     constexpr int DT = HDP / 8;                           // n8 tiles of the output
     constexpr int NT = FA_KEYS / 8;                       // n8 tiles of a chunk's scores
@@ -207,35 +201,25 @@ __device__ __forceinline__ void attention_fast(const float* q, const unsigned in
         fa_cp_commit();
     };
 
-    const unsigned int i0 = blockIdx.x * (16u * MT * FA_WARPS) + warp * (16u * MT); // the warp's first query
+    const unsigned int i0 = blockIdx.x * (16u * FA_WARPS) + warp * 16u; // the warp's first query
+    const float* q0 = i0 + g < n ? q + (i0 + g) * cols + head_off : 0;
+    const float* q1 = i0 + g + 8u < n ? q + (i0 + g + 8u) * cols + head_off : 0;
     const unsigned int chunks = np / FA_KEYS;
     issue(0u, 0u);
-    unsigned int qa[MT][KT][4]; // tile mt: rows i0 + 16·mt + g and + 8, dims kt·16 + 2t (+1) and + 8
+    unsigned int qa[KT][4]; // rows g and g + 8, dims kt·16 + 2t (+1) and + 8
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        const unsigned int r0 = i0 + 16u * mt + g;
-        const float* q0 = r0 < n ? q + r0 * cols + head_off : 0;
-        const float* q1 = r0 + 8u < n ? q + (r0 + 8u) * cols + head_off : 0;
-#pragma unroll
-        for (int kt = 0; kt < KT; ++kt) {
-            const unsigned int d = kt * 16u + 2u * t;
-            qa[mt][kt][0] = fa_pair16(q0, d, hd);
-            qa[mt][kt][1] = fa_pair16(q1, d, hd);
-            qa[mt][kt][2] = fa_pair16(q0, d + 8u, hd);
-            qa[mt][kt][3] = fa_pair16(q1, d + 8u, hd);
-        }
+    for (int kt = 0; kt < KT; ++kt) {
+        const unsigned int d = kt * 16u + 2u * t;
+        qa[kt][0] = fa_pair16(q0, d, hd);
+        qa[kt][1] = fa_pair16(q1, d, hd);
+        qa[kt][2] = fa_pair16(q0, d + 8u, hd);
+        qa[kt][3] = fa_pair16(q1, d + 8u, hd);
     }
     const float scale_log2 = scale * 1.4426950408889634f; // scores in log2 units: exp(x) = exp2(x·log2 e)
-    float o[MT][DT][4];
-    // rows g, g + 8 of each tile: running max, this thread's part of the sum
-    float m[MT][2], l[MT][2];
+    float o[DT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
-        m[mt][0] = m[mt][1] = NEG_INF;
-        l[mt][0] = l[mt][1] = 0.0f;
-    }
+    for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f; // rows g, g + 8: running max, this thread's part of the sum
 
     for (unsigned int c = 0; c < chunks; ++c) {
         if (c + 1u < chunks) {
@@ -249,75 +233,58 @@ __device__ __forceinline__ void attention_fast(const float* q, const unsigned in
         const unsigned int* vs = ks + FA_KEYS * KW;
         const unsigned int j0 = c * FA_KEYS;
 
-        // s[mt][nt]: scores of the tile's rows g (0, 1) and g + 8 (2, 3) with keys j0 + nt·8 + 2t
-        // (+1); each B fragment loaded once serves every tile of the warp
-        float s[MT][NT][4];
+        // s[nt]: scores of rows g (0, 1) and g + 8 (2, 3) with keys j0 + nt·8 + 2t (+1)
+        float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
             const unsigned int* kr = ks + (nt * 8u + g) * KW + t;
 #pragma unroll
             for (int kt = 0; kt < KT; ++kt) {
                 const unsigned int b[2] = {kr[kt * 8], kr[kt * 8 + 4]};
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) mma_m16n8k16_f16(s[mt][nt], qa[mt][kt], b);
+                mma_m16n8k16_f16(s[nt], qa[kt], b);
             }
         }
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+        if (j0 + FA_KEYS > n) // the last chunk: its padding keys score -inf
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
-            if (j0 + FA_KEYS > n) // the last chunk: its padding keys score -inf
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (j0 + nt * 8u + 2u * t + (e & 1u) >= n) s[mt][nt][e] = NEG_INF;
-            fa_online_softmax<NT, DT>(s[mt], o[mt], m[mt][0], m[mt][1], l[mt][0], l[mt][1]);
-        }
+                for (int e = 0; e < 4; ++e)
+                    if (j0 + nt * 8u + 2u * t + (e & 1u) >= n) s[nt][e] = NEG_INF;
+        fa_online_softmax<NT, DT>(s, o, m0, m1, l0, l1);
 #pragma unroll
         for (int kk = 0; kk < FA_KEYS / 16; ++kk) {
-            unsigned int pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                pa[mt][0] = f16x2_rn(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = f16x2_rn(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = f16x2_rn(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = f16x2_rn(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
+            const unsigned int pa[4] = {f16x2_rn(s[2 * kk][0], s[2 * kk][1]), f16x2_rn(s[2 * kk][2], s[2 * kk][3]),
+                                        f16x2_rn(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        f16x2_rn(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt) {
                 const unsigned int* vr = vs + (dt * 8u + g) * VW + kk * 8u + t;
                 const unsigned int b[2] = {vr[0], vr[4]};
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) mma_m16n8k16_f16(o[mt][dt], pa[mt], b);
+                mma_m16n8k16_f16(o[dt], pa, b);
             }
         }
         __syncthreads(); // stage c % 2 is consumed before chunk c + 2's copies overwrite it
     }
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        float l0 = l[mt][0], l1 = l[mt][1];
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    float* y0 = i0 + g < n ? out + (i0 + g) * cols + head_off : 0;
+    float* y1 = i0 + g + 8u < n ? out + (i0 + g + 8u) * cols + head_off : 0;
 #pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
-            l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
-        }
-        const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-        const unsigned int r0 = i0 + 16u * mt + g;
-        float* y0 = r0 < n ? out + r0 * cols + head_off : 0;
-        float* y1 = r0 + 8u < n ? out + (r0 + 8u) * cols + head_off : 0;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            const unsigned int d = dt * 8u + 2u * t;
-            if (y0 && d < hd) y0[d] = o[mt][dt][0] * inv0;
-            if (y0 && d + 1u < hd) y0[d + 1u] = o[mt][dt][1] * inv0;
-            if (y1 && d < hd) y1[d] = o[mt][dt][2] * inv1;
-            if (y1 && d + 1u < hd) y1[d + 1u] = o[mt][dt][3] * inv1;
-        }
+    for (int dt = 0; dt < DT; ++dt) {
+        const unsigned int d = dt * 8u + 2u * t;
+        if (y0 && d < hd) y0[d] = o[dt][0] * inv0;
+        if (y0 && d + 1u < hd) y0[d + 1u] = o[dt][1] * inv0;
+        if (y1 && d < hd) y1[d] = o[dt][2] * inv1;
+        if (y1 && d + 1u < hd) y1[d + 1u] = o[dt][3] * inv1;
     }
 }
 

@@ -348,8 +348,7 @@ static void test_attention_fast() {
         emu_launch(attention_kv_f16, {blocks1d(2 * words)}, {256}, 0, (const float*)k.data(), (const float*)v.data(),
                    kv16.data(), n, heads, hd, hdp, np);
         const size_t smem = 2 * (FA_KEYS * (hdp / 2 + 4) + hdp * (FA_KEYS / 2 + 4)) * 4;
-        const unsigned rows = 16 * FA_M_TILES(hdp) * FA_WARPS;
-        emu_launch(kernel, {(n + rows - 1) / rows, heads}, {32 * FA_WARPS}, smem,
+        emu_launch(kernel, {(n + 16 * FA_WARPS - 1) / (16 * FA_WARPS), heads}, {32 * FA_WARPS}, smem,
                    (const float*)q.data(), (const unsigned*)kv16.data(), y.data(), n, heads, hd, np, scale);
         char name[64];
         std::snprintf(name, sizeof name, "attention_fast n=%u %ux%u%s", n, heads, hd, with_nan ? " one NaN" : "");

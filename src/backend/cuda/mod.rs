@@ -112,12 +112,8 @@ const ATTENTION_ROWS: usize = 32;
 const ATTENTION_KEYS: usize = 32;
 /// Threads per block of `attention_fast_d*` (32 · `FA_WARPS` in cuda/attention.cu).
 const FAST_ATTENTION_THREADS: u32 = 128;
-/// Queries per block of `attention_fast_d*` at padded head width `width`: 16 · `FA_M_TILES(width)`
-/// · `FA_WARPS` in cuda/attention.cu (two m16 tiles a warp up to 64 dims, one at 128).
-fn fast_attention_rows(width: usize) -> usize {
-    let tiles = if width <= 64 { 2 } else { 1 };
-    16 * tiles * (FAST_ATTENTION_THREADS / 32) as usize
-}
+/// Queries per block of `attention_fast_d*` (16 · `FA_WARPS`).
+const FAST_ATTENTION_ROWS: usize = 64;
 /// Keys per shared-memory chunk of `attention_fast_d*` (`FA_KEYS`); `attention_kv_f16` pads the
 /// keys to a multiple of it.
 const FAST_ATTENTION_KEYS: usize = 64;

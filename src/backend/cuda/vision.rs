@@ -10,8 +10,8 @@ use cudarc::driver::LaunchConfig;
 use super::launch::KernelArgs;
 use super::{
     ATTENTION_KEYS, ATTENTION_ROWS, ATTENTION_THREADS, CudaBackend, CudaTensor, FAST_ATTENTION_KEYS,
-    FAST_ATTENTION_THREADS, FAST_ATTENTION_WIDTHS, GRID_Y, QKV_ROPE_THREADS, Role, Source, check_u32,
-    fast_attention_rows, flash_stride,
+    FAST_ATTENTION_ROWS, FAST_ATTENTION_THREADS, FAST_ATTENTION_WIDTHS, GRID_Y, QKV_ROPE_THREADS, Role, Source,
+    check_u32, flash_stride,
 };
 use crate::backend::cpu::rope_2d_tables;
 use crate::backend::{DType, Op, Precision, attention_rope_2d_parts, checks};
@@ -35,7 +35,7 @@ impl CudaBackend {
 
     /// q, k, v `[n, heads·hd]` → `[n, heads·hd]`: flash attention, one block per (tile of
     /// `ATTENTION_ROWS` queries, head), keys streamed through shared memory; in fast precision on
-    /// tensor cores (`fast_attention_kernel`, `fast_attention_rows` queries a block).
+    /// tensor cores (`fast_attention_kernel`, `FAST_ATTENTION_ROWS` queries a block).
     pub(super) fn attention(
         &self,
         q: &CudaTensor,
@@ -164,7 +164,7 @@ impl CudaBackend {
         let shared = 4 * 2 * (FAST_ATTENTION_KEYS * (width / 2 + 4) + width * (FAST_ATTENTION_KEYS / 2 + 4));
         let f = self.func_shared(of, Source::Attention, kernel, shared, &format!("head dim {hd}"))?;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(fast_attention_rows(width)) as u32, h32, 1),
+            grid_dim: (n.div_ceil(FAST_ATTENTION_ROWS) as u32, h32, 1),
             block_dim: (FAST_ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
