@@ -435,6 +435,12 @@ __device__ __forceinline__ unsigned int f16x2_rn(float lo, float hi) {
 #endif
 }
 
+// Two words of packed f16, four values (one 8-byte store): f32_to_f16's, rms_norm_f16's and
+// swiglu_f16's output, the A operand of fast precision's cuBLASLt GEMMs.
+struct alignas(8) f16x4_words {
+    unsigned int lo, hi;
+};
+
 // D [16x8] += A [16x16] . B [16x8] with f16 inputs: the layout of mma_m16n8k16_bf16.
 __device__ __forceinline__ void mma_m16n8k16_f16(float* d, const unsigned int* a, const unsigned int* b) {
 #if defined(CUDA_EMU)

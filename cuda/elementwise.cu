@@ -10,6 +10,9 @@
 //                 tiles' f16x2_rn rounds their A operand: fast precision's cuBLASLt GEMMs take
 //                 their A operand so (src/backend/cuda/blas.rs). x on 16 bytes: every tensor is an allocation
 //                 of its own (256-byte aligned).
+//   swiglu_f16:   x [rows, 2h] -> out [rows, h/4 quads] as f32_to_f16 writes them, bit for bit swiglu_f32
+//                 then f32_to_f16 (h a multiple of 4): fast precision's cuBLASLt operand of the
+//                 projection that follows (swiglu_linear_add), without an f32 pass between
 
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, unsigned int n) {
     grid_wait();
@@ -45,15 +48,23 @@ extern "C" __global__ void sum_splits_f32(const float* part, const float* bias, 
     }
 }
 
-// Two words of packed f16 (one 8-byte store).
-struct alignas(8) f16x4_words {
-    unsigned int lo, hi;
-};
-
 extern "C" __global__ void f32_to_f16(const float* x, f16x4_words* out, unsigned int quads) {
     grid_wait();
     for (u64 i = flat_index(); i < quads; i += flat_stride()) {
         const fa_f4 v = reinterpret_cast<const fa_f4*>(x)[i];
         out[i] = {f16x2_rn(v.x, v.y), f16x2_rn(v.z, v.w)};
+    }
+}
+
+extern "C" __global__ void swiglu_f16(const float* x, f16x4_words* out, unsigned int rows, unsigned int h) {
+    grid_wait();
+    const unsigned int hq = h / 4u;
+    const u64 total = (u64)rows * hq;
+    for (u64 i = flat_index(); i < total; i += flat_stride()) {
+        const u64 r = i / hq, c = i % hq;
+        const fa_f4 g = reinterpret_cast<const fa_f4*>(x + r * 2u * h)[c];
+        const fa_f4 u = reinterpret_cast<const fa_f4*>(x + r * 2u * h + h)[c];
+        out[i] = {f16x2_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y),
+                  f16x2_rn(g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w)};
     }
 }

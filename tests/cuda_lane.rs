@@ -649,6 +649,50 @@ fn cuda_fast_linear_add_takes_the_residual_into_cublaslt() {
     }
 }
 
+/// On cuBLASLt a ViT block's pre-norm projection (`rms_norm_linear`) and MLP update
+/// (`swiglu_linear_add`) write the GEMM's f16 operand in the norm or the gating (no f32 rows,
+/// no `f32_to_f16` pass); the tiles run the composition. Outputs against the CPU lane at the
+/// op harness's fast GEMM bound (tests/ops.rs holds them on random cases; this checks the route).
+#[test]
+fn cuda_fast_norm_and_gating_write_the_gemm_operand() {
+    use rand::{Rng, SeedableRng};
+    let Some((lane, tiles, _)) = fast_lanes_on_cublaslt_and_tiles() else { return };
+    let cpu = fovea::backend::cpu::CpuBackend::new();
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x0f16);
+    let (n, k, out) = (300, 256, 200);
+    let x: Vec<f32> = (0..n * 2 * k).map(|_| r.random_range(-2.0f32..2.0)).collect();
+    let norm: Vec<f32> = (0..k).map(|_| r.random_range(0.5f32..1.5)).collect();
+    let res: Vec<f32> = (0..n * out).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let bytes = common::blocks::weight_bytes(&mut r, WeightFormat::BF16, out, k);
+    let hw =
+        HostWeight { name: "w".into(), format: WeightFormat::BF16, rows: out, cols: k, bytes: Cow::Borrowed(&bytes) };
+    fn run<B: Backend>(b: &B, hw: &HostWeight, x: &[f32], norm: &[f32], res: &[f32], n: usize) -> [Vec<f32>; 2] {
+        let (k, out) = (hw.cols, hw.rows);
+        let w = b.upload_weight(hw).unwrap();
+        let xt = b.upload(&HostTensor::f32(vec![n, k], x[..n * k].to_vec()).unwrap()).unwrap();
+        let gate_up = b.upload(&HostTensor::f32(vec![n, 2 * k], x.to_vec()).unwrap()).unwrap();
+        let nt = b.upload(&HostTensor::f32(vec![k], norm.to_vec()).unwrap()).unwrap();
+        let rt = b.upload(&HostTensor::f32(vec![n, out], res.to_vec()).unwrap()).unwrap();
+        let normed = b.rms_norm_linear(&xt, &nt, 1e-6, &w, None).unwrap();
+        let gated = b.swiglu_linear_add(&gate_up, &w, &rt).unwrap();
+        [normed, gated].map(|t| b.download(&t).unwrap().into_f32("y").unwrap())
+    }
+    let want = run(&cpu, &hw, &x, &norm, &res, n);
+    for (b, name, on_blas) in [(&lane, "cublaslt", true), (&tiles, "tiles", false)] {
+        b.kernel_times().unwrap();
+        let got = run(b, &hw, &x, &norm, &res, n);
+        let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+        for (kernel, fused) in [("rms_norm_f16", true), ("swiglu_f16", true), ("f32_to_f16", false)] {
+            let expected = if on_blas { fused } else { false };
+            assert_eq!(ran.iter().any(|k| k == kernel), expected, "{name}: {kernel} in {ran:?}");
+        }
+        for (op, (g, w)) in ["rms_norm_linear", "swiglu_linear_add"].iter().zip(got.iter().zip(&want)) {
+            let nmse = common::rel_l2(g, w).powi(2);
+            assert!(nmse <= 4.0 * common::FAST_GEMM_NMSE, "{name} {op}: NMSE {nmse:.2e}");
+        }
+    }
+}
+
 /// cuBLASLt reads its weight as f16: a BF16 or F32 matrix is converted by the first GEMM and
 /// the copy kept for the next (no `weight_f16_*` launch, the same outputs bit for bit), counted
 /// in the weight memory until the weight drops; a block format (Q8_0, whose f16 copy would be

@@ -165,6 +165,16 @@ enum Call {
         bias: Option<usize>,
         residual: usize,
     },
+    RmsNormLinear {
+        x: usize,
+        norm: usize,
+        eps: f32,
+        bias: Option<usize>,
+    },
+    SwigluLinearAdd {
+        gate_up: usize,
+        residual: usize,
+    },
     AttentionRope2d {
         qkv: usize,
         heads: usize,
@@ -392,6 +402,12 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
         Call::Linear { x, bias } => b.linear(&ts[x], weight.as_ref().unwrap(), bias.map(|i| &ts[i])),
         Call::LinearAdd { x, bias, residual } => {
             b.linear_add(&ts[x], weight.as_ref().unwrap(), bias.map(|i| &ts[i]), &ts[residual])
+        }
+        Call::RmsNormLinear { x, norm, eps, bias } => {
+            b.rms_norm_linear(&ts[x], &ts[norm], eps, weight.as_ref().unwrap(), bias.map(|i| &ts[i]))
+        }
+        Call::SwigluLinearAdd { gate_up, residual } => {
+            b.swiglu_linear_add(&ts[gate_up], weight.as_ref().unwrap(), &ts[residual])
         }
         Call::RmsNorm { x, w, eps } => b.rms_norm(&ts[x], &ts[w], eps),
         Call::Add(x, y) => b.add(&ts[x], &ts[y]),
@@ -692,6 +708,35 @@ fn cases() -> Vec<Case> {
             vec![randn(&mut r, &[n, k], 1.0), randn(&mut r, &[n, o], 1.0), randn(&mut r, &[o], 0.5)],
             |a| Call::LinearAdd { x: 0, bias: (a.a == 1).then_some(2), residual: 1 },
             Args { a: bias as usize, ..Default::default() },
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
+    }
+    // a ViT block's pre-norm projection and MLP update, each in one op: more rows than the CUDA
+    // lane's cuBLASLt threshold with k a multiple of 8 and out of 4 (its path there: the norm or
+    // the gating writes the GEMM's f16 operand), and a few rows (the composition)
+    for (format, n, k, o, bias) in [
+        (WeightFormat::BF16, 70, 304, 36, true),
+        (WeightFormat::F16, 80, 64, 20, false),
+        (WeightFormat::F32, 9, 40, 17, true),
+    ] {
+        let mut c = case(
+            format!("rms_norm_linear {format} x[{n},{k}] W[{o},{k}]{}", if bias { " + bias" } else { "" }),
+            Op::RmsNormLinear,
+            REDUCTION,
+            vec![randn(&mut r, &[n, k], 2.0), randn(&mut r, &[k], 1.5), randn(&mut r, &[o], 0.5)],
+            |a| Call::RmsNormLinear { x: 0, norm: 1, eps: 1e-6, bias: (a.a == 1).then_some(2) },
+            Args { a: bias as usize, ..Default::default() },
+        );
+        c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
+        out.push(c);
+        let mut c = case(
+            format!("swiglu_linear_add {format} gate_up[{n},2x{k}] W[{o},{k}]"),
+            Op::SwigluLinearAdd,
+            REDUCTION,
+            vec![randn(&mut r, &[n, 2 * k], 2.0), randn(&mut r, &[n, o], 1.0)],
+            |_| Call::SwigluLinearAdd { gate_up: 0, residual: 1 },
+            Args::default(),
         );
         c.weight = Some((format, o, k, weight_bytes(&mut r, format, o, k)));
         out.push(c);
@@ -2300,7 +2345,12 @@ fn with_f16_operands(c: &Case) -> Case {
 fn with_fast_bounds(mut cases: Vec<Case>) -> Vec<Case> {
     for c in &mut cases {
         c.bound = match c.op {
-            Op::Linear | Op::LinearAdd | Op::UnfoldLinearGelu | Op::GroupedLinear => c.bound.max(FAST_GEMM),
+            Op::Linear
+            | Op::LinearAdd
+            | Op::RmsNormLinear
+            | Op::SwigluLinearAdd
+            | Op::UnfoldLinearGelu
+            | Op::GroupedLinear => c.bound.max(FAST_GEMM),
             Op::Attention | Op::AttentionRope2d => c.bound.max(FAST_ATTENTION),
             Op::MoeExperts if c.tensors[0].shape[0] == 1 => c.bound.max(FAST_MOE_ONE_TOKEN),
             Op::MoeExperts => c.bound.max(FAST_MOE),

@@ -399,6 +399,51 @@ static void test_attention_qkv_rope() {
     }
 }
 
+// rms_norm_f16 and swiglu_f16 (cuBLASLt's f16 operands written by the op before the GEMM)
+// against their compositions, bit for bit: rms_norm_f32 / swiglu_f32, then f32_to_f16. Rows of
+// one block's width and past it, gates large both ways (exp over- and underflow), a NaN.
+static void test_f16_operands() {
+    const unsigned NORMS[][2] = {{1, 8}, {3, 1024}, {70, 40}, {5, 2104}};
+    for (auto& sh : NORMS) {
+        unsigned n = sh[0], d = sh[1];
+        auto x = randv(n * d, 2), w = randv(d, 1.5);
+        if (n == 70) x[3 * d + 5] = NAN;
+        std::vector<float> y(n * d);
+        std::vector<unsigned> want(n * d / 2, 0x7e007e00u), got(n * d / 2, 0x7e007e00u);
+        emu_launch(rms_norm_f32, {n}, {256}, 0, (const float*)x.data(), (const float*)w.data(), y.data(), n, d, 1e-6f);
+        emu_launch(f32_to_f16, {blocks1d(n * d / 4)}, {256}, 0, (const float*)y.data(), (f16x4_words*)want.data(),
+                   n * d / 4);
+        emu_launch(rms_norm_f16, {n}, {256}, 0, (const float*)x.data(), (const float*)w.data(),
+                   (f16x4_words*)got.data(), n, d, 1e-6f);
+        size_t diff = 0;
+        for (size_t i = 0; i < got.size(); ++i) diff += got[i] != want[i];
+        char name[64];
+        std::snprintf(name, sizeof name, "rms_norm_f16 [%u,%u]", n, d);
+        std::printf("%-44s %zu of %zu differ %s\n", name, diff, got.size(), diff ? "FAIL" : "ok");
+        failures += diff != 0;
+    }
+    const unsigned GATES[][2] = {{1, 4}, {21, 56}, {9, 1024}};
+    for (auto& sh : GATES) {
+        unsigned rows = sh[0], h = sh[1];
+        auto x = randv(rows * 2 * h, 4);
+        x[0] = 120.0f, x[1] = -120.0f; // silu's exp under- and overflows
+        if (rows > 1) x[2 * h + 3] = NAN;
+        std::vector<float> y(rows * h);
+        std::vector<unsigned> want(rows * h / 2, 0x7e007e00u), got(rows * h / 2, 0x7e007e00u);
+        emu_launch(swiglu_f32, {blocks1d(rows * h)}, {256}, 0, (const float*)x.data(), y.data(), rows, h);
+        emu_launch(f32_to_f16, {blocks1d(rows * h / 4)}, {256}, 0, (const float*)y.data(), (f16x4_words*)want.data(),
+                   rows * h / 4);
+        emu_launch(swiglu_f16, {blocks1d(rows * h / 4)}, {256}, 0, (const float*)x.data(), (f16x4_words*)got.data(),
+                   rows, h);
+        size_t diff = 0;
+        for (size_t i = 0; i < got.size(); ++i) diff += got[i] != want[i];
+        char name[64];
+        std::snprintf(name, sizeof name, "swiglu_f16 [%u,2x%u]", rows, h);
+        std::printf("%-44s %zu of %zu differ %s\n", name, diff, got.size(), diff ? "FAIL" : "ok");
+        failures += diff != 0;
+    }
+}
+
 static void test_linear() {
     // n <= 8 takes gemv_cols: one row, eight (the bound), odd counts; k % 8 == 0 takes its runs of
     // 8 (16-byte loads), other k single elements
@@ -2290,6 +2335,7 @@ int main(int argc, char** argv) {
         {"f16_decode", test_f16_decode},     {"gemm_split", test_gemm_split},
         {"elementwise", test_elementwise},
         {"copy", test_copy},                 {"norm", test_norm},
+        {"f16_operands", test_f16_operands},
         {"rope", test_rope},                 {"attention", test_attention},
         {"attention_fast", test_attention_fast}, {"attention_qkv_rope", test_attention_qkv_rope},
         {"linear", test_linear},             {"sink_attention", test_sink_attention},

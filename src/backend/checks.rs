@@ -118,6 +118,38 @@ pub(crate) fn linear_add<T: DeviceTensor>(
     Ok((n, k))
 }
 
+/// x `[n, k]`, norm `[k]`, weight `[out, k]`, bias `[out]` → `(n, k)`.
+pub(crate) fn rms_norm_linear<T: DeviceTensor>(
+    x: &T,
+    norm: &T,
+    w: &impl NamedWeight,
+    bias: Option<&T>,
+) -> Result<(usize, usize)> {
+    const OP: &str = "rms_norm_linear";
+    rms_norm(x, norm).map_err(|e| renamed(OP, e))?;
+    linear(x, w, bias).map_err(|e| renamed(OP, e))
+}
+
+/// gate_up `[n, 2h]`, weight `[out, h]`, residual `[n, out]` → `(n, h)`.
+pub(crate) fn swiglu_linear_add<T: DeviceTensor>(
+    gate_up: &T,
+    w: &impl NamedWeight,
+    residual: &T,
+) -> Result<(usize, usize)> {
+    const OP: &str = "swiglu_linear_add";
+    let (n, h) = gated(OP, gate_up)?;
+    if w.cols() != h {
+        let (shape, name, cols) = (gate_up.shape(), w.name(), w.cols());
+        return Err(Error::shape(OP, format!("gate_up {shape:?} gates {h} columns, weight `{name}` takes {cols}")));
+    }
+    input(OP, "residual", residual, DType::F32)?;
+    if residual.rows() != n || residual.cols() != w.rows() {
+        let (r, name, rows) = (residual.shape(), w.name(), w.rows());
+        return Err(Error::shape(OP, format!("residual {r:?} for {n} rows by weight `{name}` with {rows} rows")));
+    }
+    Ok((n, h))
+}
+
 /// x `[n, d]`, weight `[d]` → `(n, d)`.
 pub(crate) fn rms_norm<T: DeviceTensor>(x: &T, weight: &T) -> Result<(usize, usize)> {
     const OP: &str = "rms_norm";
@@ -852,6 +884,35 @@ mod tests {
         );
         refused(linear_add(&a, &Weight(4, 3), None, &i(&[2, 4])), "linear_add", "residual must be f32, found i32");
         assert_eq!(linear_add(&a, &Weight(4, 3), Some(&f(&[4])), &f(&[2, 4])).unwrap(), (2, 3));
+        refused(rms_norm_linear(&a, &f(&[2]), &Weight(4, 3), None), "rms_norm_linear", "weight [2] for x [2, 3]");
+        refused(
+            rms_norm_linear(&a, &f(&[3]), &Weight(4, 2), None),
+            "rms_norm_linear",
+            "x [2, 3] has 3 columns, weight `w` has 2 (in_features)",
+        );
+        assert_eq!(rms_norm_linear(&a, &f(&[3]), &Weight(4, 3), Some(&f(&[4]))).unwrap(), (2, 3));
+        let gate_up = f(&[2, 6]);
+        refused(
+            swiglu_linear_add(&a, &Weight(4, 1), &f(&[2, 4])),
+            "swiglu_linear_add",
+            "x [2, 3] has an odd number of columns",
+        );
+        refused(
+            swiglu_linear_add(&gate_up, &Weight(4, 6), &f(&[2, 4])),
+            "swiglu_linear_add",
+            "gate_up [2, 6] gates 3 columns, weight `w` takes 6",
+        );
+        refused(
+            swiglu_linear_add(&gate_up, &Weight(4, 3), &f(&[2, 3])),
+            "swiglu_linear_add",
+            "residual [2, 3] for 2 rows by weight `w` with 4 rows",
+        );
+        refused(
+            swiglu_linear_add(&gate_up, &Weight(4, 3), &i(&[2, 4])),
+            "swiglu_linear_add",
+            "residual must be f32, found i32",
+        );
+        assert_eq!(swiglu_linear_add(&gate_up, &Weight(4, 3), &f(&[2, 4])).unwrap(), (2, 3));
         refused(rms_norm(&a, &f(&[2])), "rms_norm", "weight [2] for x [2, 3]");
         assert_eq!(rms_norm(&a, &f(&[3])).unwrap(), (2, 3));
         refused(add(&a, &t), "add", "a [2, 3] and b [3, 2] differ");

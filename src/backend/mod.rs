@@ -204,6 +204,8 @@ impl HostWeight<'_> {
 pub enum Op {
     Linear,
     LinearAdd,
+    RmsNormLinear,
+    SwigluLinearAdd,
     RmsNorm,
     Add,
     SliceCols,
@@ -245,9 +247,11 @@ pub enum Op {
 impl Op {
     /// The shared and vision ops: every lane implements them, and the op harness
     /// (`tests/ops.rs`) asserts a case for each.
-    pub const VISION: [Op; 14] = [
+    pub const VISION: [Op; 16] = [
         Op::Linear,
         Op::LinearAdd,
+        Op::RmsNormLinear,
+        Op::SwigluLinearAdd,
         Op::RmsNorm,
         Op::Add,
         Op::SliceCols,
@@ -296,6 +300,8 @@ impl Op {
         match self {
             Op::Linear => "linear",
             Op::LinearAdd => "linear_add",
+            Op::RmsNormLinear => "rms_norm_linear",
+            Op::SwigluLinearAdd => "swiglu_linear_add",
             Op::RmsNorm => "rms_norm",
             Op::Add => "add",
             Op::SliceCols => "slice_cols",
@@ -733,6 +739,32 @@ pub trait Backend {
         residual: &Self::Tensor,
     ) -> Result<Self::Tensor> {
         self.add(residual, &self.linear(x, w, bias)?)
+    }
+    /// `linear(rms_norm(x, norm, eps), W, bias)`: x `[n, in]`, norm `[in]`, W `[out, in]`, bias
+    /// `[out]` → `[n, out]` (a ViT block's two pre-norm projections). The default composes the
+    /// two; a lane may write the normalized rows as its GEMM's operand directly (the CUDA lane's
+    /// cuBLASLt path: f16 rows, no f32 rows and no conversion pass between).
+    fn rms_norm_linear(
+        &self,
+        x: &Self::Tensor,
+        norm: &Self::Tensor,
+        eps: f32,
+        w: &Self::Weight,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        self.linear(&self.rms_norm(x, norm, eps)?, w, bias)
+    }
+    /// A residual stream's MLP update `residual + linear(swiglu(gate_up), W)`: gate_up `[n, 2h]`,
+    /// W `[out, h]`, residual `[n, out]` → `[n, out]` (a ViT block's second). The default composes
+    /// `swiglu` and `linear_add`; a lane may write the gated rows as its GEMM's operand directly
+    /// (the CUDA lane's cuBLASLt path, as `rms_norm_linear`).
+    fn swiglu_linear_add(
+        &self,
+        gate_up: &Self::Tensor,
+        w: &Self::Weight,
+        residual: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        self.linear_add(&self.swiglu(gate_up)?, w, None, residual)
     }
     /// `x * rsqrt(mean(x²) + eps) * weight` per row: x `[n, d]`, weight `[d]` → `[n, d]`.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;

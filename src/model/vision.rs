@@ -95,14 +95,13 @@ impl<B: Backend> VisionModel<B> {
         }
         let mut x = b.linear(patches, &self.patch_w, Some(&self.patch_b))?; // [n, dim]
         for blk in &self.blocks {
-            let h = b.rms_norm(&x, &blk.norm1, eps)?; // [n, dim]
-            let qkv = b.linear(&h, &blk.wqkv, Some(&blk.bqkv))?; // [n, 3·dim] = q | k | v
+            // rms_norm(x)·Wqkvᵀ + bqkv: [n, 3·dim] = q | k | v
+            let qkv = b.rms_norm_linear(&x, &blk.norm1, eps, &blk.wqkv, Some(&blk.bqkv))?;
             // attention(rope_2d(q), rope_2d(k), v): [n, dim]
             let attn = b.attention_rope_2d(&qkv, heads, n_vit_w, theta)?;
             x = b.linear_add(&attn, &blk.wo, Some(&blk.bo), &x)?; // x + attn·Woᵀ + bo
-            let h = b.rms_norm(&x, &blk.norm2, eps)?;
-            let gate_up = b.linear(&h, &blk.w1, None)?; // [n, 2·inter]
-            x = b.linear_add(&b.swiglu(&gate_up)?, &blk.w2, None, &x)?; // [n, dim]
+            let gate_up = b.rms_norm_linear(&x, &blk.norm2, eps, &blk.w1, None)?; // [n, 2·inter]
+            x = b.swiglu_linear_add(&gate_up, &blk.w2, &x)?; // x + swiglu(gate_up)·W2ᵀ: [n, dim]
         }
         let vit = b.rms_norm(&x, &self.norm, eps)?; // [n, dim]
         let r = cfg.downsample_ratio;

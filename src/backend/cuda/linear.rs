@@ -13,8 +13,8 @@ use super::launch::KernelArgs;
 use super::{
     BLAS_MIN_ROWS, Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_BN, GEMM_THREADS,
     GEMV_ROWS, GRID_Y, LINEAR_KERNELS, LINEAR_PAIR_KERNELS, LINEAR_Q8X_MIN_COLS, Q8X_BLOCK_COLS, Q8X_THREADS, Source,
-    TILE_SPLIT_BELOW, TILE_SPLIT_GRID, UNFOLD_LINEAR_GELU_KERNELS, WEIGHT_F16_KERNELS, cfg_1d, check_u32, gemm_grid,
-    gemv_splits, k_splits, linear_q8x_kernel, q8x_shared_bytes,
+    TILE_SPLIT_BELOW, TILE_SPLIT_GRID, UNFOLD_LINEAR_GELU_KERNELS, WEIGHT_F16_KERNELS, cfg_1d, cfg_rows, check_u32,
+    gemm_grid, gemv_splits, k_splits, linear_q8x_kernel, q8x_shared_bytes,
 };
 use crate::backend::{Backend, DType, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
@@ -121,6 +121,57 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// linear(rms_norm(x)): on cuBLASLt the norm writes the GEMM's f16 operand (`rms_norm_f16`,
+    /// no f32 rows and no `f32_to_f16` pass), elsewhere `rms_norm` then `linear`.
+    pub(super) fn rms_norm_linear(
+        &self,
+        x: &CudaTensor,
+        norm: &CudaTensor,
+        eps: f32,
+        w: &CudaWeight,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "rms_norm_linear";
+        let (n, k) = checks::rms_norm_linear(x, norm, w, bias)?;
+        let Some(blas) = self.blas_for(n, k, w.rows, w) else {
+            return self.linear(&self.rms_norm(x, norm, eps)?, w, bias);
+        };
+        let mut x16 = self.alloc(OP, vec![n, k / 2], DType::F32)?;
+        let f = self.func(Source::Norm, "rms_norm_f16")?;
+        let (n32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?);
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*x.buf).arg(&*norm.buf).arg(&mut *x16.buf).arg(&n32).arg(&k32).arg(&eps);
+        // SAFETY: arguments match `rms_norm_f16` in cuda/norm.cu: x [n, k] and norm [k] checked
+        // above (k a multiple of 8, as `blas_for` asks; each an allocation of its own, so on 16
+        // bytes), x16 the n·k/2 words it writes.
+        self.launched(OP, "rms_norm_f16", cfg_rows(n, k), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        self.blas_gemm_f16(OP, blas, &x16, w, (bias, None), &mut y, Shape { n, k, r: w.rows, groups: 1 })?;
+        Ok(y)
+    }
+
+    /// residual + linear(swiglu(gate_up)): on cuBLASLt the gating writes the GEMM's f16 operand
+    /// (`swiglu_f16`) and the residual is its addend, elsewhere `swiglu` then `linear_add`.
+    pub(super) fn swiglu_linear_add(
+        &self,
+        gate_up: &CudaTensor,
+        w: &CudaWeight,
+        residual: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "swiglu_linear_add";
+        let (n, h) = checks::swiglu_linear_add(gate_up, w, residual)?;
+        let Some(blas) = self.blas_for(n, h, w.rows, w) else {
+            return self.linear_add(&self.swiglu(gate_up)?, w, None, residual);
+        };
+        let mut x16 = self.alloc(OP, vec![n, h / 2], DType::F32)?;
+        let sizes = [check_u32(OP, "rows", n)?, check_u32(OP, "h", h)?];
+        // gate_up rows of 2h floats, h a multiple of 8 (`blas_for`): every quad on 16 bytes
+        self.launch_1d(OP, Source::Elementwise, "swiglu_f16", &[&*gate_up.buf], &mut x16, &sizes, n * h / 4)?;
+        let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+        self.blas_gemm_f16(OP, blas, &x16, w, (None, Some(residual)), &mut y, Shape { n, k: h, r: w.rows, groups: 1 })?;
+        Ok(y)
+    }
+
     /// cuBLASLt, where a GEMM of `n` rows of `k` by `r` outputs (a group's) against `w` takes it
     /// (blas.rs): fast precision for this weight, more than `BLAS_MIN_ROWS` rows, k a multiple of
     /// 8 (`weight_f16`'s runs, and the f16 rows on 16 bytes) and r of 4 (y's f32 rows and groups
@@ -161,6 +212,23 @@ impl CudaBackend {
             &[check_u32(op, "x / 4", quads)?],
             quads,
         )?;
+        self.blas_gemm_f16(op, blas, &x16, w, (bias, add), y, shape)
+    }
+
+    /// `blas_gemm` of x already f16 (`x16` `[n, groups·k / 2]` words, as `f32_to_f16` writes
+    /// them).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn blas_gemm_f16(
+        &self,
+        op: &'static str,
+        blas: &Blas,
+        x16: &CudaTensor,
+        w: &CudaWeight,
+        (bias, add): (Option<&CudaTensor>, Option<&CudaTensor>),
+        y: &mut CudaTensor,
+        shape: Shape,
+    ) -> Result<()> {
+        let n = shape.n;
         let call_copy;
         let w16 = match w.format {
             WeightFormat::F16 => &w.buf,

@@ -987,6 +987,21 @@ impl Backend for CudaBackend {
         CudaBackend::linear_add(self, x, w, bias, residual)
     }
 
+    fn rms_norm_linear(
+        &self,
+        x: &CudaTensor,
+        norm: &CudaTensor,
+        eps: f32,
+        w: &CudaWeight,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        CudaBackend::rms_norm_linear(self, x, norm, eps, w, bias)
+    }
+
+    fn swiglu_linear_add(&self, gate_up: &CudaTensor, w: &CudaWeight, residual: &CudaTensor) -> Result<CudaTensor> {
+        CudaBackend::swiglu_linear_add(self, gate_up, w, residual)
+    }
+
     fn attention_rope_2d(&self, qkv: &CudaTensor, n_heads: usize, grid_w: usize, theta: f32) -> Result<CudaTensor> {
         self.attention_rope_2d(qkv, n_heads, grid_w, theta)
     }
