@@ -651,8 +651,9 @@ fn cuda_fast_linear_add_takes_the_residual_into_cublaslt() {
 
 /// On cuBLASLt a ViT block's pre-norm projection (`rms_norm_linear`) and MLP update
 /// (`swiglu_linear_add`) write the GEMM's f16 operand in the norm or the gating (no f32 rows,
-/// no `f32_to_f16` pass); the tiles run the composition. Outputs against the CPU lane at the
-/// op harness's fast GEMM bound (tests/ops.rs holds them on random cases; this checks the route).
+/// no `f32_to_f16` pass); the tiles run the composition. On cuBLASLt each equals its composition
+/// (`rms_norm` + `linear`, `swiglu` + `linear_add`) bit for bit: the same f16 operand, the same
+/// matmul. Outputs against the CPU lane at the op harness's fast GEMM bound.
 #[test]
 fn cuda_fast_norm_and_gating_write_the_gemm_operand() {
     use rand::{Rng, SeedableRng};
@@ -677,11 +678,29 @@ fn cuda_fast_norm_and_gating_write_the_gemm_operand() {
         let gated = b.swiglu_linear_add(&gate_up, &w, &rt).unwrap();
         [normed, gated].map(|t| b.download(&t).unwrap().into_f32("y").unwrap())
     }
+    fn composed<B: Backend>(b: &B, hw: &HostWeight, x: &[f32], norm: &[f32], res: &[f32], n: usize) -> [Vec<f32>; 2] {
+        let (k, out) = (hw.cols, hw.rows);
+        let w = b.upload_weight(hw).unwrap();
+        let xt = b.upload(&HostTensor::f32(vec![n, k], x[..n * k].to_vec()).unwrap()).unwrap();
+        let gate_up = b.upload(&HostTensor::f32(vec![n, 2 * k], x.to_vec()).unwrap()).unwrap();
+        let nt = b.upload(&HostTensor::f32(vec![k], norm.to_vec()).unwrap()).unwrap();
+        let rt = b.upload(&HostTensor::f32(vec![n, out], res.to_vec()).unwrap()).unwrap();
+        let normed = b.linear(&b.rms_norm(&xt, &nt, 1e-6).unwrap(), &w, None).unwrap();
+        let gated = b.linear_add(&b.swiglu(&gate_up).unwrap(), &w, None, &rt).unwrap();
+        [normed, gated].map(|t| b.download(&t).unwrap().into_f32("y").unwrap())
+    }
     let want = run(&cpu, &hw, &x, &norm, &res, n);
+    let lane_composed = composed(&lane, &hw, &x, &norm, &res, n);
     for (b, name, on_blas) in [(&lane, "cublaslt", true), (&tiles, "tiles", false)] {
         b.kernel_times().unwrap();
         let got = run(b, &hw, &x, &norm, &res, n);
         let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+        if on_blas {
+            for (op, (g, c)) in ["rms_norm_linear", "swiglu_linear_add"].iter().zip(got.iter().zip(&lane_composed)) {
+                let differ = g.iter().zip(c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(differ, 0, "{name} {op}: {differ} outputs differ from the composition's");
+            }
+        }
         for (kernel, fused) in [("rms_norm_f16", true), ("swiglu_f16", true), ("f32_to_f16", false)] {
             let expected = if on_blas { fused } else { false };
             assert_eq!(ran.iter().any(|k| k == kernel), expected, "{name}: {kernel} in {ran:?}");

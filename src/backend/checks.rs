@@ -53,12 +53,12 @@ fn renamed(op: &'static str, e: Error) -> Error {
     }
 }
 
-/// x `[n, 2h]` (f32, gate then up) → `(n, h)`.
-fn gated(op: &'static str, x: &impl DeviceTensor) -> Result<(usize, usize)> {
-    input(op, "x", x, DType::F32)?;
+/// `name` `[n, 2h]` (f32, gate then up) → `(n, h)`.
+fn gated(op: &'static str, name: &str, x: &impl DeviceTensor) -> Result<(usize, usize)> {
+    input(op, name, x, DType::F32)?;
     let (n, d) = (x.rows(), x.cols());
     if d % 2 != 0 {
-        return Err(Error::shape(op, format!("x {:?} has an odd number of columns", x.shape())));
+        return Err(Error::shape(op, format!("{name} {:?} has an odd number of columns", x.shape())));
     }
     Ok((n, d / 2))
 }
@@ -126,8 +126,12 @@ pub(crate) fn rms_norm_linear<T: DeviceTensor>(
     bias: Option<&T>,
 ) -> Result<(usize, usize)> {
     const OP: &str = "rms_norm_linear";
-    rms_norm(x, norm).map_err(|e| renamed(OP, e))?;
-    linear(x, w, bias).map_err(|e| renamed(OP, e))
+    input(OP, "norm", norm, DType::F32)?;
+    let (n, k) = linear(x, w, bias).map_err(|e| renamed(OP, e))?;
+    if numel(norm) != k {
+        return Err(Error::shape(OP, format!("norm {:?} for x {:?}", norm.shape(), x.shape())));
+    }
+    Ok((n, k))
 }
 
 /// gate_up `[n, 2h]`, weight `[out, h]`, residual `[n, out]` → `(n, h)`.
@@ -137,7 +141,7 @@ pub(crate) fn swiglu_linear_add<T: DeviceTensor>(
     residual: &T,
 ) -> Result<(usize, usize)> {
     const OP: &str = "swiglu_linear_add";
-    let (n, h) = gated(OP, gate_up)?;
+    let (n, h) = gated(OP, "gate_up", gate_up)?;
     if w.cols() != h {
         let (shape, name, cols) = (gate_up.shape(), w.name(), w.cols());
         return Err(Error::shape(OP, format!("gate_up {shape:?} gates {h} columns, weight `{name}` takes {cols}")));
@@ -209,7 +213,7 @@ pub(crate) fn gather_rows<T: DeviceTensor>(src: &T, idx: &T) -> Result<(usize, u
 
 /// x `[n, 2h]` → `(n, h)`.
 pub(crate) fn swiglu(x: &impl DeviceTensor) -> Result<(usize, usize)> {
-    gated("swiglu", x)
+    gated("swiglu", "x", x)
 }
 
 /// x f32.
@@ -884,7 +888,8 @@ mod tests {
         );
         refused(linear_add(&a, &Weight(4, 3), None, &i(&[2, 4])), "linear_add", "residual must be f32, found i32");
         assert_eq!(linear_add(&a, &Weight(4, 3), Some(&f(&[4])), &f(&[2, 4])).unwrap(), (2, 3));
-        refused(rms_norm_linear(&a, &f(&[2]), &Weight(4, 3), None), "rms_norm_linear", "weight [2] for x [2, 3]");
+        refused(rms_norm_linear(&a, &f(&[2]), &Weight(4, 3), None), "rms_norm_linear", "norm [2] for x [2, 3]");
+        refused(rms_norm_linear(&a, &i(&[3]), &Weight(4, 3), None), "rms_norm_linear", "norm must be f32, found i32");
         refused(
             rms_norm_linear(&a, &f(&[3]), &Weight(4, 2), None),
             "rms_norm_linear",
@@ -895,7 +900,7 @@ mod tests {
         refused(
             swiglu_linear_add(&a, &Weight(4, 1), &f(&[2, 4])),
             "swiglu_linear_add",
-            "x [2, 3] has an odd number of columns",
+            "gate_up [2, 3] has an odd number of columns",
         );
         refused(
             swiglu_linear_add(&gate_up, &Weight(4, 6), &f(&[2, 4])),

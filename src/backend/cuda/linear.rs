@@ -12,9 +12,9 @@ use super::blas::{Blas, Shape};
 use super::launch::KernelArgs;
 use super::{
     BLAS_MIN_ROWS, Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_BN, GEMM_THREADS,
-    GEMV_ROWS, GRID_Y, LINEAR_KERNELS, LINEAR_PAIR_KERNELS, LINEAR_Q8X_MIN_COLS, Q8X_BLOCK_COLS, Q8X_THREADS, Source,
-    TILE_SPLIT_BELOW, TILE_SPLIT_GRID, UNFOLD_LINEAR_GELU_KERNELS, WEIGHT_F16_KERNELS, cfg_1d, cfg_rows, check_u32,
-    gemm_grid, gemv_splits, k_splits, linear_q8x_kernel, q8x_shared_bytes,
+    GEMV_ROWS, GRID_Y, KEEP_F16_HEADROOM, LINEAR_KERNELS, LINEAR_PAIR_KERNELS, LINEAR_Q8X_MIN_COLS, Q8X_BLOCK_COLS,
+    Q8X_THREADS, Source, TILE_SPLIT_BELOW, TILE_SPLIT_GRID, UNFOLD_LINEAR_GELU_KERNELS, WEIGHT_F16_KERNELS, cfg_1d,
+    cfg_rows, check_u32, gemm_grid, gemv_splits, k_splits, linear_q8x_kernel, q8x_shared_bytes,
 };
 use crate::backend::{Backend, DType, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
@@ -173,12 +173,14 @@ impl CudaBackend {
     }
 
     /// cuBLASLt, where a GEMM of `n` rows of `k` by `r` outputs (a group's) against `w` takes it
-    /// (blas.rs): fast precision for this weight, more than `BLAS_MIN_ROWS` rows, k a multiple of
-    /// 8 (`weight_f16`'s runs, and the f16 rows on 16 bytes) and r of 4 (y's f32 rows and groups
-    /// on 16 bytes).
+    /// (blas.rs): fast precision for this weight, more than `BLAS_MIN_ROWS` rows, k and r not zero
+    /// (the lane's own kernels take empty products), k a multiple of 8 (`weight_f16`'s runs, and
+    /// the f16 rows on 16 bytes) and r of 4 (y's f32 rows and groups on 16 bytes).
     pub(super) fn blas_for(&self, n: usize, k: usize, r: usize, w: &CudaWeight) -> Option<&Blas> {
         self.blas.as_ref().filter(|_| {
             n > BLAS_MIN_ROWS
+                && k > 0
+                && r > 0
                 && k.is_multiple_of(8)
                 && r.is_multiple_of(4)
                 && self.weight_precision(w.exact) == Precision::Fast
@@ -232,13 +234,15 @@ impl CudaBackend {
         let call_copy;
         let w16 = match w.format {
             WeightFormat::F16 => &w.buf,
-            WeightFormat::BF16 | WeightFormat::F32 => self.kept_weight_f16(op, w)?,
-            _ => {
-                let mut t = self.alloc(op, vec![w.rows, w.cols / 2], DType::F32)?;
-                self.write_weight_f16(op, w, &mut t.buf)?;
-                call_copy = t;
-                &*call_copy.buf
-            }
+            _ => match self.kept_weight_f16(op, w)? {
+                Some(copy) => copy,
+                None => {
+                    let mut t = self.alloc(op, vec![w.rows, w.cols / 2], DType::F32)?;
+                    self.write_weight_f16(op, w, &mut t.buf)?;
+                    call_copy = t;
+                    &*call_copy.buf
+                }
+            },
         };
         let grid = (
             check_u32(op, "outputs", shape.groups * shape.r)?,
@@ -259,21 +263,31 @@ impl CudaBackend {
         result.map_err(|e| Error::Device(format!("op `{op}`, weight `{}`: {e}", w.name)))
     }
 
-    /// W's f16 copy kept beside it (`CudaWeight::f16`), made on the first call: BF16 and F32
-    /// matrices, whose copy is no larger than they are (a block format's would be larger: those
-    /// are converted for each GEMM instead). The copy's bytes count as weight memory.
-    fn kept_weight_f16<'w>(&self, op: &'static str, w: &'w CudaWeight) -> Result<&'w CudaSlice<u8>> {
+    /// W's f16 copy kept beside it (`CudaWeight::f16`), made on the first call, or none (the
+    /// caller converts W for this call): a block format (its copy would be larger than it is),
+    /// a device with less than the copy plus `KEEP_F16_HEADROOM` free, or a copy that could not
+    /// be allocated. A BF16 matrix then takes twice its bytes on the device, an F32 one 1.5×; the
+    /// copy counts as weight memory until W drops.
+    fn kept_weight_f16<'w>(&self, op: &'static str, w: &'w CudaWeight) -> Result<Option<&'w CudaSlice<u8>>> {
         if let Some(copy) = w.f16.get() {
-            return Ok(copy);
+            return Ok(Some(copy));
         }
-        let mut copy = self.raw_alloc(op, w.rows * w.cols * 2)?;
+        if !matches!(w.format, WeightFormat::BF16 | WeightFormat::F32) {
+            return Ok(None);
+        }
+        let bytes = w.rows * w.cols * 2;
+        let free = self.ctx.mem_get_info().map_or(0, |(free, _)| free as u64);
+        if free < bytes as u64 + KEEP_F16_HEADROOM {
+            return Ok(None);
+        }
+        let Ok(mut copy) = self.raw_alloc(op, bytes) else { return Ok(None) };
         self.write_weight_f16(op, w, &mut copy)?;
-        let bytes = copy.len() as u64;
+        let len = copy.len() as u64;
         if w.f16.set(copy).is_ok() {
-            self.counters.weight.fetch_add(bytes, Ordering::Relaxed);
+            w.counters.weight.fetch_add(len, Ordering::Relaxed);
         }
         // set just now, or by a caller that won the race (whose copy is the same)
-        w.f16.get().ok_or_else(|| Error::Device(format!("op `{op}`: the f16 copy of weight `{}` is missing", w.name)))
+        Ok(w.f16.get())
     }
 
     /// W `[rows, cols]` in its format → `dst` as rows·cols f16 (`weight_f16_*`).

@@ -148,8 +148,9 @@ pub struct CudaWeight {
     /// Uploaded by `upload_weight_exact`: its products stay f32 in fast mode.
     pub(super) exact: bool,
     /// The matrix as the f16 operand cuBLASLt reads, made by the first GEMM there that takes it
-    /// and kept for the next (`CudaBackend::weight_f16`): formats whose f16 copy is no larger than
-    /// they are (BF16, F32). Counted in `Counters::weight`, not `matrix` (the file's footprint).
+    /// and kept for the next (`CudaBackend::kept_weight_f16`): BF16 and F32 matrices (whose copy
+    /// is no larger than the matrix) where the device has room. Counted in `Counters::weight`, not
+    /// `matrix` (the file's footprint).
     pub(super) f16: OnceLock<CudaSlice<u8>>,
 }
 

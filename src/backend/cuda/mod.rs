@@ -122,6 +122,10 @@ const QKV_ROPE_THREADS: u32 = 256;
 /// `attention_fast_d*`'s instantiations: the padded head widths, each with its kernel.
 const FAST_ATTENTION_WIDTHS: [(usize, &str); 4] =
     [(16, "attention_fast_d16"), (32, "attention_fast_d32"), (64, "attention_fast_d64"), (128, "attention_fast_d128")];
+/// Free device memory a kept f16 copy of a weight must leave (`kept_weight_f16`): a prefill
+/// chunk's activations (1.06 GiB at the peak of the whole q2 model's 2048-token chunks on an H200)
+/// several times over; below it the copy is made for each call instead.
+const KEEP_F16_HEADROOM: u64 = 4 << 30;
 /// Block tile of the shared GEMM (`GEMM_BM` rows x `GEMM_BN` columns in cuda/common.cuh) behind
 /// `linear`, `grouped_linear` and `moe_experts`, and its threads per block (`GEMM_THREADS`, 1-D).
 /// Its shared memory is static (at most 25 KiB, the tensor-core path with f16 weights).
