@@ -403,6 +403,12 @@ static void test_attention_qkv_rope() {
 // against their compositions, bit for bit: rms_norm_f32 / swiglu_f32, then f32_to_f16. Rows of
 // one block's width and past it, gates large both ways (exp over- and underflow), a NaN.
 static void test_f16_operands() {
+    const auto same_words = [](const char* name, const std::vector<unsigned>& got, const std::vector<unsigned>& want) {
+        size_t diff = 0;
+        for (size_t i = 0; i < got.size(); ++i) diff += got[i] != want[i];
+        std::printf("%-44s %zu of %zu differ %s\n", name, diff, got.size(), diff ? "FAIL" : "ok");
+        failures += diff != 0;
+    };
     const unsigned NORMS[][2] = {{1, 8}, {3, 1024}, {70, 40}, {5, 2104}};
     for (auto& sh : NORMS) {
         unsigned n = sh[0], d = sh[1];
@@ -415,12 +421,9 @@ static void test_f16_operands() {
                    n * d / 4);
         emu_launch(rms_norm_f16, {n}, {256}, 0, (const float*)x.data(), (const float*)w.data(),
                    (f16x4_words*)got.data(), n, d, 1e-6f);
-        size_t diff = 0;
-        for (size_t i = 0; i < got.size(); ++i) diff += got[i] != want[i];
         char name[64];
         std::snprintf(name, sizeof name, "rms_norm_f16 [%u,%u]", n, d);
-        std::printf("%-44s %zu of %zu differ %s\n", name, diff, got.size(), diff ? "FAIL" : "ok");
-        failures += diff != 0;
+        same_words(name, got, want);
     }
     const unsigned GATES[][2] = {{1, 4}, {21, 56}, {9, 1024}};
     for (auto& sh : GATES) {
@@ -435,12 +438,9 @@ static void test_f16_operands() {
                    rows * h / 4);
         emu_launch(swiglu_f16, {blocks1d(rows * h / 4)}, {256}, 0, (const float*)x.data(), (f16x4_words*)got.data(),
                    rows, h);
-        size_t diff = 0;
-        for (size_t i = 0; i < got.size(); ++i) diff += got[i] != want[i];
         char name[64];
         std::snprintf(name, sizeof name, "swiglu_f16 [%u,2x%u]", rows, h);
-        std::printf("%-44s %zu of %zu differ %s\n", name, diff, got.size(), diff ? "FAIL" : "ok");
-        failures += diff != 0;
+        same_words(name, got, want);
     }
 }
 

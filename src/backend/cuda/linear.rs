@@ -14,7 +14,7 @@ use super::{
     BLAS_MIN_ROWS, Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_BN, GEMM_THREADS,
     GEMV_ROWS, GRID_Y, KEEP_F16_HEADROOM, LINEAR_KERNELS, LINEAR_PAIR_KERNELS, LINEAR_Q8X_MIN_COLS, Q8X_BLOCK_COLS,
     Q8X_THREADS, Source, TILE_SPLIT_BELOW, TILE_SPLIT_GRID, UNFOLD_LINEAR_GELU_KERNELS, WEIGHT_F16_KERNELS, cfg_1d,
-    cfg_rows, check_u32, gemm_grid, gemv_splits, k_splits, linear_q8x_kernel, q8x_shared_bytes,
+    check_u32, gemm_grid, gemv_splits, k_splits, linear_q8x_kernel, q8x_shared_bytes,
 };
 use crate::backend::{Backend, DType, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
@@ -136,15 +136,10 @@ impl CudaBackend {
         let Some(blas) = self.blas_for(n, k, w.rows, w) else {
             return self.linear(&self.rms_norm(x, norm, eps)?, w, bias);
         };
+        // x16: the n·k/2 words rms_norm_f16 writes (k a multiple of 8, as `blas_for` asks; x and
+        // norm each an allocation of its own, so on 16 bytes)
         let mut x16 = self.alloc(OP, vec![n, k / 2], DType::F32)?;
-        let f = self.func(Source::Norm, "rms_norm_f16")?;
-        let (n32, k32) = (check_u32(OP, "rows", n)?, check_u32(OP, "in_features", k)?);
-        let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*x.buf).arg(&*norm.buf).arg(&mut *x16.buf).arg(&n32).arg(&k32).arg(&eps);
-        // SAFETY: arguments match `rms_norm_f16` in cuda/norm.cu: x [n, k] and norm [k] checked
-        // above (k a multiple of 8, as `blas_for` asks; each an allocation of its own, so on 16
-        // bytes), x16 the n·k/2 words it writes.
-        self.launched(OP, "rms_norm_f16", cfg_rows(n, k), |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        self.launch_rms_norm(OP, "rms_norm_f16", x, norm, &mut x16, (n, k), eps)?;
         let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         self.blas_gemm_f16(OP, blas, &x16, w, (bias, None), &mut y, Shape { n, k, r: w.rows, groups: 1 })?;
         Ok(y)

@@ -682,6 +682,29 @@ impl CudaBackend {
         r.map(|_| ()).map_err(|e| Self::launch_err(op, kernel, e))
     }
 
+    /// `rms_norm_f32` or `rms_norm_f16` (cuda/norm.cu) of x `[n, d]` by weight `[d]` into `out`,
+    /// a block a row: `out` holds n·d f32, or n·d/2 words of f16 pairs (d a multiple of 4, x and
+    /// weight on 16 bytes).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_rms_norm(
+        &self,
+        op: &'static str,
+        kernel: &'static str,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        out: &mut CudaTensor,
+        (n, d): (usize, usize),
+        eps: f32,
+    ) -> Result<()> {
+        let f = self.func(Source::Norm, kernel)?;
+        let (n32, d32) = (check_u32(op, "rows", n)?, check_u32(op, "row width", d)?);
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*x.buf).arg(&*weight.buf).arg(&mut *out.buf).arg(&n32).arg(&d32).arg(&eps);
+        // SAFETY: arguments match `rms_norm_f32` / `rms_norm_f16` in cuda/norm.cu; the callers
+        // checked x and weight and allocate out as the kernel writes it (above).
+        self.launched(op, kernel, cfg_rows(n, d), |cfg| unsafe { l.launch(cfg, self.pdl) })
+    }
+
     fn launch_err(op: &'static str, kernel: &str, e: impl std::fmt::Debug) -> Error {
         Error::Device(format!("op `{op}`: launching kernel `{kernel}`: {e:?}"))
     }
@@ -887,13 +910,7 @@ impl Backend for CudaBackend {
         if n == 0 || d == 0 {
             return Ok(y);
         }
-        let f = self.func(Source::Norm, "rms_norm_f32")?;
-        let (n32, d32) = (n as u32, d as u32);
-        let cfg = cfg_rows(n, d);
-        let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*x.buf).arg(&*weight.buf).arg(&mut *y.buf).arg(&n32).arg(&d32).arg(&eps);
-        // SAFETY: arguments match `rms_norm_f32` in cuda/norm.cu; shapes checked above.
-        self.launched(OP, "rms_norm_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        self.launch_rms_norm(OP, "rms_norm_f32", x, weight, &mut y, (n, d), eps)?;
         Ok(y)
     }
 
