@@ -19,8 +19,8 @@
 //! independently, so ≈ √60 · 2.8e-4 ≈ 2.2e-3 at the logits while no router or indexer choice
 //! moves; the generator's margins (1e-4) are thin enough that some may, and a moved expert shifts
 //! that token's hidden state by O(its output). The ceiling is 3e-2: we gate there
-//! (`FAST_REL_L2`), with top-1 at every position but near-ties and greedy tokens exact
-//! (`common::lm::Contract::Fast`); moved choices are printed.
+//! (`FAST_REL_L2`), with top-1 at every position but near-ties and greedy tokens exact but at
+//! a decode step where a selection moved (`common::lm::Contract::Fast`); moved choices are printed.
 
 mod common;
 

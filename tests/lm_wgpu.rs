@@ -20,7 +20,8 @@
 //! the CUDA lane does, so the CUDA lane's derivation holds unchanged (tests/lm_cuda.rs: ≈ 60
 //! GEMMs of ≈ 2.8e-4 each reach the logits as ≈ 2.2e-3 while no router or indexer choice moves),
 //! and so does its contract: logits within the ceiling 3e-2 (`FAST_REL_L2`), top-1 at
-//! every position but near-ties, greedy tokens exact (`common::lm::Contract::Fast`).
+//! every position but near-ties, greedy tokens exact but where a decode step's selection moved
+//! (`common::lm::Contract::Fast`).
 
 mod common;
 

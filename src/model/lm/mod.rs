@@ -805,7 +805,12 @@ impl<B: Backend> LmModel<B> {
     /// One decode step: feed text token `id` at position `cache.pos`, extend the cache, return
     /// the logits `[1, vocab]` (image blocks enter through a prefill, vision.md §5.1).
     pub fn decode(&self, b: &B, cache: &mut LmCache<B>, id: i32) -> Result<B::Tensor> {
-        self.decode_batch(b, &mut [cache], &[id])
+        self.decode_seqs(b, &mut [cache], &[id], None)
+    }
+
+    /// [`LmModel::decode`], recording the step's per-layer records in `trace` (conformance tests).
+    pub fn decode_traced(&self, b: &B, cache: &mut LmCache<B>, id: i32, trace: &mut LmTrace<B>) -> Result<B::Tensor> {
+        self.decode_seqs(b, &mut [cache], &[id], Some(trace))
     }
 
     /// One decode step of several sequences in one forward: `ids[i]` extends `caches[i]` at its
@@ -814,6 +819,17 @@ impl<B: Backend> LmModel<B> {
     /// the compressors and attention run per sequence. After an error the caches are not to be
     /// used again: a failure part way leaves some layers extended and others not.
     pub fn decode_batch(&self, b: &B, caches: &mut [&mut LmCache<B>], ids: &[i32]) -> Result<B::Tensor> {
+        self.decode_seqs(b, caches, ids, None)
+    }
+
+    /// [`LmModel::decode_batch`] with an optional trace (one sequence only: `forward_seqs`).
+    fn decode_seqs(
+        &self,
+        b: &B,
+        caches: &mut [&mut LmCache<B>],
+        ids: &[i32],
+        trace: Option<&mut LmTrace<B>>,
+    ) -> Result<B::Tensor> {
         let v = self.cfg.vocab_size;
         if let Some(&id) = ids.iter().find(|&&id| id < 0 || id as usize >= v) {
             return Err(Error::Invalid(format!("decode: token id {id} outside the text vocabulary 0..{v}")));
@@ -829,7 +845,7 @@ impl<B: Backend> LmModel<B> {
             .enumerate()
             .map(|(i, (cache, window))| SeqChunk { cache: &mut **cache, rows: i..i + 1, window })
             .collect();
-        let y = self.forward_seqs(b, &mut seqs, ids, None, None)?;
+        let y = self.forward_seqs(b, &mut seqs, ids, None, trace)?;
         self.logits(b, &y)
     }
 
