@@ -121,24 +121,26 @@ BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned
 // rows grid-strided: the first pass writes the collapsed row (summed over the streams as
 // hc_pre_f32 sums it) and its squares, the second scales it in place, each thread rereading only
 // the elements it wrote.
+// One row of hc_pre_norm_f32 by the whole block: xt [hc*d], wt [>= hc] -> yt [d]; red: block_sum's.
+__device__ __forceinline__ void lms_pre_norm_row(const float* xt, const float* wt, const float* weight, float* yt,
+                                                 unsigned int d, unsigned int hc, float eps, float* red) {
+    float s = 0.0f;
+    for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = 0.0f;
+        for (unsigned int k = 0; k < hc; ++k) v += wt[k] * xt[(u64)k * d + j];
+        yt[j] = v;
+        s = fmaf(v, v, s);
+    }
+    const float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
+    for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
+}
+
 BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* weight, float* out, unsigned int n,
                                  unsigned int d, unsigned int hc, unsigned int wc, float eps) {
     grid_wait();
     __shared__ float red[32];
-    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x) {
-        const float* xt = x + (u64)t * hc * d;
-        const float* wt = w + (u64)t * wc;
-        float* yt = out + (u64)t * d;
-        float s = 0.0f;
-        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) {
-            float v = 0.0f;
-            for (unsigned int k = 0; k < hc; ++k) v += wt[k] * xt[(u64)k * d + j];
-            yt[j] = v;
-            s = fmaf(v, v, s);
-        }
-        const float inv = 1.0f / sqrtf(block_sum(s, red) / (float)d + eps);
-        for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
-    }
+    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x)
+        lms_pre_norm_row(x + (u64)t * hc * d, w + (u64)t * wc, weight, out + (u64)t * d, d, hc, eps, red);
 }
 
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
@@ -486,6 +488,35 @@ BASE_KERNEL void hc_mix_partials_rows4_f32(const float* x, const void* mix, floa
 // one after another, 13.1 us of 2 launches a layer on an H200, 10.4 so); a prefill chunk a warp a
 // token (a block a token idles 7 warps of 8 through the Sinkhorn: 47.8 us for 2 048 tokens, 19.7
 // so). Every warp runs hc_split_warp, the groups' first warps active.
+// Token t's split by the token_warps warps of its group (warp / token_warps): warp sub of the group
+// sums ranges sub, sub + token_warps, ..., the group's first warp adds the group's sums in warp
+// order, scales the mix by the norm's factor and splits it. Every thread of the block calls it
+// (its barriers); red, sum and mix hold a row per warp / group of the block.
+__device__ __forceinline__ void lms_mix_split_group(const float* part, const float* scale, const float* base,
+                                                    float* out, u64 t, bool active, unsigned int k, unsigned int hc,
+                                                    unsigned int splits, unsigned int iters, float eps,
+                                                    float norm_eps, unsigned int token_warps, float (*red)[32],
+                                                    float (*sum)[32], float (*mix)[32]) {
+    const unsigned int w = (2u + hc) * hc, warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
+    const unsigned int group = warp / token_warps, sub = warp % token_warps;
+    const u64 tt = active ? t : 0;
+    float v = 0.0f;
+    if (lane <= w)
+        for (unsigned int i = sub; i < splits; i += token_warps) v += part[(tt * splits + i) * (w + 1) + lane];
+    red[warp][lane] = v;
+    __syncthreads();
+    if (sub == 0 && lane <= w) {
+        float s = 0.0f;
+        for (unsigned int j = 0; j < token_warps; ++j) s += red[warp + j][lane];
+        sum[group][lane] = s;
+    }
+    __syncthreads();
+    if (sub == 0 && lane < w) mix[group][lane] = sum[group][lane] * (1.0f / sqrtf(sum[group][w] / (float)k + norm_eps));
+    __syncthreads();
+    hc_split_warp(mix[group], scale, base, out + tt * w, hc, iters, eps, active && sub == 0);
+    __syncthreads(); // red, sum and mix are read, the split written, before the caller goes on
+}
+
 BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const float* base, float* out,
                                   unsigned int n, unsigned int k, unsigned int hc, unsigned int splits,
                                   unsigned int iters, unsigned int eps_bits, float norm_eps,
@@ -494,28 +525,32 @@ BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const f
     __shared__ float red[LMS_MIX_THREADS / 32][32];
     __shared__ float sum[LMS_MIX_THREADS / 32][32];
     __shared__ float mix[LMS_MIX_THREADS / 32][32];
-    const float eps = __uint_as_float(eps_bits);
-    const unsigned int w = (2u + hc) * hc, warps = blockDim.x / 32u, warp = threadIdx.x / 32u, lane = threadIdx.x % 32u;
-    const unsigned int groups = warps / token_warps, group = warp / token_warps, sub = warp % token_warps;
-    for (u64 t0 = (u64)blockIdx.x * groups; t0 < n; t0 += (u64)gridDim.x * groups) {
-        const u64 t = t0 + group;
-        const bool active = t < n;
-        const u64 tt = active ? t : 0;
-        float v = 0.0f;
-        if (lane <= w)
-            for (unsigned int i = sub; i < splits; i += token_warps) v += part[(tt * splits + i) * (w + 1) + lane];
-        red[warp][lane] = v;
-        __syncthreads();
-        if (sub == 0 && lane <= w) {
-            float s = 0.0f;
-            for (unsigned int j = 0; j < token_warps; ++j) s += red[warp + j][lane];
-            sum[group][lane] = s;
-        }
-        __syncthreads();
-        if (sub == 0 && lane < w) mix[group][lane] = sum[group][lane] * (1.0f / sqrtf(sum[group][w] / (float)k + norm_eps));
-        __syncthreads();
-        hc_split_warp(mix[group], scale, base, out + tt * w, hc, iters, eps, active && sub == 0);
-        __syncthreads(); // red, sum and mix are read before the next round writes them
+    const unsigned int groups = blockDim.x / 32u / token_warps, group = threadIdx.x / 32u / token_warps;
+    for (u64 t0 = (u64)blockIdx.x * groups; t0 < n; t0 += (u64)gridDim.x * groups)
+        lms_mix_split_group(part, scale, base, out, t0 + group, t0 + group < n, k, hc, splits, iters,
+                            __uint_as_float(eps_bits), norm_eps, token_warps, red, sum, mix);
+}
+
+// hc_mix_split_pre_norm_f32: a decode step's hc_mix_split_f32 (a block a token, its first
+// LMS_MIX_THREADS / 32 warps summing the token's ranges as hc_mix_split_f32 with that many
+// token_warps), then in the same block hc_pre_norm_f32 of the token with the split's pre: split
+// [n, (2+hc)*hc] and out [n, d] for X [n, hc*d], tokens grid-strided. The host launches it with
+// hc_pre_norm_f32's block (row_threads(d), at least LMS_MIX_THREADS), so both outputs have the
+// two kernels' bits, one launch fewer. The other warps wait through the split.
+BASE_KERNEL void hc_mix_split_pre_norm_f32(const float* part, const float* scale, const float* base, float* split,
+                                           const float* x, const float* weight, float* out, unsigned int n,
+                                           unsigned int k, unsigned int hc, unsigned int splits, unsigned int iters,
+                                           unsigned int eps_bits, float norm_eps, unsigned int d) {
+    grid_wait();
+    __shared__ float red[32][32];
+    __shared__ float sum[32][32];
+    __shared__ float mix[32][32];
+    const unsigned int token_warps = LMS_MIX_THREADS / 32u, w = (2u + hc) * hc;
+    for (unsigned int t = blockIdx.x; t < n; t += gridDim.x) {
+        lms_mix_split_group(part, scale, base, split, t, threadIdx.x / 32u < token_warps, k, hc, splits, iters,
+                            __uint_as_float(eps_bits), norm_eps, token_warps, red, sum, mix);
+        lms_pre_norm_row(x + (u64)t * hc * d, split + (u64)t * w, weight, out + (u64)t * d, d, hc, norm_eps, red[0]);
+        __syncthreads(); // red[0] is read before the next token's split writes it
     }
 }
 

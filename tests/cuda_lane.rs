@@ -437,6 +437,7 @@ fn explicit_timed_options() -> fovea::backend::cuda::Options {
         kernel_times_by_grid: false,
         dependent_launch: false,
         separate_linear_pair: false,
+        separate_hc_split_norm: false,
         q8x: true,
         sink_tensor_cores: true,
         ..Default::default()
@@ -481,6 +482,61 @@ fn cuda_linear_pair_matches_two_linears_bit_for_bit() {
             let bits = |p: &[f32], q: &[f32]| p.iter().zip(q).filter(|(u, v)| u.to_bits() != v.to_bits()).count();
             assert_eq!(bits(&a1, &a2) + bits(&b1, &b2), 0, "{format} n {n}: one launch and two differ");
         }
+    }
+}
+
+/// A decode step's `hc_mix_split_pre_norm` in two launches (`hc_mix_partials_f32`, then
+/// `hc_mix_split_pre_norm_f32`) writes the bits of the three (`separate_hc_split_norm`: the
+/// partials, `hc_mix_split_f32`, `hc_pre_norm_f32`): the released geometry (hc 4, d 4 096: blocks
+/// of 1 024 threads, an F16 mix uploaded exact as the model's) on one row and on three, and
+/// lm-tiny's width (d 64: blocks of 256) on two; 100 rows (past a block a token) take the three
+/// launches either way.
+#[test]
+fn cuda_hc_mix_split_pre_norm_of_a_decode_row_is_two_launches_with_the_composition_bits() {
+    use fovea::backend::cuda::Options;
+    use rand::{Rng, SeedableRng};
+    let timed = explicit_timed_options();
+    let Some(two) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
+    let three = CudaBackend::with_options(Options { separate_hc_split_norm: true, ..timed }).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x4c5e);
+    let hc = 4;
+    for (d, n) in [(4096, 1), (4096, 3), (64, 2), (64, 100)] {
+        let (w, k) = ((2 + hc) * hc, hc * d);
+        let mix = common::blocks::weight_bytes(&mut r, WeightFormat::F16, w, k);
+        let scale: Vec<f32> = (0..3).map(|_| r.random_range(0.5f32..1.5)).collect();
+        let base: Vec<f32> = (0..w).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let norm: Vec<f32> = (0..d).map(|_| r.random_range(0.5f32..1.5)).collect();
+        let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-2.0f32..2.0)).collect();
+        let run = |lane: &CudaBackend| {
+            let hw = HostWeight {
+                name: "mix".into(),
+                format: WeightFormat::F16,
+                rows: w,
+                cols: k,
+                bytes: Cow::Borrowed(&mix),
+            };
+            let m = lane.upload_weight_exact(&hw).unwrap();
+            let up = |shape: Vec<usize>, v: &[f32]| lane.upload(&HostTensor::f32(shape, v.to_vec()).unwrap()).unwrap();
+            let (xt, st, bt, nt) = (up(vec![n, k], &x), up(vec![3], &scale), up(vec![w], &base), up(vec![d], &norm));
+            lane.kernel_times().unwrap(); // from here on
+            let (split, y) = lane.hc_mix_split_pre_norm(&xt, &m, &st, &bt, hc, 20, 1e-6, 1e-6, &nt).unwrap();
+            let mut ran: Vec<(String, u64)> =
+                lane.kernel_times().unwrap().unwrap().into_iter().map(|k| (k.name, k.count)).collect();
+            ran.sort();
+            let get = |t| lane.download(t).unwrap().into_f32("y").unwrap();
+            (get(&split), get(&y), ran)
+        };
+        let ((s2, y2, ran2), (s3, y3, ran3)) = (run(&two), run(&three));
+        let named = |names: &[&str]| names.iter().map(|s| (s.to_string(), 1)).collect::<Vec<_>>();
+        let composed = named(&["hc_mix_partials_f32", "hc_mix_split_f32", "hc_pre_norm_f32"]);
+        assert_eq!(ran3, composed, "d {d} n {n}: asked for three launches");
+        match n <= 64 {
+            true => assert_eq!(ran2, named(&["hc_mix_partials_f32", "hc_mix_split_pre_norm_f32"]), "d {d} n {n}"),
+            false => assert_eq!(ran2, composed, "d {d} n {n}: past a block a token"),
+        }
+        assert!(s2.iter().chain(&y2).all(|v| v.is_finite()), "d {d} n {n}");
+        let bits = |p: &[f32], q: &[f32]| p.iter().zip(q).filter(|(u, v)| u.to_bits() != v.to_bits()).count();
+        assert_eq!((bits(&s2, &s3), bits(&y2, &y3)), (0, 0), "d {d} n {n}: split, input apart from the three launches");
     }
 }
 

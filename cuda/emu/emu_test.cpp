@@ -1414,6 +1414,23 @@ static void test_hc_mix_split() {
         check(name, y, want, 1e-10);
         std::snprintf(name, sizeof name, "hc_mix_split [%u,%u] %s hc=%u, a warp a token", n, k, fmt_name(fmt), hc);
         check(name, y1, want, 1e-10);
+        // a decode step's split and norm in one launch (hc_pre_norm_f32's block: 1024 threads from
+        // d = 4096, else 256; 2 blocks, tokens grid-stride): hc_mix_split_f32 (a block a token)
+        // then hc_pre_norm_f32, bit for bit (not the 64-token case: 1024-thread blocks are slow here)
+        if (n <= 20) {
+            const unsigned d = k / hc, rt = d >= 4096 ? 1024 : 256;
+            auto norm = randv(d, 1);
+            std::vector<float> pre(n * d), fused_split(n * w, 7.0f), fused_pre(n * d, 7.0f);
+            emu_launch(hc_pre_norm_f32, {2}, {rt}, 0, (const float*)x.data(), (const float*)y.data(),
+                       (const float*)norm.data(), pre.data(), n, d, hc, w, norm_eps);
+            emu_launch(hc_mix_split_pre_norm_f32, {2}, {rt}, 0, (const float*)part.data(), (const float*)scale.data(),
+                       (const float*)base.data(), fused_split.data(), (const float*)x.data(),
+                       (const float*)norm.data(), fused_pre.data(), n, k, hc, splits, iters, eb, norm_eps, d);
+            std::snprintf(name, sizeof name, "hc_mix_split_pre_norm [%u,%u] %s hc=%u split", n, k, fmt_name(fmt), hc);
+            check(name, fused_split, y, 0);
+            std::snprintf(name, sizeof name, "hc_mix_split_pre_norm [%u,%u] %s hc=%u norm", n, k, fmt_name(fmt), hc);
+            check(name, fused_pre, pre, 0);
+        }
         // a prefill chunk's partials: four rows a block (the last group short where n % 4 != 0),
         // ranges of 4096, 2 row blocks grid-striding
         const unsigned splits4 = (k + 4095) / 4096;

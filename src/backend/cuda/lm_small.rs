@@ -218,6 +218,56 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// `hc_mix_split` then `hc_pre_norm` of its pre ([`Backend::hc_mix_split_pre_norm`]): for a
+    /// decode step's rows (at most `MIX_BLOCK_A_TOKEN_MAX`, where `hc_mix_split_f32` gives a
+    /// token a block) the partial sums and then one launch of `hc_mix_split_pre_norm_f32`, whose
+    /// block splits the token and norms its collapsed streams with both kernels' bits (it takes
+    /// `hc_pre_norm_f32`'s block size); elsewhere, or with
+    /// [`Options::separate_hc_split_norm`](super::Options), the two ops.
+    ///
+    /// [`Backend::hc_mix_split_pre_norm`]: crate::backend::Backend::hc_mix_split_pre_norm
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hc_mix_split_pre_norm(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        const OP: &str = "hc_mix_split_pre_norm";
+        let (n, k, w, d) = checks::hc_mix_split_pre_norm(x, mix, scale, base, hc, weight)?;
+        let parts = match n <= MIX_BLOCK_A_TOKEN_MAX && !self.opts.separate_hc_split_norm {
+            true => self.hc_mix_partials(OP, x, mix, n, k, w)?,
+            false => None,
+        };
+        let Some((part, splits)) = parts else {
+            let split = self.hc_mix_split(x, mix, scale, base, hc, iters, eps, norm_eps)?;
+            let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
+            return Ok((split, y));
+        };
+        let mut split = self.alloc(OP, vec![n, w], DType::F32)?;
+        let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
+        let (n32, k32, d32, splits32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", k)?, d as u32, splits as u32);
+        let (hc32, iters32, eps_bits) = (check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits());
+        let f = self.func(Source::LmSmall, "hc_mix_split_pre_norm_f32")?;
+        // hc_pre_norm_f32's launch: a block a row of row_threads(d) ≥ MIX_THREADS threads
+        let cfg = cfg_rows(n, d);
+        debug_assert!(cfg.block_dim.0 >= MIX_THREADS, "the split needs MIX_THREADS / 32 warps");
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*part.buf).arg(&*scale.buf).arg(&*base.buf).arg(&mut *split.buf);
+        l.arg(&*x.buf).arg(&*weight.buf).arg(&mut *y.buf);
+        l.arg(&n32).arg(&k32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps).arg(&d32);
+        // SAFETY: arguments match `hc_mix_split_pre_norm_f32` in cuda/lm_small.cu; shapes checked
+        // above (part holds n rows of splits·(w + 1) sums, written by the launch before).
+        self.launched(OP, "hc_mix_split_pre_norm_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        Ok((split, y))
+    }
+
     /// X `[n, hc·d]`, w `[n, c ≥ hc]` (its first hc columns) → `[n, d]`.
     pub(super) fn hc_pre(&self, x: &CudaTensor, w: &CudaTensor, hc: usize) -> Result<CudaTensor> {
         const OP: &str = "hc_pre";

@@ -313,6 +313,10 @@ pub struct Options {
     /// (`sink_attention_fast_d*`, cuda/lm_attention.cu). On by default; off when
     /// `FOVEA_CUDA_SINK_TC=0`, to time the f32 kernel against it in one build. Diagnostic.
     pub sink_tensor_cores: bool,
+    /// A decode step's `hc_mix_split_pre_norm` in three launches (partial sums, split, norm) even
+    /// where two take it (`hc_mix_split_pre_norm_f32`; the same bits). Diagnostic:
+    /// `FOVEA_CUDA_HC_SPLIT_NORM=separate`.
+    pub separate_hc_split_norm: bool,
 }
 
 impl Default for Options {
@@ -329,6 +333,7 @@ impl Default for Options {
             q8x: std::env::var("FOVEA_CUDA_Q8X").map_or(true, |v| v != "0"),
             blas: std::env::var("FOVEA_CUDA_BLAS").map_or(true, |v| v != "0"),
             sink_tensor_cores: std::env::var("FOVEA_CUDA_SINK_TC").map_or(true, |v| v != "0"),
+            separate_hc_split_norm: std::env::var("FOVEA_CUDA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
         }
     }
 }
@@ -1076,6 +1081,20 @@ impl Backend for CudaBackend {
         norm_eps: f32,
     ) -> Result<CudaTensor> {
         self.hc_mix_split(x, mix, s, b, hc, it, eps, norm_eps)
+    }
+    fn hc_mix_split_pre_norm(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaWeight,
+        s: &CudaTensor,
+        b: &CudaTensor,
+        hc: usize,
+        it: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.hc_mix_split_pre_norm(x, mix, s, b, hc, it, eps, norm_eps, weight)
     }
     fn linear_pair(&self, x: &CudaTensor, wa: &CudaWeight, wb: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
         CudaBackend::linear_pair(self, x, wa, wb)
