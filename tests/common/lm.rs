@@ -71,14 +71,14 @@ pub enum Contract {
     /// tokens exact.
     Exact(f64),
     /// `--precision fast`: the prefill's floats within this relative L2; top-1 at every position
-    /// but the near-ties; greedy tokens exact but at a decode step where a router or indexer
-    /// choice moved (the golden's `greedy_step_*`). A near-tie is a position where the
-    /// reference's top-2 gap is under tol · the rms of its logits row, or where a router or
-    /// indexer choice moved: the goldens' selection margins (1e-4, made for f32 lanes) are below
-    /// fast precision's resolution, and a moved expert changes that token's output by O(1) (a
+    /// but the near-ties; each decode step's logits within it and its token exact but at a step
+    /// where a router or indexer choice moved (the golden's `greedy_step_*`; at most
+    /// `MAX_MOVED_DECODE_STEPS` such steps). A near-tie is a position where the reference's
+    /// top-2 gap is under tol · the rms of its logits row, or where a router or indexer choice
+    /// moved: the goldens' selection margins (> 1e-4, made for f32 lanes) are below fast
+    /// precision's resolution, and a moved expert changes that token's output by O(1) (a
     /// teacher-forced decode step is one more such position). Moved choices are printed with
-    /// their positions and steps; so are the decode steps' logits errors, whose single-token
-    /// steps amplify a moved expert the most.
+    /// their positions and steps.
     Fast(f64),
 }
 
@@ -222,10 +222,14 @@ pub fn compare<B: Backend>(
     fails
 }
 
+/// The most decode steps whose router or indexer choices may move in fast precision ([`greedy`]).
+const MAX_MOVED_DECODE_STEPS: usize = 4;
+
 /// Greedy decode on the cache: token 0 = argmax of the prefill's last logits, step s feeds token
-/// s−1 at position T+s−1; its logits must match `greedy_step_logits[s−1]` within `tol`, its router
-/// ids and indexer picks the golden's `greedy_step_*` (exact precision), and its argmax must be
-/// token s (fast precision: unless one of the step's selections moved, as at a prefill position).
+/// s−1 at position T+s−1; its router ids and indexer picks must be the golden's `greedy_step_*`,
+/// its logits match `greedy_step_logits[s−1]` within `tol` and its argmax be token s. Fast
+/// precision excuses a step whose selections moved (its logits and token, as at a prefill
+/// position), at most [`MAX_MOVED_DECODE_STEPS`] of them; every other step is held as above.
 pub fn greedy<B: Backend>(
     name: &str,
     b: &B,
@@ -248,33 +252,37 @@ pub fn greedy<B: Backend>(
     }
     let mut cache = out.cache;
     let mut worst = 0f64;
+    let mut moved_steps = Vec::new();
     let layers = g.i["greedy_step_router_ids"].0[1];
     for s in 1..want.len() {
         let mut trace = LmTrace::new(layers);
         let l = f32s(b, &model.decode_traced(b, &mut cache, want[s - 1] as i32, &mut trace).unwrap());
         let e = rel_l2(&l, &step_logits[(s - 1) * v..s * v]);
         worst = worst.max(e);
-        if !(e <= tol) && contract.selections_exact() {
-            fails.push(format!("decode step {s}: logits rel L2 {e:.3e}"));
-        }
+        tok = argmax(&l) as i64;
         let moved = step_moves(b, &trace, g, s - 1);
         if !moved.is_empty() {
-            eprintln!("{name}: decode step {s}: moved {moved:?}");
+            eprintln!("{name}: decode step {s}: moved {moved:?}, logits rel L2 {e:.2e}, token {tok} vs {}", want[s]);
+            moved_steps.push(s);
             if contract.selections_exact() {
                 fails.push(format!("decode step {s}: selections differ: {moved:?}"));
             }
-        }
-        tok = argmax(&l) as i64;
-        if tok != want[s] {
-            if matches!(contract, Contract::Fast(_)) && !moved.is_empty() {
-                eprintln!(
-                    "{name}: decode step {s}: token {tok} vs {} (allowed in fast precision: a selection moved)",
-                    want[s]
-                );
-            } else {
-                fails.push(format!("decode step {s}: token {tok} vs {}", want[s]));
+            // fast precision: a moved expert or entry changes this step's output by O(1)
+            if matches!(contract, Contract::Fast(_)) {
+                continue;
             }
         }
+        if !(e <= tol) {
+            fails.push(format!("decode step {s}: logits rel L2 {e:.3e}"));
+        }
+        if tok != want[s] {
+            fails.push(format!("decode step {s}: token {tok} vs {}", want[s]));
+        }
+    }
+    // A sanity cap, not a derived bound: fast precision moves few decode steps' choices (lavapipe
+    // 1 of 31 and 0 of 31, 2026-12-07), a defect in the decode path most of them.
+    if moved_steps.len() > MAX_MOVED_DECODE_STEPS {
+        fails.push(format!("selections moved at {} decode steps {moved_steps:?}", moved_steps.len()));
     }
     eprintln!("{name}: greedy decode {} steps, worst step logits rel L2 {worst:.2e}", want.len() - 1);
     fails
