@@ -116,11 +116,6 @@ BASE_KERNEL void hc_pre_f32(const float* x, const float* w, float* out, unsigned
     }
 }
 
-// hc_pre_norm_f32: rms_norm(hc_pre(X, w, hc), weight, eps) of every row, X [n, hc*d], w [n, wc]
-// (its first hc columns), weight [d] -> out [n, d]. One block per row (the host's row_threads),
-// rows grid-strided: the first pass writes the collapsed row (summed over the streams as
-// hc_pre_f32 sums it) and its squares, the second scales it in place, each thread rereading only
-// the elements it wrote.
 // One row of hc_pre_norm_f32 by the whole block: xt [hc*d], wt [>= hc] -> yt [d]; red: block_sum's.
 __device__ __forceinline__ void lms_pre_norm_row(const float* xt, const float* wt, const float* weight, float* yt,
                                                  unsigned int d, unsigned int hc, float eps, float* red) {
@@ -135,6 +130,11 @@ __device__ __forceinline__ void lms_pre_norm_row(const float* xt, const float* w
     for (unsigned int j = threadIdx.x; j < d; j += blockDim.x) yt[j] = (yt[j] * inv) * weight[j];
 }
 
+// hc_pre_norm_f32: rms_norm(hc_pre(X, w, hc), weight, eps) of every row, X [n, hc*d], w [n, wc]
+// (its first hc columns), weight [d] -> out [n, d]. One block per row (the host's row_threads),
+// rows grid-strided: the first pass writes the collapsed row (summed over the streams as
+// hc_pre_f32 sums it) and its squares, the second scales it in place, each thread rereading only
+// the elements it wrote.
 BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* weight, float* out, unsigned int n,
                                  unsigned int d, unsigned int hc, unsigned int wc, float eps) {
     grid_wait();
@@ -481,13 +481,6 @@ BASE_KERNEL void hc_mix_partials_rows4_f32(const float* x, const void* mix, floa
     else lms_mix_partials<2, 4>(x, mix, part, n, k, w, splits);
 }
 
-// token_warps (1 or a divisor of the block's warps, the host's choice) warps per token, tokens
-// grid-strided: warp j of a token's group sums the ranges j, j + token_warps, ... (lane o value o),
-// the group's first warp adds the group's sums, scales the mix by the norm's factor and splits it
-// (hc_split_warp). A decode step takes a block a token (8 warps: a warp alone read the 32 ranges
-// one after another, 13.1 us of 2 launches a layer on an H200, 10.4 so); a prefill chunk a warp a
-// token (a block a token idles 7 warps of 8 through the Sinkhorn: 47.8 us for 2 048 tokens, 19.7
-// so). Every warp runs hc_split_warp, the groups' first warps active.
 // Token t's split by the token_warps warps of its group (warp / token_warps): warp sub of the group
 // sums ranges sub, sub + token_warps, ..., the group's first warp adds the group's sums in warp
 // order, scales the mix by the norm's factor and splits it. Every thread of the block calls it
@@ -501,7 +494,7 @@ __device__ __forceinline__ void lms_mix_split_group(const float* part, const flo
     const unsigned int group = warp / token_warps, sub = warp % token_warps;
     const u64 tt = active ? t : 0;
     float v = 0.0f;
-    if (lane <= w)
+    if (active && lane <= w) // an inactive group's sums are never used
         for (unsigned int i = sub; i < splits; i += token_warps) v += part[(tt * splits + i) * (w + 1) + lane];
     red[warp][lane] = v;
     __syncthreads();
@@ -517,6 +510,13 @@ __device__ __forceinline__ void lms_mix_split_group(const float* part, const flo
     __syncthreads(); // red, sum and mix are read, the split written, before the caller goes on
 }
 
+// token_warps (1 or a divisor of the block's warps, the host's choice) warps per token, tokens
+// grid-strided: warp j of a token's group sums the ranges j, j + token_warps, ... (lane o value o),
+// the group's first warp adds the group's sums, scales the mix by the norm's factor and splits it
+// (hc_split_warp). A decode step takes a block a token (8 warps: a warp alone read the 32 ranges
+// one after another, 13.1 us of 2 launches a layer on an H200, 10.4 so); a prefill chunk a warp a
+// token (a block a token idles 7 warps of 8 through the Sinkhorn: 47.8 us for 2 048 tokens, 19.7
+// so). Every warp runs hc_split_warp, the groups' first warps active.
 BASE_KERNEL void hc_mix_split_f32(const float* part, const float* scale, const float* base, float* out,
                                   unsigned int n, unsigned int k, unsigned int hc, unsigned int splits,
                                   unsigned int iters, unsigned int eps_bits, float norm_eps,
