@@ -428,6 +428,16 @@ fn cuda_lm_edge_cases() {
     assert!(z[..d] == a[..d] && z[2 * d..] == a[2 * d..]);
 }
 
+/// The kernels a lane ran since its last `kernel_times` read, by name (it keeps kernel times).
+fn ran_kernels(b: &CudaBackend) -> Vec<String> {
+    b.kernel_times().unwrap().expect("the lane keeps kernel times").into_iter().map(|t| t.name).collect()
+}
+
+/// How many of two equally long outputs' values differ in their bits.
+fn bits_apart(a: &[f32], b: &[f32]) -> usize {
+    a.iter().zip(b).filter(|(u, v)| u.to_bits() != v.to_bits()).count()
+}
+
 /// Options with kernel times by name and every fused launch on, whatever the environment says
 /// (`Default` reads FOVEA_GPU_TIMES, FOVEA_PDL and the fused launches' diagnostic switches), and
 /// the tensor-core sink attention on.
@@ -473,14 +483,11 @@ fn cuda_linear_pair_matches_two_linears_bit_for_bit() {
                 (get(&ya), get(&yb))
             };
             let ((a1, b1), (a2, b2)) = (run(&one), run(&two));
-            let ran =
-                |b: &CudaBackend| b.kernel_times().unwrap().unwrap().into_iter().map(|k| k.name).collect::<Vec<_>>();
             let pair = format!("linear_pair_{}", format.name().to_lowercase());
-            assert!(ran(&one).contains(&pair), "{format} n {n}: {pair} did not run");
-            assert!(!ran(&two).contains(&pair), "{format} n {n}: {pair} ran where two linears were asked for");
+            assert!(ran_kernels(&one).contains(&pair), "{format} n {n}: {pair} did not run");
+            assert!(!ran_kernels(&two).contains(&pair), "{format} n {n}: {pair} ran where two linears were asked for");
             assert!(a1.iter().chain(&b1).all(|v| v.is_finite()), "{format} n {n}");
-            let bits = |p: &[f32], q: &[f32]| p.iter().zip(q).filter(|(u, v)| u.to_bits() != v.to_bits()).count();
-            assert_eq!(bits(&a1, &a2) + bits(&b1, &b2), 0, "{format} n {n}: one launch and two differ");
+            assert_eq!(bits_apart(&a1, &a2) + bits_apart(&b1, &b2), 0, "{format} n {n}: one launch and two differ");
         }
     }
 }
@@ -535,8 +542,11 @@ fn cuda_hc_mix_split_pre_norm_of_a_decode_row_is_two_launches_with_the_compositi
             false => assert_eq!(ran2, composed, "d {d} n {n}: past a block a token"),
         }
         assert!(s2.iter().chain(&y2).all(|v| v.is_finite()), "d {d} n {n}");
-        let bits = |p: &[f32], q: &[f32]| p.iter().zip(q).filter(|(u, v)| u.to_bits() != v.to_bits()).count();
-        assert_eq!((bits(&s2, &s3), bits(&y2, &y3)), (0, 0), "d {d} n {n}: split, input apart from the three launches");
+        assert_eq!(
+            (bits_apart(&s2, &s3), bits_apart(&y2, &y3)),
+            (0, 0),
+            "d {d} n {n}: split, input apart from the three launches"
+        );
     }
 }
 
@@ -578,7 +588,7 @@ fn cuda_fast_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
         for (rows, w, what) in [(64, &plain, "64 rows"), (300, &exact_w, "an exact weight")] {
             let xt = lane.upload(&HostTensor::f32(vec![rows, 256], vec![0.5; rows * 256]).unwrap()).unwrap();
             lane.download(&lane.linear(&xt, w, None).unwrap()).unwrap();
-            let ran = lane.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+            let ran = ran_kernels(&lane);
             assert!(!ran.iter().any(|k| k == "cublaslt_f16"), "{what} took cuBLASLt: {ran:?}");
         }
     }
@@ -597,7 +607,7 @@ fn cuda_fast_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
                 let xt = b.upload(&HostTensor::f32(vec![n, k], x.clone()).unwrap()).unwrap();
                 let bt = b.upload(&HostTensor::f32(vec![out], bias.clone()).unwrap()).unwrap();
                 let y = b.linear(&xt, &wt, with_bias.then_some(&bt)).unwrap();
-                let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+                let ran = ran_kernels(b);
                 (b.download(&y).unwrap().into_f32("y").unwrap(), ran)
             };
             for (lane, name, on_blas) in [(&lane, "cublaslt", true), (&tiles, "tiles", false)] {
@@ -693,7 +703,7 @@ fn cuda_fast_linear_add_takes_the_residual_into_cublaslt() {
                 let bt = b.upload(&HostTensor::f32(vec![out], bias.clone()).unwrap()).unwrap();
                 let y = b.linear_add(&xt, &wt, with_bias.then_some(&bt), &rt).unwrap();
                 let y = b.download(&y).unwrap().into_f32("y").unwrap();
-                let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+                let ran = ran_kernels(b);
                 let what = format!("{format}, bias {with_bias}, {name}");
                 assert_eq!(ran.iter().any(|k| k == "cublaslt_f16"), on_blas, "{what}: kernels {ran:?}");
                 assert_eq!(ran.iter().any(|k| k == "add_f32"), !on_blas, "{what}: kernels {ran:?}");
@@ -750,10 +760,10 @@ fn cuda_fast_norm_and_gating_write_the_gemm_operand() {
     for (b, name, on_blas) in [(&lane, "cublaslt", true), (&tiles, "tiles", false)] {
         b.kernel_times().unwrap();
         let got = run(b, &hw, &x, &norm, &res, n);
-        let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+        let ran = ran_kernels(b);
         if on_blas {
             for (op, (g, c)) in ["rms_norm_linear", "swiglu_linear_add"].iter().zip(got.iter().zip(&lane_composed)) {
-                let differ = g.iter().zip(c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                let differ = bits_apart(g, c);
                 assert_eq!(differ, 0, "{name} {op}: {differ} outputs differ from the composition's");
             }
         }
@@ -790,7 +800,7 @@ fn cuda_fast_linear_keeps_the_f16_copy_of_bf16_and_f32_weights() {
         for _ in 0..2 {
             let y = lane.linear(&xt, &w, None).unwrap();
             let y = lane.download(&y).unwrap().into_f32("y").unwrap();
-            let ran = lane.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+            let ran = ran_kernels(&lane);
             runs.push((y, ran, lane.memory().weight_bytes - uploaded));
         }
         let converts = |ran: &[String]| ran.iter().any(|k| k.starts_with("weight_f16"));
@@ -826,7 +836,7 @@ fn cuda_fast_grouped_linear_on_cublaslt_multiplies_f16_operands_in_f32() {
             let wt = b.upload_weight(&hw).unwrap();
             let xt = b.upload(&HostTensor::f32(vec![n, groups * k], x.clone()).unwrap()).unwrap();
             let y = b.download(&b.grouped_linear(&xt, &wt, groups).unwrap()).unwrap().into_f32("y").unwrap();
-            let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+            let ran = ran_kernels(b);
             assert_eq!(ran.iter().any(|k| k == "cublaslt_f16"), on_blas, "{format}, {name}: kernels {ran:?}");
             let worst = f16_sum_bound_ratio(&x, &w, None, &y, n, k, out, groups);
             assert!(worst <= 1.0, "{format}, {name}: an output is {worst:.2}× the f32 sum's bound off the exact sum");
@@ -915,7 +925,7 @@ fn cuda_fast_sink_attention_runs_on_tensor_cores_for_a_prefill_chunk() {
         assert!(!exact.sink_attention_on_tensor_cores(n, heads, hd).unwrap());
         for (b, on_tensor_cores) in [(&lane, tensor_cores), (&exact, false)] {
             let y = run(b, &inputs);
-            let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+            let ran = ran_kernels(b);
             let what = format!("n {n}, {:?}", b.precision());
             assert_eq!(ran.iter().any(|k| k == "sink_attention_fast_d512"), on_tensor_cores, "{what}: {ran:?}");
             assert_eq!(ran.iter().any(|k| k == "sink_attention_f32"), !on_tensor_cores, "{what}: {ran:?}");
@@ -956,7 +966,7 @@ fn cuda_fast_vit_attention_prepares_its_operands_in_one_launch() {
     let fused = lane.arch() >= 80;
     for (b, on_tensor_cores) in [(&lane, fused), (&exact, false)] {
         let y = run(b, &qkv, heads, gw, theta);
-        let ran = b.kernel_times().unwrap().unwrap().into_iter().map(|t| t.name).collect::<Vec<_>>();
+        let ran = ran_kernels(b);
         let what = format!("{:?}", b.precision());
         for (kernel, runs) in [
             ("attention_qkv_rope_f16", on_tensor_cores),

@@ -190,11 +190,7 @@ pub fn compare<B: Backend>(
         assert_eq!(picks.len(), t * kk, "{key}: shape");
         let mut mism = 0;
         for i in 0..t {
-            let mut a: Vec<i64> = picks[i * kk..(i + 1) * kk].iter().map(|&x| x as i64).collect();
-            let mut z: Vec<i64> = gold[i * kk..(i + 1) * kk].to_vec();
-            a.sort();
-            z.sort();
-            if a != z {
+            if !same_set(&picks[i * kk..(i + 1) * kk], &gold[i * kk..(i + 1) * kk]) {
                 mism += 1;
                 moved.insert(i);
             }
@@ -298,9 +294,7 @@ fn step_moves<B: Backend>(b: &B, trace: &LmTrace<B>, g: &LmGolden, r: usize) -> 
     let mut moved = Vec::new();
     for (l, rows) in trace.router_ids.iter().enumerate() {
         assert_eq!(rows.len(), 1, "decode step: one traced forward");
-        let mut ids: Vec<i64> = i32s(b, &rows[0]).iter().map(|&x| x as i64).collect();
-        ids.sort();
-        if ids[..] != gold[(r * layers + l) * k..(r * layers + l + 1) * k] {
+        if !same_set(&i32s(b, &rows[0]), &gold[(r * layers + l) * k..(r * layers + l + 1) * k]) {
             moved.push(format!("layer {l} router"));
         }
     }
@@ -310,15 +304,20 @@ fn step_moves<B: Backend>(b: &B, trace: &LmTrace<B>, g: &LmGolden, r: usize) -> 
     for (&l, picks) in &trace.indexer {
         let (shape, gold) = &g.i[&format!("greedy_step_indexer_topk.{l}")];
         let kk = shape[1];
-        let mut ours: Vec<i64> = i32s(b, &picks[0]).iter().map(|&x| x as i64).collect();
-        let mut want = gold[r * kk..(r + 1) * kk].to_vec();
-        ours.sort();
-        want.sort();
-        if ours != want {
+        if !same_set(&i32s(b, &picks[0]), &gold[r * kk..(r + 1) * kk]) {
             moved.push(format!("layer {l} indexer"));
         }
     }
     moved
+}
+
+/// Whether a lane's selections (router ids, indexer picks) hold the golden's, in any order.
+fn same_set(ours: &[i32], gold: &[i64]) -> bool {
+    let mut a: Vec<i64> = ours.iter().map(|&x| x as i64).collect();
+    let mut z = gold.to_vec();
+    a.sort();
+    z.sort();
+    a == z
 }
 
 fn ids_of(g: &LmGolden) -> Vec<i32> {
