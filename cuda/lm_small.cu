@@ -143,21 +143,23 @@ BASE_KERNEL void hc_pre_norm_f32(const float* x, const float* w, const float* we
         lms_pre_norm_row(x + (u64)t * hc * d, w + (u64)t * wc, weight, out + (u64)t * d, d, hc, eps, red);
 }
 
+// Stream dst, column j of row t of hc_post's output: post_dst f_j + sum_src comb[src*hc + dst] X_src,j
+// (src ascending). hc_post_f32 and hc_post_mix_partials_f32 both take it, so they write the same bits.
+__device__ __forceinline__ float lms_post_element(const float* x, const float* f, const float* split, u64 t,
+                                                  unsigned int dst, u64 j, unsigned int d, unsigned int hc) {
+    const float* post = split + t * (2u + hc) * hc + hc;
+    const float* comb = post + hc;
+    float s = post[dst] * f[t * d + j];
+    for (unsigned int src = 0; src < hc; ++src) s += comb[(u64)src * hc + dst] * x[t * hc * d + (u64)src * d + j];
+    return s;
+}
+
 BASE_KERNEL void hc_post_f32(const float* x, const float* f, const float* split, float* out, unsigned int n,
                              unsigned int d, unsigned int hc) {
     grid_wait();
     const u64 total = (u64)n * hc * d;
-    for (u64 i = flat_index(); i < total; i += flat_stride()) {
-        const u64 t = i / ((u64)hc * d);
-        const unsigned int dst = (unsigned int)((i / d) % hc);
-        const u64 j = i % d;
-        const float* post = split + t * (2u + hc) * hc + hc;
-        const float* comb = post + hc;
-        float s = post[dst] * f[t * d + j];
-        for (unsigned int src = 0; src < hc; ++src)
-            s += comb[(u64)src * hc + dst] * x[t * hc * d + (u64)src * d + j];
-        out[i] = s;
-    }
+    for (u64 i = flat_index(); i < total; i += flat_stride())
+        out[i] = lms_post_element(x, f, split, i / ((u64)hc * d), (unsigned int)((i / d) % hc), i % d, d, hc);
 }
 
 BASE_KERNEL void hc_head_weights_f32(const float* mix, const float* scale, const float* base, float* out,
@@ -413,8 +415,10 @@ BASE_KERNEL void hc_split_f32(const float* mix, const float* scale, const float*
 // as often (at R = 1 every row re-read it: 3.2 GB from L2 for 2 048 rows, 0.58 ms on an H100). Each
 // row's sums are its own, in the same order whatever R (a thread's columns in turn, then the
 // warps' sums in warp order).
-template <int FMT, unsigned int R>
-__device__ __forceinline__ void lms_mix_partials(const float* x, const void* mix, float* part, unsigned int n,
+// Row t, column c of X comes from load(t, c): the residual itself, or (hc_post_mix_partials_f32) its
+// hc_post computed and stored as it is read; each (t, c) is loaded once.
+template <int FMT, unsigned int R, class Load>
+__device__ __forceinline__ void lms_mix_partials(Load load, const void* mix, float* part, unsigned int n,
                                                  unsigned int k, unsigned int w, unsigned int splits) {
     __shared__ float red[LMS_MIX_THREADS / 32][R][LMS_MIX_MAX + 1];
     const unsigned int span = (k + splits - 1) / splits, lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
@@ -429,7 +433,7 @@ __device__ __forceinline__ void lms_mix_partials(const float* x, const void* mix
             float v[R];
 #pragma unroll
             for (unsigned int r = 0; r < R; ++r) {
-                v[r] = t0 + r < n ? x[(u64)(t0 + r) * k + c] : 0.0f;
+                v[r] = t0 + r < n ? load((u64)(t0 + r), c) : 0.0f;
                 acc[r][LMS_MIX_MAX] = fmaf(v[r], v[r], acc[r][LMS_MIX_MAX]);
             }
 #pragma unroll
@@ -467,18 +471,41 @@ __device__ __forceinline__ void lms_mix_partials(const float* x, const void* mix
 BASE_KERNEL void hc_mix_partials_f32(const float* x, const void* mix, float* part, unsigned int n, unsigned int k,
                                      unsigned int w, unsigned int splits, unsigned int code) {
     grid_wait();
-    if (code == 0) lms_mix_partials<0, 1>(x, mix, part, n, k, w, splits);
-    else if (code == 1) lms_mix_partials<1, 1>(x, mix, part, n, k, w, splits);
-    else lms_mix_partials<2, 1>(x, mix, part, n, k, w, splits);
+    auto load = [=](u64 t, unsigned int c) { return x[t * k + c]; };
+    if (code == 0) lms_mix_partials<0, 1>(load, mix, part, n, k, w, splits);
+    else if (code == 1) lms_mix_partials<1, 1>(load, mix, part, n, k, w, splits);
+    else lms_mix_partials<2, 1>(load, mix, part, n, k, w, splits);
 }
 
 // The same, four rows a block (grid (splits, ⌈rows / 4⌉)): a prefill chunk's.
 BASE_KERNEL void hc_mix_partials_rows4_f32(const float* x, const void* mix, float* part, unsigned int n,
                                            unsigned int k, unsigned int w, unsigned int splits, unsigned int code) {
     grid_wait();
-    if (code == 0) lms_mix_partials<0, 4>(x, mix, part, n, k, w, splits);
-    else if (code == 1) lms_mix_partials<1, 4>(x, mix, part, n, k, w, splits);
-    else lms_mix_partials<2, 4>(x, mix, part, n, k, w, splits);
+    auto load = [=](u64 t, unsigned int c) { return x[t * k + c]; };
+    if (code == 0) lms_mix_partials<0, 4>(load, mix, part, n, k, w, splits);
+    else if (code == 1) lms_mix_partials<1, 4>(load, mix, part, n, k, w, splits);
+    else lms_mix_partials<2, 4>(load, mix, part, n, k, w, splits);
+}
+
+// A sublayer's hc_post_f32 and the next sublayer's hc_mix_partials_f32 in one launch (a decode
+// step's rows, grid (splits, rows)): each block computes X' = hc_post(X, f, split) over its column
+// range, stores it in xout and sums the mix's dot products and the squares from the values it
+// stored. X, xout [n, hc*d], f [n, d], split [n, (2+hc)*hc]; part and code as hc_mix_partials_f32's.
+// The next launch (hc_mix_split_pre_norm_f32) reads xout, so the pair does a decode step's
+// post, split and norm in two launches instead of three, with their bits.
+BASE_KERNEL void hc_post_mix_partials_f32(const float* x, const float* f, const float* split, float* xout,
+                                          const void* mix, float* part, unsigned int n, unsigned int d,
+                                          unsigned int hc, unsigned int w, unsigned int splits, unsigned int code) {
+    grid_wait();
+    const unsigned int k = hc * d;
+    auto load = [=](u64 t, unsigned int c) {
+        const float v = lms_post_element(x, f, split, t, c / d, c % d, d, hc);
+        xout[t * k + c] = v;
+        return v;
+    };
+    if (code == 0) lms_mix_partials<0, 1>(load, mix, part, n, k, w, splits);
+    else if (code == 1) lms_mix_partials<1, 1>(load, mix, part, n, k, w, splits);
+    else lms_mix_partials<2, 1>(load, mix, part, n, k, w, splits);
 }
 
 // Token t's split by the token_warps warps of its group (warp / token_warps): warp sub of the group

@@ -433,6 +433,15 @@ fn ran_kernels(b: &CudaBackend) -> Vec<String> {
     b.kernel_times().unwrap().expect("the lane keeps kernel times").into_iter().map(|t| t.name).collect()
 }
 
+/// The kernels that ran since the lane's kernel times were last read, with how often each ran,
+/// by name.
+fn ran_kernel_counts(b: &CudaBackend) -> Vec<(String, u64)> {
+    let times = b.kernel_times().unwrap().expect("the lane keeps kernel times");
+    let mut ran: Vec<(String, u64)> = times.into_iter().map(|k| (k.name, k.count)).collect();
+    ran.sort();
+    ran
+}
+
 /// How many of two equally long outputs' values differ in their bits.
 fn bits_apart(a: &[f32], b: &[f32]) -> usize {
     a.iter().zip(b).filter(|(u, v)| u.to_bits() != v.to_bits()).count()
@@ -448,6 +457,7 @@ fn explicit_timed_options() -> fovea::backend::cuda::Options {
         dependent_launch: false,
         separate_linear_pair: false,
         separate_hc_split_norm: false,
+        separate_hc_post: false,
         q8x: true,
         sink_tensor_cores: true,
         ..Default::default()
@@ -527,9 +537,7 @@ fn cuda_hc_mix_split_pre_norm_of_a_decode_row_is_two_launches_with_the_compositi
             let (xt, st, bt, nt) = (up(vec![n, k], &x), up(vec![3], &scale), up(vec![w], &base), up(vec![d], &norm));
             lane.kernel_times().unwrap(); // from here on
             let (split, y) = lane.hc_mix_split_pre_norm(&xt, &m, &st, &bt, hc, 20, 1e-6, 1e-6, &nt).unwrap();
-            let mut ran: Vec<(String, u64)> =
-                lane.kernel_times().unwrap().unwrap().into_iter().map(|k| (k.name, k.count)).collect();
-            ran.sort();
+            let ran = ran_kernel_counts(lane);
             let get = |t| lane.download(t).unwrap().into_f32("y").unwrap();
             (get(&split), get(&y), ran)
         };
@@ -546,6 +554,69 @@ fn cuda_hc_mix_split_pre_norm_of_a_decode_row_is_two_launches_with_the_compositi
             (bits_apart(&s2, &s3), bits_apart(&y2, &y3)),
             (0, 0),
             "d {d} n {n}: split, input apart from the three launches"
+        );
+    }
+}
+
+/// A decode step's `hc_post_mix_split_pre_norm` in two launches (`hc_post_mix_partials_f32`, then
+/// `hc_mix_split_pre_norm_f32`) writes the bits of the composition (`separate_hc_post`:
+/// `hc_post_f32`, then the split and norm's two launches): the released geometry on one row and
+/// on three, lm-tiny's width on two; 100 rows take the composition either way.
+#[test]
+fn cuda_hc_post_mix_split_pre_norm_of_a_decode_row_is_two_launches_with_the_composition_bits() {
+    use fovea::backend::cuda::Options;
+    use rand::{Rng, SeedableRng};
+    let timed = explicit_timed_options();
+    let Some(two) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
+    let apart = CudaBackend::with_options(Options { separate_hc_post: true, ..timed }).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x4c5f);
+    let hc = 4;
+    for (d, n) in [(4096, 1), (4096, 3), (64, 2), (64, 100)] {
+        let (w, k) = ((2 + hc) * hc, hc * d);
+        let mix = common::blocks::weight_bytes(&mut r, WeightFormat::F16, w, k);
+        let scale: Vec<f32> = (0..3).map(|_| r.random_range(0.5f32..1.5)).collect();
+        let base: Vec<f32> = (0..w).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let norm: Vec<f32> = (0..d).map(|_| r.random_range(0.5f32..1.5)).collect();
+        let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-2.0f32..2.0)).collect();
+        let f: Vec<f32> = (0..n * d).map(|_| r.random_range(-2.0f32..2.0)).collect();
+        let split: Vec<f32> = (0..n * w).map(|_| r.random_range(0.0f32..1.0)).collect();
+        let run = |lane: &CudaBackend| {
+            let hw = HostWeight {
+                name: "mix".into(),
+                format: WeightFormat::F16,
+                rows: w,
+                cols: k,
+                bytes: Cow::Borrowed(&mix),
+            };
+            let m = lane.upload_weight_exact(&hw).unwrap();
+            let up = |shape: Vec<usize>, v: &[f32]| lane.upload(&HostTensor::f32(shape, v.to_vec()).unwrap()).unwrap();
+            let (xt, ft, pt) = (up(vec![n, k], &x), up(vec![n, d], &f), up(vec![n, w], &split));
+            let (st, bt, nt) = (up(vec![3], &scale), up(vec![w], &base), up(vec![d], &norm));
+            lane.kernel_times().unwrap(); // from here on
+            let (xp, s, y) =
+                lane.hc_post_mix_split_pre_norm(&xt, &ft, &pt, &m, &st, &bt, hc, 20, 1e-6, 1e-6, &nt).unwrap();
+            let ran = ran_kernel_counts(lane);
+            let get = |t| lane.download(t).unwrap().into_f32("y").unwrap();
+            (get(&xp), get(&s), get(&y), ran)
+        };
+        let ((x2, s2, y2, ran2), (x3, s3, y3, ran3)) = (run(&two), run(&apart));
+        let named = |names: &[&str]| names.iter().map(|s| (s.to_string(), 1)).collect::<Vec<_>>();
+        let composed = named(&["hc_mix_partials_f32", "hc_mix_split_pre_norm_f32", "hc_post_f32"]);
+        match n <= 64 {
+            true => {
+                assert_eq!(ran3, composed, "d {d} n {n}: asked for the composition");
+                assert_eq!(ran2, named(&["hc_mix_split_pre_norm_f32", "hc_post_mix_partials_f32"]), "d {d} n {n}");
+            }
+            false => {
+                let past = named(&["hc_mix_partials_f32", "hc_mix_split_f32", "hc_post_f32", "hc_pre_norm_f32"]);
+                assert_eq!((&ran2, &ran3), (&past, &past), "d {d} n {n}: past a block a token");
+            }
+        }
+        assert!(x2.iter().chain(&s2).chain(&y2).all(|v| v.is_finite()), "d {d} n {n}");
+        assert_eq!(
+            (bits_apart(&x2, &x3), bits_apart(&s2, &s3), bits_apart(&y2, &y3)),
+            (0, 0, 0),
+            "d {d} n {n}: residual, split, input apart from the composition"
         );
     }
 }

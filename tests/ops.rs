@@ -227,6 +227,16 @@ enum Call {
         weight: usize,
         hc: usize,
     },
+    /// Three outputs (the residual after the post, the next split, the next input), all compared.
+    HcPostMixSplitPreNorm {
+        x: usize,
+        f: usize,
+        split: usize,
+        scale: usize,
+        base: usize,
+        weight: usize,
+        hc: usize,
+    },
     /// `linear_pair` of x with the case's two weights (`experts`, in order).
     LinearPair(usize),
     HcPost {
@@ -436,6 +446,13 @@ fn execute<B: Backend>(b: &B, case: &Case) -> fovea::Result<Vec<B::Tensor>> {
             let (split, y) =
                 b.hc_mix_split_pre_norm(&ts[x], mix, &ts[scale], &ts[base], hc, 20, 1e-6, 1e-6, &ts[norm])?;
             return Ok(vec![split, y]);
+        }
+        Call::HcPostMixSplitPreNorm { x, f, split, scale, base, weight: norm, hc } => {
+            let mix = weight.as_ref().unwrap();
+            let (x, split, y) = b.hc_post_mix_split_pre_norm(
+                &ts[x], &ts[f], &ts[split], mix, &ts[scale], &ts[base], hc, 20, 1e-6, 1e-6, &ts[norm],
+            )?;
+            return Ok(vec![x, split, y]);
         }
         Call::LinearPair(x) => {
             let (ya, yb) = b.linear_pair(&ts[x], &experts[0], &experts[1])?;
@@ -1309,6 +1326,35 @@ fn fused_cases(out: &mut Vec<Case>) {
                 randn(&mut r, &[d], 1.5),
             ],
             |a| Call::HcMixSplitPreNorm { x: 0, scale: 1, base: 2, weight: 3, hc: a.a },
+            Args { a: hc, ..Default::default() },
+        );
+        c.weight = Some((format, w, k, weight_bytes(&mut r, format, w, k)));
+        c.exact_weight = true;
+        out.push(c);
+    }
+    // hc_post_mix_split_pre_norm: the same shapes, with a sublayer output and a split to write
+    // back first
+    for (format, n, hc, d) in [
+        (WeightFormat::F16, 1, 4, 4096),
+        (WeightFormat::F32, 3, 4, 1101),
+        (WeightFormat::F32, 2, 5, 21),
+        (WeightFormat::BF16, 1, 4, 4101),
+        (WeightFormat::F32, 9, 4, 37),
+    ] {
+        let (w, k) = ((2 + hc) * hc, hc * d);
+        let mut c = case(
+            format!("hc_post_mix_split_pre_norm {format} [{n},{hc}x{d}]"),
+            Op::HcPost,
+            REDUCTION,
+            vec![
+                randn(&mut r, &[n, k], 2.0),
+                randn(&mut r, &[n, d], 2.0),
+                randn(&mut r, &[n, w], 1.5),
+                randn(&mut r, &[3], 1.5),
+                randn(&mut r, &[w], 1.0),
+                randn(&mut r, &[d], 1.5),
+            ],
+            |a| Call::HcPostMixSplitPreNorm { x: 0, f: 1, split: 2, scale: 3, base: 4, weight: 5, hc: a.a },
             Args { a: hc, ..Default::default() },
         );
         c.weight = Some((format, w, k, weight_bytes(&mut r, format, w, k)));

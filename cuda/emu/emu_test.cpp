@@ -1444,6 +1444,35 @@ static void test_hc_mix_split() {
     }
 }
 
+// hc_post_mix_partials_f32 (a sublayer's post and the next one's partial sums in one launch)
+// against hc_post_f32 then hc_mix_partials_f32, bit for bit in both outputs: the released width
+// (hc 4, d 4096, an f16 mix) on one row and three; a width whose last column range is short (f32),
+// hc = 3 with a bf16 mix; 2 row blocks for 3 rows (rows grid-stride)
+static void test_hc_post_mix_partials() {
+    unsigned configs[][4] = {{1, 4, 4096, 2}, {3, 4, 4096, 2}, {2, 4, 275, 0}, {5, 3, 111, 1}};
+    for (auto& cf : configs) {
+        unsigned n = cf[0], hc = cf[1], d = cf[2], fmt = cf[3], k = hc * d, w = (2 + hc) * hc, span = 512;
+        unsigned splits = (k + span - 1) / span, rows = n < 2 ? n : 2;
+        auto x = randv(n * k, 2), f = randv(n * d, 2), split = randv(n * w, 1), mf = randv(w * k, 0.05f);
+        std::vector<uint16_t> m16;
+        std::vector<float> mdec;
+        make_weight(fmt, mf, m16, mdec);
+        const void* mix = fmt == 0 ? (const void*)mf.data() : (const void*)m16.data();
+        std::vector<float> xp(n * k), part(n * splits * (w + 1)), xp2(n * k, 7.0f), part2(part.size(), 7.0f);
+        emu_launch(hc_post_f32, {4}, {256}, 0, (const float*)x.data(), (const float*)f.data(),
+                   (const float*)split.data(), xp.data(), n, d, hc);
+        emu_launch(hc_mix_partials_f32, {splits, n}, {256}, 0, (const float*)xp.data(), mix, part.data(), n, k, w,
+                   splits, fmt);
+        emu_launch(hc_post_mix_partials_f32, {splits, rows}, {256}, 0, (const float*)x.data(), (const float*)f.data(),
+                   (const float*)split.data(), xp2.data(), mix, part2.data(), n, d, hc, w, splits, fmt);
+        char name[80];
+        std::snprintf(name, sizeof name, "hc_post_mix_partials [%u,%ux%u] %s residual", n, hc, d, fmt_name(fmt));
+        check(name, xp2, xp, 0);
+        std::snprintf(name, sizeof name, "hc_post_mix_partials [%u,%ux%u] %s partial sums", n, hc, d, fmt_name(fmt));
+        check(name, part2, part, 0);
+    }
+}
+
 static void test_rms_norm_heads() {
     unsigned shapes[][3] = {{5, 3, 29}, {3, 1, 300}, {4, 2, 1000}, {1, 1, 1}};
     for (auto& sh : shapes) {
@@ -2362,6 +2391,7 @@ int main(int argc, char** argv) {
         {"lm_elementwise", test_lm_elementwise}, {"rope_tail", test_rope_tail},
         {"hc_split", test_hc_split},         {"rms_norm_heads", test_rms_norm_heads},
         {"fused_norms", test_fused_norms},   {"hc_mix_split", test_hc_mix_split},
+        {"hc_post_mix_partials", test_hc_post_mix_partials},
         {"topk", test_topk},                 {"route_experts", test_route_experts},
         {"gemm_specials", test_gemm_specials}, {"unfold_linear_gelu", test_unfold_linear_gelu},
         {"dequant", test_dequant},           {"block_formats", test_block_formats},

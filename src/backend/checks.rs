@@ -441,6 +441,29 @@ pub(crate) fn hc_mix_split_pre_norm<T: DeviceTensor>(
     Ok((n, k, w, k / hc))
 }
 
+/// `hc_post(x, f, split)` then `hc_mix_split_pre_norm` of its output with `hc` streams: X
+/// `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]`, mix `[(2+hc)·hc, hc·d]`, weight `[d]` →
+/// `(n, hc·d, (2+hc)·hc)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn hc_post_mix_split_pre_norm<T: DeviceTensor>(
+    x: &T,
+    f: &T,
+    split: &T,
+    mix: &impl NamedWeight,
+    scale: &T,
+    base: &T,
+    hc: usize,
+    weight: &T,
+) -> Result<(usize, usize, usize)> {
+    const OP: &str = "hc_post_mix_split_pre_norm";
+    let (_, _, _, streams) = hc_post(x, f, split).map_err(|e| renamed(OP, e))?;
+    if streams != hc {
+        return Err(Error::shape(OP, format!("split {:?} is for {streams} streams, not hc = {hc}", split.shape())));
+    }
+    let (n, k, w, _) = hc_mix_split_pre_norm(x, mix, scale, base, hc, weight).map_err(|e| renamed(OP, e))?;
+    Ok((n, k, w))
+}
+
 /// X `[n, hc·d]`, f `[n, d]`, split `[n, (2+hc)·hc]` → `(n, hc·d, d, hc)`.
 pub(crate) fn hc_post<T: DeviceTensor>(x: &T, f: &T, split: &T) -> Result<(usize, usize, usize, usize)> {
     const OP: &str = "hc_post";

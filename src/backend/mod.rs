@@ -902,6 +902,30 @@ pub trait Backend {
         let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
         Ok((split, y))
     }
+    /// A sublayer's output written back and the next sublayer's split and input at once:
+    /// `x' = hc_post(x, f, split)` and `(split', input) = hc_mix_split_pre_norm(x', mix, scale,
+    /// base, hc, iters, eps, norm_eps, weight)` → (x' `[n, hc·d]`, split' `[n, (2+hc)·hc]`, input
+    /// `[n, d]`). The default composes the two; a lane may fuse the post into the split's reading
+    /// of x' (a decode step runs this twice a layer, but for the first sublayer).
+    #[allow(clippy::too_many_arguments)]
+    fn hc_post_mix_split_pre_norm(
+        &self,
+        x: &Self::Tensor,
+        f: &Self::Tensor,
+        split: &Self::Tensor,
+        mix: &Self::Weight,
+        scale: &Self::Tensor,
+        base: &Self::Tensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor, Self::Tensor)> {
+        let x = self.hc_post(x, f, split)?;
+        let (split, y) = self.hc_mix_split_pre_norm(&x, mix, scale, base, hc, iters, eps, norm_eps, weight)?;
+        Ok((x, split, y))
+    }
     /// Collapse the streams: X `[n, hc·d]`, w `[n, c]` (c ≥ hc; its first hc columns are the
     /// weights: `hc_head_weights`' `[n, hc]`, or `hc_split`'s output whose first hc are `pre`) →
     /// `Σ_i w_i · X_i` `[n, d]`.

@@ -331,6 +331,7 @@ pub const KERNELS: &[(Source, &str)] = &[
     (Source::LmSmall, "hc_mix_partials_rows4_f32"),
     (Source::LmSmall, "hc_mix_split_f32"),
     (Source::LmSmall, "hc_mix_split_pre_norm_f32"),
+    (Source::LmSmall, "hc_post_mix_partials_f32"),
     (Source::LmSmall, "hc_pre_f32"),
     (Source::LmSmall, "hc_pre_norm_f32"),
     (Source::LmSmall, "hc_post_f32"),

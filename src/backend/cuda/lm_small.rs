@@ -138,6 +138,10 @@ impl CudaBackend {
     /// products and sum of squares, `[n, splits·(w + 1)]`, and the number of ranges; `None` where
     /// the lane's two-kernel split does not apply (a block-format mix, a mix in fast precision, more
     /// rows than `LMS_MIX_MAX`, nothing to sum), which then takes the trait's composition.
+    /// With `post` = (f `[n, d]`, split, X' `[n, k]`), the sums are of X' = `hc_post(X, f, split)`,
+    /// which `hc_post_mix_partials_f32` computes and writes into X' as it reads (a decode step's
+    /// rows only: fewer than `MIX_ROWS4_MIN`).
+    #[allow(clippy::too_many_arguments)]
     fn hc_mix_partials(
         &self,
         op: &'static str,
@@ -146,6 +150,7 @@ impl CudaBackend {
         n: usize,
         k: usize,
         w: usize,
+        post: Option<(&CudaTensor, &CudaTensor, &mut CudaTensor)>,
     ) -> Result<Option<(CudaTensor, usize)>> {
         let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
         let code = match float_code(mix.format) {
@@ -155,9 +160,11 @@ impl CudaBackend {
         // fewer rows (decode): a block a row and range of MIX_SPAN; a prefill chunk's: four rows a
         // block (the mix loaded once for the four) and ranges of MIX_SPAN_ROWS4 (the block's
         // reduction, 4·25 sums, over 16 columns a thread)
-        let (kernel, span, row_blocks) = match n >= MIX_ROWS4_MIN {
-            true => ("hc_mix_partials_rows4_f32", MIX_SPAN_ROWS4, n.div_ceil(4)),
-            false => ("hc_mix_partials_f32", MIX_SPAN, n),
+        let (kernel, span, row_blocks) = match (n >= MIX_ROWS4_MIN, post.is_some()) {
+            (true, true) => return Ok(None),
+            (true, false) => ("hc_mix_partials_rows4_f32", MIX_SPAN_ROWS4, n.div_ceil(4)),
+            (false, true) => ("hc_post_mix_partials_f32", MIX_SPAN, n),
+            (false, false) => ("hc_mix_partials_f32", MIX_SPAN, n),
         };
         let splits = k.div_ceil(span);
         let mut part = self.alloc(op, vec![n, splits * (w + 1)], DType::F32)?;
@@ -169,10 +176,27 @@ impl CudaBackend {
             block_dim: (MIX_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        // the post's d and hc (k = hc·d fits u32, so both do)
+        let (d32, hc32) = post.as_ref().map_or((0, 0), |(fx, _, _)| (fx.cols() as u32, (k / fx.cols()) as u32));
         let mut l = KernelArgs::new(&self.stream, &f);
-        l.arg(&*x.buf).arg(&mix.buf).arg(&mut *part.buf).arg(&n32).arg(&k32).arg(&w32).arg(&splits32).arg(&code);
-        // SAFETY: arguments match `hc_mix_partials_f32` / `_rows4_f32` in cuda/lm_small.cu; shapes
-        // checked by the caller.
+        match post {
+            Some((fx, split, out)) => {
+                l.arg(&*x.buf).arg(&*fx.buf).arg(&*split.buf).arg(&mut *out.buf).arg(&mix.buf).arg(&mut *part.buf);
+                l.arg(&n32).arg(&d32).arg(&hc32).arg(&w32).arg(&splits32).arg(&code);
+            }
+            None => {
+                l.arg(&*x.buf)
+                    .arg(&mix.buf)
+                    .arg(&mut *part.buf)
+                    .arg(&n32)
+                    .arg(&k32)
+                    .arg(&w32)
+                    .arg(&splits32)
+                    .arg(&code);
+            }
+        }
+        // SAFETY: arguments match `hc_mix_partials_f32` / `_rows4_f32` / `hc_post_mix_partials_f32`
+        // in cuda/lm_small.cu; shapes checked by the caller.
         self.launched(op, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok(Some((part, splits)))
     }
@@ -195,7 +219,7 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "hc_mix_split";
         let (n, k, w) = checks::hc_mix_split(x, mix, scale, base, hc)?;
-        let Some((part, splits)) = self.hc_mix_partials(OP, x, mix, n, k, w)? else {
+        let Some((part, splits)) = self.hc_mix_partials(OP, x, mix, n, k, w, None)? else {
             return hc_mix_split_parts(self, x, mix, scale, base, hc, iters, eps, norm_eps);
         };
         let (n32, k32, splits32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", k)?, splits as u32);
@@ -240,9 +264,9 @@ impl CudaBackend {
         weight: &CudaTensor,
     ) -> Result<(CudaTensor, CudaTensor)> {
         const OP: &str = "hc_mix_split_pre_norm";
-        let (n, k, w, d) = checks::hc_mix_split_pre_norm(x, mix, scale, base, hc, weight)?;
+        let (n, k, w, _) = checks::hc_mix_split_pre_norm(x, mix, scale, base, hc, weight)?;
         let parts = match n <= MIX_BLOCK_A_TOKEN_MAX && !self.opts.separate_hc_split_norm {
-            true => self.hc_mix_partials(OP, x, mix, n, k, w)?,
+            true => self.hc_mix_partials(OP, x, mix, n, k, w, None)?,
             false => None,
         };
         let Some((part, splits)) = parts else {
@@ -250,10 +274,32 @@ impl CudaBackend {
             let y = self.hc_pre_norm(x, &split, hc, weight, norm_eps)?;
             return Ok((split, y));
         };
-        let mut split = self.alloc(OP, vec![n, w], DType::F32)?;
-        let mut y = self.alloc(OP, vec![n, d], DType::F32)?;
-        let (n32, k32, d32, splits32) = (check_u32(OP, "rows", n)?, check_u32(OP, "cols", k)?, d as u32, splits as u32);
-        let (hc32, iters32, eps_bits) = (check_u32(OP, "hc", hc)?, check_u32(OP, "iters", iters)?, eps.to_bits());
+        self.mix_split_pre_norm(OP, &part, splits, x, scale, base, weight, hc, iters, eps, norm_eps)
+    }
+
+    /// `hc_mix_split_pre_norm_f32` over the partial sums `part` of X `[n, k]` in `splits` ranges
+    /// (`hc_mix_partials` with or without its post): (split `[n, (2+hc)·hc]`, input `[n, k / hc]`).
+    #[allow(clippy::too_many_arguments)]
+    fn mix_split_pre_norm(
+        &self,
+        op: &'static str,
+        part: &CudaTensor,
+        splits: usize,
+        x: &CudaTensor,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        weight: &CudaTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        let (n, k, w) = (x.rows(), x.cols(), (2 + hc) * hc);
+        let d = k / hc;
+        let mut split = self.alloc(op, vec![n, w], DType::F32)?;
+        let mut y = self.alloc(op, vec![n, d], DType::F32)?;
+        let (n32, k32, d32, splits32) = (check_u32(op, "rows", n)?, check_u32(op, "cols", k)?, d as u32, splits as u32);
+        let (hc32, iters32, eps_bits) = (check_u32(op, "hc", hc)?, check_u32(op, "iters", iters)?, eps.to_bits());
         let f = self.func(Source::LmSmall, "hc_mix_split_pre_norm_f32")?;
         // hc_pre_norm_f32's launch: a block a row of row_threads(d) ≥ MIX_THREADS threads
         let cfg = cfg_rows(n, d);
@@ -263,9 +309,52 @@ impl CudaBackend {
         l.arg(&*x.buf).arg(&*weight.buf).arg(&mut *y.buf);
         l.arg(&n32).arg(&k32).arg(&hc32).arg(&splits32).arg(&iters32).arg(&eps_bits).arg(&norm_eps).arg(&d32);
         // SAFETY: arguments match `hc_mix_split_pre_norm_f32` in cuda/lm_small.cu; shapes checked
-        // above (part holds n rows of splits·(w + 1) sums, written by the launch before).
-        self.launched(OP, "hc_mix_split_pre_norm_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+        // by the callers (part holds n rows of splits·(w + 1) sums, written by the launch before).
+        self.launched(op, "hc_mix_split_pre_norm_f32", cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
         Ok((split, y))
+    }
+
+    /// `hc_post` of a sublayer's output, then the next sublayer's `hc_mix_split_pre_norm` of the
+    /// residual it writes ([`Backend::hc_post_mix_split_pre_norm`]): for a decode step's rows
+    /// (at most `MIX_BLOCK_A_TOKEN_MAX`) two launches, `hc_post_mix_partials_f32` (the post
+    /// computed as the partial sums read it) and `hc_mix_split_pre_norm_f32`, with the bits of
+    /// the three; elsewhere, or with [`Options::separate_hc_post`](super::Options), `hc_post` then
+    /// `hc_mix_split_pre_norm`. X, f, split → (X', split', input).
+    ///
+    /// [`Backend::hc_post_mix_split_pre_norm`]: crate::backend::Backend::hc_post_mix_split_pre_norm
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hc_post_mix_split_pre_norm(
+        &self,
+        x: &CudaTensor,
+        f: &CudaTensor,
+        split: &CudaTensor,
+        mix: &CudaWeight,
+        scale: &CudaTensor,
+        base: &CudaTensor,
+        hc: usize,
+        iters: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+        const OP: &str = "hc_post_mix_split_pre_norm";
+        let (n, k, w) = checks::hc_post_mix_split_pre_norm(x, f, split, mix, scale, base, hc, weight)?;
+        let fused = n <= MIX_BLOCK_A_TOKEN_MAX && !self.opts.separate_hc_post && !self.opts.separate_hc_split_norm;
+        let parts = match fused {
+            true => {
+                let mut xp = self.alloc(OP, vec![n, k], DType::F32)?;
+                self.hc_mix_partials(OP, x, mix, n, k, w, Some((f, split, &mut xp)))?.map(|p| (p, xp))
+            }
+            false => None,
+        };
+        let Some(((part, splits), xp)) = parts else {
+            let xp = self.hc_post(x, f, split)?;
+            let (split, y) = self.hc_mix_split_pre_norm(&xp, mix, scale, base, hc, iters, eps, norm_eps, weight)?;
+            return Ok((xp, split, y));
+        };
+        let (split, y) =
+            self.mix_split_pre_norm(OP, &part, splits, &xp, scale, base, weight, hc, iters, eps, norm_eps)?;
+        Ok((xp, split, y))
     }
 
     /// X `[n, hc·d]`, w `[n, c ≥ hc]` (its first hc columns) → `[n, d]`.

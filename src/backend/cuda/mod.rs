@@ -317,6 +317,11 @@ pub struct Options {
     /// where two take it (`hc_mix_split_pre_norm_f32`; the same bits). Diagnostic:
     /// `FOVEA_CUDA_HC_SPLIT_NORM=separate`.
     pub separate_hc_split_norm: bool,
+    /// A decode step's `hc_post_mix_split_pre_norm` as `hc_post` then `hc_mix_split_pre_norm`
+    /// even where the post rides in the partial sums' launch (`hc_post_mix_partials_f32`; the
+    /// same bits). Diagnostic: `FOVEA_CUDA_HC_POST=separate`. (`separate_hc_split_norm` takes the
+    /// composition too.)
+    pub separate_hc_post: bool,
 }
 
 impl Default for Options {
@@ -334,6 +339,7 @@ impl Default for Options {
             blas: std::env::var("FOVEA_CUDA_BLAS").map_or(true, |v| v != "0"),
             sink_tensor_cores: std::env::var("FOVEA_CUDA_SINK_TC").map_or(true, |v| v != "0"),
             separate_hc_split_norm: std::env::var("FOVEA_CUDA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
+            separate_hc_post: std::env::var("FOVEA_CUDA_HC_POST").is_ok_and(|v| v == "separate"),
         }
     }
 }
@@ -1095,6 +1101,22 @@ impl Backend for CudaBackend {
         weight: &CudaTensor,
     ) -> Result<(CudaTensor, CudaTensor)> {
         self.hc_mix_split_pre_norm(x, mix, s, b, hc, it, eps, norm_eps, weight)
+    }
+    fn hc_post_mix_split_pre_norm(
+        &self,
+        x: &CudaTensor,
+        f: &CudaTensor,
+        split: &CudaTensor,
+        mix: &CudaWeight,
+        s: &CudaTensor,
+        b: &CudaTensor,
+        hc: usize,
+        it: usize,
+        eps: f32,
+        norm_eps: f32,
+        weight: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+        self.hc_post_mix_split_pre_norm(x, f, split, mix, s, b, hc, it, eps, norm_eps, weight)
     }
     fn linear_pair(&self, x: &CudaTensor, wa: &CudaWeight, wb: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
         CudaBackend::linear_pair(self, x, wa, wb)

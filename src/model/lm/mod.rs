@@ -4,7 +4,8 @@
 //! [`LmCache`]; [`LmModel::decode`] extends it one token at a time.
 //!
 //! Per layer: `hc_split → hc_pre → attn_norm → attention → hc_post`, then
-//! `hc_split → hc_pre → ffn_norm → MoE → hc_post`; then the HC head → `norm` → `head`.
+//! `hc_split → hc_pre → ffn_norm → MoE → hc_post`; then the HC head → `norm` → `head`. (Each
+//! `hc_post` and the next sublayer's split, pre and norm are one backend op, which a lane may fuse.)
 
 pub mod generate;
 pub mod vision;
@@ -941,7 +942,14 @@ impl<B: Backend> LmModel<B> {
         }
         let positions = b.upload(&HostTensor::i32([n], positions)?)?;
         let uploads = IndexUploads::new(b);
-        let mut carry = Some(b.hc_expand(&h, hc)?);
+        let x0 = b.hc_expand(&h, hc)?;
+        // the first layer's attention split and input; every later sublayer's come with the
+        // previous sublayer's post (`hc_post_split_pre_norm`)
+        let mut split_input = match self.layers.first() {
+            Some(first) => Some(self.hc_split_pre_norm(b, &x0, &first.hc_attn, &first.attn_norm)?),
+            None => None,
+        };
+        let mut carry = Some(x0);
         for (l, layer) in self.layers.iter().enumerate() {
             // the residual entering this layer: carried, or the previous layer's traced output
             let x = match (&carry, &trace) {
@@ -950,13 +958,20 @@ impl<B: Backend> LmModel<B> {
                 (None, None) => unreachable!("the residual is either carried or traced"),
             };
             // attention sublayer; `split` is [T, pre hc | post hc | comb hc·hc]
-            let (split, xa) = self.hc_split_pre_norm(b, x, &layer.hc_attn, &layer.attn_norm)?;
+            let (split, xa) = split_input.take().expect("each layer's split made before it");
             let (att, picks) = self.attention(&uploads, layer, l, seqs, &positions, &xa)?;
-            let x = b.hc_post(x, &att, &split)?;
-            // MoE sublayer
-            let (split, xf) = self.hc_split_pre_norm(b, &x, &layer.hc_ffn, &layer.ffn_norm)?;
+            // MoE sublayer, its residual written back with the attention's output
+            let (x, split, xf) = self.hc_post_split_pre_norm(b, x, &att, &split, &layer.hc_ffn, &layer.ffn_norm)?;
             let (m, sel, w) = self.moe(b, &layer.moe, &xf, &ids_t, &kind)?;
-            let next = b.hc_post(&x, &m, &split)?;
+            let next = match self.layers.get(l + 1) {
+                Some(after) => {
+                    let (next, s, a) =
+                        self.hc_post_split_pre_norm(b, &x, &m, &split, &after.hc_attn, &after.attn_norm)?;
+                    split_input = Some((s, a));
+                    next
+                }
+                None => b.hc_post(&x, &m, &split)?,
+            };
             match trace.as_deref_mut() {
                 Some(t) => {
                     t.hidden[l].push(next);
@@ -989,6 +1004,22 @@ impl<B: Backend> LmModel<B> {
     fn hc_split_pre_norm(&self, b: &B, x: &B::Tensor, p: &Hc<B>, norm: &B::Tensor) -> Result<(B::Tensor, B::Tensor)> {
         let (hc, eps, hc_eps) = (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32, self.cfg.hc_eps as f32);
         b.hc_mix_split_pre_norm(x, &p.mix, &p.scale, &p.base, hc, self.cfg.hc_sinkhorn_iters, hc_eps, eps, norm)
+    }
+
+    /// `hc_post(x, f, split)` of a sublayer's output `f` `[T, d]`, then the next sublayer's split
+    /// and input from the residual it writes (`hc_split_pre_norm`): (X' `[T, hc·d]`, split, input).
+    fn hc_post_split_pre_norm(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        f: &B::Tensor,
+        split: &B::Tensor,
+        p: &Hc<B>,
+        norm: &B::Tensor,
+    ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+        let (hc, eps, hc_eps, iters) =
+            (self.cfg.hc_mult, self.cfg.rms_norm_eps as f32, self.cfg.hc_eps as f32, self.cfg.hc_sinkhorn_iters);
+        b.hc_post_mix_split_pre_norm(x, f, split, &p.mix, &p.scale, &p.base, hc, iters, hc_eps, eps, norm)
     }
 
     /// Feed the compressor projections `kv = x·wkv`, `gate = x·wgate` `[n, w]` of every row to
