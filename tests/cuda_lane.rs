@@ -458,6 +458,7 @@ fn explicit_timed_options() -> fovea::backend::cuda::Options {
         separate_linear_pair: false,
         separate_hc_split_norm: false,
         separate_hc_post: false,
+        separate_linear_add: false,
         q8x: true,
         sink_tensor_cores: true,
         ..Default::default()
@@ -498,6 +499,47 @@ fn cuda_linear_pair_matches_two_linears_bit_for_bit() {
             assert!(!ran_kernels(&two).contains(&pair), "{format} n {n}: {pair} ran where two linears were asked for");
             assert!(a1.iter().chain(&b1).all(|v| v.is_finite()), "{format} n {n}");
             assert_eq!(bits_apart(&a1, &a2) + bits_apart(&b1, &b2), 0, "{format} n {n}: one launch and two differ");
+        }
+    }
+}
+
+/// `linear_add` of one row without a bias in one launch (the residual as the linear's bias)
+/// writes the bits of `linear` then `add` (`separate_linear_add`): a decode step's shared expert
+/// down projection (Q8_0, 4 096 × 2 048: the small-row path), a q8x-wide one (Q8_0, 8 192 outputs:
+/// `linear_q8x_q8_0`) and a narrow F16 one (24 × 16 384: split over k, then `sum_splits_f32`);
+/// three rows take the two launches either way.
+#[test]
+fn cuda_linear_add_of_one_row_is_one_launch_with_the_bits_of_two() {
+    use fovea::backend::cuda::Options;
+    use rand::{Rng, SeedableRng};
+    let timed = explicit_timed_options();
+    let Some(one) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
+    let two = CudaBackend::with_options(Options { separate_linear_add: true, ..timed }).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x11add);
+    for (format, out, k) in
+        [(WeightFormat::Q8_0, 4096, 2048), (WeightFormat::Q8_0, 8192, 1024), (WeightFormat::F16, 24, 16384)]
+    {
+        let bytes = common::blocks::weight_bytes(&mut r, format, out, k);
+        for n in [1, 3] {
+            let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
+            let res: Vec<f32> = (0..n * out).map(|_| r.random_range(-4.0f32..4.0)).collect();
+            let run = |lane: &CudaBackend| {
+                let hw = HostWeight { name: "w".into(), format, rows: out, cols: k, bytes: Cow::Borrowed(&bytes) };
+                let w = lane.upload_weight(&hw).unwrap();
+                let xt = lane.upload(&HostTensor::f32(vec![n, k], x.clone()).unwrap()).unwrap();
+                let rt = lane.upload(&HostTensor::f32(vec![n, out], res.clone()).unwrap()).unwrap();
+                lane.kernel_times().unwrap(); // from here on
+                let y = lane.linear_add(&xt, &w, None, &rt).unwrap();
+                let ran = ran_kernel_counts(lane);
+                (lane.download(&y).unwrap().into_f32("y").unwrap(), ran)
+            };
+            let ((y1, ran1), (y2, ran2)) = (run(&one), run(&two));
+            let adds = |ran: &[(String, u64)]| ran.iter().filter(|(name, _)| name == "add_f32").count();
+            assert_eq!(adds(&ran2), 1, "{format} [{out}, {k}] n {n}: asked for linear then add: {ran2:?}");
+            assert_eq!(adds(&ran1), usize::from(n > 1), "{format} [{out}, {k}] n {n}: {ran1:?}");
+            assert_eq!(ran1.len() + usize::from(n == 1), ran2.len(), "{format} [{out}, {k}] n {n}: {ran1:?} {ran2:?}");
+            assert!(y1.iter().all(|v| v.is_finite()), "{format} [{out}, {k}] n {n}");
+            assert_eq!(bits_apart(&y1, &y2), 0, "{format} [{out}, {k}] n {n}: one launch and two differ");
         }
     }
 }

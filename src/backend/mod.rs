@@ -1157,8 +1157,8 @@ pub trait Backend {
     /// The MoE sublayer's output: the routed experts' sum `routed` `[n, d]` plus the shared
     /// expert of x `[n, d]` (gate `w1` and up `w3` `[h, d]`, uploaded as a pair, down `w2`
     /// `[d, h]`): `add(routed, linear(swiglu_clamp(linear_pair(x, w1, w3), limit), w2))`. The
-    /// default composes those ops; a lane may fuse them (f32 addition commutes: the sum's
-    /// operands in either order).
+    /// default composes those ops, the down projection and the sum as `linear_add`; a lane may
+    /// fuse them (f32 addition commutes: the sum's operands in either order).
     #[allow(clippy::too_many_arguments)]
     fn shared_expert(
         &self,
@@ -1170,8 +1170,7 @@ pub trait Backend {
         routed: &Self::Tensor,
     ) -> Result<Self::Tensor> {
         let (g, u) = self.linear_pair(x, w1, w3)?;
-        let shared = self.linear(&self.swiglu_clamp(&g, &u, limit)?, w2, None)?;
-        self.add(routed, &shared)
+        self.linear_add(&self.swiglu_clamp(&g, &u, limit)?, w2, None, routed)
     }
     /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e the gate
     /// `w1[e]` `[h, d]`, the up `w3[e]` `[h, d]` and the down `w2[e]` `[d, h]` → `[n, d]`,

@@ -103,7 +103,9 @@ impl CudaBackend {
     }
 
     /// residual + x · Wᵀ + b: on cuBLASLt the residual is the matmul's addend (no pass of its
-    /// own), elsewhere `linear` then `add`.
+    /// own); one row without a bias (a decode step's shared expert) takes the residual row as
+    /// `linear`'s bias, one launch with the bits of two (f32 addition commutes); elsewhere
+    /// `linear` then `add`.
     pub(super) fn linear_add(
         &self,
         x: &CudaTensor,
@@ -114,7 +116,11 @@ impl CudaBackend {
         const OP: &str = "linear_add";
         let (n, k) = checks::linear_add(x, w, bias, residual)?;
         let Some(blas) = self.blas_for(n, k, w.rows, w) else {
-            return self.add(residual, &self.linear(x, w, bias)?);
+            return match (n, bias) {
+                // the residual [1, out] is a bias's out floats
+                (1, None) if !self.opts.separate_linear_add => self.linear(x, w, Some(residual)),
+                _ => self.add(residual, &self.linear(x, w, bias)?),
+            };
         };
         let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
         self.blas_gemm(OP, blas, x, w, (bias, Some(residual)), &mut y, Shape { n, k, r: w.rows, groups: 1 })?;

@@ -322,6 +322,9 @@ pub struct Options {
     /// same bits). Diagnostic: `FOVEA_CUDA_HC_POST=separate`. (`separate_hc_split_norm` takes the
     /// composition too.)
     pub separate_hc_post: bool,
+    /// `linear_add` of one row without a bias as `linear` then `add` even where the residual
+    /// rides in as the linear's bias (the same bits). Diagnostic: `FOVEA_CUDA_LINEAR_ADD=separate`.
+    pub separate_linear_add: bool,
 }
 
 impl Default for Options {
@@ -340,6 +343,7 @@ impl Default for Options {
             sink_tensor_cores: std::env::var("FOVEA_CUDA_SINK_TC").map_or(true, |v| v != "0"),
             separate_hc_split_norm: std::env::var("FOVEA_CUDA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
             separate_hc_post: std::env::var("FOVEA_CUDA_HC_POST").is_ok_and(|v| v == "separate"),
+            separate_linear_add: std::env::var("FOVEA_CUDA_LINEAR_ADD").is_ok_and(|v| v == "separate"),
         }
     }
 }
