@@ -132,13 +132,29 @@ FOR_EACH_BLOCK_FORMAT(LINEAR_PAIR_BLOCK_KERNEL)
 // activations (dequant.cuh, q8x_cols) in the formats q8x_dot32 takes (Q8X_IF_<format>): the
 // small-row path decodes every weight to f32, ≈ 13 instructions a weight on the Q8_0 projections
 // (Nsight Compute, H200). Block Q8X_THREADS, grid (ceil(out / (Q8X_WARPS · Q8X_COLS))); dynamic shared
-// memory k + k / 8 bytes; bias [out] added where has_bias.
+// memory k + k / 8 bytes (5k + k / 8 with a norm); bias [out] added where has_bias. With `norm`
+// (not null) the row is rms_norm(x, norm, eps) first (q8x_norm_row): a decode step's q_norm in
+// wq_b's launch.
 #if FOVEA_GEMM_PATH != GEMM_PATH_TILES
+// The row linear_q8x_* quantizes: x itself, or with `norm` rms_norm_f32's row of x, bit for bit
+// (its block sum of squares and scaling: the host fuses only where rms_norm_f32's block, row_threads(k),
+// is Q8X_THREADS), written to the dynamic shared memory after the int8 row and its scales.
+__device__ __forceinline__ const float* q8x_norm_row(const float* x, const float* norm, unsigned int k, float eps) {
+    if (!norm) return x;
+    extern __shared__ float smem[];
+    __shared__ float red[32];
+    float* row = smem + k / 4u + k / 32u;
+    const float s = block_sum_squares(x, k, red);
+    const float inv = 1.0f / sqrtf(s / (float)k + eps);
+    block_scale_row(x, norm, row, k, inv);
+    __syncthreads(); // the row is whole before any thread quantizes its groups
+    return row;
+}
 #define LINEAR_Q8X_DEFINE(SFX, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(Q8X_THREADS)                                                  \
         linear_q8x_##SFX(const float* x, const void* w, const float* bias, float* y, unsigned int k,           \
-                         unsigned int out, unsigned int has_bias) { grid_wait();                               \
-        const LinearOperands op{{}, x, has_bias ? bias : 0, y, k, out};                                        \
+                         unsigned int out, unsigned int has_bias, const float* norm, float eps) { grid_wait(); \
+        const LinearOperands op{{}, q8x_norm_row(x, norm, k, eps), has_bias ? bias : 0, y, k, out};            \
         q8x_cols<FMT>(op, w, 1u, out, k);                                                                      \
     }
 #define LINEAR_Q8X_KERNEL(SFX, FMT) Q8X_IF_##SFX(LINEAR_Q8X_DEFINE(SFX, FMT))

@@ -459,6 +459,7 @@ fn explicit_timed_options() -> fovea::backend::cuda::Options {
         separate_hc_split_norm: false,
         separate_hc_post: false,
         separate_linear_add: false,
+        separate_rms_norm_linear: false,
         q8x: true,
         sink_tensor_cores: true,
         ..Default::default()
@@ -541,6 +542,48 @@ fn cuda_linear_add_of_one_row_is_one_launch_with_the_bits_of_two() {
             assert!(y1.iter().all(|v| v.is_finite()), "{format} [{out}, {k}] n {n}");
             assert_eq!(bits_apart(&y1, &y2), 0, "{format} [{out}, {k}] n {n}: one launch and two differ");
         }
+    }
+}
+
+/// `rms_norm_linear` of one row on int8 activations in one launch (`linear_q8x_q8_0` norming the
+/// row first) writes the bits of `rms_norm_f32` then `linear_q8x_q8_0` (`separate_rms_norm_linear`):
+/// a decode step's q_norm and wq_b (Q8_0, k 1 024; 8 192 outputs here for 32 768); at k 4 096
+/// (`rms_norm_f32` takes 1 024 threads there, the q8x block 256) and for three rows the two launches.
+#[test]
+fn cuda_rms_norm_linear_of_one_row_is_one_launch_with_the_bits_of_two() {
+    use fovea::backend::cuda::Options;
+    use rand::{Rng, SeedableRng};
+    let timed = explicit_timed_options();
+    let Some(one) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
+    let two = CudaBackend::with_options(Options { separate_rms_norm_linear: true, ..timed }).unwrap();
+    let mut r = rand::rngs::StdRng::seed_from_u64(0x4e0b);
+    let out = 8192;
+    for (k, n) in [(1024, 1), (4096, 1), (1024, 3)] {
+        let bytes = common::blocks::weight_bytes(&mut r, WeightFormat::Q8_0, out, k);
+        let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-3.0f32..3.0)).collect();
+        let norm: Vec<f32> = (0..k).map(|_| r.random_range(0.5f32..1.5)).collect();
+        let run = |lane: &CudaBackend| {
+            let format = WeightFormat::Q8_0;
+            let hw = HostWeight { name: "wq_b".into(), format, rows: out, cols: k, bytes: Cow::Borrowed(&bytes) };
+            let w = lane.upload_weight(&hw).unwrap();
+            let xt = lane.upload(&HostTensor::f32(vec![n, k], x.clone()).unwrap()).unwrap();
+            let nt = lane.upload(&HostTensor::f32(vec![k], norm.clone()).unwrap()).unwrap();
+            lane.kernel_times().unwrap(); // from here on
+            let y = lane.rms_norm_linear(&xt, &nt, 1e-6, &w, None).unwrap();
+            let ran = ran_kernel_counts(lane);
+            (lane.download(&y).unwrap().into_f32("y").unwrap(), ran)
+        };
+        let ((y1, ran1), (y2, ran2)) = (run(&one), run(&two));
+        let norms = |ran: &[(String, u64)]| ran.iter().filter(|(name, _)| name == "rms_norm_f32").count();
+        assert_eq!(norms(&ran2), 1, "k {k} n {n}: asked for rms_norm then linear: {ran2:?}");
+        assert_eq!(norms(&ran1), usize::from(k >= 4096 || n > 1), "k {k} n {n}: {ran1:?}");
+        if n == 1 {
+            let q8x = ("linear_q8x_q8_0".to_string(), 1);
+            assert!(ran1.contains(&q8x) && ran2.contains(&q8x), "k {k}: {ran1:?} {ran2:?}");
+            assert_eq!(ran1.len() + usize::from(k < 4096), ran2.len(), "k {k}: {ran1:?} {ran2:?}");
+        }
+        assert!(y1.iter().all(|v| v.is_finite()), "k {k} n {n}");
+        assert_eq!(bits_apart(&y1, &y2), 0, "k {k} n {n}: one launch and two differ");
     }
 }
 

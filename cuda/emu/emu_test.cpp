@@ -2179,12 +2179,15 @@ static void q8x_moe(unsigned k, const GoldenBlocks& g1, Q8xGate gate, const Gold
     }
 }
 
-typedef void (*Q8xLinear)(const float*, const void*, const float*, float*, unsigned, unsigned, unsigned);
+typedef void (*Q8xLinear)(const float*, const void*, const float*, float*, unsigned, unsigned, unsigned, const float*,
+                          float);
 
 // The one-token linear on int8 activations (linear_q8x_*: fast precision, wide outputs) on a golden
 // matrix, with and without a bias: against double dot products of the decoded values with x
 // quantized as the kernel quantizes it (plus the bias), the exact GEMM bound. out = 40 columns: a
-// block's 32 and a partial one (its last warp's columns past the end store nothing).
+// block's 32 and a partial one (its last warp's columns past the end store nothing). Then with a
+// norm (q_norm in wq_b's launch) against rms_norm_f32 (256 threads, the host's block for k < 4096)
+// then the plain kernel, bit for bit.
 static void q8x_linear(unsigned k, const GoldenBlocks& g, Q8xLinear linear) {
     const unsigned out = 40;
     std::vector<unsigned char> w;
@@ -2196,7 +2199,7 @@ static void q8x_linear(unsigned k, const GoldenBlocks& g, Q8xLinear linear) {
     for (unsigned has_bias : {1u, 0u}) {
         std::vector<float> y(out + 8, NAN), want(out);
         emu_launch(linear, dim3{(out + 31) / 32}, {256}, smem, (const float*)x.data(), (const void*)w.data(),
-                   (const float*)b.data(), y.data(), k, out, has_bias);
+                   (const float*)b.data(), y.data(), k, out, has_bias, (const float*)nullptr, 0.0f);
         for (unsigned c = 0; c < out; ++c) {
             double dot = has_bias ? b[c] : 0.0;
             for (unsigned j = 0; j < k; ++j) dot += xq[j] * wdec[(size_t)c * k + j];
@@ -2213,6 +2216,17 @@ static void q8x_linear(unsigned k, const GoldenBlocks& g, Q8xLinear linear) {
             ++failures;
         }
     }
+    const auto norm = randv(k, 1.5);
+    const float eps = 1e-6f;
+    std::vector<float> xn(k), composed(out), fused(out, NAN);
+    emu_launch(rms_norm_f32, {1}, {256}, 0, (const float*)x.data(), (const float*)norm.data(), xn.data(), 1u, k, eps);
+    emu_launch(linear, dim3{(out + 31) / 32}, {256}, smem, (const float*)xn.data(), (const void*)w.data(),
+               (const float*)b.data(), composed.data(), k, out, 1u, (const float*)nullptr, 0.0f);
+    emu_launch(linear, dim3{(out + 31) / 32}, {256}, smem + 4 * k, (const float*)x.data(), (const void*)w.data(),
+               (const float*)b.data(), fused.data(), k, out, 1u, (const float*)norm.data(), eps);
+    char name[96];
+    std::snprintf(name, sizeof name, "linear_q8x %s rms_norm(x)[1,%u] W[%u,%u] + b", g.name.c_str(), k, out, k);
+    check(name, fused, composed, 0);
 }
 
 typedef void (*LinearRows)(const float*, const void*, const float*, float*, float*, unsigned, unsigned, unsigned,

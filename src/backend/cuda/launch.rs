@@ -66,7 +66,8 @@ macro_rules! value_arg {
         }
     )*};
 }
-value_arg!(u32, i32, f32);
+// u64: a pointer argument the kernel may take as null (0)
+value_arg!(u32, i32, f32, u64);
 
 impl<'a> KernelArgs<'a> {
     pub(super) fn new(stream: &'a CudaStream, func: &'a CudaFunction) -> Self {

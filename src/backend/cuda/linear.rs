@@ -14,9 +14,9 @@ use super::{
     BLAS_MIN_ROWS, Build, CudaBackend, CudaTensor, CudaWeight, DEFAULT_SHARED_BYTES, GEMM_BM, GEMM_BN, GEMM_THREADS,
     GEMV_ROWS, GRID_Y, KEEP_F16_HEADROOM, LINEAR_KERNELS, LINEAR_PAIR_KERNELS, LINEAR_Q8X_MIN_COLS, Q8X_BLOCK_COLS,
     Q8X_THREADS, Source, TILE_SPLIT_BELOW, TILE_SPLIT_GRID, UNFOLD_LINEAR_GELU_KERNELS, WEIGHT_F16_KERNELS, cfg_1d,
-    check_u32, gemm_grid, gemv_splits, k_splits, linear_q8x_kernel, q8x_shared_bytes,
+    check_u32, gemm_grid, gemv_splits, k_splits, linear_q8x_kernel, q8x_shared_bytes, row_threads,
 };
-use crate::backend::{Backend, DType, Precision, WeightFormat, checks};
+use crate::backend::{Backend, DType, DeviceTensor, Precision, WeightFormat, checks};
 use crate::error::{Error, Result};
 
 impl CudaBackend {
@@ -31,21 +31,8 @@ impl CudaBackend {
         let has_bias = bias.is_some() as u32;
         let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
         // one row in fast precision against a wide weight: int8 activations (linear_q8x_*)
-        let shared = q8x_shared_bytes(k);
         if let Some(kernel) = self.linear_q8x(n, k, w) {
-            let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
-            let (k32, o32) = (check_u32(OP, "in_features", k)?, check_u32(OP, "out_features", w.rows)?);
-            let cfg = LaunchConfig {
-                grid_dim: (w.rows.div_ceil(Q8X_BLOCK_COLS) as u32, 1, 1),
-                block_dim: (Q8X_THREADS, 1, 1),
-                shared_mem_bytes: shared as u32,
-            };
-            let mut l = KernelArgs::new(&self.stream, &f);
-            l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf).arg(&k32).arg(&o32).arg(&has_bias);
-            // SAFETY: arguments match `linear_q8x_*` in cuda/linear.cu; x is one row of k (a
-            // multiple of the format's block, so of 32), y one row of out, the bias out floats
-            // where has_bias; the shared memory is q8x_shared_bytes(k).
-            self.launched(OP, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })?;
+            self.launch_linear_q8x(OP, kernel, x, None, w, bias, &mut y)?;
             return Ok(y);
         }
         if let Some(blas) = self.blas_for(n, k, w.rows, w) {
@@ -127,8 +114,51 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// `linear_q8x_*` (`kernel`) of one row x `[1, k]` against w into y `[1, w.rows]`, with
+    /// `norm` = (weight `[k]`, eps) of `rms_norm(x)` first, in the same launch.
+    fn launch_linear_q8x(
+        &self,
+        op: &'static str,
+        kernel: &'static str,
+        x: &CudaTensor,
+        norm: Option<(&CudaTensor, f32)>,
+        w: &CudaWeight,
+        bias: Option<&CudaTensor>,
+        y: &mut CudaTensor,
+    ) -> Result<()> {
+        let k = x.cols();
+        let f = self.func_in(Source::Linear, kernel, Build::Rows)?;
+        let (k32, o32) = (check_u32(op, "in_features", k)?, check_u32(op, "out_features", w.rows)?);
+        let has_bias = bias.is_some() as u32;
+        let bias_buf = bias.map_or(&self.dummy, |b| &*b.buf);
+        // the normed row follows the int8 row and its scales in shared memory (k floats)
+        let shared = q8x_shared_bytes(k) + norm.map_or(0, |_| 4 * k);
+        let cfg = LaunchConfig {
+            grid_dim: (w.rows.div_ceil(Q8X_BLOCK_COLS) as u32, 1, 1),
+            block_dim: (Q8X_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let (null, eps) = (0u64, norm.map_or(0.0, |(_, eps)| eps));
+        let mut l = KernelArgs::new(&self.stream, &f);
+        l.arg(&*x.buf).arg(&w.buf).arg(bias_buf).arg(&mut *y.buf).arg(&k32).arg(&o32).arg(&has_bias);
+        match norm {
+            Some((weight, _)) => l.arg(&*weight.buf),
+            None => l.arg(&null),
+        };
+        l.arg(&eps);
+        // SAFETY: arguments match `linear_q8x_*` in cuda/linear.cu; x is one row of k (a
+        // multiple of the format's block, so of 32), y one row of out, the bias out floats
+        // where has_bias, the norm k floats or null; the shared memory is what the kernel takes
+        // (q8x_shared_bytes(k), and the normed row's k floats), checked against the default
+        // limit by the callers (`linear_q8x`, `rms_norm_linear`).
+        self.launched(op, kernel, cfg, |cfg| unsafe { l.launch(cfg, self.pdl) })
+    }
+
     /// linear(rms_norm(x)): on cuBLASLt the norm writes the GEMM's f16 operand (`rms_norm_f16`,
-    /// no f32 rows and no `f32_to_f16` pass), elsewhere `rms_norm` then `linear`.
+    /// no f32 rows and no `f32_to_f16` pass); one row on int8 activations (`linear_q8x_*`) norms
+    /// it in the same launch, with `rms_norm_f32`'s bits where its block is the q8x block's
+    /// (`row_threads(k)` = `Q8X_THREADS`: k below 4 096; a decode step's q_norm before wq_b, k
+    /// 1 024); elsewhere `rms_norm` then `linear`.
     pub(super) fn rms_norm_linear(
         &self,
         x: &CudaTensor,
@@ -139,6 +169,16 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "rms_norm_linear";
         let (n, k) = checks::rms_norm_linear(x, norm, w, bias)?;
+        let q8x = self.linear_q8x(n, k, w).filter(|_| {
+            !self.opts.separate_rms_norm_linear
+                && row_threads(k) == Q8X_THREADS
+                && q8x_shared_bytes(k) + 4 * k <= DEFAULT_SHARED_BYTES
+        });
+        if let Some(kernel) = q8x {
+            let mut y = self.alloc(OP, vec![n, w.rows], DType::F32)?;
+            self.launch_linear_q8x(OP, kernel, x, Some((norm, eps)), w, bias, &mut y)?;
+            return Ok(y);
+        }
         let Some(blas) = self.blas_for(n, k, w.rows, w) else {
             return self.linear(&self.rms_norm(x, norm, eps)?, w, bias);
         };

@@ -325,6 +325,10 @@ pub struct Options {
     /// `linear_add` of one row without a bias as `linear` then `add` even where the residual
     /// rides in as the linear's bias (the same bits). Diagnostic: `FOVEA_CUDA_LINEAR_ADD=separate`.
     pub separate_linear_add: bool,
+    /// `rms_norm_linear` of one row on int8 activations as `rms_norm` then `linear` even where
+    /// the norm rides in the linear's launch (the same bits). Diagnostic:
+    /// `FOVEA_CUDA_NORM_LINEAR=separate`.
+    pub separate_rms_norm_linear: bool,
 }
 
 impl Default for Options {
@@ -344,6 +348,7 @@ impl Default for Options {
             separate_hc_split_norm: std::env::var("FOVEA_CUDA_HC_SPLIT_NORM").is_ok_and(|v| v == "separate"),
             separate_hc_post: std::env::var("FOVEA_CUDA_HC_POST").is_ok_and(|v| v == "separate"),
             separate_linear_add: std::env::var("FOVEA_CUDA_LINEAR_ADD").is_ok_and(|v| v == "separate"),
+            separate_rms_norm_linear: std::env::var("FOVEA_CUDA_NORM_LINEAR").is_ok_and(|v| v == "separate"),
         }
     }
 }

@@ -1141,8 +1141,17 @@ impl<B: Backend> LmModel<B> {
         let rows: Vec<Range<usize>> = seqs.iter().map(|s| s.rows.clone()).collect();
         // projections of every row, roped at its position
         let (qa, kva) = b.linear_pair(x, &a.wq_a, &a.wkv)?;
-        let qr = b.rms_norm(&qa, &a.q_norm, eps)?;
-        let q = b.rms_norm_rope(&b.linear(&qr, &a.wq_b, None)?, None, nh, eps, f, positions)?;
+        // the normed low-rank q: the indexer (CSA layers) reads it too; elsewhere the norm is
+        // wq_b's own (`rms_norm_linear`, which a lane may fuse)
+        let (qr, qb) = match a.indexer {
+            Some(_) => {
+                let qr = b.rms_norm(&qa, &a.q_norm, eps)?;
+                let qb = b.linear(&qr, &a.wq_b, None)?;
+                (Some(qr), qb)
+            }
+            None => (None, b.rms_norm_linear(&qa, &a.q_norm, eps, &a.wq_b, None)?),
+        };
+        let q = b.rms_norm_rope(&qb, None, nh, eps, f, positions)?;
         let kv = b.rms_norm_rope(&kva, Some(&a.kv_norm), 1, eps, f, positions)?;
 
         // every sequence's kept keys then its new ones, back to back
@@ -1196,7 +1205,8 @@ impl<B: Backend> LmModel<B> {
                         "attention: layer {l}'s indexer entries lie apart from its own"
                     )));
                 }
-                Some(self.indexer_picks(b, ix, seqs, positions, &qr, x, &ix_entries, &ix_at)?)
+                let qr = qr.as_ref().expect("a layer with an indexer keeps its normed q");
+                Some(self.indexer_picks(b, ix, seqs, positions, qr, x, &ix_entries, &ix_at)?)
             }
             _ => None,
         };
