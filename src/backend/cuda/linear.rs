@@ -116,6 +116,7 @@ impl CudaBackend {
 
     /// `linear_q8x_*` (`kernel`) of one row x `[1, k]` against w into y `[1, w.rows]`, with
     /// `norm` = (weight `[k]`, eps) of `rms_norm(x)` first, in the same launch.
+    #[allow(clippy::too_many_arguments)]
     fn launch_linear_q8x(
         &self,
         op: &'static str,
