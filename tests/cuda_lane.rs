@@ -505,21 +505,25 @@ fn cuda_linear_pair_matches_two_linears_bit_for_bit() {
 }
 
 /// `linear_add` of one row without a bias in one launch (the residual as the linear's bias)
-/// writes the bits of `linear` then `add` (`separate_linear_add`): a decode step's shared expert
-/// down projection (Q8_0, 4 096 × 2 048: the small-row path), a q8x-wide one (Q8_0, 8 192 outputs:
-/// `linear_q8x_q8_0`) and a narrow F16 one (24 × 16 384: split over k, then `sum_splits_f32`);
-/// three rows take the two launches either way.
+/// writes the bits of `linear` then `add` (`separate_linear_add`), in fast precision: a decode
+/// step's shared expert down projection (Q8_0, 4 096 × 2 048: the small-row path), a q8x-wide one
+/// (Q8_0, 8 192 outputs: `linear_q8x_q8_0`) and a narrow F16 one (24 × 16 384: split over k, then
+/// `sum_splits_f32`); three rows take the two launches either way.
 #[test]
 fn cuda_linear_add_of_one_row_is_one_launch_with_the_bits_of_two() {
+    use fovea::backend::Precision;
     use fovea::backend::cuda::Options;
     use rand::{Rng, SeedableRng};
-    let timed = explicit_timed_options();
-    let Some(one) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
-    let two = CudaBackend::with_options(Options { separate_linear_add: true, ..timed }).unwrap();
+    let fast = Options { precision: Precision::Fast, ..explicit_timed_options() };
+    let Some(one) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
+    let two = CudaBackend::with_options(Options { separate_linear_add: true, ..fast }).unwrap();
     let mut r = rand::rngs::StdRng::seed_from_u64(0x11add);
-    for (format, out, k) in
-        [(WeightFormat::Q8_0, 4096, 2048), (WeightFormat::Q8_0, 8192, 1024), (WeightFormat::F16, 24, 16384)]
-    {
+    let cases = [
+        (WeightFormat::Q8_0, 4096, 2048, "linear_q8_0"),
+        (WeightFormat::Q8_0, 8192, 1024, "linear_q8x_q8_0"),
+        (WeightFormat::F16, 24, 16384, "sum_splits_f32"),
+    ];
+    for (format, out, k, kernel) in cases {
         let bytes = common::blocks::weight_bytes(&mut r, format, out, k);
         for n in [1, 3] {
             let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
@@ -535,6 +539,13 @@ fn cuda_linear_add_of_one_row_is_one_launch_with_the_bits_of_two() {
                 (lane.download(&y).unwrap().into_f32("y").unwrap(), ran)
             };
             let ((y1, ran1), (y2, ran2)) = (run(&one), run(&two));
+            let ran = |ran: &[(String, u64)], kernel: &str| ran.iter().any(|(name, _)| name == kernel);
+            if n == 1 {
+                assert!(
+                    ran(&ran1, kernel) && ran(&ran2, kernel),
+                    "{format} [{out}, {k}]: no {kernel}: {ran1:?} {ran2:?}"
+                );
+            }
             let adds = |ran: &[(String, u64)]| ran.iter().filter(|(name, _)| name == "add_f32").count();
             assert_eq!(adds(&ran2), 1, "{format} [{out}, {k}] n {n}: asked for linear then add: {ran2:?}");
             assert_eq!(adds(&ran1), usize::from(n > 1), "{format} [{out}, {k}] n {n}: {ran1:?}");
@@ -545,17 +556,19 @@ fn cuda_linear_add_of_one_row_is_one_launch_with_the_bits_of_two() {
     }
 }
 
-/// `rms_norm_linear` of one row on int8 activations in one launch (`linear_q8x_q8_0` norming the
-/// row first) writes the bits of `rms_norm_f32` then `linear_q8x_q8_0` (`separate_rms_norm_linear`):
+/// `rms_norm_linear` of one row on int8 activations (fast precision) in one launch
+/// (`linear_q8x_q8_0` norming the row first) writes the bits of `rms_norm_f32` then
+/// `linear_q8x_q8_0` (`separate_rms_norm_linear`):
 /// a decode step's q_norm and wq_b (Q8_0, k 1 024; 8 192 outputs here for 32 768); at k 4 096
 /// (`rms_norm_f32` takes 1 024 threads there, the q8x block 256) and for three rows the two launches.
 #[test]
 fn cuda_rms_norm_linear_of_one_row_is_one_launch_with_the_bits_of_two() {
+    use fovea::backend::Precision;
     use fovea::backend::cuda::Options;
     use rand::{Rng, SeedableRng};
-    let timed = explicit_timed_options();
-    let Some(one) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
-    let two = CudaBackend::with_options(Options { separate_rms_norm_linear: true, ..timed }).unwrap();
+    let fast = Options { precision: Precision::Fast, ..explicit_timed_options() };
+    let Some(one) = common::cuda_lane_with_or_skip(fast.clone()) else { return };
+    let two = CudaBackend::with_options(Options { separate_rms_norm_linear: true, ..fast }).unwrap();
     let mut r = rand::rngs::StdRng::seed_from_u64(0x4e0b);
     let out = 8192;
     for (k, n) in [(1024, 1), (4096, 1), (1024, 3)] {

@@ -906,7 +906,7 @@ pub trait Backend {
     /// `x' = hc_post(x, f, split)` and `(split', input) = hc_mix_split_pre_norm(x', mix, scale,
     /// base, hc, iters, eps, norm_eps, weight)` → (x' `[n, hc·d]`, split' `[n, (2+hc)·hc]`, input
     /// `[n, d]`). The default composes the two; a lane may fuse the post into the split's reading
-    /// of x' (a decode step runs this twice a layer, but for the first sublayer).
+    /// of x' (a forward runs this 2L − 1 times for L layers: every post but the last layer's).
     #[allow(clippy::too_many_arguments)]
     fn hc_post_mix_split_pre_norm(
         &self,
@@ -1157,8 +1157,10 @@ pub trait Backend {
     /// The MoE sublayer's output: the routed experts' sum `routed` `[n, d]` plus the shared
     /// expert of x `[n, d]` (gate `w1` and up `w3` `[h, d]`, uploaded as a pair, down `w2`
     /// `[d, h]`): `add(routed, linear(swiglu_clamp(linear_pair(x, w1, w3), limit), w2))`. The
-    /// default composes those ops, the down projection and the sum as `linear_add`; a lane may
-    /// fuse them (f32 addition commutes: the sum's operands in either order).
+    /// default composes those ops, for one row (a decode step) the down projection and the sum as
+    /// `linear_add`, which a lane may fuse (the CUDA lane does; more rows keep `linear` then `add`,
+    /// so a prefill's bits stay as they were); a lane may fuse them all (f32 addition commutes: the
+    /// sum's operands in either order).
     #[allow(clippy::too_many_arguments)]
     fn shared_expert(
         &self,
@@ -1170,7 +1172,11 @@ pub trait Backend {
         routed: &Self::Tensor,
     ) -> Result<Self::Tensor> {
         let (g, u) = self.linear_pair(x, w1, w3)?;
-        self.linear_add(&self.swiglu_clamp(&g, &u, limit)?, w2, None, routed)
+        let h = self.swiglu_clamp(&g, &u, limit)?;
+        match x.rows() {
+            1 => self.linear_add(&h, w2, None, routed),
+            _ => self.add(routed, &self.linear(&h, w2, None)?),
+        }
     }
     /// Routed experts: x `[n, d]`, ids i32 `[n, k]`, weights `[n, k]`, per expert e the gate
     /// `w1[e]` `[h, d]`, the up `w3[e]` `[h, d]` and the down `w2[e]` `[d, h]` → `[n, d]`,

@@ -91,8 +91,8 @@ impl CudaBackend {
 
     /// residual + x · Wᵀ + b: on cuBLASLt the residual is the matmul's addend (no pass of its
     /// own); one row without a bias (a decode step's shared expert) takes the residual row as
-    /// `linear`'s bias, one launch with the bits of two (f32 addition commutes); elsewhere
-    /// `linear` then `add`.
+    /// `linear`'s bias, one launch with the bits of two (f32 addition commutes; but for a zero's
+    /// sign: a −0 product plus a −0 residual, +0 through `add`); elsewhere `linear` then `add`.
     pub(super) fn linear_add(
         &self,
         x: &CudaTensor,

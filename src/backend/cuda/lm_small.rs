@@ -134,6 +134,13 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// The partial-sum kernels' format code for a mix `[w, k]` over n rows, where they take it: a
+    /// float format with f32 products, at most `MIX_MAX` rows, something to sum.
+    fn mix_code(&self, mix: &CudaWeight, n: usize, k: usize, w: usize) -> Option<u32> {
+        let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
+        float_code(mix.format).filter(|_| w <= MIX_MAX && f32_products && n > 0 && k > 0)
+    }
+
     /// `hc_mix_partials_f32` (or, from `MIX_ROWS4_MIN` rows, `_rows4_f32`) over X `[n, k]` and the mix `[w, k]`: each column range's w dot
     /// products and sum of squares, `[n, splits·(w + 1)]`, and the number of ranges; `None` where
     /// the lane's two-kernel split does not apply (a block-format mix, a mix in fast precision, more
@@ -152,11 +159,7 @@ impl CudaBackend {
         w: usize,
         post: Option<(&CudaTensor, &CudaTensor, &mut CudaTensor)>,
     ) -> Result<Option<(CudaTensor, usize)>> {
-        let f32_products = mix.exact || self.opts.precision == crate::backend::Precision::Exact;
-        let code = match float_code(mix.format) {
-            Some(code) if w <= MIX_MAX && f32_products && n > 0 && k > 0 => code,
-            _ => return Ok(None),
-        };
+        let Some(code) = self.mix_code(mix, n, k, w) else { return Ok(None) };
         // fewer rows (decode): a block a row and range of MIX_SPAN; a prefill chunk's: four rows a
         // block (the mix loaded once for the four) and ranges of MIX_SPAN_ROWS4 (the block's
         // reduction, 4·25 sums, over 16 columns a thread)
@@ -339,7 +342,10 @@ impl CudaBackend {
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
         const OP: &str = "hc_post_mix_split_pre_norm";
         let (n, k, w) = checks::hc_post_mix_split_pre_norm(x, f, split, mix, scale, base, hc, weight)?;
-        let fused = n <= MIX_BLOCK_A_TOKEN_MAX && !self.opts.separate_hc_post && !self.opts.separate_hc_split_norm;
+        let fused = n <= MIX_BLOCK_A_TOKEN_MAX
+            && !self.opts.separate_hc_post
+            && !self.opts.separate_hc_split_norm
+            && self.mix_code(mix, n, k, w).is_some();
         let parts = match fused {
             true => {
                 let mut xp = self.alloc(OP, vec![n, k], DType::F32)?;

@@ -5,7 +5,8 @@
 //!
 //! Per layer: `hc_split → hc_pre → attn_norm → attention → hc_post`, then
 //! `hc_split → hc_pre → ffn_norm → MoE → hc_post`; then the HC head → `norm` → `head`. (Each
-//! `hc_post` and the next sublayer's split, pre and norm are one backend op, which a lane may fuse.)
+//! `hc_post` but the last layer's and the next sublayer's split, pre and norm are one backend op,
+//! which a lane may fuse.)
 
 pub mod generate;
 pub mod vision;
