@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::process::Command;
 
 use fovea::Error;
-use fovea::backend::cuda::CudaBackend;
+use fovea::backend::cuda::{CudaBackend, CudaTensor, CudaWeight};
 use fovea::backend::{Backend, DeviceTensor, HostTensor, HostWeight, Op, WeightFormat};
 
 /// The `fovea` binary built with this test, unless `FOVEA_BIN` names another (prebuilt test
@@ -600,6 +600,55 @@ fn cuda_rms_norm_linear_of_one_row_is_one_launch_with_the_bits_of_two() {
     }
 }
 
+/// A hyper-connection sublayer's inputs for `n` rows of `hc` streams of `d`: its mix (F16 bytes,
+/// `[(2+hc)·hc, hc·d]`), scale, base, norm weight and residual, drawn from `r` in that order.
+struct HcInputs {
+    hc: usize,
+    d: usize,
+    n: usize,
+    mix: Vec<u8>,
+    scale: Vec<f32>,
+    base: Vec<f32>,
+    norm: Vec<f32>,
+    x: Vec<f32>,
+}
+
+/// The device tensors of [`HcInputs`] on a lane: (mix uploaded exact as the model's, x, scale,
+/// base, norm).
+type HcDevice = (CudaWeight, CudaTensor, CudaTensor, CudaTensor, CudaTensor);
+
+impl HcInputs {
+    fn draw(r: &mut rand::rngs::StdRng, hc: usize, d: usize, n: usize) -> Self {
+        use rand::Rng;
+        let (w, k) = ((2 + hc) * hc, hc * d);
+        let mix = common::blocks::weight_bytes(r, WeightFormat::F16, w, k);
+        let scale = (0..3).map(|_| r.random_range(0.5f32..1.5)).collect();
+        let base = (0..w).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let norm = (0..d).map(|_| r.random_range(0.5f32..1.5)).collect();
+        let x = (0..n * k).map(|_| r.random_range(-2.0f32..2.0)).collect();
+        HcInputs { hc, d, n, mix, scale, base, norm, x }
+    }
+
+    fn upload(&self, lane: &CudaBackend) -> HcDevice {
+        let (w, k) = ((2 + self.hc) * self.hc, self.hc * self.d);
+        let hw = HostWeight {
+            name: "mix".into(),
+            format: WeightFormat::F16,
+            rows: w,
+            cols: k,
+            bytes: Cow::Borrowed(&self.mix),
+        };
+        let up = |shape: Vec<usize>, v: &[f32]| lane.upload(&HostTensor::f32(shape, v.to_vec()).unwrap()).unwrap();
+        (
+            lane.upload_weight_exact(&hw).unwrap(),
+            up(vec![self.n, k], &self.x),
+            up(vec![3], &self.scale),
+            up(vec![w], &self.base),
+            up(vec![self.d], &self.norm),
+        )
+    }
+}
+
 /// A decode step's `hc_mix_split_pre_norm` in two launches (`hc_mix_partials_f32`, then
 /// `hc_mix_split_pre_norm_f32`) writes the bits of the three (`separate_hc_split_norm`: the
 /// partials, `hc_mix_split_f32`, `hc_pre_norm_f32`): the released geometry (hc 4, d 4 096: blocks
@@ -609,30 +658,16 @@ fn cuda_rms_norm_linear_of_one_row_is_one_launch_with_the_bits_of_two() {
 #[test]
 fn cuda_hc_mix_split_pre_norm_of_a_decode_row_is_two_launches_with_the_composition_bits() {
     use fovea::backend::cuda::Options;
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     let timed = explicit_timed_options();
     let Some(two) = common::cuda_lane_with_or_skip(timed.clone()) else { return };
     let three = CudaBackend::with_options(Options { separate_hc_split_norm: true, ..timed }).unwrap();
     let mut r = rand::rngs::StdRng::seed_from_u64(0x4c5e);
     let hc = 4;
     for (d, n) in [(4096, 1), (4096, 3), (64, 2), (64, 100)] {
-        let (w, k) = ((2 + hc) * hc, hc * d);
-        let mix = common::blocks::weight_bytes(&mut r, WeightFormat::F16, w, k);
-        let scale: Vec<f32> = (0..3).map(|_| r.random_range(0.5f32..1.5)).collect();
-        let base: Vec<f32> = (0..w).map(|_| r.random_range(-1.0f32..1.0)).collect();
-        let norm: Vec<f32> = (0..d).map(|_| r.random_range(0.5f32..1.5)).collect();
-        let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-2.0f32..2.0)).collect();
+        let inputs = HcInputs::draw(&mut r, hc, d, n);
         let run = |lane: &CudaBackend| {
-            let hw = HostWeight {
-                name: "mix".into(),
-                format: WeightFormat::F16,
-                rows: w,
-                cols: k,
-                bytes: Cow::Borrowed(&mix),
-            };
-            let m = lane.upload_weight_exact(&hw).unwrap();
-            let up = |shape: Vec<usize>, v: &[f32]| lane.upload(&HostTensor::f32(shape, v.to_vec()).unwrap()).unwrap();
-            let (xt, st, bt, nt) = (up(vec![n, k], &x), up(vec![3], &scale), up(vec![w], &base), up(vec![d], &norm));
+            let (m, xt, st, bt, nt) = inputs.upload(lane);
             lane.kernel_times().unwrap(); // from here on
             let (split, y) = lane.hc_mix_split_pre_norm(&xt, &m, &st, &bt, hc, 20, 1e-6, 1e-6, &nt).unwrap();
             let ran = ran_kernel_counts(lane);
@@ -670,26 +705,14 @@ fn cuda_hc_post_mix_split_pre_norm_of_a_decode_row_is_two_launches_with_the_comp
     let mut r = rand::rngs::StdRng::seed_from_u64(0x4c5f);
     let hc = 4;
     for (d, n) in [(4096, 1), (4096, 3), (64, 2), (64, 100)] {
-        let (w, k) = ((2 + hc) * hc, hc * d);
-        let mix = common::blocks::weight_bytes(&mut r, WeightFormat::F16, w, k);
-        let scale: Vec<f32> = (0..3).map(|_| r.random_range(0.5f32..1.5)).collect();
-        let base: Vec<f32> = (0..w).map(|_| r.random_range(-1.0f32..1.0)).collect();
-        let norm: Vec<f32> = (0..d).map(|_| r.random_range(0.5f32..1.5)).collect();
-        let x: Vec<f32> = (0..n * k).map(|_| r.random_range(-2.0f32..2.0)).collect();
+        let w = (2 + hc) * hc;
+        let inputs = HcInputs::draw(&mut r, hc, d, n);
         let f: Vec<f32> = (0..n * d).map(|_| r.random_range(-2.0f32..2.0)).collect();
         let split: Vec<f32> = (0..n * w).map(|_| r.random_range(0.0f32..1.0)).collect();
         let run = |lane: &CudaBackend| {
-            let hw = HostWeight {
-                name: "mix".into(),
-                format: WeightFormat::F16,
-                rows: w,
-                cols: k,
-                bytes: Cow::Borrowed(&mix),
-            };
-            let m = lane.upload_weight_exact(&hw).unwrap();
+            let (m, xt, st, bt, nt) = inputs.upload(lane);
             let up = |shape: Vec<usize>, v: &[f32]| lane.upload(&HostTensor::f32(shape, v.to_vec()).unwrap()).unwrap();
-            let (xt, ft, pt) = (up(vec![n, k], &x), up(vec![n, d], &f), up(vec![n, w], &split));
-            let (st, bt, nt) = (up(vec![3], &scale), up(vec![w], &base), up(vec![d], &norm));
+            let (ft, pt) = (up(vec![n, d], &f), up(vec![n, w], &split));
             lane.kernel_times().unwrap(); // from here on
             let (xp, s, y) =
                 lane.hc_post_mix_split_pre_norm(&xt, &ft, &pt, &m, &st, &bt, hc, 20, 1e-6, 1e-6, &nt).unwrap();
