@@ -1306,14 +1306,15 @@ fn fused_cases(out: &mut Vec<Case>) {
     }
     // hc_mix_split_pre_norm: the released geometry's decode row (hc 4, d 4 096, an F16 mix) and
     // three rows; a width no multiple of 4 and hc = 5; past a fused kernel's reach: a row wider
-    // than 4 096, more rows than a decode step's 8
-    for (format, n, hc, d) in [
+    // than 4 096, more rows than a decode step's 8 (format, rows, hc, d)
+    let hc_shapes = [
         (WeightFormat::F16, 1, 4, 4096),
         (WeightFormat::F32, 3, 4, 1101),
         (WeightFormat::F32, 2, 5, 21),
         (WeightFormat::BF16, 1, 4, 4101),
         (WeightFormat::F32, 9, 4, 37),
-    ] {
+    ];
+    for (format, n, hc, d) in hc_shapes {
         let (w, k) = ((2 + hc) * hc, hc * d);
         let mut c = case(
             format!("hc_mix_split_pre_norm {format} [{n},{hc}x{d}]"),
@@ -1334,13 +1335,7 @@ fn fused_cases(out: &mut Vec<Case>) {
     }
     // hc_post_mix_split_pre_norm: the same shapes, with a sublayer output and a split to write
     // back first
-    for (format, n, hc, d) in [
-        (WeightFormat::F16, 1, 4, 4096),
-        (WeightFormat::F32, 3, 4, 1101),
-        (WeightFormat::F32, 2, 5, 21),
-        (WeightFormat::BF16, 1, 4, 4101),
-        (WeightFormat::F32, 9, 4, 37),
-    ] {
+    for (format, n, hc, d) in hc_shapes {
         let (w, k) = ((2 + hc) * hc, hc * d);
         let mut c = case(
             format!("hc_post_mix_split_pre_norm {format} [{n},{hc}x{d}]"),
